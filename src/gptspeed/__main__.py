@@ -1,0 +1,5 @@
+"""`python -m gptspeed ...` (also what `torchrun -m gptspeed` runs)."""
+
+from gptspeed.cli import main
+
+raise SystemExit(main())

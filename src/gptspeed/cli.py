@@ -1,0 +1,166 @@
+"""Command line: ``gptspeed prepare | train | sample | eval``.
+
+Each subcommand parses its flags and calls one typed function; the logic lives in the modules.
+The flags of ``train`` are generated from the configuration dataclasses (gptspeed.config), so a
+new setting is one field. A :class:`GptspeedError` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from gptspeed.errors import GptspeedError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + error
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _field_type(f: dataclasses.Field):
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    return {"int": int, "float": float, "str": str}[t.split("|")[0].strip()]
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    from gptspeed.config import MODEL_FLAGS, OptimConfig, RuntimeConfig, TrainConfig
+    from gptspeed.model import GPTConfig
+
+    g = p.add_argument_group("model (override the preset)")
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    for name, (flag, help_) in MODEL_FLAGS.items():
+        extra = {"choices": ("sdpa", "manual")} if name == "attention" else {"choices": ("fused", "plain")} if name == "loss" else {}
+        g.add_argument(flag, dest=name, type=_field_type(fields[name]), help=help_, default=argparse.SUPPRESS, **extra)
+    for title, cls in (("optimizer", OptimConfig), ("training", TrainConfig), ("runtime", RuntimeConfig)):
+        g = p.add_argument_group(title)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = f.metadata.get("kind")
+            kw = dict(dest=f.name, help=f.metadata["help"], default=argparse.SUPPRESS)
+            if kind == "flag":
+                g.add_argument(flag, action="store_true", **kw)
+            elif kind == "bool":
+                g.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            else:
+                g.add_argument(flag, type=_field_type(f), choices=f.metadata.get("choices"), **kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gptspeed.config import PRESETS
+
+    p = _Parser(prog="gptspeed", description="Pretrain GPT-2 from scratch, fast, and measure every speed-up.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("prepare", help="tokenize a corpus into train/val shards")
+    s.add_argument("source", help="named corpus (tinyshakespeare, shakespeare-gutenberg), a .txt file, a folder or a glob")
+    s.add_argument("--out", required=True, help="output data folder")
+    s.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens for the val split")
+    s.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most")
+    s.add_argument("--force", action="store_true", help="overwrite an already prepared folder")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("train", help="pretrain a GPT-2 on prepared data",
+                       description="Flags override the preset; with --resume, the run's own configuration.")
+    s.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
+    _add_config_flags(s)
+
+    s = sub.add_parser("sample", help="generate text from a trained run")
+    s.add_argument("--run", required=True, help="run folder (its newest checkpoint is used)")
+    s.add_argument("--prompt", default="\n", help="text to continue")
+    s.add_argument("--max-new-tokens", type=int, default=200)
+    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    s.add_argument("--top-k", type=int, default=200, help="sample from the k most likely tokens (0 = all)")
+    s.add_argument("--num-samples", type=int, default=1)
+    s.add_argument("--seed", type=int, default=1337)
+    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
+    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+
+    s = sub.add_parser("eval", help="val loss and perplexity of a run, as JSON")
+    s.add_argument("--run", required=True, help="run folder (its newest checkpoint is used)")
+    s.add_argument("--data", required=True, help="prepared data folder (its val split is used)")
+    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--max-tokens", type=int, default=0, help="evaluate at most this many tokens (0 = all)")
+    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
+    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    return p
+
+
+def cmd_prepare(a: argparse.Namespace) -> int:
+    from gptspeed.data.prepare import prepare
+
+    m = prepare(a.source, a.out, val_fraction=a.val_fraction, shard_tokens=a.shard_tokens, force=a.force,
+                progress=not a.no_progress)
+    tr, va = m["splits"]["train"], m["splits"]["val"]
+    print(f"prepared {a.out}: {m['documents']:,} documents; train {tr['tokens']:,} tokens in {len(tr['shards'])} shard(s), "
+          f"val {va['tokens']:,} tokens in {len(va['shards'])} shard(s)")
+    return 0
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from gptspeed.train import build_train_config, fit
+
+    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset")}
+    cfg = build_train_config(a.preset, overrides)
+    summary = fit(cfg)
+    return 128 + summary["interrupted"] if summary["interrupted"] else 0
+
+
+def cmd_sample(a: argparse.Namespace) -> int:
+    import torch
+
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.sample import generate, load_model
+    from gptspeed.tokenizer import decode, encode, get_encoding
+
+    if a.max_new_tokens < 0 or a.num_samples < 1 or a.temperature < 0 or a.top_k < 0:
+        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0, --num-samples >= 1")
+    rt = resolve_runtime(a.device, a.dtype, compile=False)
+    model, ckpt = load_model(a.run, rt)
+    prompt = encode(a.prompt)
+    if not prompt:
+        raise GptspeedError("--prompt encodes to no tokens: give some text")
+    gen = torch.Generator(device=rt.device).manual_seed(a.seed)
+    enc = get_encoding()
+    for i in range(a.num_samples):
+        if a.num_samples > 1:
+            print(f"--- sample {i + 1} (step {ckpt['step']}) ---")
+        sys.stdout.write(a.prompt)
+        idx = torch.tensor([prompt], dtype=torch.long, device=rt.device)
+        new: list[int] = []
+        for tok in generate(model, idx, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k or None,
+                            generator=gen, autocast=rt.autocast()):
+            new.append(int(tok[0]))
+            text = decode(new)
+            if not text.endswith("\ufffd"):  # stream whole characters only
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                new = []
+        sys.stdout.write(enc.decode(new) + "\n")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from gptspeed.sample import evaluate_run
+
+    print(json.dumps(evaluate_run(a.run, a.data, batch_size=a.batch_size, max_tokens=a.max_tokens,
+                                  device=a.device, dtype=a.dtype), indent=2))
+    return 0
+
+
+COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except GptspeedError as e:
+        print(f"gptspeed {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gptspeed {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,207 @@
+"""Run configuration: dataclasses, presets and validation.
+
+A run is described by :class:`RunConfig` = model shape (:class:`gptspeed.model.GPTConfig`) +
+:class:`OptimConfig` + :class:`TrainConfig` + :class:`RuntimeConfig`. Every field is a command-line
+flag (``n_layer`` -> ``--n-layer``; the help text is the field's ``help`` metadata). A preset fills
+all of them; flags given on the command line override the preset; :meth:`RunConfig.validate`
+checks the result before anything runs and raises :class:`GptspeedError` with one line.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPTConfig
+
+DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
+DEVICES = ("auto", "cuda", "mps", "cpu")
+
+
+def _f(default, help: str, **meta):
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay (GPT-3 paper, appendix B)."""
+
+    lr: float = _f(6e-4, "peak learning rate")
+    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine decay target)")
+    warmup_steps: int = _f(715, "linear warm-up steps")
+    weight_decay: float = _f(0.1, "AdamW weight decay, applied to tensors with 2 or more dims only")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2")
+    eps: float = _f(1e-8, "AdamW epsilon")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
+    fused_adamw: bool | None = _f(None, "fused AdamW kernel (default: where the device supports it)", kind="bool")
+
+
+@dataclass
+class TrainConfig:
+    """What to train on, how long, in which batches, and how to log and save."""
+
+    data: str = _f("", "prepared data folder (from `gptspeed prepare`)")
+    out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json")
+    batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward)")
+    total_batch_tokens: int | None = _f(
+        None, "tokens per optimizer step; gradient accumulation = this / (B * T * world size) (default B*T)"
+    )
+    max_steps: int = _f(19073, "optimizer steps to train for")
+    log_every: int = _f(10, "log a record every N steps")
+    eval_every: int = _f(250, "evaluate val loss every N steps (0 = only at start and end)")
+    eval_tokens: int = _f(1 << 20, "val tokens per evaluation (0 = the whole val split)")
+    save_every: int = _f(1000, "write a checkpoint every N steps (0 = only at the end and on interrupt)")
+    keep_checkpoints: int = _f(2, "keep the newest K checkpoints")
+    resume: bool = _f(False, "continue from the newest checkpoint in --out", kind="flag")
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and how the computation runs. These may change between a run and its resume."""
+
+    device: str = _f("auto", "auto | cuda | mps | cpu", choices=DEVICES)
+    dtype: str = _f("auto", "auto | float32 | tf32 | bfloat16 | float16 (auto: bf16 where supported)", choices=DTYPES)
+    compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
+    seed: int = _f(1337, "random seed for initialisation")
+    peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)")
+
+
+# Flags for the model shape; GPTConfig lives in model.py with no CLI knowledge.
+MODEL_FLAGS = {
+    "n_layer": ("--n-layer", "transformer blocks L"),
+    "n_head": ("--n-head", "attention heads H"),
+    "n_embd": ("--n-embd", "embedding width C (divisible by n_head)"),
+    "block_size": ("--seq-len", "sequence length T (also the model's number of positions)"),
+    "vocab_size": ("--vocab-size", "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default"),
+    "attention": ("--attention", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual"),
+    "loss": ("--loss", "fused (chunked linear + cross-entropy, no full logits) | plain"),
+}
+# Fields that define the run: resuming with any of them changed would not continue the same run.
+RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "seed", "lr", "min_lr_ratio", "warmup_steps",
+                "weight_decay", "beta1", "beta2", "eps", "grad_clip")
+
+
+@dataclass
+class RunConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    preset: str = "gpt2"
+
+    def groups(self):
+        return {"model": self.model, "optim": self.optim, "train": self.train, "runtime": self.runtime}
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.train.batch_size * self.model.block_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        return cls(
+            model=GPTConfig(**d["model"]),
+            optim=OptimConfig(**d["optim"]),
+            train=TrainConfig(**d["train"]),
+            runtime=RuntimeConfig(**d["runtime"]),
+            preset=d.get("preset", "custom"),
+        )
+
+    def override(self, values: dict[str, Any]) -> "RunConfig":
+        """A copy with fields replaced by name (flat: ``{"n_layer": 4, "lr": 1e-3}``)."""
+        cfg = copy.deepcopy(self)
+        for name, value in values.items():
+            for group in cfg.groups().values():
+                if name in {f.name for f in dataclasses.fields(group)}:
+                    setattr(group, name, value)
+                    break
+            else:
+                raise KeyError(name)
+        return cfg
+
+    def grad_accum_steps(self, world_size: int = 1) -> int:
+        """Micro-steps per optimizer step; raises GptspeedError if the batch does not divide."""
+        per_step = self.tokens_per_micro_batch * world_size
+        total = self.train.total_batch_tokens or per_step
+        if total % per_step != 0:
+            raise GptspeedError(
+                f"--total-batch-tokens {total} is not a multiple of batch_size * seq_len * world_size "
+                f"= {self.train.batch_size} * {self.model.block_size} * {world_size} = {per_step}"
+            )
+        return total // per_step
+
+    def validate(self, world_size: int = 1) -> None:
+        """Check everything that can be checked before touching data or devices."""
+        self.model.validate()
+        t, o = self.train, self.optim
+        positive = {"batch_size": t.batch_size, "max_steps": t.max_steps, "log_every": t.log_every,
+                    "keep_checkpoints": t.keep_checkpoints}
+        for name, v in positive.items():
+            if v < 1:
+                raise GptspeedError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+        non_negative = {"eval_every": t.eval_every, "eval_tokens": t.eval_tokens, "save_every": t.save_every,
+                        "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip}
+        for name, v in non_negative.items():
+            if v < 0:
+                raise GptspeedError(f"--{name.replace('_', '-')} must be 0 or more, got {v}")
+        if t.total_batch_tokens is not None and t.total_batch_tokens < 1:
+            raise GptspeedError(f"--total-batch-tokens must be positive, got {t.total_batch_tokens}")
+        if not o.lr > 0:
+            raise GptspeedError(f"--lr must be positive, got {o.lr}")
+        if not 0 <= o.min_lr_ratio <= 1:
+            raise GptspeedError(f"--min-lr-ratio must be in [0, 1], got {o.min_lr_ratio}")
+        if self.runtime.device not in DEVICES:
+            raise GptspeedError(f"--device must be one of {', '.join(DEVICES)}, got {self.runtime.device!r}")
+        if self.runtime.dtype not in DTYPES:
+            raise GptspeedError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.runtime.dtype!r}")
+        self.grad_accum_steps(world_size)
+
+
+def run_defining_diff(a: RunConfig, b: RunConfig) -> list[str]:
+    """Names of the run-defining fields (see :data:`RUN_DEFINING`) that differ between a and b."""
+    da, db = a.to_dict(), b.to_dict()
+    flat_a = {**da["optim"], **da["train"], **da["runtime"]}
+    flat_b = {**db["optim"], **db["train"], **db["runtime"]}
+    diff = [f"model.{k}" for k in da["model"] if da["model"][k] != db["model"][k] and k != "attention" and k != "loss"]
+    diff += [k for k in RUN_DEFINING if k != "model" and flat_a.get(k) != flat_b.get(k)]
+    return diff
+
+
+# ---------------------------------------------------------------------------------------- presets
+def _preset(model: dict, optim: dict | None = None, train: dict | None = None) -> RunConfig:
+    return RunConfig(model=GPTConfig(**model), optim=OptimConfig(**(optim or {})), train=TrainConfig(**(train or {})))
+
+
+# GPT-2 shapes from Radford et al. 2019 (table 2); learning rates from GPT-3 (Brown et al. 2020,
+# table 2.1) for the same sizes; 524,288 tokens per step and 715 warm-up steps as build-nanogpt
+# (GPT-3's 0.5M batch and 375M warm-up tokens); 19,073 steps = 10B tokens.
+_GPT2_TRAIN = dict(total_batch_tokens=524_288, max_steps=19_073)
+PRESETS: dict[str, RunConfig] = {
+    # seconds on a CPU: for tests and smoke runs
+    "pico": _preset(dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
+                    dict(lr=1e-3, warmup_steps=5),
+                    dict(batch_size=8, max_steps=50, log_every=5, eval_every=25, eval_tokens=8192, save_every=0)),
+    # minutes on a laptop CPU: the README's quickstart on tinyshakespeare
+    "nano": _preset(dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
+                    dict(lr=2e-3, warmup_steps=20),
+                    dict(batch_size=16, max_steps=200, log_every=10, eval_every=50, eval_tokens=32768, save_every=100)),
+    "gpt2": _preset(dict(n_layer=12, n_head=12, n_embd=768), dict(lr=6e-4), dict(batch_size=16, **_GPT2_TRAIN)),
+    "gpt2-medium": _preset(dict(n_layer=24, n_head=16, n_embd=1024), dict(lr=3e-4), dict(batch_size=16, **_GPT2_TRAIN)),
+    "gpt2-large": _preset(dict(n_layer=36, n_head=20, n_embd=1280), dict(lr=2.5e-4), dict(batch_size=8, **_GPT2_TRAIN)),
+    "gpt2-xl": _preset(dict(n_layer=48, n_head=25, n_embd=1600), dict(lr=2e-4), dict(batch_size=4, **_GPT2_TRAIN)),
+}
+for _name, _cfg in PRESETS.items():
+    _cfg.preset = _name
+
+
+def preset(name: str) -> RunConfig:
+    """A fresh copy of the named preset; GptspeedError for an unknown name."""
+    if name not in PRESETS:
+        raise GptspeedError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return copy.deepcopy(PRESETS[name])

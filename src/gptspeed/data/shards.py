@@ -1,0 +1,163 @@
+"""The token shard file format of llm.c and modded-nanogpt.
+
+A shard is a 1024-byte header of 256 little-endian int32 — ``[0]`` magic 20240520, ``[1]``
+version 1, ``[2]`` token count, the rest 0 — followed by exactly ``count`` token ids as
+little-endian uint16 (GPT-2's 50,257 ids fit). Files written by llm.c's ``dev/data`` scripts and
+modded-nanogpt's ``data/cached_fineweb*.py`` read here unchanged, and ours read there.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+from gptspeed.errors import GptspeedError
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4  # 1024
+TOKEN_DTYPE = np.dtype("<u2")
+"""On-disk token dtype: little-endian uint16, 2 bytes per token."""
+
+_REPREPARE = "prepare the data again with `gptspeed prepare SOURCE --out DIR --force`"
+
+
+class ShardError(GptspeedError):
+    """A shard file is missing, truncated, or not in the format above; the message names it."""
+
+
+def create_temp(dest: Path) -> tuple[int, Path]:
+    """Create and open (write-only) a new hidden temp file ``.NAME.XXXXXXXX.tmp`` beside
+    ``dest``, for an atomic write by ``os.replace``. Unlike ``tempfile.mkstemp`` the file gets
+    the usual permissions (0o666 less the umask), which the renamed file keeps.
+
+    Returns:
+        ``(fd, path)``; the caller closes ``fd`` and replaces or removes ``path``.
+    """
+    while True:
+        tmp = dest.parent / f".{dest.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
+    """Write ``tokens`` as one shard at ``path``, atomically.
+
+    The bytes go to a hidden temp file ``.NAME.*.tmp`` in the same folder (never matched by a
+    ``*.bin`` glob), are flushed and fsynced, then ``os.replace``-d onto ``path``: a crash leaves
+    either the old file or the complete new one, never a partial shard. The temp file is removed
+    if anything fails.
+
+    Args:
+        path: destination file; its folder must exist.
+        tokens: 1-D (or any shape, flattened) integer array, values in [0, 65535].
+
+    Raises:
+        ValueError: ``tokens`` is not an integer array or has values outside [0, 65535]
+            (a caller bug, not a user error).
+    """
+    tokens = np.asarray(tokens)
+    if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"shard tokens must be integers, got dtype {tokens.dtype}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() > 65535):
+        raise ValueError(
+            f"shard tokens must be in [0, 65535], got min {tokens.min()} max {tokens.max()}"
+        )
+    if tokens.size > np.iinfo(np.int32).max:
+        raise ValueError(f"a shard holds at most 2**31-1 tokens, got {tokens.size}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = SHARD_MAGIC, SHARD_VERSION, tokens.size
+    data = tokens.reshape(-1).astype(TOKEN_DTYPE, copy=False)
+
+    path = Path(path)
+    fd, tmp = create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.tobytes())
+            f.write(data.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_header(path: str | os.PathLike) -> tuple[int, int]:
+    """Validate the shard at ``path`` and return ``(version, token_count)``.
+
+    Reads only the 1024-byte header and the file size; checks magic, version, and that the
+    file is exactly ``1024 + 2 * token_count`` bytes.
+
+    Raises:
+        ShardError: missing file, file shorter than the header, wrong magic (not an llm.c /
+            gptspeed shard), unsupported version, or a size that disagrees with the token count
+            (truncated, or extra bytes).
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise ShardError(f"shard {path} does not exist: {_REPREPARE}") from None
+    except IsADirectoryError:
+        raise ShardError(f"shard {path} is a directory, not a shard file") from None
+    if size < HEADER_BYTES or len(raw) < HEADER_BYTES:
+        raise ShardError(
+            f"shard {path} is {size} bytes, shorter than the {HEADER_BYTES}-byte header: "
+            f"it is truncated or not a shard; {_REPREPARE}"
+        )
+    header = np.frombuffer(raw, dtype="<i4")
+    magic, version, count = (int(x) for x in header[:3])
+    if magic != SHARD_MAGIC:
+        raise ShardError(
+            f"shard {path} starts with magic {magic}, expected {SHARD_MAGIC}: it is not an "
+            "llm.c/gptspeed token shard"
+        )
+    if version != SHARD_VERSION:
+        raise ShardError(
+            f"shard {path} has format version {version}, but this gptspeed reads only version "
+            f"{SHARD_VERSION}: {_REPREPARE}"
+        )
+    if count < 0:
+        raise ShardError(f"shard {path} has a negative token count {count}: {_REPREPARE}")
+    expected = HEADER_BYTES + TOKEN_DTYPE.itemsize * count
+    if size < expected:
+        raise ShardError(
+            f"shard {path} is truncated: its header says {count} tokens ({expected} bytes) but "
+            f"the file has {size} bytes; {_REPREPARE}"
+        )
+    if size > expected:
+        raise ShardError(
+            f"shard {path} has {size - expected} bytes after its {count} tokens ({expected} "
+            f"bytes expected): it is corrupt; {_REPREPARE}"
+        )
+    return version, count
+
+
+def read_shard(path: str | os.PathLike) -> np.ndarray:
+    """The tokens of the shard at ``path``, validated by :func:`read_header`.
+
+    Returns:
+        A read-only ``np.memmap`` of dtype ``<u2`` and shape ``(token_count,)`` (no copy: pages
+        load on access). An empty shard gives a read-only empty ndarray (mmap cannot map 0 bytes).
+
+    Raises:
+        ShardError: as :func:`read_header`.
+    """
+    _, count = read_header(path)
+    if count == 0:
+        empty = np.zeros(0, dtype=TOKEN_DTYPE)
+        empty.flags.writeable = False
+        return empty
+    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))

@@ -1,0 +1,220 @@
+"""GPT-2, as OpenAI released it, in one file.
+
+Pre-LayerNorm transformer blocks, GELU with the tanh approximation, learned position embeddings,
+the LM head tied to the token embedding, and GPT-2's initialisation (N(0, 0.02), residual
+projections scaled by 1/sqrt(2 * n_layer)). Parameter names follow Hugging Face's
+``GPT2LMHeadModel`` (``transformer.h.0.attn.c_attn.weight`` ...), so weights map one to one
+(HF stores Conv1D weights transposed: ``[in, out]`` where ``nn.Linear`` has ``[out, in]``).
+
+Sources: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", and OpenAI's
+``gpt-2/src/model.py``; layout as in nanoGPT. This module knows nothing of devices, precision,
+compilation or parallelism: :mod:`gptspeed.runtime` applies those from outside.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from gptspeed.errors import GptspeedError
+from gptspeed.loss import fused_linear_cross_entropy
+
+GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
+
+
+@dataclass
+class GPTConfig:
+    """Shape of a GPT-2 model.
+
+    ``vocab_size`` is the number of rows of the embedding / LM head (50304 = 50257 padded to a
+    multiple of 64 by default, which suits tensor cores); ``valid_vocab_size`` is the number of
+    ids the tokenizer can emit (50257). Rows in between are padding: their logits are set to -inf,
+    so they are never predicted or sampled and receive no gradient.
+    """
+
+    block_size: int = 1024  # maximum sequence length (positions), T
+    vocab_size: int = 50304  # rows of wte / lm_head, padded
+    valid_vocab_size: int = GPT2_VOCAB_SIZE
+    n_layer: int = 12  # L
+    n_head: int = 12  # H
+    n_embd: int = 768  # C = H * Q
+    attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
+    loss: str = "fused"  # "fused" (chunked linear + cross-entropy) or "plain" (full logits)
+
+    def validate(self) -> None:
+        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT."""
+        for name in ("block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise GptspeedError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head != 0:
+            raise GptspeedError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
+                "each head gets n_embd / n_head channels"
+            )
+        if self.vocab_size < self.valid_vocab_size:
+            raise GptspeedError(
+                f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
+                f"{self.valid_vocab_size} tokens; use {self.valid_vocab_size} or more (50304 pads to a multiple of 64)"
+            )
+        if self.attention not in ("sdpa", "manual"):
+            raise GptspeedError(f"attention must be 'sdpa' or 'manual', got {self.attention!r}")
+        if self.loss not in ("fused", "plain"):
+            raise GptspeedError(f"loss must be 'fused' or 'plain', got {self.loss!r}")
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.attention = config.attention
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v projections, fused
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+        if config.attention == "manual":
+            mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+            self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
+        if self.attention == "sdpa":
+            # Flash / memory-efficient kernels where the device has them (Dao et al. 2022).
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Q)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, H, T, T)
+            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v  # (B, H, T, Q)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: ``(B, T, C) -> (B, T, 4C) -> (B, T, C)``, GELU (tanh)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """GPT-2 language model.
+
+    ``forward(idx, targets=None)``: ``idx`` is ``(B, T)`` int64 token ids with ``T <= block_size``.
+    Without targets it returns ``(logits, None)``, logits ``(B, T, vocab_size)`` in the compute
+    dtype with the padded columns at -inf. With targets ``(B, T)`` int64 it returns
+    ``(logits_or_None, loss)``: the mean cross-entropy over all positions as a 0-dim fp32 tensor;
+    with ``config.loss == "fused"`` the logits are never materialised and ``None`` is returned
+    in their place (see :func:`gptspeed.loss.fused_linear_cross_entropy`).
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-2 (OpenAI gpt-2/src/model.py): weights N(0, 0.02), position embeddings N(0, 0.01),
+        # residual projections scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, section 2.3).
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "RESIDUAL_SCALE_INIT", False):
+                std *= (2 * self.config.n_layer) ** -0.5
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = 0.01 if module is self.transformer.wpe else 0.02
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            torch.nn.init.ones_(module.weight)
+            torch.nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; with ``non_embedding`` the position embeddings are excluded (the token
+        embedding stays: it is also the LM head's weight). This is the N of MFU's 6N."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token, ``6N + 12 * L * H * Q * T`` (PaLM appendix B; nanoGPT)."""
+        c = self.config
+        T = seq_len or c.block_size
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * T
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """Final-LayerNorm output ``(B, T, C)`` for token ids ``idx`` ``(B, T)``."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)  # (B, T, C)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, padded columns -inf."""
+        logits = self.lm_head(h)
+        if self.config.vocab_size > self.config.valid_vocab_size:
+            # In-place on the matmul output: costs a write of the padded columns only
+            # (B*T*47 elements at 50304), and the matmul's backward does not need its output.
+            logits[..., self.config.valid_vocab_size :] = float("-inf")
+        return logits
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        h = self.hidden_states(idx)  # (B, T, C)
+        if targets is None:
+            return self.logits(h), None
+        if self.config.loss == "fused":
+            loss = fused_linear_cross_entropy(
+                h.view(-1, h.size(-1)), self.lm_head.weight, targets.view(-1), self.config.valid_vocab_size
+            )
+            return None, loss
+        logits = self.logits(h)  # (B, T, V)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return logits, loss

@@ -1,0 +1,279 @@
+"""The training loop: build the run, step, evaluate, log, checkpoint, stop cleanly.
+
+Hot-loop rules: the loss is accumulated on the device and read (one host-device sync) only at
+log steps; the wall clock is read only after synchronising the device and is stopped while
+evaluating; batches come from pinned memory with non-blocking copies (see data/loader.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptspeed.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from gptspeed.config import RunConfig, preset, run_defining_diff
+from gptspeed.data import find_shards
+from gptspeed.data.loader import TokenLoader, iter_eval_batches
+from gptspeed.data.shards import read_header
+from gptspeed.errors import GptspeedError
+from gptspeed.metrics import RunLog, environment, format_duration, memory_stats, peak_flops
+from gptspeed.model import GPT
+from gptspeed.optim import build_optimizer, lr_at
+from gptspeed.runtime import Runtime, parallelize, resolve_runtime
+
+
+def build_train_config(preset_name: str | None, overrides: dict[str, Any]) -> RunConfig:
+    """The configuration ``gptspeed train`` runs with.
+
+    Fresh run: the preset (default ``gpt2``) with ``overrides`` (flat field names) applied. With
+    ``resume`` and a checkpoint in ``out``, the checkpoint's configuration is the base instead, so
+    ``gptspeed train --out RUN --resume`` alone continues a run; flags given still override.
+    """
+    out = overrides.get("out")
+    if overrides.get("resume") and out and latest_checkpoint(Path(out)) is not None:
+        if preset_name is not None:
+            raise GptspeedError("--preset with --resume: the run's configuration comes from its checkpoint")
+        cfg = RunConfig.from_dict(load_checkpoint(latest_checkpoint(Path(out)))["config"])
+    else:
+        cfg = preset(preset_name or "gpt2")
+    return cfg.override(overrides)
+
+
+class StopFlag:
+    """SIGINT / SIGTERM set ``signum``; the loop finishes its step, saves and exits 128+signum.
+    A second SIGINT restores the default handler's behaviour: it raises KeyboardInterrupt at once
+    (checkpoints are written atomically, so nothing is corrupted)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        name = signal.Signals(signum).name
+        print(f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to quit now)", flush=True)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size: int, seq_len: int,
+             max_tokens: int = 0) -> tuple[float, int]:
+    """Mean cross-entropy (nats/token) over the first ``max_tokens`` tokens of ``shards`` (0 = all).
+    Returns ``(loss, tokens)``; one host-device sync at the end."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=rt.device)
+    n = 0
+    for x, y in iter_eval_batches(shards, batch_size, seq_len, max_tokens, device=rt.device):
+        with rt.autocast():
+            _, loss = model(x, y)
+        total += loss.double() * y.numel()
+        n += y.numel()
+    model.train(was_training)
+    return (total / n).item(), n
+
+
+def _check_val_size(shards: list[Path], seq_len: int) -> None:
+    longest = max(read_header(p)[1] for p in shards)
+    if longest < seq_len + 1:
+        raise GptspeedError(
+            f"val split has {longest:,} tokens, fewer than one sequence (seq_len {seq_len} + 1): "
+            "prepare more text, raise --val-fraction or lower --seq-len"
+        )
+
+
+def _prepare_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise GptspeedError(f"cannot write to run folder {run_dir}: {e.strerror or e}") from e
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
+    """Train as configured. Returns a summary: ``step``, ``last_train_loss``, ``last_val_loss``,
+    ``interrupted`` (the signal number that stopped it, or None), ``run_dir``.
+
+    Raises GptspeedError for anything the user can fix, before the run folder is touched where
+    it can be checked beforehand.
+    """
+    say = print if echo else (lambda *a, **k: None)
+    t_cfg = cfg.train
+    if not t_cfg.data:
+        raise GptspeedError("--data is required: a folder made by `gptspeed prepare`")
+    if not t_cfg.out:
+        raise GptspeedError("--out is required: the run folder for checkpoints and metrics")
+    cfg.validate()
+    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile)
+    run_dir = Path(t_cfg.out)
+    train_shards = find_shards(t_cfg.data, "train")
+    val_shards = find_shards(t_cfg.data, "val")
+
+    ckpt = None
+    if t_cfg.resume:
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            say(f"--resume: no checkpoint in {run_dir}, starting a new run")
+        else:
+            ckpt = load_checkpoint(path)
+            changed = run_defining_diff(RunConfig.from_dict(ckpt["config"]), cfg)
+            if changed:
+                raise GptspeedError(
+                    f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
+                    "use the original settings or a new --out"
+                )
+    elif list_checkpoints(run_dir):
+        raise GptspeedError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose another --out")
+
+    B, T = t_cfg.batch_size, cfg.model.block_size
+    accum = cfg.grad_accum_steps()
+    tokens_per_step = B * T * accum
+    loader = TokenLoader(train_shards, B, T, device=rt.device)
+    _check_val_size(val_shards, T)
+    _prepare_run_dir(run_dir)
+
+    torch.manual_seed(cfg.runtime.seed)
+    model = GPT(cfg.model)
+    train_model = parallelize(model, rt)
+    optimizer, fused = build_optimizer(model, cfg.optim, rt.device_type)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
+    step = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        loader.load_state_dict(ckpt["loader"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
+        step = ckpt["step"]
+
+    fpt = model.flops_per_token(T)
+    peak, peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)
+    env = environment(rt.device)
+    _write_json_atomic(run_dir / "config.json", {
+        **cfg.to_dict(), "derived": {
+            "grad_accum_steps": accum, "tokens_per_step": tokens_per_step, "params": model.num_params(False),
+            "params_non_embedding": model.num_params(), "flops_per_token": fpt, "fused_adamw": fused,
+            "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
+            "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
+        }, "environment": env})
+    log = RunLog(run_dir / "metrics.jsonl", echo=echo)
+    log.truncate_after(step if ckpt is not None else -1)
+
+    say(f"gptspeed: {model.num_params(False) / 1e6:.2f}M parameters | {env['device']} ({rt.device}) | {rt.dtype} | "
+        f"compile {'on' if rt.compile else 'off'} | fused AdamW {'on' if fused else 'off'} | "
+        f"B={B} T={T} x {accum} micro-steps = {tokens_per_step:,} tokens/step")
+    if ckpt is not None:
+        say(f"resumed from step {step} ({latest_checkpoint(run_dir).name})")
+    if peak is None:
+        say(f"MFU: not reported ({peak_source})")
+
+    def record(step_: int, **fields) -> dict[str, Any]:
+        return {"step": step_, "max_steps": t_cfg.max_steps, "tokens": step_ * tokens_per_step,
+                "documents": loader.documents, "epoch": loader.epoch + loader.epoch_progress(),
+                "time_s": time.time() - wall_start, **fields}
+
+    def save() -> Path:
+        return save_checkpoint(run_dir, {
+            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None, "loader": loader.state_dict(),
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None},
+            "config": cfg.to_dict(),
+        }, keep=t_cfg.keep_checkpoints)
+
+    def run_eval() -> float:
+        return evaluate(train_model, rt, val_shards, B, T, t_cfg.eval_tokens)[0]
+
+    wall_start = time.time()
+    stop = StopFlag()
+    last_train = last_val = None
+    try:
+        if step == 0:
+            last_val = run_eval()
+            log.write(record(0, val_loss=last_val))
+        max_lr, min_lr = cfg.optim.lr, cfg.optim.lr * cfg.optim.min_lr_ratio
+        t_last, steps_since, first_interval = time.perf_counter(), 0, True
+        params = list(model.parameters())
+        while step < t_cfg.max_steps and stop.signum is None:
+            lr = lr_at(step, max_lr=max_lr, min_lr=min_lr, warmup_steps=cfg.optim.warmup_steps,
+                       max_steps=t_cfg.max_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=rt.device)
+            for _ in range(accum):
+                x, y = loader.next_batch()
+                with rt.autocast():
+                    _, loss = train_model(x, y)
+                loss = loss / accum
+                loss_sum += loss.detach()
+                scaler.scale(loss).backward()
+            grad_norm = None
+            if cfg.optim.grad_clip > 0:
+                scaler.unscale_(optimizer)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            steps_since += 1
+
+            do_eval = step == t_cfg.max_steps or (t_cfg.eval_every > 0 and step % t_cfg.eval_every == 0)
+            if first_interval or do_eval or step % t_cfg.log_every == 0 or step == t_cfg.max_steps or stop.signum:
+                rt.synchronize()
+                dt = (time.perf_counter() - t_last) / steps_since
+                last_train = loss_sum.item()
+                if not math.isfinite(last_train):
+                    raise GptspeedError(f"training diverged: loss is {last_train} at step {step}; "
+                                        "lower --lr or raise --warmup-steps and start again")
+                tps = tokens_per_step / dt
+                mem_peak, mem_total = memory_stats(rt.device)
+                fields = dict(train_loss=last_train, lr=lr,
+                              grad_norm=None if grad_norm is None else grad_norm.item(),
+                              step_ms=1000 * dt, tokens_per_s=tps,
+                              mfu=fpt * tps / peak if peak else None,
+                              mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
+                              mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
+                              eta_s=(t_cfg.max_steps - step) * dt,
+                              epoch_eta_s=(1 - loader.epoch_progress()) * loader.tokens_per_epoch / tps,
+                              includes_warmup=first_interval)
+                if do_eval:
+                    last_val = fields["val_loss"] = run_eval()
+                log.write(record(step, **fields))
+                t_last, steps_since, first_interval = time.perf_counter(), 0, False
+            if step == t_cfg.max_steps or stop.signum or (t_cfg.save_every and step % t_cfg.save_every == 0):
+                save()
+    finally:
+        stop.restore()
+    if stop.signum is not None:
+        say(f"stopped at step {step}; checkpoint saved in {run_dir}. Resume with: gptspeed train --out {run_dir} --resume")
+    else:
+        say(f"done: {step} steps in {format_duration(time.time() - wall_start)}; checkpoint in {run_dir}")
+    return {"step": step, "last_train_loss": last_train, "last_val_loss": last_val,
+            "interrupted": stop.signum, "run_dir": str(run_dir)}

@@ -113,8 +113,13 @@ def test_already_prepared_and_force(tmp_path):
     out = tmp_path / "out"
     prepare(str(src), out, shard_tokens=50, progress=False)
     n_old = len(list(out.glob("*.bin")))
-    with pytest.raises(GptspeedError, match="already prepared; pass --force"):
-        prepare(str(src), out, progress=False)
+    again = prepare(str(src), out, shard_tokens=50, progress=False)  # same input and settings: kept
+    assert again["reused"] and len(list(out.glob("*.bin"))) == n_old
+    with pytest.raises(GptspeedError, match="already prepared from other input or settings; pass --force"):
+        prepare(str(src), out, progress=False)  # other shard size
+    (src / "doc1.txt").write_text(DOCS[1] + " more")
+    with pytest.raises(GptspeedError, match="already prepared from other input"):
+        prepare(str(src), out, shard_tokens=50, progress=False)  # same settings, other text
     prepare(str(src), out, force=True, progress=False)  # one shard per split now
     assert n_old > 2 and sorted(p.name for p in out.iterdir()) == [
         "manifest.json", "train_000000.bin", "val_000000.bin"]

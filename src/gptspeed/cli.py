@@ -95,7 +95,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     m = prepare(a.source, a.out, val_fraction=a.val_fraction, shard_tokens=a.shard_tokens, force=a.force,
                 progress=not a.no_progress)
     tr, va = m["splits"]["train"], m["splits"]["val"]
-    print(f"prepared {a.out}: {m['documents']:,} documents; train {tr['tokens']:,} tokens in {len(tr['shards'])} shard(s), "
+    print(f"{'already prepared (same input and settings)' if m.get('reused') else 'prepared'} {a.out}: {m['documents']:,} documents; train {tr['tokens']:,} tokens in {len(tr['shards'])} shard(s), "
           f"val {va['tokens']:,} tokens in {len(va['shards'])} shard(s)")
     return 0
 

@@ -212,9 +212,9 @@ class GPT(nn.Module):
             return self.logits(h), None
         if self.config.loss == "fused":
             loss = fused_linear_cross_entropy(
-                h.view(-1, h.size(-1)), self.lm_head.weight, targets.view(-1), self.config.valid_vocab_size
+                h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size
             )
             return None, loss
         logits = self.logits(h)  # (B, T, V)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss

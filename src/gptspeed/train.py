@@ -39,9 +39,9 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any]) -> Ru
     """
     out = overrides.get("out")
     if overrides.get("resume") and out and latest_checkpoint(Path(out)) is not None:
-        if preset_name is not None:
-            raise GptspeedError("--preset with --resume: the run's configuration comes from its checkpoint")
         cfg = RunConfig.from_dict(load_checkpoint(latest_checkpoint(Path(out)))["config"])
+        if preset_name is not None and preset_name != cfg.preset:
+            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
     else:
         cfg = preset(preset_name or "gpt2")
     return cfg.override(overrides)
@@ -69,6 +69,33 @@ class StopFlag:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+               rt: Runtime, next_batch, accum: int, grad_clip: float,
+               params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)``.
+
+    Returns ``(loss, grad_norm)`` as device tensors (the mean loss over the micro-batches, fp32,
+    and the pre-clip global gradient norm, or None without clipping); nothing here reads them,
+    so the step queues its work without a host-device sync.
+    """
+    loss_sum = torch.zeros((), device=rt.device)
+    for _ in range(accum):
+        x, y = next_batch()
+        with rt.autocast():
+            _, loss = model(x, y)
+        loss = loss / accum
+        loss_sum += loss.detach()
+        scaler.scale(loss).backward()
+    grad_norm = None
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
 
 
 @torch.no_grad()
@@ -173,6 +200,10 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
         step = ckpt["step"]
 
+    if step >= t_cfg.max_steps:
+        say(f"{run_dir} is already at step {step} of {t_cfg.max_steps}: nothing to do (raise --max-steps to go on)")
+        return {"step": step, "last_train_loss": None, "last_val_loss": None, "interrupted": None,
+                "run_dir": str(run_dir)}
     fpt = model.flops_per_token(T)
     peak, peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)
     env = environment(rt.device)
@@ -226,21 +257,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                        max_steps=t_cfg.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum = torch.zeros((), device=rt.device)
-            for _ in range(accum):
-                x, y = loader.next_batch()
-                with rt.autocast():
-                    _, loss = train_model(x, y)
-                loss = loss / accum
-                loss_sum += loss.detach()
-                scaler.scale(loss).backward()
-            grad_norm = None
-            if cfg.optim.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            loss_sum, grad_norm = train_step(train_model, optimizer, scaler, rt, loader.next_batch, accum,
+                                             cfg.optim.grad_clip, params)
             step += 1
             steps_since += 1
 

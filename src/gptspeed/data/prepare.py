@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 import gptspeed
-from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME
+from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, load_manifest
 from gptspeed.data.shards import create_temp, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB, get_encoding
@@ -231,7 +231,7 @@ def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str,
             with urllib.request.urlopen(url, timeout=60) as resp:
                 total = int(resp.headers.get("Content-Length") or 0) or None
                 with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}",
-                          disable=not progress) as bar:
+                          disable=None if progress else True) as bar:  # None: only on a terminal
 
                     def chunks() -> Iterator[bytes]:
                         while block := resp.read(1 << 20):
@@ -362,7 +362,7 @@ def _tokenize(paths: list[Path], progress: bool) -> tuple[np.ndarray, list[tuple
     enc = get_encoding()
     docs: list[np.ndarray] = []
     info: list[tuple[str, int]] = []
-    with tqdm(total=len(paths), unit="doc", desc="tokenize", disable=not progress) as bar:
+    with tqdm(total=len(paths), unit="doc", desc="tokenize", disable=None if progress else True) as bar:  # None: only on a terminal
         for start in range(0, len(paths), _BATCH_DOCS):
             batch = [_read_text(p) for p in paths[start:start + _BATCH_DOCS]]
             info.extend((digest, size) for _, digest, size in batch)
@@ -415,6 +415,10 @@ def _clear(out: Path) -> None:
                 p.unlink()
 
 
+def _input_sha256(file_hashes: list[str]) -> str:
+    return hashlib.sha256("".join(d + "\n" for d in file_hashes).encode()).hexdigest()
+
+
 def prepare(
     source: str,
     out_dir: str | os.PathLike,
@@ -432,8 +436,10 @@ def prepare(
         out_dir: output folder (created).
         val_fraction: share of tokens for val, in (0, 1).
         shard_tokens: most tokens per shard file (2 bytes each on disk).
-        force: overwrite a folder that already has a ``manifest.json``.
-        progress: show tqdm bars (documents, downloads).
+        force: overwrite a folder that already has a ``manifest.json``. Without it, a folder
+            prepared from the same input (same file hashes) and settings is left as it is and its
+            manifest returned with ``"reused": True``; any other prepared folder is an error.
+        progress: show tqdm bars (documents, downloads) when stderr is a terminal.
 
     Returns:
         The manifest written to ``out_dir/manifest.json``: format, source, tokenizer, files
@@ -453,10 +459,16 @@ def prepare(
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise GptspeedError(f"output {out} exists and is not a folder: choose another --out")
-    if (out / MANIFEST_NAME).exists() and not force:
-        raise GptspeedError(f"{out} is already prepared; pass --force to overwrite")
-
     paths, names = resolve_source(source, progress=progress)
+    if (out / MANIFEST_NAME).exists() and not force:
+        old = load_manifest(out)
+        same = (old.get("source") == source and old.get("val_fraction") == val_fraction
+                and old.get("shard_tokens") == shard_tokens
+                and old.get("input_sha256") == _input_sha256([_sha256_file(p) for p in paths]))
+        if not same:
+            raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
+        return {**old, "reused": True}
+
     tokens, info = _tokenize(paths, progress)
     n = len(tokens)
     if n == 0:
@@ -486,7 +498,7 @@ def prepare(
         "eot_token": EOT_TOKEN,
         "n_vocab": N_VOCAB,
         "files": [{"path": nm, "sha256": d, "bytes": b} for nm, (d, b) in zip(names, info)],
-        "input_sha256": hashlib.sha256("".join(d + "\n" for d, _ in info).encode()).hexdigest(),
+        "input_sha256": _input_sha256([d for d, _ in info]),
         "documents": int(np.count_nonzero(tokens == EOT_TOKEN)),
         "val_fraction": val_fraction,
         "shard_tokens": shard_tokens,

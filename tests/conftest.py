@@ -1,0 +1,48 @@
+"""Shared fixtures: the real text in ../shared/data (read through GPTSPEED_DATA_MIRROR, so no
+network is ever used), a prepared tinyshakespeare folder, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+SRC = ROOT / "src"
+
+
+@pytest.fixture(autouse=True)
+def _mirror(monkeypatch):
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(SHARED_DATA))
+
+
+@pytest.fixture(scope="session")
+def shakespeare_data(tmp_path_factory) -> Path:
+    """tinyshakespeare prepared once per session (train 304,223 / val 33,803 tokens)."""
+    from gptspeed.data.prepare import prepare
+
+    os.environ.setdefault("GPTSPEED_DATA_MIRROR", str(SHARED_DATA))
+    out = tmp_path_factory.mktemp("data") / "tinyshakespeare"
+    prepare("tinyshakespeare", out, progress=False)
+    return out
+
+
+def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """``python -m gptspeed ARGS`` in a fresh process, output captured as text."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
+    return subprocess.run([sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A user error: non-zero exit, exactly one line on stderr, no traceback, mentioning fragments."""
+    assert proc.returncode != 0, proc.stdout
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]

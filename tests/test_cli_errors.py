@@ -1,0 +1,94 @@
+"""Bad input: each a one-line error on stderr, a non-zero exit, no traceback, nothing half-written."""
+
+import shutil
+
+import pytest
+
+from conftest import assert_user_error, run_cli
+
+
+@pytest.fixture
+def data_copy(shakespeare_data, tmp_path):
+    dst = tmp_path / "data"
+    shutil.copytree(shakespeare_data, dst)
+    return dst
+
+
+def train_args(data, out, *extra):
+    return ("train", "--preset", "pico", "--data", str(data), "--out", str(out), "--device", "cpu",
+            "--max-steps", "2", *extra)
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    out = tmp_path / "d"
+    assert_user_error(run_cli("prepare", str(tmp_path / "empty.txt"), "--out", str(out)), "no text")
+    assert not (out / "manifest.json").exists()
+    assert not list(out.glob("*.bin")) if out.exists() else True
+
+
+def test_corpus_shorter_than_one_sequence(tmp_path):
+    src = tmp_path / "short.txt"
+    src.write_text("To be, or not to be, that is the question. " * 3)
+    data = tmp_path / "d"
+    assert run_cli("prepare", str(src), "--out", str(data), "--no-progress").returncode == 0
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(data, out)), "fewer than one micro-batch")
+    assert not out.exists()  # nothing written before the check
+
+
+def test_shard_with_wrong_magic(data_copy, tmp_path):
+    shard = data_copy / "train_000000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[0:4] = (12345).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(data_copy, out)), "train_000000.bin", "magic")
+    assert not out.exists()
+
+
+def test_truncated_shard(data_copy, tmp_path):
+    shard = data_copy / "val_000000.bin"
+    shard.write_bytes(shard.read_bytes()[:5000])
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(data_copy, out)), "val_000000.bin", "truncated")
+    assert not out.exists()
+
+
+def test_unknown_preset(shakespeare_data, tmp_path):
+    proc = run_cli("train", "--preset", "gpt5", "--data", str(shakespeare_data), "--out", str(tmp_path / "r"))
+    assert_user_error(proc, "gpt5")
+
+
+def test_n_embd_not_divisible_by_n_head(shakespeare_data, tmp_path):
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(shakespeare_data, out, "--n-embd", "30", "--n-head", "4")), "divisible")
+    assert not out.exists()
+
+
+def test_float16_on_cpu(shakespeare_data, tmp_path):
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(shakespeare_data, out, "--dtype", "float16")), "float16")
+    assert not out.exists()
+
+
+def test_missing_data_folder(tmp_path):
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(tmp_path / "nope", out)), "nope", "gptspeed prepare")
+    assert not out.exists()
+
+
+def test_indivisible_total_batch(shakespeare_data, tmp_path):
+    out = tmp_path / "run"
+    assert_user_error(run_cli(*train_args(shakespeare_data, out, "--total-batch-tokens", "1000")), "multiple")
+
+
+def test_sample_without_checkpoint(tmp_path):
+    assert_user_error(run_cli("sample", "--run", str(tmp_path / "none")), "does not exist")
+
+
+def test_corrupt_checkpoint_on_sample(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt_00000005.pt").write_bytes(b"not a checkpoint")
+    assert_user_error(run_cli("sample", "--run", str(run)), "ckpt_00000005.pt")

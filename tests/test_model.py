@@ -1,0 +1,144 @@
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from gptspeed.loss import fused_linear_cross_entropy
+from gptspeed.model import GPT, GPTConfig
+
+
+def small(**kw) -> GPTConfig:
+    return GPTConfig(**{**dict(n_layer=2, n_head=4, n_embd=64, block_size=32), **kw})
+
+
+def test_shapes_and_padding_never_predicted():
+    torch.manual_seed(0)
+    model = GPT(small())
+    idx = torch.randint(0, 50257, (3, 17))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 17, 50304) and loss is None
+    assert torch.isneginf(logits[..., 50257:]).all()
+    assert torch.isfinite(logits[..., :50257]).all()
+    _, loss = model(idx, idx)
+    assert loss.shape == () and loss.dtype == torch.float32
+    loss.backward()
+    # padded rows of the tied embedding / head get no gradient: they are never predicted
+    assert model.transformer.wte.weight.grad[50257:].abs().max() == 0
+    with pytest.raises(ValueError):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_weight_tying():
+    model = GPT(small())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    n_unique = sum(p.numel() for p in model.parameters())
+    assert n_unique == model.num_params(non_embedding=False)
+    assert model.num_params() == n_unique - 32 * 64  # minus position embeddings
+
+
+def test_gpt2_initialisation_statistics():
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=6, n_head=4, n_embd=256, block_size=512)
+    m = GPT(cfg)
+    h = m.transformer.h[0]
+    assert h.mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert h.attn.c_attn.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    resid = 0.02 / math.sqrt(2 * cfg.n_layer)
+    assert h.attn.c_proj.weight.std().item() == pytest.approx(resid, rel=0.03)
+    assert h.mlp.c_proj.weight.std().item() == pytest.approx(resid, rel=0.03)
+    assert m.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert m.transformer.wpe.weight.std().item() == pytest.approx(0.01, rel=0.03)
+    assert h.attn.c_attn.bias.abs().max() == 0 and h.ln_1.weight.eq(1).all() and h.ln_1.bias.eq(0).all()
+
+
+def test_gpt2_124m_size_and_flops():
+    with torch.device("meta"):
+        m = GPT(GPTConfig(vocab_size=50257))
+    assert m.num_params(non_embedding=False) == 124_439_808  # OpenAI's GPT-2 small
+    assert m.flops_per_token() == pytest.approx(855e6, rel=0.002)  # 6N + 12*L*H*Q*T
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_logits_match_huggingface(attention):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf_cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=32, vocab_size=50257,
+                                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+    hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
+    ours = GPT(small(attention=attention)).eval()
+    sd = hf.state_dict()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            src = sd[name]
+            if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+                src = src.t()  # HF Conv1D stores [in, out]
+            if name == "transformer.wte.weight":
+                p.zero_()
+                p[:50257] = src
+            else:
+                p.copy_(src)
+    idx = torch.randint(0, 50257, (2, 32))
+    with torch.no_grad():
+        ref = hf(idx).logits
+        got, _ = ours(idx)
+    assert (got[..., :50257] - ref).abs().max().item() <= 1e-4
+
+
+def test_fused_loss_matches_plain_loss_and_gradients():
+    torch.manual_seed(0)
+    a = GPT(small(loss="plain"))
+    b = GPT(small(loss="fused"))
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 50257, (2, 32))
+    tgt = torch.randint(0, 50257, (2, 32))
+    la = a(idx, tgt)[1]
+    lb = b(idx, tgt)[1]
+    la.backward()
+    lb.backward()
+    assert lb.item() == pytest.approx(la.item(), abs=1e-5)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-6, rtol=1e-4), n
+
+
+def test_fused_linear_cross_entropy_against_reference():
+    torch.manual_seed(0)
+    x = torch.randn(37, 16, requires_grad=True)
+    w = torch.randn(100, 16, requires_grad=True)
+    t = torch.randint(0, 90, (37,))
+    ref_logits = x @ w.t()
+    ref = F.cross_entropy(ref_logits.masked_fill(torch.arange(100) >= 90, float("-inf")), t)
+    gx, gw = torch.autograd.grad(ref * 3.0, (x, w))
+    got = fused_linear_cross_entropy(x, w, t, valid_vocab_size=90, chunk_rows=8)  # 5 chunks, ragged last
+    hx, hw = torch.autograd.grad(got * 3.0, (x, w))  # upstream gradient scales correctly
+    assert got.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert torch.allclose(hx, gx, atol=1e-6) and torch.allclose(hw, gw, atol=1e-6)
+    assert hw[90:].abs().max() == 0
+    with torch.no_grad():
+        assert fused_linear_cross_entropy(x, w, t, 90).item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+def test_fused_loss_under_bf16_autocast_close_to_fp32():
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+    w = torch.randn(500, 32) * 0.1
+    t = torch.randint(0, 500, (64,))
+    ref = F.cross_entropy(x @ w.t(), t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fused_linear_cross_entropy(x, w, t)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(ref.item(), rel=2e-2)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(n_embd=65, n_head=4), "divisible"),
+    (dict(vocab_size=50000), "smaller than"),
+    (dict(n_layer=0), "n_layer"),
+    (dict(attention="flash3"), "attention"),
+])
+def test_invalid_shapes_are_user_errors(kw, msg):
+    from gptspeed.errors import GptspeedError
+
+    with pytest.raises(GptspeedError, match=msg):
+        GPT(small(**kw))

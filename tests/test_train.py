@@ -1,0 +1,129 @@
+"""Training on real text, metrics, checkpoints and exact resume (CPU, tiny models)."""
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import SRC, SHARED_DATA, run_cli
+from gptspeed.checkpoint import list_checkpoints, load_checkpoint
+from gptspeed.train import build_train_config, fit
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, batch_size=8, warmup_steps=2, lr=3e-3,
+            eval_tokens=4096, log_every=1, device="cpu")
+
+
+def records(run_dir):
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):
+    cfg = build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "run"),
+                                          batch_size=16, max_steps=40, eval_every=40, log_every=10))
+    summary = fit(cfg, echo=False)
+    recs = records(tmp_path / "run")
+    start = recs[0]["val_loss"]
+    assert recs[0]["step"] == 0 and start == pytest.approx(math.log(50257), abs=0.3)
+    assert summary["last_val_loss"] < start - 2.5, (start, summary["last_val_loss"])
+    assert recs[-1]["step"] == 40 and recs[-1]["val_loss"] == summary["last_val_loss"]
+
+
+def test_metrics_config_and_checkpoint_contents(shakespeare_data, tmp_path):
+    run = tmp_path / "run"
+    cfg = build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
+                                          total_batch_tokens=1024, eval_every=0))
+    fit(cfg, echo=False)
+    rec = records(run)[-1]
+    for key in ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "documents", "step_ms",
+                "tokens_per_s", "mfu", "mem_peak_bytes", "mem_frac", "eta_s", "epoch_eta_s", "epoch", "time_s"):
+        assert key in rec, key
+    assert rec["tokens"] == 4 * 1024  # 2 micro-steps of 8 x 64 per step
+    assert rec["documents"] == 1  # tinyshakespeare is one document, its EOT seen in the first batch
+    assert rec["mfu"] is None  # no CPU peak table
+    conf = json.loads((run / "config.json").read_text())
+    assert conf["derived"]["grad_accum_steps"] == 2 and conf["model"]["n_embd"] == 32
+    assert conf["environment"]["torch"] == torch.__version__
+    ck = load_checkpoint(list_checkpoints(run)[-1])
+    assert ck["step"] == 4 and set(ck) >= {"model", "optimizer", "loader", "rng", "config"}
+
+
+def test_resume_from_checkpoint_is_bit_identical(shakespeare_data, tmp_path):
+    full = tmp_path / "full"
+    base = dict(TINY, data=str(shakespeare_data), max_steps=8, save_every=3, keep_checkpoints=5, eval_every=4)
+    fit(build_train_config("pico", dict(base, out=str(full))), echo=False)
+    # a run that stopped right after its step-3 checkpoint: copy that checkpoint, resume to the end
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copy(full / "ckpt_00000003.pt", part)
+    summary = fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
+    assert summary["step"] == 8
+    a = {r["step"]: r for r in records(full)}
+    b = {r["step"]: r for r in records(part)}
+    assert set(b) == set(range(4, 9))
+    for s in range(4, 9):
+        assert b[s]["train_loss"] == a[s]["train_loss"], s  # bit-identical on CPU
+        assert b[s]["documents"] == a[s]["documents"] and b[s]["tokens"] == a[s]["tokens"]
+    assert b[8]["val_loss"] == a[8]["val_loss"] and b[4]["val_loss"] == a[4]["val_loss"]
+
+
+def test_resume_refuses_a_changed_run(shakespeare_data, tmp_path):
+    from gptspeed.errors import GptspeedError
+
+    run = tmp_path / "run"
+    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=2)), echo=False)
+    with pytest.raises(GptspeedError, match="n_embd"):
+        fit(build_train_config(None, dict(out=str(run), resume=True, n_embd=64, max_steps=4)), echo=False)
+    with pytest.raises(GptspeedError, match="already holds checkpoints"):
+        fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run))), echo=False)
+
+
+def test_ctrl_c_saves_and_resumes_to_the_same_losses(shakespeare_data, tmp_path):
+    args = ["train", "--preset", "pico", "--data", str(shakespeare_data), "--n-layer", "2", "--n-embd", "32",
+            "--batch-size", "8", "--max-steps", "16", "--log-every", "1", "--eval-every", "0",
+            "--save-every", "0", "--device", "cpu"]
+    ref = tmp_path / "ref"
+    assert run_cli(*args, "--out", str(ref)).returncode == 0
+    run = tmp_path / "run"
+    import os
+    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
+    proc = subprocess.Popen([sys.executable, "-m", "gptspeed", *args, "--out", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until a few steps are logged
+        m = run / "metrics.jsonl"
+        if m.exists() and len(m.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "--resume" in out
+    stopped = load_checkpoint(list_checkpoints(run)[-1])["step"]
+    assert 3 <= stopped < 16
+    res = run_cli("train", "--out", str(run), "--resume")
+    assert res.returncode == 0, res.stderr
+    a = {r["step"]: r["train_loss"] for r in records(ref) if "train_loss" in r}
+    b = {r["step"]: r["train_loss"] for r in records(run) if "train_loss" in r}
+    assert set(b) == set(a)
+    assert b == a
+
+
+def test_eval_and_sample_commands(shakespeare_data, tmp_path):
+    run = tmp_path / "run"
+    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3)), echo=False)
+    res = run_cli("eval", "--run", str(run), "--data", str(shakespeare_data), "--max-tokens", "2048")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["step"] == 3 and out["tokens"] == 2048
+    assert out["perplexity"] == pytest.approx(math.exp(out["val_loss"]))
+    a = run_cli("sample", "--run", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "7")
+    b = run_cli("sample", "--run", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "7")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout.startswith("ROMEO:") and len(a.stdout) > len("ROMEO:") + 5
+    assert a.stdout == b.stdout  # same seed, same text

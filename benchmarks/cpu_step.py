@@ -32,10 +32,10 @@ B = 16
 def make(loss: str, fused_adamw: bool, rt):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPE, loss=loss))
-    opt, _ = build_optimizer(model, OptimConfig(fused_adamw=fused_adamw), "cpu")
+    opt, fused = build_optimizer(model, OptimConfig(fused_adamw=fused_adamw), "cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     params = list(model.parameters())
-    return lambda nb: train_step(model, opt, scaler, rt, nb, 1, 1.0, params)
+    return lambda nb: train_step(model, opt, scaler, rt, nb, 1, 1.0, params, fused)
 
 
 def main() -> int:
@@ -65,7 +65,7 @@ def main() -> int:
         for name, step_fn in variants.items():
             for _ in range(a.steps):
                 t0 = time.perf_counter()
-                loss, _ = step_fn(next_batch)
+                loss, _, _ = step_fn(next_batch)
                 loss.item()
                 times[name].append(time.perf_counter() - t0)
     tokens = B * SHAPE["block_size"]

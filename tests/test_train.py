@@ -61,6 +61,7 @@ def test_resume_from_checkpoint_is_bit_identical(shakespeare_data, tmp_path):
     part = tmp_path / "part"
     part.mkdir()
     shutil.copy(full / "ckpt_00000003.pt", part)
+    shutil.copy(full / "ckpt_00000003.json", part)  # its seal
     summary = fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
     assert summary["step"] == 8
     a = {r["step"]: r for r in records(full)}

@@ -1,17 +1,22 @@
-"""Checkpoints: everything a run needs to continue exactly, written atomically.
+"""Checkpoints: everything a run needs to continue exactly, written so that no crash can lose one.
 
-A checkpoint is one file ``RUN_DIR/ckpt_{step:08d}.pt`` (``torch.save``) holding the model and
-optimizer state, the GradScaler state, the step, the data loader's position, RNG states, the
-counters (tokens, documents) and the run configuration. It is written to a temporary file,
-flushed and fsynced, then renamed, so a crash at any instant leaves the previous checkpoint
-intact and never a partial file under a checkpoint's name. Loading uses ``weights_only=True``:
-no pickled code runs.
+A checkpoint is two files: ``RUN_DIR/ckpt_{step:08d}.pt`` (``torch.save`` of the model and
+optimizer state, GradScaler state, step, data-loader position, RNG states, counters and the run
+configuration) and its seal ``ckpt_{step:08d}.json`` (``{"step", "bytes", "sha256"}`` of the
+``.pt``). Each is written to a hidden temporary file, flushed, fsynced and renamed, the seal
+last, and the folder is fsynced. A checkpoint counts only once sealed and only while its bytes
+match the seal, so a ``SIGKILL`` at any instant leaves the newest complete checkpoint loadable,
+and a torn, truncated or altered file is detected and skipped. Loading uses
+``torch.load(weights_only=True)``: no pickled code runs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +27,35 @@ from gptspeed.errors import GptspeedError
 CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
 FORMAT = "gptspeed-checkpoint"
 FORMAT_VERSION = 1
+_HASH_CHUNK = 1 << 22
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / f"ckpt_{step:08d}.pt"
 
 
+def seal_path(ckpt: Path) -> Path:
+    return Path(ckpt).with_suffix(".json")
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint files in ``run_dir``, oldest step first."""
+    """Checkpoint files (``.pt``, sealed or not) in ``run_dir``, oldest step first."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
     return sorted(p for p in run_dir.iterdir() if CKPT_RE.match(p.name))
 
 
-def _fsync_dir(path: Path) -> None:
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder so that renames inside it survive a power loss (no-op where unsupported)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -49,39 +68,116 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``state`` (must contain ``step``) atomically; keep the newest ``keep`` checkpoints.
+class _HashingWriter:
+    """File wrapper for ``torch.save`` that hashes the bytes as they are written."""
 
-    Raises GptspeedError if the file cannot be written (disk full, permissions); the previous
-    checkpoints are untouched in that case.
+    def __init__(self, f):
+        self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        self.bytes += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_atomic(path: Path, write) -> Any:
+    """Call ``write(f)`` on a hidden temporary file beside ``path``, fsync, then rename it to
+    ``path``. Returns what ``write`` returned. On any failure the temporary file is removed and
+    ``path`` is untouched."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return result
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2) -> int:
+    """Bytes a checkpoint of ``model`` takes: weights plus ``optimizer_states`` fp32 tensors per
+    parameter (AdamW's two moments), plus 1 MiB for the rest."""
+    n = sum(p.numel() * p.element_size() + optimizer_states * p.numel() * 4 for p in model.parameters())
+    return n + (1 << 20)
+
+
+def check_free_space(run_dir: Path, need_bytes: int) -> None:
+    """GptspeedError if ``run_dir``'s file system has less than ``need_bytes`` free."""
+    free = shutil.disk_usage(run_dir).free
+    if free < need_bytes:
+        raise GptspeedError(f"{run_dir} has {free / 2**30:.2f} GiB free but a checkpoint needs about "
+                            f"{need_bytes / 2**30:.2f} GiB: free some space or choose another --out")
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write and seal ``state`` (must contain ``step``); keep the newest ``keep`` checkpoints.
+
+    Raises GptspeedError if it cannot be written (disk full, permissions); the earlier
+    checkpoints are untouched then. Returns the ``.pt`` path.
     """
     run_dir = Path(run_dir)
     final = checkpoint_path(run_dir, state["step"])
-    tmp = run_dir / f".{final.name}.tmp"
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, **state}
+
+    def write_pt(f):
+        w = _HashingWriter(f)
+        torch.save(payload, w)
+        return w
+
     try:
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(run_dir)
+        seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new bytes
+        w = write_atomic(final, write_pt)
+        seal = {"step": state["step"], "bytes": w.bytes, "sha256": w.sha.hexdigest()}
+        write_atomic(seal_path(final), lambda f: f.write(json.dumps(seal).encode()))
+        fsync_dir(run_dir)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise GptspeedError(f"could not write checkpoint {final}: {e.strerror or e}") from e
     for old in list_checkpoints(run_dir)[:-keep]:
+        seal_path(old).unlink(missing_ok=True)  # unseal first: a half-deleted one is invalid
         old.unlink(missing_ok=True)
     return final
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; GptspeedError naming the file if it is not
-    a readable gptspeed checkpoint."""
+def check_checkpoint(path: Path) -> str | None:
+    """Why ``path`` is not a valid checkpoint (a short reason), or None if its seal matches."""
     path = Path(path)
     try:
+        seal = json.loads(seal_path(path).read_text())
+        size, digest = int(seal["bytes"]), str(seal["sha256"])
+    except FileNotFoundError:
+        return "not sealed (interrupted while saving?)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its seal file is damaged"
+    try:
+        actual_size = path.stat().st_size
+    except OSError:
+        return "missing"
+    if actual_size != size:
+        return f"size {actual_size} bytes, sealed as {size} (truncated or altered)"
+    if sha256_file(path) != digest:
+        return "sha256 does not match its seal (corrupted)"
+    return None
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``, after checking it against its seal.
+
+    Raises GptspeedError naming the file if it is missing, unsealed, corrupted or not a
+    gptspeed checkpoint.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise GptspeedError(f"checkpoint {path} does not exist")
+    if verify and (reason := check_checkpoint(path)):
+        raise GptspeedError(f"checkpoint {path} is not valid: {reason}")
+    try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError as e:
-        raise GptspeedError(f"checkpoint {path} does not exist") from e
     except Exception as e:  # torch raises many types for a damaged file
         raise GptspeedError(f"checkpoint {path} is unreadable ({type(e).__name__}): delete it or resume from another") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -89,16 +185,25 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
+def latest_valid_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest valid checkpoint in ``run_dir`` (or None) and the newer ones skipped, each
+    with the reason."""
+    skipped = []
+    for path in reversed(list_checkpoints(run_dir)):
+        reason = check_checkpoint(path)
+        if reason is None:
+            return path, skipped
+        skipped.append((path, reason))
+    return None, skipped
 
 
 def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The newest checkpoint in ``run_dir``; GptspeedError if the folder has none."""
-    path = latest_checkpoint(run_dir)
+    """The newest valid checkpoint in ``run_dir``; GptspeedError if the folder has none."""
+    path, skipped = latest_valid_checkpoint(run_dir)
     if path is None:
         if not Path(run_dir).is_dir():
             raise GptspeedError(f"run folder {run_dir} does not exist")
+        if skipped:
+            raise GptspeedError(f"no valid checkpoint in {run_dir}: {skipped[0][0].name} is {skipped[0][1]}")
         raise GptspeedError(f"no checkpoint in {run_dir}: train first (`gptspeed train --out {run_dir}`)")
-    return load_checkpoint(path, map_location)
+    return load_checkpoint(path, map_location, verify=False)

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Flags override the preset; with --resume, the run's own configuration.")
     s.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
+    s.add_argument("--config", dest="config_file", default=None,
+                   help="JSON file of settings (flat, or nested like a run's config.json), applied before flags")
     _add_config_flags(s)
 
     s = sub.add_parser("sample", help="generate text from a trained run")
@@ -103,8 +105,8 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 def cmd_train(a: argparse.Namespace) -> int:
     from gptspeed.train import build_train_config, fit
 
-    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset")}
-    cfg = build_train_config(a.preset, overrides)
+    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file")}
+    cfg = build_train_config(a.preset, overrides, a.config_file)
     summary = fit(cfg)
     return 128 + summary["interrupted"] if summary["interrupted"] else 0
 

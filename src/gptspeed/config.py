@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gptspeed.errors import GptspeedError
@@ -56,7 +58,11 @@ class TrainConfig:
     eval_tokens: int = _f(1 << 20, "val tokens per evaluation (0 = the whole val split)")
     save_every: int = _f(1000, "write a checkpoint every N steps (0 = only at the end and on interrupt)")
     keep_checkpoints: int = _f(2, "keep the newest K checkpoints")
-    resume: bool = _f(False, "continue from the newest checkpoint in --out", kind="flag")
+    resume: bool = _f(False, "continue from the newest valid checkpoint in --out", kind="flag")
+    force_resume: bool = _f(False, "resume even if the configuration or data changed (the run is then no longer exact)",
+                            kind="flag")
+    on_nan: str = _f("stop", "a step with a non-finite loss or gradient never updates the weights; then "
+                     "stop (keep the last good checkpoint) or skip (count it and go on)", choices=("stop", "skip"))
 
 
 @dataclass
@@ -104,14 +110,47 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        return cls(
-            model=GPTConfig(**d["model"]),
-            optim=OptimConfig(**d["optim"]),
-            train=TrainConfig(**d["train"]),
-            runtime=RuntimeConfig(**d["runtime"]),
-            preset=d.get("preset", "custom"),
-        )
+    def from_dict(cls, d: Any, source: str = "configuration") -> "RunConfig":
+        """Rebuild from :meth:`to_dict` output (a checkpoint's or config.json's). Raises
+        GptspeedError naming ``source`` for anything malformed: not a dict, unknown or missing
+        groups or fields, values of the wrong type."""
+        if not isinstance(d, dict):
+            raise GptspeedError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        groups = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
+        built = {}
+        for name, cls_ in groups.items():
+            values = d.get(name, {})
+            if not isinstance(values, dict):
+                raise GptspeedError(f"{source}: '{name}' must be an object, got {type(values).__name__}")
+            built[name] = cls_(**{k: _typed(cls_, k, v, source) for k, v in values.items()})
+        preset_name = d.get("preset", "custom")
+        if not isinstance(preset_name, str):
+            raise GptspeedError(f"{source}: 'preset' must be a string")
+        return cls(**built, preset=preset_name)
+
+    def apply_file(self, path: str) -> "RunConfig":
+        """A copy with the values of a JSON file applied: nested like config.json
+        (``{"model": {"n_layer": 4}, "optim": {...}}``) or flat (``{"n_layer": 4, "lr": 1e-3}``)."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except OSError as e:
+            raise GptspeedError(f"cannot read config file {path}: {e.strerror or e}") from e
+        except (ValueError, UnicodeDecodeError) as e:
+            raise GptspeedError(f"config file {path} is not valid JSON: {e}") from e
+        if not isinstance(raw, dict):
+            raise GptspeedError(f"config file {path}: expected a JSON object")
+        flat: dict[str, Any] = {}
+        for k, v in raw.items():
+            if k in self.groups() and isinstance(v, dict):
+                flat.update(v)
+            elif k not in ("preset", "derived", "environment"):
+                flat[k] = v
+        owners = {f.name: type(g) for g in self.groups().values() for f in dataclasses.fields(g)}
+        for k, v in flat.items():
+            if k not in owners:
+                raise GptspeedError(f"config file {path}: unknown setting {k!r}")
+            flat[k] = _typed(owners[k], k, v, f"config file {path}")
+        return self.override(flat)
 
     def override(self, values: dict[str, Any]) -> "RunConfig":
         """A copy with fields replaced by name (flat: ``{"n_layer": 4, "lr": 1e-3}``)."""
@@ -161,6 +200,31 @@ class RunConfig:
         if self.runtime.dtype not in DTYPES:
             raise GptspeedError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.runtime.dtype!r}")
         self.grad_accum_steps(world_size)
+
+
+def _typed(cls, name: str, value: Any, source: str) -> Any:
+    """``value`` checked against the annotation of field ``name`` of dataclass ``cls``."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise GptspeedError(f"{source}: unknown setting {name!r}")
+    ann = str(fields[name].type)
+    if value is None and "None" in ann:
+        return None
+    base = ann.split("|")[0].strip()
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "str": isinstance(value, str),
+          "bool": isinstance(value, bool)}.get(base, False)
+    if not ok:
+        raise GptspeedError(f"{source}: {name} must be {base}, got {value!r}"[:300])
+    if base == "float":
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise GptspeedError(f"{source}: {name} must be a finite number, got {value}")
+    choices = fields[name].metadata.get("choices")
+    if choices and value not in choices:
+        raise GptspeedError(f"{source}: {name} must be one of {', '.join(choices)}, got {value!r}"[:300])
+    return value
 
 
 def run_defining_diff(a: RunConfig, b: RunConfig) -> list[str]:

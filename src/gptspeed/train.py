@@ -1,15 +1,16 @@
 """The training loop: build the run, step, evaluate, log, checkpoint, stop cleanly.
 
-Hot-loop rules: the loss is accumulated on the device and read (one host-device sync) only at
-log steps; the wall clock is read only after synchronising the device and is stopped while
-evaluating; batches come from pinned memory with non-blocking copies (see data/loader.py).
+Hot-loop rules: the loss, gradient norm and non-finite flags stay on the device and are read
+(one host-device sync) only at log steps; the wall clock is read only after synchronising the
+device and is stopped while evaluating; batches come from pinned memory with non-blocking copies
+(see data/loader.py). What is promised about interruptions, crashes and divergence, and which
+test proves it, is in docs/reliability.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -18,9 +19,10 @@ from typing import Any
 
 import torch
 
-from gptspeed.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from gptspeed.checkpoint import (check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
+                                 list_checkpoints, load_checkpoint, save_checkpoint, write_atomic)
 from gptspeed.config import RunConfig, preset, run_defining_diff
-from gptspeed.data import find_shards
+from gptspeed.data import find_shards, load_manifest
 from gptspeed.data.loader import TokenLoader, iter_eval_batches
 from gptspeed.data.shards import read_header
 from gptspeed.errors import GptspeedError
@@ -30,30 +32,35 @@ from gptspeed.optim import build_optimizer, lr_at
 from gptspeed.runtime import Runtime, parallelize, resolve_runtime
 
 
-def build_train_config(preset_name: str | None, overrides: dict[str, Any]) -> RunConfig:
+def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """The configuration ``gptspeed train`` runs with.
 
-    Fresh run: the preset (default ``gpt2``) with ``overrides`` (flat field names) applied. With
-    ``resume`` and a checkpoint in ``out``, the checkpoint's configuration is the base instead, so
-    ``gptspeed train --out RUN --resume`` alone continues a run; flags given still override.
+    Fresh run: the preset (default ``gpt2``), then ``config_file`` (JSON), then ``overrides``
+    (flat field names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the
+    checkpoint's configuration is the base instead, so ``gptspeed train --out RUN --resume``
+    alone continues a run; a config file and flags given still apply on top.
     """
     out = overrides.get("out")
-    if overrides.get("resume") and out and latest_checkpoint(Path(out)) is not None:
-        cfg = RunConfig.from_dict(load_checkpoint(latest_checkpoint(Path(out)))["config"])
+    path = latest_valid_checkpoint(Path(out))[0] if overrides.get("resume") and out else None
+    if path is not None:
+        cfg = RunConfig.from_dict(load_checkpoint(path)["config"], f"checkpoint {path}")
         if preset_name is not None and preset_name != cfg.preset:
             raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
     else:
         cfg = preset(preset_name or "gpt2")
+    if config_file:
+        cfg = cfg.apply_file(config_file)
     return cfg.override(overrides)
 
 
 class StopFlag:
     """SIGINT / SIGTERM set ``signum``; the loop finishes its step, saves and exits 128+signum.
-    A second SIGINT restores the default handler's behaviour: it raises KeyboardInterrupt at once
-    (checkpoints are written atomically, so nothing is corrupted)."""
+    A second SIGINT raises KeyboardInterrupt at once (checkpoints are written atomically, so
+    nothing is corrupted)."""
 
-    def __init__(self):
+    def __init__(self, say=print):
         self.signum: int | None = None
+        self.say = say
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -63,8 +70,8 @@ class StopFlag:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
-        name = signal.Signals(signum).name
-        print(f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to quit now)", flush=True)
+        self.say(f"\n{signal.Signals(signum).name} received: finishing this step and saving a checkpoint "
+                 "(Ctrl-C again to quit now)", flush=True)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -72,13 +79,16 @@ class StopFlag:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-               rt: Runtime, next_batch, accum: int, grad_clip: float,
-               params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor | None]:
+               rt: Runtime, next_batch, accum: int, grad_clip: float, params: list[torch.nn.Parameter],
+               fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)``.
 
-    Returns ``(loss, grad_norm)`` as device tensors (the mean loss over the micro-batches, fp32,
-    and the pre-clip global gradient norm, or None without clipping); nothing here reads them,
-    so the step queues its work without a host-device sync.
+    Returns device tensors ``(loss, grad_norm, bad)``: the mean loss over the micro-batches (fp32),
+    the global gradient norm before clipping, and a bool that is True when the loss or the
+    gradient was not finite -- then the weights and optimizer state are left as they were. With a
+    fused optimizer that skip happens on the device (AdamW's ``found_inf`` argument, the mechanism
+    GradScaler uses), so the step has no host-device sync; the non-fused path reads ``bad``
+    (one sync). With float16 the GradScaler skips steps whose scaled gradients overflow, as usual.
     """
     loss_sum = torch.zeros((), device=rt.device)
     for _ in range(accum):
@@ -88,26 +98,35 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
         loss = loss / accum
         loss_sum += loss.detach()
         scaler.scale(loss).backward()
-    grad_norm = None
-    if grad_clip > 0:
+    if scaler.is_enabled():
         scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    if scaler.is_enabled():
+        bad = ~torch.isfinite(loss_sum)  # overflowing fp16 gradients are the scaler's business
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
+        if fused:
+            optimizer.found_inf = bad.float()
+            optimizer.step()
+        elif not bad.item():
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm
+    return loss_sum, grad_norm, bad
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size: int, seq_len: int,
-             max_tokens: int = 0) -> tuple[float, int]:
+             max_tokens: int = 0, max_token_id: int | None = None) -> tuple[float, int]:
     """Mean cross-entropy (nats/token) over the first ``max_tokens`` tokens of ``shards`` (0 = all).
     Returns ``(loss, tokens)``; one host-device sync at the end."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=rt.device)
     n = 0
-    for x, y in iter_eval_batches(shards, batch_size, seq_len, max_tokens, device=rt.device):
+    for x, y in iter_eval_batches(shards, batch_size, seq_len, max_tokens, device=rt.device,
+                                  max_token_id=max_token_id):
         with rt.autocast():
             _, loss = model(x, y)
         total += loss.double() * y.numel()
@@ -133,20 +152,28 @@ def _prepare_run_dir(run_dir: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise GptspeedError(f"cannot write to run folder {run_dir}: {e.strerror or e}") from e
+    for stale in run_dir.glob(".*.tmp"):  # left by a process killed while writing
+        stale.unlink(missing_ok=True)
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+def data_identity(data_dir: str, shards: list[Path]) -> dict[str, Any]:
+    """What identifies the training data: the manifest's input hash, else shard names and sizes."""
+    manifest = load_manifest(data_dir)
+    if manifest and manifest.get("input_sha256"):
+        return {"input_sha256": manifest["input_sha256"], "val_fraction": manifest.get("val_fraction")}
+    return {"shards": [[p.name, read_header(p)[1]] for p in shards]}
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
 
 
 def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     """Train as configured. Returns a summary: ``step``, ``last_train_loss``, ``last_val_loss``,
-    ``interrupted`` (the signal number that stopped it, or None), ``run_dir``.
+    ``skipped_steps``, ``interrupted`` (the signal number that stopped it, or None), ``run_dir``.
 
-    Raises GptspeedError for anything the user can fix, before the run folder is touched where
-    it can be checked beforehand.
+    Raises GptspeedError for anything the user can fix -- before the run folder is touched
+    wherever it can be checked beforehand -- and when training diverges with ``on_nan=stop``.
     """
     say = print if echo else (lambda *a, **k: None)
     t_cfg = cfg.train
@@ -159,61 +186,75 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     run_dir = Path(t_cfg.out)
     train_shards = find_shards(t_cfg.data, "train")
     val_shards = find_shards(t_cfg.data, "val")
+    data_id = data_identity(t_cfg.data, train_shards)
 
     ckpt = None
     if t_cfg.resume:
-        path = latest_checkpoint(run_dir)
+        path, skipped = latest_valid_checkpoint(run_dir)
+        for bad_path, reason in skipped:
+            say(f"skipping {bad_path.name}: {reason}")
         if path is None:
-            say(f"--resume: no checkpoint in {run_dir}, starting a new run")
+            say(f"--resume: no valid checkpoint in {run_dir}, starting a new run")
         else:
-            ckpt = load_checkpoint(path)
-            changed = run_defining_diff(RunConfig.from_dict(ckpt["config"]), cfg)
-            if changed:
+            ckpt = load_checkpoint(path, verify=False)
+            changed = run_defining_diff(RunConfig.from_dict(ckpt["config"], f"checkpoint {path}"), cfg)
+            if ckpt.get("data") != data_id:
+                changed.append("data")
+            if changed and not t_cfg.force_resume:
                 raise GptspeedError(
                     f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
-                    "use the original settings or a new --out"
+                    "use the original settings, a new --out, or --force-resume"
                 )
+            if changed:
+                say(f"--force-resume: continuing {path.name} with changed {', '.join(changed)}")
     elif list_checkpoints(run_dir):
         raise GptspeedError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose another --out")
 
     B, T = t_cfg.batch_size, cfg.model.block_size
     accum = cfg.grad_accum_steps()
     tokens_per_step = B * T * accum
-    loader = TokenLoader(train_shards, B, T, device=rt.device)
+    max_id = cfg.model.valid_vocab_size
+    loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id)
     _check_val_size(val_shards, T)
-    _prepare_run_dir(run_dir)
 
     torch.manual_seed(cfg.runtime.seed)
     model = GPT(cfg.model)
+    _prepare_run_dir(run_dir)
+    check_free_space(run_dir, estimate_checkpoint_bytes(model))
     train_model = parallelize(model, rt)
     optimizer, fused = build_optimizer(model, cfg.optim, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
-    step = 0
+    step = skipped_steps = 0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
-        loader.load_state_dict(ckpt["loader"])
+        try:
+            loader.load_state_dict(ckpt["loader"])
+        except GptspeedError:
+            if not t_cfg.force_resume:
+                raise
+            say("--force-resume: the data position does not fit the new data; reading it from the start")
         torch.set_rng_state(ckpt["rng"]["torch"])
         if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
-        step = ckpt["step"]
-
+        step, skipped_steps = ckpt["step"], ckpt.get("skipped_steps", 0)
     if step >= t_cfg.max_steps:
         say(f"{run_dir} is already at step {step} of {t_cfg.max_steps}: nothing to do (raise --max-steps to go on)")
-        return {"step": step, "last_train_loss": None, "last_val_loss": None, "interrupted": None,
-                "run_dir": str(run_dir)}
+        return {"step": step, "last_train_loss": None, "last_val_loss": None, "skipped_steps": skipped_steps,
+                "interrupted": None, "run_dir": str(run_dir)}
+
     fpt = model.flops_per_token(T)
     peak, peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)
     env = environment(rt.device)
-    _write_json_atomic(run_dir / "config.json", {
-        **cfg.to_dict(), "derived": {
-            "grad_accum_steps": accum, "tokens_per_step": tokens_per_step, "params": model.num_params(False),
-            "params_non_embedding": model.num_params(), "flops_per_token": fpt, "fused_adamw": fused,
-            "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
-            "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
-        }, "environment": env})
+    config_json = {**cfg.to_dict(), "derived": {
+        "grad_accum_steps": accum, "tokens_per_step": tokens_per_step, "params": model.num_params(False),
+        "params_non_embedding": model.num_params(), "flops_per_token": fpt, "fused_adamw": fused,
+        "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
+        "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
+        "data": data_id}, "environment": env}
+    write_atomic(run_dir / "config.json", lambda f: f.write((json.dumps(config_json, indent=2) + "\n").encode()))
     log = RunLog(run_dir / "metrics.jsonl", echo=echo)
     log.truncate_after(step if ckpt is not None else -1)
 
@@ -221,14 +262,14 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         f"compile {'on' if rt.compile else 'off'} | fused AdamW {'on' if fused else 'off'} | "
         f"B={B} T={T} x {accum} micro-steps = {tokens_per_step:,} tokens/step")
     if ckpt is not None:
-        say(f"resumed from step {step} ({latest_checkpoint(run_dir).name})")
+        say(f"resumed from step {step}")
     if peak is None:
         say(f"MFU: not reported ({peak_source})")
 
     def record(step_: int, **fields) -> dict[str, Any]:
         return {"step": step_, "max_steps": t_cfg.max_steps, "tokens": step_ * tokens_per_step,
                 "documents": loader.documents, "epoch": loader.epoch + loader.epoch_progress(),
-                "time_s": time.time() - wall_start, **fields}
+                "time_s": time.time() - wall_start, "skipped_steps": skipped_steps, **fields}
 
     def save() -> Path:
         return save_checkpoint(run_dir, {
@@ -236,14 +277,14 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             "scaler": scaler.state_dict() if scaler.is_enabled() else None, "loader": loader.state_dict(),
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None},
-            "config": cfg.to_dict(),
+            "config": cfg.to_dict(), "data": data_id, "skipped_steps": skipped_steps,
         }, keep=t_cfg.keep_checkpoints)
 
     def run_eval() -> float:
-        return evaluate(train_model, rt, val_shards, B, T, t_cfg.eval_tokens)[0]
+        return evaluate(train_model, rt, val_shards, B, T, t_cfg.eval_tokens, max_id)[0]
 
     wall_start = time.time()
-    stop = StopFlag()
+    stop = StopFlag(say)
     last_train = last_val = None
     try:
         if step == 0:
@@ -252,28 +293,42 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         max_lr, min_lr = cfg.optim.lr, cfg.optim.lr * cfg.optim.min_lr_ratio
         t_last, steps_since, first_interval = time.perf_counter(), 0, True
         params = list(model.parameters())
+        bad_count = torch.zeros((), dtype=torch.int64, device=rt.device)  # non-finite steps since last read
+        first_bad = torch.full((), -1, dtype=torch.int64, device=rt.device)
         while step < t_cfg.max_steps and stop.signum is None:
             lr = lr_at(step, max_lr=max_lr, min_lr=min_lr, warmup_steps=cfg.optim.warmup_steps,
                        max_steps=t_cfg.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum, grad_norm = train_step(train_model, optimizer, scaler, rt, loader.next_batch, accum,
-                                             cfg.optim.grad_clip, params)
+            loss_sum, grad_norm, bad = train_step(train_model, optimizer, scaler, rt, loader.next_batch, accum,
+                                                  cfg.optim.grad_clip, params, fused)
             step += 1
             steps_since += 1
+            bad_count += bad
+            first_bad = torch.where(bad & (first_bad < 0), step, first_bad)
 
             do_eval = step == t_cfg.max_steps or (t_cfg.eval_every > 0 and step % t_cfg.eval_every == 0)
-            if first_interval or do_eval or step % t_cfg.log_every == 0 or step == t_cfg.max_steps or stop.signum:
+            do_save = step == t_cfg.max_steps or (t_cfg.save_every > 0 and step % t_cfg.save_every == 0)
+            if first_interval or do_eval or do_save or step % t_cfg.log_every == 0 or stop.signum:
                 rt.synchronize()
                 dt = (time.perf_counter() - t_last) / steps_since
-                last_train = loss_sum.item()
-                if not math.isfinite(last_train):
-                    raise GptspeedError(f"training diverged: loss is {last_train} at step {step}; "
-                                        "lower --lr or raise --warmup-steps and start again")
+                n_bad = int(bad_count.item())
+                if n_bad:
+                    where = int(first_bad.item())
+                    if t_cfg.on_nan == "stop":
+                        good = latest_valid_checkpoint(run_dir)[0]
+                        raise GptspeedError(
+                            f"training diverged: non-finite loss or gradient at step {where} (that step did not "
+                            f"update the weights); last good checkpoint: {good.name if good else 'none'}. "
+                            "Try a lower --lr, more --warmup-steps, --dtype float32, or --on-nan skip")
+                    skipped_steps += n_bad
+                    say(f"skipped {n_bad} step(s) with a non-finite loss or gradient (first at step {where})")
+                    bad_count.zero_()
+                    first_bad.fill_(-1)
+                last_train = _finite(loss_sum.item())
                 tps = tokens_per_step / dt
                 mem_peak, mem_total = memory_stats(rt.device)
-                fields = dict(train_loss=last_train, lr=lr,
-                              grad_norm=None if grad_norm is None else grad_norm.item(),
+                fields = dict(train_loss=last_train, lr=lr, grad_norm=_finite(grad_norm.item()),
                               step_ms=1000 * dt, tokens_per_s=tps,
                               mfu=fpt * tps / peak if peak else None,
                               mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
@@ -285,7 +340,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                     last_val = fields["val_loss"] = run_eval()
                 log.write(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
-            if step == t_cfg.max_steps or stop.signum or (t_cfg.save_every and step % t_cfg.save_every == 0):
+            if do_save or stop.signum:
                 save()
     finally:
         stop.restore()
@@ -293,5 +348,5 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         say(f"stopped at step {step}; checkpoint saved in {run_dir}. Resume with: gptspeed train --out {run_dir} --resume")
     else:
         say(f"done: {step} steps in {format_duration(time.time() - wall_start)}; checkpoint in {run_dir}")
-    return {"step": step, "last_train_loss": last_train, "last_val_loss": last_val,
+    return {"step": step, "last_train_loss": last_train, "last_val_loss": last_val, "skipped_steps": skipped_steps,
             "interrupted": stop.signum, "run_dir": str(run_dir)}

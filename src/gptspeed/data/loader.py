@@ -20,6 +20,17 @@ from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
 
+def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offset: int) -> None:
+    """GptspeedError naming the shard if ``buf`` holds an id >= ``max_token_id`` (it would index
+    past the embedding: a crash deep inside torch on CPU, a device-side assert on CUDA)."""
+    if max_token_id is not None and buf.size and int(buf.max()) >= max_token_id:
+        bad = int(np.argmax(buf >= max_token_id))
+        raise GptspeedError(
+            f"{path}: token id {int(buf[bad])} at token {offset + bad:,} is not below the vocabulary size "
+            f"{max_token_id}: the shard was not made with the GPT-2 tokenizer, or is corrupted"
+        )
+
+
 def to_device(buf: np.ndarray, device: torch.device) -> torch.Tensor:
     """int64 host array -> device tensor; on CUDA through pinned memory with a non-blocking copy
     (PyTorch's caching host allocator keeps the pinned block alive until the copy is done)."""
@@ -32,17 +43,19 @@ def to_device(buf: np.ndarray, device: torch.device) -> torch.Tensor:
 class TokenLoader:
     """Micro-batches ``(x, y)``, each ``(B, T)`` int64 on ``device``, ``y`` = ``x`` shifted by one.
 
-    Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs.
+    Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs, and
+    when a batch holds a token id >= ``max_token_id`` (checked per batch: a max over B*T ids).
     Attributes: ``documents`` counts the ``<|endoftext|>`` tokens (document starts) in every
     rank's windows so far, i.e. documents seen by the whole job; ``epoch`` completed passes.
     """
 
     def __init__(self, shards: list[Path], batch_size: int, seq_len: int, *, rank: int = 0,
-                 world_size: int = 1, device: torch.device | str = "cpu"):
+                 world_size: int = 1, device: torch.device | str = "cpu", max_token_id: int | None = None):
         self.shards = [Path(p) for p in shards]
         self.B, self.T = batch_size, seq_len
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
+        self.max_token_id = max_token_id
         self.global_tokens = batch_size * seq_len * world_size  # tokens per micro-step, all ranks
         self.lengths = [read_header(p)[1] for p in self.shards]
         self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
@@ -81,6 +94,7 @@ class TokenLoader:
         self.documents += int(np.count_nonzero(tokens[pos : pos + self.global_tokens] == EOT_TOKEN))
         start = pos + self.rank * self.B * self.T
         buf = tokens[start : start + self.B * self.T + 1].astype(np.int64)
+        check_token_ids(buf, self.max_token_id, self.shards[self.shard_index], start)
         self.position += self.global_tokens
         if (self.position // self.global_tokens) >= self.batches_per_shard[self.shard_index]:
             self._next_shard()
@@ -111,7 +125,8 @@ class TokenLoader:
 
 def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0, *,
                       rank: int = 0, world_size: int = 1,
-                      device: torch.device | str = "cpu") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                      device: torch.device | str = "cpu",
+                      max_token_id: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic evaluation batches: consecutive windows of ``T`` (+1) tokens over the shards,
     grouped ``batch_size`` at a time (the last batch may be smaller), batches dealt round-robin to
     ranks. Stops after ``max_tokens`` predicted tokens in all (0 = the whole split).
@@ -142,5 +157,6 @@ def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tok
             if not mine:
                 continue
             buf = tokens[first * seq_len : (first + rows) * seq_len + 1].astype(np.int64)
+            check_token_ids(buf, max_token_id, path, first * seq_len)
             t = to_device(buf, device)
             yield t[:-1].view(rows, seq_len), t[1:].view(rows, seq_len)

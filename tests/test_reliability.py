@@ -1,0 +1,261 @@
+"""Training that loses nothing: kills, signals, divergence, damaged files, hostile input, full disks.
+docs/reliability.md maps each promise to the test here that proves it."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import SHARED_DATA, SRC, assert_user_error, run_cli
+from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
+from gptspeed.config import OptimConfig, RunConfig, preset
+from gptspeed.data.shards import ShardError, read_header, read_shard, write_shard
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPT, GPTConfig
+from gptspeed.optim import build_optimizer
+from gptspeed.runtime import resolve_runtime
+from gptspeed.train import build_train_config, fit, train_step
+
+TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",
+        "--eval-every", "0", "--device", "cpu"]
+ENV = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
+
+
+def losses(run):
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train_loss"] for r in recs if "train_loss" in r}
+
+
+def start(data, run, *extra):
+    return subprocess.Popen([sys.executable, "-m", "gptspeed", "train", *TINY, "--data", str(data),
+                             "--out", str(run), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+
+
+def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(shakespeare_data, tmp_path):
+    args = ("--max-steps", "24", "--save-every", "1", "--keep-checkpoints", "2")
+    ref = tmp_path / "ref"
+    assert run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(ref), *args).returncode == 0
+    run = tmp_path / "run"
+    rng = random.Random(4)
+    kills = 0
+    for attempt in range(4):  # 4 kills at random moments once training runs (steps and saves), then to the end
+        before = len(losses(run)) if (run / "metrics.jsonl").exists() else 0
+        proc = start(shakespeare_data, run, *args, "--resume")
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            if (run / "metrics.jsonl").exists() and len(losses(run)) > before:
+                break
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.0))
+        if proc.poll() is None:
+            proc.kill()  # SIGKILL: no handler runs
+            kills += 1
+        proc.communicate(timeout=60)
+    assert kills >= 2
+    final = run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), *args, "--resume")
+    assert final.returncode == 0, final.stderr
+    assert losses(run) == losses(ref)  # every step's loss, bit for bit
+    for ck in list_checkpoints(run):
+        assert check_checkpoint(ck) is None
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_and_exits_with_its_status(shakespeare_data, tmp_path, sig, code):
+    run = tmp_path / "run"
+    proc = start(shakespeare_data, run, "--max-steps", "500", "--save-every", "0")
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists()
+                                          and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Resume with: gptspeed train --out" in out
+    (ck,) = list_checkpoints(run)
+    assert check_checkpoint(ck) is None and load_checkpoint(ck)["step"] >= 2
+
+
+def tiny_step_setup(fused):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    opt, fused = build_optimizer(model, OptimConfig(fused_adamw=fused), "cpu")
+    rt = resolve_runtime("cpu", "float32", False)
+    x = torch.randint(0, 50257, (2, 8))
+    return model, opt, fused, rt, (lambda: (x, x))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_non_finite_step_never_updates_the_weights(fused):
+    model, opt, fused, rt, batch = tiny_step_setup(fused)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    params = list(model.parameters())
+    train_step(model, opt, scaler, rt, batch, 1, 1.0, params, fused)  # one good step: state exists
+    with torch.no_grad():
+        model.transformer.ln_f.weight[0] = float("nan")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state_before = {k: v.clone() for k, v in opt.state[params[0]].items()}
+    loss, norm, bad = train_step(model, opt, scaler, rt, batch, 1, 1.0, params, fused)
+    assert bool(bad) and not torch.isfinite(loss)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]) or (torch.isnan(v).equal(torch.isnan(before[k]))
+                                              and torch.equal(v.nan_to_num(), before[k].nan_to_num())), k
+    for k, v in opt.state[params[0]].items():
+        assert torch.equal(v, state_before[k]), k  # moments and step count untouched
+
+
+def test_divergence_stops_or_skips(shakespeare_data, tmp_path):
+    base = dict(n_layer=2, n_embd=32, batch_size=8, device="cpu", data=str(shakespeare_data), eval_every=0,
+                lr=1e30, warmup_steps=1, max_steps=6, log_every=3, save_every=1)
+    run = tmp_path / "stop"
+    with pytest.raises(GptspeedError, match=r"diverged.*step 2 .*last good checkpoint: ckpt_00000001\.pt"):
+        fit(build_train_config("pico", dict(base, out=str(run))), echo=False)
+    assert [p.name for p in list_checkpoints(run)] == ["ckpt_00000001.pt"]
+    proc = run_cli("train", "--out", str(tmp_path / "stop2"), *[f"--{k.replace('_', '-')}={v}" for k, v in base.items()],
+                   "--preset", "pico")
+    assert_user_error(proc, "diverged", "--on-nan skip")
+    summary = fit(build_train_config("pico", dict(base, out=str(tmp_path / "skip"), on_nan="skip")), echo=False)
+    assert summary["step"] == 6 and summary["skipped_steps"] == 5
+    ck = load_checkpoint(list_checkpoints(tmp_path / "skip")[-1])
+    assert all(torch.isfinite(v).all() for v in ck["model"].values())
+    assert ck["skipped_steps"] == 5
+
+
+def test_resume_skips_damaged_checkpoints_and_says_why(shakespeare_data, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = dict(n_layer=2, n_embd=32, batch_size=8, device="cpu", data=str(shakespeare_data), eval_every=0,
+               max_steps=4, save_every=1, keep_checkpoints=4, out=str(run))
+    fit(build_train_config("pico", cfg), echo=False)
+    ck = list_checkpoints(run)
+    raw = bytearray(ck[3].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    ck[3].write_bytes(bytes(raw))  # flipped byte
+    ck[2].write_bytes(ck[2].read_bytes()[:1000])  # truncated
+    seal_path(ck[1]).unlink()  # killed before sealing
+    summary = fit(build_train_config(None, dict(out=str(run), resume=True, max_steps=5)), echo=True)
+    out = capsys.readouterr().out
+    assert "skipping ckpt_00000004.pt: sha256 does not match" in out
+    assert "skipping ckpt_00000003.pt: size 1000 bytes" in out
+    assert "skipping ckpt_00000002.pt: not sealed" in out
+    assert "resumed from step 1" in out and summary["step"] == 5
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    first = save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3)})
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(GptspeedError, match="No space left on device"):
+        save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3)})
+    assert list_checkpoints(tmp_path) == [first] and check_checkpoint(first) is None
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_full_or_unwritable_run_folder_reported_before_training(shakespeare_data, tmp_path, monkeypatch):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert_user_error(run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(afile / "run")),
+                      "cannot write to run folder")
+    import shutil as sh
+    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(100, 100, 1000))
+    with pytest.raises(GptspeedError, match="GiB free but a checkpoint needs"):
+        fit(build_train_config("pico", dict(data=str(shakespeare_data), out=str(tmp_path / "r"), device="cpu")),
+            echo=False)
+    assert not list_checkpoints(tmp_path / "r")
+
+
+def test_resume_with_other_data_refused_unless_forced(shakespeare_data, tmp_path):
+    run = tmp_path / "run"
+    base = dict(n_layer=2, n_embd=32, batch_size=8, device="cpu", eval_every=0, max_steps=2)
+    fit(build_train_config("pico", dict(base, data=str(shakespeare_data), out=str(run))), echo=False)
+    other = tmp_path / "other"
+    shutil.copytree(shakespeare_data, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["input_sha256"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GptspeedError, match=r"different configuration \(data\).*--force-resume"):
+        fit(build_train_config(None, dict(out=str(run), resume=True, data=str(other), max_steps=3)), echo=False)
+    s = fit(build_train_config(None, dict(out=str(run), resume=True, data=str(other), max_steps=3,
+                                          force_resume=True)), echo=False)
+    assert s["step"] == 3
+
+
+def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(shakespeare_data, data)
+    toks = np.array(read_shard(data / "train_000000.bin"))
+    toks[100] = 60000
+    write_shard(data / "train_000000.bin", toks)
+    proc = run_cli("train", *TINY, "--data", str(data), "--out", str(tmp_path / "r"), "--max-steps", "2")
+    assert_user_error(proc, "train_000000.bin", "token id 60000 at token 100")
+
+
+# ------------------------------------------------------------------------------------ fuzzing
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=1200), header=st.none() | st.tuples(st.integers(-2**31, 2**31 - 1),
+                                                                    st.integers(-2**31, 2**31 - 1),
+                                                                    st.integers(-2**31, 2**31 - 1)))
+def test_fuzz_shard_reader(tmp_path_factory, data, header):
+    path = tmp_path_factory.mktemp("fuzz") / "train_000000.bin"
+    raw = bytearray(data)
+    if header is not None:  # a plausible header, then random bytes
+        head = np.zeros(256, dtype="<i4")
+        head[:3] = header
+        raw = bytearray(head.tobytes()) + raw
+    path.write_bytes(bytes(raw))
+    try:
+        version, count = read_header(path)
+        toks = read_shard(path)
+    except ShardError as e:
+        assert str(path) in str(e) and "\n" not in str(e)
+        return
+    assert len(toks) == count == (len(raw) - 1024) // 2 and version == 1 and toks.dtype == np.dtype("<u2")
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                           max_leaves=10)
+FIELDS = ["n_layer", "n_head", "n_embd", "block_size", "lr", "batch_size", "dtype", "compile", "resume", "on_nan",
+          "vocab_size", "attention", "total_batch_tokens", "nonsense"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(d=st.dictionaries(st.sampled_from(["model", "optim", "train", "runtime", "preset"]),
+                         st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4) | json_values, max_size=5))
+def test_fuzz_config_from_dict(d):
+    try:
+        cfg = RunConfig.from_dict(d, "fuzz")
+        cfg.validate()
+    except GptspeedError as e:
+        assert "\n" not in str(e)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200) | st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4).map(json.dumps))
+def test_fuzz_config_file(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("cfg") / "c.json"
+    path.write_text(text)
+    try:
+        preset("pico").apply_file(str(path)).validate()
+    except GptspeedError as e:
+        assert "\n" not in str(e).strip()
+
+
+def test_config_file_applies_and_flags_win(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": {"n_layer": 3}, "lr": 0.01}))
+    cfg = build_train_config("pico", {"lr": 0.02}, str(path))
+    assert cfg.model.n_layer == 3 and cfg.optim.lr == 0.02
+    path.write_text("{not json")
+    assert_user_error(run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r")),
+                      "not valid JSON")

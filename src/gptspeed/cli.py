@@ -1,4 +1,4 @@
-"""Command line: ``gptspeed prepare | train | sample | eval``.
+"""Command line: ``gptspeed prepare | train | sample | eval | bench``.
 
 Each subcommand parses its flags and calls one typed function; the logic lives in the modules.
 The flags of ``train`` are generated from the configuration dataclasses (gptspeed.config), so a
@@ -88,6 +88,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=0, help="evaluate at most this many tokens (0 = all)")
     s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+
+    from gptspeed.bench.ladder import COMPILE_BACKENDS, PEER_NAME
+    from gptspeed.bench.stages import STAGE_NAMES
+
+    s = sub.add_parser("bench", help="the optimization ladder (or a profile of one stage) on this machine",
+                       description="Runs each stage of the ladder (" + " -> ".join(STAGE_NAMES) + ", cumulative) "
+                       "in a fresh process and compares step time, throughput, memory and step-0 loss; "
+                       "adds transformers' GPT-2 as a peer row.")
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--ladder", action="store_true", help="run every stage; write ladder.md/.json/.png to --out")
+    what.add_argument("--profile", metavar="STAGE", help=f"torch.profiler trace of one stage ({', '.join(STAGE_NAMES)}, {PEER_NAME})")
+    s.add_argument("--out", required=True, help="output folder")
+    s.add_argument("--preset", choices=list(PRESETS), default="gpt2", help="model shape and batch size (default gpt2)")
+    s.add_argument("--n-layer", type=int, help="transformer blocks L (default: the preset's)")
+    s.add_argument("--n-head", type=int, help="attention heads H (default: the preset's)")
+    s.add_argument("--n-embd", type=int, help="embedding width C (default: the preset's)")
+    s.add_argument("--seq-len", type=int, help="sequence length T (default: the preset's)")
+    s.add_argument("--batch-size", type=int, help="micro-batch size B (default: the preset's)")
+    s.add_argument("--steps", type=int, help="timed steps per stage (default 20; with --profile, traced steps, default 3)")
+    s.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps first, compilation included (default 5)")
+    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
+    data = s.add_mutually_exclusive_group()
+    data.add_argument("--data", help="prepared data folder (its train shards feed every stage)")
+    data.add_argument("--synthetic", action="store_true", help="random tokens instead of --data")
+    s.add_argument("--stages", help="comma-separated stages to run (default all); the others are listed as skipped")
+    s.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers GPT-2 row")
+    s.add_argument("--seed", type=int, default=1337, help="initialisation and synthetic-data seed")
+    s.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
+                   help="torch.compile backend (default inductor; eager/aot_eager check tracing, not speed)")
+    s.add_argument("--peak-tflops", type=float, help="device peak TFLOPS for MFU (default: the built-in GPU table)")
+    s.add_argument("--stage-timeout", type=float, help="seconds one stage may take (default: no limit)")
     return p
 
 
@@ -153,7 +184,29 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval}
+def cmd_bench(a: argparse.Namespace) -> int:
+    import shlex
+
+    from gptspeed.bench import BenchConfig, profile_stage, run_ladder
+
+    steps = a.steps if a.steps is not None else (3 if a.profile else 20)
+    cfg = BenchConfig(out=a.out, preset=a.preset, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
+                      seq_len=a.seq_len, batch_size=a.batch_size, steps=steps, warmup=a.warmup, device=a.device,
+                      data=a.data, synthetic=a.synthetic, stages=a.stages, peers=a.peers, seed=a.seed,
+                      compile_backend=a.compile_backend, peak_tflops=a.peak_tflops, stage_timeout=a.stage_timeout)
+    if a.profile:
+        if a.stages:
+            raise GptspeedError("--stages selects ladder rows; with --profile name the one stage to trace")
+        profile_stage(cfg, a.profile)
+        return 0
+    result = run_ladder(cfg, command="gptspeed " + shlex.join(sys.argv[1:]))
+    if not result["ok"]:
+        print(f"gptspeed bench: {len(result['problems'])} problem(s): {'; '.join(result['problems'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
+COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,257 @@
+"""``gptspeed bench``: run the ladder (or profile one row), each row in a fresh process.
+
+:func:`run_ladder` plans the rows (:func:`gptspeed.bench.stages.plan_ladder`), runs every selected,
+applicable one with :mod:`gptspeed.bench.worker` in a new Python process with an empty compile
+cache, then the peer row (transformers' GPT-2 with the last row's settings), checks that all
+step-0 losses agree, and writes ``ladder.md``, ``ladder.json`` and ``ladder.png``
+(:mod:`gptspeed.bench.report`). :func:`profile_stage` traces one row with torch.profiler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gptspeed
+from gptspeed.bench import report
+from gptspeed.bench.stages import LOSS_RTOL, STAGE_NAMES, Settings, parse_stage_list, plan_ladder, stage_settings
+from gptspeed.bench.worker import PEER_KIND, StageSpec
+from gptspeed.config import preset
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPTConfig
+
+PEER_NAME = "hf-gpt2"
+PEER_DESCRIPTION = "transformers GPT2LMHeadModel, attn_implementation='sdpa', vocab 50257, its own loss"
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
+@dataclass
+class BenchConfig:
+    """The flags of ``gptspeed bench``. Shape fields left None come from the preset."""
+
+    out: str
+    preset: str = "gpt2"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    steps: int = 20  # timed steps per row
+    warmup: int = 5  # untimed steps first (the first one compiles)
+    device: str = "auto"
+    data: str | None = None
+    synthetic: bool = False
+    stages: str | None = None  # comma-separated names; None = all
+    peers: bool = True
+    seed: int = 1337
+    compile_backend: str = "inductor"
+    peak_tflops: float | None = None
+    stage_timeout: float | None = None  # seconds per row; None = no limit
+
+
+def base_spec(cfg: BenchConfig) -> StageSpec:
+    """Validate the flags (GptspeedError, one line) and return the spec every row starts from."""
+    from gptspeed.runtime import resolve_device
+
+    p = preset(cfg.preset)
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    shape = GPTConfig(n_layer=pick(cfg.n_layer, p.model.n_layer), n_head=pick(cfg.n_head, p.model.n_head),
+                      n_embd=pick(cfg.n_embd, p.model.n_embd), block_size=pick(cfg.seq_len, p.model.block_size))
+    shape.validate()
+    batch = pick(cfg.batch_size, p.train.batch_size)
+    if batch < 1:
+        raise GptspeedError(f"--batch-size must be at least 1, got {batch}")
+    if cfg.steps < 1:
+        raise GptspeedError(f"--steps must be at least 1, got {cfg.steps}")
+    if cfg.warmup < 1:
+        raise GptspeedError(f"--warmup must be at least 1 (the first step compiles and allocates), got {cfg.warmup}")
+    if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
+        raise GptspeedError(f"--peak-tflops must be positive, got {cfg.peak_tflops}")
+    if cfg.stage_timeout is not None and not cfg.stage_timeout > 0:
+        raise GptspeedError(f"--stage-timeout must be positive, got {cfg.stage_timeout}")
+    if cfg.compile_backend not in COMPILE_BACKENDS:
+        raise GptspeedError(f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got {cfg.compile_backend!r}")
+    if cfg.synthetic == (cfg.data is not None):
+        raise GptspeedError("give either --data DIR (a folder from `gptspeed prepare`) or --synthetic (random tokens), "
+                            "not both or neither")
+    data = None
+    if cfg.data is not None:
+        from gptspeed.data import find_shards
+        from gptspeed.data.loader import TokenLoader
+
+        TokenLoader(find_shards(cfg.data, "train"), batch, shape.block_size)  # GptspeedError if too small
+        data = str(Path(cfg.data).resolve())
+    device = resolve_device(cfg.device)
+    return StageSpec(name="", settings=Settings().to_dict(), n_layer=shape.n_layer, n_head=shape.n_head,
+                     n_embd=shape.n_embd, seq_len=shape.block_size, batch_size=batch, steps=cfg.steps,
+                     warmup=cfg.warmup, device=device.type, seed=cfg.seed, lr=p.optim.lr, data=data,
+                     compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops)
+
+
+def _worker_env(cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(gptspeed.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # a fresh, empty compile cache for every row: no kernel compiled by an earlier row is reused
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+    return env
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[-1] if lines else "no output"
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None) -> dict[str, Any]:
+    """Run one row in a fresh ``python -m gptspeed.bench`` process; its output goes to
+    ``log_path``. Returns the worker's result (``status`` ok or skipped) or ``{"status":
+    "failed", "reason": ...}`` with the last line it printed."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="gptspeed-bench-"))
+    try:
+        spec_path, result_path = tmp / "spec.json", tmp / "result.json"
+        spec_path.write_text(json.dumps(spec.to_dict()))
+        with open(log_path, "w") as log:
+            try:
+                proc = subprocess.run([sys.executable, "-m", "gptspeed.bench", str(spec_path), str(result_path)],
+                                      stdout=log, stderr=subprocess.STDOUT, env=_worker_env(tmp), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return {"status": "failed", "reason": f"timed out after {timeout:g} s (--stage-timeout); log {log_path}"}
+        if proc.returncode != 0 or not result_path.exists():
+            line = _last_line(log_path.read_text(errors="replace")).removeprefix("gptspeed bench: error: ")
+            return {"status": "failed", "reason": f"{line} (exit {proc.returncode}; log {log_path})"}
+        return json.loads(result_path.read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_rows(rows: list[dict[str, Any]]) -> None:
+    """Add speed-ups and the step-0 loss check to the rows that ran, in place.
+
+    ``speedup_prev``: ms/step of the previous row that ran / this row's; ``speedup_baseline``:
+    the first row that ran (baseline unless deselected) / this row's. ``loss_check``: this row's
+    step-0 loss against the first row's, relative, within the looser tolerance of the two rows'
+    dtypes (:data:`gptspeed.bench.stages.LOSS_RTOL`).
+    """
+    ran = [r for r in rows if r["status"] == "ok"]
+    if not ran:
+        return
+    ref, prev = ran[0], None
+    for r in ran:
+        r["speedup_prev"] = prev["ms_median"] / r["ms_median"] if prev else None
+        r["speedup_baseline"] = ref["ms_median"] / r["ms_median"]
+        rtol = max(LOSS_RTOL.get(r["dtype"], 2e-2), LOSS_RTOL.get(ref["dtype"], 2e-2))
+        l0, l_ref = r["loss_step0"], ref["loss_step0"]
+        rel = abs(l0 - l_ref) / abs(l_ref) if math.isfinite(l0) and math.isfinite(l_ref) else math.inf
+        r["loss_check"] = {"reference": ref["name"], "rel_diff": rel, "rtol": rtol, "ok": rel <= rtol}
+        prev = r
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
+    """Run the ladder and write ``ladder.md``, ``ladder.json`` and ``ladder.png`` into ``cfg.out``;
+    print the Markdown table on stdout (progress on stderr). Returns the report (as in
+    ladder.json); ``report["ok"]`` is False when a row failed or its step-0 loss disagrees.
+
+    Raises GptspeedError for bad flags (before anything runs).
+    """
+    import torch
+
+    spec0 = base_spec(cfg)
+    selected = parse_stage_list(cfg.stages)
+    device = torch.device(spec0.device)
+    plan = plan_ladder(device, selected, cfg.compile_backend)
+    to_run = [p for p in plan if p.skip_reason is None]
+    if not to_run:
+        reasons = "; ".join(f"{p.stage.name}: {p.skip_reason}" for p in plan if p.stage.name in (selected or ()))
+        raise GptspeedError(f"none of the selected stages runs on {device.type} ({reasons})")
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GptspeedError(f"cannot create --out {out}: {e.strerror or e}") from e
+
+    env = report.environment(device, command)  # before the rows run: the date is the start
+    n_runs = len(to_run) + int(cfg.peers)
+    rows: list[dict[str, Any]] = []
+    i = 0
+    for p in plan:
+        row: dict[str, Any] = {"name": p.stage.name, "kind": "stage", "description": p.stage.description,
+                               "source": p.stage.source, "settings": p.settings.to_dict() if p.settings else None}
+        if p.skip_reason is not None:
+            rows.append({**row, "status": "skipped", "reason": p.skip_reason})
+            continue
+        i += 1
+        _say(f"[{i}/{n_runs}] {p.stage.name}: {p.stage.description}")
+        spec = dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())
+        rows.append({**row, **run_worker(spec, out / "logs" / f"{p.stage.name}.log", cfg.stage_timeout)})
+        _say("    " + report.progress_line(rows[-1]))
+    if cfg.peers:
+        last = to_run[-1].settings
+        peer_settings = dataclasses.replace(last, attention="sdpa", vocab_size=50257, loss="plain")
+        row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
+               "source": f"same dtype, compile and optimizer as {to_run[-1].stage.name}",
+               "settings": peer_settings.to_dict()}
+        _say(f"[{n_runs}/{n_runs}] {PEER_NAME}: {PEER_DESCRIPTION}")
+        spec = dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=peer_settings.to_dict())
+        rows.append({**row, **run_worker(spec, out / "logs" / f"{PEER_NAME}.log", cfg.stage_timeout)})
+        _say("    " + report.progress_line(rows[-1]))
+    check_rows(rows)
+
+    problems = [f"{r['name']}: failed: {r['reason']}" for r in rows if r["status"] == "failed"]
+    problems += [f"{r['name']}: step-0 loss {r['loss_step0']:.6f} differs from {r['loss_check']['reference']}'s by "
+                 f"{r['loss_check']['rel_diff']:.2e} relative (tolerance {r['loss_check']['rtol']:.0e})"
+                 for r in rows if r["status"] == "ok" and not r["loss_check"]["ok"]]
+    result = {
+        "format": "gptspeed-ladder", "format_version": 1,
+        "environment": env,
+        "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
+                   ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data")},
+                   "device": spec0.device, "stage_order": list(STAGE_NAMES)},
+        "rows": rows, "ok": not problems, "problems": problems,
+    }
+    report.write_outputs(result, out)
+    return result
+
+
+def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
+    """Trace ``cfg.steps`` steps of one row (after the warm-up) with torch.profiler, in a fresh
+    process: writes ``trace-NAME.json`` (Chrome trace) and ``profile-NAME.txt`` (top ops by self
+    time) into ``cfg.out`` and prints the table. ``name`` is a stage or ``hf-gpt2``.
+
+    Raises GptspeedError for bad flags, an unknown stage, one that does not apply, or a failed run.
+    """
+    import torch
+
+    spec0 = base_spec(cfg)
+    device = torch.device(spec0.device)
+    if name == PEER_NAME:
+        last = [r.settings for r in plan_ladder(device, None, cfg.compile_backend) if r.settings is not None][-1]
+        settings, kind = dataclasses.replace(last, attention="sdpa", vocab_size=50257, loss="plain"), PEER_KIND
+    elif name in STAGE_NAMES:
+        settings, kind = stage_settings(name, device, cfg.compile_backend), "gptspeed"
+    else:
+        raise GptspeedError(f"unknown --profile stage {name!r}: choose from {', '.join(STAGE_NAMES + (PEER_NAME,))}")
+    out = Path(cfg.out)
+    spec = dataclasses.replace(spec0, name=name, kind=kind, settings=settings.to_dict(), profile_dir=str(out.resolve()))
+    _say(f"profiling {name} ({spec.warmup} warm-up + {spec.steps} traced steps) on {device.type}")
+    result = run_worker(spec, out / "logs" / f"profile-{name}.log", cfg.stage_timeout)
+    if result["status"] != "ok":
+        raise GptspeedError(f"profiling {name} {result['status']}: {result['reason']}")
+    print(result["profile_table"])
+    print(f"Chrome trace: {result['trace']} (open in ui.perfetto.dev or chrome://tracing)")
+    return result

@@ -1,0 +1,183 @@
+"""The ladder's outputs: a Markdown table (stdout and ``ladder.md``), ``ladder.json`` (every figure
+and the environment) and ``ladder.png`` (ms/step per row, speed-up on each bar; matplotlib)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptspeed.metrics import environment as base_environment
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device, command: str) -> dict[str, Any]:
+    """:func:`gptspeed.metrics.environment` plus the command line as typed, the NVIDIA driver
+    (CUDA only) and the versions of the libraries a row depends on."""
+    env = base_environment(device)
+    env["command"] = command or env["command"]
+    if device.type == "cuda":
+        env["driver"] = _nvidia_driver()
+        env["cudnn"] = torch.backends.cudnn.version()
+    for pkg in ("numpy", "transformers", "matplotlib", "triton"):
+        env[pkg] = _version(pkg)
+    return env
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "—"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['name']} (peer)" if r["kind"] == "peer" else r["name"]
+
+
+def progress_line(r: dict[str, Any]) -> str:
+    """One line about a row that just finished (for stderr while the ladder runs)."""
+    if r["status"] != "ok":
+        return f"{r['status']}: {r['reason']}"
+    return (f"{_ms(r['ms_median'])} ms/step (min {_ms(r['ms_min'])}, max {_ms(r['ms_max'])}), "
+            f"{r['tokens_per_s']:,.0f} tokens/s, step-0 loss {r['loss_step0']:.4f}, warm-up {r['warmup_s']:.1f} s")
+
+
+def _notes(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"{r['status']}: {r['reason']}".replace("|", "/")
+    check = r["loss_check"]
+    if not check["ok"]:
+        return f"**FLAGGED**: step-0 loss off by {check['rel_diff']:.1e} relative (tolerance {check['rtol']:.0e})"
+    return ""
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The ladder as a Markdown table with a header (device, shape, data) and a legend."""
+    env, c, rows = result["environment"], result["config"], result["rows"]
+    ran = [r for r in rows if r["status"] == "ok"]
+    params = f" ({ran[0]['params'] / 1e6:.1f}M parameters)" if ran else ""
+    data = "synthetic tokens" if c["data"] is None else f"`{c['data']}`"
+    commit = (env.get("git_commit") or "unknown")[:12]
+    backend = "" if c["compile_backend"] == "inductor" else f"; torch.compile backend **{c['compile_backend']}**"
+    lines = [
+        "## gptspeed bench ladder",
+        "",
+        f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
+        f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
+        f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}",
+        "",
+        f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}{params}; "
+        f"B={c['batch_size']}, T={c['seq_len']} ({c['batch_size'] * c['seq_len']:,} tokens/step); data: {data}; "
+        f"{c['warmup']} warm-up + {c['steps']} timed steps per row, each row in a fresh process{backend}.",
+        "",
+        f"Command: `{env['command']}`",
+        "",
+        "| stage | ms/step | min–max | tokens/s | MFU | peak mem | warm-up s | loss step 0 | loss end | vs prev | vs baseline | notes |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {_label(r)} | — | — | — | — | — | — | — | — | — | — | {_notes(r)} |")
+            continue
+        mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(
+            f"| {_label(r)} | {_ms(r['ms_median'])} | {_ms(r['ms_min'])}–{_ms(r['ms_max'])} | {r['tokens_per_s']:,.0f} "
+            f"| {mfu} | {_bytes(r['peak_mem_bytes'])} | {r['warmup_s']:.1f} | {r['loss_step0']:.4f} | {r['loss_last']:.4f} "
+            f"| {_x(r['speedup_prev'])} | {_x(r['speedup_baseline'])} | {_notes(r)} |")
+    lines += ["", "Rows (cumulative: each adds its change to every row that ran or would run above it):", ""]
+    lines += [f"- **{_label(r)}**: {r['description']}" + (f" ({r['source']})" if r.get("source") else "") for r in rows]
+    mem = ("peak memory allocated by PyTorch on the GPU" if env["device_type"] == "cuda"
+           else "peak resident memory of the row's process")
+    mfu_note = next((r["peak_flops_source"] for r in ran if r["mfu"] is None), None)
+    lines += [
+        "",
+        "ms/step: median over the timed steps (CUDA events on a GPU, perf_counter on a CPU); tokens/s from the "
+        f"median; warm-up s includes compilation; peak mem: {mem}; vs prev / vs baseline: speed-up over the "
+        "previous row that ran / the first row that ran. Step-0 losses must agree with the first row's within "
+        "the dtype's tolerance (fp32 1e-4, tf32 1e-2, bf16 2e-2 relative)."
+        + (f" MFU: {mfu_note}." if mfu_note else ""),
+    ]
+    if result["problems"]:
+        lines += ["", "**Problems:** " + "; ".join(result["problems"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> str | None:
+    """Bar chart of ms/step per row that ran (peer in another colour), min–max as error bars, the
+    speed-up over the baseline on each bar. Returns None, or why no PNG was written (matplotlib
+    missing, nothing ran)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'gptspeed[plot]')"
+    rows = [r for r in result["rows"] if r["status"] == "ok"]
+    if not rows:
+        return "no row ran"
+    names = [_label(r) for r in rows]
+    ms = [r["ms_median"] for r in rows]
+    err = [[m - r["ms_min"] for m, r in zip(ms, rows)], [r["ms_max"] - m for m, r in zip(ms, rows)]]
+    colors = ["#d98c2b" if r["kind"] == "peer" else "#3b75af" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.5))
+    bars = ax.bar(names, ms, color=colors, yerr=err, capsize=3, ecolor="#555555")
+    for bar, r in zip(bars, rows):
+        label = f"{r['speedup_baseline']:.2f}×"
+        if r["speedup_prev"] is not None:
+            label += f"\n({r['speedup_prev']:.2f}× prev)"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, r["ms_max"]), xytext=(0, 3),  # above the error bar
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    c, env = result["config"], result["environment"]
+    ax.set_ylabel("ms / step (median; lower is better)")
+    ax.set_title(f"gptspeed ladder — {env['device']}\nL={c['n_layer']} H={c['n_head']} C={c['n_embd']}, "
+                 f"B={c['batch_size']} T={c['seq_len']}, torch {env['torch']}", fontsize=9)
+    ax.set_ylim(0, max(r["ms_max"] for r in rows) * 1.45)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    ax.text(0.99, 0.98, "on each bar: speed-up over the first row\n(and over the row before it)", transform=ax.transAxes,
+            ha="right", va="top", fontsize=7, color="#555555")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    """``ladder.md`` (also printed on stdout), ``ladder.png`` and ``ladder.json`` in ``out``."""
+    table = markdown(result)
+    (out / "ladder.md").write_text(table)
+    print(table, end="")
+    skipped = plot(result, out / "ladder.png")
+    result["plot"] = None if skipped else str(out / "ladder.png")
+    if skipped:
+        result["plot_skipped"] = skipped
+        print(f"gptspeed bench: ladder.png not written: {skipped}", file=sys.stderr)
+    (out / "ladder.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,182 @@
+"""The optimization ladder: one entry per technique, applied cumulatively.
+
+Each :class:`Stage` names the settings it changes (``delta``) and says whether it applies to a
+device (``applies`` returns None, or the reason it is skipped). A stage's row runs with the
+baseline :class:`Settings` plus the deltas of every *applicable* stage up to and including it,
+so adding a technique is one entry in :data:`STAGES`, and a row means the same thing whichever
+rows ``--stages`` selects.
+
+The first seven rungs are Karpathy's build-nanogpt ladder (video "Let's reproduce GPT-2 (124M)",
+2024; repository karpathy/build-nanogpt): fp32 -> TF32 -> bf16 autocast -> torch.compile -> flash
+attention -> vocabulary 50304 -> fused AdamW. Later issues append theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPT2_VOCAB_SIZE
+from gptspeed.optim import fused_adamw_available
+from gptspeed.runtime import bf16_supported
+
+PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (build-nanogpt)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one ladder row runs with. Field names are those of the trainer's flags
+    (``--dtype``, ``--compile``, ``--attention``, ``--vocab-size``, ``--fused-adamw``, ``--loss``)."""
+
+    dtype: str = "float32"  # float32 | tf32 | bfloat16 (see gptspeed.runtime.resolve_runtime)
+    compile: bool = False  # torch.compile the model
+    attention: str = "manual"  # manual (masked softmax) | sdpa (F.scaled_dot_product_attention)
+    vocab_size: int = GPT2_VOCAB_SIZE  # embedding rows: 50257 or padded 50304
+    fused_adamw: bool = False  # torch.optim.AdamW(fused=True); False: PyTorch's default (foreach on GPU)
+    loss: str = "plain"  # plain (full logits + F.cross_entropy) | fused (gptspeed.loss, chunked)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Relative tolerance of a step-0 loss against the reference (first run row, normally baseline), by
+# the dtype the matmuls run in. At initialisation the loss is ~ln(50257) = 10.8; fp32 rows differ
+# only by summation order (~1e-6); TF32 keeps 10 mantissa bits, bf16 7 (unit roundoff 2^-8).
+LOSS_RTOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 2e-2, "float16": 1e-2}
+
+
+def _always(device: torch.device, compile_backend: str) -> str | None:
+    return None
+
+
+def _tf32(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return f"TF32 is an NVIDIA tensor-core format (Ampere or newer); {device.type} has none"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"TF32 needs compute capability 8.0 (Ampere) or newer; this GPU is {major}.{minor}"
+    return None
+
+
+def _bf16(device: torch.device, compile_backend: str) -> str | None:
+    if device.type == "cpu":
+        try:
+            native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        except (AttributeError, RuntimeError):
+            native = False
+        if not native:
+            return "this CPU has no native bf16 support (AVX512-BF16 / AMX); autocast would only emulate it"
+        return None
+    if not bf16_supported(device):
+        return f"bf16 is not supported on this {device.type} device (needs Ampere or newer)"
+    return None
+
+
+def _compile(device: torch.device, compile_backend: str) -> str | None:
+    if compile_backend != "inductor":
+        return None
+    if device.type == "cpu":
+        cxx = os.environ.get("CXX") or "g++"
+        if not (shutil.which(cxx) or shutil.which("c++") or shutil.which("clang++")):
+            return "torch.compile (inductor) on a CPU needs a C++ compiler (g++ or clang++) on PATH"
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "torch.compile (inductor) on a GPU needs triton (pip install triton)"
+    return None
+
+
+def _fused_adamw(device: torch.device, compile_backend: str) -> str | None:
+    if not fused_adamw_available(device.type):
+        return f"torch.optim.AdamW(fused=True) has no kernel for {device.type}"
+    return None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One rung: ``delta`` is applied on top of every applicable rung before it.
+
+    ``applies(device, compile_backend)`` returns None when the stage can run on ``device`` and
+    otherwise the one-line reason it is skipped. ``source`` says where the technique comes from.
+    """
+
+    name: str
+    description: str
+    delta: dict[str, Any] = field(default_factory=dict)
+    applies: Callable[[torch.device, str], str | None] = _always
+    source: str = ""
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("baseline", "fp32, manual attention, vocab 50257, eager, plain AdamW, full-logits loss", {},
+          source="build-nanogpt ladder, first rung"),
+    Stage("tf32", "TF32 tensor cores for fp32 matmuls", {"dtype": "tf32"}, _tf32,
+          source="torch.set_float32_matmul_precision('high')"),
+    Stage("bf16", "bf16 autocast (fp32 master weights)", {"dtype": "bfloat16"}, _bf16,
+          source="torch.autocast; Micikevicius et al. 2018"),
+    Stage("compile", "torch.compile the model", {"compile": True}, _compile,
+          source="torch.compile (TorchInductor)"),
+    Stage("flash", "F.scaled_dot_product_attention (flash kernels)", {"attention": "sdpa"},
+          source="Dao et al. 2022, FlashAttention; torch SDPA"),
+    Stage("vocab-pad", f"vocabulary padded {GPT2_VOCAB_SIZE} -> {PADDED_VOCAB_SIZE}",
+          {"vocab_size": PADDED_VOCAB_SIZE}, source="build-nanogpt ('nice numbers')"),
+    Stage("fused-adamw", "AdamW(fused=True)", {"fused_adamw": True}, _fused_adamw,
+          source="torch.optim.AdamW docs"),
+    Stage("fused-ce", "chunked linear + cross-entropy, no full logits", {"loss": "fused"},
+          source="Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024"),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+
+@dataclass
+class PlannedRow:
+    """A ladder row before it runs: ``settings`` is None when the stage does not apply;
+    ``skip_reason`` is set when it does not apply or was not selected."""
+
+    stage: Stage
+    settings: Settings | None
+    skip_reason: str | None
+
+
+def parse_stage_list(text: str | None) -> list[str] | None:
+    """``"baseline,bf16"`` -> ``["baseline", "bf16"]``; None -> None (all). GptspeedError for
+    an unknown or empty name."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if n not in STAGE_NAMES]
+    if bad or not names:
+        raise GptspeedError(f"unknown stage(s) {', '.join(repr(b) for b in bad) or repr(text)} in --stages: "
+                            f"choose from {', '.join(STAGE_NAMES)}")
+    return names
+
+
+def plan_ladder(device: torch.device, selected: list[str] | None = None,
+                compile_backend: str = "inductor") -> list[PlannedRow]:
+    """Every stage of :data:`STAGES`, in order, with the cumulative settings it runs with."""
+    rows = []
+    settings = Settings()
+    for stage in STAGES:
+        reason = stage.applies(device, compile_backend)
+        if reason is not None:
+            rows.append(PlannedRow(stage, None, reason))
+            continue
+        settings = dataclasses.replace(settings, **stage.delta)
+        not_selected = selected is not None and stage.name not in selected
+        rows.append(PlannedRow(stage, settings, "not selected (--stages)" if not_selected else None))
+    return rows
+
+
+def stage_settings(name: str, device: torch.device, compile_backend: str = "inductor") -> Settings:
+    """The cumulative settings of one stage on ``device``; GptspeedError if unknown or skipped."""
+    if name not in STAGE_NAMES:
+        raise GptspeedError(f"unknown stage {name!r}: choose from {', '.join(STAGE_NAMES)}")
+    row = next(r for r in plan_ladder(device, None, compile_backend) if r.stage.name == name)
+    if row.settings is None:
+        raise GptspeedError(f"stage {name!r} does not apply on {device.type}: {row.skip_reason}")
+    return row.settings

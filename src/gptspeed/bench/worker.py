@@ -1,0 +1,290 @@
+"""One ladder row, measured in this process: ``python -m gptspeed.bench SPEC.json RESULT.json``.
+
+The parent (:mod:`gptspeed.bench.ladder`) starts one fresh process per row, so no compile cache,
+allocator state or warmed-up kernel carries from one row to the next. Every row builds the same
+initial weights (same seed) and reads the same batches, and takes the same training step as
+``gptspeed train``: load a batch, forward under autocast, backward, clip the gradient norm at 1.0,
+AdamW step, zero the gradients.
+
+Timing: an untimed warm-up (the first step compiles and allocates), then the timed steps. On CUDA
+each timed step is bracketed by CUDA events, read after one synchronisation at the end, so the
+harness adds no synchronisation inside or between steps; on a CPU (synchronous) by
+``time.perf_counter``; on MPS by a synchronisation after each step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from gptspeed.config import OptimConfig
+from gptspeed.data.loader import to_device
+from gptspeed.errors import GptspeedError
+from gptspeed.metrics import memory_stats, peak_flops
+from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
+from gptspeed.optim import build_optimizer
+from gptspeed.runtime import Runtime, parallelize, resolve_runtime
+from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
+
+GRAD_CLIP = 1.0  # as gptspeed train's default
+PEER_KIND = "hf"
+# HF GPT-2 stores these as Conv1D, weight [in, out]; ours are nn.Linear, weight [out, in].
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+@dataclass
+class StageSpec:
+    """Everything a worker needs to run one row; JSON-serialisable. ``kind`` is ``"gptspeed"``
+    (our GPT) or ``"hf"`` (transformers' GPT2LMHeadModel, attn_implementation="sdpa")."""
+
+    name: str
+    settings: dict[str, Any]
+    n_layer: int
+    n_head: int
+    n_embd: int
+    seq_len: int
+    batch_size: int
+    steps: int
+    warmup: int
+    device: str = "auto"
+    seed: int = 1337
+    lr: float = 6e-4
+    data: str | None = None  # prepared data folder, or None for synthetic tokens
+    kind: str = "gptspeed"
+    compile_backend: str = "inductor"
+    peak_tflops: float | None = None
+    profile_dir: str | None = None  # set: trace the timed steps with torch.profiler into this folder
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class SyntheticLoader:
+    """Uniform random token ids in ``[0, 50257)`` from ``numpy.random.default_rng(seed)``, read
+    like :class:`gptspeed.data.loader.TokenLoader`: ``next_batch() -> (x, y)``, each ``(B, T)``
+    int64 on ``device``, ``y`` = ``x`` shifted by one. Same seed, same batches in every process."""
+
+    def __init__(self, batch_size: int, seq_len: int, n_batches: int, seed: int, device: torch.device):
+        self.B, self.T, self.device = batch_size, seq_len, device
+        rng = np.random.default_rng(seed)
+        self.tokens = rng.integers(0, GPT2_VOCAB_SIZE, size=n_batches * batch_size * seq_len + 1, dtype=np.uint16)
+        self.n_batches, self.i = n_batches, 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.B * self.T
+        start = (self.i % self.n_batches) * n
+        self.i += 1
+        t = to_device(self.tokens[start : start + n + 1].astype(np.int64), self.device)
+        return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
+
+
+def make_loader(spec: StageSpec, device: torch.device):
+    """The batches of every row: a prepared folder's train shards, or :class:`SyntheticLoader`."""
+    if spec.data is None:
+        return SyntheticLoader(spec.batch_size, spec.seq_len, spec.warmup + spec.steps, spec.seed, device)
+    from gptspeed.data import find_shards
+    from gptspeed.data.loader import TokenLoader
+
+    return TokenLoader(find_shards(spec.data, "train"), spec.batch_size, spec.seq_len, device=device)
+
+
+def init_gpt(cfg: GPTConfig, seed: int) -> GPT:
+    """Our GPT with the same initial function for either vocabulary size.
+
+    The weights are drawn (``torch.manual_seed(seed)``) for the padded 50304-row model; a
+    50257-row model takes its first 50257 embedding rows. Padded rows are never predicted, so both
+    models compute the same loss at step 0 -- which the ladder's correctness guard checks.
+    """
+    torch.manual_seed(seed)
+    ref = GPT(dataclasses.replace(cfg, vocab_size=max(cfg.vocab_size, PADDED_VOCAB_SIZE)))
+    if ref.config.vocab_size == cfg.vocab_size:
+        return ref
+    model = GPT(cfg)
+    state = ref.state_dict()
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        state[key] = state[key][: cfg.vocab_size]
+    model.load_state_dict(state)
+    return model
+
+
+def build_hf_gpt2(cfg: GPTConfig, seed: int) -> torch.nn.Module:
+    """transformers' ``GPT2LMHeadModel`` (``attn_implementation="sdpa"``, no dropout, vocab 50257)
+    built from a ``GPT2Config`` (nothing downloaded), holding :func:`init_gpt`'s weights.
+
+    Raises ImportError if transformers is not installed.
+    """
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    transformers.logging.set_verbosity_error()
+    hf_cfg = GPT2Config(vocab_size=GPT2_VOCAB_SIZE, n_positions=cfg.block_size, n_embd=cfg.n_embd,
+                        n_layer=cfg.n_layer, n_head=cfg.n_head, activation_function="gelu_new",
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+                        tie_word_embeddings=True, use_cache=False, attn_implementation="sdpa")
+    model = GPT2LMHeadModel(hf_cfg)
+    ours = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), seed).state_dict()
+    state = {k: v.t().contiguous() if k.endswith(_CONV1D) else v for k, v in ours.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:  # a transformers layout we do not know: a bug to report, not a user error
+        raise RuntimeError(f"GPT2LMHeadModel layout changed: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.Tensor], GPT | torch.nn.Module, int, bool]:
+    """``(step, model, flops_per_token, fused_adamw)``; ``step()`` runs one training step and
+    returns its loss (0-dim tensor, not synchronised)."""
+    s = Settings(**spec.settings)
+    cfg = GPTConfig(block_size=spec.seq_len, vocab_size=s.vocab_size, n_layer=spec.n_layer, n_head=spec.n_head,
+                    n_embd=spec.n_embd, attention=s.attention, loss=s.loss)
+    cfg.validate()
+    if spec.kind == PEER_KIND:
+        model = build_hf_gpt2(cfg, spec.seed)
+        fpt = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(spec.seq_len)
+    else:
+        model = init_gpt(cfg, spec.seed)
+        fpt = model.flops_per_token(spec.seq_len)
+    model.train()
+    # parallelize() moves and sets matmul precision; the compile backend is ours to choose here.
+    train_model = parallelize(model, dataclasses.replace(rt, compile=False))
+    if rt.compile:
+        train_model = torch.compile(model, backend=spec.compile_backend)
+    optimizer, fused = build_optimizer(model, OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw), rt.device_type)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def forward(x, y):
+        if spec.kind == PEER_KIND:  # HF's own loss path: logits.float(), F.cross_entropy (labels pre-shifted)
+            return train_model(input_ids=x, labels=y, shift_labels=y).loss
+        return train_model(x, y)[1]
+
+    def step() -> torch.Tensor:
+        x, y = loader.next_batch()
+        with rt.autocast():
+            loss = forward(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step, model, fpt, fused
+
+
+def _timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:
+    """Run ``n`` steps; returns ``(ms per step, wall seconds for all, losses)``."""
+    losses: list[torch.Tensor] = []
+    rt.synchronize()
+    t0 = time.perf_counter()
+    if rt.device_type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            losses.append(step())
+            end.record()
+        torch.cuda.synchronize(rt.device)
+        ms = [start.elapsed_time(end) for start, end in events]
+    else:
+        ms = []
+        for _ in range(n):
+            t = time.perf_counter()
+            losses.append(step())
+            rt.synchronize()  # no-op on CPU, which runs synchronously
+            ms.append(1000 * (time.perf_counter() - t))
+    rt.synchronize()
+    return ms, time.perf_counter() - t0, losses
+
+
+def run_stage(spec: StageSpec) -> dict[str, Any]:
+    """Build, warm up, time (or profile) one row. Returns its figures:
+
+    ``ms_median``/``ms_min``/``ms_max`` (ms per timed step), ``ms_mean_wall`` (wall time of all
+    timed steps / steps), ``tokens_per_s`` (B*T / median), ``mfu`` (None without a peak),
+    ``first_step_s`` (the first warm-up step: compile + allocation), ``warmup_s`` (all warm-up
+    steps), ``loss_step0``, ``loss_last`` (last timed step), ``peak_mem_bytes``, ``mem_total_bytes``,
+    ``params``, ``fused_adamw``, ``peak_flops_source``; with ``profile_dir`` also ``trace`` and
+    ``profile_table``.
+    """
+    s = Settings(**spec.settings)
+    rt = resolve_runtime(spec.device, s.dtype, s.compile)
+    loader = make_loader(spec, rt.device)
+    step, model, fpt, fused = _step_fn(spec, rt, loader)
+
+    t0 = time.perf_counter()
+    loss0 = step().item()  # one sync, untimed
+    first_step_s = time.perf_counter() - t0
+    for _ in range(spec.warmup - 1):
+        step()
+    rt.synchronize()
+    warmup_s = time.perf_counter() - t0
+
+    result: dict[str, Any] = {}
+    if spec.profile_dir is not None:
+        ms, wall, losses, prof = _profiled_steps(step, spec.steps, rt)
+        result.update(_write_profile(prof, Path(spec.profile_dir), spec.name, rt))
+    else:
+        ms, wall, losses = _timed_steps(step, spec.steps, rt)
+    tokens = spec.batch_size * spec.seq_len
+    median = statistics.median(ms)
+    peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
+    mem_peak, mem_total = memory_stats(rt.device)
+    tps = tokens / (median / 1000)
+    result.update(
+        ms_median=median, ms_min=min(ms), ms_max=max(ms), ms_mean_wall=1000 * wall / spec.steps,
+        tokens_per_step=tokens, tokens_per_s=tps, flops_per_token=fpt,
+        mfu=fpt * tps / peak if peak else None, peak_flops=peak, peak_flops_source=peak_source,
+        first_step_s=first_step_s, warmup_s=warmup_s, loss_step0=loss0, loss_last=losses[-1].item(),
+        peak_mem_bytes=mem_peak, mem_total_bytes=mem_total,
+        params=sum(p.numel() for p in model.parameters()), fused_adamw=fused,
+        dtype=rt.dtype, compile=rt.compile, device=str(rt.device), threads=torch.get_num_threads(),
+    )
+    return result
+
+
+def _profiled_steps(step, n: int, rt: Runtime):
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device_type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        ms, wall, losses = _timed_steps(step, n, rt)
+    return ms, wall, losses, prof
+
+
+def _write_profile(prof, out: Path, name: str, rt: Runtime) -> dict[str, Any]:
+    """Chrome trace (open in chrome://tracing or ui.perfetto.dev) and the top ops by self time."""
+    out.mkdir(parents=True, exist_ok=True)
+    trace = out / f"trace-{name}.json"
+    prof.export_chrome_trace(str(trace))
+    sort = "self_cuda_time_total" if rt.device_type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=20)
+    (out / f"profile-{name}.txt").write_text(table + "\n")
+    return {"trace": str(trace), "profile_table": table}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``SPEC.json RESULT.json``: run :func:`run_stage` and write its result. A GptspeedError is
+    one line on stderr and exit 2; a missing transformers for the peer row is a ``skipped``
+    result; anything else keeps its traceback (a bug) and exits 1."""
+    spec_path, result_path = argv if argv is not None else sys.argv[1:]
+    spec = StageSpec(**json.loads(Path(spec_path).read_text()))
+    try:
+        result = {"status": "ok", **run_stage(spec)}
+    except ImportError as e:
+        if spec.kind != PEER_KIND or "transformers" not in str(e):
+            raise
+        result = {"status": "skipped", "reason": f"transformers is not installed ({e}); pip install 'gptspeed[hf]'"}
+    except GptspeedError as e:
+        print(f"gptspeed bench: error: {e}", file=sys.stderr)
+        return 2
+    Path(result_path).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+

@@ -1,0 +1,247 @@
+"""`gptspeed bench`: the ladder on a tiny model (CPU), the peer row, the guard, bad flags.
+
+Behaviour only: no timing is asserted. The ladder runs use the ``eager`` compile backend so that
+compiled rows trace through torch.compile without spending a minute generating C++ per row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptspeed import cli
+from gptspeed.bench import ladder as ladder_mod
+from gptspeed.bench.ladder import PEER_NAME, check_rows
+from gptspeed.bench.stages import STAGE_NAMES, STAGES, Settings, plan_ladder
+from gptspeed.bench.worker import init_gpt
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
+        "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu", "--compile-backend", "eager"]
+
+
+def _gptspeed(*args: str, extra_path: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, SRC, env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def _transformers_installed() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------ end to end
+def test_ladder_tiny_cpu(tmp_path):
+    out = tmp_path / "ladder"
+    proc = _gptspeed("bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce", *TINY)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    result = json.loads((out / "ladder.json").read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    assert [r["name"] for r in result["rows"] if r["kind"] == "stage"] == list(STAGE_NAMES)
+    for r in result["rows"]:  # every stage is there: run, or skipped with its reason
+        assert r["status"] in ("ok", "skipped"), r
+        if r["status"] == "skipped":
+            assert r["reason"]
+    assert rows["tf32"]["status"] == "skipped" and "NVIDIA" in rows["tf32"]["reason"]
+    assert rows["flash"]["reason"] == "not selected (--stages)"
+    assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == ["baseline", "fused-ce"]
+    # cumulative: the last row has every applicable technique on
+    assert rows["fused-ce"]["settings"] == {"dtype": "bfloat16", "compile": True, "attention": "sdpa",
+                                            "vocab_size": 50304, "fused_adamw": True, "loss": "fused"}
+    assert rows["compile"]["settings"] == {**rows["fused-ce"]["settings"], "attention": "manual", "vocab_size": 50257,
+                                           "fused_adamw": False, "loss": "plain"}  # planned though not run
+    assert rows["fused-ce"]["compile"] is True and rows["baseline"]["compile"] is False
+    assert rows["fused-ce"]["fused_adamw"] is True and rows["fused-ce"]["dtype"] == "bfloat16"
+
+    ran = [r for r in result["rows"] if r["status"] == "ok"]
+    for r in ran:
+        for key in ("ms_median", "ms_min", "ms_max", "tokens_per_s", "warmup_s", "loss_step0", "loss_last"):
+            assert math.isfinite(r[key]), (r["name"], key)
+        assert r["ms_min"] <= r["ms_median"] <= r["ms_max"]
+        assert r["loss_check"]["ok"], r["loss_check"]
+        assert abs(r["loss_step0"] - math.log(50257)) < 0.5  # ~uniform prediction at initialisation
+    assert rows["baseline"]["speedup_baseline"] == 1.0 and rows["baseline"]["speedup_prev"] is None
+    assert result["ok"] and result["problems"] == []
+    env = result["environment"]
+    for key in ("device", "torch", "cpu", "command", "git_commit", "date"):
+        assert key in env
+    assert env["command"].startswith("gptspeed bench --ladder")
+
+    if _transformers_installed():
+        peer = rows[PEER_NAME]
+        assert peer["kind"] == "peer" and peer["status"] == "ok", peer
+        assert peer["settings"]["dtype"] == rows["fused-ce"]["settings"]["dtype"]
+        assert peer["compile"] == rows["fused-ce"]["compile"]
+        assert peer["loss_check"]["ok"]
+
+    md = (out / "ladder.md").read_text()
+    assert md in proc.stdout
+    assert "| stage | ms/step |" in md
+    for name in STAGE_NAMES:
+        assert f"| {name} |" in md
+    assert "skipped: TF32" in md
+
+    png = out / "ladder.png"
+    assert result["plot"] == str(png)
+    import matplotlib.image
+
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert (out / "logs" / "baseline.log").exists()
+
+
+def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
+    # The stage rows are stubbed; the peer row runs for real in a worker process that cannot
+    # import transformers (a package on PYTHONPATH that raises ImportError hides the real one).
+    hide = tmp_path / "hide"
+    (hide / "transformers").mkdir(parents=True)
+    (hide / "transformers" / "__init__.py").write_text("raise ImportError('No module named transformers (hidden by a test)')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p))
+    real_worker = ladder_mod.run_worker
+
+    def worker(spec, log_path, timeout=None):
+        return real_worker(spec, log_path, timeout) if spec.kind == "hf" else _fake_result(spec, 10.8)
+
+    monkeypatch.setattr(ladder_mod, "run_worker", worker)
+    out = tmp_path / "ladder"
+    code = cli.main(["bench", "--ladder", "--out", str(out), "--stages", "baseline", *TINY])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((out / "ladder.json").read_text())
+    peer = result["rows"][-1]
+    assert peer["name"] == PEER_NAME and peer["status"] == "skipped"
+    assert "transformers is not installed" in peer["reason"]
+    assert f"| {PEER_NAME} (peer) |" in (out / "ladder.md").read_text()
+
+
+def test_profile_one_stage(tmp_path, capsys):
+    assert cli.main(["bench", "--profile", "baseline", "--out", str(tmp_path), *TINY]) == 0
+    out = capsys.readouterr().out
+    trace = tmp_path / "trace-baseline.json"
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert "Self CPU" in out and "aten::" in out
+    assert (tmp_path / "profile-baseline.txt").exists()
+
+
+# ------------------------------------------------------------------------------------ bad flags
+@pytest.mark.parametrize("args, message", [
+    (["--ladder", "--stages", "baseline,warp-drive"], "unknown stage"),
+    (["--ladder", "--steps", "0"], "--steps must be at least 1"),
+    (["--ladder", "--warmup", "0"], "--warmup must be at least 1"),
+    (["--ladder", "--n-head", "3"], "divisible by n_head"),
+    (["--ladder", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--ladder", "--stages", "tf32"], "none of the selected stages runs on cpu"),
+    (["--profile", "warp-drive"], "unknown --profile stage"),
+    (["--profile", "tf32"], "does not apply on cpu"),
+    (["--profile", "baseline", "--stages", "baseline"], "--stages selects ladder rows"),
+])
+def test_bad_flags_one_line(tmp_path, capsys, args, message):
+    base = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic", "--device", "cpu"]
+    code = cli.main(["bench", "--out", str(tmp_path / "o"), *base, *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and message in err and err.startswith("gptspeed bench: error:")
+
+
+@pytest.mark.parametrize("args", [
+    ["--ladder", "--profile", "baseline", "--synthetic"],  # both
+    ["--synthetic"],  # neither
+    ["--ladder", "--synthetic", "--data", "somewhere"],  # two data sources
+    ["--ladder", "--synthetic", "--steps", "many"],
+])
+def test_bad_flag_combinations_argparse(tmp_path, capsys, args):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--out", str(tmp_path), *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err
+
+
+def test_bad_flags_subprocess_one_line_no_traceback(tmp_path):
+    proc = _gptspeed("bench", "--ladder", "--out", str(tmp_path), "--data", str(tmp_path / "missing"), "--device", "cpu")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "does not exist" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ pieces
+def test_every_stage_defined_once_and_cumulative():
+    import torch
+
+    assert len(set(STAGE_NAMES)) == len(STAGES) and STAGE_NAMES[0] == "baseline"
+    plan = plan_ladder(torch.device("cpu"), ["baseline", "fused-ce"])
+    assert plan[0].settings == Settings()
+    assert plan[1].settings is None  # tf32 on a CPU
+    assert [p.skip_reason for p in plan if p.stage.name in ("baseline", "fused-ce")] == [None, None]
+    assert all(p.skip_reason for p in plan if p.stage.name not in ("baseline", "fused-ce"))
+    last = plan[-1].settings
+    assert (last.attention, last.vocab_size, last.loss) == ("sdpa", 50304, "fused")
+
+
+def test_init_is_the_same_function_for_both_vocab_sizes():
+    import torch
+
+    from gptspeed.model import GPTConfig
+
+    cfg = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, loss="plain")
+    small = init_gpt(GPTConfig(**{**cfg.__dict__, "vocab_size": 50257}), seed=3)
+    padded = init_gpt(cfg, seed=3)
+    x = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(small(x, x)[1], padded(x, x)[1], rtol=1e-5)
+    assert torch.equal(small.transformer.h[0].mlp.c_fc.weight, padded.transformer.h[0].mlp.c_fc.weight)
+
+
+def _row(name, ms, loss0, dtype="float32", kind="stage"):
+    return {"name": name, "kind": kind, "status": "ok", "ms_median": ms, "loss_step0": loss0, "dtype": dtype}
+
+
+def test_guard_flags_a_disagreeing_stage():
+    rows = [_row("baseline", 100.0, 10.0), {"name": "tf32", "status": "skipped"},
+            _row("bf16", 50.0, 10.1, "bfloat16"), _row("flash", 25.0, 10.5, "bfloat16"), _row("fused-ce", 20.0, 10.001)]
+    check_rows(rows)
+    assert [r.get("loss_check", {}).get("ok") for r in rows] == [True, None, True, False, True]
+    assert rows[2]["speedup_prev"] == 2.0 and rows[3]["speedup_baseline"] == 4.0 and rows[4]["speedup_prev"] == 1.25
+    bad = [_row("baseline", 100.0, 10.0), _row("flash", 50.0, 10.01)]  # fp32: 1e-3 > 1e-4
+    check_rows(bad)
+    assert not bad[1]["loss_check"]["ok"]
+
+
+def _fake_result(spec, loss0: float) -> dict:
+    """What a worker returns, without running one."""
+    return {"status": "ok", "ms_median": 10.0, "ms_min": 9.0, "ms_max": 11.0, "ms_mean_wall": 10.0,
+            "tokens_per_s": 100.0, "mfu": None, "peak_flops_source": "none", "warmup_s": 1.0, "first_step_s": 0.5,
+            "loss_step0": loss0, "loss_last": 10.0, "peak_mem_bytes": 2**20, "params": 1000,
+            "dtype": spec.settings["dtype"], "compile": spec.settings["compile"]}
+
+
+def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
+    fake = {"baseline": 10.8, "bf16": 10.81, "compile": 9.0}  # compile computes something else
+
+    def fake_worker(spec, log_path, timeout=None):
+        if spec.kind != "gptspeed":
+            return {"status": "skipped", "reason": "not in this test"}
+        return _fake_result(spec, fake[spec.name])
+
+    monkeypatch.setattr(ladder_mod, "run_worker", fake_worker)
+    code = cli.main(["bench", "--ladder", "--out", str(tmp_path), "--stages", "baseline,bf16,compile",
+                     "--synthetic", "--device", "cpu", "--preset", "pico"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    last = err.strip().splitlines()[-1]  # the lines before it are progress
+    assert last.startswith("gptspeed bench: 1 problem(s): compile: step-0 loss")
+    assert "**FLAGGED**" in out
+    result = json.loads((tmp_path / "ladder.json").read_text())
+    assert result["ok"] is False and len(result["problems"]) == 1

@@ -34,6 +34,7 @@ from gptspeed.metrics import memory_stats, peak_flops
 from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
 from gptspeed.optim import build_optimizer
 from gptspeed.runtime import Runtime, parallelize, resolve_runtime
+from gptspeed.train import train_step
 from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
 
 GRAD_CLIP = 1.0  # as gptspeed train's default
@@ -162,20 +163,14 @@ def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.T
     optimizer, fused = build_optimizer(model, OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw), rt.device_type)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def forward(x, y):
-        if spec.kind == PEER_KIND:  # HF's own loss path: logits.float(), F.cross_entropy (labels pre-shifted)
-            return train_model(input_ids=x, labels=y, shift_labels=y).loss
-        return train_model(x, y)[1]
+    forward = train_model
+    if spec.kind == PEER_KIND:  # HF's own loss path: logits.float(), F.cross_entropy (labels pre-shifted)
+        def forward(x, y):
+            return None, train_model(input_ids=x, labels=y, shift_labels=y).loss
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
 
-    def step() -> torch.Tensor:
-        x, y = loader.next_batch()
-        with rt.autocast():
-            loss = forward(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    def step() -> torch.Tensor:  # exactly the step `gptspeed train` runs, one micro-batch
+        return train_step(forward, optimizer, scaler, rt, loader.next_batch, 1, GRAD_CLIP, params, fused)[0]
 
     return step, model, fpt, fused
 

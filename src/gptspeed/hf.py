@@ -22,6 +22,7 @@ the token embedding. Loading never unpickles code: safetensors, or ``torch.load(
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -154,6 +155,25 @@ def gpt_config_from_hf(hf: dict[str, Any], *, block_size: int | None = None,
     vocab_size = max(vocab_size or 50304, padded)
     return GPTConfig(block_size=block_size, vocab_size=vocab_size, valid_vocab_size=GPT2_VOCAB_SIZE,
                      n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"])
+
+
+def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any]) -> GPTConfig:
+    """The model shape of a run that starts from the HF GPT-2 ``source`` (``train --init-from``):
+    n_layer / n_head / n_embd from its config.json; ``block_size`` as given on the command line
+    (``explicit``, at most ``n_positions``) else ``n_positions``; ``vocab_size``, ``attention`` and
+    ``loss`` from ``model`` (vocabulary grown to fit if needed).
+
+    Raises:
+        GptspeedError: as :func:`resolve_source` / :func:`read_hf_config`, or an explicit
+            --n-layer / --n-head / --n-embd that contradicts the source.
+    """
+    hf = read_hf_config(resolve_source(source))
+    for name in ("n_layer", "n_head", "n_embd"):
+        if name in explicit and explicit[name] != hf[name]:
+            raise GptspeedError(f"--{name.replace('_', '-')} {explicit[name]} contradicts --init-from {source}, "
+                                f"whose {name} is {hf[name]}: leave it out")
+    shape = gpt_config_from_hf(hf, block_size=explicit.get("block_size"), vocab_size=model.vocab_size)
+    return dataclasses.replace(shape, attention=model.attention, loss=model.loss)
 
 
 # ----------------------------------------------------------------------------------------- weights

@@ -38,13 +38,19 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any]) -> Ru
     ``gptspeed train --out RUN --resume`` alone continues a run; flags given still override.
     """
     out = overrides.get("out")
-    if overrides.get("resume") and out and latest_checkpoint(Path(out)) is not None:
+    resuming = bool(overrides.get("resume") and out and latest_checkpoint(Path(out)) is not None)
+    if resuming:
         if preset_name is not None:
             raise GptspeedError("--preset with --resume: the run's configuration comes from its checkpoint")
         cfg = RunConfig.from_dict(load_checkpoint(latest_checkpoint(Path(out)))["config"])
     else:
         cfg = preset(preset_name or "gpt2")
-    return cfg.override(overrides)
+    cfg = cfg.override(overrides)
+    if cfg.train.init_from and not resuming:  # the model shape is the pretrained model's
+        from gptspeed.hf import shape_for_init_from
+
+        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
+    return cfg
 
 
 class StopFlag:
@@ -141,6 +147,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         else:
             ckpt = load_checkpoint(path)
             changed = run_defining_diff(RunConfig.from_dict(ckpt["config"]), cfg)
+            if "optimizer" not in ckpt:  # weights only (gptspeed import-hf): only the model must match
+                changed = [c for c in changed if c.startswith("model.")]
             if changed:
                 raise GptspeedError(
                     f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
@@ -154,6 +162,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     tokens_per_step = B * T * accum
     loader = TokenLoader(train_shards, B, T, device=rt.device)
     _check_val_size(val_shards, T)
+    from gptspeed.eval.hellaswag import hellaswag_hook
+
+    hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
     _prepare_run_dir(run_dir)
 
     torch.manual_seed(cfg.runtime.seed)
@@ -164,14 +175,19 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     step = 0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        loader.load_state_dict(ckpt["loader"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
+        if "optimizer" in ckpt:  # absent from weights-only checkpoints (gptspeed import-hf)
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if ckpt.get("scaler"):
+                scaler.load_state_dict(ckpt["scaler"])
+            loader.load_state_dict(ckpt["loader"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
         step = ckpt["step"]
+    elif t_cfg.init_from:
+        from gptspeed.hf import load_hf_weights
+
+        say(f"initialised from {load_hf_weights(model, t_cfg.init_from)}")
 
     fpt = model.flops_per_token(T)
     peak, peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)
@@ -245,7 +261,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             steps_since += 1
 
             do_eval = step == t_cfg.max_steps or (t_cfg.eval_every > 0 and step % t_cfg.eval_every == 0)
-            if first_interval or do_eval or step % t_cfg.log_every == 0 or step == t_cfg.max_steps or stop.signum:
+            do_hellaswag = hellaswag is not None and (step == t_cfg.max_steps or step % t_cfg.hellaswag_every == 0)
+            if (first_interval or do_eval or do_hellaswag or step % t_cfg.log_every == 0 or step == t_cfg.max_steps
+                    or stop.signum):
                 rt.synchronize()
                 dt = (time.perf_counter() - t_last) / steps_since
                 last_train = loss_sum.item()
@@ -265,6 +283,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                               includes_warmup=first_interval)
                 if do_eval:
                     last_val = fields["val_loss"] = run_eval()
+                if do_hellaswag:
+                    fields.update(hellaswag(model))
                 log.write(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
             if step == t_cfg.max_steps or stop.signum or (t_cfg.save_every and step % t_cfg.save_every == 0):

@@ -64,13 +64,18 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
                 generator: torch.Generator | None) -> torch.Tensor:
     """One token per row from ``logits`` ``(B, V)`` float: greedy (argmax) when ``temperature`` is
     0, else softmax(logits / temperature) restricted to the ``top_k`` most likely tokens (Fan et al.
-    2018), one ``torch.multinomial`` draw per row. Returns ``(B,)`` int64."""
+    2018), one ``torch.multinomial`` draw per row. Returns ``(B,)`` int64.
+
+    With ``top_k`` the draw is made among the k candidates only (a k-way multinomial instead of
+    one over the whole vocabulary: on a CPU that is most of a small model's step)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
+        probs = F.softmax(values, dim=-1)
+        choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1) in [0, k)
+        return indices.gather(1, choice).squeeze(1)
     probs = F.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 

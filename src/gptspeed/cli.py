@@ -1,4 +1,4 @@
-"""Command line: ``gptspeed prepare | train | sample | eval | bench``.
+"""Command line: ``gptspeed prepare | train | sample | eval | bench | import-hf | export-hf | plot``.
 
 Each subcommand parses its flags and calls one typed function; the logic lives in the modules.
 The flags of ``train`` are generated from the configuration dataclasses (gptspeed.config), so a
@@ -70,21 +70,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON file of settings (flat, or nested like a run's config.json), applied before flags")
     _add_config_flags(s)
 
-    s = sub.add_parser("sample", help="generate text from a trained run")
-    s.add_argument("--run", required=True, help="run folder (its newest checkpoint is used)")
-    s.add_argument("--prompt", default="\n", help="text to continue")
+    s = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face GPT-2")
+    _add_model_source(s)
+    s.add_argument("--prompt", action="append", default=None,
+                   help="text to continue; repeat for several prompts, generated together (default a newline)")
     s.add_argument("--max-new-tokens", type=int, default=200)
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     s.add_argument("--top-k", type=int, default=200, help="sample from the k most likely tokens (0 = all)")
-    s.add_argument("--num-samples", type=int, default=1)
+    s.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     s.add_argument("--seed", type=int, default=1337)
+    s.add_argument("--no-kv-cache", action="store_true", help="recompute every position each step (the reference path)")
+    s.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
     s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
 
-    s = sub.add_parser("eval", help="val loss and perplexity of a run, as JSON")
-    s.add_argument("--run", required=True, help="run folder (its newest checkpoint is used)")
-    s.add_argument("--data", required=True, help="prepared data folder (its val split is used)")
-    s.add_argument("--batch-size", type=int, default=8)
+    s = sub.add_parser("eval", help="val loss / perplexity and HellaSwag accuracy, as JSON")
+    _add_model_source(s)
+    s.add_argument("--data", default=None, help="prepared data folder: val loss on its val split")
+    s.add_argument("--hellaswag", action="store_true", help="HellaSwag validation accuracy (acc, acc_norm)")
+    s.add_argument("--hellaswag-file", default=None,
+                   help="a jsonl in HellaSwag's format instead of the official validation file (not hash-checked)")
+    s.add_argument("--max-examples", type=int, default=0, help="HellaSwag: the first N examples only (0 = all)")
+    s.add_argument("--batch-size", type=int, default=8, help="sequences (val loss) or examples (HellaSwag) per batch")
     s.add_argument("--max-tokens", type=int, default=0, help="evaluate at most this many tokens (0 = all)")
     s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -119,7 +126,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile backend (default inductor; eager/aot_eager check tracing, not speed)")
     s.add_argument("--peak-tflops", type=float, help="device peak TFLOPS for MFU (default: the built-in GPU table)")
     s.add_argument("--stage-timeout", type=float, help="seconds one stage may take (default: no limit)")
+
+    s = sub.add_parser("import-hf", help="turn a Hugging Face GPT-2 into a run folder (step-0 checkpoint)")
+    s.add_argument("source", help="folder with config.json + model.safetensors / pytorch_model.bin, "
+                                  "or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (downloaded)")
+    s.add_argument("--out", required=True, help="run folder to create")
+
+    s = sub.add_parser("export-hf", help="write a run's newest checkpoint as a Hugging Face GPT-2 folder")
+    s.add_argument("--run", required=True, help="run folder")
+    s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
+    s.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
+    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    s.add_argument("--out", default="loss.png", help="PNG file to write")
+    s.add_argument("--title", default=None)
     return p
+
+
+def _add_model_source(s: argparse.ArgumentParser) -> None:
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--run", help="run folder (its newest checkpoint is used)")
+    g.add_argument("--init-from", help="Hugging Face GPT-2: a folder, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl")
 
 
 def cmd_prepare(a: argparse.Namespace) -> int:
@@ -143,44 +171,21 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def cmd_sample(a: argparse.Namespace) -> int:
-    import torch
+    from gptspeed.sample import sample_text
 
-    from gptspeed.runtime import resolve_runtime
-    from gptspeed.sample import generate, load_model
-    from gptspeed.tokenizer import decode, encode, get_encoding
-
-    if a.max_new_tokens < 0 or a.num_samples < 1 or a.temperature < 0 or a.top_k < 0:
-        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0, --num-samples >= 1")
-    rt = resolve_runtime(a.device, a.dtype, compile=False)
-    model, ckpt = load_model(a.run, rt)
-    prompt = encode(a.prompt)
-    if not prompt:
-        raise GptspeedError("--prompt encodes to no tokens: give some text")
-    gen = torch.Generator(device=rt.device).manual_seed(a.seed)
-    enc = get_encoding()
-    for i in range(a.num_samples):
-        if a.num_samples > 1:
-            print(f"--- sample {i + 1} (step {ckpt['step']}) ---")
-        sys.stdout.write(a.prompt)
-        idx = torch.tensor([prompt], dtype=torch.long, device=rt.device)
-        new: list[int] = []
-        for tok in generate(model, idx, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k or None,
-                            generator=gen, autocast=rt.autocast()):
-            new.append(int(tok[0]))
-            text = decode(new)
-            if not text.endswith("\ufffd"):  # stream whole characters only
-                sys.stdout.write(text)
-                sys.stdout.flush()
-                new = []
-        sys.stdout.write(enc.decode(new) + "\n")
+    sample_text(run=a.run, init_from=a.init_from, prompts=a.prompt, max_new_tokens=a.max_new_tokens,
+                temperature=a.temperature, top_k=a.top_k, num_samples=a.num_samples, seed=a.seed,
+                device=a.device, dtype=a.dtype, kv_cache=not a.no_kv_cache, compile=a.compile)
     return 0
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
     from gptspeed.sample import evaluate_run
 
-    print(json.dumps(evaluate_run(a.run, a.data, batch_size=a.batch_size, max_tokens=a.max_tokens,
-                                  device=a.device, dtype=a.dtype), indent=2))
+    print(json.dumps(evaluate_run(a.run, a.data, init_from=a.init_from, hellaswag=a.hellaswag,
+                                  hellaswag_file=a.hellaswag_file, max_examples=a.max_examples,
+                                  batch_size=a.batch_size, max_tokens=a.max_tokens, device=a.device,
+                                  dtype=a.dtype), indent=2))
     return 0
 
 
@@ -206,7 +211,30 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval, "bench": cmd_bench}
+def cmd_import_hf(a: argparse.Namespace) -> int:
+    from gptspeed.hf import import_hf
+
+    path = import_hf(a.source, a.out)
+    print(f"imported {a.source} into {path}")
+    return 0
+
+
+def cmd_export_hf(a: argparse.Namespace) -> int:
+    from gptspeed.hf import export_hf
+
+    print(f"exported {a.run} to {export_hf(a.run, a.out, force=a.force)}")
+    return 0
+
+
+def cmd_plot(a: argparse.Namespace) -> int:
+    from gptspeed.plot import plot_runs
+
+    print(f"wrote {plot_runs(a.runs, a.out, title=a.title)}")
+    return 0
+
+
+COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval, "bench": cmd_bench,
+            "import-hf": cmd_import_hf, "export-hf": cmd_export_hf, "plot": cmd_plot}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,10 @@ class TrainConfig:
                             kind="flag")
     on_nan: str = _f("stop", "a step with a non-finite loss or gradient never updates the weights; then "
                      "stop (keep the last good checkpoint) or skip (count it and go on)", choices=("stop", "skip"))
+    init_from: str = _f("", "start from a Hugging Face GPT-2's weights (a folder, or gpt2 | gpt2-medium | gpt2-large "
+                            "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0")
+    hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)")
+    hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)")
 
 
 @dataclass
@@ -185,6 +189,7 @@ class RunConfig:
             if v < 1:
                 raise GptspeedError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
         non_negative = {"eval_every": t.eval_every, "eval_tokens": t.eval_tokens, "save_every": t.save_every,
+                        "hellaswag_every": t.hellaswag_every, "hellaswag_examples": t.hellaswag_examples,
                         "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip}
         for name, v in non_negative.items():
             if v < 0:

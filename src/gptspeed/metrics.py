@@ -137,6 +137,8 @@ def format_record(r: dict[str, Any]) -> str:
         parts.append(f"loss {r['train_loss']:.4f}")
     if r.get("val_loss") is not None:
         parts.append(f"val {r['val_loss']:.4f}")
+    if r.get("hellaswag_acc_norm") is not None:
+        parts.append(f"hellaswag {100 * r['hellaswag_acc_norm']:.2f}%")
     if r.get("lr") is not None:
         parts.append(f"lr {r['lr']:.2e}")
     if r.get("grad_norm") is not None:

@@ -50,7 +50,12 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
         cfg = preset(preset_name or "gpt2")
     if config_file:
         cfg = cfg.apply_file(config_file)
-    return cfg.override(overrides)
+    cfg = cfg.override(overrides)
+    if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
+        from gptspeed.hf import shape_for_init_from
+
+        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
+    return cfg
 
 
 class StopFlag:
@@ -198,7 +203,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         else:
             ckpt = load_checkpoint(path, verify=False)
             changed = run_defining_diff(RunConfig.from_dict(ckpt["config"], f"checkpoint {path}"), cfg)
-            if ckpt.get("data") != data_id:
+            if "optimizer" not in ckpt:  # weights only (gptspeed import-hf): only the model must match
+                changed = [c for c in changed if c.startswith("model.")]
+            elif ckpt.get("data") != data_id:
                 changed.append("data")
             if changed and not t_cfg.force_resume:
                 raise GptspeedError(
@@ -216,6 +223,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     max_id = cfg.model.valid_vocab_size
     loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id)
     _check_val_size(val_shards, T)
+    from gptspeed.eval.hellaswag import hellaswag_hook
+
+    hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
 
     torch.manual_seed(cfg.runtime.seed)
     model = GPT(cfg.model)
@@ -227,19 +237,24 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     step = skipped_steps = 0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        try:
-            loader.load_state_dict(ckpt["loader"])
-        except GptspeedError:
-            if not t_cfg.force_resume:
-                raise
-            say("--force-resume: the data position does not fit the new data; reading it from the start")
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
+        if "optimizer" in ckpt:  # absent from weights-only checkpoints (gptspeed import-hf)
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if ckpt.get("scaler"):
+                scaler.load_state_dict(ckpt["scaler"])
+            try:
+                loader.load_state_dict(ckpt["loader"])
+            except GptspeedError:
+                if not t_cfg.force_resume:
+                    raise
+                say("--force-resume: the data position does not fit the new data; reading it from the start")
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
         step, skipped_steps = ckpt["step"], ckpt.get("skipped_steps", 0)
+    elif t_cfg.init_from:
+        from gptspeed.hf import load_hf_weights
+
+        say(f"initialised from {load_hf_weights(model, t_cfg.init_from)}")
     if step >= t_cfg.max_steps:
         say(f"{run_dir} is already at step {step} of {t_cfg.max_steps}: nothing to do (raise --max-steps to go on)")
         return {"step": step, "last_train_loss": None, "last_val_loss": None, "skipped_steps": skipped_steps,
@@ -309,7 +324,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
 
             do_eval = step == t_cfg.max_steps or (t_cfg.eval_every > 0 and step % t_cfg.eval_every == 0)
             do_save = step == t_cfg.max_steps or (t_cfg.save_every > 0 and step % t_cfg.save_every == 0)
-            if first_interval or do_eval or do_save or step % t_cfg.log_every == 0 or stop.signum:
+            do_hellaswag = hellaswag is not None and (step == t_cfg.max_steps or step % t_cfg.hellaswag_every == 0)
+            if first_interval or do_eval or do_save or do_hellaswag or step % t_cfg.log_every == 0 or stop.signum:
                 rt.synchronize()
                 dt = (time.perf_counter() - t_last) / steps_since
                 n_bad = int(bad_count.item())
@@ -338,6 +354,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                               includes_warmup=first_interval)
                 if do_eval:
                     last_val = fields["val_loss"] = run_eval()
+                if do_hellaswag:
+                    fields.update(hellaswag(model))
                 log.write(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
             if do_save or stop.signum:

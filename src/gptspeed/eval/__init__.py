@@ -1,0 +1,1 @@
+"""Evaluations beyond val loss: :mod:`.hellaswag`."""

@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from gptspeed.config import OptimConfig
 from gptspeed.model import GPT, GPTConfig

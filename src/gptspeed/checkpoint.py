@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -23,11 +22,11 @@ from typing import Any
 import torch
 
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import fsync_dir, sha256_file, write_atomic, write_text_atomic
 
 CKPT_RE = re.compile(r"^ckpt_(\d{8})\.pt$")
 FORMAT = "gptspeed-checkpoint"
 FORMAT_VERSION = 1
-_HASH_CHUNK = 1 << 22
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -46,28 +45,6 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.iterdir() if CKPT_RE.match(p.name))
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder so that renames inside it survive a power loss (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class _HashingWriter:
     """File wrapper for ``torch.save`` that hashes the bytes as they are written."""
 
@@ -81,23 +58,6 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self.f.flush()
-
-
-def write_atomic(path: Path, write) -> Any:
-    """Call ``write(f)`` on a hidden temporary file beside ``path``, fsync, then rename it to
-    ``path``. Returns what ``write`` returned. On any failure the temporary file is removed and
-    ``path`` is untouched."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            result = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return result
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2) -> int:
@@ -134,7 +94,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path
         seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new bytes
         w = write_atomic(final, write_pt)
         seal = {"step": state["step"], "bytes": w.bytes, "sha256": w.sha.hexdigest()}
-        write_atomic(seal_path(final), lambda f: f.write(json.dumps(seal).encode()))
+        write_text_atomic(seal_path(final), json.dumps(seal))
         fsync_dir(run_dir)
     except OSError as e:
         raise GptspeedError(f"could not write checkpoint {final}: {e.strerror or e}") from e

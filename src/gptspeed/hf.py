@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import write_text_atomic
 from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
 
 NAMED_MODELS = {
@@ -341,9 +342,7 @@ def import_hf(source: str, out: str | Path) -> Path:
     source_info = {"hf_source": str(source), "hf_folder": info["folder"]}
     path = save_checkpoint(out, {"step": 0, "model": model.state_dict(), "config": cfg.to_dict(),
                                  "source": source_info}, keep=1)
-    tmp = out / ".config.json.tmp"
-    tmp.write_text(json.dumps({**cfg.to_dict(), "source": source_info}, indent=2) + "\n")
-    os.replace(tmp, out / "config.json")
+    write_text_atomic(out / "config.json", json.dumps({**cfg.to_dict(), "source": source_info}, indent=2) + "\n")
     return path
 
 

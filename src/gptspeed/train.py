@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from gptspeed.checkpoint import (check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
-                                 list_checkpoints, load_checkpoint, save_checkpoint, write_atomic)
+                                 list_checkpoints, load_checkpoint, save_checkpoint)
 from gptspeed.config import RunConfig, preset, run_defining_diff
 from gptspeed.data import find_shards, load_manifest
 from gptspeed.data.loader import TokenLoader, iter_eval_batches
 from gptspeed.data.shards import read_header
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, environment, format_duration, memory_stats, peak_flops
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer, lr_at
@@ -269,7 +270,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
         "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
         "data": data_id}, "environment": env}
-    write_atomic(run_dir / "config.json", lambda f: f.write((json.dumps(config_json, indent=2) + "\n").encode()))
+    write_text_atomic(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
     log = RunLog(run_dir / "metrics.jsonl", echo=echo)
     log.truncate_after(step if ckpt is not None else -1)
 

@@ -25,7 +25,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from gptspeed.config import OptimConfig
 from gptspeed.data.loader import to_device
@@ -163,10 +162,10 @@ def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.T
     optimizer, fused = build_optimizer(model, OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw), rt.device_type)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    forward = train_model
-    if spec.kind == PEER_KIND:  # HF's own loss path: logits.float(), F.cross_entropy (labels pre-shifted)
-        def forward(x, y):
+    def forward(x, y):
+        if spec.kind == PEER_KIND:  # HF's own loss path: logits.float(), F.cross_entropy (labels pre-shifted)
             return None, train_model(input_ids=x, labels=y, shift_labels=y).loss
+        return train_model(x, y)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
 
     def step() -> torch.Tensor:  # exactly the step `gptspeed train` runs, one micro-batch

@@ -32,8 +32,9 @@ from tqdm import tqdm
 
 import gptspeed
 from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, load_manifest
-from gptspeed.data.shards import create_temp, write_shard
+from gptspeed.data.shards import write_shard
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import create_temp, sha256_file
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB, get_encoding
 
 MIRROR_ENV = "GPTSPEED_DATA_MIRROR"
@@ -182,14 +183,6 @@ CORPORA: dict[str, Corpus] = {
 }
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _mismatch(path: object, actual: str, expected: str, fix: str) -> GptspeedError:
     return GptspeedError(f"{path} has sha256 {actual}, expected {expected}: {fix}")
 
@@ -252,7 +245,7 @@ def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str,
 def _fetch_corpus(corpus: Corpus, root: Path, progress: bool) -> None:
     """Download the files of ``corpus`` missing or corrupt under ``root``, verifying each."""
     todo = {rel: d for rel, d in corpus.files.items()
-            if not (root / rel).is_file() or _sha256_file(root / rel) != d}
+            if not (root / rel).is_file() or sha256_file(root / rel) != d}
     if not todo:
         return
     if corpus.url is not None:
@@ -299,7 +292,7 @@ def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
     mirror = os.environ.get(MIRROR_ENV)
     if mirror and all((Path(mirror) / rel).is_file() for rel in rels):
         for rel in rels:
-            actual = _sha256_file(Path(mirror) / rel)
+            actual = sha256_file(Path(mirror) / rel)
             if actual != corpus.files[rel]:
                 raise _mismatch(Path(mirror) / rel, actual, corpus.files[rel],
                                 f"replace the file or unset {MIRROR_ENV}")
@@ -464,7 +457,7 @@ def prepare(
         old = load_manifest(out)
         same = (old.get("source") == source and old.get("val_fraction") == val_fraction
                 and old.get("shard_tokens") == shard_tokens
-                and old.get("input_sha256") == _input_sha256([_sha256_file(p) for p in paths]))
+                and old.get("input_sha256") == _input_sha256([sha256_file(p) for p in paths]))
         if not same:
             raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
         return {**old, "reused": True}

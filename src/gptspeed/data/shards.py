@@ -9,12 +9,12 @@ modded-nanogpt's ``data/cached_fineweb*.py`` read here unchanged, and ours read 
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 
 import numpy as np
 
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import write_atomic
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -28,22 +28,6 @@ _REPREPARE = "prepare the data again with `gptspeed prepare SOURCE --out DIR --f
 
 class ShardError(GptspeedError):
     """A shard file is missing, truncated, or not in the format above; the message names it."""
-
-
-def create_temp(dest: Path) -> tuple[int, Path]:
-    """Create and open (write-only) a new hidden temp file ``.NAME.XXXXXXXX.tmp`` beside
-    ``dest``, for an atomic write by ``os.replace``. Unlike ``tempfile.mkstemp`` the file gets
-    the usual permissions (0o666 less the umask), which the renamed file keeps.
-
-    Returns:
-        ``(fd, path)``; the caller closes ``fd`` and replaces or removes ``path``.
-    """
-    while True:
-        tmp = dest.parent / f".{dest.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
@@ -75,21 +59,7 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     header[0], header[1], header[2] = SHARD_MAGIC, SHARD_VERSION, tokens.size
     data = tokens.reshape(-1).astype(TOKEN_DTYPE, copy=False)
 
-    path = Path(path)
-    fd, tmp = create_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.tobytes())
-            f.write(data.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, lambda f: (f.write(header.tobytes()), f.write(data.tobytes())))
 
 
 def read_header(path: str | os.PathLike) -> tuple[int, int]:

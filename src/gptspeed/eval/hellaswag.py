@@ -55,17 +55,18 @@ def hellaswag_file(progress: bool = True) -> Path:
         GptspeedError: a mirror or cached file with the wrong sha256 (naming both hashes), or the
             download failed (offline: set ``GPTSPEED_DATA_MIRROR``).
     """
-    from gptspeed.data.prepare import MIRROR_ENV, _download, _mismatch, _sha256_file, cache_dir
+    from gptspeed.data.prepare import MIRROR_ENV, _download, _mismatch, cache_dir
+    from gptspeed.fileio import sha256_file
 
     mirror = os.environ.get(MIRROR_ENV)
     if mirror and (Path(mirror) / RELATIVE_PATH).is_file():
         path = Path(mirror) / RELATIVE_PATH
-        actual = _sha256_file(path)
+        actual = sha256_file(path)
         if actual != HELLASWAG_VAL_SHA256:
             raise _mismatch(path, actual, HELLASWAG_VAL_SHA256, f"replace it with the official file or unset {MIRROR_ENV}")
         return path
     path = cache_dir() / RELATIVE_PATH
-    if not path.is_file() or _sha256_file(path) != HELLASWAG_VAL_SHA256:
+    if not path.is_file() or sha256_file(path) != HELLASWAG_VAL_SHA256:
         _download((HELLASWAG_VAL_URL,), path, HELLASWAG_VAL_SHA256, RELATIVE_PATH, progress)
     return path
 

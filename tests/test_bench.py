@@ -60,7 +60,9 @@ def test_ladder_tiny_cpu(tmp_path):
     assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == ["baseline", "fused-ce"]
     # cumulative: the last row has every applicable technique on
     assert rows["fused-ce"]["settings"] == {"dtype": "bfloat16", "compile": True, "attention": "sdpa",
-                                            "vocab_size": 50304, "fused_adamw": True, "loss": "fused"}
+                                            "vocab_size": 50304, "fused_adamw": True, "loss": "fused",
+                                            "batch_auto": False, "fp8": False, "optimizer": "adamw",
+                                            "compile_mode": "model", "compile_tuning": "default"}
     assert rows["compile"]["settings"] == {**rows["fused-ce"]["settings"], "attention": "manual", "vocab_size": 50257,
                                            "fused_adamw": False, "loss": "plain"}  # planned though not run
     assert rows["fused-ce"]["compile"] is True and rows["baseline"]["compile"] is False

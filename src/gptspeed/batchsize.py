@@ -32,13 +32,19 @@ SAFETY = 0.9  # use at most 90% of the largest micro-batch that fitted (fragment
 
 
 def parse_batch_size(text: str) -> int:
-    """CLI type for ``--batch-size``: a positive integer, or ``auto`` (stored as :data:`AUTO` = 0)."""
+    """CLI type for ``--batch-size``: a positive integer, or ``auto`` (stored as :data:`AUTO` = 0).
+    ``argparse.ArgumentTypeError`` (argparse's one-line usage error) for anything else."""
+    import argparse
+
     if text == "auto":
         return AUTO
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise ValueError(f"--batch-size must be an integer or 'auto', got {text!r}") from None
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}")
+    return value
 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int = 1024) -> int:

@@ -94,7 +94,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     gradient was not finite -- then the weights and optimizer state are left as they were. With a
     fused optimizer that skip happens on the device (AdamW's ``found_inf`` argument, the mechanism
     GradScaler uses), so the step has no host-device sync; the non-fused path reads ``bad``
-    (one sync). With float16 the GradScaler skips steps whose scaled gradients overflow, as usual.
+    (one sync) -- so does Muon (``--optimizer muon``: :class:`gptspeed.optim.MuonWithAdamW` is
+    built with ``fused=False`` because ``torch.optim.Muon`` takes no ``found_inf``), which then
+    skips both its optimizers. With float16 the GradScaler skips steps whose scaled gradients
+    overflow, as usual.
     """
     loss_sum = torch.zeros((), device=rt.device)
     for _ in range(accum):

@@ -188,7 +188,7 @@ def test_every_stage_defined_once_and_cumulative():
     assert plan[1].settings is None  # tf32 on a CPU
     assert [p.skip_reason for p in plan if p.stage.name in ("baseline", "fused-ce")] == [None, None]
     assert all(p.skip_reason for p in plan if p.stage.name not in ("baseline", "fused-ce"))
-    last = plan[-1].settings
+    last = [p.settings for p in plan if p.settings is not None][-1]  # later rungs (issue 7) skip on a CPU
     assert (last.attention, last.vocab_size, last.loss) == ("sdpa", 50304, "fused")
 
 

@@ -135,7 +135,10 @@ def parallel_options(cfg: RunConfig) -> dict[str, Any]:
 def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
     """``--batch-size auto``: the micro-batch :func:`gptspeed.batchsize.resolve_auto_batch` finds
     for this configuration on ``rt.device`` (each probe builds the model afresh and takes two full
-    training steps on random tokens). GptspeedError off CUDA."""
+    training steps on random tokens). The probe runs eagerly even when the run compiles: one
+    compile per probed size would cost minutes, and the compiled step (fused kernels) needs no more
+    memory than the eager one, so the eager fit is a safe lower bound. GptspeedError off CUDA."""
+    import dataclasses
     from gptspeed.batchsize import resolve_auto_batch
 
     T = cfg.model.block_size
@@ -143,7 +146,7 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
 
     def make_step(b: int):
         model = GPT(cfg.model)
-        train_model = parallelize(model, rt, **parallel_options(cfg))
+        train_model = parallelize(model, dataclasses.replace(rt, compile=False), **parallel_options(cfg))
         optimizer, fused = build_optimizer(model, cfg.optim, rt.device_type)
         scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
         x = torch.randint(0, cfg.model.valid_vocab_size, (b, T + 1), device=rt.device)

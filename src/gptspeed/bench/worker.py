@@ -181,7 +181,8 @@ def _auto_batch(spec: StageSpec, rt: Runtime) -> int:
 
     def make_step(b: int):
         probe = dataclasses.replace(spec, batch_size=b, data=None, warmup=1, steps=1)
-        return _step_fn(probe, rt, SyntheticLoader(b, spec.seq_len, 1, spec.seed, rt.device))[0]
+        eager = dataclasses.replace(rt, compile=False)  # as gptspeed.train.auto_batch_size: eager fit is a lower bound
+        return _step_fn(probe, eager, SyntheticLoader(b, spec.seq_len, 1, spec.seed, rt.device))[0]
 
     settings = {"shape": [spec.n_layer, spec.n_head, spec.n_embd, spec.seq_len], "kind": spec.kind,
                 **{k: v for k, v in spec.settings.items() if k != "batch_auto"}}

@@ -37,7 +37,8 @@ def first_reaching(records: list[dict], target: float) -> tuple[int | None, floa
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", help="prepared data folder (default: tinyshakespeare, prepared into --out)")
+    p.add_argument("--data", help="prepared data folder (default: tinyshakespeare, prepared into --out; offline, "
+                                  "set GPTSPEED_DATA_MIRROR to a folder holding tinyshakespeare/input.txt)")
     p.add_argument("--out", help="folder for both runs (default: a temporary folder)")
     p.add_argument("--preset", default="nano")
     p.add_argument("--steps", type=int, default=200)

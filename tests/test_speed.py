@@ -81,7 +81,8 @@ def test_muon_resume_from_checkpoint_is_bit_identical(shakespeare_data, tmp_path
     full = tmp_path / "full"
     base = dict(TINY, data=str(shakespeare_data), max_steps=5, save_every=2, keep_checkpoints=5, eval_every=0,
                 optimizer="muon", muon_lr=0.02)
-    fit(build_train_config("pico", dict(base, out=str(full))), echo=False)
+    summary = fit(build_train_config("pico", dict(base, out=str(full))), echo=False)
+    assert summary["step"] == 5 and summary["interrupted"] is None, summary
     part = tmp_path / "part"
     part.mkdir()
     shutil.copy(full / "ckpt_00000002.pt", part)

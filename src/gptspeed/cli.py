@@ -44,6 +44,10 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                 g.add_argument(flag, action="store_true", **kw)
             elif kind == "bool":
                 g.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            elif f.metadata.get("parse") == "batch_size":
+                from gptspeed.batchsize import parse_batch_size
+
+                g.add_argument(flag, type=parse_batch_size, **kw)
             else:
                 g.add_argument(flag, type=_field_type(f), choices=f.metadata.get("choices"), **kw)
 

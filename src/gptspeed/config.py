@@ -21,6 +21,9 @@ from gptspeed.model import GPTConfig
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 DEVICES = ("auto", "cuda", "mps", "cpu")
+COMPILE_MODES = ("model", "blocks")
+COMPILE_TUNINGS = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
+CHECKPOINTING = ("none", "selective", "full")
 
 
 def _f(default, help: str, **meta):
@@ -40,6 +43,10 @@ class OptimConfig:
     eps: float = _f(1e-8, "AdamW epsilon")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
     fused_adamw: bool | None = _f(None, "fused AdamW kernel (default: where the device supports it)", kind="bool")
+    optimizer: str = _f("adamw", "adamw | muon (Muon for the blocks' 2-D weights at --muon-lr, AdamW at --lr for "
+                        "embeddings, head, gains and biases)", choices=("adamw", "muon"))
+    muon_lr: float = _f(0.02, "Muon peak learning rate (scaled by sqrt(max(1, rows/cols)); same schedule as --lr)")
+    muon_momentum: float = _f(0.95, "Muon (Nesterov) momentum")
 
 
 @dataclass
@@ -48,7 +55,9 @@ class TrainConfig:
 
     data: str = _f("", "prepared data folder (from `gptspeed prepare`)")
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json")
-    batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward)")
+    batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
+                         "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
+                         parse="batch_size")
     total_batch_tokens: int | None = _f(
         None, "tokens per optimizer step; gradient accumulation = this / (B * T * world size) (default B*T)"
     )
@@ -78,6 +87,16 @@ class RuntimeConfig:
     compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
     seed: int = _f(1337, "random seed for initialisation")
     peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)")
+    compile_mode: str = _f("model", "what torch.compile compiles: model (one graph) | blocks (each transformer block "
+                           "separately: identical blocks compile once, much faster compile)", choices=COMPILE_MODES)
+    compile_tuning: str = _f("default", "torch.compile mode: default | max-autotune (searches matmul configs; "
+                             "CUDA graphs) | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs)",
+                             choices=COMPILE_TUNINGS)
+    activation_checkpointing: str = _f("none", "recompute activations in backward to save memory: none | selective "
+                                       "(keep matmul and attention outputs, recompute the rest) | full (keep only "
+                                       "each block's input)", choices=CHECKPOINTING)
+    fp8: bool = _f(False, "FP8 matmuls (torch._scaled_mm, per-tensor scaling) for the blocks' Linear layers "
+                   "(Hopper / Ada GPUs only)", kind="flag")
 
 
 # Flags for the model shape; GPTConfig lives in model.py with no CLI knowledge.
@@ -92,7 +111,8 @@ MODEL_FLAGS = {
 }
 # Fields that define the run: resuming with any of them changed would not continue the same run.
 RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "seed", "lr", "min_lr_ratio", "warmup_steps",
-                "weight_decay", "beta1", "beta2", "eps", "grad_clip")
+                "weight_decay", "beta1", "beta2", "eps", "grad_clip", "optimizer", "muon_lr",
+                "muon_momentum")
 
 
 @dataclass
@@ -183,7 +203,11 @@ class RunConfig:
         """Check everything that can be checked before touching data or devices."""
         self.model.validate()
         t, o = self.train, self.optim
-        positive = {"batch_size": t.batch_size, "max_steps": t.max_steps, "log_every": t.log_every,
+        if t.batch_size == 0:  # --batch-size auto, resolved by the trainer on the device
+            positive = {}
+        else:
+            positive = {"batch_size": t.batch_size}
+        positive |= {"max_steps": t.max_steps, "log_every": t.log_every,
                     "keep_checkpoints": t.keep_checkpoints}
         for name, v in positive.items():
             if v < 1:
@@ -204,7 +228,19 @@ class RunConfig:
             raise GptspeedError(f"--device must be one of {', '.join(DEVICES)}, got {self.runtime.device!r}")
         if self.runtime.dtype not in DTYPES:
             raise GptspeedError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.runtime.dtype!r}")
-        self.grad_accum_steps(world_size)
+        if o.optimizer == "muon" and not (o.muon_lr > 0 and 0 <= o.muon_momentum < 1):
+            raise GptspeedError(f"--muon-lr must be positive and --muon-momentum in [0, 1), got {o.muon_lr}, "
+                                f"{o.muon_momentum}")
+        if o.optimizer == "muon" and self.runtime.dtype == "float16":
+            raise GptspeedError("--optimizer muon does not support --dtype float16 (loss scaling): use bfloat16")
+        if t.batch_size == 0:
+            if t.total_batch_tokens is None:
+                raise GptspeedError("--batch-size auto needs --total-batch-tokens (the global batch to keep)")
+            if t.total_batch_tokens % (self.model.block_size * world_size):
+                raise GptspeedError(f"--total-batch-tokens {t.total_batch_tokens} is not a multiple of seq_len * "
+                                    f"world_size = {self.model.block_size * world_size}")
+        else:
+            self.grad_accum_steps(world_size)
 
 
 def _typed(cls, name: str, value: Any, source: str) -> Any:

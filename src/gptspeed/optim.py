@@ -29,13 +29,23 @@ def fused_adamw_available(device_type: str) -> bool:
     return device_type in ("cuda", "cpu", "mps")
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) -> tuple[torch.optim.AdamW, bool]:
-    """AdamW over :func:`param_groups`; returns ``(optimizer, fused)``.
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
+    """The optimizer ``cfg.optimizer`` names; returns ``(optimizer, fused)``.
+
+    ``adamw``: AdamW over :func:`param_groups`. ``muon``: a :class:`MuonWithAdamW` (Muon for the
+    blocks' 2-D weights, AdamW for the rest). ``fused`` is True only when the whole step can skip
+    a non-finite step on the device (AdamW's ``found_inf``); Muon has no such argument, so for
+    ``muon`` it is False and :func:`gptspeed.train.train_step` reads the non-finite flag (one
+    host-device sync per step) before stepping.
 
     ``cfg.fused_adamw``: None picks the fused kernel where available; True demands it
     (ValueError from torch if the device has none); False uses PyTorch's default implementation.
+    Every param group carries ``lr_mult``: the trainer sets ``group["lr"] = lr * lr_mult``.
     """
     fused = fused_adamw_available(device_type) if cfg.fused_adamw is None else cfg.fused_adamw
+    if getattr(cfg, "optimizer", "adamw") == "muon":
+        opt = MuonWithAdamW(model, cfg, fused)
+        return opt, False
     opt = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
         lr=cfg.lr,
@@ -43,7 +53,82 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str) 
         eps=cfg.eps,
         fused=fused or None,
     )
+    for g in opt.param_groups:
+        g["lr_mult"] = 1.0
     return opt, fused
+
+
+def muon_params(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """``(hidden, rest)``: the 2-D weights inside the transformer blocks (``transformer.h.*``:
+    attention and MLP matrices) for Muon, and everything else (token and position embeddings, the
+    LM head tied to ``wte``, LayerNorm gains, biases) for AdamW. Tied weights count once."""
+    hidden, rest, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (hidden if p.dim() == 2 and name.startswith("transformer.h.") else rest).append(p)
+    return hidden, rest
+
+
+class MuonWithAdamW:
+    """Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/; ``torch.optim.Muon``)
+    for the hidden 2-D weights and AdamW for the rest, stepped together, as modded-nanogpt does.
+
+    Muon: SGD momentum ``cfg.muon_momentum`` (Nesterov) whose update is orthogonalised by 5
+    Newton-Schulz iterations in bf16, learning rate ``cfg.muon_lr``, decoupled weight decay
+    ``cfg.weight_decay``. Learning-rate adjustment: ``adjust_lr_fn="original"`` (torch's default,
+    Keller Jordan's: ``lr * sqrt(max(1, rows / cols))``), so ``--muon-lr`` is on the scale of
+    modded-nanogpt's (0.02-0.05) and independent of AdamW's; ``"match_rms_adamw"`` (Moonshot's
+    ``0.2 * sqrt(max(rows, cols))``, which would let Muon share AdamW's lr) is not used.
+    AdamW: ``cfg.lr``, betas, eps, weight decay on the embeddings only (2-D), as :func:`param_groups`.
+
+    Quacks like one ``torch.optim.Optimizer`` for the trainer: ``param_groups`` (both
+    optimizers' groups; each has ``lr_mult`` = its peak lr / ``cfg.lr`` so the schedule scales
+    both), ``step``, ``zero_grad``, ``state_dict`` / ``load_state_dict`` (``{"adamw": ..., "muon": ...}``).
+    GradScaler (float16) is not supported with it: use bf16 or fp32.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: OptimConfig, fused: bool):
+        hidden, rest = muon_params(model)
+        self.muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
+                                     momentum=cfg.muon_momentum, nesterov=True, adjust_lr_fn="original")
+        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+        self.adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                       fused=fused or None)
+        for g in self.adamw.param_groups:
+            g["lr_mult"] = 1.0
+        for g in self.muon.param_groups:
+            g["lr_mult"] = cfg.muon_lr / cfg.lr
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.adamw.param_groups + self.muon.param_groups
+
+    @property
+    def state(self):
+        return {**self.adamw.state, **self.muon.state}
+
+    def step(self) -> None:
+        self.adamw.step()
+        self.muon.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none=set_to_none)
+        self.muon.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load :meth:`state_dict` output; GptspeedError for a plain AdamW checkpoint."""
+        if not isinstance(state, dict) or set(state) != {"adamw", "muon"}:
+            from gptspeed.errors import GptspeedError
+
+            raise GptspeedError("the checkpoint's optimizer state is not Muon+AdamW: resume with its --optimizer")
+        self.adamw.load_state_dict(state["adamw"])
+        self.muon.load_state_dict(state["muon"])
 
 
 def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:

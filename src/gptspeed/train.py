@@ -94,7 +94,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     gradient was not finite -- then the weights and optimizer state are left as they were. With a
     fused optimizer that skip happens on the device (AdamW's ``found_inf`` argument, the mechanism
     GradScaler uses), so the step has no host-device sync; the non-fused path reads ``bad``
-    (one sync). With float16 the GradScaler skips steps whose scaled gradients overflow, as usual.
+    (one sync) -- so does Muon (``--optimizer muon``: :class:`gptspeed.optim.MuonWithAdamW` is
+    built with ``fused=False`` because ``torch.optim.Muon`` takes no ``found_inf``), which then
+    skips both its optimizers. With float16 the GradScaler skips steps whose scaled gradients
+    overflow, as usual.
     """
     loss_sum = torch.zeros((), device=rt.device)
     for _ in range(accum):
@@ -120,6 +123,43 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
             optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm, bad
+
+
+def parallel_options(cfg: RunConfig) -> dict[str, Any]:
+    """The keyword arguments of :func:`gptspeed.runtime.parallelize` a run's configuration asks for."""
+    r = cfg.runtime
+    return dict(compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
+                activation_checkpointing=r.activation_checkpointing, fp8=r.fp8)
+
+
+def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
+    """``--batch-size auto``: the micro-batch :func:`gptspeed.batchsize.resolve_auto_batch` finds
+    for this configuration on ``rt.device`` (each probe builds the model afresh and takes two full
+    training steps on random tokens). The probe runs eagerly even when the run compiles: one
+    compile per probed size would cost minutes, and the compiled step (fused kernels) needs no more
+    memory than the eager one, so the eager fit is a safe lower bound. GptspeedError off CUDA."""
+    import dataclasses
+    from gptspeed.batchsize import resolve_auto_batch
+
+    T = cfg.model.block_size
+    sequences = cfg.train.total_batch_tokens // T if cfg.train.total_batch_tokens else None
+
+    def make_step(b: int):
+        model = GPT(cfg.model)
+        train_model = parallelize(model, dataclasses.replace(rt, compile=False), **parallel_options(cfg))
+        optimizer, fused = build_optimizer(model, cfg.optim, rt.device_type)
+        scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
+        x = torch.randint(0, cfg.model.valid_vocab_size, (b, T + 1), device=rt.device)
+        params = list(model.parameters())
+
+        def step():
+            return train_step(train_model, optimizer, scaler, rt, lambda: (x[:, :-1], x[:, 1:]), 1,
+                              cfg.optim.grad_clip, params, fused)
+        return step
+
+    settings = {"model": cfg.model.__dict__, "dtype": rt.dtype, "compile": rt.compile, "optimizer": cfg.optim.optimizer,
+                **parallel_options(cfg)}
+    return resolve_auto_batch(rt.device, settings, sequences, make_step, say=say)
 
 
 @torch.no_grad()
@@ -218,6 +258,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     elif list_checkpoints(run_dir):
         raise GptspeedError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose another --out")
 
+    if t_cfg.batch_size == 0:  # --batch-size auto
+        t_cfg.batch_size = auto_batch_size(cfg, rt, say)
     B, T = t_cfg.batch_size, cfg.model.block_size
     accum = cfg.grad_accum_steps()
     tokens_per_step = B * T * accum
@@ -232,7 +274,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     model = GPT(cfg.model)
     _prepare_run_dir(run_dir)
     check_free_space(run_dir, estimate_checkpoint_bytes(model))
-    train_model = parallelize(model, rt)
+    train_model = parallelize(model, rt, **parallel_options(cfg))
     optimizer, fused = build_optimizer(model, cfg.optim, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
     step = skipped_steps = 0
@@ -275,7 +317,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     log.truncate_after(step if ckpt is not None else -1)
 
     say(f"gptspeed: {model.num_params(False) / 1e6:.2f}M parameters | {env['device']} ({rt.device}) | {rt.dtype} | "
-        f"compile {'on' if rt.compile else 'off'} | fused AdamW {'on' if fused else 'off'} | "
+        f"compile {cfg.runtime.compile_mode + ' ' + cfg.runtime.compile_tuning if rt.compile else 'off'} | "
+        f"{cfg.optim.optimizer}{' (fused AdamW)' if fused else ''} | {'fp8 | ' if cfg.runtime.fp8 else ''}"
+        f"activation checkpointing {cfg.runtime.activation_checkpointing} | "
         f"B={B} T={T} x {accum} micro-steps = {tokens_per_step:,} tokens/step")
     if ckpt is not None:
         say(f"resumed from step {step}")
@@ -315,7 +359,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             lr = lr_at(step, max_lr=max_lr, min_lr=min_lr, warmup_steps=cfg.optim.warmup_steps,
                        max_steps=t_cfg.max_steps)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_mult", 1.0)
             loss_sum, grad_norm, bad = train_step(train_model, optimizer, scaler, rt, loader.next_batch, accum,
                                                   cfg.optim.grad_clip, params, fused)
             step += 1

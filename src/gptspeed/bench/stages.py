@@ -8,7 +8,10 @@ rows ``--stages`` selects.
 
 The first seven rungs are Karpathy's build-nanogpt ladder (video "Let's reproduce GPT-2 (124M)",
 2024; repository karpathy/build-nanogpt): fp32 -> TF32 -> bf16 autocast -> torch.compile -> flash
-attention -> vocabulary 50304 -> fused AdamW. Later issues append theirs.
+attention -> vocabulary 50304 -> fused AdamW. Later issues append theirs: fused linear +
+cross-entropy, then issue 7's --batch-size auto, FP8, Muon, per-block compile and max-autotune.
+Muon changes the optimizer, not the step's speed much: its row is there to show its cost per step
+(Newton-Schulz iterations); its gain, time to a loss, is measured by benchmarks/muon_vs_adamw.py.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ class Settings:
     vocab_size: int = GPT2_VOCAB_SIZE  # embedding rows: 50257 or padded 50304
     fused_adamw: bool = False  # torch.optim.AdamW(fused=True); False: PyTorch's default (foreach on GPU)
     loss: str = "plain"  # plain (full logits + F.cross_entropy) | fused (gptspeed.loss, chunked)
+    batch_auto: bool = False  # --batch-size auto: the largest micro-batch that fits (CUDA probe)
+    fp8: bool = False  # FP8 Linear layers in the blocks (gptspeed.fp8)
+    optimizer: str = "adamw"  # adamw | muon (gptspeed.optim.MuonWithAdamW)
+    compile_mode: str = "model"  # model | blocks (gptspeed.runtime.parallelize)
+    compile_tuning: str = "default"  # torch.compile mode: default | max-autotune | ...
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,6 +105,29 @@ def _fused_adamw(device: torch.device, compile_backend: str) -> str | None:
     return None
 
 
+def _cuda_only(what: str):
+    def applies(device: torch.device, compile_backend: str) -> str | None:
+        return None if device.type == "cuda" else f"{what} needs CUDA; not {device.type}"
+    return applies
+
+
+def _fp8(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return f"FP8 tensor cores need an NVIDIA GPU (Ada / Hopper); not {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return f"FP8 tensor cores need compute capability 8.9 or newer; this GPU is {major}.{minor}"
+    return None
+
+
+def _max_autotune(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return f"max-autotune tunes Triton matmul kernels and CUDA graphs; not {device.type}"
+    if compile_backend != "inductor":
+        return f"max-autotune is an inductor mode; the compile backend is {compile_backend}"
+    return _compile(device, compile_backend)
+
+
 @dataclass(frozen=True)
 class Stage:
     """One rung: ``delta`` is applied on top of every applicable rung before it.
@@ -129,6 +160,17 @@ STAGES: tuple[Stage, ...] = (
           source="torch.optim.AdamW docs"),
     Stage("fused-ce", "chunked linear + cross-entropy, no full logits", {"loss": "fused"},
           source="Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024"),
+    # issue 7: beyond the seeds on one GPU
+    Stage("batch-auto", "largest power-of-two micro-batch that fits (probed, cached)", {"batch_auto": True},
+          _cuda_only("--batch-size auto (an out-of-memory probe)"), source="gptspeed.batchsize"),
+    Stage("fp8", "FP8 (e4m3 / e5m2, per-tensor scaling) matmuls in the blocks' Linear layers", {"fp8": True}, _fp8,
+          source="Micikevicius et al. 2022, FP8 Formats for Deep Learning; torch._scaled_mm"),
+    Stage("muon", "Muon for the blocks' 2-D weights, AdamW for the rest", {"optimizer": "muon"},
+          source="Jordan et al. 2024 (Muon); torch.optim.Muon; modded-nanogpt"),
+    Stage("compile-blocks", "torch.compile each transformer block (compile once, reuse)", {"compile_mode": "blocks"},
+          _compile, source="torch.compile regional compilation recipe"),
+    Stage("max-autotune", "torch.compile mode max-autotune (tuned matmuls, CUDA graphs)",
+          {"compile_tuning": "max-autotune"}, _max_autotune, source="torch.compile docs"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 

@@ -155,11 +155,10 @@ def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.T
         model = init_gpt(cfg, spec.seed)
         fpt = model.flops_per_token(spec.seq_len)
     model.train()
-    # parallelize() moves and sets matmul precision; the compile backend is ours to choose here.
-    train_model = parallelize(model, dataclasses.replace(rt, compile=False))
-    if rt.compile:
-        train_model = torch.compile(model, backend=spec.compile_backend)
-    optimizer, fused = build_optimizer(model, OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw), rt.device_type)
+    train_model = parallelize(model, rt, compile_mode=s.compile_mode, compile_tuning=s.compile_tuning, fp8=s.fp8,
+                              backend=spec.compile_backend)
+    optimizer, fused = build_optimizer(model, OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer),
+                                       rt.device_type)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def forward(x, y):
@@ -172,6 +171,22 @@ def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.T
         return train_step(forward, optimizer, scaler, rt, loader.next_batch, 1, GRAD_CLIP, params, fused)[0]
 
     return step, model, fpt, fused
+
+
+def _auto_batch(spec: StageSpec, rt: Runtime) -> int:
+    """``--batch-size auto`` for a ladder row: :func:`gptspeed.batchsize.resolve_auto_batch` with
+    a probe that builds this row's model and step at each candidate micro-batch (power of two,
+    no global batch to divide). GptspeedError off CUDA."""
+    from gptspeed.batchsize import resolve_auto_batch
+
+    def make_step(b: int):
+        probe = dataclasses.replace(spec, batch_size=b, data=None, warmup=1, steps=1)
+        eager = dataclasses.replace(rt, compile=False)  # as gptspeed.train.auto_batch_size: eager fit is a lower bound
+        return _step_fn(probe, eager, SyntheticLoader(b, spec.seq_len, 1, spec.seed, rt.device))[0]
+
+    settings = {"shape": [spec.n_layer, spec.n_head, spec.n_embd, spec.seq_len], "kind": spec.kind,
+                **{k: v for k, v in spec.settings.items() if k != "batch_auto"}}
+    return resolve_auto_batch(rt.device, settings, None, make_step, say=lambda m: print(m, file=sys.stderr))
 
 
 def _timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:
@@ -210,6 +225,8 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     """
     s = Settings(**spec.settings)
     rt = resolve_runtime(spec.device, s.dtype, s.compile)
+    if s.batch_auto:
+        spec = dataclasses.replace(spec, batch_size=_auto_batch(spec, rt))
     loader = make_loader(spec, rt.device)
     step, model, fpt, fused = _step_fn(spec, rt, loader)
 
@@ -238,7 +255,7 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
         mfu=fpt * tps / peak if peak else None, peak_flops=peak, peak_flops_source=peak_source,
         first_step_s=first_step_s, warmup_s=warmup_s, loss_step0=loss0, loss_last=losses[-1].item(),
         peak_mem_bytes=mem_peak, mem_total_bytes=mem_total,
-        params=sum(p.numel() for p in model.parameters()), fused_adamw=fused,
+        params=sum(p.numel() for p in model.parameters()), fused_adamw=fused, batch_size=spec.batch_size,
         dtype=rt.dtype, compile=rt.compile, device=str(rt.device), threads=torch.get_num_threads(),
     )
     return result

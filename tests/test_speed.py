@@ -1,0 +1,324 @@
+"""Issue 7's techniques on a CPU: Muon, activation checkpointing, per-block compile, no
+recompilation between train and eval, --batch-size auto's probe logic, FP8 numerics, ladder stages.
+GPU-only paths (the CUDA probe, FP8 on Hopper) skip without CUDA."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import assert_user_error, run_cli
+from gptspeed.config import OptimConfig
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPT, GPTConfig
+from gptspeed.optim import MuonWithAdamW, build_optimizer, muon_params
+from gptspeed.runtime import parallelize, resolve_runtime
+from gptspeed.train import build_train_config, fit, train_step
+
+SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
+CPU = resolve_runtime("cpu", "float32", False)
+
+
+def _model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**SHAPE, **kw}))
+
+
+def _batch(B=2, T=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 50257, (B, T), generator=g), torch.randint(0, 50257, (B, T), generator=g)
+
+
+def _loss_and_grads(train_model, model, x, y):
+    _, loss = train_model(x, y)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+# ------------------------------------------------------------------------------------------ Muon
+def test_muon_splits_hidden_matrices_from_the_rest():
+    model = _model()
+    hidden, rest = muon_params(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)].split(".")[-2] for p in hidden} == {"c_attn", "c_proj", "c_fc"}
+    assert all(p.dim() == 2 for p in hidden) and len(hidden) == 4 * 2
+    rest_names = {names[id(p)] for p in rest}
+    assert "transformer.wte.weight" in rest_names and "transformer.wpe.weight" in rest_names  # wte = the head
+    assert "transformer.h.0.ln_1.weight" in rest_names and "transformer.h.0.attn.c_attn.bias" in rest_names
+    assert len(hidden) + len(rest) == len(list(model.parameters()))
+    opt, fused = build_optimizer(model, OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02), "cpu")
+    assert isinstance(opt, MuonWithAdamW) and fused is False  # Muon has no found_inf: one sync per step
+    assert sorted(g["lr_mult"] for g in opt.param_groups) == [1.0, 1.0, 20.0]
+
+
+def test_muon_steps_lower_the_loss_and_never_update_on_a_nonfinite_step():
+    model = _model()
+    opt, fused = build_optimizer(model, OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02), "cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    x, y = _batch()
+    params = list(model.parameters())
+    losses = [train_step(model, opt, scaler, CPU, lambda: (x, y), 1, 1.0, params, fused)[0].item() for _ in range(5)]
+    assert losses[-1] < losses[0] - 0.5, losses
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state_before = json.dumps({k: str(v) for k, v in opt.state_dict()["muon"]["state"].items()})
+    with torch.no_grad():
+        model.transformer.ln_f.weight[0] = float("nan")
+    loss, _, bad = train_step(model, opt, scaler, CPU, lambda: (x, y), 1, 1.0, params, fused)
+    assert bad.item()
+    with torch.no_grad():
+        model.transformer.ln_f.weight[0] = before["transformer.ln_f.weight"][0]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert json.dumps({k: str(v) for k, v in opt.state_dict()["muon"]["state"].items()}) == state_before
+
+
+def test_muon_resume_from_checkpoint_is_bit_identical(shakespeare_data, tmp_path):
+    from test_train import TINY, records
+
+    full = tmp_path / "full"
+    base = dict(TINY, data=str(shakespeare_data), max_steps=5, save_every=2, keep_checkpoints=5, eval_every=0,
+                optimizer="muon", muon_lr=0.02)
+    summary = fit(build_train_config("pico", dict(base, out=str(full))), echo=False)
+    assert summary["step"] == 5 and summary["interrupted"] is None, summary
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copy(full / "ckpt_00000002.pt", part)
+    shutil.copy(full / "ckpt_00000002.json", part)
+    assert fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)["step"] == 5
+    a = {r["step"]: r for r in records(full)}
+    b = {r["step"]: r for r in records(part)}
+    for s in range(3, 6):
+        assert b[s]["train_loss"] == a[s]["train_loss"], s
+    assert b[5]["val_loss"] == a[5]["val_loss"]
+    with pytest.raises(GptspeedError, match="optimizer"):  # the other optimizer would not continue the run
+        fit(build_train_config(None, dict(out=str(part), resume=True, max_steps=6, optimizer="adamw")), echo=False)
+
+
+# ------------------------------------------------------------------------- activation checkpointing
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_same_loss_and_grads(mode):
+    x, y = _batch()
+    ref_model = _model()
+    ref_loss, ref_grads = _loss_and_grads(ref_model, ref_model, x, y)
+    model = _model()
+    train_model = parallelize(model, CPU, activation_checkpointing=mode)
+    assert list(model.state_dict()) == list(ref_model.state_dict())  # applied from outside, names unchanged
+    loss, grads = _loss_and_grads(train_model, model, x, y)
+    assert torch.equal(loss, ref_loss)
+    for k, g in ref_grads.items():
+        torch.testing.assert_close(grads[k], g, rtol=0, atol=0, msg=k)
+    with torch.no_grad():  # eval runs the plain forward
+        assert torch.equal(train_model(x, y)[1], ref_model(x, y)[1])
+    with pytest.raises(GptspeedError, match="activation-checkpointing"):
+        parallelize(_model(), CPU, activation_checkpointing="most")
+
+
+# ------------------------------------------------------------------- compile: blocks, no recompiles
+def test_compile_blocks_traces_and_matches_eager():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x, y = _batch()
+    ref_model = _model()
+    ref_loss, ref_grads = _loss_and_grads(ref_model, ref_model, x, y)
+    model = _model()
+    rt = resolve_runtime("cpu", "float32", True)
+    train_model = parallelize(model, rt, compile_mode="blocks", backend="eager")
+    assert train_model is model  # blocks compiled in place
+    loss, grads = _loss_and_grads(train_model, model, x, y)
+    torch.testing.assert_close(loss, ref_loss)
+    for k, g in ref_grads.items():
+        torch.testing.assert_close(grads[k], g, msg=k)
+    # both blocks traced by dynamo; the second block reuses the first's code (one unique graph)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
+def test_eval_after_training_does_not_recompile():
+    """Dynamo guards on grad mode, so the first evaluation (under no_grad, same shapes) compiles
+    its forward-only graph once; after that, train and eval alternate with no compile at all."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x, y = _batch()
+    model = _model()
+    train_model = parallelize(model, resolve_runtime("cpu", "float32", True), backend="eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train():
+        train_model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            train_model(x, y)
+        model.train()
+
+    train()
+    train()
+    assert counters["stats"]["unique_graphs"] == 1
+    evaluate()
+    after_first_eval = counters["stats"]["unique_graphs"]
+    assert after_first_eval <= 2  # the grad-free forward, once
+    for _ in range(2):
+        train()
+        evaluate()
+    assert counters["stats"]["unique_graphs"] == after_first_eval
+    assert not counters["recompiles"] or max(counters["recompiles"].values(), default=0) <= 1
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------- --batch-size auto
+def test_probe_finds_the_largest_fitting_batch():
+    from gptspeed.batchsize import largest_fitting
+
+    for limit_true in (1, 2, 3, 7, 8, 13, 64, 100, 1000):
+        calls = []
+
+        def fits(b):
+            calls.append(b)
+            return b <= limit_true
+        assert largest_fitting(fits, limit=1024) == limit_true
+        assert len(calls) <= 2 * 11
+    assert largest_fitting(lambda b: False) == 0
+    assert largest_fitting(lambda b: True, limit=48) == 48
+
+
+def test_pick_micro_batch_is_a_power_of_two_dividing_the_global_batch():
+    from gptspeed.batchsize import pick_micro_batch
+
+    assert pick_micro_batch(100, 512) == 64  # 90 after the margin -> 64
+    assert pick_micro_batch(40, 512) == 32
+    assert pick_micro_batch(40, 24) == 8  # must divide 24 sequences
+    assert pick_micro_batch(1, 512) == 1
+    assert pick_micro_batch(100, None) == 64
+    with pytest.raises(GptspeedError, match="not even one sequence"):
+        pick_micro_batch(0, 512)
+
+
+def test_auto_batch_cache_and_cpu_refusal(tmp_path, monkeypatch):
+    from gptspeed import batchsize
+
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
+    key = batchsize.cache_key("NVIDIA H100", {"n_layer": 12})
+    assert key != batchsize.cache_key("NVIDIA H100", {"n_layer": 24})
+    assert batchsize.cached_fit(key) is None
+    batchsize.store_fit(key, 37)
+    assert batchsize.cached_fit(key) == 37
+    assert batchsize.cache_path() == tmp_path / "cache" / "batch_size.json"
+    with pytest.raises(GptspeedError, match="needs CUDA"):
+        batchsize.resolve_auto_batch(torch.device("cpu"), {}, 512, lambda b: None)
+    assert batchsize.parse_batch_size("auto") == batchsize.AUTO and batchsize.parse_batch_size("8") == 8
+
+
+def test_batch_size_auto_on_cpu_is_a_one_line_error(shakespeare_data, tmp_path):
+    proc = run_cli("train", "--preset", "pico", "--data", str(shakespeare_data), "--out", str(tmp_path / "r"),
+                   "--device", "cpu", "--batch-size", "auto", "--total-batch-tokens", "4096", timeout=120)
+    assert_user_error(proc, "--batch-size auto", "CUDA")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the out-of-memory probe needs CUDA")
+def test_cuda_probe_finds_a_batch(tmp_path, monkeypatch):
+    from gptspeed.config import preset
+    from gptspeed.train import auto_batch_size
+
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path))
+    cfg = preset("pico").override(dict(batch_size=0, total_batch_tokens=64 * 64, compile=False))
+    rt = resolve_runtime("cuda", "auto", False)
+    b = auto_batch_size(cfg, rt, say=lambda m: None)
+    assert b >= 1 and 64 % b == 0 and (b & (b - 1)) == 0
+
+
+# ------------------------------------------------------------------------------------------ FP8
+def test_fp8_quantisation_roundtrip():
+    from gptspeed.fp8 import E4M3, E5M2, quantize
+
+    x = torch.randn(64, 48) * 3
+    for dtype, rel in ((E4M3, 2 ** -3), (E5M2, 2 ** -2)):
+        x8, inv = quantize(x, dtype)
+        assert x8.dtype == dtype and inv.dtype == torch.float32 and inv.dim() == 0
+        back = x8.float() * inv
+        assert back.abs().max() <= x.abs().max() * (1 + 1e-6)
+        assert (x8.float().abs().max() - torch.finfo(dtype).max).abs() < 1  # amax maps to the format's max
+        big = x.abs() > x.abs().max() / 16  # well inside the normal range: relative error <= half an ulp
+        assert ((back - x).abs()[big] / x.abs()[big]).max() <= rel / 2 + 1e-6
+    z8, zinv = quantize(torch.zeros(16, 16))
+    assert torch.equal(z8.float() * zinv, torch.zeros(16, 16))
+
+
+def _scaled_mm_runs_here() -> bool:
+    try:
+        a = torch.ones(16, 16, dtype=torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.t(), scale_a=torch.tensor(1.0), scale_b=torch.tensor(1.0), out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+@pytest.mark.skipif(not _scaled_mm_runs_here(), reason="torch._scaled_mm has no CPU kernel in this torch")
+def test_fp8_model_matches_bf16_loosely():
+    from gptspeed.fp8 import Float8Linear, convert_to_float8
+
+    x, y = _batch()
+    ref = _model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_loss, ref_grads = _loss_and_grads(ref, ref, x, y)
+    model = _model()
+    assert convert_to_float8(model) == 4 * 2
+    assert type(model.lm_head) is torch.nn.Linear and isinstance(model.transformer.h[0].mlp.c_fc, Float8Linear)
+    assert list(model.state_dict()) == list(ref.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grads = _loss_and_grads(model, model, x, y)
+    assert abs(loss.item() - ref_loss.item()) < 0.02 * ref_loss.item()
+    for k, g in ref_grads.items():  # e5m2 gradients: 2 mantissa bits
+        assert (grads[k] - g).norm() <= 0.25 * g.norm() + 1e-6, k
+    lin = torch.nn.Linear(32, 64)
+    xs = torch.randn(4, 8, 32)
+    ref_out = lin(xs)
+    lin.__class__ = Float8Linear
+    out = lin(xs)
+    assert out.shape == ref_out.shape and out.dtype == torch.float32
+    assert (out - ref_out).norm() <= 0.1 * ref_out.norm()
+
+
+def test_fp8_refused_off_hopper(shakespeare_data, tmp_path):
+    with pytest.raises(GptspeedError, match="--fp8"):
+        parallelize(_model(), CPU, fp8=True)
+    proc = run_cli("train", "--preset", "pico", "--data", str(shakespeare_data), "--out", str(tmp_path / "r"),
+                   "--device", "cpu", "--fp8", timeout=120)
+    assert_user_error(proc, "--fp8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 tensor cores need an Ada / Hopper GPU")
+def test_fp8_on_gpu_matches_bf16():
+    x, y = (t.cuda() for t in _batch(B=4, T=32))
+    rt = resolve_runtime("cuda", "bfloat16", False)
+    ref = parallelize(_model(), rt)
+    model = parallelize(_model(), rt, fp8=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert abs(model(x, y)[1].item() - ref(x, y)[1].item()) < 0.05
+
+
+# ------------------------------------------------------------------------------------------ ladder
+def test_issue7_stages_follow_fused_ce_and_skip_with_reasons_on_cpu():
+    from gptspeed.bench.stages import STAGE_NAMES, plan_ladder
+
+    new = ["batch-auto", "fp8", "muon", "compile-blocks", "max-autotune"]
+    assert list(STAGE_NAMES[STAGE_NAMES.index("fused-ce") + 1:]) == new
+    rows = {r.stage.name: r for r in plan_ladder(torch.device("cpu"), None, "eager")}
+    for name in ("batch-auto", "fp8", "max-autotune"):
+        assert rows[name].settings is None and "cpu" in rows[name].skip_reason, name
+    assert rows["muon"].skip_reason is None and rows["muon"].settings.optimizer == "muon"
+    last = rows["compile-blocks"].settings
+    assert (last.compile_mode, last.optimizer, last.loss, last.fp8, last.batch_auto) == ("blocks", "muon", "fused",
+                                                                                         False, False)

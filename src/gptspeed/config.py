@@ -78,6 +78,9 @@ class RuntimeConfig:
     compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
     seed: int = _f(1337, "random seed for initialisation")
     peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)")
+    parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
+                       "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
+    dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)")
 
 
 # Flags for the model shape; GPTConfig lives in model.py with no CLI knowledge.

@@ -110,9 +110,16 @@ class TokenLoader:
     def state_dict(self) -> dict:
         return {"shard_index": self.shard_index, "position": self.position, "epoch": self.epoch,
                 "documents": self.documents, "shards": [p.name for p in self.shards],
-                "global_tokens": self.global_tokens}
+                "global_tokens": self.global_tokens, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a position; GptspeedError if it was saved for other shards, batch shape or
+        world size (the position is counted in global micro-batches, so it does not carry over)."""
+        saved_world = state.get("world_size", self.world_size)
+        if saved_world != self.world_size:
+            raise GptspeedError(
+                f"the checkpoint's data position was saved with world size {saved_world}, this run has world size "
+                f"{self.world_size}: resume with the same number of processes")
         if state["shards"] != [p.name for p in self.shards] or state["global_tokens"] != self.global_tokens:
             raise GptspeedError(
                 "the checkpoint's data position does not fit this data folder or batch shape "

@@ -178,8 +178,20 @@ def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size
         both = torch.stack([total, torch.tensor(float(n), dtype=torch.float64, device=rt.device)])
         dist.all_reduce(both)
         total, n = both[0], int(both[1].item())
+    _reshard(model)
     model.train(was_training)
     return (total / n).item(), n
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """FSDP2 keeps the root's parameters unsharded after a forward (backward would gather them
+    again at once); after a no-grad forward nothing frees them, and the next training step then
+    leaves the root's gradients unreduced. Reshard explicitly (FSDPModule.reshard)."""
+    inner = getattr(model, "_orig_mod", model)
+    if hasattr(inner, "reshard") and hasattr(inner, "set_requires_gradient_sync"):
+        for m in inner.modules():
+            if hasattr(m, "reshard") and hasattr(m, "set_requires_gradient_sync"):
+                m.reshard()
 
 
 def _check_val_size(shards: list[Path], seq_len: int) -> None:
@@ -487,7 +499,8 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
                 if do_eval:
                     last_val = fields["val_loss"] = run_eval()
                 if do_hellaswag:
-                    fields.update(hellaswag(model))
+                    fields.update(hellaswag(model))  # every rank: FSDP2 forwards are collectives
+                    _reshard(model)
                 write_record(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
             if do_save or stopping:

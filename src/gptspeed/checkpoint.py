@@ -91,6 +91,15 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path
     """
     run_dir = Path(run_dir)
     final = checkpoint_path(run_dir, state["step"])
+    write_checkpoint_file(final, state)
+    prune_checkpoints(run_dir, keep)
+    return final
+
+
+def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to the file ``final`` atomically and seal it (``final`` with ``.json``)."""
+    final = Path(final)
+    run_dir = final.parent
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, **state}
 
     def write_pt(f):
@@ -106,8 +115,6 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path
         fsync_dir(run_dir)
     except OSError as e:
         raise GptspeedError(f"could not write checkpoint {final}: {e.strerror or e}") from e
-    prune_checkpoints(run_dir, keep)
-    return final
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
@@ -218,3 +225,75 @@ def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> dict
         raise GptspeedError(f"{path} is a sharded (FSDP) checkpoint: make a single file first with "
                             f"`gptspeed consolidate --run {run_dir} --out RUN_OR_FILE`")
     return load_checkpoint(path, map_location, verify=False)
+
+
+def _optim_by_index(optim: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter name (``get_state_dict``'s form) -> the
+    index-keyed form ``torch.optim.Optimizer.load_state_dict`` takes: parameters numbered in
+    param-group order, as an optimizer built the same way numbers them."""
+    index: dict[str, int] = {}
+    groups = []
+    for g in optim["param_groups"]:
+        ids = []
+        for name in g["params"]:
+            index.setdefault(name, len(index))
+            ids.append(index[name])
+        groups.append({**g, "params": ids})
+    return {"state": {index[k]: v for k, v in optim["state"].items() if k in index}, "param_groups": groups}
+
+
+def consolidate(run: Path, out: Path) -> Path:
+    """Merge the newest valid sharded (FSDP2) checkpoint of ``run`` (a run folder or a ``.dcp``
+    folder) into one single-file checkpoint, in one process and without GPUs
+    (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``).
+
+    ``out`` ending in ``.pt`` is written as that file (sealed by ``out`` with ``.json``);
+    otherwise it is a run folder that receives ``ckpt_{step}.pt`` (and the run's config.json and
+    metrics.jsonl), so ``gptspeed sample/eval --run OUT`` and one-process ``train --out OUT
+    --resume`` load it. Model weights are full fp32 tensors under the usual names, the optimizer
+    state is in ``Optimizer.state_dict`` form. Returns the file written. GptspeedError if ``run``
+    has no valid sharded checkpoint or ``out`` already holds checkpoints.
+    """
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    run = Path(run)
+    if is_sharded(run):
+        src, reason = run, check_checkpoint(run)
+        if reason:
+            raise GptspeedError(f"checkpoint {run} is not valid: {reason}")
+        run_dir = run.parent
+    else:
+        src, skipped = latest_valid_checkpoint(run)
+        run_dir = run
+        if src is None:
+            why = f": {skipped[0][0].name} is {skipped[0][1]}" if skipped else ""
+            raise GptspeedError(f"no valid checkpoint in {run}{why}")
+    if not is_sharded(src):
+        raise GptspeedError(f"{src} is already a single-file checkpoint: nothing to consolidate")
+    meta = load_checkpoint(src, verify=False)
+    out = Path(out)
+    as_file = out.suffix == ".pt"
+    target = out if as_file else checkpoint_path(out, meta["step"])
+    if not as_file and list_checkpoints(out):
+        raise GptspeedError(f"{out} already holds checkpoints: choose an empty folder or a FILE.pt")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".consolidate-") as tmp:
+        full_file = Path(tmp) / "full.pt"
+        try:
+            dcp_to_torch_save(src, full_file)
+            full = torch.load(full_file, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises many types for damaged shards
+            raise GptspeedError(f"could not read the shards of {src} ({type(e).__name__}: {e})") from e
+    state = {k: v for k, v in meta.items() if k not in ("format", "format_version", "sharded")}
+    state["model"] = full["model"]
+    state["optimizer"] = _optim_by_index(full["optim"])
+    state["consolidated_from"] = str(src)
+    state["config"] = {**state["config"], "runtime": {**state["config"].get("runtime", {}), "parallel": "auto"}}
+    write_checkpoint_file(target, state)
+    if not as_file:
+        for name in ("config.json", "metrics.jsonl"):
+            if (run_dir / name).is_file() and not (out / name).exists():
+                shutil.copyfile(run_dir / name, out / name)
+    return target

@@ -301,12 +301,8 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
             ckpt = load_checkpoint(path, verify=False)
             ck_world = ckpt.get("world_size", 1)
             if "optimizer" in ckpt or ckpt.get("sharded"):
-                if ck_world != rt.world_size and not t_cfg.force_resume:
-                    raise GptspeedError(
-                        f"cannot resume {path.name}: it was written with world size {ck_world} and this launch has "
-                        f"world size {rt.world_size}: relaunch with {ck_world} process(es) (torchrun --nproc_per_node/"
-                        "--nnodes), or --force-resume to keep the weights and optimizer state and read the data "
-                        "from the start")
+                if ck_world != rt.world_size:  # the loader re-shards its position or refuses (naming both sizes)
+                    say(f"resuming {path.name} (world size {ck_world}) with world size {rt.world_size}")
                 if rt.parallel == "fsdp" and not ckpt.get("sharded"):
                     raise GptspeedError(f"cannot resume the single-file checkpoint {path.name} with --parallel fsdp: "
                                         "resume it with --parallel ddp (or one process), or start a new --out")

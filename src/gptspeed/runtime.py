@@ -106,12 +106,15 @@ def world_from_env() -> tuple[int, int]:
 
 
 def resolve_parallel(parallel: str, world_size: int) -> str:
-    """``auto`` -> ``ddp`` when ``world_size > 1``, else ``none``. GptspeedError for ``none`` with
+    """``auto`` -> ``ddp`` when ``world_size > 1``, else ``none``; ``ddp`` with one process ->
+    ``none``. GptspeedError for ``none`` with
     several processes (each would train its own model) or an unknown name."""
     if parallel not in ("auto", "none", "ddp", "fsdp"):
         raise GptspeedError(f"unknown --parallel {parallel!r}: use auto, none, ddp or fsdp")
     if parallel == "auto":
         return "ddp" if world_size > 1 else "none"
+    if parallel == "ddp" and world_size == 1:  # e.g. a DDP run resumed in one process: nothing to replicate
+        return "none"
     if parallel == "none" and world_size > 1:
         raise GptspeedError(f"--parallel none with WORLD_SIZE {world_size}: use ddp or fsdp, or launch one process")
     return parallel

@@ -183,7 +183,7 @@ def init_distributed(rt: Runtime, timeout_s: float = 600.0) -> None:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=rt.device if rt.device_type == "cuda" else None)
     except (RuntimeError, ValueError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = (str(e).splitlines()[0] if str(e) else type(e).__name__).rstrip(".")
         raise GptspeedError(
             f"rank {rt.rank} of {rt.world_size}: could not join the process group at {where} ({backend}) within "
             f"{timeout_s:g} s: {msg}. Check MASTER_ADDR / --rdzv-endpoint, the firewall, and that every node "

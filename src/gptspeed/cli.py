@@ -1,4 +1,4 @@
-"""Command line: ``gptspeed prepare | train | sample | eval | bench | import-hf | export-hf | plot``.
+"""Command line: ``gptspeed prepare | train | sample | eval | bench | import-hf | export-hf | consolidate | plot``.
 
 Each subcommand parses its flags and calls one typed function; the logic lives in the modules.
 The flags of ``train`` are generated from the configuration dataclasses (gptspeed.config), so a
@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
     s.add_argument("--force", action="store_true", help="replace --out if it exists")
 
+    s = sub.add_parser("consolidate", help="merge a sharded (FSDP) checkpoint into one file for sample / eval / "
+                                           "one-process training")
+    s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
+    s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
+
     s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
     s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
     s.add_argument("--out", default="loss.png", help="PNG file to write")
@@ -230,6 +235,13 @@ def cmd_export_hf(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_consolidate(a: argparse.Namespace) -> int:
+    from gptspeed.checkpoint import consolidate
+
+    print(f"consolidated {a.run} into {consolidate(a.run, a.out)}")
+    return 0
+
+
 def cmd_plot(a: argparse.Namespace) -> int:
     from gptspeed.plot import plot_runs
 
@@ -238,7 +250,8 @@ def cmd_plot(a: argparse.Namespace) -> int:
 
 
 COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval, "bench": cmd_bench,
-            "import-hf": cmd_import_hf, "export-hf": cmd_export_hf, "plot": cmd_plot}
+            "import-hf": cmd_import_hf, "export-hf": cmd_export_hf, "consolidate": cmd_consolidate,
+            "plot": cmd_plot}
 
 
 def main(argv: list[str] | None = None) -> int:

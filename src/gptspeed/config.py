@@ -97,6 +97,9 @@ class RuntimeConfig:
                                        "each block's input)", choices=CHECKPOINTING)
     fp8: bool = _f(False, "FP8 matmuls (torch._scaled_mm, per-tensor scaling) for the blocks' Linear layers "
                    "(Hopper / Ada GPUs only)", kind="flag")
+    parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
+                       "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
+    dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)")
 
 
 # Flags for the model shape; GPTConfig lives in model.py with no CLI knowledge.

@@ -1,7 +1,9 @@
-"""Device, precision and compilation, applied to a model from outside.
+"""Device, precision, compilation and data parallelism, applied to a model from outside.
 
 The model (:mod:`gptspeed.model`) knows nothing of these; :func:`resolve_runtime` turns the
-user's ``--device/--dtype/--compile`` into a :class:`Runtime`, and :func:`parallelize` applies it.
+user's ``--device/--dtype/--compile/--parallel`` into a :class:`Runtime`, :func:`init_distributed`
+joins the process group torchrun set up, and :func:`parallelize` applies it all (torchtitan style:
+DDP or FSDP2 wrap the plain model, then ``torch.compile``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ class Runtime:
     dtype: str
     autocast_dtype: torch.dtype | None
     compile: bool
+    parallel: str = "none"  # none | ddp | fsdp
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that prints and writes files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
 
     @property
     def device_type(self) -> str:
@@ -79,8 +93,40 @@ def bf16_supported(device: torch.device) -> bool:
     return device.type in ("cpu", "mps")
 
 
-def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | None = None) -> Runtime:
+def world_from_env() -> tuple[int, int]:
+    """``(rank, world_size)`` as torchrun sets them (RANK, WORLD_SIZE); ``(0, 1)`` without torchrun.
+    GptspeedError if they are not integers or the rank is out of range."""
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError as e:
+        raise GptspeedError(f"RANK / WORLD_SIZE are not integers ({e}): launch with torchrun") from e
+    if world < 1 or not 0 <= rank < world:
+        raise GptspeedError(f"RANK {rank} / WORLD_SIZE {world} are inconsistent: launch with torchrun")
+    return rank, world
+
+
+def resolve_parallel(parallel: str, world_size: int) -> str:
+    """``auto`` -> ``ddp`` when ``world_size > 1``, else ``none``; ``ddp`` with one process ->
+    ``none``. GptspeedError for ``none`` with
+    several processes (each would train its own model) or an unknown name."""
+    if parallel not in ("auto", "none", "ddp", "fsdp"):
+        raise GptspeedError(f"unknown --parallel {parallel!r}: use auto, none, ddp or fsdp")
+    if parallel == "auto":
+        return "ddp" if world_size > 1 else "none"
+    if parallel == "ddp" and world_size == 1:  # e.g. a DDP run resumed in one process: nothing to replicate
+        return "none"
+    if parallel == "none" and world_size > 1:
+        raise GptspeedError(f"--parallel none with WORLD_SIZE {world_size}: use ddp or fsdp, or launch one process")
+    return parallel
+
+
+def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | None = None,
+                    parallel: str = "auto") -> Runtime:
     """Validate and resolve the execution settings; raises GptspeedError (one line) on a bad mix.
+
+    Rank and world size come from torchrun's environment (:func:`world_from_env`); ``parallel``
+    is resolved by :func:`resolve_parallel` (``fsdp`` is allowed with one process: it then only
+    exercises the FSDP2 code path). Nothing here talks to other processes.
 
     ``dtype=auto``: bfloat16 autocast on CUDA GPUs that support it (Ampere and newer), float16
     with a GradScaler on older CUDA GPUs, float32 on CPU and MPS. ``compile=None``: on for CUDA
@@ -101,7 +147,85 @@ def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | N
     autocast_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if compile is None:
         compile = dev.type == "cuda"
-    return Runtime(device=dev, dtype=dtype, autocast_dtype=autocast_dtype, compile=compile)
+    rank, world = world_from_env()
+    return Runtime(device=dev, dtype=dtype, autocast_dtype=autocast_dtype, compile=compile,
+                   parallel=resolve_parallel(parallel, world), rank=rank, world_size=world)
+
+
+def init_distributed(rt: Runtime, timeout_s: float = 600.0) -> None:
+    """Join the process group torchrun describes (``env://``: MASTER_ADDR, MASTER_PORT, RANK,
+    WORLD_SIZE), NCCL on CUDA and gloo otherwise, unless one exists or ``rt`` needs none.
+
+    ``timeout_s`` bounds the rendezvous and every later collective (``init_process_group``'s
+    ``timeout``). A rank that cannot reach the rendezvous raises GptspeedError naming the address
+    instead of hanging or printing a stack trace. See
+    https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    if rt.world_size == 1 and rt.parallel != "fsdp":
+        return
+    if dist.is_available() and dist.is_initialized():
+        return
+    if not dist.is_available():
+        raise GptspeedError("this PyTorch build has no torch.distributed")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # one process with --parallel fsdp, no torchrun
+    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", str(rt.rank))
+    os.environ.setdefault("WORLD_SIZE", str(rt.world_size))
+    if rt.device_type == "cuda":
+        torch.cuda.set_device(rt.device)
+    backend = "nccl" if rt.device_type == "cuda" else "gloo"
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=rt.device if rt.device_type == "cuda" else None)
+    except (RuntimeError, ValueError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
+        msg = (str(e).splitlines()[0] if str(e) else type(e).__name__).rstrip(".")
+        raise GptspeedError(
+            f"rank {rt.rank} of {rt.world_size}: could not join the process group at {where} ({backend}) within "
+            f"{timeout_s:g} s: {msg}. Check MASTER_ADDR / --rdzv-endpoint, the firewall, and that every node "
+            "was launched") from e
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group if this process is in one (end of training)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The module under ``torch.compile`` and DDP wrappers (FSDP2 shards in place: itself)."""
+    module = getattr(module, "_orig_mod", module)
+    return getattr(module, "module", module) if _is_ddp(module) else module
+
+
+def _is_ddp(module) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(module, DistributedDataParallel)
+
+
+def grad_sync_control(train_model: torch.nn.Module):
+    """For gradient accumulation: ``sync(last: bool)`` returning a context manager to run one
+    micro-step's forward and backward in, which reduces gradients across ranks only when ``last``
+    is True -- DDP's ``no_sync()`` and FSDP2's ``set_requires_gradient_sync`` -- or None when the
+    model is not data-parallel (the single-process path then pays nothing)."""
+    inner = getattr(train_model, "_orig_mod", train_model)
+    if _is_ddp(inner):
+        return lambda last: contextlib.nullcontext() if last else inner.no_sync()
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(inner, FSDPModule):
+        def sync(last: bool):
+            inner.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        return sync
+    return None
 
 
 def apply_matmul_precision(rt: Runtime) -> None:
@@ -119,14 +243,23 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
                 backend: str = "inductor") -> torch.nn.Module:
     """Move ``model`` to the device and apply, from outside, in this order: FP8 Linear layers
     (``fp8``, :func:`gptspeed.fp8.convert_to_float8`), activation checkpointing per block
-    (:func:`apply_activation_checkpointing`) and compilation if ``rt.compile``.
+    (:func:`apply_activation_checkpointing`), data parallelism (``rt.parallel``), and compilation
+    if ``rt.compile``.
 
-    ``compile_mode``: ``model`` compiles the whole model into one graph; ``blocks`` compiles each
-    transformer block in place (``nn.Module.compile``): the blocks are identical, so dynamo
-    traces one and reuses the code for the rest (cache hits on the same code object and guards),
-    cutting compile time roughly by the number of layers; the embeddings and the loss then run
-    eagerly. ``compile_tuning`` is torch.compile's ``mode`` (None for "default"). ``backend``:
-    torch.compile's backend (tests use "eager" / "aot_eager").
+    ``rt.parallel``: ``ddp`` wraps the model in ``DistributedDataParallel`` (gradients
+    all-reduced in buckets during backward; ``device_ids`` on CUDA); ``fsdp`` applies FSDP2
+    ``fully_shard`` to every transformer block and then the root, in place, so ``model``'s
+    parameters become DTensors sharded on dim 0 across ranks (save them with
+    :mod:`torch.distributed.checkpoint`), with ``MixedPrecisionPolicy(param_dtype=bfloat16,
+    reduce_dtype=float32)`` under ``dtype bfloat16``, else fp32 throughout. ``init_distributed``
+    must have run. Sources: PyTorch DDP notes (https://pytorch.org/docs/stable/notes/ddp.html) and
+    the FSDP2 docs (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
+
+    ``compile_mode``: ``model`` compiles the whole (wrapped) model into one graph; ``blocks``
+    compiles each transformer block in place (``nn.Module.compile``): the blocks are identical, so
+    dynamo traces one and reuses the code for the rest, cutting compile time roughly by the number
+    of layers; the embeddings and the loss then run eagerly. ``compile_tuning`` is torch.compile's
+    ``mode`` (None for "default"). ``backend``: torch.compile's backend (tests use "eager").
 
     Returns the module to call for training and evaluation; the original ``model`` (same
     parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
@@ -142,14 +275,35 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
     model.to(rt.device)
     apply_matmul_precision(rt)
     apply_activation_checkpointing(model, activation_checkpointing)
+    train_model = model
+    if rt.parallel == "ddp":
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [rt.device.index] if rt.device_type == "cuda" else None
+        # no buffers change in training (the causal mask is constant): nothing to broadcast per forward
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        no_sync_buffers = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
+        train_model = DistributedDataParallel(model, device_ids=ids, **no_sync_buffers)
+    elif rt.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if rt.dtype == "bfloat16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)  # embeddings (tied with the LM head), final norm
     if not rt.compile:
-        return model
+        return train_model
     mode = None if compile_tuning == "default" else compile_tuning
     if compile_mode == "blocks":
         for block in model.transformer.h:
             block.compile(backend=backend, mode=mode)
-        return model
-    return torch.compile(model, backend=backend, mode=mode)
+        return train_model
+    return torch.compile(train_model, backend=backend, mode=mode)
 
 
 def _selective_policy(ctx, op, *args, **kwargs):

@@ -9,6 +9,8 @@ test proves it, is in docs/reliability.md.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import signal
@@ -19,8 +21,9 @@ from typing import Any
 
 import torch
 
-from gptspeed.checkpoint import (check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
-                                 list_checkpoints, load_checkpoint, save_checkpoint)
+from gptspeed.checkpoint import (SHARDED_META, check_free_space, checkpoint_path, estimate_checkpoint_bytes,
+                                 latest_valid_checkpoint, list_checkpoints, load_checkpoint,
+                                 prune_checkpoints, save_checkpoint, seal_path, seal_sharded)
 from gptspeed.config import RunConfig, preset, run_defining_diff
 from gptspeed.data import find_shards, load_manifest
 from gptspeed.data.loader import TokenLoader, iter_eval_batches
@@ -30,7 +33,8 @@ from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, environment, format_duration, memory_stats, peak_flops
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer, lr_at
-from gptspeed.runtime import Runtime, parallelize, resolve_runtime
+from gptspeed.runtime import (Runtime, grad_sync_control, init_distributed, parallelize, resolve_runtime,
+                               shutdown_distributed)
 
 
 def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
@@ -86,7 +90,7 @@ class StopFlag:
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                rt: Runtime, next_batch, accum: int, grad_clip: float, params: list[torch.nn.Parameter],
-               fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               fused: bool, sync=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)``.
 
     Returns device tensors ``(loss, grad_norm, bad)``: the mean loss over the micro-batches (fp32),
@@ -98,24 +102,42 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     built with ``fused=False`` because ``torch.optim.Muon`` takes no ``found_inf``), which then
     skips both its optimizers. With float16 the GradScaler skips steps whose scaled gradients
     overflow, as usual.
+
+    Data parallel (``sync`` from :func:`gptspeed.runtime.grad_sync_control`): each micro-step runs
+    inside ``sync(last)``, so gradients are reduced across ranks only on the last one; the
+    returned loss is this rank's (average it over ranks when logging); ``grad_norm`` is the global
+    norm, the same on every rank (under FSDP2 the DTensor norm is made whole with
+    ``full_tensor()``); ``bad`` is OR-ed over ranks (one scalar all-reduce, no host sync) so every
+    rank skips the same steps.
     """
     loss_sum = torch.zeros((), device=rt.device)
-    for _ in range(accum):
+    for i in range(accum):
         x, y = next_batch()
-        with rt.autocast():
-            _, loss = model(x, y)
-        loss = loss / accum
-        loss_sum += loss.detach()
-        scaler.scale(loss).backward()
+        with (sync(i == accum - 1) if sync is not None else contextlib.nullcontext()):
+            with rt.autocast():
+                _, loss = model(x, y)
+            loss = loss / accum
+            loss_sum += loss.detach()
+            scaler.scale(loss).backward()
     if scaler.is_enabled():
         scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+        grad_norm = grad_norm.full_tensor()
+    if sync is not None:
+        import torch.distributed as dist
+
+        loss_bad = (~torch.isfinite(loss_sum)).to(torch.float32)
+        dist.all_reduce(loss_bad, op=dist.ReduceOp.MAX)
+        loss_ok = loss_bad == 0
+    else:
+        loss_ok = torch.isfinite(loss_sum)
     if scaler.is_enabled():
-        bad = ~torch.isfinite(loss_sum)  # overflowing fp16 gradients are the scaler's business
+        bad = ~loss_ok  # overflowing fp16 gradients are the scaler's business
         scaler.step(optimizer)
         scaler.update()
     else:
-        bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))
+        bad = ~(loss_ok & torch.isfinite(grad_norm))
         if fused:
             optimizer.found_inf = bad.float()
             optimizer.step()
@@ -166,19 +188,50 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
 def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size: int, seq_len: int,
              max_tokens: int = 0, max_token_id: int | None = None) -> tuple[float, int]:
     """Mean cross-entropy (nats/token) over the first ``max_tokens`` tokens of ``shards`` (0 = all).
-    Returns ``(loss, tokens)``; one host-device sync at the end."""
+    Returns ``(loss, tokens)``; one host-device sync at the end.
+
+    With several ranks the batches are dealt round-robin (``iter_eval_batches``) and ``(sum,
+    count)`` all-reduced, so every rank returns the same figure. Under FSDP2 every forward is a
+    collective: ranks with fewer batches run dummy forwards until all have run as many."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=rt.device)
     n = 0
-    for x, y in iter_eval_batches(shards, batch_size, seq_len, max_tokens, device=rt.device,
-                                  max_token_id=max_token_id):
+    batches = 0
+    for x, y in iter_eval_batches(shards, batch_size, seq_len, max_tokens, rank=rt.rank,
+                                  world_size=rt.world_size, device=rt.device, max_token_id=max_token_id):
         with rt.autocast():
             _, loss = model(x, y)
         total += loss.double() * y.numel()
         n += y.numel()
+        batches += 1
+    if rt.distributed:
+        import torch.distributed as dist
+
+        if rt.parallel == "fsdp":
+            most = torch.tensor([batches], device=rt.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            dummy = torch.zeros((1, seq_len), dtype=torch.long, device=rt.device)
+            for _ in range(int(most.item()) - batches):
+                with rt.autocast():
+                    model(dummy, dummy)
+        both = torch.stack([total, torch.tensor(float(n), dtype=torch.float64, device=rt.device)])
+        dist.all_reduce(both)
+        total, n = both[0], int(both[1].item())
+    _reshard(model)
     model.train(was_training)
     return (total / n).item(), n
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """FSDP2 keeps the root's parameters unsharded after a forward (backward would gather them
+    again at once); after a no-grad forward nothing frees them, and the next training step then
+    leaves the root's gradients unreduced. Reshard explicitly (FSDPModule.reshard)."""
+    inner = getattr(model, "_orig_mod", model)
+    if hasattr(inner, "reshard") and hasattr(inner, "set_requires_gradient_sync"):
+        for m in inner.modules():
+            if hasattr(m, "reshard") and hasattr(m, "set_requires_gradient_sync"):
+                m.reshard()
 
 
 def _check_val_size(shards: list[Path], seq_len: int) -> None:
@@ -220,15 +273,58 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
 
     Raises GptspeedError for anything the user can fix -- before the run folder is touched
     wherever it can be checked beforehand -- and when training diverges with ``on_nan=stop``.
+
+    Under torchrun (WORLD_SIZE > 1) every rank runs this: configuration errors (a global batch
+    the world size does not divide, ...) are raised before any collective, so every rank reports
+    them and none hangs; then the ranks join the process group and compare a hash of their
+    configurations. Only rank 0 prints and writes config.json, metrics.jsonl and ``.pt``
+    checkpoints; under FSDP2 all ranks write their shards of a ``.dcp`` checkpoint.
     """
-    say = print if echo else (lambda *a, **k: None)
     t_cfg = cfg.train
     if not t_cfg.data:
         raise GptspeedError("--data is required: a folder made by `gptspeed prepare`")
     if not t_cfg.out:
         raise GptspeedError("--out is required: the run folder for checkpoints and metrics")
-    cfg.validate()
-    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile)
+    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel)
+    cfg.validate(rt.world_size)
+    echo = echo and rt.is_main
+    say = print if echo else (lambda *a, **k: None)
+    try:
+        init_distributed(rt, cfg.runtime.dist_timeout_s)
+        _check_same_config(cfg, rt)
+        return _fit(cfg, rt, say, echo)
+    finally:
+        shutdown_distributed()
+
+
+def _config_hash(cfg: RunConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _check_same_config(cfg: RunConfig, rt: Runtime) -> None:
+    """GptspeedError on every rank when the ranks were launched with different configurations
+    (one ``all_gather_object`` of a config hash)."""
+    if not rt.distributed:
+        return
+    import torch.distributed as dist
+
+    hashes: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(hashes, _config_hash(cfg))
+    if len(set(hashes)) > 1:
+        odd = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        raise GptspeedError(f"ranks were launched with different configurations (ranks {odd} differ from rank 0): "
+                            "give every node the same flags and config file")
+
+
+def _barrier(rt: Runtime) -> None:
+    if rt.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
+    t_cfg = cfg.train
     run_dir = Path(t_cfg.out)
     train_shards = find_shards(t_cfg.data, "train")
     val_shards = find_shards(t_cfg.data, "val")
@@ -243,8 +339,18 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             say(f"--resume: no valid checkpoint in {run_dir}, starting a new run")
         else:
             ckpt = load_checkpoint(path, verify=False)
+            ck_world = ckpt.get("world_size", 1)
+            if "optimizer" in ckpt or ckpt.get("sharded"):
+                if ck_world != rt.world_size:  # the loader re-shards its position or refuses (naming both sizes)
+                    say(f"resuming {path.name} (world size {ck_world}) with world size {rt.world_size}")
+                if rt.parallel == "fsdp" and not ckpt.get("sharded"):
+                    raise GptspeedError(f"cannot resume the single-file checkpoint {path.name} with --parallel fsdp: "
+                                        "resume it with --parallel ddp (or one process), or start a new --out")
+                if rt.parallel != "fsdp" and ckpt.get("sharded"):
+                    raise GptspeedError(f"{path.name} is a sharded (FSDP) checkpoint: resume with --parallel fsdp, or "
+                                        f"make a single file with `gptspeed consolidate --run {run_dir} --out NEW_RUN`")
             changed = run_defining_diff(RunConfig.from_dict(ckpt["config"], f"checkpoint {path}"), cfg)
-            if "optimizer" not in ckpt:  # weights only (gptspeed import-hf): only the model must match
+            if "optimizer" not in ckpt and not ckpt.get("sharded"):  # weights only (gptspeed import-hf): only the model must match
                 changed = [c for c in changed if c.startswith("model.")]
             elif ckpt.get("data") != data_id:
                 changed.append("data")
@@ -260,11 +366,11 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
 
     if t_cfg.batch_size == 0:  # --batch-size auto
         t_cfg.batch_size = auto_batch_size(cfg, rt, say)
-    B, T = t_cfg.batch_size, cfg.model.block_size
-    accum = cfg.grad_accum_steps()
-    tokens_per_step = B * T * accum
+    B, T, W = t_cfg.batch_size, cfg.model.block_size, rt.world_size
+    accum = cfg.grad_accum_steps(W)
+    tokens_per_step = B * T * accum * W  # all ranks
     max_id = cfg.model.valid_vocab_size
-    loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id)
+    loader = TokenLoader(train_shards, B, T, rank=rt.rank, world_size=W, device=rt.device, max_token_id=max_id)
     _check_val_size(val_shards, T)
     from gptspeed.eval.hellaswag import hellaswag_hook
 
@@ -272,16 +378,27 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
 
     torch.manual_seed(cfg.runtime.seed)
     model = GPT(cfg.model)
-    _prepare_run_dir(run_dir)
+    if rt.is_main:
+        _prepare_run_dir(run_dir)
+    _barrier(rt)
     check_free_space(run_dir, estimate_checkpoint_bytes(model))
+    if ckpt is not None and not ckpt.get("sharded"):
+        model.load_state_dict(ckpt["model"])  # before wrapping: DDP / FSDP2 take the loaded weights
+    elif ckpt is None and t_cfg.init_from:
+        from gptspeed.hf import load_hf_weights
+
+        say(f"initialised from {load_hf_weights(model, t_cfg.init_from)}")
     train_model = parallelize(model, rt, **parallel_options(cfg))
+    sync = grad_sync_control(train_model)
     optimizer, fused = build_optimizer(model, cfg.optim, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
     step = skipped_steps = 0
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        if "optimizer" in ckpt:  # absent from weights-only checkpoints (gptspeed import-hf)
+        if ckpt.get("sharded"):
+            _load_sharded(path, model, optimizer)
+        elif "optimizer" in ckpt:  # absent from weights-only checkpoints (gptspeed import-hf)
             optimizer.load_state_dict(ckpt["optimizer"])
+        if "optimizer" in ckpt or ckpt.get("sharded"):
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
             try:
@@ -294,33 +411,35 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
         step, skipped_steps = ckpt["step"], ckpt.get("skipped_steps", 0)
-    elif t_cfg.init_from:
-        from gptspeed.hf import load_hf_weights
-
-        say(f"initialised from {load_hf_weights(model, t_cfg.init_from)}")
     if step >= t_cfg.max_steps:
         say(f"{run_dir} is already at step {step} of {t_cfg.max_steps}: nothing to do (raise --max-steps to go on)")
         return {"step": step, "last_train_loss": None, "last_val_loss": None, "skipped_steps": skipped_steps,
                 "interrupted": None, "run_dir": str(run_dir)}
 
     fpt = model.flops_per_token(T)
-    peak, peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)
+    peak, peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)  # one device
     env = environment(rt.device)
     config_json = {**cfg.to_dict(), "derived": {
         "grad_accum_steps": accum, "tokens_per_step": tokens_per_step, "params": model.num_params(False),
         "params_non_embedding": model.num_params(), "flops_per_token": fpt, "fused_adamw": fused,
         "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
+        "world_size": W, "parallel": rt.parallel,
         "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
         "data": data_id}, "environment": env}
-    write_text_atomic(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
-    log = RunLog(run_dir / "metrics.jsonl", echo=echo)
-    log.truncate_after(step if ckpt is not None else -1)
+    if rt.is_main:
+        write_text_atomic(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
+        log = RunLog(run_dir / "metrics.jsonl", echo=echo)
+        log.truncate_after(step if ckpt is not None else -1)
+        write_record = log.write
+    else:
+        write_record = lambda rec: None  # noqa: E731 -- only rank 0 writes metrics
 
     say(f"gptspeed: {model.num_params(False) / 1e6:.2f}M parameters | {env['device']} ({rt.device}) | {rt.dtype} | "
         f"compile {cfg.runtime.compile_mode + ' ' + cfg.runtime.compile_tuning if rt.compile else 'off'} | "
         f"{cfg.optim.optimizer}{' (fused AdamW)' if fused else ''} | {'fp8 | ' if cfg.runtime.fp8 else ''}"
         f"activation checkpointing {cfg.runtime.activation_checkpointing} | "
-        f"B={B} T={T} x {accum} micro-steps = {tokens_per_step:,} tokens/step")
+        f"B={B} T={T} x {accum} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
+        + f" = {tokens_per_step:,} tokens/step")
     if ckpt is not None:
         say(f"resumed from step {step}")
     if peak is None:
@@ -331,14 +450,21 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                 "documents": loader.documents, "epoch": loader.epoch + loader.epoch_progress(),
                 "time_s": time.time() - wall_start, "skipped_steps": skipped_steps, **fields}
 
-    def save() -> Path:
-        return save_checkpoint(run_dir, {
-            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict() if scaler.is_enabled() else None, "loader": loader.state_dict(),
+    def save() -> None:
+        meta = {
+            "step": step, "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "loader": loader.state_dict(),
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None},
-            "config": cfg.to_dict(), "data": data_id, "skipped_steps": skipped_steps,
-        }, keep=t_cfg.keep_checkpoints)
+            "config": cfg.to_dict(), "data": data_id, "skipped_steps": skipped_steps, "world_size": W,
+        }
+        if rt.parallel == "fsdp":
+            _save_sharded(run_dir, rt, model, optimizer, meta, t_cfg.keep_checkpoints)
+            return
+        if rt.is_main:  # DDP: every rank holds the same weights; rank 0 writes the unwrapped module's
+            save_checkpoint(run_dir, {**meta, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                            keep=t_cfg.keep_checkpoints)
+        _barrier(rt)
 
     def run_eval() -> float:
         return evaluate(train_model, rt, val_shards, B, T, t_cfg.eval_tokens, max_id)[0]
@@ -349,19 +475,20 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     try:
         if step == 0:
             last_val = run_eval()
-            log.write(record(0, val_loss=last_val))
+            write_record(record(0, val_loss=last_val))
         max_lr, min_lr = cfg.optim.lr, cfg.optim.lr * cfg.optim.min_lr_ratio
         t_last, steps_since, first_interval = time.perf_counter(), 0, True
         params = list(model.parameters())
         bad_count = torch.zeros((), dtype=torch.int64, device=rt.device)  # non-finite steps since last read
         first_bad = torch.full((), -1, dtype=torch.int64, device=rt.device)
-        while step < t_cfg.max_steps and stop.signum is None:
+        stopping: int | None = None  # the signal that stops the run (agreed by all ranks)
+        while step < t_cfg.max_steps and stopping is None:
             lr = lr_at(step, max_lr=max_lr, min_lr=min_lr, warmup_steps=cfg.optim.warmup_steps,
                        max_steps=t_cfg.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_mult", 1.0)
             loss_sum, grad_norm, bad = train_step(train_model, optimizer, scaler, rt, loader.next_batch, accum,
-                                                  cfg.optim.grad_clip, params, fused)
+                                                  cfg.optim.grad_clip, params, fused, sync)
             step += 1
             steps_since += 1
             bad_count += bad
@@ -370,7 +497,19 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             do_eval = step == t_cfg.max_steps or (t_cfg.eval_every > 0 and step % t_cfg.eval_every == 0)
             do_save = step == t_cfg.max_steps or (t_cfg.save_every > 0 and step % t_cfg.save_every == 0)
             do_hellaswag = hellaswag is not None and (step == t_cfg.max_steps or step % t_cfg.hellaswag_every == 0)
-            if first_interval or do_eval or do_save or do_hellaswag or step % t_cfg.log_every == 0 or stop.signum:
+            if not rt.distributed:
+                stopping = stop.signum
+            # ranks agree on stopping at log steps only (a collective per step would cost a sync)
+            if first_interval or do_eval or do_save or do_hellaswag or step % t_cfg.log_every == 0 or stopping:
+                if rt.distributed:
+                    import torch.distributed as dist
+
+                    loss_sum = loss_sum.clone()
+                    dist.all_reduce(loss_sum)  # gloo has no AVG: sum, then divide
+                    loss_sum /= W
+                    sig = torch.tensor([stop.signum or 0], device=rt.device)
+                    dist.all_reduce(sig, op=dist.ReduceOp.MAX)
+                    stopping = int(sig.item()) or None
                 rt.synchronize()
                 dt = (time.perf_counter() - t_last) / steps_since
                 n_bad = int(bad_count.item())
@@ -387,11 +526,11 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                     bad_count.zero_()
                     first_bad.fill_(-1)
                 last_train = _finite(loss_sum.item())
-                tps = tokens_per_step / dt
+                tps = tokens_per_step / dt  # all ranks together
                 mem_peak, mem_total = memory_stats(rt.device)
                 fields = dict(train_loss=last_train, lr=lr, grad_norm=_finite(grad_norm.item()),
-                              step_ms=1000 * dt, tokens_per_s=tps,
-                              mfu=fpt * tps / peak if peak else None,
+                              step_ms=1000 * dt, tokens_per_s=tps, tokens_per_s_per_device=tps / W,
+                              mfu=fpt * tps / (peak * W) if peak else None,  # over the sum of device peaks
                               mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
                               mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
                               eta_s=(t_cfg.max_steps - step) * dt,
@@ -400,16 +539,65 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                 if do_eval:
                     last_val = fields["val_loss"] = run_eval()
                 if do_hellaswag:
-                    fields.update(hellaswag(model))
-                log.write(record(step, **fields))
+                    fields.update(hellaswag(model))  # every rank: FSDP2 forwards are collectives
+                    _reshard(model)
+                write_record(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
-            if do_save or stop.signum:
+            if do_save or stopping:
                 save()
     finally:
         stop.restore()
-    if stop.signum is not None:
+    if stopping is not None:
         say(f"stopped at step {step}; checkpoint saved in {run_dir}. Resume with: gptspeed train --out {run_dir} --resume")
     else:
         say(f"done: {step} steps in {format_duration(time.time() - wall_start)}; checkpoint in {run_dir}")
     return {"step": step, "last_train_loss": last_train, "last_val_loss": last_val, "skipped_steps": skipped_steps,
-            "interrupted": stop.signum, "run_dir": str(run_dir)}
+            "interrupted": stopping, "run_dir": str(run_dir)}
+
+
+def _save_sharded(run_dir: Path, rt: Runtime, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  meta: dict[str, Any], keep: int) -> Path:
+    """FSDP2: every rank writes its shards of model and optimizer state with
+    ``torch.distributed.checkpoint.save`` into ``ckpt_{step:08d}.dcp/``; rank 0 adds ``meta.pt``
+    (step, loader, RNG, config...) and, after a barrier, the seal listing every file's sha256, so a
+    crash at any point leaves no sealed, incomplete checkpoint. Sources:
+    https://pytorch.org/docs/stable/distributed.checkpoint.html"""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from gptspeed.checkpoint import FORMAT, FORMAT_VERSION
+
+    folder = checkpoint_path(run_dir, meta["step"], sharded=True)
+    if rt.is_main:
+        seal_path(folder).unlink(missing_ok=True)  # an old seal must never vouch for new files
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    _barrier(rt)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+        if rt.is_main:
+            torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "sharded": True, **meta},
+                       folder / SHARDED_META)
+    except OSError as e:
+        raise GptspeedError(f"could not write checkpoint {folder}: {e.strerror or e}") from e
+    _barrier(rt)
+    if rt.is_main:
+        seal_sharded(folder, meta["step"])
+        prune_checkpoints(run_dir, keep)
+    _barrier(rt)
+    return folder
+
+
+def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a ``.dcp`` checkpoint into an FSDP2-sharded model and its optimizer (DCP re-shards
+    to the current world size)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

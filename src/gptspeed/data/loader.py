@@ -110,9 +110,25 @@ class TokenLoader:
     def state_dict(self) -> dict:
         return {"shard_index": self.shard_index, "position": self.position, "epoch": self.epoch,
                 "documents": self.documents, "shards": [p.name for p in self.shards],
-                "global_tokens": self.global_tokens}
+                "global_tokens": self.global_tokens, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a position; GptspeedError if it was saved for other shards or batch shape.
+
+        A position saved with another world size (same B and T) is re-sharded when it falls on a
+        global micro-batch boundary of this world size: the token stream from there on is the
+        same (rank r of W reads what micro-step r of a W-times longer accumulation reads), up to
+        the end of the current shard, whose skipped tail depends on the world size. Otherwise
+        GptspeedError naming both world sizes."""
+        saved_world = state.get("world_size", state["global_tokens"] // (self.B * self.T) or 1)
+        if saved_world != self.world_size:
+            if (state["shards"] != [p.name for p in self.shards] or state["global_tokens"] != self.B * self.T * saved_world
+                    or state["position"] % self.global_tokens
+                    or state["position"] // self.global_tokens >= self.batches_per_shard[state["shard_index"]]):
+                raise GptspeedError(
+                    f"the checkpoint's data position was saved with world size {saved_world} and does not fall on a "
+                    f"batch boundary for world size {self.world_size}: resume with {saved_world} process(es)")
+            state = {**state, "global_tokens": self.global_tokens}
         if state["shards"] != [p.name for p in self.shards] or state["global_tokens"] != self.global_tokens:
             raise GptspeedError(
                 "the checkpoint's data position does not fit this data folder or batch shape "

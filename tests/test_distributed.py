@@ -1,0 +1,166 @@
+"""Multi-process training through torchrun on CPU (gloo, 2 processes, tiny model): DDP and FSDP2
+reproduce one process with the same global batch, ranks see disjoint data, sharded checkpoints
+resume and consolidate, and a broken launch fails on every rank with one line, without hanging."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_DATA, SRC
+from gptspeed.checkpoint import check_checkpoint, consolidate, list_checkpoints, load_checkpoint
+from gptspeed.data import find_shards
+from gptspeed.data.loader import TokenLoader
+from gptspeed.train import build_train_config, fit
+
+# global batch 4 x 32 x 2 = 256 tokens: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, total_batch_tokens=256, max_steps=4,
+            eval_every=0, eval_tokens=512, log_every=1, save_every=2, keep_checkpoints=5, warmup_steps=2,
+            lr=3e-3, device="cpu", dtype="float32")
+
+
+def _flags(d):
+    out = []
+    for k, v in d.items():
+        out += [f"--{'seq-len' if k == 'block_size' else k.replace('_', '-')}", str(v)]
+    return out
+
+
+def _torchrun_cmd(args, nproc):
+    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), "OMP_NUM_THREADS": "1"}
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "gptspeed", *args], env
+
+
+def torchrun(*args, nproc=2, timeout=120):
+    cmd, env = _torchrun_cmd(args, nproc)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def losses(run):
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: (r.get("train_loss"), r.get("val_loss")) for r in recs}
+
+
+def assert_same(a, b, steps):
+    for s in steps:
+        for x, y in zip(a[s], b[s]):
+            assert (x is None) == (y is None) and (x is None or abs(x - y) < 1e-5), (s, a[s], b[s])
+
+
+@pytest.fixture(scope="module")
+def runs(shakespeare_data, tmp_path_factory):
+    """One process x 2 micro-steps (in-process), and 2 ranks x 1 micro-step with DDP and FSDP2."""
+    root = tmp_path_factory.mktemp("dist")
+    base = dict(TINY, data=str(shakespeare_data))
+    procs = {}
+    for mode in ("ddp", "fsdp"):  # both launches at once: most of their time is importing torch
+        cmd, env = _torchrun_cmd(["train", "--preset", "pico", *_flags(base), "--parallel", mode,
+                                  "--out", str(root / mode)], 2)
+        procs[mode] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bad = _flags(dict(base, total_batch_tokens=384))  # 384 % (4*32*2) != 0
+    cmd, env = _torchrun_cmd(["train", "--preset", "pico", *bad, "--out", str(root / "bad")], 2)
+    procs["bad"] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    fit(build_train_config("pico", dict(base, out=str(root / "single"))), echo=False)
+    out = {"single": root / "single", "data": shakespeare_data, "root": root}
+    for mode, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=180)  # a hang fails here
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        if mode == "bad":
+            out[mode] = (proc.returncode, err)
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        out[mode] = root / mode
+    return out
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_ranks_match_one_rank_with_accumulation(runs, mode):
+    single, dist = losses(runs["single"]), losses(runs[mode])
+    assert sorted(single) == sorted(dist) == [0, 1, 2, 3, 4]
+    assert_same(single, dist, range(5))
+    rec = [json.loads(l) for l in (runs[mode] / "metrics.jsonl").read_text().splitlines()][-1]
+    assert rec["tokens"] == 4 * 256 and rec["tokens_per_s_per_device"] == pytest.approx(rec["tokens_per_s"] / 2)
+    conf = json.loads((runs[mode] / "config.json").read_text())["derived"]
+    assert conf["world_size"] == 2 and conf["grad_accum_steps"] == 1 and conf["parallel"] == mode
+
+
+def test_checkpoint_layout(runs):
+    ddp = list_checkpoints(runs["ddp"])
+    assert [p.name for p in ddp] == ["ckpt_00000002.pt", "ckpt_00000004.pt"]  # written once, by rank 0
+    fsdp = list_checkpoints(runs["fsdp"])
+    assert [p.name for p in fsdp] == ["ckpt_00000002.dcp", "ckpt_00000004.dcp"]
+    assert all(check_checkpoint(p) is None for p in ddp + fsdp)
+    torn = runs["root"] / "torn"
+    shutil.copytree(runs["fsdp"], torn)  # keep the fixture intact for the other tests
+    shard = next((torn / fsdp[-1].name).glob("__1_*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])  # a torn shard unseals the checkpoint
+    assert "does not match its seal" in check_checkpoint(torn / fsdp[-1].name)
+    assert list_checkpoints(torn)[0].name == "ckpt_00000002.dcp"
+
+
+def test_fsdp_checkpoint_resumes_with_two_ranks_to_identical_losses(runs):
+    run = runs["root"] / "fsdp_resume"
+    shutil.copytree(runs["fsdp"], run)
+    for p in run.glob("ckpt_00000004*"):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    proc = torchrun("train", "--out", str(run), "--resume", "--parallel", "fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from step 2" in proc.stdout
+    assert_same(losses(runs["single"]), losses(run), [3, 4])
+
+
+def test_ddp_checkpoint_resumes_in_one_process(runs):
+    """The DDP checkpoint (2 ranks x 1) continues in one process (1 x 2): the loader re-shards."""
+    run = runs["root"] / "ddp_resume"
+    shutil.copytree(runs["ddp"], run)
+    for p in run.glob("ckpt_00000004*"):
+        p.unlink()
+    fit(build_train_config(None, dict(out=str(run), resume=True)), echo=False)
+    assert_same(losses(runs["single"]), losses(run), [3, 4])
+
+
+def test_consolidated_fsdp_checkpoint_loads_in_one_process(runs, tmp_path):
+    from gptspeed.sample import evaluate_run
+
+    out = consolidate(runs["fsdp"], tmp_path / "one")
+    ck = load_checkpoint(out)  # sealed, weights_only
+    assert ck["step"] == 4 and ck["model"]["transformer.wte.weight"].shape == (50304, 32)
+    res = evaluate_run(str(tmp_path / "one"), str(runs["data"]), batch_size=4, max_tokens=512, device="cpu",
+                       dtype="float32")
+    assert res["val_loss"] == pytest.approx(losses(runs["fsdp"])[4][1], abs=1e-5)
+    single = consolidate(runs["fsdp"] / "ckpt_00000002.dcp", tmp_path / "two.pt")
+    assert load_checkpoint(single)["step"] == 2
+    # one-process training resumes the consolidated step-2 checkpoint to the same losses
+    run = tmp_path / "cont"
+    consolidate(runs["fsdp"] / "ckpt_00000002.dcp", run)
+    fit(build_train_config(None, dict(out=str(run), resume=True)), echo=False)
+    assert_same(losses(runs["single"]), losses(run), [3, 4])
+
+
+def test_ranks_read_disjoint_data_and_count_documents_once(shakespeare_data):
+    shards = find_shards(shakespeare_data, "train")
+    one = TokenLoader(shards, 4, 32)
+    ranks = [TokenLoader(shards, 4, 32, rank=r, world_size=2) for r in range(2)]
+    for _ in range(3):
+        xs = [ld.next_batch()[0].numpy() for ld in ranks]
+        a, b = one.next_batch()[0].numpy(), one.next_batch()[0].numpy()
+        np.testing.assert_array_equal(xs[0], a)
+        np.testing.assert_array_equal(xs[1], b)
+    assert ranks[0].documents == ranks[1].documents == one.documents
+
+
+def test_indivisible_batch_fails_on_every_rank_with_one_line(runs):
+    returncode, stderr = runs["bad"]  # launched by the fixture, alongside the others
+    assert returncode != 0
+    errors = [l for l in stderr.splitlines() if "gptspeed train: error:" in l]
+    assert len(errors) == 2 and all("not a multiple of batch_size * seq_len * world_size" in e for e in errors), stderr
+    assert "[rank0]: Traceback" not in stderr and "[rank1]: Traceback" not in stderr
+    assert not (runs["root"] / "bad").exists()

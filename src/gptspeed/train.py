@@ -222,7 +222,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     accum = cfg.grad_accum_steps()
     tokens_per_step = B * T * accum
     max_id = cfg.model.valid_vocab_size
-    loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id)
+    loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id, sampling=t_cfg.sampling,
+                         seed=cfg.runtime.seed, workers=t_cfg.loader_workers)
     _check_val_size(val_shards, T)
     from gptspeed.eval.hellaswag import hellaswag_hook
 
@@ -308,6 +309,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             log.write(record(0, val_loss=last_val))
         max_lr, min_lr = cfg.optim.lr, cfg.optim.lr * cfg.optim.min_lr_ratio
         t_last, steps_since, first_interval = time.perf_counter(), 0, True
+        wait_last = loader.wait_s
         params = list(model.parameters())
         bad_count = torch.zeros((), dtype=torch.int64, device=rt.device)  # non-finite steps since last read
         first_bad = torch.full((), -1, dtype=torch.int64, device=rt.device)
@@ -347,6 +349,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                 mem_peak, mem_total = memory_stats(rt.device)
                 fields = dict(train_loss=last_train, lr=lr, grad_norm=_finite(grad_norm.item()),
                               step_ms=1000 * dt, tokens_per_s=tps,
+                              data_wait_ms=1000 * (loader.wait_s - wait_last) / steps_since,
                               mfu=fpt * tps / peak if peak else None,
                               mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
                               mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
@@ -359,10 +362,12 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                     fields.update(hellaswag(model))
                 log.write(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
+                wait_last = loader.wait_s
             if do_save or stop.signum:
                 save()
     finally:
         stop.restore()
+        loader.close()
     if stop.signum is not None:
         say(f"stopped at step {step}; checkpoint saved in {run_dir}. Resume with: gptspeed train --out {run_dir} --resume")
     else:

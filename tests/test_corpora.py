@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from gptspeed.data import find_shards, read_shard
 from gptspeed.data.prepare import PROGRESS_NAME, prepare
@@ -172,3 +173,48 @@ def test_named_online_corpora_are_defined():
     assert HF_CORPORA["fineweb-edu-10B"].dataset == "HuggingFaceFW/fineweb-edu"
     assert HF_CORPORA["fineweb-edu-10B"].config == "sample-10BT"
     assert HF_CORPORA["tinystories"].dataset == "roneneldan/TinyStories"
+
+
+def test_stream_loader_windows_and_exact_resume(tmp_path):
+    from gptspeed.data.stream import StreamLoader
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 3)
+    stream = expected_stream(DOCS * 3).astype(np.int64)
+    a = StreamLoader(f"jsonl:{path}", 2, 16, workers=1)
+    G = 32
+    for k in range(10):
+        x, y = a.next_batch()
+        np.testing.assert_array_equal(x.flatten().numpy(), stream[k * G:k * G + G])
+        np.testing.assert_array_equal(y.flatten().numpy(), stream[k * G + 1:k * G + G + 1])
+    state = a.state_dict()
+    b = StreamLoader(f"jsonl:{path}", 2, 16, workers=2)
+    b.load_state_dict(state)
+    for _ in range(20):
+        assert torch.equal(a.next_batch()[0], b.next_batch()[0])
+    assert a.state_dict() == b.state_dict() and a.documents == b.documents > 0
+    with pytest.raises(GptspeedError, match="ended after"):
+        for _ in range(10_000):
+            a.next_batch()
+    b.close()
+
+
+def test_train_from_a_jsonl_stream_and_resume(tmp_path):
+    from gptspeed.train import build_train_config, fit
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 5)
+    tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, batch_size=4, warmup_steps=1, lr=3e-3,
+                log_every=1, device="cpu", data=f"jsonl:{path}", eval_every=0)
+    import shutil
+
+    full = tmp_path / "full"
+    fit(build_train_config("pico", dict(tiny, out=str(full), max_steps=6, save_every=3, keep_checkpoints=5)),
+        echo=False)
+    part = tmp_path / "part"
+    part.mkdir()
+    for name in ("ckpt_00000003.pt", "ckpt_00000003.json"):  # stopped right after step 3
+        shutil.copy(full / name, part)
+    fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
+    recs = lambda d: {r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())}  # noqa: E731
+    a, b = recs(full), recs(part)
+    assert a[6]["train_loss"] == b[6]["train_loss"] and a[6]["documents"] == b[6]["documents"] > 0
+    assert a[6].get("val_loss") is None and a[6]["data_wait_ms"] >= 0

@@ -46,7 +46,8 @@ class OptimConfig:
 class TrainConfig:
     """What to train on, how long, in which batches, and how to log and save."""
 
-    data: str = _f("", "prepared data folder (from `gptspeed prepare`)")
+    data: str = _f("", "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
+                   "from a document stream (tokenized while training; no val split)")
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json")
     batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward)")
     total_batch_tokens: int | None = _f(

@@ -190,9 +190,16 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     cfg.validate()
     rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile)
     run_dir = Path(t_cfg.out)
-    train_shards = find_shards(t_cfg.data, "train")
-    val_shards = find_shards(t_cfg.data, "val")
-    data_id = data_identity(t_cfg.data, train_shards)
+    from gptspeed.data.stream import StreamLoader, is_stream_source
+
+    stream = is_stream_source(t_cfg.data)  # jsonl:PATH / hf:NAME: tokenized while training, no val split
+    if stream:
+        train_shards = val_shards = []
+        data_id = {"stream": t_cfg.data}
+    else:
+        train_shards = find_shards(t_cfg.data, "train")
+        val_shards = find_shards(t_cfg.data, "val")
+        data_id = data_identity(t_cfg.data, train_shards)
 
     ckpt = None
     if t_cfg.resume:
@@ -222,9 +229,12 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     accum = cfg.grad_accum_steps()
     tokens_per_step = B * T * accum
     max_id = cfg.model.valid_vocab_size
-    loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id, sampling=t_cfg.sampling,
-                         seed=cfg.runtime.seed, workers=t_cfg.loader_workers)
-    _check_val_size(val_shards, T)
+    if stream:
+        loader = StreamLoader(t_cfg.data, B, T, device=rt.device, workers=max(1, t_cfg.loader_workers))
+    else:
+        loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id, sampling=t_cfg.sampling,
+                             seed=cfg.runtime.seed, workers=t_cfg.loader_workers)
+        _check_val_size(val_shards, T)
     from gptspeed.eval.hellaswag import hellaswag_hook
 
     hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
@@ -269,7 +279,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         "grad_accum_steps": accum, "tokens_per_step": tokens_per_step, "params": model.num_params(False),
         "params_non_embedding": model.num_params(), "flops_per_token": fpt, "fused_adamw": fused,
         "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
-        "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
+        "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": getattr(loader, "tokens_per_epoch", None),
         "data": data_id}, "environment": env}
     write_text_atomic(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
     log = RunLog(run_dir / "metrics.jsonl", echo=echo)
@@ -297,7 +307,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
             "config": cfg.to_dict(), "data": data_id, "skipped_steps": skipped_steps,
         }, keep=t_cfg.keep_checkpoints)
 
-    def run_eval() -> float:
+    def run_eval() -> float | None:
+        if stream:
+            return None
         return evaluate(train_model, rt, val_shards, B, T, t_cfg.eval_tokens, max_id)[0]
 
     wall_start = time.time()
@@ -354,7 +366,7 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
                               mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
                               mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
                               eta_s=(t_cfg.max_steps - step) * dt,
-                              epoch_eta_s=(1 - loader.epoch_progress()) * loader.tokens_per_epoch / tps,
+                              epoch_eta_s=(None if stream else (1 - loader.epoch_progress()) * loader.tokens_per_epoch / tps),
                               includes_warmup=first_interval)
                 if do_eval:
                     last_val = fields["val_loss"] = run_eval()

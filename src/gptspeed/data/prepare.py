@@ -1,11 +1,13 @@
 """Corpus -> GPT-2 token shards: ``gptspeed prepare SOURCE --out DIR``.
 
-SOURCE is a named corpus (:data:`CORPORA`), a text file (one document), a folder (every
-``*.txt`` below it, sorted, one document per file) or a glob pattern. Every document is tokenized
-with GPT-2's BPE and preceded by ``<|endoftext|>`` (50256), as in nanoGPT / llm.c / modded-nanogpt
-data scripts. The token stream is cut into a train and a val split, written as shards of at most
-``shard_tokens`` tokens (:mod:`gptspeed.data.shards`), and ``manifest.json`` is written last: its
-presence marks the folder complete.
+SOURCE is a named corpus (:data:`CORPORA`, files; :data:`HF_CORPORA`, online through
+``datasets``), a ``.txt`` / ``.jsonl[.gz|.zst]`` / ``.parquet`` file, a folder of such files, a
+glob, or ``hf:DATASET`` (see :mod:`gptspeed.data.sources`). Every document is tokenized with
+GPT-2's BPE (in ``workers`` processes) and preceded by ``<|endoftext|>`` (50256), as in nanoGPT /
+llm.c / modded-nanogpt data scripts. The stream is written as it is tokenized, in chunks of
+``shard_tokens`` tokens, then cut into a train and a val split (val = the tail), written as
+shards (:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the
+folder complete. An interrupted prepare resumes after its last finished chunk.
 
 Named corpora come from their canonical URLs and are verified by sha256. Resolution order:
 ``$GPTSPEED_DATA_MIRROR/<name>/...`` (used in place), then the cache

@@ -148,7 +148,7 @@ class TokenLoader:
         buf = tokens[start : start + self.B * self.T + 1].astype(np.int64)
         check_token_ids(buf, self.max_token_id, self.shards[s], start)
         t = torch.from_numpy(buf)
-        if self.device.type == "cuda" and self.workers:
+        if self.device.type == "cuda":
             t = t.pin_memory()
         return t, docs
 

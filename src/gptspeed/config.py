@@ -70,8 +70,8 @@ class TrainConfig:
     hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)")
     sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
                        "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"))
-    loader_workers: int = _f(1, "background threads preparing batches ahead into pinned memory (0 = in the "
-                             "training loop); the batches do not depend on it")
+    loader_workers: int = _f(-1, "background threads preparing batches ahead into pinned memory (0 = in the "
+                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere); the batches do not depend on it")
 
 
 @dataclass

@@ -229,11 +229,12 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     accum = cfg.grad_accum_steps()
     tokens_per_step = B * T * accum
     max_id = cfg.model.valid_vocab_size
+    loader_workers = t_cfg.loader_workers if t_cfg.loader_workers >= 0 else int(rt.device.type == "cuda")
     if stream:
-        loader = StreamLoader(t_cfg.data, B, T, device=rt.device, workers=max(1, t_cfg.loader_workers))
+        loader = StreamLoader(t_cfg.data, B, T, device=rt.device, workers=max(1, loader_workers))
     else:
         loader = TokenLoader(train_shards, B, T, device=rt.device, max_token_id=max_id, sampling=t_cfg.sampling,
-                             seed=cfg.runtime.seed, workers=t_cfg.loader_workers)
+                             seed=cfg.runtime.seed, workers=loader_workers)
         _check_val_size(val_shards, T)
     from gptspeed.eval.hellaswag import hellaswag_hook
 

@@ -67,3 +67,45 @@ def test_eval_batches_cover_the_split_in_order(shards):
     np.testing.assert_array_equal(torch.cat([x.flatten() for x, _ in got]).numpy(), raw[:990])
     capped = list(iter_eval_batches(shards[:1], 4, 10, max_tokens=100))
     assert sum(x.numel() for x, _ in capped) == 100
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_prefetching_gives_the_same_batches_and_exact_state(shards, workers):
+    ref = TokenLoader(shards, 2, 8)
+    pre = TokenLoader(shards, 2, 8, workers=workers, prefetch=2)
+    for _ in range(70):
+        assert torch.equal(ref.next_batch()[0], pre.next_batch()[0])
+    state = pre.state_dict()  # what was consumed, not what the threads have prefetched
+    assert state == ref.state_dict() and state["batches"] == 70
+    resumed = TokenLoader(shards, 2, 8, workers=workers)
+    resumed.load_state_dict(state)
+    for _ in range(50):
+        assert torch.equal(ref.next_batch()[1], resumed.next_batch()[1])
+    assert resumed.documents == ref.documents and resumed.wait_s >= 0
+    pre.close()
+    resumed.close()
+
+
+def test_random_sampling_is_a_seeded_resumable_permutation(shards):
+    a = TokenLoader(shards, 2, 8, sampling="random", seed=5, workers=2)
+    per_epoch = a.batches_per_epoch
+    seq = TokenLoader(shards, 2, 8)
+    xs = [a.next_batch()[0] for _ in range(per_epoch)]
+    ys = [seq.next_batch()[0] for _ in range(per_epoch)]
+    key = lambda t: tuple(t.flatten().tolist())  # noqa: E731
+    assert sorted(map(key, xs)) == sorted(map(key, ys)) and list(map(key, xs)) != list(map(key, ys))
+    assert a.epoch == 1 and a.documents == seq.documents
+    b = TokenLoader(shards, 2, 8, sampling="random", seed=5)
+    b.load_state_dict(a.state_dict())
+    for _ in range(30):  # the next epoch's permutation differs from the first, and matches on resume
+        assert torch.equal(a.next_batch()[0], b.next_batch()[0])
+    with pytest.raises(GptspeedError, match="does not fit"):
+        TokenLoader(shards, 2, 8, sampling="random", seed=6).load_state_dict(a.state_dict())
+    a.close()
+
+
+def test_prefetch_thread_errors_reach_next_batch(tmp_path):
+    write_shard(tmp_path / "t.bin", np.full(100, 60000))
+    loader = TokenLoader([tmp_path / "t.bin"], 2, 8, max_token_id=50257, workers=1)
+    with pytest.raises(GptspeedError, match="not below the vocabulary size"):
+        loader.next_batch()

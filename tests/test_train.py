@@ -40,7 +40,7 @@ def test_metrics_config_and_checkpoint_contents(shakespeare_data, tmp_path):
                                           total_batch_tokens=1024, eval_every=0))
     fit(cfg, echo=False)
     rec = records(run)[-1]
-    for key in ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "documents", "step_ms",
+    for key in ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "documents", "step_ms", "data_wait_ms",
                 "tokens_per_s", "mfu", "mem_peak_bytes", "mem_frac", "eta_s", "epoch_eta_s", "epoch", "time_s"):
         assert key in rec, key
     assert rec["tokens"] == 4 * 1024  # 2 micro-steps of 8 x 64 per step

@@ -59,10 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("prepare", help="tokenize a corpus into train/val shards")
-    s.add_argument("source", help="named corpus (tinyshakespeare, shakespeare-gutenberg), a .txt file, a folder or a glob")
+    s.add_argument("source", help="named corpus (tinyshakespeare, shakespeare-gutenberg; online: tinystories, "
+                   "fineweb-edu-10B), a .txt / .jsonl[.gz|.zst] / .parquet file, a folder, a glob, or hf:DATASET")
     s.add_argument("--out", required=True, help="output data folder")
     s.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens for the val split")
     s.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most")
+    s.add_argument("--workers", type=int, default=1, help="tokenizing processes (the shards do not depend on it)")
+    s.add_argument("--text-field", default="text", help="JSON field / parquet column / dataset feature with the text")
+    s.add_argument("--shuffle-seed", type=int, default=None,
+                   help="shuffle document order with this seed (files permuted, documents in windows of 8192); "
+                        "default: keep the source order")
+    s.add_argument("--skip-bad", action="store_true", help="skip and count bad records instead of stopping")
+    s.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens")
+    s.add_argument("--hf-name", default=None, help="hf: sources: the dataset configuration (e.g. sample-10BT)")
+    s.add_argument("--split", default="train", help="hf: sources: the dataset split")
     s.add_argument("--force", action="store_true", help="overwrite an already prepared folder")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -163,10 +173,12 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     from gptspeed.data.prepare import prepare
 
     m = prepare(a.source, a.out, val_fraction=a.val_fraction, shard_tokens=a.shard_tokens, force=a.force,
-                progress=not a.no_progress)
+                progress=not a.no_progress, workers=a.workers, text_field=a.text_field, shuffle_seed=a.shuffle_seed,
+                skip_bad=a.skip_bad, max_tokens=a.max_tokens, hf_name=a.hf_name, split=a.split)
     tr, va = m["splits"]["train"], m["splits"]["val"]
     print(f"{'already prepared (same input and settings)' if m.get('reused') else 'prepared'} {a.out}: {m['documents']:,} documents; train {tr['tokens']:,} tokens in {len(tr['shards'])} shard(s), "
-          f"val {va['tokens']:,} tokens in {len(va['shards'])} shard(s)")
+          f"val {va['tokens']:,} tokens in {len(va['shards'])} shard(s)"
+          + (f"; {m['bad_records']:,} bad record(s) skipped" if m.get("bad_records") else ""))
     return 0
 
 

@@ -53,7 +53,8 @@ class OptimConfig:
 class TrainConfig:
     """What to train on, how long, in which batches, and how to log and save."""
 
-    data: str = _f("", "prepared data folder (from `gptspeed prepare`)")
+    data: str = _f("", "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
+                   "from a document stream (tokenized while training; no val split)")
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json")
     batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
                          "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
@@ -76,6 +77,10 @@ class TrainConfig:
                             "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0")
     hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)")
     hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)")
+    sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
+                       "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"))
+    loader_workers: int = _f(-1, "background threads preparing batches ahead into pinned memory (0 = in the "
+                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere); the batches do not depend on it")
 
 
 @dataclass
@@ -113,7 +118,7 @@ MODEL_FLAGS = {
     "loss": ("--loss", "fused (chunked linear + cross-entropy, no full logits) | plain"),
 }
 # Fields that define the run: resuming with any of them changed would not continue the same run.
-RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "seed", "lr", "min_lr_ratio", "warmup_steps",
+RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "sampling", "seed", "lr", "min_lr_ratio", "warmup_steps",
                 "weight_decay", "beta1", "beta2", "eps", "grad_clip", "optimizer", "muon_lr",
                 "muon_momentum")
 

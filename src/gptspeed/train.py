@@ -326,9 +326,16 @@ def _barrier(rt: Runtime) -> None:
 def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
     t_cfg = cfg.train
     run_dir = Path(t_cfg.out)
-    train_shards = find_shards(t_cfg.data, "train")
-    val_shards = find_shards(t_cfg.data, "val")
-    data_id = data_identity(t_cfg.data, train_shards)
+    from gptspeed.data.stream import StreamLoader, is_stream_source
+
+    stream = is_stream_source(t_cfg.data)  # jsonl:PATH / hf:NAME: tokenized while training, no val split
+    if stream:
+        train_shards = val_shards = []
+        data_id = {"stream": t_cfg.data}
+    else:
+        train_shards = find_shards(t_cfg.data, "train")
+        val_shards = find_shards(t_cfg.data, "val")
+        data_id = data_identity(t_cfg.data, train_shards)
 
     ckpt = None
     if t_cfg.resume:
@@ -370,8 +377,15 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
     accum = cfg.grad_accum_steps(W)
     tokens_per_step = B * T * accum * W  # all ranks
     max_id = cfg.model.valid_vocab_size
-    loader = TokenLoader(train_shards, B, T, rank=rt.rank, world_size=W, device=rt.device, max_token_id=max_id)
-    _check_val_size(val_shards, T)
+    loader_workers = t_cfg.loader_workers if t_cfg.loader_workers >= 0 else int(rt.device.type == "cuda")
+    if stream:
+        if W > 1:
+            raise GptspeedError("streaming training (--data jsonl:/hf:) runs in one process: prepare shards for torchrun")
+        loader = StreamLoader(t_cfg.data, B, T, device=rt.device, workers=max(1, loader_workers))
+    else:
+        loader = TokenLoader(train_shards, B, T, rank=rt.rank, world_size=W, device=rt.device, max_token_id=max_id,
+                             sampling=t_cfg.sampling, seed=cfg.runtime.seed, workers=loader_workers)
+        _check_val_size(val_shards, T)
     from gptspeed.eval.hellaswag import hellaswag_hook
 
     hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
@@ -424,7 +438,7 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
         "params_non_embedding": model.num_params(), "flops_per_token": fpt, "fused_adamw": fused,
         "dtype": rt.dtype, "compile": rt.compile, "device": str(rt.device),
         "world_size": W, "parallel": rt.parallel,
-        "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": loader.tokens_per_epoch,
+        "peak_flops": peak, "peak_flops_source": peak_source, "train_tokens_per_epoch": getattr(loader, "tokens_per_epoch", None),
         "data": data_id}, "environment": env}
     if rt.is_main:
         write_text_atomic(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
@@ -466,7 +480,9 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
                             keep=t_cfg.keep_checkpoints)
         _barrier(rt)
 
-    def run_eval() -> float:
+    def run_eval() -> float | None:
+        if stream:
+            return None
         return evaluate(train_model, rt, val_shards, B, T, t_cfg.eval_tokens, max_id)[0]
 
     wall_start = time.time()
@@ -478,6 +494,7 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
             write_record(record(0, val_loss=last_val))
         max_lr, min_lr = cfg.optim.lr, cfg.optim.lr * cfg.optim.min_lr_ratio
         t_last, steps_since, first_interval = time.perf_counter(), 0, True
+        wait_last = loader.wait_s
         params = list(model.parameters())
         bad_count = torch.zeros((), dtype=torch.int64, device=rt.device)  # non-finite steps since last read
         first_bad = torch.full((), -1, dtype=torch.int64, device=rt.device)
@@ -530,11 +547,12 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
                 mem_peak, mem_total = memory_stats(rt.device)
                 fields = dict(train_loss=last_train, lr=lr, grad_norm=_finite(grad_norm.item()),
                               step_ms=1000 * dt, tokens_per_s=tps, tokens_per_s_per_device=tps / W,
+                              data_wait_ms=1000 * (loader.wait_s - wait_last) / steps_since,
                               mfu=fpt * tps / (peak * W) if peak else None,  # over the sum of device peaks
                               mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
                               mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
                               eta_s=(t_cfg.max_steps - step) * dt,
-                              epoch_eta_s=(1 - loader.epoch_progress()) * loader.tokens_per_epoch / tps,
+                              epoch_eta_s=(None if stream else (1 - loader.epoch_progress()) * loader.tokens_per_epoch / tps),
                               includes_warmup=first_interval)
                 if do_eval:
                     last_val = fields["val_loss"] = run_eval()
@@ -543,10 +561,12 @@ def _fit(cfg: RunConfig, rt: Runtime, say, echo: bool) -> dict[str, Any]:
                     _reshard(model)
                 write_record(record(step, **fields))
                 t_last, steps_since, first_interval = time.perf_counter(), 0, False
+                wait_last = loader.wait_s
             if do_save or stopping:
                 save()
     finally:
         stop.restore()
+        loader.close()
     if stopping is not None:
         say(f"stopped at step {step}; checkpoint saved in {run_dir}. Resume with: gptspeed train --out {run_dir} --resume")
     else:

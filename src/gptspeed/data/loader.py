@@ -1,14 +1,18 @@
-"""The training loader: consecutive token windows from memory-mapped shards, resumable exactly.
+"""The training loader: token windows from memory-mapped shards, prefetched, resumable exactly.
 
-Each optimizer micro-step takes ``B*T*world_size`` consecutive tokens from the current shard;
-rank ``r`` gets the ``r``-th slice of ``B*T`` (+1 token for the shifted targets), so ranks see
-disjoint data. A shard's tail shorter than a full global micro-batch is skipped; after the last
-shard the loader wraps to the first and counts an epoch. Its whole state is four integers
-(:meth:`TokenLoader.state_dict`), so a resumed run reads exactly the batches it would have read.
+Each optimizer micro-step takes a window of ``B*T*world_size`` consecutive tokens from one shard
+(in shard order, or in a seeded random order per epoch); rank ``r`` gets the ``r``-th slice of
+``B*T`` (+1 token for the shifted targets), so ranks see disjoint data. A shard's tail shorter
+than a full global micro-batch is skipped; after the last window the loader starts the next
+epoch. Background threads prepare batches ahead; the state (:meth:`TokenLoader.state_dict`)
+counts consumed batches only, so a resumed run reads exactly the batches it would have read.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -18,6 +22,8 @@ import torch
 from gptspeed.data.shards import read_header, read_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
+
+SAMPLING = ("sequential", "random")
 
 
 def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offset: int) -> None:
@@ -43,23 +49,43 @@ def to_device(buf: np.ndarray, device: torch.device) -> torch.Tensor:
 class TokenLoader:
     """Micro-batches ``(x, y)``, each ``(B, T)`` int64 on ``device``, ``y`` = ``x`` shifted by one.
 
+    The train split is cut into windows of ``B*T*world_size`` consecutive tokens (+1 for the
+    targets; a shard's tail shorter than a window is skipped); rank ``r`` gets the ``r``-th
+    ``B*T`` slice of each window. ``sampling="sequential"`` reads the windows in shard order;
+    ``"random"`` reads each epoch's windows in a permutation drawn from ``(seed, epoch)``. After
+    the last window of an epoch the next epoch starts.
+
+    With ``workers >= 1`` that many background threads prepare the next batches ahead (up to
+    ``prefetch`` each) into pinned host memory on CUDA; the copy to the device is non-blocking.
+    The batches are the same whatever ``workers`` is. The state (:meth:`state_dict`) counts what
+    was *consumed* by :meth:`next_batch`, never what was prefetched, so a resume is exact.
+
     Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs, and
     when a batch holds a token id >= ``max_token_id`` (checked per batch: a max over B*T ids).
     Attributes: ``documents`` counts the ``<|endoftext|>`` tokens (document starts) in every
-    rank's windows so far, i.e. documents seen by the whole job; ``epoch`` completed passes.
+    rank's windows so far, i.e. documents seen by the whole job; ``epoch`` completed passes;
+    ``wait_s`` seconds :meth:`next_batch` spent waiting for (or, without workers, making) batches.
     """
 
     def __init__(self, shards: list[Path], batch_size: int, seq_len: int, *, rank: int = 0,
-                 world_size: int = 1, device: torch.device | str = "cpu", max_token_id: int | None = None):
+                 world_size: int = 1, device: torch.device | str = "cpu", max_token_id: int | None = None,
+                 sampling: str = "sequential", seed: int = 0, workers: int = 0, prefetch: int = 4):
+        if sampling not in SAMPLING:
+            raise GptspeedError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
+        if workers < 0:
+            raise GptspeedError(f"loader workers must be >= 0, got {workers}")
         self.shards = [Path(p) for p in shards]
         self.B, self.T = batch_size, seq_len
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
         self.max_token_id = max_token_id
+        self.sampling, self.seed = sampling, seed
+        self.workers, self.prefetch = workers, max(1, prefetch)
         self.global_tokens = batch_size * seq_len * world_size  # tokens per micro-step, all ranks
         self.lengths = [read_header(p)[1] for p in self.shards]
         self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
-        self.tokens_per_epoch = sum(self.batches_per_shard) * self.global_tokens
+        self.batches_per_epoch = sum(self.batches_per_shard)
+        self.tokens_per_epoch = self.batches_per_epoch * self.global_tokens
         if self.tokens_per_epoch == 0:
             need = self.global_tokens + 1
             raise GptspeedError(
@@ -67,76 +93,178 @@ class TokenLoader:
                 f"(batch_size {batch_size} x seq_len {seq_len} x world size {world_size} + 1 = {need:,}): "
                 "lower --batch-size / --seq-len or prepare more text"
             )
-        self.shard_index = 0
-        self.position = 0  # token offset of the next global micro-batch in the current shard
-        self.epoch = 0
+        self._first_window = np.cumsum([0] + self.batches_per_shard)  # window index of each shard's first
+        self._maps: dict[int, np.ndarray] = {}
+        self._perms: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.batches = 0  # micro-batches consumed, all epochs
         self.documents = 0
-        self._tokens: np.ndarray | None = None
-        self._skip_empty_shards()
+        self.wait_s = 0.0
+        self._threads: list[threading.Thread] = []
+        self._queues: list[queue.Queue] = []
+        self._stop: threading.Event | None = None
+        self._started_at = 0
 
-    def _skip_empty_shards(self) -> None:
-        while self.batches_per_shard[self.shard_index] == 0:
-            self._next_shard()
+    # -------------------------------------------------------------- where a batch comes from
+    @property
+    def epoch(self) -> int:
+        return self.batches // self.batches_per_epoch
 
-    def _next_shard(self) -> None:
-        self.shard_index += 1
-        self.position = 0
-        self._tokens = None
-        if self.shard_index == len(self.shards):
-            self.shard_index = 0
-            self.epoch += 1
+    def _window(self, g: int) -> tuple[int, int]:
+        """(shard index, token offset) of global micro-batch ``g`` (0-based, all epochs)."""
+        epoch, i = divmod(g, self.batches_per_epoch)
+        if self.sampling == "random":
+            with self._lock:
+                perm = self._perms.get(epoch)
+                if perm is None:
+                    perm = np.random.default_rng([self.seed, epoch]).permutation(self.batches_per_epoch)
+                    self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+                    self._perms[epoch] = perm
+            i = int(perm[i])
+        s = int(np.searchsorted(self._first_window, i, side="right")) - 1
+        return s, (i - int(self._first_window[s])) * self.global_tokens
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._tokens is None:
-            self._tokens = read_shard(self.shards[self.shard_index])
-        tokens = self._tokens
-        pos = self.position
-        self.documents += int(np.count_nonzero(tokens[pos : pos + self.global_tokens] == EOT_TOKEN))
+    @property
+    def shard_index(self) -> int:
+        return self._window(self.batches)[0]
+
+    @property
+    def position(self) -> int:
+        return self._window(self.batches)[1]
+
+    def _tokens(self, s: int) -> np.ndarray:
+        arr = self._maps.get(s)
+        if arr is None:
+            with self._lock:
+                arr = self._maps.setdefault(s, read_shard(self.shards[s]))
+        return arr
+
+    def _make(self, g: int) -> tuple[torch.Tensor, int]:
+        """Host tensor of batch ``g`` (``B*T+1`` int64; pinned on CUDA) and its document count."""
+        s, pos = self._window(g)
+        tokens = self._tokens(s)
+        docs = int(np.count_nonzero(tokens[pos : pos + self.global_tokens] == EOT_TOKEN))
         start = pos + self.rank * self.B * self.T
         buf = tokens[start : start + self.B * self.T + 1].astype(np.int64)
-        check_token_ids(buf, self.max_token_id, self.shards[self.shard_index], start)
-        self.position += self.global_tokens
-        if (self.position // self.global_tokens) >= self.batches_per_shard[self.shard_index]:
-            self._next_shard()
-            self._skip_empty_shards()
-        t = to_device(buf, self.device)
+        check_token_ids(buf, self.max_token_id, self.shards[s], start)
+        t = torch.from_numpy(buf)
+        if self.device.type == "cuda":
+            t = t.pin_memory()
+        return t, docs
+
+    # -------------------------------------------------------------- background threads
+    def _produce(self, k: int, stop: threading.Event, q: queue.Queue, first: int) -> None:
+        g = first + k
+        while not stop.is_set():
+            try:
+                item = self._make(g)
+            except BaseException as e:  # handed to next_batch, raised there
+                item = e
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+            g += self.workers
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._started_at = self.batches
+        self._queues = [queue.Queue(self.prefetch) for _ in range(self.workers)]
+        self._threads = [threading.Thread(target=self._produce, args=(k, self._stop, q, self.batches),
+                                          name=f"gptspeed-loader-{k}", daemon=True)
+                         for k, q in enumerate(self._queues)]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        """Stop the background threads (prefetched batches are dropped; the state is unchanged)."""
+        if self._stop is not None:
+            self._stop.set()
+            for t in self._threads:
+                t.join(timeout=5)
+        self._stop, self._threads, self._queues = None, [], []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next micro-batch ``(x, y)``: ``(B, T)`` int64 tensors on ``device``."""
+        t0 = time.perf_counter()
+        if self.workers == 0:
+            t, docs = self._make(self.batches)
+        else:
+            if self._stop is None:
+                self._start()
+            item = self._queues[(self.batches - self._started_at) % self.workers].get()
+            if isinstance(item, BaseException):
+                self.close()
+                raise item
+            t, docs = item
+        self.batches += 1
+        self.documents += docs
+        if self.device.type == "cuda":
+            t = t.to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            t = t.to(self.device)
+        self.wait_s += time.perf_counter() - t0
         return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
 
     def epoch_progress(self) -> float:
         """Fraction of the current epoch consumed, in [0, 1)."""
-        done = sum(self.batches_per_shard[: self.shard_index]) * self.global_tokens + self.position
-        return done / self.tokens_per_epoch
+        return (self.batches % self.batches_per_epoch) / self.batches_per_epoch
 
     def state_dict(self) -> dict:
-        return {"shard_index": self.shard_index, "position": self.position, "epoch": self.epoch,
+        """What has been consumed: plain ints and strings (fits in a checkpoint)."""
+        s, pos = self._window(self.batches)
+        return {"batches": self.batches, "shard_index": s, "position": pos, "epoch": self.epoch,
                 "documents": self.documents, "shards": [p.name for p in self.shards],
-                "global_tokens": self.global_tokens, "world_size": self.world_size}
+                "global_tokens": self.global_tokens, "world_size": self.world_size, "sampling": self.sampling,
+                "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a position; GptspeedError if it was saved for other shards or batch shape.
+        """Continue exactly after the last batch consumed when ``state`` was taken.
 
-        A position saved with another world size (same B and T) is re-sharded when it falls on a
-        global micro-batch boundary of this world size: the token stream from there on is the
-        same (rank r of W reads what micro-step r of a W-times longer accumulation reads), up to
-        the end of the current shard, whose skipped tail depends on the world size. Otherwise
-        GptspeedError naming both world sizes."""
+        A position saved with another world size (same B and T, sequential sampling) is re-sharded
+        when it falls on a global micro-batch boundary of this world size: the token stream from
+        there on is the same (rank r of W reads what micro-step r of a W-times longer accumulation
+        reads), up to the end of the current shard, whose skipped tail depends on the world size.
+
+        Raises GptspeedError if the state was taken with other shards, batch shape, sampling or
+        seed, or with another world size at a position that cannot be re-sharded (naming both).
+        """
         saved_world = state.get("world_size", state["global_tokens"] // (self.B * self.T) or 1)
-        if saved_world != self.world_size:
-            if (state["shards"] != [p.name for p in self.shards] or state["global_tokens"] != self.B * self.T * saved_world
-                    or state["position"] % self.global_tokens
-                    or state["position"] // self.global_tokens >= self.batches_per_shard[state["shard_index"]]):
+        same = (state["shards"] == [p.name for p in self.shards]
+                and state["global_tokens"] == self.B * self.T * saved_world
+                and state.get("sampling", "sequential") == self.sampling
+                and (self.sampling == "sequential" or state.get("seed") == self.seed))
+        if saved_world != self.world_size and same:
+            s, pos = state["shard_index"], state["position"]
+            if (self.sampling != "sequential" or pos % self.global_tokens
+                    or pos // self.global_tokens >= self.batches_per_shard[s]):
                 raise GptspeedError(
                     f"the checkpoint's data position was saved with world size {saved_world} and does not fall on a "
                     f"batch boundary for world size {self.world_size}: resume with {saved_world} process(es)")
-            state = {**state, "global_tokens": self.global_tokens}
-        if state["shards"] != [p.name for p in self.shards] or state["global_tokens"] != self.global_tokens:
+            state = {k: v for k, v in state.items() if k != "batches"}  # re-derived from (epoch, shard, position)
+        if not same:
             raise GptspeedError(
                 "the checkpoint's data position does not fit this data folder or batch shape "
-                "(different shards, batch size, sequence length or world size)"
+                "(different shards, batch size, sequence length, world size, sampling or seed)"
             )
-        self.shard_index, self.position = state["shard_index"], state["position"]
-        self.epoch, self.documents = state["epoch"], state["documents"]
-        self._tokens = None
+        self.close()
+        if "batches" in state:
+            self.batches = int(state["batches"])
+        else:  # a state from before the batch counter: (epoch, shard, position), sequential
+            s, pos = state["shard_index"], state["position"]
+            self.batches = (state["epoch"] * self.batches_per_epoch + int(self._first_window[s])
+                            + pos // self.global_tokens)
+        self.documents = state["documents"]
 
 
 def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0, *,

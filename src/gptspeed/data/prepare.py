@@ -1,11 +1,13 @@
 """Corpus -> GPT-2 token shards: ``gptspeed prepare SOURCE --out DIR``.
 
-SOURCE is a named corpus (:data:`CORPORA`), a text file (one document), a folder (every
-``*.txt`` below it, sorted, one document per file) or a glob pattern. Every document is tokenized
-with GPT-2's BPE and preceded by ``<|endoftext|>`` (50256), as in nanoGPT / llm.c / modded-nanogpt
-data scripts. The token stream is cut into a train and a val split, written as shards of at most
-``shard_tokens`` tokens (:mod:`gptspeed.data.shards`), and ``manifest.json`` is written last: its
-presence marks the folder complete.
+SOURCE is a named corpus (:data:`CORPORA`, files; :data:`HF_CORPORA`, online through
+``datasets``), a ``.txt`` / ``.jsonl[.gz|.zst]`` / ``.parquet`` file, a folder of such files, a
+glob, or ``hf:DATASET`` (see :mod:`gptspeed.data.sources`). Every document is tokenized with
+GPT-2's BPE (in ``workers`` processes) and preceded by ``<|endoftext|>`` (50256), as in nanoGPT /
+llm.c / modded-nanogpt data scripts. The stream is written as it is tokenized, in chunks of
+``shard_tokens`` tokens, then cut into a train and a val split (val = the tail), written as
+shards (:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the
+folder complete. An interrupted prepare resumes after its last finished chunk.
 
 Named corpora come from their canonical URLs and are verified by sha256. Resolution order:
 ``$GPTSPEED_DATA_MIRROR/<name>/...`` (used in place), then the cache
@@ -18,9 +20,12 @@ import datetime
 import glob
 import hashlib
 import http.client
+import itertools
 import json
+import math
 import os
 import tarfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -32,7 +37,8 @@ from tqdm import tqdm
 
 import gptspeed
 from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, load_manifest
-from gptspeed.data.shards import write_shard
+from gptspeed.data.shards import read_shard, write_shard
+from gptspeed.data.sources import SUFFIXES, SourceStats, file_format, iter_files, iter_hf
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import create_temp, sha256_file
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB, get_encoding
@@ -40,7 +46,6 @@ from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB, get_encoding
 MIRROR_ENV = "GPTSPEED_DATA_MIRROR"
 CACHE_ENV = "GPTSPEED_CACHE"
 _SHARD_GLOBS = ("train_[0-9]*.bin", "val_[0-9]*.bin", ".train_*.tmp", ".val_*.tmp", ".manifest.json.*.tmp")
-_BATCH_DOCS = 16  # documents read and encoded together (tiktoken's batch uses a thread pool)
 
 
 @dataclass(frozen=True)
@@ -302,12 +307,38 @@ def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
     return [root / rel for rel in rels]
 
 
+@dataclass(frozen=True)
+class HFCorpus:
+    """A named corpus read online from the Hugging Face hub through ``datasets`` (streaming)."""
+
+    name: str
+    dataset: str
+    config: str | None
+    split: str = "train"
+    text_field: str = "text"
+    max_tokens: int | None = None
+    about: str = field(default="", compare=False)
+
+
+HF_CORPORA: dict[str, HFCorpus] = {
+    c.name: c
+    for c in (
+        HFCorpus("tinystories", "roneneldan/TinyStories", None,
+                 about="short synthetic stories (about 470M tokens), online via datasets"),
+        HFCorpus("fineweb-edu-10B", "HuggingFaceFW/fineweb-edu", "sample-10BT",
+                 about="FineWeb-Edu sample-10BT (10B tokens, about 20 GB of shards), online via datasets"),
+    )
+}
+
+
 def resolve_source(source: str, *, progress: bool = True) -> tuple[list[Path], list[str]]:
-    """The document files of SOURCE and the names to record for them in the manifest.
+    """The document files of a file-based SOURCE and the names to record for them in the manifest.
 
     Returns:
         ``(paths, names)``: paths to read, in document order; names are corpus-relative for a
-        named corpus, relative to the folder for a folder, the path as matched otherwise.
+        named corpus, relative to the folder for a folder, the path as matched otherwise. A folder
+        or glob picks up the endings in :data:`gptspeed.data.sources.SUFFIXES` (a glob also any
+        file it matches by name).
 
     Raises:
         GptspeedError: SOURCE is not a corpus name, file, folder or glob, or matches no file.
@@ -319,9 +350,10 @@ def resolve_source(source: str, *, progress: bool = True) -> tuple[list[Path], l
     if path.is_file():
         return [path], [str(path)]
     if path.is_dir():
-        paths = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        paths = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p))
         if not paths:
-            raise GptspeedError(f"no *.txt files in folder {path}: point SOURCE at text files")
+            raise GptspeedError(f"no *.txt files (nor {', '.join('*' + s for s in SUFFIXES[1:])}) in folder {path}: "
+                                "point SOURCE at text, jsonl or parquet files")
         return paths, [p.relative_to(path).as_posix() for p in paths]
     if any(c in source for c in "*?["):
         paths = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True))
@@ -330,79 +362,88 @@ def resolve_source(source: str, *, progress: bool = True) -> tuple[list[Path], l
             raise GptspeedError(f"glob {source!r} matches no files: check the pattern")
         return paths, [str(p) for p in paths]
     raise GptspeedError(
-        f"source {source!r} does not exist: give a corpus name ({', '.join(CORPORA)}), "
-        "a text file, a folder of *.txt files or a glob"
+        f"source {source!r} does not exist: give a corpus name ({', '.join([*CORPORA, *HF_CORPORA])}), "
+        "a .txt/.jsonl[.gz|.zst]/.parquet file, a folder, a glob, or hf:DATASET"
     )
 
 
-def _read_text(path: Path) -> tuple[str, str, int]:
-    """(text, sha256, bytes) of a UTF-8 file, read exactly (no newline translation, BOM dropped)."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GptspeedError(
-            f"{path} is not UTF-8 (byte {e.start}: {e.reason}): convert it to UTF-8 first"
-        ) from None
-    return text.removeprefix("\ufeff"), hashlib.sha256(data).hexdigest(), len(data)
+# ------------------------------------------------------------------------------ tokenizing workers
+_ENC = None
 
 
-def _tokenize(paths: list[Path], progress: bool) -> tuple[np.ndarray, list[tuple[str, int]]]:
-    """All documents as one uint16 stream, each preceded by EOT; plus (sha256, bytes) per file.
+def _worker_init() -> None:
+    global _ENC
+    _ENC = get_encoding()
 
-    Empty documents are skipped. Batches of files are encoded on tiktoken's thread pool.
+
+def encode_documents(texts: list[str]) -> list[np.ndarray]:
+    """Each text as a uint16 array ``[EOT, *encode_ordinary(text)]``; an empty text gives an
+    empty array (it is not a document). Runs in worker processes (and in-process for 1 worker)."""
+    global _ENC
+    if _ENC is None:
+        _ENC = get_encoding()
+    out = []
+    for text in texts:
+        ids = _ENC.encode_ordinary(text) if text else []
+        if not ids:
+            out.append(np.zeros(0, dtype=np.uint16))
+            continue
+        doc = np.empty(len(ids) + 1, dtype=np.uint16)
+        doc[0] = EOT_TOKEN
+        doc[1:] = ids
+        out.append(doc)
+    return out
+
+
+def _batches(docs: Iterator[str], max_docs: int = 256, max_chars: int = 1 << 20) -> Iterator[list[str]]:
+    batch: list[str] = []
+    chars = 0
+    for d in docs:
+        batch.append(d)
+        chars += len(d)
+        if len(batch) >= max_docs or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def tokenize_stream(docs: Iterator[str], workers: int = 1) -> Iterator[np.ndarray]:
+    """The tokens of each document of ``docs`` (see :func:`encode_documents`), in document order.
+
+    ``workers`` > 1 encodes batches of documents (up to 256 documents / 1M characters) in that
+    many processes; at most ``2 * workers`` batches are in flight, so memory stays bounded
+    whatever the corpus size. The result does not depend on ``workers``.
     """
-    enc = get_encoding()
-    docs: list[np.ndarray] = []
-    info: list[tuple[str, int]] = []
-    with tqdm(total=len(paths), unit="doc", desc="tokenize", disable=None if progress else True) as bar:  # None: only on a terminal
-        for start in range(0, len(paths), _BATCH_DOCS):
-            batch = [_read_text(p) for p in paths[start:start + _BATCH_DOCS]]
-            info.extend((digest, size) for _, digest, size in batch)
-            texts = [text for text, _, _ in batch]
-            del batch
-            if len(texts) == 1:
-                ids_batch = [enc.encode_ordinary(texts[0])]
-            else:
-                ids_batch = enc.encode_ordinary_batch(texts)
-            del texts
-            for ids in ids_batch:
-                if ids:
-                    doc = np.empty(len(ids) + 1, dtype=np.uint16)
-                    doc[0] = EOT_TOKEN
-                    doc[1:] = ids
-                    docs.append(doc)
-            del ids_batch
-            bar.update(min(_BATCH_DOCS, len(paths) - start))
-    tokens = np.empty(sum(len(d) for d in docs), dtype=np.uint16)
-    pos = 0
-    docs.reverse()
-    while docs:  # move each document into place and drop it: one copy of the tokens at a time
-        doc = docs.pop()
-        tokens[pos:pos + len(doc)] = doc
-        pos += len(doc)
-    return tokens, info
+    if workers <= 1:
+        for batch in _batches(docs):
+            yield from encode_documents(batch)
+        return
+    import collections
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init) as pool:
+        pending: collections.deque = collections.deque()
+        for batch in _batches(docs):
+            pending.append(pool.submit(encode_documents, batch))
+            if len(pending) >= 2 * workers:
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
 
 
-def split_point(tokens: np.ndarray, val_fraction: float) -> int:
-    """Index where val starts: ``round(n * (1 - val_fraction))``, moved to the nearest document
-    start (an EOT) when there are several documents and one lies within ``n * val_fraction / 2``.
-    """
-    n = len(tokens)
-    cut = round(n * (1 - val_fraction))
-    starts = np.flatnonzero(tokens == EOT_TOKEN)
-    starts = starts[starts > 0]
-    if len(starts):
-        nearest = int(starts[np.argmin(np.abs(starts - cut))])
-        if abs(nearest - cut) <= n * val_fraction / 2:
-            cut = nearest
-    return cut
+# ------------------------------------------------------------------------------ prepare
+PROGRESS_NAME = ".prepare-progress.json"
+_STAGE = ".stream_{:06d}.bin"
 
 
 def _clear(out: Path) -> None:
-    """Remove a previous preparation: manifest first (the folder is then incomplete), shards."""
+    """Remove a previous preparation: manifest first (the folder is then incomplete), shards,
+    staging chunks and the progress file."""
     (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for pattern in _SHARD_GLOBS:
+    for pattern in (*_SHARD_GLOBS, ".stream_*.bin", ".stream_*.tmp", PROGRESS_NAME, ".prepare-progress.json.*.tmp"):
         for p in out.glob(pattern):
             if p.is_file():
                 p.unlink()
@@ -410,6 +451,54 @@ def _clear(out: Path) -> None:
 
 def _input_sha256(file_hashes: list[str]) -> str:
     return hashlib.sha256("".join(d + "\n" for d in file_hashes).encode()).hexdigest()
+
+
+class _Concat:
+    """Read-only slices ``[a, b)`` across a list of shard memmaps laid end to end."""
+
+    def __init__(self, paths: list[Path]):
+        self.arrays = [read_shard(p) for p in paths]
+        self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
+        self.n = int(self.starts[-1])
+
+    def slice(self, a: int, b: int) -> np.ndarray:
+        parts = []
+        for i, arr in enumerate(self.arrays):
+            lo, hi = max(a, int(self.starts[i])), min(b, int(self.starts[i + 1]))
+            if lo < hi:
+                parts.append(arr[lo - self.starts[i]:hi - self.starts[i]])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+
+    def find_eot(self, lo: int, hi: int, last: bool, block: int = 1 << 22) -> int | None:
+        """First (or last) EOT position in ``[lo, hi]``, scanning blocks outward; None if none."""
+        lo, hi = max(lo, 0), min(hi, self.n - 1)
+        if lo > hi:
+            return None
+        starts = range(hi + 1, lo, -block) if last else range(lo, hi + 1, block)
+        for s in starts:
+            a, b = (max(lo, s - block), s) if last else (s, min(hi + 1, s + block))
+            hits = np.flatnonzero(self.slice(a, b) == EOT_TOKEN)
+            if len(hits):
+                return a + int(hits[-1] if last else hits[0])
+        return None
+
+
+def split_cut(tokens: _Concat, val_fraction: float) -> int:
+    """Index where val starts: ``round(n * (1 - val_fraction))``, moved to the nearest document
+    start (an EOT other than the first token) within ``n * val_fraction / 2``; on a tie the
+    earlier one. Reads only the blocks near the cut."""
+    n = tokens.n
+    cut = round(n * (1 - val_fraction))
+    w = n * val_fraction / 2
+    before = tokens.find_eot(max(1, math.ceil(cut - w)), cut, last=True)
+    after = tokens.find_eot(max(1, cut), math.floor(cut + w), last=False)
+    if before is not None and (after is None or cut - before <= after - cut):
+        return before
+    return after if after is not None else cut
+
+
+def _write_progress(out: Path, progress: dict) -> None:
+    _atomic_write(out / PROGRESS_NAME, (json.dumps(progress, indent=1) + "\n").encode())
 
 
 def prepare(
@@ -420,69 +509,205 @@ def prepare(
     shard_tokens: int = 100_000_000,
     force: bool = False,
     progress: bool = True,
+    workers: int = 1,
+    text_field: str = "text",
+    shuffle_seed: int | None = None,
+    skip_bad: bool = False,
+    max_tokens: int | None = None,
+    hf_name: str | None = None,
+    split: str = "train",
 ) -> dict:
-    """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest.
+    """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest, streaming.
+
+    Documents are read one at a time, tokenized (in ``workers`` processes) and appended to staging
+    chunks of ``shard_tokens`` tokens written as they fill, so memory stays flat for a corpus
+    larger than RAM. When the stream ends, the cut between train and val is placed
+    (:func:`split_cut`): full chunks before it become the train shards by a rename, the val shards
+    are the tail (the last ``val_fraction`` of tokens), cut into ``shard_tokens`` pieces. Disk
+    peaks at the final size plus one shard. A ``.prepare-progress.json`` beside the chunks records
+    the documents consumed per finished chunk: an interrupted prepare with the same input and
+    settings resumes after the last finished chunk. ``manifest.json`` is written last.
 
     Args:
-        source: corpus name (``tinyshakespeare``, ``shakespeare-gutenberg``), text file, folder of
-            ``*.txt`` (recursive) or glob pattern; files are UTF-8, one document each.
+        source: a named corpus (``tinyshakespeare``, ``shakespeare-gutenberg``, or online through
+            ``datasets``: ``tinystories``, ``fineweb-edu-10B``), a ``.txt`` (one document),
+            ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` (one per line) or ``.parquet`` (one per row)
+            file, a folder of such files (recursive, sorted), a glob, or ``hf:DATASET`` (a hub id
+            or a local jsonl/parquet file, streamed through ``datasets``).
         out_dir: output folder (created).
         val_fraction: share of tokens for val, in (0, 1).
         shard_tokens: most tokens per shard file (2 bytes each on disk).
         force: overwrite a folder that already has a ``manifest.json``. Without it, a folder
             prepared from the same input (same file hashes) and settings is left as it is and its
             manifest returned with ``"reused": True``; any other prepared folder is an error.
-        progress: show tqdm bars (documents, downloads) when stderr is a terminal.
+        progress: show tqdm bars (documents, tokens/s, downloads) when stderr is a terminal.
+        workers: tokenizing processes (the shards do not depend on it).
+        text_field: the JSON field / parquet column / dataset feature holding the text.
+        shuffle_seed: None keeps the source order; an int permutes the file order and shuffles
+            each file's (or dataset's) documents in windows of 8192, deterministically.
+        skip_bad: skip and count bad records instead of stopping at the first.
+        max_tokens: stop after this many tokens (the stream is cut there), None = all.
+        hf_name: the dataset configuration for ``hf:`` sources (e.g. ``sample-10BT``).
+        split: the dataset split for ``hf:`` sources.
 
     Returns:
         The manifest written to ``out_dir/manifest.json``: format, source, tokenizer, files
-        (path, sha256, bytes), input_sha256 (sha256 of the files' hex sha256s, each followed
-        by a newline), documents, val_fraction, splits (tokens, documents = EOT count, shards),
+        (path, sha256, bytes; empty for datasets), input_sha256 (sha256 of the files' hex
+        sha256s, each followed by a newline; for a dataset, of its name/config/split), documents,
+        val_fraction, shard_tokens, splits (tokens, documents = EOT count, shards), settings
+        (text_field, shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split), bad_records,
         created (UTC ISO time), gptspeed_version.
 
     Raises:
-        GptspeedError: bad val_fraction / shard_tokens, folder already prepared without force,
-            bad SOURCE (see :func:`resolve_source`), non-UTF-8 file, no text, too little text to
-            give both splits a token.
+        GptspeedError: bad arguments, folder already prepared without force, bad SOURCE (see
+            :func:`resolve_source`), a non-UTF-8 file, a bad record (naming file and line) without
+            ``skip_bad``, no text, too little text to give both splits a token.
     """
     if not 0.0 < val_fraction < 1.0:
         raise GptspeedError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise GptspeedError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
+    if not isinstance(workers, int) or workers < 1:
+        raise GptspeedError(f"workers must be a positive integer, got {workers!r}")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
+        raise GptspeedError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise GptspeedError(f"output {out} exists and is not a folder: choose another --out")
-    paths, names = resolve_source(source, progress=progress)
+
+    dataset = None
+    if source in HF_CORPORA:
+        c = HF_CORPORA[source]
+        dataset, hf_name, split = c.dataset, hf_name or c.config, split if split != "train" else c.split
+    elif source.startswith("hf:"):
+        dataset = source[3:]
+        if not dataset:
+            raise GptspeedError("hf: needs a dataset name, e.g. hf:HuggingFaceFW/fineweb-edu --hf-name sample-10BT")
+    if dataset is not None:
+        paths, names, info = [], [], []
+        input_sha = hashlib.sha256(json.dumps([dataset, hf_name, split]).encode()).hexdigest()
+    else:
+        paths, names = resolve_source(source, progress=progress)
+        info = [(sha256_file(p), p.stat().st_size) for p in paths]
+        input_sha = _input_sha256([d for d, _ in info])
+    settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
+                "max_tokens": max_tokens, "dataset": dataset, "hf_name": hf_name, "split": split}
+
     if (out / MANIFEST_NAME).exists() and not force:
         old = load_manifest(out)
+        old_settings = old.get("settings", {"text_field": "text", "shuffle_seed": None, "skip_bad": False,
+                                            "max_tokens": None, "dataset": None, "hf_name": None, "split": "train"})
         same = (old.get("source") == source and old.get("val_fraction") == val_fraction
-                and old.get("shard_tokens") == shard_tokens
-                and old.get("input_sha256") == _input_sha256([sha256_file(p) for p in paths]))
+                and old.get("shard_tokens") == shard_tokens and old.get("input_sha256") == input_sha
+                and old_settings == settings)
         if not same:
             raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
         return {**old, "reused": True}
 
-    tokens, info = _tokenize(paths, progress)
-    n = len(tokens)
-    if n == 0:
+    out.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(json.dumps([source, input_sha, shard_tokens, settings]).encode()).hexdigest()
+    state = None
+    if not force and (out / PROGRESS_NAME).exists():
+        try:
+            state = json.loads((out / PROGRESS_NAME).read_text())
+        except (OSError, json.JSONDecodeError):
+            state = None
+        if state is not None and (state.get("key") != key or not all(
+                (out / c["name"]).is_file() for c in state["chunks"])):
+            state = None
+    if state is None:
+        _clear(out)
+        state = {"key": key, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
+    else:
+        for p in out.glob(".stream_*.bin"):  # chunks written after the last recorded one
+            if p.name not in {c["name"] for c in state["chunks"]}:
+                p.unlink()
+
+    stats = SourceStats()
+    if dataset is not None:
+        docs = iter_hf(dataset, config=hf_name, split=split, text_field=text_field, stats=stats,
+                       skip_bad=skip_bad, shuffle_seed=shuffle_seed)
+    else:
+        docs = iter_files(paths, text_field, stats, skip_bad=skip_bad, shuffle_seed=shuffle_seed)
+    skip_docs, skip_tokens = state["next_doc"], state["doc_offset"]
+    docs = itertools.islice(docs, skip_docs, None)  # already in finished chunks: read, not tokenized
+
+    buf = np.empty(shard_tokens if max_tokens is None else min(shard_tokens, max_tokens), dtype=np.uint16)
+    fill, total, n_docs = 0, state["tokens"], state["documents"]
+    start_tokens = total
+    t0 = time.perf_counter()
+    bar = tqdm(unit="doc", desc="tokenize", initial=skip_docs, disable=None if progress else True)
+    done = False
+    with bar:
+        for doc_index, doc in enumerate(tokenize_stream(docs, workers), start=skip_docs):
+            bar.update(1)
+            p = skip_tokens if doc_index == skip_docs else 0
+            if len(doc) and p == 0:
+                n_docs += 1
+            while p < len(doc):
+                take = min(len(buf) - fill, len(doc) - p)
+                if max_tokens is not None:
+                    take = min(take, max_tokens - total - fill)
+                buf[fill:fill + take] = doc[p:p + take]
+                fill, p = fill + take, p + take
+                full = fill == len(buf)
+                done = max_tokens is not None and total + fill >= max_tokens
+                if full or done:
+                    name = _STAGE.format(len(state["chunks"]))
+                    write_shard(out / name, buf[:fill])
+                    total, chunk_len, fill = total + fill, fill, 0
+                    nxt, off = (doc_index, p) if p < len(doc) else (doc_index + 1, 0)
+                    state["chunks"].append({"name": name, "tokens": chunk_len})
+                    state.update(next_doc=nxt, doc_offset=off, documents=n_docs, tokens=total)
+                    _write_progress(out, state)
+                if done:
+                    break
+            if done:
+                break
+            if bar.n % 64 == 0:
+                bar.set_postfix_str(f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s",
+                                    refresh=False)
+        if fill:
+            name = _STAGE.format(len(state["chunks"]))
+            write_shard(out / name, buf[:fill])
+            total += fill
+            state["chunks"].append({"name": name, "tokens": fill})
+            state.update(documents=n_docs, tokens=total)
+    del buf
+
+    chunk_paths = [out / c["name"] for c in state["chunks"]]
+    if total == 0:
+        _clear(out)
         raise GptspeedError(f"no text in {source}: give files with some text")
-    cut = split_point(tokens, val_fraction)
-    if not 0 < cut < n:
+    tokens = _Concat(chunk_paths)
+    cut = split_cut(tokens, val_fraction)
+    if not 0 < cut < total:
+        _clear(out)
         raise GptspeedError(
-            f"{source} has only {n} tokens, too few to split with val_fraction={val_fraction}: "
+            f"{source} has only {total} tokens, too few to split with val_fraction={val_fraction}: "
             "add text or change --val-fraction"
         )
-
-    out.mkdir(parents=True, exist_ok=True)
-    _clear(out)
     splits = {}
-    for split, part in (("train", tokens[:cut]), ("val", tokens[cut:])):
-        shards = []
-        for i, start in enumerate(range(0, len(part), shard_tokens)):
-            shards.append(f"{split}_{i:06d}.bin")
-            write_shard(out / shards[-1], part[start:start + shard_tokens])
-        splits[split] = {"tokens": len(part), "documents": int(np.count_nonzero(part == EOT_TOKEN)),
-                         "shards": shards}
+    # val first (it reads chunks at and after the cut), then the partial train shard, then renames
+    val_shards, val_docs = [], 0
+    for i, start in enumerate(range(cut, total, shard_tokens)):
+        part = tokens.slice(start, min(total, start + shard_tokens))
+        val_docs += int(np.count_nonzero(part == EOT_TOKEN))
+        val_shards.append(f"val_{i:06d}.bin")
+        write_shard(out / val_shards[-1], part)
+    train_shards = [f"train_{i:06d}.bin" for i in range((cut + shard_tokens - 1) // shard_tokens)]
+    k = cut // shard_tokens
+    if cut % shard_tokens:
+        write_shard(out / train_shards[k], tokens.slice(k * shard_tokens, cut))
+    # chunk i holds tokens [i*S, (i+1)*S) (every chunk but the last is full): train shard i for i < k
+    del tokens
+    for i in range(k):
+        os.replace(chunk_paths[i], out / train_shards[i])
+    for p in chunk_paths[k:]:
+        p.unlink(missing_ok=True)
+    (out / PROGRESS_NAME).unlink(missing_ok=True)
+    splits["train"] = {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards}
+    splits["val"] = {"tokens": total - cut, "documents": val_docs, "shards": val_shards}
     manifest = {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_FORMAT_VERSION,
@@ -491,11 +716,13 @@ def prepare(
         "eot_token": EOT_TOKEN,
         "n_vocab": N_VOCAB,
         "files": [{"path": nm, "sha256": d, "bytes": b} for nm, (d, b) in zip(names, info)],
-        "input_sha256": _input_sha256([d for d, _ in info]),
-        "documents": int(np.count_nonzero(tokens == EOT_TOKEN)),
+        "input_sha256": input_sha,
+        "documents": n_docs,
         "val_fraction": val_fraction,
         "shard_tokens": shard_tokens,
         "splits": splits,
+        "settings": settings,
+        "bad_records": stats.bad,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gptspeed_version": gptspeed.__version__,
     }

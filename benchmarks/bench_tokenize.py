@@ -1,0 +1,72 @@
+"""Tokenization throughput, side by side in one run: ``python benchmarks/bench_tokenize.py``.
+
+Over the same files (default ``../shared/data/shakespeare-gutenberg``, 77 e-texts), times
+(1) a plain one-process loop of ``tiktoken`` ``encode_ordinary`` over the file texts (the
+reference), (2) ``gptspeed prepare --workers 1`` and (3) ``--workers N`` (default 2), each the
+whole prepare: reading, tokenizing, writing shards. tokens/s = corpus tokens / wall seconds,
+best of ``--repeats``. Prints a markdown table with the ratio to the loop, the loop's per-core
+rate, and the CPU count; paste it into benchmarks/README.md only if measured on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from gptspeed.data.prepare import prepare  # noqa: E402
+from gptspeed.tokenizer import get_encoding  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", default=str(ROOT.parent / "shared" / "data" / "shakespeare-gutenberg"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    files = sorted(Path(a.source).glob("*.txt"))
+    enc = get_encoding()
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    enc.encode_ordinary("warm up")
+
+    def loop() -> int:
+        n = 0
+        for f in files:  # read + encode, like prepare does
+            n += len(enc.encode_ordinary(f.read_text(encoding="utf-8").removeprefix("\ufeff")))
+        return n
+
+    def best(fn) -> tuple[float, int]:
+        times, n = [], 0
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            n = fn()
+            times.append(time.perf_counter() - t0)
+        return min(times), n
+
+    rows = []
+    t_loop, n_loop = best(loop)
+    rows.append(("tiktoken encode_ordinary loop, 1 process", t_loop, n_loop))
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in (1, a.workers):
+            def run(w=w) -> int:
+                m = prepare(a.source, Path(tmp) / f"w{w}", workers=w, force=True, progress=False)
+                return m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+            t, n = best(run)
+            rows.append((f"gptspeed prepare --workers {w}", t, n))
+    print(f"{len(files)} files, {sum(len(t) for t in texts):,} characters; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, python {platform.python_version()}")
+    print("| what | seconds | tokens/s | vs loop |\n|---|---|---|---|")
+    for name, t, n in rows:
+        print(f"| {name} | {t:.2f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x |")
+    print(f"loop per core: {n_loop / t_loop:,.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()

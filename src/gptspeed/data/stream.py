@@ -1,0 +1,193 @@
+"""Training straight from a ``.jsonl`` file or a Hugging Face dataset, without token shards.
+
+For users without disk for pre-tokenized shards: documents are read as a stream, tokenized in
+worker processes (:func:`gptspeed.data.prepare.tokenize_stream`), each preceded by
+``<|endoftext|>``, and packed into consecutive windows of ``B*T*world_size`` (+1) tokens, exactly
+as :class:`gptspeed.data.loader.TokenLoader` cuts shards. A background thread keeps batches ready.
+
+Resume limits (honest): the state is the number of documents fully consumed and the token offset
+into the next one, so a resume is exact for a source that yields the same documents in the same
+order (a local file; a hub dataset whose revision did not change) — but it re-reads (without
+tokenizing) every document consumed so far, which takes time proportional to the position. There
+are no epochs: when the stream ends, :meth:`StreamLoader.next_batch` raises GptspeedError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptspeed.data.sources import SourceStats, iter_file, iter_hf
+from gptspeed.errors import GptspeedError
+from gptspeed.tokenizer import EOT_TOKEN
+
+STREAM_PREFIXES = ("jsonl:", "hf:")
+
+
+def is_stream_source(data: str) -> bool:
+    """True for ``jsonl:PATH`` and ``hf:NAME`` training data specs."""
+    return data.startswith(STREAM_PREFIXES)
+
+
+def iter_stream_documents(data: str, text_field: str = "text", split: str = "train",
+                          hf_name: str | None = None) -> Iterator[str]:
+    """Documents of ``jsonl:PATH`` (also .jsonl.gz/.zst/.parquet/.txt) or ``hf:NAME``."""
+    if data.startswith("jsonl:"):
+        path = Path(data[len("jsonl:"):]).expanduser()
+        if not path.is_file():
+            raise GptspeedError(f"{path} does not exist: give --data jsonl:PATH of a file")
+        return iter_file(path, text_field, SourceStats())
+    if data.startswith("hf:"):
+        return iter_hf(data[3:], config=hf_name, split=split, text_field=text_field)
+    raise GptspeedError(f"--data {data!r} is not a stream (jsonl:PATH or hf:NAME)")
+
+
+class StreamLoader:
+    """Micro-batches ``(x, y)``, each ``(B, T)`` int64 on ``device``, from a document stream.
+
+    Args:
+        data: ``jsonl:PATH`` or ``hf:NAME`` (see :func:`iter_stream_documents`).
+        batch_size, seq_len: B and T.
+        rank, world_size: this rank reads the ``rank``-th ``B*T`` slice of each global window.
+        device: where batches go (non-blocking copies from pinned memory on CUDA).
+        workers: tokenizing processes (the batches do not depend on it).
+        prefetch: batches kept ready by the background thread.
+
+    Attributes: ``documents`` (documents started in consumed windows), ``wait_s`` (seconds
+    :meth:`next_batch` waited). State: :meth:`state_dict` (consumed position only).
+    """
+
+    def __init__(self, data: str, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1,
+                 device: torch.device | str = "cpu", text_field: str = "text", split: str = "train",
+                 hf_name: str | None = None, workers: int = 1, prefetch: int = 8):
+        self.data, self.text_field, self.split, self.hf_name = data, text_field, split, hf_name
+        self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
+        self.device = torch.device(device)
+        self.workers, self.prefetch = workers, prefetch
+        self.global_tokens = batch_size * seq_len * world_size
+        self.doc_index, self.doc_offset = 0, 0  # first token of the next window
+        self.documents, self.batches, self.epoch, self.wait_s = 0, 0, 0, 0.0
+        self._q: queue.Queue | None = None
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def _windows(self, stop: threading.Event) -> Iterator[tuple[np.ndarray, int, int, int]]:
+        """(window of G+1 tokens, documents started in its first G, doc_index, doc_offset after)."""
+        from gptspeed.data.prepare import tokenize_stream
+
+        G = self.global_tokens
+        docs = itertools.islice(iter_stream_documents(self.data, self.text_field, self.split, self.hf_name),
+                                self.doc_index, None)
+        buf = np.empty(0, dtype=np.uint16)
+        # positions: (doc index, offset) of each buffered token's document, kept as run-lengths
+        runs: list[list[int]] = []  # [doc_index, first offset in buf's doc, count]
+        first = True
+        for i, doc in enumerate(tokenize_stream(docs, self.workers), start=self.doc_index):
+            if stop.is_set():
+                return
+            if first:
+                doc = doc[self.doc_offset:] if len(doc) else doc
+                off0, first = self.doc_offset, False
+            else:
+                off0 = 0
+            if not len(doc):
+                continue
+            buf = np.concatenate([buf, doc])
+            runs.append([i, off0, len(doc)])
+            while len(buf) >= G + 1:
+                window = buf[:G + 1]
+                docs_in = int(np.count_nonzero(window[:G] == EOT_TOKEN))
+                buf = buf[G:]
+                left = G  # drop G tokens from the runs
+                while left:
+                    r = runs[0]
+                    take = min(left, r[2])
+                    r[1] += take
+                    r[2] -= take
+                    left -= take
+                    if r[2] == 0:
+                        runs.pop(0)
+                nxt = (runs[0][0], runs[0][1]) if runs else (i + 1, 0)
+                yield window, docs_in, nxt[0], nxt[1]
+
+    def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
+        try:
+            for window, docs_in, di, do in self._windows(stop):
+                start = self.rank * self.B * self.T
+                t = torch.from_numpy(window[start:start + self.B * self.T + 1].astype(np.int64))
+                if self.device.type == "cuda":
+                    t = t.pin_memory()
+                item = (t, docs_in, di, do)
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            item = GptspeedError(f"the stream {self.data} ended after {self.batches:,} batches (streams have "
+                                 "no epochs): lower --max-steps or give more data")
+        except BaseException as e:
+            item = e
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next micro-batch ``(x, y)``, ``(B, T)`` int64 on ``device``.
+
+        Raises GptspeedError when the stream has ended or a record is bad."""
+        t0 = time.perf_counter()
+        if self._thread is None:
+            self._stop, self._q = threading.Event(), queue.Queue(self.prefetch)
+            self._thread = threading.Thread(target=self._produce, args=(self._stop, self._q),
+                                            name="gptspeed-stream", daemon=True)
+            self._thread.start()
+        item = self._q.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        t, docs_in, self.doc_index, self.doc_offset = item
+        self.documents += docs_in
+        self.batches += 1
+        t = t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+        self.wait_s += time.perf_counter() - t0
+        return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
+
+    def close(self) -> None:
+        """Stop the background thread (prefetched batches are dropped; the state is unchanged)."""
+        if self._stop is not None:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+        self._stop = self._q = self._thread = None
+
+    def epoch_progress(self) -> float:
+        """Always 0.0: a stream has no known length."""
+        return 0.0
+
+    def state_dict(self) -> dict:
+        """Consumed position: documents fully consumed and the token offset into the next one."""
+        return {"stream": self.data, "doc_index": self.doc_index, "doc_offset": self.doc_offset,
+                "documents": self.documents, "batches": self.batches, "global_tokens": self.global_tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after the last consumed batch (re-reads the consumed documents, see module doc).
+
+        Raises GptspeedError if the state is from another stream or batch shape."""
+        if state.get("stream") != self.data or state.get("global_tokens") != self.global_tokens:
+            raise GptspeedError("the checkpoint's data position does not fit this stream or batch shape")
+        self.close()
+        self.doc_index, self.doc_offset = state["doc_index"], state["doc_offset"]
+        self.documents, self.batches = state["documents"], state["batches"]

@@ -1,0 +1,220 @@
+"""Corpora at scale: source formats, parallel tokenization, shuffle, resume, bad records."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gptspeed.data import find_shards, read_shard
+from gptspeed.data.prepare import PROGRESS_NAME, prepare
+from gptspeed.errors import GptspeedError
+from gptspeed.tokenizer import EOT_TOKEN, get_encoding
+
+DOCS = [f"Document number {i}. " + "Some words here, and more words. " * (3 + i % 7) for i in range(40)]
+
+
+def encode(text):
+    return get_encoding().encode_ordinary(text)
+
+
+def expected_stream(docs):
+    return np.concatenate([[EOT_TOKEN, *encode(d)] for d in docs if d]).astype(np.uint16)
+
+
+def all_tokens(out):
+    return np.concatenate([np.concatenate([read_shard(p) for p in find_shards(out, s)]) for s in ("train", "val")])
+
+
+def shard_bytes(out):
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
+
+
+def write_jsonl(path, docs, field="text", opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({field: d, "id": 1}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "jsonl.zst", "parquet"])
+def test_formats(tmp_path, fmt):
+    path = tmp_path / f"docs.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, DOCS)
+    elif fmt == "jsonl.gz":
+        write_jsonl(path, DOCS, opener=gzip.open)
+    elif fmt == "jsonl.zst":
+        zstandard = pytest.importorskip("zstandard")
+        data = "".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()
+        path.write_bytes(zstandard.ZstdCompressor().compress(data))
+    else:
+        pa = pytest.importorskip("pyarrow")
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"text": DOCS}), path, row_group_size=7)
+    m = prepare(str(path), tmp_path / "out", progress=False)
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS))
+    assert m["documents"] == len(DOCS) and m["bad_records"] == 0
+
+
+def test_folder_of_mixed_formats_and_text_field(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", DOCS[:10], field="content")
+    (src / "b.txt").write_text(DOCS[10])
+    (src / "c.md").write_text("ignored")
+    prepare(str(src), tmp_path / "out", text_field="content", progress=False)
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS[:11]))
+
+
+def test_workers_give_identical_shards(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 20)
+    one = prepare(str(path), tmp_path / "w1", shard_tokens=3000, progress=False, workers=1)
+    two = prepare(str(path), tmp_path / "w2", shard_tokens=3000, progress=False, workers=2)
+    assert len(one["splits"]["train"]["shards"]) > 2
+    assert shard_bytes(tmp_path / "w1") == shard_bytes(tmp_path / "w2")
+    assert one["splits"] == two["splits"]
+
+
+def test_shuffle_is_a_seeded_permutation(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    a = prepare(str(path), tmp_path / "a", shuffle_seed=1, progress=False)
+    prepare(str(path), tmp_path / "b", shuffle_seed=1, progress=False)
+    prepare(str(path), tmp_path / "c", shuffle_seed=2, progress=False)
+    assert a["settings"]["shuffle_seed"] == 1
+    ta, tb, tc = (all_tokens(tmp_path / x) for x in "abc")
+    np.testing.assert_array_equal(ta, tb)
+    assert not np.array_equal(ta, tc) and not np.array_equal(ta, expected_stream(DOCS))
+    assert sorted(ta.tolist()) == sorted(expected_stream(DOCS).tolist())
+
+
+def test_resume_skips_finished_chunks(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 10)
+    ref = prepare(str(path), tmp_path / "ref", shard_tokens=2000, progress=False)
+    import gptspeed.data.prepare as P
+
+    real, calls = P.write_shard, []
+
+    def crash_on_third(p, tokens):
+        calls.append(p.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(p, tokens)
+
+    monkeypatch.setattr(P, "write_shard", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False)
+    state = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
+    assert len(state["chunks"]) == 2 and not (tmp_path / "out" / "manifest.json").exists()
+    encoded = []
+    real_encode = P.encode_documents
+    monkeypatch.setattr(P, "write_shard", real)
+    monkeypatch.setattr(P, "encode_documents", lambda texts: encoded.extend(texts) or real_encode(texts))
+    m = prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False)
+    assert len(encoded) < len(DOCS) * 10 - 5  # the documents of finished chunks were not tokenized again
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
+    assert m["splits"] == ref["splits"] and m["documents"] == ref["documents"]
+    assert not (tmp_path / "out" / PROGRESS_NAME).exists()
+
+
+def test_max_tokens(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    m = prepare(str(path), tmp_path / "out", max_tokens=500, progress=False)
+    assert m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"] == 500
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:500])
+
+
+def test_bad_records_name_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps({"text": d}) for d in DOCS[:5]]
+    lines[2] = '{"text": "broken'
+    lines.insert(4, json.dumps({"body": "no text field"}))
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(GptspeedError, match=r"d\.jsonl:3: not valid JSON.*--skip-bad"):
+        prepare(str(path), tmp_path / "o1", progress=False)
+    lines[2] = json.dumps({"text": DOCS[2]})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(GptspeedError, match=r"d\.jsonl:5: no string field 'text'"):
+        prepare(str(path), tmp_path / "o2", progress=False)
+    lines[2] = "not json"
+    path.write_text("\n".join(lines) + "\n")
+    m = prepare(str(path), tmp_path / "o3", skip_bad=True, progress=False)
+    assert m["bad_records"] == 2 and m["documents"] == 4
+    np.testing.assert_array_equal(all_tokens(tmp_path / "o3"), expected_stream([DOCS[0], DOCS[1], DOCS[3], DOCS[4]]))
+
+
+def test_parquet_missing_column(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"body": DOCS[:3]}), tmp_path / "d.parquet")
+    with pytest.raises(GptspeedError, match=r"d\.parquet: no column 'text'.*--text-field"):
+        prepare(str(tmp_path / "d.parquet"), tmp_path / "o", progress=False)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_hf_datasets_streaming_on_local_files(tmp_path, fmt):
+    pytest.importorskip("datasets")
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, DOCS)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"text": DOCS}), path)
+    m = prepare(f"hf:{path}", tmp_path / "out", max_tokens=800, progress=False)
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:800])
+    assert m["settings"]["dataset"] == str(path) and m["files"] == []
+
+
+def test_named_online_corpora_are_defined():
+    from gptspeed.data.prepare import HF_CORPORA
+
+    assert HF_CORPORA["fineweb-edu-10B"].dataset == "HuggingFaceFW/fineweb-edu"
+    assert HF_CORPORA["fineweb-edu-10B"].config == "sample-10BT"
+    assert HF_CORPORA["tinystories"].dataset == "roneneldan/TinyStories"
+
+
+def test_stream_loader_windows_and_exact_resume(tmp_path):
+    from gptspeed.data.stream import StreamLoader
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 3)
+    stream = expected_stream(DOCS * 3).astype(np.int64)
+    a = StreamLoader(f"jsonl:{path}", 2, 16, workers=1)
+    G = 32
+    for k in range(10):
+        x, y = a.next_batch()
+        np.testing.assert_array_equal(x.flatten().numpy(), stream[k * G:k * G + G])
+        np.testing.assert_array_equal(y.flatten().numpy(), stream[k * G + 1:k * G + G + 1])
+    state = a.state_dict()
+    b = StreamLoader(f"jsonl:{path}", 2, 16, workers=2)
+    b.load_state_dict(state)
+    for _ in range(20):
+        assert torch.equal(a.next_batch()[0], b.next_batch()[0])
+    assert a.state_dict() == b.state_dict() and a.documents == b.documents > 0
+    with pytest.raises(GptspeedError, match="ended after"):
+        for _ in range(10_000):
+            a.next_batch()
+    b.close()
+
+
+def test_train_from_a_jsonl_stream_and_resume(tmp_path):
+    from gptspeed.train import build_train_config, fit
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 5)
+    tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, batch_size=4, warmup_steps=1, lr=3e-3,
+                log_every=1, device="cpu", data=f"jsonl:{path}", eval_every=0)
+    import shutil
+
+    full = tmp_path / "full"
+    fit(build_train_config("pico", dict(tiny, out=str(full), max_steps=6, save_every=3, keep_checkpoints=5)),
+        echo=False)
+    part = tmp_path / "part"
+    part.mkdir()
+    for name in ("ckpt_00000003.pt", "ckpt_00000003.json"):  # stopped right after step 3
+        shutil.copy(full / name, part)
+    fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
+    recs = lambda d: {r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())}  # noqa: E731
+    a, b = recs(full), recs(part)
+    assert a[6]["train_loss"] == b[6]["train_loss"] and a[6]["documents"] == b[6]["documents"] > 0
+    assert a[6].get("val_loss") is None and a[6]["data_wait_ms"] >= 0

@@ -37,6 +37,18 @@ def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offse
         )
 
 
+def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put ``item`` into a bounded queue, waiting for room, unless ``stop`` is set meanwhile.
+    Returns True if it was put. (A plain blocking put would never notice ``stop``.)"""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def to_device(buf: np.ndarray, device: torch.device) -> torch.Tensor:
     """int64 host array -> device tensor; on CUDA through pinned memory with a non-blocking copy
     (PyTorch's caching host allocator keeps the pinned block alive until the copy is done)."""
@@ -160,12 +172,7 @@ class TokenLoader:
                 item = self._make(g)
             except BaseException as e:  # handed to next_batch, raised there
                 item = e
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            put_until_stopped(q, item, stop)
             if isinstance(item, BaseException):
                 return
             g += self.workers

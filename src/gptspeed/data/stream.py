@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptspeed.data.loader import put_until_stopped
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
@@ -124,25 +125,13 @@ class StreamLoader:
                 t = torch.from_numpy(window[start:start + self.B * self.T + 1].astype(np.int64))
                 if self.device.type == "cuda":
                     t = t.pin_memory()
-                item = (t, docs_in, di, do)
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put_until_stopped(q, (t, docs_in, di, do), stop):
                     return
             item = GptspeedError(f"the stream {self.data} ended after {self.batches:,} batches (streams have "
                                  "no epochs): lower --max-steps or give more data")
         except BaseException as e:
             item = e
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        put_until_stopped(q, item, stop)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next micro-batch ``(x, y)``, ``(B, T)`` int64 on ``device``.

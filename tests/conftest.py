@@ -21,6 +21,19 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 SRC = ROOT / "src"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread while a module runs (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    tiny shapes gain nothing from threads, and OpenMP threads spinning against other processes on
+    a shared 2-core machine make them ~100x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _mirror(monkeypatch):
     monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(SHARED_DATA))

@@ -22,7 +22,7 @@ from gptspeed.tokenizer import encode
 
 transformers = pytest.importorskip("transformers")
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from conftest import SRC  # noqa: E402
 CONTEXTS = [
     ("Roof shingle removal", "A man is sitting on a roof.", "he"),
     ("Clean and jerk", "A lady walks to a barbell. She bends down and grabs the pole.", "the lady"),
@@ -43,13 +43,7 @@ ENDINGS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny shapes gain nothing from threads; on a shared 2-core machine they only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

@@ -23,18 +23,11 @@ from gptspeed.model import GPT, GPTConfig  # noqa: E402
 from gptspeed.sample import load_model  # noqa: E402
 from gptspeed.runtime import resolve_runtime  # noqa: E402
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from conftest import SRC  # noqa: E402
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny shapes gain nothing from threads, and OpenMP threads spinning against other processes
-    on a shared 2-core machine make them ~100x slower: one thread while this module runs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

@@ -11,14 +11,7 @@ from gptspeed.model import GPT, GPTConfig
 from gptspeed.sample import generate, generate_cached, left_pad, sample_text
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny shapes gain nothing from threads, and OpenMP threads spinning against other processes
-    on a shared 2-core machine make them ~100x slower: one thread while this module runs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(attention="sdpa", block_size=32, seed=0):

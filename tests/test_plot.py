@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 from gptspeed.errors import GptspeedError  # noqa: E402
 from gptspeed.plot import plot_runs, read_metrics  # noqa: E402
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from conftest import SRC  # noqa: E402
 
 
 def write_metrics(run: Path, resumed: bool = False) -> Path:

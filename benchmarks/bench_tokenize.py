@@ -4,7 +4,7 @@ Over the same files (default ``../shared/data/shakespeare-gutenberg``, 77 e-text
 (1) a plain one-process loop of ``tiktoken`` ``encode_ordinary`` over the file texts (the
 reference), (2) ``gptspeed prepare --workers 1`` and (3) ``--workers N`` (default 2), each the
 whole prepare: reading, tokenizing, writing shards. tokens/s = corpus tokens / wall seconds,
-best of ``--repeats``. Prints a markdown table with the ratio to the loop, the loop's per-core
+best and median of ``--repeats`` interleaved rounds (after one warm-up round). Prints a markdown table with the ratio to the loop, the loop's per-core
 rate, and the CPU count; paste it into benchmarks/README.md only if measured on a quiet machine.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -42,29 +43,35 @@ def main() -> None:
             n += len(enc.encode_ordinary(f.read_text(encoding="utf-8").removeprefix("\ufeff")))
         return n
 
-    def best(fn) -> tuple[float, int]:
-        times, n = [], 0
-        for _ in range(a.repeats):
+    runs = {"tiktoken encode_ordinary loop, 1 process": loop}
+    tmp = tempfile.TemporaryDirectory()
+    for w in (1, a.workers):
+        def run(w=w) -> int:
+            m = prepare(a.source, Path(tmp.name) / f"w{w}", workers=w, force=True, progress=False)
+            return m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+        runs[f"gptspeed prepare --workers {w}"] = run
+    for fn in runs.values():  # warm-up: page cache, tokenizer threads and their encodings
+        fn()
+    # Interleaved rounds, so that a slow spell of a shared machine hits every variant alike.
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    counts: dict[str, int] = {}
+    for _ in range(a.repeats):
+        for name, fn in runs.items():
             t0 = time.perf_counter()
-            n = fn()
-            times.append(time.perf_counter() - t0)
-        return min(times), n
-
-    rows = []
-    t_loop, n_loop = best(loop)
-    rows.append(("tiktoken encode_ordinary loop, 1 process", t_loop, n_loop))
-    with tempfile.TemporaryDirectory() as tmp:
-        for w in (1, a.workers):
-            def run(w=w) -> int:
-                m = prepare(a.source, Path(tmp) / f"w{w}", workers=w, force=True, progress=False)
-                return m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
-            t, n = best(run)
-            rows.append((f"gptspeed prepare --workers {w}", t, n))
+            counts[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    tmp.cleanup()
+    loop_name = next(iter(runs))
+    t_loop, n_loop = min(times[loop_name]), counts[loop_name]
+    rows = [(name, min(ts), statistics.median(ts), counts[name]) for name, ts in times.items()]
     print(f"{len(files)} files, {sum(len(t) for t in texts):,} characters; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, python {platform.python_version()}")
-    print("| what | seconds | tokens/s | vs loop |\n|---|---|---|---|")
-    for name, t, n in rows:
-        print(f"| {name} | {t:.2f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x |")
+    print(f"best and median of {a.repeats} interleaved rounds")
+    print("| what | best s | median s | tokens/s (best) | vs loop (best) | vs loop (median) |\n|---|---|---|---|---|---|")
+    t_loop_med = statistics.median(times[loop_name])
+    for name, t, med, n in rows:
+        print(f"| {name} | {t:.3f} | {med:.3f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x "
+              f"| {t_loop_med / med * n / n_loop:.2f}x |")
     print(f"loop per core: {n_loop / t_loop:,.0f} tokens/s")
 
 

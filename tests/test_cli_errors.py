@@ -27,6 +27,13 @@ def test_empty_corpus(tmp_path):
     assert not list(out.glob("*.bin")) if out.exists() else True
 
 
+def test_negative_workers(tmp_path):
+    (tmp_path / "a.txt").write_text("some text")
+    out = tmp_path / "d"
+    assert_user_error(run_cli("prepare", str(tmp_path / "a.txt"), "--out", str(out), "--workers", "-1"), "workers")
+    assert not out.exists()
+
+
 def test_corpus_shorter_than_one_sequence(tmp_path):
     src = tmp_path / "short.txt"
     src.write_text("To be, or not to be, that is the question. " * 3)

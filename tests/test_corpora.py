@@ -108,9 +108,11 @@ def test_resume_skips_finished_chunks(tmp_path, monkeypatch):
     state = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
     assert len(state["chunks"]) == 2 and not (tmp_path / "out" / "manifest.json").exists()
     encoded = []
-    real_encode = P.encode_documents
+    import gptspeed.data.tokenize as T
+
+    real_encode = T.encode_document
     monkeypatch.setattr(P, "write_shard", real)
-    monkeypatch.setattr(P, "encode_documents", lambda texts: encoded.extend(texts) or real_encode(texts))
+    monkeypatch.setattr(T, "encode_document", lambda text: encoded.append(text) or real_encode(text))
     m = prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False)
     assert len(encoded) < len(DOCS) * 10 - 5  # the documents of finished chunks were not tokenized again
     assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
@@ -168,7 +170,7 @@ def test_hf_datasets_streaming_on_local_files(tmp_path, fmt):
 
 
 def test_named_online_corpora_are_defined():
-    from gptspeed.data.prepare import HF_CORPORA
+    from gptspeed.data.corpora import HF_CORPORA
 
     assert HF_CORPORA["fineweb-edu-10B"].dataset == "HuggingFaceFW/fineweb-edu"
     assert HF_CORPORA["fineweb-edu-10B"].config == "sample-10BT"

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptspeed.data import find_shards, load_manifest, prepare as prepare_mod
-from gptspeed.data.prepare import CORPORA, Archive, Corpus, prepare
+from gptspeed.data import corpora, find_shards, load_manifest
+from gptspeed.data.corpora import CORPORA, Archive, Corpus
+from gptspeed.data.prepare import prepare
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, encode
@@ -199,7 +200,7 @@ def test_archive_download_into_cache(tmp_path, monkeypatch):
     )
     monkeypatch.setitem(CORPORA, "fake", corpus)
     monkeypatch.setattr(urllib.request, "urlopen", urlopen_file_only)
-    paths = prepare_mod.corpus_files("fake", progress=False)
+    paths = corpora.corpus_files("fake", progress=False)
     cache = tmp_path / "cache"
     assert paths == [cache / "fake" / "a.txt", cache / "fake" / "b.txt"]
     assert [p.read_bytes() for p in paths] == list(texts.values())

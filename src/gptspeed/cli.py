@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output data folder")
     s.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens for the val split")
     s.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most")
-    s.add_argument("--workers", type=int, default=1, help="tokenizing processes (the shards do not depend on it)")
+    s.add_argument("--workers", type=int, default=0,
+                   help="tokenizing threads (the shards do not depend on it); 0 = one per usable CPU (default)")
     s.add_argument("--text-field", default="text", help="JSON field / parquet column / dataset feature with the text")
     s.add_argument("--shuffle-seed", type=int, default=None,
                    help="shuffle document order with this seed (files permuted, documents in windows of 8192); "

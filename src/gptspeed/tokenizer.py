@@ -64,14 +64,7 @@ def tokenizer_files() -> tuple[Path, Path]:
 
 
 @functools.lru_cache(maxsize=1)
-def get_encoding() -> tiktoken.Encoding:
-    """The exact GPT-2 encoding (r50k: 50,257 ids, ``<|endoftext|>`` = 50256), built offline.
-
-    Cached: the first call takes about a second (parsing 50k merges), later calls are free.
-
-    Raises:
-        GptspeedError: the tokenizer files are missing or corrupt (see :func:`tokenizer_files`).
-    """
+def _mergeable_ranks() -> dict[bytes, int]:
     encoder_json, vocab_bpe = tokenizer_files()
     # tiktoken.load.read_file opens local paths directly (no network), but read_file_cached
     # would also copy them into a temp-dir cache keyed by path; TIKTOKEN_CACHE_DIR="" turns that
@@ -79,7 +72,7 @@ def get_encoding() -> tiktoken.Encoding:
     saved = os.environ.get("TIKTOKEN_CACHE_DIR")
     os.environ["TIKTOKEN_CACHE_DIR"] = ""
     try:
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+        return tiktoken.load.data_gym_to_mergeable_bpe_ranks(
             vocab_bpe_file=str(vocab_bpe),
             encoder_json_file=str(encoder_json),
             vocab_bpe_hash=VOCAB_BPE_SHA256,
@@ -90,13 +83,34 @@ def get_encoding() -> tiktoken.Encoding:
             del os.environ["TIKTOKEN_CACHE_DIR"]
         else:
             os.environ["TIKTOKEN_CACHE_DIR"] = saved
+
+
+def new_encoding() -> tiktoken.Encoding:
+    """A new instance of the exact GPT-2 encoding (r50k: 50,257 ids, ``<|endoftext|>`` = 50256),
+    built offline; the merge table is parsed once per process (about a second), each instance then
+    costs tens of milliseconds. Use :func:`get_encoding` unless a thread needs its own instance
+    (see :mod:`gptspeed.data.tokenize`).
+
+    Raises:
+        GptspeedError: the tokenizer files are missing or corrupt (see :func:`tokenizer_files`).
+    """
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=tiktoken_ext.openai_public.r50k_pat_str,
-        mergeable_ranks=ranks,
+        mergeable_ranks=_mergeable_ranks(),
         special_tokens={_ENDOFTEXT: EOT_TOKEN},
         explicit_n_vocab=N_VOCAB,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def get_encoding() -> tiktoken.Encoding:
+    """The process's shared GPT-2 encoding (:func:`new_encoding`, cached: later calls are free).
+
+    Raises:
+        GptspeedError: the tokenizer files are missing or corrupt (see :func:`tokenizer_files`).
+    """
+    return new_encoding()
 
 
 def encode(text: str) -> list[int]:

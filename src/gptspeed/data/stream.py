@@ -1,7 +1,7 @@
 """Training straight from a ``.jsonl`` file or a Hugging Face dataset, without token shards.
 
 For users without disk for pre-tokenized shards: documents are read as a stream, tokenized in
-worker processes (:func:`gptspeed.data.prepare.tokenize_stream`), each preceded by
+worker threads (:func:`gptspeed.data.tokenize.tokenize_stream`), each preceded by
 ``<|endoftext|>``, and packed into consecutive windows of ``B*T*world_size`` (+1) tokens, exactly
 as :class:`gptspeed.data.loader.TokenLoader` cuts shards. A background thread keeps batches ready.
 
@@ -58,7 +58,7 @@ class StreamLoader:
         batch_size, seq_len: B and T.
         rank, world_size: this rank reads the ``rank``-th ``B*T`` slice of each global window.
         device: where batches go (non-blocking copies from pinned memory on CUDA).
-        workers: tokenizing processes (the batches do not depend on it).
+        workers: tokenizing threads (the batches do not depend on it).
         prefetch: batches kept ready by the background thread.
 
     Attributes: ``documents`` (documents started in consumed windows), ``wait_s`` (seconds
@@ -81,7 +81,7 @@ class StreamLoader:
 
     def _windows(self, stop: threading.Event) -> Iterator[tuple[np.ndarray, int, int, int]]:
         """(window of G+1 tokens, documents started in its first G, doc_index, doc_offset after)."""
-        from gptspeed.data.prepare import tokenize_stream
+        from gptspeed.data.tokenize import tokenize_stream
 
         G = self.global_tokens
         docs = itertools.islice(iter_stream_documents(self.data, self.text_field, self.split, self.hf_name),

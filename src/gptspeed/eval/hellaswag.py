@@ -55,7 +55,7 @@ def hellaswag_file(progress: bool = True) -> Path:
         GptspeedError: a mirror or cached file with the wrong sha256 (naming both hashes), or the
             download failed (offline: set ``GPTSPEED_DATA_MIRROR``).
     """
-    from gptspeed.data.prepare import MIRROR_ENV, _download, _mismatch, cache_dir
+    from gptspeed.data.corpora import MIRROR_ENV, _download, _mismatch, cache_dir
     from gptspeed.fileio import sha256_file
 
     mirror = os.environ.get(MIRROR_ENV)

@@ -77,21 +77,43 @@ def test_workers_give_identical_shards(tmp_path):
     assert one["splits"] == two["splits"]
 
 
-def test_shuffle_is_a_seeded_permutation(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
-    a = prepare(str(path), tmp_path / "a", shuffle_seed=1, progress=False)
-    prepare(str(path), tmp_path / "b", shuffle_seed=1, progress=False)
-    prepare(str(path), tmp_path / "c", shuffle_seed=2, progress=False)
+def documents(tokens):
+    """The documents of a token stream: the pieces starting at each EOT."""
+    starts = np.flatnonzero(tokens == EOT_TOKEN)
+    return [tuple(d) for d in np.split(tokens, starts[1:])]
+
+
+def test_shuffle_is_a_seeded_global_permutation(tmp_path):
+    # a corpus sorted by topic: 100 "alpha" documents, then 100 "beta" ones
+    docs = [f"alpha {i} " + "apple " * (1 + i % 5) for i in range(100)]
+    docs += [f"beta {i} " + "banana " * (1 + i % 5) for i in range(100)]
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+    a = prepare(str(path), tmp_path / "a", shuffle_seed=1, shard_tokens=500, progress=False)
+    prepare(str(path), tmp_path / "b", shuffle_seed=1, shard_tokens=500, progress=False)
+    prepare(str(path), tmp_path / "c", shuffle_seed=2, shard_tokens=500, progress=False)
     assert a["settings"]["shuffle_seed"] == 1
-    ta, tb, tc = (all_tokens(tmp_path / x) for x in "abc")
-    np.testing.assert_array_equal(ta, tb)
-    assert not np.array_equal(ta, tc) and not np.array_equal(ta, expected_stream(DOCS))
-    assert sorted(ta.tolist()) == sorted(expected_stream(DOCS).tolist())
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    ta, tc = all_tokens(tmp_path / "a"), all_tokens(tmp_path / "c")
+    assert not np.array_equal(ta, tc) and not np.array_equal(ta, expected_stream(docs))
+    # the same documents, each whole
+    assert sorted(documents(ta)) == sorted(documents(expected_stream(docs)))
+    assert a["documents"] == 200 and a["splits"]["train"]["documents"] + a["splits"]["val"]["documents"] == 200
+    # global, not windowed: both topics in val and in the first fifth of train
+    alpha, beta = encode("alpha")[0], encode("beta")[0]
+    val = np.concatenate([read_shard(p) for p in find_shards(tmp_path / "a", "val")])
+    train = np.concatenate([read_shard(p) for p in find_shards(tmp_path / "a", "train")])
+    first_words = lambda toks: {d[1] for d in documents(toks)}  # noqa: E731
+    assert val[0] == EOT_TOKEN and first_words(val) == {alpha, beta}
+    assert first_words(train[: len(train) // 5]) == {alpha, beta}
+    assert len(a["splits"]["train"]["shards"]) > 2 and a["splits"]["val"]["tokens"] == len(val)
+    assert abs(len(val) - 0.1 * len(ta)) < 0.05 * len(ta)
+    assert not list((tmp_path / "a").glob(".stream_*"))  # staging chunks removed
 
 
-def test_resume_skips_finished_chunks(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shuffle_seed", [None, 3])
+def test_resume_skips_finished_chunks(tmp_path, monkeypatch, shuffle_seed):
     path = write_jsonl(tmp_path / "d.jsonl", DOCS * 10)
-    ref = prepare(str(path), tmp_path / "ref", shard_tokens=2000, progress=False)
+    ref = prepare(str(path), tmp_path / "ref", shard_tokens=2000, progress=False, shuffle_seed=shuffle_seed)
     import gptspeed.data.prepare as P
 
     real, calls = P.write_shard, []
@@ -104,7 +126,7 @@ def test_resume_skips_finished_chunks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(P, "write_shard", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False)
+        prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False, shuffle_seed=shuffle_seed)
     state = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
     assert len(state["chunks"]) == 2 and not (tmp_path / "out" / "manifest.json").exists()
     encoded = []
@@ -113,7 +135,7 @@ def test_resume_skips_finished_chunks(tmp_path, monkeypatch):
     real_encode = T.encode_document
     monkeypatch.setattr(P, "write_shard", real)
     monkeypatch.setattr(T, "encode_document", lambda text: encoded.append(text) or real_encode(text))
-    m = prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False)
+    m = prepare(str(path), tmp_path / "out", shard_tokens=2000, progress=False, shuffle_seed=shuffle_seed)
     assert len(encoded) < len(DOCS) * 10 - 5  # the documents of finished chunks were not tokenized again
     assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
     assert m["splits"] == ref["splits"] and m["documents"] == ref["documents"]
@@ -220,3 +242,12 @@ def test_train_from_a_jsonl_stream_and_resume(tmp_path):
     a, b = recs(full), recs(part)
     assert a[6]["train_loss"] == b[6]["train_loss"] and a[6]["documents"] == b[6]["documents"] > 0
     assert a[6].get("val_loss") is None and a[6]["data_wait_ms"] >= 0
+
+
+def test_shuffle_cut_inside_a_document_when_no_start_is_near(tmp_path):
+    docs = ["word " * 400, "short one"]  # no document start within 5% of the 90% mark
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+    m = prepare(str(path), tmp_path / "out", shuffle_seed=0, progress=False)
+    ta = all_tokens(tmp_path / "out")
+    assert sorted(documents(ta)) == sorted(documents(expected_stream(docs)))
+    assert m["splits"]["train"]["tokens"] == round(len(ta) * 0.9)

@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokenizing threads (the shards do not depend on it); 0 = one per usable CPU (default)")
     s.add_argument("--text-field", default="text", help="JSON field / parquet column / dataset feature with the text")
     s.add_argument("--shuffle-seed", type=int, default=None,
-                   help="shuffle document order with this seed (files permuted, documents in windows of 8192); "
-                        "default: keep the source order")
+                   help="write the documents in a global random order fixed by this seed (val is then a random "
+                        "share of documents); default: keep the source order")
     s.add_argument("--skip-bad", action="store_true", help="skip and count bad records instead of stopping")
     s.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens")
     s.add_argument("--hf-name", default=None, help="hf: sources: the dataset configuration (e.g. sample-10BT)")

@@ -64,6 +64,9 @@ class _Concat:
         self.n = int(self.starts[-1])
 
     def slice(self, a: int, b: int) -> np.ndarray:
+        i = int(np.searchsorted(self.starts, a, side="right")) - 1
+        if 0 <= i < len(self.arrays) and b <= self.starts[i + 1]:  # inside one chunk: a view
+            return self.arrays[i][a - self.starts[i]:b - self.starts[i]]
         parts = []
         for i, arr in enumerate(self.arrays):
             lo, hi = max(a, int(self.starts[i])), min(b, int(self.starts[i + 1]))
@@ -85,6 +88,12 @@ class _Concat:
         return None
 
 
+def _nearest_start(cut: int, before: int | None, after: int | None) -> int:
+    if before is not None and (after is None or cut - before <= after - cut):
+        return before
+    return after if after is not None else cut
+
+
 def split_cut(tokens: _Concat, val_fraction: float) -> int:
     """Index where val starts: ``round(n * (1 - val_fraction))``, moved to the nearest document
     start (an EOT other than the first token) within ``n * val_fraction / 2``; on a tie the
@@ -94,9 +103,97 @@ def split_cut(tokens: _Concat, val_fraction: float) -> int:
     w = n * val_fraction / 2
     before = tokens.find_eot(max(1, math.ceil(cut - w)), cut, last=True)
     after = tokens.find_eot(max(1, cut), math.floor(cut + w), last=False)
-    if before is not None and (after is None or cut - before <= after - cut):
-        return before
-    return after if after is not None else cut
+    return _nearest_start(cut, before, after)
+
+
+def document_starts(tokens: _Concat, block: int = 1 << 24) -> np.ndarray:
+    """Positions (int64) of every EOT in the stream, i.e. of every document's first token, in
+    order; reads the stream once, ``block`` tokens at a time."""
+    parts = [np.flatnonzero(tokens.slice(a, min(tokens.n, a + block)) == EOT_TOKEN) + a
+             for a in range(0, tokens.n, block)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+class _ShardWriter:
+    """Packs token pieces into ``{split}_NNNNNN.bin`` shards of ``shard_tokens`` tokens."""
+
+    def __init__(self, out: Path, split: str, shard_tokens: int, buf: np.ndarray):
+        self.out, self.split, self.buf, self.fill = out, split, buf[:shard_tokens], 0
+        self.shards: list[str] = []
+        self.documents = 0
+
+    def add(self, piece: np.ndarray) -> None:
+        self.documents += int(np.count_nonzero(piece == EOT_TOKEN))
+        p = 0
+        while p < len(piece):
+            take = min(len(self.buf) - self.fill, len(piece) - p)
+            self.buf[self.fill:self.fill + take] = piece[p:p + take]
+            self.fill, p = self.fill + take, p + take
+            if self.fill == len(self.buf):
+                self.flush()
+
+    def flush(self) -> None:
+        if self.fill:
+            self.shards.append(f"{self.split}_{len(self.shards):06d}.bin")
+            write_shard(self.out / self.shards[-1], self.buf[:self.fill])
+            self.fill = 0
+
+
+def shuffled_order(tokens: _Concat, seed: int, val_fraction: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """A global random order of the documents of ``tokens`` and where val starts in it.
+
+    The order is ``numpy.random.default_rng(seed).permutation(n_documents)`` over *all* documents
+    of the corpus (not a window), so a corpus sorted by topic, source or length gives neither a
+    periodic training loss nor a val split drawn from one end of it. The cut is placed in the
+    permuted stream by the rule of :func:`split_cut`. Memory: 24 bytes per document.
+
+    Returns:
+        ``(spans, order, cut)``: ``spans`` (n_documents, 2) int64 ``[start, length]`` in the
+        stream; ``order`` the permutation; ``cut`` the number of train tokens.
+    """
+    starts = document_starts(tokens)
+    if not len(starts) or starts[0] != 0:  # a stream always opens with a document's EOT
+        starts = np.concatenate([[0], starts]).astype(np.int64)
+    spans = np.stack([starts, np.diff(starts, append=tokens.n)], axis=1)
+    order = np.random.default_rng(seed).permutation(len(starts))
+    bounds = np.cumsum(spans[order, 1])[:-1]  # document starts in the permuted stream, after 0
+    n = tokens.n
+    cut = round(n * (1 - val_fraction))
+    w = n * val_fraction / 2
+    i = int(np.searchsorted(bounds, cut, side="right"))  # bounds[:i] <= cut < bounds[i:]
+    before = int(bounds[i - 1]) if i and bounds[i - 1] >= max(1, math.ceil(cut - w)) else None
+    j = int(np.searchsorted(bounds, cut, side="left"))  # first bound >= cut
+    after = int(bounds[j]) if j < len(bounds) and bounds[j] <= math.floor(cut + w) else None
+    return spans, order, _nearest_start(cut, before, after)
+
+
+def write_shuffled(tokens: _Concat, spans: np.ndarray, order: np.ndarray, cut: int, out: Path,
+                   shard_tokens: int, progress: bool = False) -> tuple[_ShardWriter, _ShardWriter]:
+    """Write the documents ``spans[order]`` of ``tokens``: the first ``cut`` tokens as train
+    shards, the rest as val shards. Documents are read from the memory-mapped staging chunks in
+    permuted order (random reads); one shard buffer in memory.
+
+    Returns:
+        The train and val writers (their ``shards`` and ``documents``).
+    """
+    buf = np.empty(min(shard_tokens, tokens.n), dtype=np.uint16)
+    train, val = _ShardWriter(out, "train", shard_tokens, buf), None
+    pos = 0
+    with tqdm(total=len(order), unit="doc", desc="shuffle", disable=None if progress else True) as bar:
+        for k in order:
+            a, length = (int(v) for v in spans[k])
+            piece = tokens.slice(a, a + length)
+            if val is None and pos + length > cut:  # the cut falls in (or right before) this one
+                train.add(piece[:cut - pos])
+                train.flush()
+                val = _ShardWriter(out, "val", shard_tokens, buf)
+                piece = piece[cut - pos:]
+            (train if val is None else val).add(piece)
+            pos += length
+            bar.update(1)
+    assert val is not None, "cut must be below the token count"
+    val.flush()
+    return train, val
 
 
 def _write_progress(out: Path, progress: dict) -> None:
@@ -146,8 +243,9 @@ def prepare(
         workers: tokenizing threads (the shards do not depend on it); 0 = one per usable CPU
             (:func:`gptspeed.data.tokenize.default_workers`).
         text_field: the JSON field / parquet column / dataset feature holding the text.
-        shuffle_seed: None keeps the source order; an int permutes the file order and shuffles
-            each file's (or dataset's) documents in windows of 8192, deterministically.
+        shuffle_seed: None keeps the source order; an int writes the documents in a global
+            random order fixed by the seed (:func:`shuffled_order`), val then being a random
+            share of documents too. Disk then peaks at twice the corpus while finishing.
         skip_bad: skip and count bad records instead of stopping at the first.
         max_tokens: stop after this many tokens (the stream is cut there), None = all.
         hf_name: the dataset configuration for ``hf:`` sources (e.g. ``sample-10BT``).
@@ -230,9 +328,9 @@ def prepare(
     stats = SourceStats()
     if dataset is not None:
         docs = iter_hf(dataset, config=hf_name, split=split, text_field=text_field, stats=stats,
-                       skip_bad=skip_bad, shuffle_seed=shuffle_seed)
+                       skip_bad=skip_bad)
     else:
-        docs = iter_files(paths, text_field, stats, skip_bad=skip_bad, shuffle_seed=shuffle_seed)
+        docs = iter_files(paths, text_field, stats, skip_bad=skip_bad)
     skip_docs, skip_tokens = state["next_doc"], state["doc_offset"]
     docs = itertools.islice(docs, skip_docs, None)  # already in finished chunks: read, not tokenized
 
@@ -284,34 +382,44 @@ def prepare(
         _clear(out)
         raise GptspeedError(f"no text in {source}: give files with some text")
     tokens = _Concat(chunk_paths)
-    cut = split_cut(tokens, val_fraction)
+    if shuffle_seed is not None:
+        spans, order, cut = shuffled_order(tokens, shuffle_seed, val_fraction)
+    else:
+        cut = split_cut(tokens, val_fraction)
     if not 0 < cut < total:
+        del tokens
         _clear(out)
         raise GptspeedError(
             f"{source} has only {total} tokens, too few to split with val_fraction={val_fraction}: "
             "add text or change --val-fraction"
         )
-    splits = {}
-    # val first (it reads chunks at and after the cut), then the partial train shard, then renames
-    val_shards, val_docs = [], 0
-    for i, start in enumerate(range(cut, total, shard_tokens)):
-        part = tokens.slice(start, min(total, start + shard_tokens))
-        val_docs += int(np.count_nonzero(part == EOT_TOKEN))
-        val_shards.append(f"val_{i:06d}.bin")
-        write_shard(out / val_shards[-1], part)
-    train_shards = [f"train_{i:06d}.bin" for i in range((cut + shard_tokens - 1) // shard_tokens)]
-    k = cut // shard_tokens
-    if cut % shard_tokens:
-        write_shard(out / train_shards[k], tokens.slice(k * shard_tokens, cut))
-    # chunk i holds tokens [i*S, (i+1)*S) (every chunk but the last is full): train shard i for i < k
-    del tokens
-    for i in range(k):
-        os.replace(chunk_paths[i], out / train_shards[i])
-    for p in chunk_paths[k:]:
-        p.unlink(missing_ok=True)
+    if shuffle_seed is not None:
+        train, val = write_shuffled(tokens, spans, order, cut, out, shard_tokens, progress)
+        train_shards, val_shards, val_docs = train.shards, val.shards, val.documents
+        del tokens, spans, order
+        for p in chunk_paths:
+            p.unlink(missing_ok=True)
+    else:
+        # val first (it reads chunks at and after the cut), then the partial train shard, then renames
+        val_shards, val_docs = [], 0
+        for i, start in enumerate(range(cut, total, shard_tokens)):
+            part = tokens.slice(start, min(total, start + shard_tokens))
+            val_docs += int(np.count_nonzero(part == EOT_TOKEN))
+            val_shards.append(f"val_{i:06d}.bin")
+            write_shard(out / val_shards[-1], part)
+        train_shards = [f"train_{i:06d}.bin" for i in range((cut + shard_tokens - 1) // shard_tokens)]
+        k = cut // shard_tokens
+        if cut % shard_tokens:
+            write_shard(out / train_shards[k], tokens.slice(k * shard_tokens, cut))
+        # chunk i holds tokens [i*S, (i+1)*S) (every chunk but the last is full): train shard i for i < k
+        del tokens
+        for i in range(k):
+            os.replace(chunk_paths[i], out / train_shards[i])
+        for p in chunk_paths[k:]:
+            p.unlink(missing_ok=True)
     (out / PROGRESS_NAME).unlink(missing_ok=True)
-    splits["train"] = {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards}
-    splits["val"] = {"tokens": total - cut, "documents": val_docs, "shards": val_shards}
+    splits = {"train": {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards},
+              "val": {"tokens": total - cut, "documents": val_docs, "shards": val_shards}}
     manifest = {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_FORMAT_VERSION,

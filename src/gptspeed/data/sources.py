@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,6 @@ from gptspeed.errors import GptspeedError
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 """File name endings a folder or glob source picks up."""
-
-SHUFFLE_WINDOW = 8192
-"""Documents of one file shuffled together when a shuffle seed is given (a streaming shuffle)."""
-
 
 @dataclass
 class SourceStats:
@@ -149,42 +144,20 @@ def iter_file(path: Path, text_field: str, stats: SourceStats, skip_bad: bool = 
         yield from iter_jsonl(path, text_field, stats, skip_bad, fmt)
 
 
-def window_shuffle(docs: Iterator[str], rng: random.Random, window: int = SHUFFLE_WINDOW) -> Iterator[str]:
-    """``docs`` with each consecutive block of ``window`` documents permuted by ``rng``."""
-    block: list[str] = []
-    for d in docs:
-        block.append(d)
-        if len(block) == window:
-            rng.shuffle(block)
-            yield from block
-            block = []
-    rng.shuffle(block)
-    yield from block
-
-
-def iter_files(paths: list[Path], text_field: str, stats: SourceStats, *, skip_bad: bool = False,
-               shuffle_seed: int | None = None) -> Iterator[str]:
-    """Documents of ``paths`` in order; with ``shuffle_seed``, the file order is permuted and each
-    file's documents are shuffled in windows of :data:`SHUFFLE_WINDOW` (deterministic for a seed)."""
-    paths = list(paths)
-    rng = random.Random(shuffle_seed)
-    if shuffle_seed is not None:
-        rng.shuffle(paths)
+def iter_files(paths: list[Path], text_field: str, stats: SourceStats, *, skip_bad: bool = False) -> Iterator[str]:
+    """Documents of ``paths``, file after file, each file's in order."""
     for p in paths:
-        docs = iter_file(p, text_field, stats, skip_bad)
-        yield from window_shuffle(docs, rng) if shuffle_seed is not None else docs
+        yield from iter_file(p, text_field, stats, skip_bad)
 
 
 def iter_hf(name: str, *, config: str | None = None, split: str = "train", text_field: str = "text",
-            stats: SourceStats | None = None, skip_bad: bool = False,
-            shuffle_seed: int | None = None) -> Iterator[str]:
+            stats: SourceStats | None = None, skip_bad: bool = False) -> Iterator[str]:
     """Documents of a Hugging Face dataset in streaming mode (``datasets.load_dataset(...,
     streaming=True)``): nothing is downloaded ahead, records arrive as they are read.
 
     ``name`` is a hub id (``HuggingFaceFW/fineweb-edu``) or a local ``.jsonl``/``.json``/
     ``.parquet`` file or glob (read with the ``json`` / ``parquet`` builders). ``config`` is the
-    dataset's configuration (``--hf-name``, e.g. ``sample-10BT``). With ``shuffle_seed`` records
-    are shuffled in windows of :data:`SHUFFLE_WINDOW`.
+    dataset's configuration (``--hf-name``, e.g. ``sample-10BT``).
 
     Raises:
         GptspeedError: ``datasets`` is not installed, the dataset cannot be opened, or a record
@@ -214,5 +187,4 @@ def iter_hf(name: str, *, config: str | None = None, split: str = "train", text_
                 continue
             yield text
 
-    docs = records()
-    return window_shuffle(docs, random.Random(shuffle_seed)) if shuffle_seed is not None else docs
+    return records()

@@ -106,7 +106,7 @@ def split_cut(tokens: _Concat, val_fraction: float) -> int:
     return _nearest_start(cut, before, after)
 
 
-def document_starts(tokens: _Concat, block: int = 1 << 24) -> np.ndarray:
+def document_starts(tokens: _Concat, block: int = 1 << 22) -> np.ndarray:
     """Positions (int64) of every EOT in the stream, i.e. of every document's first token, in
     order; reads the stream once, ``block`` tokens at a time."""
     parts = [np.flatnonzero(tokens.slice(a, min(tokens.n, a + block)) == EOT_TOKEN) + a

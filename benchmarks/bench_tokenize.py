@@ -17,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--source", default=str(ROOT.parent / "shared" / "data" / "shakespeare-gutenberg"))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", help="also write the timings, counts and environment here")
     a = ap.parse_args()
     files = sorted(Path(a.source).glob("*.txt"))
     enc = get_encoding()
@@ -73,6 +75,18 @@ def main() -> None:
         print(f"| {name} | {t:.3f} | {med:.3f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x "
               f"| {t_loop_med / med * n / n_loop:.2f}x |")
     print(f"loop per core: {n_loop / t_loop:,.0f} tokens/s")
+    if a.json:
+        import json
+
+        import torch
+
+        from gptspeed.bench.report import environment
+
+        env = environment(torch.device("cpu"), " ".join(["python", *sys.argv]))
+        env["tiktoken"] = version("tiktoken")
+        with open(a.json, "w") as f:
+            json.dump({"source": a.source, "files": len(files), "characters": sum(len(t) for t in texts),
+                       "seconds": times, "tokens": counts, "environment": env}, f, indent=2)
 
 
 if __name__ == "__main__":

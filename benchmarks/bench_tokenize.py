@@ -9,6 +9,8 @@ tokens/s = corpus tokens / wall seconds. One warm-up round, then ``--repeats`` i
 reports the best and the median time of each, and the median over rounds of each round's ratio
 to the loop timed just before it (the figure least moved by slow spells of a shared host).
 Prints a markdown table and the loop's per-core rate; ``--json`` keeps every timing.
+``--paragraph-docs 1500`` first rewrites the e-texts as a .jsonl of ~1.5 KB documents (runs of
+whole paragraphs), to measure web-page-sized documents like FineWeb's.
 """
 
 from __future__ import annotations
@@ -31,13 +33,35 @@ from gptspeed.data.prepare import prepare  # noqa: E402
 from gptspeed.tokenizer import get_encoding  # noqa: E402
 
 
+def paragraph_jsonl(folder: Path, min_chars: int, dest: Path) -> Path:
+    """The .txt files of ``folder`` as JSON lines ``{"text": ...}``, each document a run of whole
+    paragraphs (split at blank lines) of at least ``min_chars`` characters."""
+    with dest.open("w", encoding="utf-8") as f:
+        for path in sorted(folder.glob("*.txt")):
+            doc = ""
+            for para in path.read_text(encoding="utf-8").removeprefix("\ufeff").split("\n\n"):
+                doc += para + "\n\n"
+                if len(doc) >= min_chars:
+                    f.write(json.dumps({"text": doc}) + "\n")
+                    doc = ""
+            if doc:
+                f.write(json.dumps({"text": doc}) + "\n")
+    return dest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", default=str(ROOT.parent / "shared" / "data" / "shakespeare-gutenberg"))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", help="also write the timings, counts and environment here")
+    ap.add_argument("--paragraph-docs", type=int, metavar="CHARS",
+                    help="first rewrite the .txt files as one .jsonl whose documents are runs of whole "
+                         "paragraphs of at least CHARS characters (web-page-sized documents)")
     a = ap.parse_args()
+    keep = tempfile.TemporaryDirectory()
+    if a.paragraph_docs:
+        a.source = str(paragraph_jsonl(Path(a.source), a.paragraph_docs, Path(keep.name) / "paragraphs.jsonl"))
     src = Path(a.source)
     jsonl = src.is_file() and src.suffix == ".jsonl"
     files = [src] if jsonl else sorted(src.glob("*.txt"))
@@ -100,7 +124,7 @@ def main() -> None:
         env = environment(torch.device("cpu"), " ".join(["python", *sys.argv]))
         env["tiktoken"] = version("tiktoken")
         with open(a.json, "w") as f:
-            json.dump({"source": a.source, "files": len(files), "documents": len(texts), "characters": sum(len(t) for t in texts),
+            json.dump({"source": a.source, "paragraph_docs": a.paragraph_docs, "files": len(files), "documents": len(texts), "characters": sum(len(t) for t in texts),
                        "seconds": times, "tokens": counts, "environment": env}, f, indent=2)
 
 

@@ -366,7 +366,7 @@ def prepare(
                     break
             if done:
                 break
-            if bar.n % 64 == 0:
+            if doc_index % 64 == 0:
                 bar.set_postfix_str(f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s",
                                     refresh=False)
         if fill:

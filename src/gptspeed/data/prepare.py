@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import math
@@ -257,7 +258,7 @@ def prepare(
         sha256s, each followed by a newline; for a dataset, of its name/config/split), documents,
         val_fraction, shard_tokens, splits (tokens, documents = EOT count, shards), settings
         (text_field, shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split), bad_records,
-        created (UTC ISO time), gptspeed_version.
+        created (UTC ISO time), gptspeed_version, tiktoken_version, numpy_version.
 
     Raises:
         GptspeedError: bad arguments, folder already prepared without force, bad SOURCE (see
@@ -437,6 +438,10 @@ def prepare(
         "bad_records": stats.bad,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gptspeed_version": gptspeed.__version__,
+        # what the bytes depend on besides the input and settings: the BPE, and the shuffle's
+        # numpy.random.default_rng(seed).permutation
+        "tiktoken_version": importlib.metadata.version("tiktoken"),
+        "numpy_version": np.__version__,
     }
     write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return manifest

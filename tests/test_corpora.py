@@ -142,6 +142,32 @@ def test_resume_skips_finished_chunks(tmp_path, monkeypatch, shuffle_seed):
     assert not (tmp_path / "out" / PROGRESS_NAME).exists()
 
 
+@pytest.mark.parametrize("shuffle_seed", [None, 3])
+def test_interrupted_while_finishing_resumes_without_reading_again(tmp_path, monkeypatch, shuffle_seed):
+    import gptspeed.data.prepare as P
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 10)
+    kw = dict(shard_tokens=2000, progress=False, shuffle_seed=shuffle_seed)
+    ref = prepare(str(path), tmp_path / "ref", **kw)
+    real = P.write_shard
+
+    def crash_at_val(p, tokens):
+        if p.name.startswith("val_"):
+            raise KeyboardInterrupt
+        real(p, tokens)
+
+    monkeypatch.setattr(P, "write_shard", crash_at_val)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(path), tmp_path / "out", **kw)
+    assert json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())["complete"]
+    monkeypatch.setattr(P, "write_shard", real)
+    monkeypatch.setattr(P, "iter_files", lambda *a, **k: pytest.fail("the input was read again"))
+    m = prepare(str(path), tmp_path / "out", **kw)
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "ref")
+    assert m["splits"] == ref["splits"] and m["documents"] == ref["documents"]
+    assert not list((tmp_path / "out").glob(".*"))  # no staging chunk, progress or temp file left
+
+
 def test_max_tokens(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", DOCS)
     m = prepare(str(path), tmp_path / "out", max_tokens=500, progress=False)

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,57 @@ def _write_progress(out: Path, progress: dict) -> None:
     write_text_atomic(out / PROGRESS_NAME, json.dumps(progress, indent=1) + "\n")
 
 
+def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_tokens: int,
+           max_tokens: int | None, progress: bool) -> None:
+    """Tokenize ``docs`` (after the ``state["next_doc"]`` already staged) into staging chunks
+    ``.stream_NNNNNN.bin`` of ``shard_tokens`` tokens, recording each finished chunk in ``state``
+    and the progress file, then the last partial chunk in ``state`` only."""
+    skip_docs, skip_tokens = state["next_doc"], state["doc_offset"]
+    docs = itertools.islice(docs, skip_docs, None)  # already in finished chunks: read, not tokenized
+    buf = np.empty(shard_tokens if max_tokens is None else min(shard_tokens, max_tokens), dtype=np.uint16)
+    fill, total, n_docs = 0, state["tokens"], state["documents"]
+    start_tokens = total
+    t0 = time.perf_counter()
+    bar = tqdm(unit="doc", desc="tokenize", initial=skip_docs, disable=None if progress else True)
+    done = False
+    with bar:
+        for doc_index, doc in enumerate(tokenize_stream(docs, workers), start=skip_docs):
+            bar.update(1)
+            p = skip_tokens if doc_index == skip_docs else 0
+            if len(doc) and p == 0:
+                n_docs += 1
+            while p < len(doc):
+                take = min(len(buf) - fill, len(doc) - p)
+                if max_tokens is not None:
+                    take = min(take, max_tokens - total - fill)
+                buf[fill:fill + take] = doc[p:p + take]
+                fill, p = fill + take, p + take
+                full = fill == len(buf)
+                done = max_tokens is not None and total + fill >= max_tokens
+                if full or done:
+                    name = _STAGE.format(len(state["chunks"]))
+                    write_shard(out / name, buf[:fill])
+                    total, chunk_len, fill = total + fill, fill, 0
+                    nxt, off = (doc_index, p) if p < len(doc) else (doc_index + 1, 0)
+                    state["chunks"].append({"name": name, "tokens": chunk_len})
+                    state.update(next_doc=nxt, doc_offset=off, documents=n_docs, tokens=total)
+                    _write_progress(out, state)
+                if done:
+                    break
+            if done:
+                break
+            if doc_index % 64 == 0:
+                bar.set_postfix_str(f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s",
+                                    refresh=False)
+        if fill:
+            name = _STAGE.format(len(state["chunks"]))
+            write_shard(out / name, buf[:fill])
+            total += fill
+            state["chunks"].append({"name": name, "tokens": fill})
+            state.update(documents=n_docs, tokens=total)
+
+
+
 def prepare(
     source: str,
     out_dir: str | os.PathLike,
@@ -226,7 +278,9 @@ def prepare(
     are the tail (the last ``val_fraction`` of tokens), cut into ``shard_tokens`` pieces. Disk
     peaks at the final size plus one shard. A ``.prepare-progress.json`` beside the chunks records
     the documents consumed per finished chunk: an interrupted prepare with the same input and
-    settings resumes after the last finished chunk. ``manifest.json`` is written last.
+    settings resumes after the last finished chunk; once every document is staged it says so, and
+    a prepare interrupted while writing the final shards finishes them without reading the input
+    again. ``manifest.json`` is written last.
 
     Args:
         source: a named corpus (``tinyshakespeare``, ``shakespeare-gutenberg``, or online through
@@ -327,56 +381,19 @@ def prepare(
                 p.unlink()
 
     stats = SourceStats()
-    if dataset is not None:
-        docs = iter_hf(dataset, config=hf_name, split=split, text_field=text_field, stats=stats,
-                       skip_bad=skip_bad)
+    if state.get("complete"):  # interrupted while finishing: every document is already staged
+        stats.bad = state["bad_records"]
     else:
-        docs = iter_files(paths, text_field, stats, skip_bad=skip_bad)
-    skip_docs, skip_tokens = state["next_doc"], state["doc_offset"]
-    docs = itertools.islice(docs, skip_docs, None)  # already in finished chunks: read, not tokenized
-
-    buf = np.empty(shard_tokens if max_tokens is None else min(shard_tokens, max_tokens), dtype=np.uint16)
-    fill, total, n_docs = 0, state["tokens"], state["documents"]
-    start_tokens = total
-    t0 = time.perf_counter()
-    bar = tqdm(unit="doc", desc="tokenize", initial=skip_docs, disable=None if progress else True)
-    done = False
-    with bar:
-        for doc_index, doc in enumerate(tokenize_stream(docs, workers), start=skip_docs):
-            bar.update(1)
-            p = skip_tokens if doc_index == skip_docs else 0
-            if len(doc) and p == 0:
-                n_docs += 1
-            while p < len(doc):
-                take = min(len(buf) - fill, len(doc) - p)
-                if max_tokens is not None:
-                    take = min(take, max_tokens - total - fill)
-                buf[fill:fill + take] = doc[p:p + take]
-                fill, p = fill + take, p + take
-                full = fill == len(buf)
-                done = max_tokens is not None and total + fill >= max_tokens
-                if full or done:
-                    name = _STAGE.format(len(state["chunks"]))
-                    write_shard(out / name, buf[:fill])
-                    total, chunk_len, fill = total + fill, fill, 0
-                    nxt, off = (doc_index, p) if p < len(doc) else (doc_index + 1, 0)
-                    state["chunks"].append({"name": name, "tokens": chunk_len})
-                    state.update(next_doc=nxt, doc_offset=off, documents=n_docs, tokens=total)
-                    _write_progress(out, state)
-                if done:
-                    break
-            if done:
-                break
-            if doc_index % 64 == 0:
-                bar.set_postfix_str(f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s",
-                                    refresh=False)
-        if fill:
-            name = _STAGE.format(len(state["chunks"]))
-            write_shard(out / name, buf[:fill])
-            total += fill
-            state["chunks"].append({"name": name, "tokens": fill})
-            state.update(documents=n_docs, tokens=total)
-    del buf
+        if dataset is not None:
+            docs = iter_hf(dataset, config=hf_name, split=split, text_field=text_field, stats=stats,
+                           skip_bad=skip_bad)
+        else:
+            docs = iter_files(paths, text_field, stats, skip_bad=skip_bad)
+        _stage(docs, out, state, workers=workers, shard_tokens=shard_tokens, max_tokens=max_tokens,
+               progress=progress)
+        state.update(complete=True, bad_records=stats.bad)
+        _write_progress(out, state)
+    total, n_docs = state["tokens"], state["documents"]
 
     chunk_paths = [out / c["name"] for c in state["chunks"]]
     if total == 0:

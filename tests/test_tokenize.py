@@ -83,3 +83,29 @@ def test_default_workers_is_the_usable_cpu_count(monkeypatch):
     monkeypatch.delattr(T.os, "sched_getaffinity")  # macOS / Windows
     monkeypatch.setattr(T.os, "cpu_count", lambda: None)
     assert T.default_workers() == 1
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_own_threads():
+    import os
+
+    docs = ["fork me"] * 10
+    parent = list(T.tokenize_stream(iter(docs), 2))  # the parent's pool now exists
+    pid = os.fork()
+    if pid == 0:  # child: the inherited pool has no threads; this must not hang
+        try:
+            child = list(T.tokenize_stream(iter(docs), 2))
+            os._exit(0 if all(np.array_equal(a, b) for a, b in zip(parent, child)) else 1)
+        except BaseException:
+            os._exit(2)
+    import signal
+    import time
+
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung waiting on its parent's tokenizer threads")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

@@ -38,7 +38,7 @@ BATCH_CHARS = 1 << 18
 last task of a small corpus does not leave the other threads idle for long."""
 
 _local = threading.local()
-_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_pools: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
 
@@ -100,11 +100,13 @@ def _batches(docs: Iterable[str]) -> Iterator[list[str]]:
 
 def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
     # Kept for the life of the process: the threads keep their encodings (and their regex fast
-    # paths) from one call to the next; idle threads cost nothing.
+    # paths) from one call to the next; idle threads cost nothing. Keyed by pid too: a forked
+    # child inherits the executor but not its threads, and must not wait on them.
+    key = (os.getpid(), workers)
     with _pools_lock:
-        pool = _pools.get(workers)
+        pool = _pools.get(key)
         if pool is None:
-            pool = _pools[workers] = concurrent.futures.ThreadPoolExecutor(
+            pool = _pools[key] = concurrent.futures.ThreadPoolExecutor(
                 workers, thread_name_prefix=f"gptspeed-tokenize-{workers}")
         return pool
 

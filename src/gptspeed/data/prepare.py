@@ -6,9 +6,10 @@ SOURCE is a named corpus (:data:`gptspeed.data.corpora.CORPORA`, files;
 :mod:`gptspeed.data.sources`). Every document is tokenized with GPT-2's BPE (in ``workers``
 threads, :mod:`gptspeed.data.tokenize`) and preceded by ``<|endoftext|>`` (50256), as in nanoGPT /
 llm.c / modded-nanogpt data scripts. The stream is written as it is tokenized, in chunks of
-``shard_tokens`` tokens, then cut into a train and a val split (val = the tail), written as
-shards (:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the
-folder complete. An interrupted prepare resumes after its last finished chunk.
+``shard_tokens`` tokens, then cut into a train and a val split (val = the tail; with a shuffle
+seed, of the documents put in a global random order first), written as shards
+(:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the folder
+complete. An interrupted prepare resumes after its last finished chunk.
 """
 
 from __future__ import annotations
@@ -276,7 +277,8 @@ def prepare(
     larger than RAM. When the stream ends, the cut between train and val is placed
     (:func:`split_cut`): full chunks before it become the train shards by a rename, the val shards
     are the tail (the last ``val_fraction`` of tokens), cut into ``shard_tokens`` pieces. Disk
-    peaks at the final size plus one shard. A ``.prepare-progress.json`` beside the chunks records
+    peaks at the final size plus one shard. With ``shuffle_seed`` the documents are instead
+    written in a global random order (:func:`shuffled_order`, :func:`write_shuffled`). A ``.prepare-progress.json`` beside the chunks records
     the documents consumed per finished chunk: an interrupted prepare with the same input and
     settings resumes after the last finished chunk; once every document is staged it says so, and
     a prepare interrupted while writing the final shards finishes them without reading the input

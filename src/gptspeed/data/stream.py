@@ -86,7 +86,9 @@ class StreamLoader:
         G = self.global_tokens
         docs = itertools.islice(iter_stream_documents(self.data, self.text_field, self.split, self.hf_name),
                                 self.doc_index, None)
-        buf = np.empty(0, dtype=np.uint16)
+        # tokens not yet emitted: pieces joined once per window, not once per document
+        pending: list[np.ndarray] = []
+        n_pending = 0
         # positions: (doc index, offset) of each buffered token's document, kept as run-lengths
         runs: list[list[int]] = []  # [doc_index, first offset in buf's doc, count]
         first = True
@@ -100,8 +102,12 @@ class StreamLoader:
                 off0 = 0
             if not len(doc):
                 continue
-            buf = np.concatenate([buf, doc])
+            pending.append(doc)
+            n_pending += len(doc)
             runs.append([i, off0, len(doc)])
+            if n_pending < G + 1:
+                continue
+            buf = np.concatenate(pending)
             while len(buf) >= G + 1:
                 window = buf[:G + 1]
                 docs_in = int(np.count_nonzero(window[:G] == EOT_TOKEN))
@@ -117,6 +123,7 @@ class StreamLoader:
                         runs.pop(0)
                 nxt = (runs[0][0], runs[0][1]) if runs else (i + 1, 0)
                 yield window, docs_in, nxt[0], nxt[1]
+            pending, n_pending = [buf], len(buf)
 
     def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
         try:

@@ -248,6 +248,27 @@ def test_stream_loader_windows_and_exact_resume(tmp_path):
     b.close()
 
 
+def test_stream_windows_is_an_iterable_dataset(tmp_path, monkeypatch):
+    from gptspeed.data.stream import StreamWindows
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 2)
+    stream = expected_stream(DOCS * 2)
+    ds = StreamWindows(f"jsonl:{path}", 50, workers=2)
+    assert isinstance(ds, torch.utils.data.IterableDataset)
+    items = list(torch.utils.data.DataLoader(ds, batch_size=None))
+    assert len(items) == (len(stream) - 1) // 50
+    for k, (window, docs_in, doc_index, doc_offset) in enumerate(items):
+        np.testing.assert_array_equal(np.asarray(window), stream[k * 50:k * 50 + 51])
+        assert docs_in == np.count_nonzero(stream[k * 50:k * 50 + 50] == EOT_TOKEN)
+    # the position after a window starts the same stream again from there
+    _, _, doc_index, doc_offset = items[3]
+    rest = StreamWindows(f"jsonl:{path}", 50, doc_index=doc_index, doc_offset=doc_offset)
+    np.testing.assert_array_equal(next(iter(rest))[0], stream[200:251])
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: type("W", (), {"num_workers": 2})())
+    with pytest.raises(GptspeedError, match="one ordered stream"):
+        next(iter(ds))
+
+
 def test_train_from_a_jsonl_stream_and_resume(tmp_path):
     from gptspeed.train import build_train_config, fit
 

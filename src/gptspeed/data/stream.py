@@ -3,7 +3,9 @@
 For users without disk for pre-tokenized shards: documents are read as a stream, tokenized in
 worker threads (:func:`gptspeed.data.tokenize.tokenize_stream`), each preceded by
 ``<|endoftext|>``, and packed into consecutive windows of ``B*T*world_size`` (+1) tokens, exactly
-as :class:`gptspeed.data.loader.TokenLoader` cuts shards. A background thread keeps batches ready.
+as :class:`gptspeed.data.loader.TokenLoader` cuts shards: :class:`StreamWindows`, a PyTorch
+``IterableDataset``. :class:`StreamLoader` (what ``gptspeed train --data jsonl:/hf:`` uses) runs it
+in a background thread that keeps batches ready.
 
 Resume limits (honest): the state is the number of documents fully consumed and the token offset
 into the next one, so a resume is exact for a source that yields the same documents in the same
@@ -26,6 +28,7 @@ import torch
 
 from gptspeed.data.loader import put_until_stopped
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
+from gptspeed.data.tokenize import tokenize_stream
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
@@ -48,6 +51,76 @@ def iter_stream_documents(data: str, text_field: str = "text", split: str = "tra
     if data.startswith("hf:"):
         return iter_hf(data[3:], config=hf_name, split=split, text_field=text_field)
     raise GptspeedError(f"--data {data!r} is not a stream (jsonl:PATH or hf:NAME)")
+
+
+class StreamWindows(torch.utils.data.IterableDataset):
+    """Consecutive windows of ``global_tokens + 1`` tokens packed from a document stream, as a
+    PyTorch ``IterableDataset`` (the tokens a global batch and its shifted targets need).
+
+    Each item is ``(window, documents, doc_index, doc_offset)``: ``window`` a uint16 array of
+    shape ``(global_tokens + 1,)`` (its last token is the next window's first), ``documents`` the
+    documents started in its first ``global_tokens`` tokens, and ``(doc_index, doc_offset)`` the
+    position of the next window's first token (the resume position). Documents are tokenized in
+    ``workers`` threads (:func:`gptspeed.data.tokenize.tokenize_stream`), each preceded by
+    ``<|endoftext|>``, and packed with no padding, exactly as shards would be. The stream starts at
+    document ``doc_index``, token ``doc_offset``; documents before it are read, not tokenized.
+
+    It is one ordered stream: iterate it directly or through ``DataLoader(dataset,
+    batch_size=None, num_workers=0 or 1)``; more DataLoader workers would each read the whole
+    stream, so they raise GptspeedError.
+    """
+
+    def __init__(self, data: str, global_tokens: int, *, text_field: str = "text", split: str = "train",
+                 hf_name: str | None = None, workers: int = 1, doc_index: int = 0, doc_offset: int = 0):
+        super().__init__()
+        self.data, self.global_tokens, self.workers = data, global_tokens, workers
+        self.text_field, self.split, self.hf_name = text_field, split, hf_name
+        self.doc_index, self.doc_offset = doc_index, doc_offset
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, int, int, int]]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise GptspeedError("StreamWindows is one ordered stream: use it with DataLoader(num_workers=0 or 1); "
+                                "it tokenizes in its own threads (workers=N)")
+        G = self.global_tokens
+        docs = itertools.islice(iter_stream_documents(self.data, self.text_field, self.split, self.hf_name),
+                                self.doc_index, None)
+        # tokens not yet emitted: pieces joined once per window, not once per document
+        pending: list[np.ndarray] = []
+        n_pending = 0
+        # positions: (doc index, offset) of each buffered token's document, kept as run-lengths
+        runs: list[list[int]] = []  # [doc_index, first offset in buf's doc, count]
+        first = True
+        for i, doc in enumerate(tokenize_stream(docs, self.workers), start=self.doc_index):
+            if first:
+                doc = doc[self.doc_offset:] if len(doc) else doc
+                off0, first = self.doc_offset, False
+            else:
+                off0 = 0
+            if not len(doc):
+                continue
+            pending.append(doc)
+            n_pending += len(doc)
+            runs.append([i, off0, len(doc)])
+            if n_pending < G + 1:
+                continue
+            buf = np.concatenate(pending)
+            while len(buf) >= G + 1:
+                window = buf[:G + 1]
+                docs_in = int(np.count_nonzero(window[:G] == EOT_TOKEN))
+                buf = buf[G:]
+                left = G  # drop G tokens from the runs
+                while left:
+                    r = runs[0]
+                    take = min(left, r[2])
+                    r[1] += take
+                    r[2] -= take
+                    left -= take
+                    if r[2] == 0:
+                        runs.pop(0)
+                nxt = (runs[0][0], runs[0][1]) if runs else (i + 1, 0)
+                yield window, docs_in, nxt[0], nxt[1]
+            pending, n_pending = [buf], len(buf)
 
 
 class StreamLoader:
@@ -79,55 +152,12 @@ class StreamLoader:
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
 
-    def _windows(self, stop: threading.Event) -> Iterator[tuple[np.ndarray, int, int, int]]:
-        """(window of G+1 tokens, documents started in its first G, doc_index, doc_offset after)."""
-        from gptspeed.data.tokenize import tokenize_stream
-
-        G = self.global_tokens
-        docs = itertools.islice(iter_stream_documents(self.data, self.text_field, self.split, self.hf_name),
-                                self.doc_index, None)
-        # tokens not yet emitted: pieces joined once per window, not once per document
-        pending: list[np.ndarray] = []
-        n_pending = 0
-        # positions: (doc index, offset) of each buffered token's document, kept as run-lengths
-        runs: list[list[int]] = []  # [doc_index, first offset in buf's doc, count]
-        first = True
-        for i, doc in enumerate(tokenize_stream(docs, self.workers), start=self.doc_index):
-            if stop.is_set():
-                return
-            if first:
-                doc = doc[self.doc_offset:] if len(doc) else doc
-                off0, first = self.doc_offset, False
-            else:
-                off0 = 0
-            if not len(doc):
-                continue
-            pending.append(doc)
-            n_pending += len(doc)
-            runs.append([i, off0, len(doc)])
-            if n_pending < G + 1:
-                continue
-            buf = np.concatenate(pending)
-            while len(buf) >= G + 1:
-                window = buf[:G + 1]
-                docs_in = int(np.count_nonzero(window[:G] == EOT_TOKEN))
-                buf = buf[G:]
-                left = G  # drop G tokens from the runs
-                while left:
-                    r = runs[0]
-                    take = min(left, r[2])
-                    r[1] += take
-                    r[2] -= take
-                    left -= take
-                    if r[2] == 0:
-                        runs.pop(0)
-                nxt = (runs[0][0], runs[0][1]) if runs else (i + 1, 0)
-                yield window, docs_in, nxt[0], nxt[1]
-            pending, n_pending = [buf], len(buf)
-
     def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
         try:
-            for window, docs_in, di, do in self._windows(stop):
+            windows = StreamWindows(self.data, self.global_tokens, text_field=self.text_field, split=self.split,
+                                    hf_name=self.hf_name, workers=self.workers, doc_index=self.doc_index,
+                                    doc_offset=self.doc_offset)
+            for window, docs_in, di, do in windows:
                 start = self.rank * self.B * self.T
                 t = torch.from_numpy(window[start:start + self.B * self.T + 1].astype(np.int64))
                 if self.device.type == "cuda":

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 import gptspeed
 from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, load_manifest
-from gptspeed.data.corpora import HF_CORPORA, resolve_source
+from gptspeed.data.corpora import CORPORA, HF_CORPORA, resolve_source
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.data.sources import SourceStats, iter_files, iter_hf
 from gptspeed.data.tokenize import default_workers, tokenize_stream
@@ -347,7 +347,9 @@ def prepare(
         input_sha = hashlib.sha256(json.dumps([dataset, hf_name, split]).encode()).hexdigest()
     else:
         paths, names = resolve_source(source, progress=progress)
-        info = [(sha256_file(p), p.stat().st_size) for p in paths]
+        # a named corpus's files were just checked against its digests: no need to hash them twice
+        known = CORPORA[source].files if source in CORPORA else {}
+        info = [(known.get(n) or sha256_file(p), p.stat().st_size) for p, n in zip(paths, names)]
         input_sha = _input_sha256([d for d, _ in info])
     settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
                 "max_tokens": max_tokens, "dataset": dataset, "hf_name": hf_name, "split": split}

@@ -13,7 +13,7 @@ few percent of the work. No process start-up, no pickling of texts or tokens.
 One encoding per thread: tiktoken's pre-tokenizing regex (the Rust ``regex`` crate under
 ``fancy-regex``) keeps a fast path for the first thread that uses a compiled pattern; any other
 thread takes its scratch space from a shared pool. Measured on the 2-core CI machine (Hamlet,
-188k characters): 18 ms in the pattern's first thread, 23-25 ms in another thread. A copy built
+174k characters, min of 15 calls): 18 ms in the pattern's first thread, 23.5 ms in another. A copy built
 in each worker thread from the already-parsed merge ranks (~35 ms, once per thread) keeps every
 thread on its fast path.
 """

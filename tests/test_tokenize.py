@@ -109,3 +109,21 @@ def test_a_forked_child_gets_its_own_threads():
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung waiting on its parent's tokenizer threads")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_prepare_command_does_not_import_torch(tmp_path):
+    """`gptspeed prepare` builds only the flags it needs: no torch import (seconds of start-up)."""
+    import subprocess
+    import sys
+
+    from conftest import SRC
+
+    (tmp_path / "a.txt").write_text("To be, or not to be, that is the question. " * 20)
+    code = ("import sys; from gptspeed.cli import main; "
+            f"rc = main(['prepare', {str(tmp_path / 'a.txt')!r}, '--out', {str(tmp_path / 'd')!r}, '--no-progress']); "
+            "print(rc, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["0", "False"]
+    assert (tmp_path / "d" / "manifest.json").is_file()

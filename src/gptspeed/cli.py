@@ -52,9 +52,10 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                 g.add_argument(flag, type=_field_type(f), choices=f.metadata.get("choices"), **kw)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from gptspeed.config import PRESETS
-
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``gptspeed`` parser. With ``command``, ``train`` and ``bench`` get their flags only if
+    they are that command (the others always do): their flags come from modules that import torch,
+    which ``gptspeed prepare`` or ``plot`` should not wait for."""
     p = _Parser(prog="gptspeed", description="Pretrain GPT-2 from scratch, fast, and measure every speed-up.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -79,11 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("train", help="pretrain a GPT-2 on prepared data",
                        description="Flags override the preset; with --resume, the run's own configuration.")
-    s.add_argument("--preset", choices=list(PRESETS), default=None,
-                   help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
-    s.add_argument("--config", dest="config_file", default=None,
-                   help="JSON file of settings (flat, or nested like a run's config.json), applied before flags")
-    _add_config_flags(s)
+    if command in (None, "train"):
+        _add_train_args(s)
 
     s = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face GPT-2")
     _add_model_source(s)
@@ -111,13 +109,50 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
 
+    s = sub.add_parser("bench", help="the optimization ladder (or a profile of one stage) on this machine")
+    if command in (None, "bench"):
+        _add_bench_args(s)
+
+    s = sub.add_parser("import-hf", help="turn a Hugging Face GPT-2 into a run folder (step-0 checkpoint)")
+    s.add_argument("source", help="folder with config.json + model.safetensors / pytorch_model.bin, "
+                                  "or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (downloaded)")
+    s.add_argument("--out", required=True, help="run folder to create")
+
+    s = sub.add_parser("export-hf", help="write a run's newest checkpoint as a Hugging Face GPT-2 folder")
+    s.add_argument("--run", required=True, help="run folder")
+    s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
+    s.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    s = sub.add_parser("consolidate", help="merge a sharded (FSDP) checkpoint into one file for sample / eval / "
+                                           "one-process training")
+    s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
+    s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
+
+    s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
+    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    s.add_argument("--out", default="loss.png", help="PNG file to write")
+    s.add_argument("--title", default=None)
+    return p
+
+
+def _add_train_args(s: argparse.ArgumentParser) -> None:
+    from gptspeed.config import PRESETS
+
+    s.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
+    s.add_argument("--config", dest="config_file", default=None,
+                   help="JSON file of settings (flat, or nested like a run's config.json), applied before flags")
+    _add_config_flags(s)
+
+
+def _add_bench_args(s: argparse.ArgumentParser) -> None:
     from gptspeed.bench.ladder import COMPILE_BACKENDS, PEER_NAME
     from gptspeed.bench.stages import STAGE_NAMES
+    from gptspeed.config import PRESETS
 
-    s = sub.add_parser("bench", help="the optimization ladder (or a profile of one stage) on this machine",
-                       description="Runs each stage of the ladder (" + " -> ".join(STAGE_NAMES) + ", cumulative) "
-                       "in a fresh process and compares step time, throughput, memory and step-0 loss; "
-                       "adds transformers' GPT-2 as a peer row.")
+    s.description = ("Runs each stage of the ladder (" + " -> ".join(STAGE_NAMES) + ", cumulative) "
+                     "in a fresh process and compares step time, throughput, memory and step-0 loss; "
+                     "adds transformers' GPT-2 as a peer row.")
     what = s.add_mutually_exclusive_group(required=True)
     what.add_argument("--ladder", action="store_true", help="run every stage; write ladder.md/.json/.png to --out")
     what.add_argument("--profile", metavar="STAGE", help=f"torch.profiler trace of one stage ({', '.join(STAGE_NAMES)}, {PEER_NAME})")
@@ -141,27 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile backend (default inductor; eager/aot_eager check tracing, not speed)")
     s.add_argument("--peak-tflops", type=float, help="device peak TFLOPS for MFU (default: the built-in GPU table)")
     s.add_argument("--stage-timeout", type=float, help="seconds one stage may take (default: no limit)")
-
-    s = sub.add_parser("import-hf", help="turn a Hugging Face GPT-2 into a run folder (step-0 checkpoint)")
-    s.add_argument("source", help="folder with config.json + model.safetensors / pytorch_model.bin, "
-                                  "or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (downloaded)")
-    s.add_argument("--out", required=True, help="run folder to create")
-
-    s = sub.add_parser("export-hf", help="write a run's newest checkpoint as a Hugging Face GPT-2 folder")
-    s.add_argument("--run", required=True, help="run folder")
-    s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
-    s.add_argument("--force", action="store_true", help="replace --out if it exists")
-
-    s = sub.add_parser("consolidate", help="merge a sharded (FSDP) checkpoint into one file for sample / eval / "
-                                           "one-process training")
-    s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
-    s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
-
-    s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
-    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
-    s.add_argument("--out", default="loss.png", help="PNG file to write")
-    s.add_argument("--title", default=None)
-    return p
 
 
 def _add_model_source(s: argparse.ArgumentParser) -> None:
@@ -268,7 +282,8 @@ COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "e
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except GptspeedError as e:

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -91,22 +91,24 @@ class _Concat:
         return None
 
 
-def _nearest_start(cut: int, before: int | None, after: int | None) -> int:
+def place_cut(n: int, val_fraction: float, find_start: Callable[[int, int, bool], int | None]) -> int:
+    """Index where val starts in a stream of ``n`` tokens: ``round(n * (1 - val_fraction))``,
+    moved to the nearest document start (not the stream's first token) within
+    ``n * val_fraction / 2``; on a tie the earlier one; unmoved if none is that near.
+    ``find_start(lo, hi, last)`` gives the last (or first) document start in ``[lo, hi]``, or None."""
+    cut = round(n * (1 - val_fraction))
+    w = n * val_fraction / 2
+    before = find_start(max(1, math.ceil(cut - w)), cut, True)
+    after = find_start(max(1, cut), math.floor(cut + w), False)
     if before is not None and (after is None or cut - before <= after - cut):
         return before
     return after if after is not None else cut
 
 
 def split_cut(tokens: _Concat, val_fraction: float) -> int:
-    """Index where val starts: ``round(n * (1 - val_fraction))``, moved to the nearest document
-    start (an EOT other than the first token) within ``n * val_fraction / 2``; on a tie the
-    earlier one. Reads only the blocks near the cut."""
-    n = tokens.n
-    cut = round(n * (1 - val_fraction))
-    w = n * val_fraction / 2
-    before = tokens.find_eot(max(1, math.ceil(cut - w)), cut, last=True)
-    after = tokens.find_eot(max(1, cut), math.floor(cut + w), last=False)
-    return _nearest_start(cut, before, after)
+    """:func:`place_cut` for the stream in source order, whose document starts are its EOTs;
+    reads only the blocks near the cut."""
+    return place_cut(tokens.n, val_fraction, lambda lo, hi, last: tokens.find_eot(lo, hi, last=last))
 
 
 def document_starts(tokens: _Concat, block: int = 1 << 22) -> np.ndarray:
@@ -148,7 +150,7 @@ def shuffled_order(tokens: _Concat, seed: int, val_fraction: float) -> tuple[np.
     The order is ``numpy.random.default_rng(seed).permutation(n_documents)`` over *all* documents
     of the corpus (not a window), so a corpus sorted by topic, source or length gives neither a
     periodic training loss nor a val split drawn from one end of it. The cut is placed in the
-    permuted stream by the rule of :func:`split_cut`. Memory: 24 bytes per document.
+    permuted stream by the rule of :func:`place_cut`. Memory: 24 bytes per document.
 
     Returns:
         ``(spans, order, cut)``: ``spans`` (n_documents, 2) int64 ``[start, length]`` in the
@@ -160,14 +162,12 @@ def shuffled_order(tokens: _Concat, seed: int, val_fraction: float) -> tuple[np.
     spans = np.stack([starts, np.diff(starts, append=tokens.n)], axis=1)
     order = np.random.default_rng(seed).permutation(len(starts))
     bounds = np.cumsum(spans[order, 1])[:-1]  # document starts in the permuted stream, after 0
-    n = tokens.n
-    cut = round(n * (1 - val_fraction))
-    w = n * val_fraction / 2
-    i = int(np.searchsorted(bounds, cut, side="right"))  # bounds[:i] <= cut < bounds[i:]
-    before = int(bounds[i - 1]) if i and bounds[i - 1] >= max(1, math.ceil(cut - w)) else None
-    j = int(np.searchsorted(bounds, cut, side="left"))  # first bound >= cut
-    after = int(bounds[j]) if j < len(bounds) and bounds[j] <= math.floor(cut + w) else None
-    return spans, order, _nearest_start(cut, before, after)
+
+    def find_start(lo: int, hi: int, last: bool) -> int | None:
+        k = int(np.searchsorted(bounds, hi, side="right")) - 1 if last else int(np.searchsorted(bounds, lo))
+        return int(bounds[k]) if 0 <= k < len(bounds) and lo <= bounds[k] <= hi else None
+
+    return spans, order, place_cut(tokens.n, val_fraction, find_start)
 
 
 def write_shuffled(tokens: _Concat, spans: np.ndarray, order: np.ndarray, cut: int, out: Path,

@@ -18,24 +18,24 @@ import time
 
 import torch
 
-from gptspeed.config import OptimConfig
+from gptspeed.config import GPTConfig, OptimConfig, RunConfig, TrainConfig
 from gptspeed.metrics import environment
-from gptspeed.model import GPT, GPTConfig
-from gptspeed.optim import build_optimizer
 from gptspeed.runtime import resolve_runtime
-from gptspeed.train import train_step
+from gptspeed.trainer import Trainer
 
 SHAPE = dict(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=50304)
 B = 16
 
 
 def make(loss: str, fused_adamw: bool, rt):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**SHAPE, loss=loss))
-    opt, fused = build_optimizer(model, OptimConfig(fused_adamw=fused_adamw), "cpu")
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    params = list(model.parameters())
-    return lambda nb: train_step(model, opt, scaler, rt, nb, 1, 1.0, params, fused)
+    cfg = RunConfig(model=GPTConfig(**SHAPE, loss=loss), optim=OptimConfig(fused_adamw=fused_adamw),
+                    train=TrainConfig(batch_size=B))
+    trainer = Trainer.bare(cfg, rt)  # the training step of `gptspeed train`
+
+    def step(next_batch):
+        loss = trainer.forward_backward(*next_batch(), last_micro_step=True)
+        return (loss, *trainer.optimizer_step(loss))
+    return step
 
 
 def main() -> int:

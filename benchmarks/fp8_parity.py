@@ -24,7 +24,7 @@ from pathlib import Path
 from gptspeed.errors import GptspeedError
 from gptspeed.fp8 import check_fp8_device
 from gptspeed.runtime import resolve_device
-from gptspeed.train import build_train_config, fit
+from gptspeed.trainer import build_train_config, fit
 
 
 def main(argv: list[str] | None = None) -> int:

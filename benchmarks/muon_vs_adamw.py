@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gptspeed.metrics import environment
 from gptspeed.runtime import resolve_device
-from gptspeed.train import build_train_config, fit
+from gptspeed.trainer import build_train_config, fit
 
 
 def first_reaching(records: list[dict], target: float) -> tuple[int | None, float | None]:

@@ -270,7 +270,7 @@ def test_stream_windows_is_an_iterable_dataset(tmp_path, monkeypatch):
 
 
 def test_train_from_a_jsonl_stream_and_resume(tmp_path):
-    from gptspeed.train import build_train_config, fit
+    from gptspeed.trainer import build_train_config, fit
 
     path = write_jsonl(tmp_path / "d.jsonl", DOCS * 5)
     tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, batch_size=4, warmup_steps=1, lr=3e-3,

@@ -15,7 +15,7 @@ from conftest import SHARED_DATA, SRC
 from gptspeed.checkpoint import check_checkpoint, consolidate, list_checkpoints, load_checkpoint
 from gptspeed.data import find_shards
 from gptspeed.data.loader import TokenLoader
-from gptspeed.train import build_train_config, fit
+from gptspeed.trainer import build_train_config, fit
 
 # global batch 4 x 32 x 2 = 256 tokens: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, total_batch_tokens=256, max_steps=4,
@@ -128,7 +128,7 @@ def test_ddp_checkpoint_resumes_in_one_process(runs):
 
 
 def test_consolidated_fsdp_checkpoint_loads_in_one_process(runs, tmp_path):
-    from gptspeed.sample import evaluate_run
+    from gptspeed.eval import evaluate_run
 
     out = consolidate(runs["fsdp"], tmp_path / "one")
     ck = load_checkpoint(out)  # sealed, weights_only

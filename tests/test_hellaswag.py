@@ -185,7 +185,7 @@ def test_eval_cli_prints_json(models, expected, tmp_path):
 
 def test_hellaswag_every_during_training(models, expected, tmp_path, monkeypatch):
     from gptspeed.data.shards import write_shard
-    from gptspeed.train import build_train_config, fit
+    from gptspeed.trainer import build_train_config, fit
 
     path = write_jsonl(tmp_path / "val.jsonl", [e[1] for e in expected])
     monkeypatch.setattr(hs, "hellaswag_file", lambda progress=True: path)

@@ -198,7 +198,7 @@ def write_data(folder: Path) -> Path:
 
 
 def test_train_init_from_and_resume_an_imported_run(hf_model, tmp_path):
-    from gptspeed.train import build_train_config, fit
+    from gptspeed.trainer import build_train_config, fit
 
     ref, folder = hf_model
     data = write_data(tmp_path / "data")

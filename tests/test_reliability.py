@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SHARED_DATA, SRC, assert_user_error, run_cli
+from conftest import SHARED_DATA, SRC, assert_user_error, bare_trainer, one_step, run_cli
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
 from gptspeed.config import OptimConfig, RunConfig, preset
 from gptspeed.data.shards import ShardError, read_header, read_shard, write_shard
@@ -24,7 +24,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.optim import build_optimizer
 from gptspeed.runtime import resolve_runtime
-from gptspeed.train import build_train_config, fit, train_step
+from gptspeed.trainer import build_train_config, fit
 
 TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",
         "--eval-every", "0", "--device", "cpu"]
@@ -86,26 +86,18 @@ def test_signal_saves_and_exits_with_its_status(shakespeare_data, tmp_path, sig,
     assert check_checkpoint(ck) is None and load_checkpoint(ck)["step"] >= 2
 
 
-def tiny_step_setup(fused):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))
-    opt, fused = build_optimizer(model, OptimConfig(fused_adamw=fused), "cpu")
-    rt = resolve_runtime("cpu", "float32", False)
-    x = torch.randint(0, 50257, (2, 8))
-    return model, opt, fused, rt, (lambda: (x, x))
-
-
 @pytest.mark.parametrize("fused", [True, False])
 def test_non_finite_step_never_updates_the_weights(fused):
-    model, opt, fused, rt, batch = tiny_step_setup(fused)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    params = list(model.parameters())
-    train_step(model, opt, scaler, rt, batch, 1, 1.0, params, fused)  # one good step: state exists
+    trainer = bare_trainer(dict(n_layer=1, n_head=2, n_embd=16, block_size=8), dict(fused_adamw=fused), seed=0)
+    model, opt, params = trainer.model, trainer.optimizer, trainer.params
+    assert trainer.skips_on_device is fused  # fused AdamW skips on the device, the other path reads the flag
+    x = torch.randint(0, 50257, (2, 8))
+    one_step(trainer, x, x)  # one good step: state exists
     with torch.no_grad():
         model.transformer.ln_f.weight[0] = float("nan")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     state_before = {k: v.clone() for k, v in opt.state[params[0]].items()}
-    loss, norm, bad = train_step(model, opt, scaler, rt, batch, 1, 1.0, params, fused)
+    loss, norm, bad = one_step(trainer, x, x)
     assert bool(bad) and not torch.isfinite(loss)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]) or (torch.isnan(v).equal(torch.isnan(before[k]))
@@ -128,7 +120,7 @@ def test_divergence_stops_or_skips(shakespeare_data, tmp_path):
     assert summary["step"] == 6 and summary["skipped_steps"] == 5
     ck = load_checkpoint(list_checkpoints(tmp_path / "skip")[-1])
     assert all(torch.isfinite(v).all() for v in ck["model"].values())
-    assert ck["skipped_steps"] == 5
+    assert ck["trainer"]["skipped_steps"] == 5
 
 
 def test_resume_skips_damaged_checkpoints_and_says_why(shakespeare_data, tmp_path, capsys):

@@ -8,13 +8,13 @@ import shutil
 import pytest
 import torch
 
-from conftest import assert_user_error, run_cli
+from conftest import assert_user_error, bare_trainer, one_step, run_cli
 from gptspeed.config import OptimConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.optim import MuonWithAdamW, build_optimizer, muon_params
 from gptspeed.runtime import parallelize, resolve_runtime
-from gptspeed.train import build_train_config, fit, train_step
+from gptspeed.trainer import build_train_config, fit
 
 SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
 CPU = resolve_runtime("cpu", "float32", False)
@@ -55,18 +55,16 @@ def test_muon_splits_hidden_matrices_from_the_rest():
 
 
 def test_muon_steps_lower_the_loss_and_never_update_on_a_nonfinite_step():
-    model = _model()
-    opt, fused = build_optimizer(model, OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02), "cpu")
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    trainer = bare_trainer(SHAPE, dict(optimizer="muon", lr=1e-3, muon_lr=0.02, fused_adamw=False), seed=0)
+    model, opt = trainer.model, trainer.optimizer
     x, y = _batch()
-    params = list(model.parameters())
-    losses = [train_step(model, opt, scaler, CPU, lambda: (x, y), 1, 1.0, params, fused)[0].item() for _ in range(5)]
+    losses = [one_step(trainer, x, y)[0].item() for _ in range(5)]
     assert losses[-1] < losses[0] - 0.5, losses
     before = {k: v.clone() for k, v in model.state_dict().items()}
     state_before = json.dumps({k: str(v) for k, v in opt.state_dict()["muon"]["state"].items()})
     with torch.no_grad():
         model.transformer.ln_f.weight[0] = float("nan")
-    loss, _, bad = train_step(model, opt, scaler, CPU, lambda: (x, y), 1, 1.0, params, fused)
+    loss, _, bad = one_step(trainer, x, y)
     assert bad.item()
     with torch.no_grad():
         model.transformer.ln_f.weight[0] = before["transformer.ln_f.weight"][0]
@@ -217,7 +215,8 @@ def test_auto_batch_cache_and_cpu_refusal(tmp_path, monkeypatch):
     assert batchsize.cache_path() == tmp_path / "cache" / "batch_size.json"
     with pytest.raises(GptspeedError, match="needs CUDA"):
         batchsize.resolve_auto_batch(torch.device("cpu"), {}, 512, lambda b: None)
-    assert batchsize.parse_batch_size("auto") == batchsize.AUTO and batchsize.parse_batch_size("8") == 8
+    from gptspeed.config import AUTO_BATCH_SIZE, parse_batch_size
+    assert parse_batch_size("auto") == AUTO_BATCH_SIZE and parse_batch_size("8") == 8
 
 
 def test_batch_size_auto_on_cpu_is_a_one_line_error(shakespeare_data, tmp_path):
@@ -229,7 +228,7 @@ def test_batch_size_auto_on_cpu_is_a_one_line_error(shakespeare_data, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the out-of-memory probe needs CUDA")
 def test_cuda_probe_finds_a_batch(tmp_path, monkeypatch):
     from gptspeed.config import preset
-    from gptspeed.train import auto_batch_size
+    from gptspeed.trainer import auto_batch_size
 
     monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path))
     cfg = preset("pico").override(dict(batch_size=0, total_batch_tokens=64 * 64, compile=False))

@@ -13,7 +13,7 @@ import torch
 
 from conftest import SRC, SHARED_DATA, run_cli
 from gptspeed.checkpoint import list_checkpoints, load_checkpoint
-from gptspeed.train import build_train_config, fit
+from gptspeed.trainer import build_train_config, fit
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, batch_size=8, warmup_steps=2, lr=3e-3,
             eval_tokens=4096, log_every=1, device="cpu")

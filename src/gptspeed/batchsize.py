@@ -27,24 +27,7 @@ import torch
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 
-AUTO = 0  # how --batch-size auto is stored in the configuration
 SAFETY = 0.9  # use at most 90% of the largest micro-batch that fitted (fragmentation, eval, spikes)
-
-
-def parse_batch_size(text: str) -> int:
-    """CLI type for ``--batch-size``: a positive integer, or ``auto`` (stored as :data:`AUTO` = 0).
-    ``argparse.ArgumentTypeError`` (argparse's one-line usage error) for anything else."""
-    import argparse
-
-    if text == "auto":
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}")
-    return value
 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int = 1024) -> int:
@@ -153,21 +136,28 @@ def cuda_fits(make_step: Callable[[int], Callable[[], Any]], device: torch.devic
 
 def resolve_auto_batch(device: torch.device, settings: dict[str, Any], sequences_per_step: int | None,
                        make_step: Callable[[int], Callable[[], Any]], limit: int = 1024,
-                       say: Callable[[str], Any] = print) -> int:
+                       say: Callable[[str], Any] = print, agree: Callable[[int], int] = lambda v: v) -> int:
     """The micro-batch for ``--batch-size auto`` on ``device``: the cached fit for (device,
     ``settings``) or a fresh probe (then cached), reduced by :func:`pick_micro_batch`. Reports the
-    choice through ``say``. GptspeedError (one line) on a CPU or MPS."""
+    choice through ``say``. GptspeedError (one line) on a CPU or MPS.
+
+    ``settings`` should name everything that changes memory per GPU (shape, dtype, compile,
+    optimizer, world size, parallel mode...): they key the cache. ``agree(v)`` returns the
+    minimum of ``v`` over all ranks (identity in one process): the ranks probe only if any of
+    them has no cached fit, every probe's verdict is agreed (so all ranks probe the same sizes in
+    lockstep and none waits in a collective another abandoned), and so is the final micro-batch."""
     if device.type != "cuda":
         raise GptspeedError(f"--batch-size auto probes GPU memory and needs CUDA; on {device.type} give a number "
                             "(e.g. --batch-size 16)")
     key = cache_key(torch.cuda.get_device_name(device), settings)
-    fit = cached_fit(key)
+    fit = agree(cached_fit(key) or 0)
     source = "cached"
-    if fit is None:
-        fit = largest_fitting(cuda_fits(make_step, device), limit)
+    if fit == 0:
+        local = cuda_fits(make_step, device)
+        fit = largest_fitting(lambda b: bool(agree(int(local(b)))), limit)
         source = "probed"
         if fit > 0:
             store_fit(key, fit)
-    b = pick_micro_batch(fit, sequences_per_step)
+    b = agree(pick_micro_batch(fit, sequences_per_step))
     say(f"--batch-size auto: {fit} sequences fit ({source}, {cache_path()}); using micro-batch {b}")
     return b

@@ -1,13 +1,25 @@
 """Checkpoints: everything a run needs to continue exactly, written so that no crash can lose one.
 
-A checkpoint is two files: ``RUN_DIR/ckpt_{step:08d}.pt`` (``torch.save`` of the model and
-optimizer state, GradScaler state, step, data-loader position, RNG states, counters and the run
-configuration) and its seal ``ckpt_{step:08d}.json`` (``{"step", "bytes", "sha256"}`` of the
-``.pt``). Each is written to a hidden temporary file, flushed, fsynced and renamed, the seal
-last, and the folder is fsynced. A checkpoint counts only once sealed and only while its bytes
-match the seal, so a ``SIGKILL`` at any instant leaves the newest complete checkpoint loadable,
-and a torn, truncated or altered file is detected and skipped. Loading uses
-``torch.load(weights_only=True)``: no pickled code runs.
+A run's state is a set of named *stateful* parts, each with ``state_dict()`` / ``load_state_dict()``
+(the torchtitan / ``torch.distributed.checkpoint.stateful.Stateful`` protocol): the model, the
+optimizer (AdamW or Muon + AdamW), the GradScaler, the data loader's position, the RNG states and
+the trainer's own counters. A :class:`Checkpointer` has them registered by name, so adding a piece of
+state is one ``register`` call; it picks the format, seals, prunes, finds the newest valid
+checkpoint, checks that a resume continues the same run, and holds the run folder's lock.
+
+Two formats, one rule. Single-process and DDP runs write ``RUN_DIR/ckpt_{step:08d}.pt``
+(``torch.save`` of every part, by rank 0); FSDP2 runs write ``ckpt_{step:08d}.dcp/``, where every
+rank saves its shards of model and optimizer with ``torch.distributed.checkpoint`` and rank 0 adds
+``meta.pt`` with the other parts. Either is *sealed* by ``ckpt_{step:08d}.json``, written last: the
+bytes and sha256 of every file, plus the step and the run-defining configuration, so ``--resume``
+reads the configuration without loading the checkpoint. Each file is written to a hidden
+temporary file, flushed, fsynced and renamed, the seal last, and the folder is fsynced. A
+checkpoint counts only once sealed and only while its bytes match the seal, so a ``SIGKILL`` at
+any instant leaves the newest complete checkpoint loadable, and a torn, truncated or altered file
+is detected and skipped. Loading uses ``torch.load(weights_only=True)``: no pickled code runs.
+
+This module imports torch only inside the functions that need it, so reading seals (and the
+configuration a resume continues with) costs no torch import.
 """
 
 from __future__ import annotations
@@ -17,20 +29,30 @@ import json
 import os
 import re
 import shutil
+import socket
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, Callable, Protocol
 
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import fsync_dir, sha256_file, write_atomic, write_text_atomic
 
 CKPT_RE = re.compile(r"^ckpt_(\d{8})\.(pt|dcp)$")
-SHARDED_META = "meta.pt"  # inside a sharded checkpoint folder: everything but model and optimizer
+SHARDED_META = "meta.pt"  # inside a sharded checkpoint folder: every part but model and optimizer
+LOCK_NAME = ".gptspeed.lock"
 FORMAT = "gptspeed-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: parts by name ("trainer" holds step / skipped_steps); seals carry the config
 
 
+class Stateful(Protocol):
+    """A piece of run state: ``state_dict()`` returns plain data and tensors; ``load_state_dict``
+    restores it exactly."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------ paths
 def checkpoint_path(run_dir: Path, step: int, sharded: bool = False) -> Path:
     return Path(run_dir) / f"ckpt_{step:08d}.{'dcp' if sharded else 'pt'}"
 
@@ -53,6 +75,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted((p for p in run_dir.iterdir() if CKPT_RE.match(p.name)), key=lambda p: (p.name[:13], p.suffix))
 
 
+# ---------------------------------------------------------------------------------------- writing
 class _HashingWriter:
     """File wrapper for ``torch.save`` that hashes the bytes as they are written."""
 
@@ -68,7 +91,7 @@ class _HashingWriter:
         self.f.flush()
 
 
-def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer_states: int = 2) -> int:
+def estimate_checkpoint_bytes(model, optimizer_states: int = 2) -> int:
     """Bytes a checkpoint of ``model`` takes: weights plus ``optimizer_states`` fp32 tensors per
     parameter (AdamW's two moments), plus 1 MiB for the rest."""
     n = sum(p.numel() * p.element_size() + optimizer_states * p.numel() * 4 for p in model.parameters())
@@ -81,6 +104,16 @@ def check_free_space(run_dir: Path, need_bytes: int) -> None:
     if free < need_bytes:
         raise GptspeedError(f"{run_dir} has {free / 2**30:.2f} GiB free but a checkpoint needs about "
                             f"{need_bytes / 2**30:.2f} GiB: free some space or choose another --out")
+
+
+def _seal_info(state: dict[str, Any]) -> dict[str, Any]:
+    """What a seal repeats of a checkpoint, so a resume can decide without loading it."""
+    info = {"step": state["step"]}
+    for key in ("config", "data", "world_size"):
+        if key in state:
+            info[key] = state[key]
+    info["kind"] = "full" if "optimizer" in state else "weights"
+    return info
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path:
@@ -98,8 +131,9 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path
 
 def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to the file ``final`` atomically and seal it (``final`` with ``.json``)."""
+    import torch
+
     final = Path(final)
-    run_dir = final.parent
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, **state}
 
     def write_pt(f):
@@ -110,11 +144,12 @@ def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
     try:
         seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new bytes
         w = write_atomic(final, write_pt)
-        seal = {"step": state["step"], "bytes": w.bytes, "sha256": w.sha.hexdigest()}
+        seal = {**_seal_info(state), "bytes": w.bytes, "sha256": w.sha.hexdigest()}
         write_text_atomic(seal_path(final), json.dumps(seal))
-        fsync_dir(run_dir)
+        fsync_dir(final.parent)
     except OSError as e:
         raise GptspeedError(f"could not write checkpoint {final}: {e.strerror or e}") from e
+    _VERIFIED[_identity(final)] = True  # written and hashed here: no need to hash it again
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
@@ -127,9 +162,10 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
             old.unlink(missing_ok=True)
 
 
-def seal_sharded(folder: Path, step: int) -> None:
+def seal_sharded(folder: Path, info: dict[str, Any]) -> None:
     """Seal a sharded checkpoint folder once every rank has finished writing it: the seal lists
-    each file's size and sha256. Call on one rank, after a barrier."""
+    each file's size and sha256, plus ``info`` (step, configuration...). Call on one rank, after
+    a barrier."""
     folder = Path(folder)
     files = {p.name: [p.stat().st_size, sha256_file(p)] for p in sorted(folder.iterdir()) if p.is_file()}
     try:
@@ -138,21 +174,53 @@ def seal_sharded(folder: Path, step: int) -> None:
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
         fsync_dir(folder)
-        write_text_atomic(seal_path(folder), json.dumps({"step": step, "files": files}))
+        write_text_atomic(seal_path(folder), json.dumps({**info, "files": files}))
         fsync_dir(folder.parent)
     except OSError as e:
         raise GptspeedError(f"could not seal checkpoint {folder}: {e.strerror or e}") from e
+    _VERIFIED[_identity(folder)] = True
+
+
+# -------------------------------------------------------------------------------------- checking
+# Checkpoints found valid in this process, by (path, size, mtime): a resume hashes each file once.
+_VERIFIED: dict[tuple, bool] = {}
+
+
+def _identity(path: Path) -> tuple:
+    path = Path(path)
+    try:
+        files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+        stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        seal = seal_path(path).stat()
+        return (str(path.resolve()), tuple(stats), seal.st_size, seal.st_mtime_ns)
+    except OSError:
+        return (str(path), None)
+
+
+def read_seal(path: Path) -> dict[str, Any] | None:
+    """The parsed seal of checkpoint ``path`` (None when missing or damaged). Its ``config`` /
+    ``data`` / ``world_size`` / ``kind`` are present for checkpoints written since format 2."""
+    try:
+        seal = json.loads(seal_path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return seal if isinstance(seal, dict) else None
 
 
 def check_checkpoint(path: Path) -> str | None:
-    """Why ``path`` is not a valid checkpoint (a short reason), or None if its seal matches."""
+    """Why ``path`` is not a valid checkpoint (a short reason), or None if its seal matches.
+    Each checkpoint is hashed once per process (later calls reuse the answer while the files
+    and the seal are unchanged)."""
     path = Path(path)
+    key = _identity(path)
+    if _VERIFIED.get(key):
+        return None
     try:
         seal = json.loads(seal_path(path).read_text())
-        if not is_sharded(path):
-            size, digest = int(seal["bytes"]), str(seal["sha256"])
         if is_sharded(path):
             files = {str(k): (int(v[0]), str(v[1])) for k, v in seal["files"].items()}
+        else:
+            size, digest = int(seal["bytes"]), str(seal["sha256"])
     except FileNotFoundError:
         return "not sealed (interrupted while saving?)"
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
@@ -164,27 +232,31 @@ def check_checkpoint(path: Path) -> str | None:
                 return f"{name} is missing"
             if f.stat().st_size != size or sha256_file(f) != digest:
                 return f"{name} does not match its seal (truncated or corrupted)"
-        return None
-    try:
-        actual_size = path.stat().st_size
-    except OSError:
-        return "missing"
-    if actual_size != size:
-        return f"size {actual_size} bytes, sealed as {size} (truncated or altered)"
-    if sha256_file(path) != digest:
-        return "sha256 does not match its seal (corrupted)"
+    else:
+        try:
+            actual_size = path.stat().st_size
+        except OSError:
+            return "missing"
+        if actual_size != size:
+            return f"size {actual_size} bytes, sealed as {size} (truncated or altered)"
+        if sha256_file(path) != digest:
+            return "sha256 does not match its seal (corrupted)"
+    _VERIFIED[key] = True
     return None
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
+def load_checkpoint(path: Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``, after checking it against its seal.
 
     Raises GptspeedError naming the file if it is missing, unsealed, corrupted or not a
-    gptspeed checkpoint. A sharded checkpoint folder (``.dcp``) yields its metadata only (step,
-    config, loader, RNG...; no ``model`` / ``optimizer``) with ``"sharded": True``: the training
-    loop loads the shards with :mod:`torch.distributed.checkpoint`; everything else needs a
-    single file (``gptspeed consolidate``).
+    gptspeed checkpoint. A sharded checkpoint folder (``.dcp``) yields its ``meta.pt`` only
+    (every part but ``model`` / ``optimizer``) with ``"sharded": True``: :class:`Checkpointer`
+    loads the shards with :mod:`torch.distributed.checkpoint`; everything else needs a single
+    file (``gptspeed consolidate``). Checkpoints of format 1 are read too (their ``step`` /
+    ``skipped_steps`` become the ``trainer`` part).
     """
+    import torch
+
     path = Path(path)
     if not path.exists():
         raise GptspeedError(f"checkpoint {path} does not exist")
@@ -197,6 +269,10 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", verify
         raise GptspeedError(f"checkpoint {path} is unreadable ({type(e).__name__}): delete it or resume from another") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise GptspeedError(f"{path} is not a gptspeed checkpoint")
+    if "trainer" not in state and "optimizer" in state:  # format 1
+        state["trainer"] = {"step": state["step"], "skipped_steps": state.pop("skipped_steps", 0)}
+        if state.get("scaler") is None:
+            state.pop("scaler", None)
     return state
 
 
@@ -212,7 +288,16 @@ def latest_valid_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path
     return None, skipped
 
 
-def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def checkpoint_config(path: Path) -> dict[str, Any]:
+    """The run configuration (``RunConfig.to_dict`` form) a valid checkpoint was written with:
+    from its seal, or, for checkpoints older than format 2, from the checkpoint itself."""
+    seal = read_seal(path)
+    if seal is not None and isinstance(seal.get("config"), dict):
+        return seal["config"]
+    return load_checkpoint(path, verify=False)["config"]
+
+
+def load_latest(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any]:
     """The newest valid checkpoint in ``run_dir``; GptspeedError if the folder has none."""
     path, skipped = latest_valid_checkpoint(run_dir)
     if path is None:
@@ -220,26 +305,306 @@ def load_latest(run_dir: Path, map_location: str | torch.device = "cpu") -> dict
             raise GptspeedError(f"run folder {run_dir} does not exist")
         if skipped:
             raise GptspeedError(f"no valid checkpoint in {run_dir}: {skipped[0][0].name} is {skipped[0][1]}")
-        raise GptspeedError(f"no checkpoint in {run_dir}: train first (`gptspeed train --out {run_dir}`)")
+        from gptspeed.paths import describe
+
+        raise GptspeedError(f"no checkpoint in {run_dir}{describe(run_dir, want='run')}")
     if is_sharded(path):
         raise GptspeedError(f"{path} is a sharded (FSDP) checkpoint: make a single file first with "
                             f"`gptspeed consolidate --run {run_dir} --out RUN_OR_FILE`")
     return load_checkpoint(path, map_location, verify=False)
 
 
-def _optim_by_index(optim: dict[str, Any]) -> dict[str, Any]:
+# ------------------------------------------------------------------------------------ run lock
+class RunLock:
+    """One writer per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.gptspeed.lock``,
+    which holds the owner's pid and host. The kernel drops the lock when its process dies (even
+    by SIGKILL), so a stale lock file never blocks ``--resume``. Raises GptspeedError naming the
+    holder when another live process has it."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise GptspeedError(f"{self.path.parent} is being written by {holder} (another `gptspeed train`): "
+                                "wait for it to finish or stop it, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+# --------------------------------------------------------------------------- stateful parts
+class RNGState:
+    """The CPU RNG and, on CUDA, the device's RNG, as a stateful part."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if self.device.type == "cuda" and state.get("cuda") is not None:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+
+
+class ModelState:
+    """The model's weights as a stateful part. ``sharded`` (FSDP2): DTensor shards through
+    ``torch.distributed.checkpoint.state_dict.get_model_state_dict`` / ``set_model_state_dict``;
+    otherwise the plain module's ``state_dict`` (full tensors, the usual parameter names)."""
+
+    def __init__(self, model, sharded: bool = False):
+        self.model, self.sharded = model, sharded
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            return get_model_state_dict(self.model)
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(self.model, state)
+        else:
+            self.model.load_state_dict(state)
+
+
+def optimizers_of(optimizer) -> list:
+    """The ``torch.optim.Optimizer`` objects behind ``optimizer`` (Muon + AdamW: both)."""
+    return list(getattr(optimizer, "optimizers", [optimizer]))
+
+
+class OptimizerState:
+    """The optimizer's state as a stateful part. ``sharded`` (FSDP2): every underlying
+    ``torch.optim.Optimizer`` (both of :class:`gptspeed.optim.MuonWithAdamW`) through
+    ``get_optimizer_state_dict(model, optimizers)``: one dict keyed by parameter name, param
+    groups in optimizer order; otherwise the optimizer's own ``state_dict``."""
+
+    def __init__(self, model, optimizer, sharded: bool = False):
+        self.model, self.optimizer, self.sharded = model, optimizer, sharded
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+            return get_optimizer_state_dict(self.model, optimizers_of(self.optimizer))
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, optimizers_of(self.optimizer), state)
+        else:
+            self.optimizer.load_state_dict(state)
+
+    def layout(self) -> list[list]:
+        """``[[name, param groups], ...]`` per underlying optimizer, to split a consolidated
+        name-keyed state back into the optimizer's own form."""
+        names = list(getattr(self.optimizer, "names", ["optimizer"]))
+        return [[n, len(o.param_groups)] for n, o in zip(names, optimizers_of(self.optimizer))]
+
+
+# ----------------------------------------------------------------------------- the checkpointer
+class Checkpointer:
+    """Saves and restores a run's registered stateful parts; owns format, sealing, pruning,
+    newest-valid resume and the resume compatibility check.
+
+    Args:
+        run_dir: the run folder.
+        sharded: FSDP2 (``.dcp`` folders: the parts registered with ``sharded=True`` are saved
+            by every rank with ``torch.distributed.checkpoint``); else one ``.pt`` file by rank 0.
+        is_main: this process is rank 0 (the one that writes files and seals).
+        barrier: waits for every rank (a no-op in one process).
+        keep: newest checkpoints to keep.
+        meta: what identifies the run (``config``, ``data``, ``world_size``): saved in every
+            checkpoint and its seal.
+
+    ``save(step)`` writes one checkpoint of every part; ``resume_point()`` finds the newest valid
+    one; ``load(path)`` restores every registered part found in it and returns the rest.
+    """
+
+    def __init__(self, run_dir: Path, *, sharded: bool = False, is_main: bool = True,
+                 barrier: Callable[[], None] = lambda: None, keep: int = 2, meta: dict[str, Any] | None = None):
+        self.run_dir = Path(run_dir)
+        self.sharded, self.is_main, self.barrier, self.keep = sharded, is_main, barrier, keep
+        self.meta = dict(meta or {})
+        self.parts: dict[str, Stateful] = {}
+        self._dcp_parts: set[str] = set()
+
+    def register(self, name: str, part: Stateful, *, sharded: bool = False) -> None:
+        """Add a stateful part under ``name``; ``sharded`` parts go through
+        ``torch.distributed.checkpoint`` when the checkpointer is sharded."""
+        self.parts[name] = part
+        if sharded:
+            self._dcp_parts.add(name)
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int) -> Path:
+        """Write and seal the checkpoint of ``step`` (every rank calls this; rank 0 writes the
+        ``.pt``, or all ranks their shards), then prune to ``keep``. GptspeedError if it cannot
+        be written; the earlier checkpoints are untouched then."""
+        if self.sharded:
+            return self._save_sharded(step)
+        path = checkpoint_path(self.run_dir, step)
+        if self.is_main:
+            state = {"step": step, **self.meta, **{name: part.state_dict() for name, part in self.parts.items()}}
+            extra = self._layout()
+            if extra:
+                state["optimizer_layout"] = extra
+            save_checkpoint(self.run_dir, state, keep=self.keep)
+        self.barrier()
+        return path
+
+    def _layout(self):
+        part = self.parts.get("optimizer")
+        return part.layout() if isinstance(part, OptimizerState) else None
+
+    def _save_sharded(self, step: int) -> Path:
+        """FSDP2: every rank writes its shards of the sharded parts with
+        ``torch.distributed.checkpoint.save`` into ``ckpt_{step:08d}.dcp/``; rank 0 adds
+        ``meta.pt`` (the other parts) and, after a barrier, the seal listing every file's sha256,
+        so a crash at any point leaves no sealed, incomplete checkpoint. Source:
+        https://pytorch.org/docs/stable/distributed.checkpoint.html"""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        folder = checkpoint_path(self.run_dir, step, sharded=True)
+        if self.is_main:
+            seal_path(folder).unlink(missing_ok=True)  # an old seal must never vouch for new files
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        self.barrier()
+        sharded = {name: self.parts[name].state_dict() for name in self._dcp_parts}
+        rest = {name: part.state_dict() for name, part in self.parts.items() if name not in self._dcp_parts}
+        try:
+            dcp.save(sharded, checkpoint_id=folder)
+            if self.is_main:
+                meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "sharded": True, "step": step,
+                        **self.meta, **rest, "optimizer_layout": self._layout()}
+                torch.save(meta, folder / SHARDED_META)
+        except OSError as e:
+            raise GptspeedError(f"could not write checkpoint {folder}: {e.strerror or e}") from e
+        self.barrier()
+        if self.is_main:
+            seal_sharded(folder, {**_seal_info({"step": step, **self.meta, "optimizer": True})})
+            prune_checkpoints(self.run_dir, self.keep)
+        self.barrier()
+        return folder
+
+    # ------------------------------------------------------------------ resuming
+    def resume_point(self, say: Callable[[str], Any] = print) -> Path | None:
+        """The newest valid checkpoint (saying which newer ones were skipped, and why), or None."""
+        path, skipped = latest_valid_checkpoint(self.run_dir)
+        for bad_path, reason in skipped:
+            say(f"skipping {bad_path.name}: {reason}")
+        return path
+
+    def check_resume(self, path: Path, run_defining_changes: Callable[[dict], list[str]], *,
+                     force: bool, say: Callable[[str], Any] = print) -> dict[str, Any]:
+        """Refuse (GptspeedError) to resume ``path`` when it would not continue the same run.
+
+        ``run_defining_changes(config_dict)`` names the run-defining settings that differ from
+        the checkpoint's configuration; the data identity is compared with ``meta["data"]``; a
+        weights-only checkpoint (``gptspeed import-hf``) need only match the model shape. A
+        sharded checkpoint needs ``sharded``, a single file needs not-``sharded``. With ``force``
+        the changes are reported through ``say`` instead. Reads the seal only (checkpoints older
+        than format 2: the checkpoint). Returns the seal-level information."""
+        seal = read_seal(path) or {}
+        if "config" not in seal:  # format 1: the seal has no configuration
+            old = load_checkpoint(path, verify=False)
+            seal = {**_seal_info(old), **seal}
+        if seal.get("kind") == "full":
+            if self.sharded and not is_sharded(path):
+                raise GptspeedError(f"cannot resume the single-file checkpoint {path.name} with --parallel fsdp: "
+                                    "resume it with --parallel ddp (or one process), or start a new --out")
+            if not self.sharded and is_sharded(path):
+                raise GptspeedError(f"{path.name} is a sharded (FSDP) checkpoint: resume with --parallel fsdp, or "
+                                    f"make a single file with `gptspeed consolidate --run {self.run_dir} --out NEW_RUN`")
+            ck_world, world = seal.get("world_size", 1), self.meta.get("world_size", 1)
+            if ck_world != world:  # the loader re-shards its position or refuses (naming both sizes)
+                say(f"resuming {path.name} (world size {ck_world}) with world size {world}")
+        changed = run_defining_changes(seal["config"])
+        if seal.get("kind") != "full":  # weights only: only the model must match
+            changed = [c for c in changed if c.startswith("model.")]
+        elif seal.get("data") != self.meta.get("data"):
+            changed.append("data")
+        if changed and not force:
+            raise GptspeedError(f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
+                                "use the original settings, a new --out, or --force-resume")
+        if changed:
+            say(f"--force-resume: continuing {path.name} with changed {', '.join(changed)}")
+        return seal
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """Restore every registered part present in checkpoint ``path`` (verified already by
+        :meth:`resume_point`); returns the checkpoint's other entries (``step``, ``config`` ...).
+        A weights-only checkpoint restores the model only."""
+        state = load_checkpoint(path, verify=False)
+        if is_sharded(path):
+            import torch.distributed.checkpoint as dcp
+
+            sharded = {name: self.parts[name].state_dict() for name in self._dcp_parts}
+            dcp.load(sharded, checkpoint_id=path)  # in place, re-sharded to this world size
+            for name, sd in sharded.items():
+                self.parts[name].load_state_dict(sd)
+        for name, part in self.parts.items():
+            if name in state and not (is_sharded(path) and name in self._dcp_parts):
+                part.load_state_dict(state[name])
+        return {k: v for k, v in state.items() if k not in self.parts}
+
+
+# --------------------------------------------------------------------------------- consolidate
+def _optim_by_index(optim: dict[str, Any], groups: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An optimizer state dict keyed by parameter name (``get_state_dict``'s form) -> the
     index-keyed form ``torch.optim.Optimizer.load_state_dict`` takes: parameters numbered in
-    param-group order, as an optimizer built the same way numbers them."""
+    param-group order, as an optimizer built the same way numbers them. ``groups``: the param
+    groups of one optimizer (default: all of ``optim``'s)."""
     index: dict[str, int] = {}
-    groups = []
-    for g in optim["param_groups"]:
+    out_groups = []
+    for g in optim["param_groups"] if groups is None else groups:
         ids = []
         for name in g["params"]:
             index.setdefault(name, len(index))
             ids.append(index[name])
-        groups.append({**g, "params": ids})
-    return {"state": {index[k]: v for k, v in optim["state"].items() if k in index}, "param_groups": groups}
+        out_groups.append({**g, "params": ids})
+    return {"state": {index[k]: v for k, v in optim["state"].items() if k in index}, "param_groups": out_groups}
+
+
+def split_optimizer_state(optim: dict[str, Any], layout: list[list] | None) -> dict[str, Any]:
+    """A consolidated (name-keyed) optimizer state -> the optimizer's own ``state_dict`` form:
+    one index-keyed dict, or ``{"adamw": ..., "muon": ...}`` for Muon + AdamW, split by
+    ``layout`` (``[[name, param groups], ...]`` in optimizer order, from the checkpoint)."""
+    if not layout or len(layout) == 1:
+        return _optim_by_index(optim)
+    out, first = {}, 0
+    for name, n_groups in layout:
+        out[name] = _optim_by_index(optim, optim["param_groups"][first:first + n_groups])
+        first += n_groups
+    return out
 
 
 def consolidate(run: Path, out: Path) -> Path:
@@ -251,11 +616,13 @@ def consolidate(run: Path, out: Path) -> Path:
     otherwise it is a run folder that receives ``ckpt_{step}.pt`` (and the run's config.json and
     metrics.jsonl), so ``gptspeed sample/eval --run OUT`` and one-process ``train --out OUT
     --resume`` load it. Model weights are full fp32 tensors under the usual names, the optimizer
-    state is in ``Optimizer.state_dict`` form. Returns the file written. GptspeedError if ``run``
-    has no valid sharded checkpoint or ``out`` already holds checkpoints.
+    state is in the optimizer's own ``state_dict`` form (AdamW, or Muon + AdamW). Returns the
+    file written. GptspeedError if ``run`` has no valid sharded checkpoint or ``out`` already
+    holds checkpoints.
     """
     import tempfile
 
+    import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     run = Path(run)
@@ -288,7 +655,7 @@ def consolidate(run: Path, out: Path) -> Path:
             raise GptspeedError(f"could not read the shards of {src} ({type(e).__name__}: {e})") from e
     state = {k: v for k, v in meta.items() if k not in ("format", "format_version", "sharded")}
     state["model"] = full["model"]
-    state["optimizer"] = _optim_by_index(full["optim"])
+    state["optimizer"] = split_optimizer_state(full["optimizer"], meta.get("optimizer_layout"))
     state["consolidated_from"] = str(src)
     state["config"] = {**state["config"], "runtime": {**state["config"].get("runtime", {}), "parallel": "auto"}}
     write_checkpoint_file(target, state)

@@ -20,20 +20,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _field_type(f: dataclasses.Field):
-    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    return {"int": int, "float": float, "str": str}[t.split("|")[0].strip()]
-
-
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    from gptspeed.config import MODEL_FLAGS, OptimConfig, RuntimeConfig, TrainConfig
-    from gptspeed.model import GPTConfig
+    from gptspeed.config import MODEL_FLAGS, GPTConfig, OptimConfig, RuntimeConfig, TrainConfig, field_type, parse_batch_size
 
     g = p.add_argument_group("model (override the preset)")
-    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
     for name, (flag, help_) in MODEL_FLAGS.items():
         extra = {"choices": ("sdpa", "manual")} if name == "attention" else {"choices": ("fused", "plain")} if name == "loss" else {}
-        g.add_argument(flag, dest=name, type=_field_type(fields[name]), help=help_, default=argparse.SUPPRESS, **extra)
+        g.add_argument(flag, dest=name, type=field_type(GPTConfig, name), help=help_, default=argparse.SUPPRESS, **extra)
     for title, cls in (("optimizer", OptimConfig), ("training", TrainConfig), ("runtime", RuntimeConfig)):
         g = p.add_argument_group(title)
         for f in dataclasses.fields(cls):
@@ -45,11 +38,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
             elif kind == "bool":
                 g.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
             elif f.metadata.get("parse") == "batch_size":
-                from gptspeed.batchsize import parse_batch_size
-
                 g.add_argument(flag, type=parse_batch_size, **kw)
             else:
-                g.add_argument(flag, type=_field_type(f), choices=f.metadata.get("choices"), **kw)
+                g.add_argument(flag, type=field_type(cls, f.name), choices=f.metadata.get("choices"), **kw)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -198,7 +189,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from gptspeed.train import build_train_config, fit
+    from gptspeed.trainer import build_train_config, fit
 
     overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file")}
     cfg = build_train_config(a.preset, overrides, a.config_file)
@@ -216,7 +207,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from gptspeed.sample import evaluate_run
+    from gptspeed.eval import evaluate_run
 
     print(json.dumps(evaluate_run(a.run, a.data, init_from=a.init_from, hellaswag=a.hellaswag,
                                   hellaswag_file=a.hellaswag_file, max_examples=a.max_examples,

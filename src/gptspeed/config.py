@@ -1,6 +1,6 @@
 """Run configuration: dataclasses, presets and validation.
 
-A run is described by :class:`RunConfig` = model shape (:class:`gptspeed.model.GPTConfig`) +
+A run is described by :class:`RunConfig` = model shape (:class:`GPTConfig`) +
 :class:`OptimConfig` + :class:`TrainConfig` + :class:`RuntimeConfig`. Every field is a command-line
 flag (``n_layer`` -> ``--n-layer``; the help text is the field's ``help`` metadata). A preset fills
 all of them; flags given on the command line override the preset; :meth:`RunConfig.validate`
@@ -17,13 +17,57 @@ from pathlib import Path
 from typing import Any
 
 from gptspeed.errors import GptspeedError
-from gptspeed.model import GPTConfig
+
+# This module imports no torch: `gptspeed train --help` and configuration errors answer at once.
+GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
+PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (tensor-core friendly; build-nanogpt)
+AUTO_BATCH_SIZE = 0  # how --batch-size auto is stored in the configuration
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 COMPILE_MODES = ("model", "blocks")
 COMPILE_TUNINGS = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
 CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass
+class GPTConfig:
+    """Shape of a GPT-2 model.
+
+    ``vocab_size`` is the number of rows of the embedding / LM head (50304 = 50257 padded to a
+    multiple of 64 by default, which suits tensor cores); ``valid_vocab_size`` is the number of
+    ids the tokenizer can emit (50257). Rows in between are padding: their logits are set to -inf,
+    so they are never predicted or sampled and receive no gradient.
+    """
+
+    block_size: int = 1024  # maximum sequence length (positions), T
+    vocab_size: int = PADDED_VOCAB_SIZE  # rows of wte / lm_head, padded
+    valid_vocab_size: int = GPT2_VOCAB_SIZE
+    n_layer: int = 12  # L
+    n_head: int = 12  # H
+    n_embd: int = 768  # C = H * Q
+    attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
+    loss: str = "fused"  # "fused" (chunked linear + cross-entropy) or "plain" (full logits)
+
+    def validate(self) -> None:
+        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT."""
+        for name in ("block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise GptspeedError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head != 0:
+            raise GptspeedError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
+                "each head gets n_embd / n_head channels"
+            )
+        if self.vocab_size < self.valid_vocab_size:
+            raise GptspeedError(
+                f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
+                f"{self.valid_vocab_size} tokens; use {self.valid_vocab_size} or more (50304 pads to a multiple of 64)"
+            )
+        if self.attention not in ("sdpa", "manual"):
+            raise GptspeedError(f"attention must be 'sdpa' or 'manual', got {self.attention!r}")
+        if self.loss not in ("fused", "plain"):
+            raise GptspeedError(f"loss must be 'fused' or 'plain', got {self.loss!r}")
 
 
 def _f(default, help: str, **meta):
@@ -37,6 +81,8 @@ class OptimConfig:
     lr: float = _f(6e-4, "peak learning rate")
     min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine decay target)")
     warmup_steps: int = _f(715, "linear warm-up steps")
+    warmup_ratio: float | None = _f(None, "linear warm-up as a fraction of --max-steps (e.g. 0.05); replaces "
+                                    "--warmup-steps when given")
     weight_decay: float = _f(0.1, "AdamW weight decay, applied to tensors with 2 or more dims only")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")
@@ -55,6 +101,9 @@ class TrainConfig:
 
     data: str = _f("", "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
                    "from a document stream (tokenized while training; no val split)")
+    text_field: str = _f("text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text")
+    hf_name: str | None = _f(None, "hf: streams: the dataset configuration (e.g. sample-10BT)")
+    split: str = _f("train", "hf: streams: the dataset split")
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json")
     batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
                          "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
@@ -119,6 +168,7 @@ MODEL_FLAGS = {
 }
 # Fields that define the run: resuming with any of them changed would not continue the same run.
 RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "sampling", "seed", "lr", "min_lr_ratio", "warmup_steps",
+                "warmup_ratio", "text_field", "hf_name", "split",
                 "weight_decay", "beta1", "beta2", "eps", "grad_clip", "optimizer", "muon_lr",
                 "muon_momentum")
 
@@ -180,7 +230,7 @@ class RunConfig:
         owners = {f.name: type(g) for g in self.groups().values() for f in dataclasses.fields(g)}
         for k, v in flat.items():
             if k not in owners:
-                raise GptspeedError(f"config file {path}: unknown setting {k!r}")
+                raise GptspeedError(f"config file {path}: unknown setting {k!r}{_did_you_mean(k)}")
             flat[k] = _typed(owners[k], k, v, f"config file {path}")
         return self.override(flat)
 
@@ -195,6 +245,13 @@ class RunConfig:
             else:
                 raise KeyError(name)
         return cfg
+
+    def warmup_steps(self) -> int:
+        """Warm-up steps in effect: ``round(warmup_ratio * max_steps)`` when a ratio is given, else
+        ``optim.warmup_steps``."""
+        if self.optim.warmup_ratio is not None:
+            return round(self.optim.warmup_ratio * self.train.max_steps)
+        return self.optim.warmup_steps
 
     def grad_accum_steps(self, world_size: int = 1) -> int:
         """Micro-steps per optimizer step; raises GptspeedError if the batch does not divide."""
@@ -230,6 +287,8 @@ class RunConfig:
             raise GptspeedError(f"--total-batch-tokens must be positive, got {t.total_batch_tokens}")
         if not o.lr > 0:
             raise GptspeedError(f"--lr must be positive, got {o.lr}")
+        if o.warmup_ratio is not None and not 0 <= o.warmup_ratio < 1:
+            raise GptspeedError(f"--warmup-ratio must be in [0, 1), got {o.warmup_ratio}")
         if not 0 <= o.min_lr_ratio <= 1:
             raise GptspeedError(f"--min-lr-ratio must be in [0, 1], got {o.min_lr_ratio}")
         if self.runtime.device not in DEVICES:
@@ -251,28 +310,67 @@ class RunConfig:
             self.grad_accum_steps(world_size)
 
 
+def field_type(cls, name: str) -> type:
+    """The Python type of field ``name`` of configuration dataclass ``cls`` (``int``, ``float``,
+    ``str`` or ``bool``): the first member of its annotation (``int | None`` -> ``int``). The
+    one place annotations are read: the CLI's argument types and :func:`_typed` both use it."""
+    ann = {f.name: f for f in dataclasses.fields(cls)}[name].type
+    ann = ann if isinstance(ann, str) else getattr(ann, "__name__", str(ann))
+    return {"int": int, "float": float, "str": str, "bool": bool}[ann.split("|")[0].strip()]
+
+
+def _accepts_none(cls, name: str) -> bool:
+    ann = {f.name: f for f in dataclasses.fields(cls)}[name].type
+    return "None" in (ann if isinstance(ann, str) else str(ann))
+
+
 def _typed(cls, name: str, value: Any, source: str) -> Any:
     """``value`` checked against the annotation of field ``name`` of dataclass ``cls``."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
-        raise GptspeedError(f"{source}: unknown setting {name!r}")
-    ann = str(fields[name].type)
-    if value is None and "None" in ann:
+        raise GptspeedError(f"{source}: unknown setting {name!r}{_did_you_mean(name)}")
+    if value is None and _accepts_none(cls, name):
         return None
-    base = ann.split("|")[0].strip()
-    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
-          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-          "str": isinstance(value, str),
-          "bool": isinstance(value, bool)}.get(base, False)
+    base = field_type(cls, name)
+    ok = {int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool),
+          str: isinstance(value, str),
+          bool: isinstance(value, bool)}[base]
     if not ok:
-        raise GptspeedError(f"{source}: {name} must be {base}, got {value!r}"[:300])
-    if base == "float":
+        raise GptspeedError(f"{source}: {name} must be {base.__name__}, got {value!r}"[:300])
+    if base is float:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
             raise GptspeedError(f"{source}: {name} must be a finite number, got {value}")
     choices = fields[name].metadata.get("choices")
     if choices and value not in choices:
         raise GptspeedError(f"{source}: {name} must be one of {', '.join(choices)}, got {value!r}"[:300])
+    return value
+
+
+def _did_you_mean(name: str) -> str:
+    """`` (did you mean 'x'?)`` naming the nearest valid setting, or nothing."""
+    import difflib
+
+    names = [f.name for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_batch_size(text: str) -> int:
+    """CLI type for ``--batch-size``: a positive integer, or ``auto`` (stored as
+    :data:`AUTO_BATCH_SIZE` = 0). ``argparse.ArgumentTypeError`` (argparse's one-line usage error)
+    for anything else."""
+    import argparse
+
+    if text == "auto":
+        return AUTO_BATCH_SIZE
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}")
     return value
 
 

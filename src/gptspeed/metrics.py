@@ -17,19 +17,41 @@ import torch
 import gptspeed
 from gptspeed.fileio import write_text_atomic
 
-# Dense (no sparsity) peak TFLOPS from the vendors' datasheets, by dtype family.
-# "bf16" covers bf16 and fp16 tensor-core matmuls; "tf32" the TF32 tensor cores; "fp32" plain FP32.
+# Dense (no sparsity) peak TFLOPS from NVIDIA's datasheets, by dtype family: "bf16" covers bf16 and
+# fp16 tensor-core matmuls, "tf32" the TF32 tensor cores, "fp32" plain FP32. NVIDIA quotes tensor-core
+# figures "with sparsity"; the dense peak is half of that.
+#   A100: NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe: 312 bf16, 156 tf32, 19.5 fp32).
+#   H100 SXM / H100 NVL: NVIDIA H100 Tensor Core GPU datasheet (SXM: 1,979 bf16 / 989 tf32 with
+#     sparsity, 67 fp32; NVL: 1,671 / 835 with sparsity, 60 fp32).
+#   H100 PCIe: the same datasheet's PCIe column (1,513 / 756 with sparsity, 51 fp32).
+#   H200 (SXM): NVIDIA H200 datasheet, the same tensor-core peaks as H100 SXM.
+#   A10G, L4, RTX 4090 / 3090, V100, T4: their datasheets (V100 and T4: fp16 tensor cores, no bf16/tf32).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
-    "H100 PCIe": {"bf16": 756.0, "tf32": 378.0, "fp32": 51.0},
-    "H100": {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0},  # SXM
-    "H200": {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0},
+    "H100 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0},
+    "H100 PCIe": {"bf16": 756.5, "tf32": 378.0, "fp32": 51.0},
+    "H100 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "H200 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0},
     "A10G": {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2},
     "L4": {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3},
     "RTX 4090": {"bf16": 165.2, "tf32": 82.6, "fp32": 82.6},
     "RTX 3090": {"bf16": 71.0, "tf32": 35.6, "fp32": 35.6},
-    "V100": {"bf16": 125.0, "tf32": 15.7, "fp32": 15.7},  # fp16 tensor cores; no bf16 or tf32
+    "V100 SXM2": {"bf16": 125.0, "tf32": 15.7, "fp32": 15.7},
+    "V100 PCIe": {"bf16": 112.0, "tf32": 14.0, "fp32": 14.0},
     "T4": {"bf16": 65.0, "tf32": 8.1, "fp32": 8.1},
+}
+# ``torch.cuda.get_device_name`` strings, matched exactly: a name not listed gets no MFU (pass
+# --peak-tflops) rather than a neighbour's peak (an H100 NVL is not an H100 SXM).
+DEVICE_NAMES: dict[str, str] = {
+    "NVIDIA A100-SXM4-40GB": "A100", "NVIDIA A100-SXM4-80GB": "A100", "NVIDIA A100-PCIE-40GB": "A100",
+    "NVIDIA A100 80GB PCIe": "A100",
+    "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe", "NVIDIA H100 NVL": "H100 NVL",
+    "NVIDIA H200": "H200 SXM",
+    "NVIDIA A10G": "A10G", "NVIDIA L4": "L4",
+    "NVIDIA GeForce RTX 4090": "RTX 4090", "NVIDIA GeForce RTX 3090": "RTX 3090",
+    "Tesla V100-SXM2-16GB": "V100 SXM2", "Tesla V100-SXM2-32GB": "V100 SXM2",
+    "Tesla V100-PCIE-16GB": "V100 PCIe", "Tesla V100-PCIE-32GB": "V100 PCIe",
+    "Tesla T4": "T4",
 }
 DTYPE_FAMILY = {"bfloat16": "bf16", "float16": "bf16", "tf32": "tf32", "float32": "fp32"}
 
@@ -63,12 +85,17 @@ def peak_flops(device: torch.device, dtype: str, override_tflops: float | None =
         return override_tflops * 1e12, "--peak-tflops"
     if device.type != "cuda":
         return None, f"no peak table for {device.type}; pass --peak-tflops to report MFU"
-    name = device_name(device)
+    return peak_flops_for_name(device_name(device), dtype)
+
+
+def peak_flops_for_name(name: str, dtype: str) -> tuple[float | None, str]:
+    """:func:`peak_flops` for a CUDA device named ``name`` (as ``torch.cuda.get_device_name``
+    reports it; matched exactly against :data:`DEVICE_NAMES`)."""
+    key = DEVICE_NAMES.get(name.strip())
+    if key is None:
+        return None, f"{name} not in the peak table; pass --peak-tflops to report MFU"
     family = DTYPE_FAMILY.get(dtype, "fp32")
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):  # "H100 PCIe" before "H100"
-        if key in name:
-            return PEAK_TFLOPS[key][family] * 1e12, f"{key} {family} datasheet"
-    return None, f"{name} not in the peak table; pass --peak-tflops to report MFU"
+    return PEAK_TFLOPS[key][family] * 1e12, f"{key} {family} datasheet"
 
 
 def memory_stats(device: torch.device) -> tuple[int | None, int | None]:
@@ -131,8 +158,9 @@ def _si(n: float) -> str:
     return f"{n:.0f}"
 
 
-def format_record(r: dict[str, Any]) -> str:
-    """One console line for a metrics record (see README, "metrics.jsonl")."""
+def format_record(r: dict[str, Any], show_documents: bool = True) -> str:
+    """One console line for a metrics record (see README, "metrics.jsonl"); ``show_documents``
+    False leaves out the documents count (a one-document corpus: it says nothing)."""
     parts = [f"step {r['step']:>{len(str(r['max_steps']))}}/{r['max_steps']}"]
     if r.get("train_loss") is not None:
         parts.append(f"loss {r['train_loss']:.4f}")
@@ -155,10 +183,68 @@ def format_record(r: dict[str, Any]) -> str:
             mem += f" ({100 * r['mem_frac']:.0f}%)"
         parts.append(mem)
     parts.append(f"tokens {_si(r['tokens'])}")
-    parts.append(f"docs {r['documents']:,}")
+    if show_documents and r.get("documents") is not None:
+        parts.append(f"docs {r['documents']:,}")
     if r.get("eta_s") is not None:
-        parts.append(f"ETA {format_duration(r['eta_s'])} (epoch {format_duration(r.get('epoch_eta_s'))})")
+        eta = f"ETA {format_duration(r['eta_s'])}"
+        if r.get("epoch_eta_s") is not None:  # only when the epoch ends before the run does
+            eta += f" (epoch ends in {format_duration(r['epoch_eta_s'])})"
+        parts.append(eta)
     return " | ".join(parts)
+
+
+class Throughput:
+    """Step time, tokens/s, MFU and time to go, measured over the steps since the last record.
+
+    Args:
+        tokens_per_step: tokens one optimizer step trains on, all ranks together.
+        flops_per_token: training FLOPs per token (:meth:`gptspeed.model.GPT.flops_per_token`).
+        peak_flops: one device's peak FLOP/s (None: MFU is not reported).
+        world_size: processes (devices) sharing the work.
+        max_steps: the run's last step (for the ETA).
+        clock: seconds, monotonic (``time.perf_counter``; tests pass a fake one).
+
+    Call :meth:`restart` when the clock should (re)start (after start-up, and after each record:
+    evaluation is never timed), :meth:`step_done` after each optimizer step, and :meth:`measure`
+    at a record (after synchronising the device). ``wait_s`` arguments are the loader's running
+    total of seconds spent waiting for batches. The first record of a process carries
+    ``includes_warmup`` (its interval includes compilation and warm-up).
+    """
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float | None, world_size: int,
+                 max_steps: int, clock=time.perf_counter):
+        self.tokens_per_step, self.fpt, self.peak = tokens_per_step, flops_per_token, peak_flops
+        self.world_size, self.max_steps, self.clock = world_size, max_steps, clock
+        self.steps = 0
+        self.t0 = clock()
+        self.wait0 = 0.0
+        self.warm = False
+
+    def restart(self, wait_s: float = 0.0) -> None:
+        self.t0, self.steps, self.wait0 = self.clock(), 0, wait_s
+
+    def step_done(self) -> None:
+        self.steps += 1
+
+    def measure(self, step: int, epoch_tokens_left: float | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+        """Fields of a metrics record for the interval since :meth:`restart`: ``step_ms`` (mean
+        wall ms per optimizer step), ``data_wait_ms`` (mean ms per step the loop waited for its
+        batches), ``tokens_per_s`` (whole job) and ``tokens_per_s_per_device``,
+        ``mfu`` (``flops_per_token * tokens/s / (peak * world_size)``, None without a peak),
+        ``eta_s`` (seconds to ``max_steps`` at this speed), ``epoch_eta_s`` (seconds to the end of
+        the current epoch, given ``epoch_tokens_left``; None when unknown or when the run ends
+        first), ``includes_warmup`` (the first interval of a process)."""
+        dt = (self.clock() - self.t0) / max(1, self.steps)
+        tps = self.tokens_per_step / dt if dt > 0 else float("inf")
+        steps_left = self.max_steps - step
+        epoch_eta = None
+        if epoch_tokens_left is not None and epoch_tokens_left < steps_left * self.tokens_per_step:
+            epoch_eta = epoch_tokens_left / tps
+        fields = dict(step_ms=1000 * dt, data_wait_ms=1000 * (wait_s - self.wait0) / max(1, self.steps), tokens_per_s=tps, tokens_per_s_per_device=tps / self.world_size,
+                      mfu=self.fpt * tps / (self.peak * self.world_size) if self.peak else None,
+                      eta_s=steps_left * dt, epoch_eta_s=epoch_eta, includes_warmup=not self.warm)
+        self.warm = True
+        return fields
 
 
 class RunLog:
@@ -168,9 +254,9 @@ class RunLog:
     checkpoint does not keep records of steps that are about to be redone).
     """
 
-    def __init__(self, path: Path, echo: bool = True):
+    def __init__(self, path: Path, echo: bool = True, show_documents: bool = True):
         self.path = Path(path)
-        self.echo = echo
+        self.echo, self.show_documents = echo, show_documents
 
     def truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -188,4 +274,4 @@ class RunLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.echo:
-            print(format_record(record), flush=True)
+            print(format_record(record, self.show_documents), flush=True)

@@ -14,63 +14,54 @@ compilation or parallelism: :mod:`gptspeed.runtime` applies those from outside.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptspeed.errors import GptspeedError
+from gptspeed.config import GPT2_VOCAB_SIZE, GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
 from gptspeed.loss import fused_linear_cross_entropy
 
-GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 
+class KVCache:
+    """Keys and values of every layer for one batch, for generation (Pope et al. 2022,
+    "Efficiently Scaling Transformer Inference"; the cache lives in the attention layers, as in
+    litgpt / gpt-fast). ``k[i]``, ``v[i]`` are ``(B, H, S, Q)`` with ``S = size``, allocated at the
+    first write in the dtype attention computes in (fp32, or bf16/fp16 under autocast).
 
-@dataclass
-class GPTConfig:
-    """Shape of a GPT-2 model.
-
-    ``vocab_size`` is the number of rows of the embedding / LM head (50304 = 50257 padded to a
-    multiple of 64 by default, which suits tensor cores); ``valid_vocab_size`` is the number of
-    ids the tokenizer can emit (50257). Rows in between are padding: their logits are set to -inf,
-    so they are never predicted or sampled and receive no gradient.
+    Before each forward the caller sets ``start`` (cache columns already filled: the new tokens
+    go to columns ``start .. start+T-1``) and ``mask``: None (no padding: a causal prefill when
+    ``start`` is 0, or one new token that sees every filled column) or a bool
+    ``(B, 1, T, start+T)``, True where attention is allowed.
     """
 
-    block_size: int = 1024  # maximum sequence length (positions), T
-    vocab_size: int = 50304  # rows of wte / lm_head, padded
-    valid_vocab_size: int = GPT2_VOCAB_SIZE
-    n_layer: int = 12  # L
-    n_head: int = 12  # H
-    n_embd: int = 768  # C = H * Q
-    attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
-    loss: str = "fused"  # "fused" (chunked linear + cross-entropy) or "plain" (full logits)
+    def __init__(self, n_layer: int, size: int):
+        self.size = size
+        self.start = 0
+        self.mask: torch.Tensor | None = None
+        self.k: list[torch.Tensor | None] = [None] * n_layer
+        self.v: list[torch.Tensor | None] = [None] * n_layer
 
-    def validate(self) -> None:
-        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT."""
-        for name in ("block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise GptspeedError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.n_embd % self.n_head != 0:
-            raise GptspeedError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
-                "each head gets n_embd / n_head channels"
-            )
-        if self.vocab_size < self.valid_vocab_size:
-            raise GptspeedError(
-                f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
-                f"{self.valid_vocab_size} tokens; use {self.valid_vocab_size} or more (50304 pads to a multiple of 64)"
-            )
-        if self.attention not in ("sdpa", "manual"):
-            raise GptspeedError(f"attention must be 'sdpa' or 'manual', got {self.attention!r}")
-        if self.loss not in ("fused", "plain"):
-            raise GptspeedError(f"loss must be 'fused' or 'plain', got {self.loss!r}")
+    def update(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store layer ``i``'s new ``k``, ``v`` ``(B, H, T, Q)`` at columns ``start .. start+T-1``;
+        return its keys and values for columns ``0 .. start+T-1``."""
+        if self.k[i] is None:
+            B, H, _, Q = k.shape
+            self.k[i] = k.new_empty(B, H, self.size, Q)
+            self.v[i] = v.new_empty(B, H, self.size, Q)
+        end = self.start + k.size(2)
+        self.k[i][:, :, self.start:end] = k
+        self.v[i][:, :, self.start:end] = v
+        return self.k[i][:, :, :end], self.v[i][:, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``."""
+    """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``; with a :class:`KVCache`, the
+    new positions attend to the cached ones too."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
+        self.layer = layer
         self.n_head = config.n_head
         self.attention = config.attention
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v projections, fused
@@ -80,13 +71,19 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
-        if self.attention == "sdpa":
+        if kv is not None:  # generation: attend to the cached columns as well
+            k, v = kv.update(self.layer, k, v)  # (B, H, start+T, Q)
+            if kv.mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # prefill from column 0, or 1 token
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=kv.mask)
+        elif self.attention == "sdpa":
             # Flash / memory-efficient kernels where the device has them (Dao et al. 2022).
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Q)
         else:
@@ -115,15 +112,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -131,12 +128,22 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 language model.
 
-    ``forward(idx, targets=None)``: ``idx`` is ``(B, T)`` int64 token ids with ``T <= block_size``.
-    Without targets it returns ``(logits, None)``, logits ``(B, T, vocab_size)`` in the compute
-    dtype with the padded columns at -inf. With targets ``(B, T)`` int64 it returns
-    ``(logits_or_None, loss)``: the mean cross-entropy over all positions as a 0-dim fp32 tensor;
-    with ``config.loss == "fused"`` the logits are never materialised and ``None`` is returned
-    in their place (see :func:`gptspeed.loss.fused_linear_cross_entropy`).
+    ``forward(idx, targets=None, *, pos=None, kv=None, logits_at=None)``: ``idx`` is ``(B, T)``
+    int64 token ids with ``T <= block_size``.
+
+    - With ``targets`` ``(B, T)`` int64 it returns ``(logits_or_None, loss)``: the mean
+      cross-entropy over all positions as a 0-dim fp32 tensor; with ``config.loss == "fused"``
+      the logits are never materialised and ``None`` is returned in their place (see
+      :func:`gptspeed.loss.fused_linear_cross_entropy`).
+    - Without targets it returns ``(logits, None)``: ``(B, T, vocab_size)`` in the compute dtype
+      with the padded columns at -inf; or, with ``logits_at`` (an index into the hidden states'
+      first two dimensions, e.g. ``(slice(None), -1)`` for the last position of every row, or
+      ``(rows, cols)`` index tensors), only the logits at those positions ``(..., vocab_size)``.
+    - ``pos``: positions ``(B, T)`` or ``(T,)`` int64 (default ``0 .. T-1``); ``kv``: a
+      :class:`KVCache` for generation.
+
+    Everything goes through ``forward``, so data-parallel wrappers (FSDP2 all-gathers the root's
+    parameters in its forward hook) and ``torch.compile`` see every use of the model.
     """
 
     def __init__(self, config: GPTConfig):
@@ -147,7 +154,7 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd),
             )
         )
@@ -186,15 +193,19 @@ class GPT(nn.Module):
         T = seq_len or c.block_size
         return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * T
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        """Final-LayerNorm output ``(B, T, C)`` for token ids ``idx`` ``(B, T)``."""
+    def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
+                      kv: KVCache | None = None) -> torch.Tensor:
+        """Final-LayerNorm output ``(B, T, C)`` for token ids ``idx`` ``(B, T)`` at positions ``pos``
+        (``(B, T)`` or ``(T,)``, default ``0 .. T-1``), through the cache ``kv`` if given. Called
+        by :meth:`forward`; call it directly only on an unwrapped model."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        if pos is None:
+            pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, kv) if kv is not None else block(x)
         return self.transformer.ln_f(x)  # (B, T, C)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -206,10 +217,11 @@ class GPT(nn.Module):
             logits[..., self.config.valid_vocab_size :] = float("-inf")
         return logits
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        h = self.hidden_states(idx)  # (B, T, C)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, pos: torch.Tensor | None = None,
+                kv: KVCache | None = None, logits_at=None):
+        h = self.hidden_states(idx, pos, kv)  # (B, T, C)
         if targets is None:
-            return self.logits(h), None
+            return self.logits(h if logits_at is None else h[logits_at]), None
         if self.config.loss == "fused":
             loss = fused_linear_cross_entropy(
                 h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size

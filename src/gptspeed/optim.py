@@ -35,7 +35,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
     ``adamw``: AdamW over :func:`param_groups`. ``muon``: a :class:`MuonWithAdamW` (Muon for the
     blocks' 2-D weights, AdamW for the rest). ``fused`` is True only when the whole step can skip
     a non-finite step on the device (AdamW's ``found_inf``); Muon has no such argument, so for
-    ``muon`` it is False and :func:`gptspeed.train.train_step` reads the non-finite flag (one
+    ``muon`` it is False and :meth:`gptspeed.trainer.Trainer.optimizer_step` reads the non-finite flag (one
     host-device sync per step) before stepping.
 
     ``cfg.fused_adamw``: None picks the fused kernel where available; True demands it
@@ -101,6 +101,13 @@ class MuonWithAdamW:
             g["lr_mult"] = 1.0
         for g in self.muon.param_groups:
             g["lr_mult"] = cfg.muon_lr / cfg.lr
+
+    names = ("adamw", "muon")  # the keys of state_dict(), in the order of :attr:`optimizers`
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The two ``torch.optim.Optimizer`` objects (what ``torch.distributed.checkpoint`` saves)."""
+        return [self.adamw, self.muon]
 
     @property
     def param_groups(self) -> list[dict]:

@@ -204,6 +204,13 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     return getattr(module, "module", module) if _is_ddp(module) else module
 
 
+def eager():
+    """Context manager: every ``torch.compile``-d function and module runs eagerly inside it
+    (``torch.compiler.set_stance("force_eager")``), so shapes seen only here (a partial last eval
+    batch, HellaSwag rows) never trigger a recompile."""
+    return torch.compiler.set_stance("force_eager")
+
+
 def _is_ddp(module) -> bool:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -215,7 +222,7 @@ def grad_sync_control(train_model: torch.nn.Module):
     micro-step's forward and backward in, which reduces gradients across ranks only when ``last``
     is True -- DDP's ``no_sync()`` and FSDP2's ``set_requires_gradient_sync`` -- or None when the
     model is not data-parallel (the single-process path then pays nothing)."""
-    inner = getattr(train_model, "_orig_mod", train_model)
+    inner = getattr(train_model, "_orig_mod", train_model)  # DDP under compile: keep the DDP wrapper
     if _is_ddp(inner):
         return lambda last: contextlib.nullcontext() if last else inner.no_sync()
     from torch.distributed.fsdp import FSDPModule
@@ -226,6 +233,27 @@ def grad_sync_control(train_model: torch.nn.Module):
             return contextlib.nullcontext()
         return sync
     return None
+
+
+CUDA_GRAPH_TUNINGS = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
+
+
+def uses_cuda_graphs(rt: Runtime, compile_tuning: str) -> bool:
+    """Whether the compiled model replays CUDA graphs (``reduce-overhead`` / ``max-autotune`` on CUDA)."""
+    return rt.compile and rt.device_type == "cuda" and compile_tuning in CUDA_GRAPH_TUNINGS
+
+
+def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int) -> None:
+    """GptspeedError (one line) for CUDA graphs with gradient accumulation: every replay of the
+    backward graph writes its gradients into the same static buffers, so the second micro-step
+    overwrites the gradients of the first that ``.grad`` still points to (PyTorch raises "accessing
+    tensor output of CUDAGraphs that has been overwritten"; older versions silently kept the last
+    micro-batch only). Names the working alternative."""
+    if uses_cuda_graphs(rt, compile_tuning) and grad_accum_steps > 1:
+        raise GptspeedError(
+            f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
+            f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or raise --batch-size "
+            "until one micro-step makes the whole --total-batch-tokens")
 
 
 def apply_matmul_precision(rt: Runtime) -> None:

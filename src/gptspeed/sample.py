@@ -1,4 +1,4 @@
-"""Text generation (with and without a KV cache) and checkpoint evaluation.
+"""Text generation, with and without a KV cache, from a run or a Hugging Face GPT-2.
 
 :func:`generate` is the reference: every step re-reads the last ``block_size`` tokens.
 :func:`generate_cached` keeps each layer's keys and values (Pope et al. 2022, "Efficiently Scaling
@@ -13,7 +13,6 @@ window of the last ``block_size`` tokens each step, exactly as :func:`generate` 
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from pathlib import Path
 from typing import Iterator, TextIO
@@ -24,8 +23,8 @@ from torch.nn import functional as F
 from gptspeed.checkpoint import load_latest
 from gptspeed.config import RunConfig
 from gptspeed.errors import GptspeedError
-from gptspeed.model import GPT
-from gptspeed.runtime import Runtime, resolve_runtime
+from gptspeed.model import GPT, KVCache
+from gptspeed.runtime import Runtime, resolve_runtime, unwrap
 from gptspeed.tokenizer import EOT_TOKEN
 
 
@@ -90,72 +89,18 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     ``temperature`` 0 is greedy decoding; ``top_k`` keeps the k most likely tokens (Fan et al.
     2018). Vocabulary padding has -inf logits (see :class:`GPT`), so it is never drawn.
     """
+    block_size = unwrap(model).config.block_size
     for _ in range(max_new_tokens):
-        ctx = idx[:, -model.config.block_size :]
+        ctx = idx[:, -block_size:]
         with autocast if autocast is not None else contextlib.nullcontext():
-            h = model.hidden_states(ctx)
-            logits = model.logits(h[:, -1, :]).float()  # (B, V): the last position only
+            logits = model(ctx, logits_at=LAST)[0].float()  # (B, V): the last position only
         nxt = sample_next(logits, temperature, top_k, generator)
         idx = torch.cat([idx, nxt[:, None]], dim=1)
         yield nxt
 
 
 # ---------------------------------------------------------------------------------------- KV cache
-class KVCache:
-    """Keys and values of every layer for one batch: ``k[i]``, ``v[i]`` are ``(B, H, S, Q)`` with
-    ``S = block_size``, allocated at the first write in the dtype attention computes in (fp32, or
-    bf16/fp16 under autocast). Column ``j`` holds sequence column ``j`` of the current window."""
-
-    def __init__(self, n_layer: int):
-        self.k: list[torch.Tensor | None] = [None] * n_layer
-        self.v: list[torch.Tensor | None] = [None] * n_layer
-
-    def write(self, i: int, start: int, k: torch.Tensor, v: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``k``, ``v`` ``(B, H, T, Q)`` at columns ``start .. start+T-1`` of layer ``i``;
-        return that layer's keys and values for columns ``0 .. start+T-1``."""
-        if self.k[i] is None:
-            B, H, _, Q = k.shape
-            self.k[i] = k.new_empty(B, H, size, Q)
-            self.v[i] = v.new_empty(B, H, size, Q)
-        end = start + k.size(2)
-        self.k[i][:, :, start:end] = k
-        self.v[i][:, :, start:end] = v
-        return self.k[i][:, :, :end], self.v[i][:, :, :end]
-
-
-def cached_forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, start: int, cache: KVCache,
-                   mask: torch.Tensor | None) -> torch.Tensor:
-    """Final-LayerNorm hidden states ``(B, T, C)`` for new tokens ``idx`` ``(B, T)`` int64 at cache
-    columns ``start .. start+T-1`` and positions ``pos`` ``(B, T)`` int64, attending to the cached
-    columns before them; their keys and values are written to ``cache``.
-
-    ``mask`` is None (no padding: causal prefill when ``start`` is 0, or one new token that sees
-    every cached column) or a bool ``(B, 1, T, start+T)``, True where attention is allowed.
-    Mirrors :meth:`GPT.hidden_states` / ``Block.forward`` step for step; the cache-equality test
-    catches any drift between the two.
-    """
-    B, T = idx.shape
-    assert mask is not None or start == 0 or T == 1, "a multi-token step after column 0 needs a mask"
-    tr = model.transformer
-    x = tr.wte(idx) + tr.wpe(pos)  # (B, T, C)
-    C = x.size(-1)
-    for i, block in enumerate(tr.h):
-        attn = block.attn
-        H = attn.n_head
-        q, k, v = attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, Q)
-        k = k.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, Q)
-        v = v.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, Q)
-        K, V = cache.write(i, start, k, v, model.config.block_size)  # (B, H, start+T, Q)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, K, V, is_causal=T > 1)  # (B, H, T, Q)
-        else:
-            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-        x = x + attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        x = x + block.mlp(block.ln_2(x))
-    return tr.ln_f(x)  # (B, T, C)
-
-
+LAST = (slice(None), -1)  # ``logits_at`` for the last position of every row
 def left_pad(prompts: list[list[int]], pad_id: int = EOT_TOKEN,
              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of different lengths as one ``(B, T0)`` int64 batch, right-aligned (left-padded with
@@ -189,34 +134,37 @@ def generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, tempe
     """Autoregressive sampling with a KV cache; same contract and same tokens as :func:`generate`.
 
     ``idx`` ``(B, T0)`` int64; ``pad`` ``(B,)`` int64 = left-padding columns per row (from
-    :func:`left_pad`; None = no padding). Yields each new column ``(B,)`` int64. ``model`` may be
-    a ``torch.compile``-d GPT (its module is used); ``compile`` True (inductor) or a backend name
-    compiles the one-token decode step with dynamic shapes (the prefill runs eagerly).
+    :func:`left_pad`; None = no padding). Yields each new column ``(B,)`` int64. The keys and
+    values live in a :class:`gptspeed.model.KVCache` that the model's attention layers fill.
+    ``model`` may be a ``torch.compile``-d GPT (its module is used); ``compile`` True (inductor)
+    or a backend name compiles the one-token decode step with dynamic shapes (the prefill runs
+    eagerly).
     Cost past ``block_size``: every further step recomputes the last ``block_size`` tokens (the
     learned absolute positions of GPT-2 make a shifted cache wrong), as the cache-free path does.
     """
-    m: GPT = getattr(model, "_orig_mod", model)
+    m: GPT = unwrap(model)
     S = m.config.block_size
     B = idx.size(0)
     pad = torch.zeros(B, dtype=torch.long, device=idx.device) if pad is None else pad.to(idx.device)
-    step = cached_forward
+    step = m
     if compile:
-        step = torch.compile(cached_forward, dynamic=True, backend="inductor" if compile is True else compile)
-    cache = KVCache(m.config.n_layer)
-    seq, filled, pad_w = idx, 0, pad
+        step = torch.compile(m, dynamic=True, backend="inductor" if compile is True else compile)
+    cache = KVCache(m.config.n_layer, S)
+    seq, pad_w = idx, pad
     for i in range(max_new_tokens):
         with autocast if autocast is not None else contextlib.nullcontext():
-            if i == 0 or filled == S:  # prefill, or the window is full: recompute it
+            if i == 0 or cache.start == S:  # prefill, or the window is full: recompute it
                 window = seq[:, -S:]
                 pad_w = (pad - (seq.size(1) - window.size(1))).clamp(min=0)
-                pos, mask = _window_inputs(pad_w, 0, window.size(1))
-                h = cached_forward(m, window, pos, 0, cache, mask)
-                filled = window.size(1)
+                pos, cache.mask = _window_inputs(pad_w, 0, window.size(1))
+                cache.start = 0
+                logits = m(window, pos=pos, kv=cache, logits_at=LAST)[0]
+                cache.start = window.size(1)
             else:
-                pos, mask = _window_inputs(pad_w, filled, 1)
-                h = step(m, seq[:, -1:], pos, filled, cache, mask)
-                filled += 1
-            logits = m.logits(h[:, -1, :]).float()  # (B, V)
+                pos, cache.mask = _window_inputs(pad_w, cache.start, 1)
+                logits = step(seq[:, -1:], pos=pos, kv=cache, logits_at=LAST)[0]
+                cache.start += 1
+            logits = logits.float()  # (B, V)
         nxt = sample_next(logits, temperature, top_k, generator)
         seq = torch.cat([seq, nxt[:, None]], dim=1)
         yield nxt
@@ -278,46 +226,3 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
             out.write(f"--- sample {r + 1} ({where}) ---\n{prompt}{text}\n")
     out.flush()
     return texts
-
-
-def evaluate_run(run_dir: str | Path | None = None, data_dir: str | Path | None = None, *,
-                 init_from: str | None = None, hellaswag: bool = False, hellaswag_file: str | None = None,
-                 max_examples: int = 0,
-                 batch_size: int = 8, max_tokens: int = 0, device: str = "auto", dtype: str = "auto") -> dict:
-    """``gptspeed eval``: for the newest checkpoint of ``run_dir`` (or the HF model ``init_from``),
-    the val loss on the val split of ``data_dir`` (``step``, ``val_loss``, ``perplexity``,
-    ``tokens``, ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
-    ``"hellaswag"`` (see :func:`gptspeed.eval.hellaswag.evaluate_hellaswag`; ``max_examples`` 0 = all;
-    ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``).
-
-    Raises:
-        GptspeedError: nothing to evaluate, bad sizes, missing data or model.
-    """
-    from gptspeed.data import find_shards
-    from gptspeed.train import evaluate
-
-    hellaswag = hellaswag or hellaswag_file is not None
-    if data_dir is None and not hellaswag:
-        raise GptspeedError("nothing to evaluate: give --data DIR (val loss) and/or --hellaswag")
-    if batch_size < 1:
-        raise GptspeedError(f"--batch-size must be at least 1, got {batch_size}")
-    if max_examples < 0:
-        raise GptspeedError(f"--max-examples must be 0 (all) or more, got {max_examples}")
-    rt = resolve_runtime(device, dtype, compile=False)
-    shards = find_shards(data_dir, "val") if data_dir is not None else None
-    items = None
-    if hellaswag:
-        from gptspeed.eval.hellaswag import load_hellaswag
-
-        items = load_hellaswag(hellaswag_file, max_examples=max_examples)
-    model, info = load_any_model(rt, run_dir, init_from)
-    result: dict = {**info}
-    if shards is not None:
-        loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
-        result.update(val_loss=loss, perplexity=math.exp(loss), tokens=n, data=str(data_dir))
-    if items is not None:
-        from gptspeed.eval.hellaswag import evaluate_hellaswag
-
-        result["hellaswag"] = evaluate_hellaswag(model, items, device=rt.device, autocast=rt.autocast(),
-                                                 batch_examples=batch_size)
-    return result

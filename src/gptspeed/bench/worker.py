@@ -33,7 +33,6 @@ from gptspeed.metrics import memory_stats, peak_flops
 from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
 from gptspeed.optim import build_optimizer
 from gptspeed.runtime import Runtime, parallelize, resolve_runtime
-from gptspeed.train import train_step
 from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
 
 GRAD_CLIP = 1.0  # as gptspeed train's default
@@ -141,36 +140,50 @@ def build_hf_gpt2(cfg: GPTConfig, seed: int) -> torch.nn.Module:
     return model
 
 
+class _HFForward(torch.nn.Module):
+    """transformers' GPT2LMHeadModel behind gptspeed's ``forward(x, y) -> (None, loss)``, with its
+    own loss path (logits.float(), F.cross_entropy; labels pre-shifted)."""
+
+    def __init__(self, hf: torch.nn.Module):
+        super().__init__()
+        self.hf = hf
+        self.transformer = hf.transformer
+
+    def forward(self, x, y):
+        return None, self.hf(input_ids=x, labels=y, shift_labels=y).loss
+
+
 def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.Tensor], GPT | torch.nn.Module, int, bool]:
-    """``(step, model, flops_per_token, fused_adamw)``; ``step()`` runs one training step and
-    returns its loss (0-dim tensor, not synchronised)."""
+    """``(step, model, flops_per_token, fused_adamw)``; ``step()`` runs one training step --
+    :meth:`gptspeed.trainer.Trainer.forward_backward` + ``optimizer_step``, exactly the step
+    `gptspeed train` runs, one micro-batch -- and returns its loss (0-dim tensor, not synchronised)."""
+    from gptspeed.config import RunConfig, RuntimeConfig, TrainConfig
+    from gptspeed.trainer import Trainer
+
     s = Settings(**spec.settings)
     cfg = GPTConfig(block_size=spec.seq_len, vocab_size=s.vocab_size, n_layer=spec.n_layer, n_head=spec.n_head,
                     n_embd=spec.n_embd, attention=s.attention, loss=s.loss)
     cfg.validate()
     if spec.kind == PEER_KIND:
-        model = build_hf_gpt2(cfg, spec.seed)
+        model = _HFForward(build_hf_gpt2(cfg, spec.seed))
         fpt = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(spec.seq_len)
     else:
         model = init_gpt(cfg, spec.seed)
         fpt = model.flops_per_token(spec.seq_len)
     model.train()
-    train_model = parallelize(model, rt, compile_mode=s.compile_mode, compile_tuning=s.compile_tuning, fp8=s.fp8,
-                              backend=spec.compile_backend)
-    optimizer, fused = build_optimizer(model, OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer),
-                                       rt.device_type)
-    params = [p for p in model.parameters() if p.requires_grad]
+    run = RunConfig(model=cfg, optim=OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer,
+                                                 grad_clip=GRAD_CLIP),
+                    train=TrainConfig(batch_size=spec.batch_size),
+                    runtime=RuntimeConfig(compile_mode=s.compile_mode, compile_tuning=s.compile_tuning, fp8=s.fp8))
+    trainer = Trainer.bare(run, rt, model=model, backend=spec.compile_backend)
 
-    def forward(x, y):
-        if spec.kind == PEER_KIND:  # HF's own loss path: logits.float(), F.cross_entropy (labels pre-shifted)
-            return None, train_model(input_ids=x, labels=y, shift_labels=y).loss
-        return train_model(x, y)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
+    def step() -> torch.Tensor:
+        x, y = loader.next_batch()
+        loss = trainer.forward_backward(x, y, last_micro_step=True)
+        trainer.optimizer_step(loss)
+        return loss
 
-    def step() -> torch.Tensor:  # exactly the step `gptspeed train` runs, one micro-batch
-        return train_step(forward, optimizer, scaler, rt, loader.next_batch, 1, GRAD_CLIP, params, fused)[0]
-
-    return step, model, fpt, fused
+    return step, trainer.model, fpt, trainer.skips_on_device
 
 
 def _auto_batch(spec: StageSpec, rt: Runtime) -> int:

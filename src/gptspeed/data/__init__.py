@@ -48,7 +48,9 @@ SPLITS = ("train", "val")
 
 
 def _prepare_hint(data_dir: Path) -> str:
-    return f"run `gptspeed prepare SOURCE --out {data_dir}` first"
+    from gptspeed.paths import describe
+
+    return describe(data_dir, want="data")
 
 
 def load_manifest(data_dir: str | os.PathLike) -> dict | None:
@@ -99,7 +101,8 @@ def find_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise GptspeedError(f"data folder {data_dir} does not exist: {_prepare_hint(data_dir)}")
+        what = "does not exist" if not data_dir.exists() else "is not a data folder"
+        raise GptspeedError(f"data folder {data_dir} {what}{_prepare_hint(data_dir)}")
     manifest = load_manifest(data_dir)
     if manifest is not None:
         try:
@@ -122,6 +125,6 @@ def find_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
         paths = sorted(p for p in data_dir.glob(f"*{split}*.bin") if p.is_file())
     if not paths:
         raise GptspeedError(
-            f"no {split} shards (*{split}*.bin) in {data_dir}: {_prepare_hint(data_dir)}"
+            f"no {split} shards (*{split}*.bin) in {data_dir}{_prepare_hint(data_dir)}"
         )
     return paths

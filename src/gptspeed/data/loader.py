@@ -49,13 +49,26 @@ def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
+def host_tensor(buf: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Token ids -> an int64 host tensor, in pinned memory when ``device`` is CUDA (so the copy to
+    the device can be non-blocking; PyTorch's caching host allocator keeps the pinned block alive
+    until the copy is done)."""
+    t = torch.from_numpy(buf.astype(np.int64, copy=False))
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def to_xy(t: torch.Tensor, rows: int, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host tensor of ``rows * seq_len + 1`` consecutive tokens -> inputs ``x`` and targets ``y``
+    (``x`` shifted by one), each ``(rows, seq_len)`` int64 on ``device`` (non-blocking copy)."""
+    if device.type != "cpu":
+        t = t.to(device, non_blocking=True)
+    return t[:-1].view(rows, seq_len), t[1:].view(rows, seq_len)
+
+
 def to_device(buf: np.ndarray, device: torch.device) -> torch.Tensor:
-    """int64 host array -> device tensor; on CUDA through pinned memory with a non-blocking copy
-    (PyTorch's caching host allocator keeps the pinned block alive until the copy is done)."""
-    t = torch.from_numpy(buf)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+    """int64 host array -> device tensor (:func:`host_tensor`, then a non-blocking copy)."""
+    t = host_tensor(buf, device)
+    return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
 
 class TokenLoader:
@@ -136,14 +149,6 @@ class TokenLoader:
         s = int(np.searchsorted(self._first_window, i, side="right")) - 1
         return s, (i - int(self._first_window[s])) * self.global_tokens
 
-    @property
-    def shard_index(self) -> int:
-        return self._window(self.batches)[0]
-
-    @property
-    def position(self) -> int:
-        return self._window(self.batches)[1]
-
     def _tokens(self, s: int) -> np.ndarray:
         arr = self._maps.get(s)
         if arr is None:
@@ -157,12 +162,9 @@ class TokenLoader:
         tokens = self._tokens(s)
         docs = int(np.count_nonzero(tokens[pos : pos + self.global_tokens] == EOT_TOKEN))
         start = pos + self.rank * self.B * self.T
-        buf = tokens[start : start + self.B * self.T + 1].astype(np.int64)
+        buf = tokens[start : start + self.B * self.T + 1]
         check_token_ids(buf, self.max_token_id, self.shards[s], start)
-        t = torch.from_numpy(buf)
-        if self.device.type == "cuda":
-            t = t.pin_memory()
-        return t, docs
+        return host_tensor(buf, self.device), docs
 
     # -------------------------------------------------------------- background threads
     def _produce(self, k: int, stop: threading.Event, q: queue.Queue, first: int) -> None:
@@ -216,12 +218,9 @@ class TokenLoader:
             t, docs = item
         self.batches += 1
         self.documents += docs
-        if self.device.type == "cuda":
-            t = t.to(self.device, non_blocking=True)
-        elif self.device.type != "cpu":
-            t = t.to(self.device)
+        xy = to_xy(t, self.B, self.T, self.device)
         self.wait_s += time.perf_counter() - t0
-        return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
+        return xy
 
     def epoch_progress(self) -> float:
         """Fraction of the current epoch consumed, in [0, 1)."""
@@ -307,7 +306,6 @@ def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tok
             batch_no += 1
             if not mine:
                 continue
-            buf = tokens[first * seq_len : (first + rows) * seq_len + 1].astype(np.int64)
+            buf = tokens[first * seq_len : (first + rows) * seq_len + 1]
             check_token_ids(buf, max_token_id, path, first * seq_len)
-            t = to_device(buf, device)
-            yield t[:-1].view(rows, seq_len), t[1:].view(rows, seq_len)
+            yield to_xy(host_tensor(buf, device), rows, seq_len, device)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptspeed.data.loader import put_until_stopped
+from gptspeed.data.loader import host_tensor, put_until_stopped, to_xy
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
 from gptspeed.data.tokenize import tokenize_stream
 from gptspeed.errors import GptspeedError
@@ -148,6 +148,7 @@ class StreamLoader:
         self.global_tokens = batch_size * seq_len * world_size
         self.doc_index, self.doc_offset = 0, 0  # first token of the next window
         self.documents, self.batches, self.epoch, self.wait_s = 0, 0, 0, 0.0
+        self.tokens_per_epoch = None  # a stream has no known length (and no epochs)
         self._q: queue.Queue | None = None
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
@@ -159,9 +160,7 @@ class StreamLoader:
                                     doc_offset=self.doc_offset)
             for window, docs_in, di, do in windows:
                 start = self.rank * self.B * self.T
-                t = torch.from_numpy(window[start:start + self.B * self.T + 1].astype(np.int64))
-                if self.device.type == "cuda":
-                    t = t.pin_memory()
+                t = host_tensor(window[start:start + self.B * self.T + 1], self.device)
                 if not put_until_stopped(q, (t, docs_in, di, do), stop):
                     return
             item = GptspeedError(f"the stream {self.data} ended after {self.batches:,} batches (streams have "
@@ -187,9 +186,9 @@ class StreamLoader:
         t, docs_in, self.doc_index, self.doc_offset = item
         self.documents += docs_in
         self.batches += 1
-        t = t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+        xy = to_xy(t, self.B, self.T, self.device)
         self.wait_s += time.perf_counter() - t0
-        return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
+        return xy
 
     def close(self) -> None:
         """Stop the background thread (prefetched batches are dropped; the state is unchanged)."""

@@ -1,1 +1,52 @@
-"""Evaluations beyond val loss: :mod:`.hellaswag`."""
+"""Evaluation: the val loss (:mod:`.val_loss`) and HellaSwag (:mod:`.hellaswag`), and the
+``gptspeed eval`` command that runs them on a checkpoint or a Hugging Face GPT-2."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gptspeed.errors import GptspeedError
+
+
+def evaluate_run(run_dir: str | Path | None = None, data_dir: str | Path | None = None, *,
+                 init_from: str | None = None, hellaswag: bool = False, hellaswag_file: str | None = None,
+                 max_examples: int = 0,
+                 batch_size: int = 8, max_tokens: int = 0, device: str = "auto", dtype: str = "auto") -> dict:
+    """``gptspeed eval``: for the newest checkpoint of ``run_dir`` (or the HF model ``init_from``),
+    the val loss on the val split of ``data_dir`` (``step``, ``val_loss``, ``perplexity``,
+    ``tokens``, ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
+    ``"hellaswag"`` (see :func:`gptspeed.eval.hellaswag.evaluate_hellaswag`; ``max_examples`` 0 = all;
+    ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``).
+
+    Raises:
+        GptspeedError: nothing to evaluate, bad sizes, missing data or model.
+    """
+    from gptspeed.data import find_shards
+
+    hellaswag = hellaswag or hellaswag_file is not None
+    if data_dir is None and not hellaswag:
+        raise GptspeedError("nothing to evaluate: give --data DIR (val loss) and/or --hellaswag")
+    if batch_size < 1:
+        raise GptspeedError(f"--batch-size must be at least 1, got {batch_size}")
+    if max_examples < 0:
+        raise GptspeedError(f"--max-examples must be 0 (all) or more, got {max_examples}")
+    shards = find_shards(data_dir, "val") if data_dir is not None else None  # before importing torch
+    from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
+    from gptspeed.eval.val_loss import evaluate
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.sample import load_any_model
+
+    rt = resolve_runtime(device, dtype, compile=False)
+    items = None
+    if hellaswag:
+        items = load_hellaswag(hellaswag_file, max_examples=max_examples)
+    model, info = load_any_model(rt, run_dir, init_from)
+    result: dict = {**info}
+    if shards is not None:
+        loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
+        result.update(val_loss=loss, perplexity=math.exp(loss), tokens=n, data=str(data_dir))
+    if items is not None:
+        result["hellaswag"] = evaluate_hellaswag(model, items, device=rt.device, autocast=rt.autocast(),
+                                                 batch_examples=batch_size)
+    return result

@@ -27,6 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from gptspeed.errors import GptspeedError
+from gptspeed.runtime import eager, unwrap
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 # From the download_checksums that Hugging Face's `datasets` recorded for this very URL (file
@@ -131,8 +132,7 @@ def score_items(model: torch.nn.Module, items: list[HellaSwagItem], device: torc
     the LM head. Returns ``(total, count)``, both ``(N, 4)``: summed loss (fp32, nats) and the
     number of scored tokens.
     """
-    m = getattr(model, "_orig_mod", model)
-    S = m.config.block_size
+    S = unwrap(model).config.block_size
     rows, starts = [], []
     for it in items:
         for end in it.endings:
@@ -154,8 +154,9 @@ def score_items(model: torch.nn.Module, items: list[HellaSwagItem], device: torc
     t_idx_t = torch.tensor(t_idx, device=device)
     seg_t = torch.tensor(seg, device=device)
     with autocast if autocast is not None else contextlib.nullcontext():
-        h = m.hidden_states(x)  # (4N, L, C)
-        logits = m.logits(h[r_idx_t, t_idx_t - 1]).float()  # (tokens, V): the position before each target
+        # through forward (FSDP2's hooks gather the root's parameters there); only the positions
+        # before each ending token go through the LM head
+        logits = model(x, logits_at=(r_idx_t, t_idx_t - 1))[0].float()  # (tokens, V)
     ce = F.cross_entropy(logits, x[r_idx_t, t_idx_t], reduction="none")  # (tokens,)
     total = torch.zeros(len(rows), device=device).index_add_(0, seg_t, ce)
     count = torch.bincount(seg_t, minlength=len(rows))
@@ -165,8 +166,9 @@ def score_items(model: torch.nn.Module, items: list[HellaSwagItem], device: torc
 def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, device: torch.device | str,
                        autocast=None, batch_examples: int = 16, rank: int | None = None,
                        world_size: int | None = None) -> dict[str, Any]:
-    """HellaSwag accuracy of ``model`` (a GPT, or a ``torch.compile``-d one: its module is used,
-    eagerly, so evaluation shapes never trigger recompiles).
+    """HellaSwag accuracy of ``model`` (a GPT, possibly sharded by FSDP2 or with compiled blocks).
+    It runs eagerly (``torch.compiler.set_stance("force_eager")``; a compiled model's module is
+    used), so HellaSwag's row lengths never trigger recompiles.
 
     Examples are spread over ranks (``items[rank::world_size]``, default from torch.distributed
     when initialised) and the counts all-reduced; each rank batches ``batch_examples`` examples
@@ -181,7 +183,7 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     distributed = dist.is_available() and dist.is_initialized()
     rank = rank if rank is not None else dist.get_rank() if distributed else 0
     world_size = world_size if world_size is not None else dist.get_world_size() if distributed else 1
-    m = getattr(model, "_orig_mod", model)
+    m = unwrap(model)  # the module under torch.compile / DDP (FSDP2 shards in place: itself)
     was_training = m.training
     m.eval()
     mine = sorted(items[rank::world_size], key=lambda it: -max(len(it.ctx) + len(e) for e in it.endings))
@@ -191,7 +193,8 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     stats = torch.zeros(3, dtype=torch.long, device=device)  # examples, correct, correct_norm
     for i in range(0, len(mine), batch_examples):
         batch = mine[i : i + batch_examples]
-        total, count = score_items(m, batch, device, autocast)
+        with eager():
+            total, count = score_items(m, batch, device, autocast)
         labels = torch.tensor([it.label for it in batch], device=device)
         stats[0] += len(batch)
         stats[1] += (total.argmin(dim=1) == labels).sum()

@@ -1,0 +1,117 @@
+"""What the trainer trains on: one loader protocol for token shards and document streams.
+
+:class:`TrainLoader` is the interface both :class:`gptspeed.data.loader.TokenLoader` (memory-mapped
+shards) and :class:`gptspeed.data.stream.StreamLoader` (``jsonl:PATH`` / ``hf:NAME``, tokenized
+while training) implement; :func:`find_train_data` resolves ``--data`` once (shards, val split,
+identity) and :meth:`TrainData.loader` builds the right loader, so the trainer never asks which
+kind it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gptspeed.errors import GptspeedError
+
+
+class TrainLoader(Protocol):
+    """Micro-batches for training, resumable exactly.
+
+    ``next_batch()`` returns ``(x, y)``, each ``(B, T)`` int64 on the device, ``y`` = ``x`` shifted
+    by one. ``state_dict()`` / ``load_state_dict()`` hold what was *consumed* (never what was
+    prefetched). ``close()`` stops background threads. Progress: ``documents`` (document starts
+    seen by the whole job), ``epoch`` (completed passes), ``epoch_progress()`` (fraction of the
+    current pass, 0.0 for a stream), ``tokens_per_epoch`` (None for a stream), ``wait_s`` (seconds
+    ``next_batch`` spent waiting for or making batches).
+    """
+
+    documents: int
+    epoch: int
+    tokens_per_epoch: int | None
+    wait_s: float
+
+    def next_batch(self) -> tuple[Any, Any]: ...
+
+    def epoch_progress(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class TrainData:
+    """``--data`` resolved: ``spec`` as given, ``train_shards`` / ``val_shards`` (empty for a
+    stream, which has no val split), ``identity`` (what a resume must find unchanged: the
+    manifest's input hash, the shard names and sizes, or the stream and its options) and
+    ``documents`` (documents in the train split when the manifest says, else None)."""
+
+    spec: str
+    train_shards: list[Path] = field(default_factory=list)
+    val_shards: list[Path] = field(default_factory=list)
+    identity: dict[str, Any] = field(default_factory=dict)
+    documents: int | None = None
+    stream_options: dict[str, Any] | None = None
+
+    @property
+    def is_stream(self) -> bool:
+        return self.stream_options is not None
+
+    def loader(self, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1, device: Any = "cpu",
+               max_token_id: int | None = None, sampling: str = "sequential", seed: int = 0,
+               workers: int = 0) -> TrainLoader:
+        """The loader for this data: a :class:`~gptspeed.data.loader.TokenLoader` over the train
+        shards, or a :class:`~gptspeed.data.stream.StreamLoader` (one process only; GptspeedError
+        under torchrun). ``workers``: background threads (a stream always tokenizes in at least one)."""
+        if self.is_stream:
+            from gptspeed.data.stream import StreamLoader
+
+            if world_size > 1:
+                raise GptspeedError("streaming training (--data jsonl:/hf:) runs in one process: prepare shards "
+                                    "for torchrun")
+            return StreamLoader(self.spec, batch_size, seq_len, device=device, workers=max(1, workers),
+                                **self.stream_options)
+        from gptspeed.data.loader import TokenLoader
+
+        return TokenLoader(self.train_shards, batch_size, seq_len, rank=rank, world_size=world_size, device=device,
+                           max_token_id=max_token_id, sampling=sampling, seed=seed, workers=workers)
+
+    def check_val(self, seq_len: int) -> None:
+        """GptspeedError when the val split holds less than one sequence (nothing for a stream)."""
+        from gptspeed.data.shards import read_header
+
+        longest = max((read_header(p)[1] for p in self.val_shards), default=None)
+        if longest is not None and longest < seq_len + 1:
+            raise GptspeedError(
+                f"val split has {longest:,} tokens, fewer than one sequence (seq_len {seq_len} + 1): "
+                "prepare more text, raise --val-fraction or lower --seq-len")
+
+
+def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None = None,
+                    split: str = "train") -> TrainData:
+    """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
+    ``hf_name`` and ``split``) or a prepared folder (its train and val shards, checked to exist).
+    GptspeedError (one line, saying what the path is) when there is nothing to train on."""
+    from gptspeed.data import find_shards, load_manifest
+    from gptspeed.data.stream import is_stream_source
+
+    if is_stream_source(data):
+        options = {"text_field": text_field, "hf_name": hf_name, "split": split}
+        return TrainData(data, identity={"stream": data, **options}, stream_options=options)
+    train = find_shards(data, "train")
+    val = find_shards(data, "val")
+    manifest = load_manifest(data)
+    if manifest and manifest.get("input_sha256"):
+        identity = {"input_sha256": manifest["input_sha256"], "val_fraction": manifest.get("val_fraction")}
+    else:
+        from gptspeed.data.shards import read_header
+
+        identity = {"shards": [[p.name, read_header(p)[1]] for p in train]}
+    documents = None
+    if manifest:
+        documents = (manifest.get("splits", {}).get("train", {}) or {}).get("documents")
+    return TrainData(data, train, val, identity, documents)

@@ -1,0 +1,685 @@
+"""The training loop: a :class:`Trainer` that builds a run's parts once and steps them.
+
+``Trainer.__init__`` builds the data loader, the model and its parallel/compiled wrapper, the
+optimizer, the GradScaler, the checkpointer (every piece of state registered by name) and the
+metrics log; :meth:`Trainer.train` resumes, then per step sets the learning rate, runs
+:meth:`Trainer.train_step` (= :meth:`~Trainer.forward_backward` per micro-batch, then
+:meth:`~Trainer.optimizer_step`) and, when due, logs, evaluates and saves. Compare torchtitan's
+``Trainer.train`` / ``train_step`` / ``forward_backward_step`` and litgpt's ``fit``.
+
+Hot-loop rules: the loss, gradient norm and non-finite flags stay on the device and are read (one
+host-device sync) only at log steps; the wall clock is read only after synchronising the device
+and is stopped while evaluating; batches come from pinned memory with non-blocking copies (see
+data/loader.py). What is promised about interruptions, crashes and divergence, and which test
+proves it, is in docs/reliability.md; who calls whom is in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock, check_free_space,
+                                 checkpoint_config, estimate_checkpoint_bytes, latest_valid_checkpoint,
+                                 list_checkpoints)
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, preset, run_defining_diff
+from gptspeed.data.train_data import TrainData, find_train_data
+from gptspeed.errors import GptspeedError
+from gptspeed.fileio import write_text_atomic
+from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
+from gptspeed.model import GPT
+from gptspeed.optim import build_optimizer, lr_at
+from gptspeed.runtime import (Runtime, check_cuda_graphs, grad_sync_control, init_distributed, parallelize,
+                              resolve_runtime, shutdown_distributed, uses_cuda_graphs)
+
+
+def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """The configuration ``gptspeed train`` runs with.
+
+    Fresh run: the preset (default ``gpt2``), then ``config_file`` (JSON), then ``overrides``
+    (flat field names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the
+    checkpoint's configuration (read from its seal, without loading it) is the base instead, so
+    ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
+    still apply on top.
+    """
+    out = overrides.get("out")
+    path = latest_valid_checkpoint(Path(out))[0] if overrides.get("resume") and out else None
+    if path is not None:
+        cfg = RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
+        if preset_name is not None and preset_name != cfg.preset:
+            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
+    else:
+        cfg = preset(preset_name or "gpt2")
+    if config_file:
+        cfg = cfg.apply_file(config_file)
+    cfg = cfg.override(overrides)
+    if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
+        from gptspeed.hf import shape_for_init_from
+
+        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
+    return cfg
+
+
+class StopFlag:
+    """SIGINT / SIGTERM set ``signum``; the loop finishes its step, saves and exits 128+signum.
+    A second SIGINT raises KeyboardInterrupt at once (checkpoints are written atomically, so
+    nothing is corrupted). Calling the flag says whether a signal arrived."""
+
+    def __init__(self, say=print):
+        self.signum: int | None = None
+        self.say = say
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def __call__(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        self.say(f"\n{signal.Signals(signum).name} received: finishing this step and saving a checkpoint "
+                 "(Ctrl-C again to quit now)", flush=True)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def parallel_options(cfg: RunConfig) -> dict[str, Any]:
+    """The keyword arguments of :func:`gptspeed.runtime.parallelize` a run's configuration asks for."""
+    r = cfg.runtime
+    return dict(compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
+                activation_checkpointing=r.activation_checkpointing, fp8=r.fp8)
+
+
+def make_scaler(rt: Runtime):
+    """A ``torch.amp.GradScaler`` (enabled for float16 only). Under FSDP2 the sharded variant,
+    which all-reduces ``found_inf`` so every rank skips the same overflowing steps
+    (``torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler``)."""
+    if rt.parallel == "fsdp" and rt.use_grad_scaler:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(rt.device_type)
+    return torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
+
+
+def agree_min(rt: Runtime, value: int) -> int:
+    """The smallest ``value`` over all ranks (one all-reduce); ``value`` itself in one process."""
+    if not rt.distributed:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
+    """``--batch-size auto``: the micro-batch :func:`gptspeed.batchsize.resolve_auto_batch` finds
+    for this configuration on ``rt.device`` (each probe builds the model afresh and takes two full
+    training steps on random tokens). The probe runs eagerly even when the run compiles: one
+    compile per probed size would cost minutes, and the compiled step (fused kernels) needs no more
+    memory than the eager one, so the eager fit is a safe lower bound. With several ranks every
+    probe's verdict and the final choice are agreed (the minimum over ranks), so all ranks probe
+    the same sizes in lockstep and train with one micro-batch. GptspeedError off CUDA."""
+    from gptspeed.batchsize import resolve_auto_batch
+
+    T = cfg.model.block_size
+    sequences = cfg.train.total_batch_tokens // T if cfg.train.total_batch_tokens else None
+    probe_rt = dataclasses.replace(rt, compile=False)
+    if rt.parallel == "ddp":  # DDP adds gradient buckets only (within the safety margin): probe unwrapped
+        probe_rt = dataclasses.replace(probe_rt, parallel="none")
+
+    def make_step(b: int):
+        probe_cfg = copy.deepcopy(cfg)
+        probe_cfg.train.batch_size = b
+        probe_cfg.train.total_batch_tokens = None
+        trainer = Trainer.bare(probe_cfg, probe_rt)
+        x = torch.randint(0, cfg.model.valid_vocab_size, (b, T + 1), device=rt.device)
+        return lambda: trainer.optimizer_step(trainer.forward_backward(x[:, :-1], x[:, 1:], True))
+
+    settings = {"model": dataclasses.asdict(cfg.model), "dtype": rt.dtype, "compile": rt.compile,
+                "optimizer": cfg.optim.optimizer, "world_size": rt.world_size, "parallel": rt.parallel,
+                **parallel_options(cfg)}
+    return resolve_auto_batch(rt.device, settings, sequences, make_step, say=say,
+                              agree=lambda v: agree_min(rt, v))
+
+
+class RunFolder:
+    """The run folder of one writer: created if new, locked (:class:`RunLock`) by rank 0 for the
+    whole run, and -- when a new run fails before its first step -- left as it was found."""
+
+    def __init__(self, path: Path, is_main: bool):
+        self.path, self.is_main = Path(path), is_main
+        self.created = False
+        self.written: set[str] = set()  # files this run wrote (abandon removes only these)
+        self.lock: RunLock | None = None
+
+    def open(self) -> None:
+        if not self.is_main:
+            return
+        try:
+            self.created = not self.path.exists()
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as e:
+            raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
+        self.lock = RunLock(self.path).acquire()
+        for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing
+            stale.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """A new run failed before its first checkpoint: remove the files it wrote (config.json,
+        metrics.jsonl, the lock) and the folder itself if this run created it and it is now empty."""
+        if self.lock is None or list_checkpoints(self.path):
+            return
+        for name in self.written:
+            (self.path / name).unlink(missing_ok=True)
+        self.close()
+        (self.path / LOCK_NAME).unlink(missing_ok=True)
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+@dataclasses.dataclass
+class Due:
+    """What a step is due for, by the configured intervals."""
+
+    log: bool
+    eval: bool
+    save: bool
+    hellaswag: bool
+
+
+class Trainer:
+    """One training run. Build it with a validated configuration and a resolved runtime (every
+    rank under torchrun), then call :meth:`train`.
+
+    Raises GptspeedError while building for anything the user can fix -- before the run folder
+    is touched wherever it can be checked beforehand: bad data, a checkpoint that would not
+    continue the same run, a folder another process is writing.
+    """
+
+    def __init__(self, cfg: RunConfig, rt: Runtime, *, echo: bool = True):
+        self.cfg = cfg = copy.deepcopy(cfg)  # --batch-size auto is resolved in our copy only
+        self.rt = rt
+        self.echo = echo and rt.is_main
+        self.say: Callable[..., None] = print if self.echo else (lambda *a, **k: None)
+        t = cfg.train
+        self.run_dir = Path(t.out)
+        self.step = self.skipped_steps = 0
+        self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
+        self.checkpointer = Checkpointer(
+            self.run_dir, sharded=rt.parallel == "fsdp", is_main=rt.is_main, barrier=self.barrier,
+            keep=t.keep_checkpoints, meta={"config": cfg.to_dict(), "data": self.data.identity,
+                                           "world_size": rt.world_size})
+        self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run: nothing written yet
+        if t.batch_size == AUTO_BATCH_SIZE:
+            t.batch_size = auto_batch_size(cfg, rt, self.say)
+            self.checkpointer.meta["config"] = cfg.to_dict()
+        self.accum = cfg.grad_accum_steps(rt.world_size)
+        self.tokens_per_step = t.batch_size * cfg.model.block_size * self.accum * rt.world_size
+        check_cuda_graphs(rt, cfg.runtime.compile_tuning, self.accum)
+        workers = t.loader_workers if t.loader_workers >= 0 else int(rt.device_type == "cuda")
+        self.loader = self.data.loader(t.batch_size, cfg.model.block_size, rank=rt.rank, world_size=rt.world_size,
+                                       device=rt.device, max_token_id=cfg.model.valid_vocab_size,
+                                       sampling=t.sampling, seed=cfg.runtime.seed, workers=workers)
+        self.folder = RunFolder(self.run_dir, rt.is_main)
+        try:
+            self.data.check_val(cfg.model.block_size)
+            from gptspeed.eval.hellaswag import hellaswag_hook
+
+            self.hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
+            self.folder.open()
+            self.barrier()
+            self._build_model(cfg, rt)
+            check_free_space(self.run_dir, estimate_checkpoint_bytes(self.model))
+            self._register_state()
+            if self.resume_from is not None:
+                self.checkpointer.load(self.resume_from)
+        except BaseException:
+            self.close()
+            self.folder.abandon()
+            raise
+        self.bad_count = torch.zeros((), dtype=torch.int64, device=rt.device)  # non-finite steps since last read
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=rt.device)
+        self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
+        self.peak, self.peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)  # one device
+        self.throughput = Throughput(self.tokens_per_step, self.flops_per_token, self.peak, rt.world_size,
+                                     t.max_steps)
+        self.log = None
+        if rt.is_main:
+            show_docs = self.data.documents is None or self.data.documents > 1
+            self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs)
+
+    # ------------------------------------------------------------------------------ building
+    @classmethod
+    def bare(cls, cfg: RunConfig, rt: Runtime, model: torch.nn.Module | None = None,
+             backend: str = "inductor") -> "Trainer":
+        """A trainer holding only the model, its wrapper, optimizer and GradScaler -- no data,
+        run folder or checkpoints -- whose :meth:`forward_backward` and :meth:`optimizer_step`
+        are exactly the training step's: for the ``--batch-size auto`` probe, benchmarks and
+        tests. ``model``: a module to train instead of a fresh ``GPT(cfg.model)`` (its
+        ``forward(x, y)`` returns ``(logits_or_None, loss)``); ``backend``: torch.compile's."""
+        self = cls.__new__(cls)
+        self.cfg, self.rt = cfg, rt
+        self.accum = cfg.grad_accum_steps(rt.world_size)
+        self.say, self.resume_from = (lambda *a, **k: None), None
+        self._build_model(cfg, rt, model, backend)
+        return self
+
+    def _build_model(self, cfg: RunConfig, rt: Runtime, model: torch.nn.Module | None = None,
+                     backend: str = "inductor") -> None:
+        """Model (seeded), its parallel/compiled wrapper, optimizer and GradScaler."""
+        torch.manual_seed(cfg.runtime.seed)
+        self.model = GPT(cfg.model) if model is None else model
+        if cfg.train.init_from and self.resume_from is None:
+            from gptspeed.hf import load_hf_weights
+
+            self.say(f"initialised from {load_hf_weights(self.model, cfg.train.init_from)}")
+        self.train_model = parallelize(self.model, rt, **parallel_options(cfg), backend=backend)
+        self.sync = grad_sync_control(self.train_model)
+        self.optimizer, self.skips_on_device = build_optimizer(self.model, cfg.optim, rt.device_type)
+        self.scaler = make_scaler(rt)
+        self.params = list(self.model.parameters())
+        self.cuda_graphs = uses_cuda_graphs(rt, cfg.runtime.compile_tuning)
+        self.train_model.train()
+
+    def _register_state(self) -> None:
+        """Every piece of state a resume needs, by name (adding one is one line)."""
+        sharded = self.rt.parallel == "fsdp"
+        c = self.checkpointer
+        c.register("model", ModelState(self.model, sharded), sharded=True)
+        c.register("optimizer", OptimizerState(self.model, self.optimizer, sharded), sharded=True)
+        if self.scaler.is_enabled():
+            c.register("scaler", self.scaler)
+        c.register("loader", self.loader)
+        c.register("rng", RNGState(self.rt.device))
+        c.register("trainer", self)
+
+    def _resume_point(self) -> tuple[Path | None, str | None]:
+        """With ``--resume``: the newest valid checkpoint and its kind (``full``, or ``weights``
+        for an imported model), after checking it continues this run. Without: refuse a folder
+        that already holds checkpoints."""
+        t = self.cfg.train
+        if not t.resume:
+            if list_checkpoints(self.run_dir):
+                raise GptspeedError(f"{self.run_dir} already holds checkpoints: pass --resume to continue it, "
+                                    "or choose another --out")
+            return None, None
+        path = self.checkpointer.resume_point(self.say)
+        if path is None:
+            self.say(f"--resume: no valid checkpoint in {self.run_dir}, starting a new run")
+            return None, None
+        changes = lambda d: run_defining_diff(RunConfig.from_dict(d, f"checkpoint {path}"), self.cfg)  # noqa: E731
+        seal = self.checkpointer.check_resume(path, changes, force=t.force_resume, say=self.say)
+        return path, seal.get("kind", "full")
+
+    # ----------------------------------------------------------------------- trainer state
+    def state_dict(self) -> dict[str, int]:
+        """The trainer's own counters: optimizer steps done and steps skipped as non-finite."""
+        return {"step": self.step, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step, self.skipped_steps = int(state["step"]), int(state.get("skipped_steps", 0))
+
+    # ----------------------------------------------------------------------------- stepping
+    def barrier(self) -> None:
+        if self.rt.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last_micro_step: bool) -> torch.Tensor:
+        """Forward and backward of one micro-batch ``x``, ``y`` ``(B, T)`` int64; gradients are
+        accumulated into ``.grad`` (scaled by 1/accumulation steps, and by the GradScaler's scale
+        with float16) and reduced across ranks only when ``last_micro_step``. Returns this
+        micro-batch's share of the step's mean loss: a 0-dim fp32 device tensor (no sync)."""
+        sync = self.sync(last_micro_step) if self.sync is not None else contextlib.nullcontext()
+        with sync:
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.rt.autocast():
+                _, loss = self.train_model(x, y)
+            loss = loss / self.accum
+            self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unscale (float16), clip to ``--grad-clip``, step, zero the gradients. Returns device
+        tensors ``(grad_norm, bad)``: the global gradient norm before clipping (the same on every
+        rank; under FSDP2 the DTensor norm made whole) and a bool that is True when the step's
+        ``loss`` or the gradient was not finite on any rank -- then the weights and optimizer state
+        are left as they were. AdamW skips on the device (its ``found_inf`` argument, the mechanism
+        GradScaler uses): no host-device sync; Muon has no such argument, so its flag is read (one
+        sync); with float16 the GradScaler skips overflowing steps (all ranks together under FSDP2)."""
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.optim.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
+        loss_ok = self._finite_on_every_rank(loss)
+        if self.scaler.is_enabled():
+            bad = ~loss_ok  # overflowing fp16 gradients are the scaler's business
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            bad = ~(loss_ok & torch.isfinite(grad_norm))
+            if self.skips_on_device:
+                self.optimizer.found_inf = bad.float()
+                self.optimizer.step()
+            elif not bad.item():
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, bad
+
+    def _finite_on_every_rank(self, loss: torch.Tensor) -> torch.Tensor:
+        """Device bool: ``loss`` is finite on every rank (one scalar all-reduce, no host sync)."""
+        if not self.rt.distributed:
+            return torch.isfinite(loss)
+        import torch.distributed as dist
+
+        not_ok = (~torch.isfinite(loss)).to(torch.float32)
+        dist.all_reduce(not_ok, op=dist.ReduceOp.MAX)
+        return not_ok == 0
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``accum`` micro-batches from the loader. Returns device tensors
+        ``(loss, grad_norm, bad)``: the mean loss over the micro-batches (this rank's), and
+        :meth:`optimizer_step`'s two."""
+        loss = torch.zeros((), device=self.rt.device)
+        for i in range(self.accum):
+            x, y = self.loader.next_batch()
+            loss += self.forward_backward(x, y, last_micro_step=i == self.accum - 1)
+        grad_norm, bad = self.optimizer_step(loss)
+        return loss, grad_norm, bad
+
+    def set_lr(self) -> float:
+        """The learning rate of this step (warm-up then cosine, :func:`gptspeed.optim.lr_at`) into
+        every param group, times the group's ``lr_mult``."""
+        o = self.cfg.optim
+        lr = lr_at(self.step, max_lr=o.lr, min_lr=o.lr * o.min_lr_ratio, warmup_steps=self.cfg.warmup_steps(),
+                   max_steps=self.cfg.train.max_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+        return lr
+
+    # ------------------------------------------------------------------------- the policies
+    def note_non_finite(self, bad: torch.Tensor) -> None:
+        """Count a skipped step on the device (no sync) and remember the first one."""
+        self.bad_count += bad
+        self.first_bad = torch.where(bad & (self.first_bad < 0), self.step, self.first_bad)
+
+    def handle_non_finite(self) -> None:
+        """The ``--on-nan`` policy, applied at log steps (one read of the device counters):
+        ``stop`` raises GptspeedError naming the first bad step and the last good checkpoint;
+        ``skip`` counts the skipped steps and goes on."""
+        n_bad = int(self.bad_count.item())
+        if not n_bad:
+            return
+        where = int(self.first_bad.item())
+        if self.cfg.train.on_nan == "stop":
+            good = latest_valid_checkpoint(self.run_dir)[0]
+            raise GptspeedError(
+                f"training diverged: non-finite loss or gradient at step {where} (that step did not "
+                f"update the weights); last good checkpoint: {good.name if good else 'none'}. "
+                "Try a lower --lr, more --warmup-steps, --dtype float32, or --on-nan skip")
+        self.skipped_steps += n_bad
+        self.say(f"skipped {n_bad} step(s) with a non-finite loss or gradient (first at step {where})")
+        self.bad_count.zero_()
+        self.first_bad.fill_(-1)
+
+    def due(self, step: int, first_interval: bool) -> Due:
+        t = self.cfg.train
+        last = step == t.max_steps
+        d = Due(log=False, eval=last or (t.eval_every > 0 and step % t.eval_every == 0),
+                save=last or (t.save_every > 0 and step % t.save_every == 0),
+                hellaswag=self.hellaswag is not None and (last or step % t.hellaswag_every == 0))
+        d.log = first_interval or d.eval or d.save or d.hellaswag or step % t.log_every == 0
+        return d
+
+    def agree_on_stop(self, stop: StopFlag) -> int | None:
+        """The signal that stops the run, agreed by all ranks (one all-reduce; at log steps only)."""
+        if not self.rt.distributed:
+            return stop.signum
+        import torch.distributed as dist
+
+        sig = torch.tensor([stop.signum or 0], device=self.rt.device)
+        dist.all_reduce(sig, op=dist.ReduceOp.MAX)
+        return int(sig.item()) or None
+
+    # ------------------------------------------------------------------- evaluating, logging
+    def evaluate(self, stop: Callable[[], bool] | None = None) -> float | None:
+        """Val loss over ``--eval-tokens`` (None for a stream, which has no val split, or when
+        ``stop`` interrupted it)."""
+        if self.data.is_stream:
+            return None
+        from gptspeed.eval.val_loss import evaluate
+
+        t = self.cfg.train
+        return evaluate(self.train_model, self.rt, self.data.val_shards, t.batch_size, self.cfg.model.block_size,
+                        t.eval_tokens, self.cfg.model.valid_vocab_size, stop=stop)[0]
+
+    def record(self, step: int, **fields) -> None:
+        """Write one metrics record (rank 0): progress counters plus ``fields``."""
+        if self.log is None:
+            return
+        self.log.write({"step": step, "max_steps": self.cfg.train.max_steps, "tokens": step * self.tokens_per_step,
+                        "documents": self.loader.documents, "epoch": self.loader.epoch + self.loader.epoch_progress(),
+                        "time_s": time.time() - self.wall_start, "skipped_steps": self.skipped_steps, **fields})
+
+    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, due: Due,
+                 stop: StopFlag) -> dict[str, Any]:
+        """The record of a log step: losses and norms read (the step's one sync), throughput since
+        the last record, memory, and the evaluations due. Returns its fields."""
+        if self.rt.distributed:
+            import torch.distributed as dist
+
+            loss = loss.clone()
+            dist.all_reduce(loss)  # gloo has no AVG: sum, then divide
+            loss /= self.rt.world_size
+        self.rt.synchronize()
+        left = None
+        if self.loader.tokens_per_epoch:
+            left = (1 - self.loader.epoch_progress()) * self.loader.tokens_per_epoch
+        fields = self.throughput.measure(self.step, left, self.loader.wait_s)
+        self.handle_non_finite()
+        mem_peak, mem_total = memory_stats(self.rt.device)
+        fields.update(train_loss=_finite(loss.item()), lr=lr, grad_norm=_finite(grad_norm.item()),
+                      mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
+                      mem_frac=mem_peak / mem_total if mem_peak and mem_total else None)
+        if due.eval:
+            fields["val_loss"] = self.evaluate(stop)
+        if due.hellaswag:
+            fields.update(self.hellaswag(self.model))  # every rank: FSDP2 forwards are collectives
+            if self.rt.parallel == "fsdp":
+                from gptspeed.eval.val_loss import reshard
+
+                reshard(self.model)
+        self.record(self.step, **fields)
+        self.throughput.restart(self.loader.wait_s)
+        return fields
+
+    # --------------------------------------------------------------------------------- run
+    def _write_config(self) -> None:
+        if not self.rt.is_main:
+            return
+        cfg, rt = self.cfg, self.rt
+        derived = {"grad_accum_steps": self.accum, "tokens_per_step": self.tokens_per_step,
+                   "params": self.model.num_params(False), "params_non_embedding": self.model.num_params(),
+                   "flops_per_token": self.flops_per_token, "fused_adamw": self.skips_on_device, "dtype": rt.dtype,
+                   "compile": rt.compile, "device": str(rt.device), "world_size": rt.world_size,
+                   "parallel": rt.parallel, "warmup_steps": cfg.warmup_steps(), "peak_flops": self.peak,
+                   "peak_flops_source": self.peak_source, "train_tokens_per_epoch": self.loader.tokens_per_epoch,
+                   "data": self.data.identity}
+        doc = {**cfg.to_dict(), "derived": derived, "environment": environment(rt.device)}
+        self.folder.written.add("config.json")
+        write_text_atomic(self.run_dir / "config.json", json.dumps(doc, indent=2) + "\n")
+
+    def _announce(self) -> None:
+        cfg, rt, t = self.cfg, self.rt, self.cfg.train
+        B, T, W = t.batch_size, cfg.model.block_size, rt.world_size
+        r = cfg.runtime
+        self.say(f"gptspeed: {self.model.num_params(False) / 1e6:.2f}M parameters | {environment(rt.device)['device']} "
+                 f"({rt.device}) | {rt.dtype} | compile {r.compile_mode + ' ' + r.compile_tuning if rt.compile else 'off'}"
+                 f" | {cfg.optim.optimizer}{' (fused AdamW)' if self.skips_on_device else ''} | "
+                 f"{'fp8 | ' if r.fp8 else ''}activation checkpointing {r.activation_checkpointing} | "
+                 f"B={B} T={T} x {self.accum} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
+                 + f" = {self.tokens_per_step:,} tokens/step")
+        warmup = cfg.warmup_steps()
+        if warmup >= t.max_steps:
+            self.say(f"warning: warm-up is {warmup} steps but the run has {t.max_steps}: the learning rate never "
+                     f"reaches --lr {cfg.optim.lr:g}; lower --warmup-steps or give --warmup-ratio (e.g. 0.05)")
+        if self.step:
+            self.say(f"resumed from step {self.step}")
+        if self.peak is None:
+            self.say(f"MFU: not reported ({self.peak_source})")
+
+    def train(self) -> dict[str, Any]:
+        """Train to ``--max-steps`` (or until SIGINT / SIGTERM). Returns a summary: ``step``,
+        ``last_train_loss``, ``last_val_loss``, ``skipped_steps``, ``interrupted`` (the signal
+        number that stopped it, or None), ``run_dir``. GptspeedError when training diverges with
+        ``--on-nan stop``."""
+        t = self.cfg.train
+        summary = {"step": self.step, "last_train_loss": None, "last_val_loss": None,
+                   "skipped_steps": self.skipped_steps, "interrupted": None, "run_dir": str(self.run_dir)}
+        if self.step >= t.max_steps:
+            self.say(f"{self.run_dir} is already at step {self.step} of {t.max_steps}: nothing to do "
+                     "(raise --max-steps to go on)")
+            self.close()
+            return summary
+        self.wall_start = time.time()
+        stop = StopFlag(self.say)
+        stopping: int | None = None
+        first_step = self.step
+        new_run = self.resume_kind != "full"
+        try:
+            self._write_config()
+            if self.log is not None:
+                self.folder.written.add(self.log.path.name)
+                self.log.truncate_after(self.step if self.resume_from is not None else -1)
+            self._announce()
+            if new_run and not self.data.is_stream:
+                self.say(f"step 0: evaluating the val loss on {t.eval_tokens or 'all'} val tokens ...", flush=True)
+                summary["last_val_loss"] = self.evaluate(stop)
+                if stop():
+                    stopping = self.agree_on_stop(stop)
+                else:
+                    self.record(0, val_loss=summary["last_val_loss"])
+            self.throughput.restart(self.loader.wait_s)
+            first_interval = True
+            while self.step < t.max_steps and stopping is None:
+                lr = self.set_lr()
+                loss, grad_norm, bad = self.train_step()
+                self.step += 1
+                self.throughput.step_done()
+                self.note_non_finite(bad)
+                due = self.due(self.step, first_interval)
+                if not self.rt.distributed:
+                    stopping = stop.signum
+                if due.log or stopping:  # ranks agree on stopping at log steps only (no per-step collective)
+                    stopping = self.agree_on_stop(stop)
+                    fields = self.log_step(loss, grad_norm, lr, due, stop)
+                    first_interval = False
+                    summary["last_train_loss"] = fields["train_loss"]
+                    if due.eval:
+                        summary["last_val_loss"] = fields["val_loss"]
+                if due.save or stopping:
+                    self.checkpointer.save(self.step)
+        except BaseException:
+            if new_run and self.step == first_step:
+                self.folder.abandon()  # a new run that never stepped leaves nothing behind
+            raise
+        finally:
+            stop.restore()
+            self.close()
+        summary.update(step=self.step, skipped_steps=self.skipped_steps, interrupted=stopping)
+        if stopping is not None and self.step == first_step:
+            self.say("stopped before the first step: nothing to save")
+            self.folder.abandon()
+        elif stopping is not None:
+            self.say(f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
+                     f"Resume with: gptspeed train --out {self.run_dir} --resume")
+        else:
+            self.say(f"done: {self.step - first_step} steps in {format_duration(time.time() - self.wall_start)}; "
+                     f"checkpoint in {self.run_dir}")
+        return summary
+
+    def close(self) -> None:
+        """Stop the loader's threads and release the run folder."""
+        self.loader.close()
+        self.folder.close()
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def config_hash(cfg: RunConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_same_config(cfg: RunConfig, rt: Runtime) -> None:
+    """GptspeedError on every rank when the ranks were launched with different configurations
+    (one ``all_gather_object`` of a config hash)."""
+    if not rt.distributed:
+        return
+    import torch.distributed as dist
+
+    hashes: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(hashes, config_hash(cfg))
+    if len(set(hashes)) > 1:
+        odd = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        raise GptspeedError(f"ranks were launched with different configurations (ranks {odd} differ from rank 0): "
+                            "give every node the same flags and config file")
+
+
+def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
+    """Train as configured (what ``gptspeed train`` runs): validate, join the process group
+    under torchrun, build a :class:`Trainer` and :meth:`~Trainer.train`. Returns its summary.
+
+    Raises GptspeedError for anything the user can fix -- before the run folder is touched
+    wherever it can be checked beforehand -- and when training diverges with ``on_nan=stop``.
+
+    Under torchrun (WORLD_SIZE > 1) every rank runs this: configuration errors (a global batch
+    the world size does not divide, ...) are raised before any collective, so every rank reports
+    them and none hangs; then the ranks join the process group and compare a hash of their
+    configurations. Only rank 0 prints and writes config.json, metrics.jsonl and ``.pt``
+    checkpoints; under FSDP2 all ranks write their shards of a ``.dcp`` checkpoint.
+    """
+    t = cfg.train
+    if not t.data:
+        raise GptspeedError("--data is required: a folder made by `gptspeed prepare`")
+    if not t.out:
+        raise GptspeedError("--out is required: the run folder for checkpoints and metrics")
+    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel)
+    cfg.validate(rt.world_size)
+    try:
+        init_distributed(rt, cfg.runtime.dist_timeout_s)
+        check_same_config(cfg, rt)
+        return Trainer(cfg, rt, echo=echo).train()
+    finally:
+        shutdown_distributed()

@@ -16,6 +16,12 @@ from gptspeed.errors import GptspeedError
 
 
 class _Parser(argparse.ArgumentParser):
+    """One-line errors; every option's default shown in ``--help``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, not usage + error
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
@@ -32,7 +38,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             kind = f.metadata.get("kind")
-            kw = dict(dest=f.name, help=f.metadata["help"], default=argparse.SUPPRESS)
+            shown = "" if f.default in (None, "", False) else f" (default: {f.default})"
+            kw = dict(dest=f.name, help=f.metadata["help"] + shown, default=argparse.SUPPRESS)
             if kind == "flag":
                 g.add_argument(flag, action="store_true", **kw)
             elif kind == "bool":
@@ -47,7 +54,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``gptspeed`` parser. With ``command``, ``train`` and ``bench`` get their flags only if
     they are that command (the others always do): their flags come from modules that import torch,
     which ``gptspeed prepare`` or ``plot`` should not wait for."""
+    from gptspeed import __version__
+
     p = _Parser(prog="gptspeed", description="Pretrain GPT-2 from scratch, fast, and measure every speed-up.")
+    p.add_argument("--version", action="version", version=f"gptspeed {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("prepare", help="tokenize a corpus into train/val shards")
@@ -70,7 +80,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("train", help="pretrain a GPT-2 on prepared data",
-                       description="Flags override the preset; with --resume, the run's own configuration.")
+                       description="Flags override the preset; with --resume, the run's own configuration. "
+                                   "The defaults shown are the gpt2 preset's; the other presets set their own "
+                                   "shape, lr, batch and steps (README, Presets).")
     if command in (None, "train"):
         _add_train_args(s)
 
@@ -78,15 +90,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_model_source(s)
     s.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat for several prompts, generated together (default a newline)")
-    s.add_argument("--max-new-tokens", type=int, default=200)
+    s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample")
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     s.add_argument("--top-k", type=int, default=200, help="sample from the k most likely tokens (0 = all)")
     s.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    s.add_argument("--seed", type=int, default=1337)
+    s.add_argument("--seed", type=int, default=1337, help="sampling seed (the same seed draws the same tokens)")
     s.add_argument("--no-kv-cache", action="store_true", help="recompute every position each step (the reference path)")
     s.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
-    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"), help="auto: cuda > mps > cpu")
+    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="autocast precision (auto: bf16 on GPUs that have it)")
 
     s = sub.add_parser("eval", help="val loss / perplexity and HellaSwag accuracy, as JSON")
     _add_model_source(s)
@@ -97,8 +110,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--max-examples", type=int, default=0, help="HellaSwag: the first N examples only (0 = all)")
     s.add_argument("--batch-size", type=int, default=8, help="sequences (val loss) or examples (HellaSwag) per batch")
     s.add_argument("--max-tokens", type=int, default=0, help="evaluate at most this many tokens (0 = all)")
-    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"), help="auto: cuda > mps > cpu")
+    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="autocast precision (auto: bf16 on GPUs that have it)")
 
     s = sub.add_parser("bench", help="the optimization ladder (or a profile of one stage) on this machine")
     if command in (None, "bench"):
@@ -122,7 +136,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
     s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
     s.add_argument("--out", default="loss.png", help="PNG file to write")
-    s.add_argument("--title", default=None)
+    s.add_argument("--title", default=None, help="figure title (default: the run folders' names)")
     return p
 
 
@@ -189,10 +203,17 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from gptspeed.trainer import build_train_config, fit
+    from gptspeed.config import build_train_config
+    from gptspeed.data.train_data import find_train_data
 
     overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file")}
     cfg = build_train_config(a.preset, overrides, a.config_file)
+    cfg.validate()  # configuration and data errors before importing torch (fit checks again per world size)
+    if cfg.train.data:
+        t = cfg.train
+        find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
+    from gptspeed.trainer import fit
+
     summary = fit(cfg)
     return 128 + summary["interrupted"] if summary["interrupted"] else 0
 

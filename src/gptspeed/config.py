@@ -416,3 +416,32 @@ def preset(name: str) -> RunConfig:
     if name not in PRESETS:
         raise GptspeedError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
     return copy.deepcopy(PRESETS[name])
+
+
+def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """The configuration ``gptspeed train`` runs with.
+
+    Fresh run: the preset (default ``gpt2``), then ``config_file`` (JSON), then ``overrides``
+    (flat field names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the
+    checkpoint's configuration (read from its seal, without loading it) is the base instead, so
+    ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
+    still apply on top.
+    """
+    from gptspeed.checkpoint import checkpoint_config, latest_valid_checkpoint
+
+    out = overrides.get("out")
+    path = latest_valid_checkpoint(Path(out))[0] if overrides.get("resume") and out else None
+    if path is not None:
+        cfg = RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
+        if preset_name is not None and preset_name != cfg.preset:
+            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
+    else:
+        cfg = preset(preset_name or "gpt2")
+    if config_file:
+        cfg = cfg.apply_file(config_file)
+    cfg = cfg.override(overrides)
+    if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
+        from gptspeed.hf import shape_for_init_from
+
+        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
+    return cfg

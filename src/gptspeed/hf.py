@@ -396,6 +396,16 @@ def write_tokenizer_files(folder: Path, model_max_length: int = 1024) -> None:
         {"bos_token": eot, "eos_token": eot, "unk_token": eot}, indent=2) + "\n")
 
 
+def _apply_umask(folder: Path) -> None:
+    """Give ``folder`` (made by ``tempfile.mkdtemp``: 0700) and the files in it the permissions
+    every other file gets: 0777 / 0666 less the user's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)
+
+
 def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     """``gptspeed export-hf``: the newest checkpoint of ``run`` as a Hugging Face folder ``out``
     (``config.json``, ``model.safetensors``, tokenizer files, ``generation_config.json``). Written
@@ -428,6 +438,7 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 50256, "eos_token_id": 50256}, indent=2) + "\n")
         write_tokenizer_files(tmp, config.block_size)
+        _apply_umask(tmp)
         if out.exists():  # --force: move the old folder aside, swap, then delete it
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -30,10 +30,10 @@ from typing import Any, Callable
 
 import torch
 
-from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock, check_free_space,
-                                 checkpoint_config, estimate_checkpoint_bytes, latest_valid_checkpoint,
+from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock,
+                                 check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
                                  list_checkpoints)
-from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, preset, run_defining_diff
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401
 from gptspeed.data.train_data import TrainData, find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
@@ -42,33 +42,6 @@ from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer, lr_at
 from gptspeed.runtime import (Runtime, check_cuda_graphs, grad_sync_control, init_distributed, parallelize,
                               resolve_runtime, shutdown_distributed, uses_cuda_graphs)
-
-
-def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
-    """The configuration ``gptspeed train`` runs with.
-
-    Fresh run: the preset (default ``gpt2``), then ``config_file`` (JSON), then ``overrides``
-    (flat field names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the
-    checkpoint's configuration (read from its seal, without loading it) is the base instead, so
-    ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
-    still apply on top.
-    """
-    out = overrides.get("out")
-    path = latest_valid_checkpoint(Path(out))[0] if overrides.get("resume") and out else None
-    if path is not None:
-        cfg = RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
-        if preset_name is not None and preset_name != cfg.preset:
-            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
-    else:
-        cfg = preset(preset_name or "gpt2")
-    if config_file:
-        cfg = cfg.apply_file(config_file)
-    cfg = cfg.override(overrides)
-    if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
-        from gptspeed.hf import shape_for_init_from
-
-        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
-    return cfg
 
 
 class StopFlag:

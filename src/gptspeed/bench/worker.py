@@ -37,8 +37,6 @@ from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
 
 GRAD_CLIP = 1.0  # as gptspeed train's default
 PEER_KIND = "hf"
-# HF GPT-2 stores these as Conv1D, weight [in, out]; ours are nn.Linear, weight [out, in].
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 @dataclass
@@ -133,7 +131,9 @@ def build_hf_gpt2(cfg: GPTConfig, seed: int) -> torch.nn.Module:
                         tie_word_embeddings=True, use_cache=False, attn_implementation="sdpa")
     model = GPT2LMHeadModel(hf_cfg)
     ours = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), seed).state_dict()
-    state = {k: v.t().contiguous() if k.endswith(_CONV1D) else v for k, v in ours.items()}
+    from gptspeed.hf import CONV1D  # HF GPT-2's Conv1D weights are [in, out]; ours are nn.Linear, [out, in]
+
+    state = {k: v.t().contiguous() if k.endswith(CONV1D) else v for k, v in ours.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:  # a transformers layout we do not know: a bug to report, not a user error
         raise RuntimeError(f"GPT2LMHeadModel layout changed: missing {missing}, unexpected {unexpected}")

@@ -15,6 +15,7 @@ complete. An interrupted prepare resumes after its last finished chunk.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import itertools
@@ -254,6 +255,35 @@ def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_t
 
 
 
+def _leaves_no_empty_folder(fn):
+    """A ``prepare`` that fails leaves no new, empty ``--out`` folder behind (a folder it created
+    is removed when it holds nothing that a rerun could resume from)."""
+
+    @functools.wraps(fn)
+    def wrapper(source, out_dir, *args, **kwargs):
+        out = Path(out_dir).expanduser()
+        existed = out.exists()
+        try:
+            return fn(source, out_dir, *args, **kwargs)
+        except BaseException:
+            if not existed and out.is_dir():
+                progress = out / PROGRESS_NAME
+                try:
+                    staged = json.loads(progress.read_text()).get("chunks") if progress.exists() else None
+                except (OSError, ValueError):
+                    staged = None
+                if not staged:
+                    progress.unlink(missing_ok=True)
+                    try:
+                        out.rmdir()  # only if empty
+                    except OSError:
+                        pass
+            raise
+
+    return wrapper
+
+
+@_leaves_no_empty_folder
 def prepare(
     source: str,
     out_dir: str | os.PathLike,

@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from gptspeed.data.loader import host_tensor, put_until_stopped, to_xy
+from gptspeed.data.train_data import STREAM_PREFIXES
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
 from gptspeed.data.tokenize import tokenize_stream
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
-STREAM_PREFIXES = ("jsonl:", "hf:")
 
 
 def is_stream_source(data: str) -> bool:

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from gptspeed.errors import GptspeedError
 
+STREAM_PREFIXES = ("jsonl:", "hf:")  # --data jsonl:PATH / hf:NAME: a document stream
+
 
 class TrainLoader(Protocol):
     """Micro-batches for training, resumable exactly.
@@ -97,9 +99,8 @@ def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None 
     ``hf_name`` and ``split``) or a prepared folder (its train and val shards, checked to exist).
     GptspeedError (one line, saying what the path is) when there is nothing to train on."""
     from gptspeed.data import find_shards, load_manifest
-    from gptspeed.data.stream import is_stream_source
 
-    if is_stream_source(data):
+    if data.startswith(STREAM_PREFIXES):
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
         return TrainData(data, identity={"stream": data, **options}, stream_options=options)
     train = find_shards(data, "train")

@@ -52,12 +52,24 @@ def assert_same(a, b, steps):
             assert (x is None) == (y is None) and (x is None or abs(x - y) < 1e-5), (s, a[s], b[s])
 
 
+HELLASWAG = [{"ctx": "The cat sat on the", "endings": ["mat.", "moon quickly.", "idea of it.", "table"], "label": 0}] * 4
+
+
 @pytest.fixture(scope="module")
 def runs(shakespeare_data, tmp_path_factory):
-    """One process x 2 micro-steps (in-process), and 2 ranks x 1 micro-step with DDP and FSDP2."""
+    """One process x 2 micro-steps (in-process), and 2 ranks x 1 micro-step with DDP and FSDP2; and,
+    launched at the same time, tests/dist_scenarios.py: issue 12's GPU-path cases on 2 ranks."""
     root = tmp_path_factory.mktemp("dist")
     base = dict(TINY, data=str(shakespeare_data))
     procs = {}
+    hellaswag = root / "hellaswag.jsonl"
+    hellaswag.write_text("".join(json.dumps(r) + "\n" for r in HELLASWAG))
+    (root / "scenarios").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), "OMP_NUM_THREADS": "1"}
+    procs["scenarios"] = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(SRC.parent / "tests" / "dist_scenarios.py"), str(shakespeare_data), str(root / "scenarios"),
+         str(hellaswag)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for mode in ("ddp", "fsdp"):  # both launches at once: most of their time is importing torch
         cmd, env = _torchrun_cmd(["train", "--preset", "pico", *_flags(base), "--parallel", mode,
                                   "--out", str(root / mode)], 2)
@@ -66,15 +78,19 @@ def runs(shakespeare_data, tmp_path_factory):
     cmd, env = _torchrun_cmd(["train", "--preset", "pico", *bad, "--out", str(root / "bad")], 2)
     procs["bad"] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     fit(build_train_config("pico", dict(base, out=str(root / "single"))), echo=False)
-    out = {"single": root / "single", "data": shakespeare_data, "root": root}
+    out = {"single": root / "single", "data": shakespeare_data, "root": root, "hellaswag": hellaswag}
     for mode, proc in procs.items():
         try:
-            _, err = proc.communicate(timeout=180)  # a hang fails here
+            _, err = proc.communicate(timeout=300)  # a hang fails here
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
         if mode == "bad":
             out[mode] = (proc.returncode, err)
+            continue
+        if mode == "scenarios":
+            assert proc.returncode == 0, err[-3000:]
+            out[mode] = [json.loads((root / "scenarios" / f"rank{r}.json").read_text()) for r in (0, 1)]
             continue
         assert proc.returncode == 0, err[-3000:]
         out[mode] = root / mode
@@ -164,3 +180,81 @@ def test_indivisible_batch_fails_on_every_rank_with_one_line(runs):
     assert len(errors) == 2 and all("not a multiple of batch_size * seq_len * world_size" in e for e in errors), stderr
     assert "[rank0]: Traceback" not in stderr and "[rank1]: Traceback" not in stderr
     assert not (runs["root"] / "bad").exists()
+
+
+# --------------------------------------------------------------- issue 12: the GPU paths on 2 ranks
+def _single_muon(runs, tmp_path, **extra):
+    from gptspeed.eval import hellaswag as hs
+
+    saved = hs.hellaswag_file
+    hs.hellaswag_file = lambda progress=True: runs["hellaswag"]
+    try:
+        cfg = build_train_config("pico", dict(TINY, data=str(runs["data"]), out=str(tmp_path / "single_muon"),
+                                              optimizer="muon", save_every=0, max_steps=3, **extra))
+        fit(cfg, echo=False)
+    finally:
+        hs.hellaswag_file = saved
+    return tmp_path / "single_muon"
+
+
+def test_fsdp_muon_trains_evaluates_hellaswag_checkpoints_and_consolidates(runs, tmp_path):
+    """FSDP2 + Muon used to crash at the first checkpoint (get_state_dict was handed MuonWithAdamW),
+    and FSDP2 + --hellaswag-every at the first HellaSwag (mixed Tensor / DTensor)."""
+    run = runs["root"] / "scenarios" / "muon_fsdp"
+    assert [r["muon_fsdp"]["resumed_step"] for r in runs["scenarios"]] == [3, 3]
+    assert [p.name for p in list_checkpoints(run)] == ["ckpt_00000002.dcp", "ckpt_00000003.dcp"]
+    single = _single_muon(runs, tmp_path, hellaswag_every=1, hellaswag_examples=4)
+    recs = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    ref = {r["step"]: r for r in map(json.loads, (single / "metrics.jsonl").read_text().splitlines())}
+    for step in (1, 2):  # before the resume: HellaSwag on the sharded model, as one process scores it
+        assert recs[step]["hellaswag_examples"] == 4
+        assert recs[step]["hellaswag_acc_norm"] == ref[step]["hellaswag_acc_norm"]
+    for step in (1, 2, 3):  # step 3 after the DCP resume (Muon's momentum restored)
+        assert recs[step]["train_loss"] == pytest.approx(ref[step]["train_loss"], abs=2e-3), step
+    # consolidate the step-2 checkpoint (Muon + AdamW state split back) and continue in one process
+    cont = tmp_path / "cont"
+    ck = load_checkpoint(consolidate(run / "ckpt_00000002.dcp", cont))
+    assert set(ck["optimizer"]) == {"adamw", "muon"} and ck["optimizer"]["muon"]["state"]
+    fit(build_train_config(None, dict(out=str(cont), resume=True, hellaswag_every=0)), echo=False)
+    assert losses(cont)[3][0] == pytest.approx(recs[3]["train_loss"], abs=2e-3)
+
+
+def test_muon_under_ddp_matches_one_process_and_resumes_in_one(runs, tmp_path):
+    run = runs["root"] / "scenarios" / "muon_ddp"
+    single = _single_muon(runs, tmp_path)
+    train = lambda run: {s: v[0] for s, v in losses(run).items() if s}  # noqa: E731  (train losses only)
+    assert train(run) == pytest.approx({s: train(single)[s] for s in (1, 2)}, abs=1e-5)
+    cont = tmp_path / "ddp_cont"
+    shutil.copytree(run, cont)
+    for p in cont.glob("ckpt_00000002*"):
+        p.unlink()
+    fit(build_train_config(None, dict(out=str(cont), resume=True, max_steps=3)), echo=False)
+    assert train(cont) == pytest.approx(train(single), abs=1e-5)
+
+
+def test_fsdp_eval_with_uneven_batches_matches_one_process(runs):
+    """3 val batches on 2 ranks: rank 1 joins rank 0's last forward with a dummy batch (this hung:
+    it called a collective while rank 0 was still all-gathering for its forward)."""
+    from conftest import bare_trainer
+    from gptspeed.eval.val_loss import evaluate
+
+    trainer = bare_trainer(dict(n_layer=2, n_head=2, n_embd=32, block_size=32), seed=1337)
+    loss, n = evaluate(trainer.train_model, trainer.rt, find_shards(runs["data"], "val"), 4, 32, max_tokens=384)
+    assert [r["eval_uneven"]["tokens"] for r in runs["scenarios"]] == [384, 384] == [n, n]
+    for r in runs["scenarios"]:
+        assert r["eval_uneven"]["val_loss"] == pytest.approx(loss, abs=1e-5)
+
+
+def test_fp16_fsdp_ranks_skip_an_overflow_together(runs):
+    """An inf in rank 1's gradient shard only: with a plain GradScaler rank 0 stepped and kept its
+    scale while rank 1 skipped and halved it; the sharded scaler all-reduces found_inf."""
+    for r in runs["scenarios"]:
+        seen = r["fp16_fsdp"]
+        assert seen["step0"] == {"changed": True, "scale": 65536.0}
+        assert seen["step1"] == {"changed": False, "scale": 32768.0}
+
+
+def test_auto_batch_size_ranks_probe_in_lockstep_and_agree(runs):
+    """Rank 0 fits 40 sequences, rank 1 fits 24: both probe the same sizes and take 24."""
+    a, b = (r["batch_agree"] for r in runs["scenarios"])
+    assert a == b and a["fit"] == 24 and a["probed"][:6] == [1, 2, 4, 8, 16, 32]

@@ -57,6 +57,14 @@ def largest_fitting(fits: Callable[[int], bool], limit: int = 1024) -> int:
     return lo
 
 
+def agreed_largest_fitting(fits: Callable[[int], bool], agree: Callable[[int], int], limit: int = 1024) -> int:
+    """:func:`largest_fitting` run by every rank in lockstep: each verdict of ``fits`` is replaced
+    by ``agree(verdict)`` (the minimum over ranks: a size fits only if it fits everywhere), so all
+    ranks probe the same sizes -- none is left waiting in a collective of a probe another rank
+    skipped -- and return the same answer."""
+    return largest_fitting(lambda b: bool(agree(int(fits(b)))), limit)
+
+
 def pick_micro_batch(fit: int, sequences_per_step: int | None, safety: float = SAFETY) -> int:
     """The micro-batch to train with: the largest power of two ``<= max(1, floor(fit * safety))``
     that divides ``sequences_per_step`` (the global batch in sequences; None = any power of two).
@@ -153,8 +161,7 @@ def resolve_auto_batch(device: torch.device, settings: dict[str, Any], sequences
     fit = agree(cached_fit(key) or 0)
     source = "cached"
     if fit == 0:
-        local = cuda_fits(make_step, device)
-        fit = largest_fitting(lambda b: bool(agree(int(local(b)))), limit)
+        fit = agreed_largest_fitting(cuda_fits(make_step, device), agree, limit)
         source = "probed"
         if fit > 0:
             store_fit(key, fit)

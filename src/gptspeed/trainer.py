@@ -274,7 +274,12 @@ class Trainer:
             self.say(f"initialised from {load_hf_weights(self.model, cfg.train.init_from)}")
         self.train_model = parallelize(self.model, rt, **parallel_options(cfg), backend=backend)
         self.sync = grad_sync_control(self.train_model)
-        self.optimizer, self.skips_on_device = build_optimizer(self.model, cfg.optim, rt.device_type)
+        optim = cfg.optim
+        if rt.parallel == "fsdp" and rt.use_grad_scaler:
+            # ShardedGradScaler's found_inf has shape [1], which fused AdamW's step-count update rejects
+            # (torch 2.13): the foreach AdamW, stepped only when no rank overflowed (one sync per step)
+            optim = dataclasses.replace(optim, fused_adamw=False)
+        self.optimizer, self.skips_on_device = build_optimizer(self.model, optim, rt.device_type)
         self.scaler = make_scaler(rt)
         self.params = list(self.model.parameters())
         self.cuda_graphs = uses_cuda_graphs(rt, cfg.runtime.compile_tuning)

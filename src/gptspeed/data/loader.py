@@ -273,13 +273,37 @@ class TokenLoader:
         self.documents = state["documents"]
 
 
+def eval_schedule(lengths: list[int], batch_size: int, seq_len: int,
+                  max_tokens: int = 0) -> Iterator[tuple[int, int, int]]:
+    """The evaluation batches of shards holding ``lengths`` tokens, all ranks together, in order:
+    ``(shard index, first window, rows)`` -- consecutive windows of ``seq_len`` (+1) tokens,
+    ``batch_size`` at a time (the last batch of a shard may be smaller), until ``max_tokens``
+    predicted tokens (0 = the whole split)."""
+    budget = max_tokens if max_tokens > 0 else float("inf")
+    for s, n in enumerate(lengths):
+        n_windows = (n - 1) // seq_len
+        for first in range(0, max(0, n_windows), batch_size):
+            if budget <= 0:
+                return
+            rows = min(batch_size, n_windows - first, max(1, int(min(budget, 1 << 62)) // seq_len))
+            budget -= rows * seq_len
+            yield s, first, rows
+
+
+def eval_batches_per_rank(shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0,
+                          world_size: int = 1) -> int:
+    """The most evaluation batches any rank gets from :func:`iter_eval_batches` (batches are dealt
+    round-robin), known to every rank without communicating."""
+    total = sum(1 for _ in eval_schedule([read_header(p)[1] for p in shards], batch_size, seq_len, max_tokens))
+    return -(-total // world_size)
+
+
 def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0, *,
                       rank: int = 0, world_size: int = 1,
                       device: torch.device | str = "cpu",
                       max_token_id: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Deterministic evaluation batches: consecutive windows of ``T`` (+1) tokens over the shards,
-    grouped ``batch_size`` at a time (the last batch may be smaller), batches dealt round-robin to
-    ranks. Stops after ``max_tokens`` predicted tokens in all (0 = the whole split).
+    """Deterministic evaluation batches (:func:`eval_schedule`), dealt round-robin to ranks: this
+    rank's ``(x, y)``, each ``(rows, seq_len)`` int64 on ``device``.
 
     Raises GptspeedError if the split holds fewer than ``seq_len + 1`` tokens.
     """
@@ -290,22 +314,12 @@ def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tok
             f"val split has {max(lengths, default=0):,} tokens, fewer than one sequence (seq_len {seq_len} + 1): "
             "prepare more text, raise --val-fraction or lower --seq-len"
         )
-    budget = max_tokens if max_tokens > 0 else float("inf")
-    batch_no = 0
-    for path, n in zip(shards, lengths):
-        n_windows = (n - 1) // seq_len
-        if n_windows == 0:
+    maps: dict[int, np.ndarray] = {}
+    for batch_no, (s, first, rows) in enumerate(eval_schedule(lengths, batch_size, seq_len, max_tokens)):
+        if batch_no % world_size != rank:
             continue
-        tokens = read_shard(path)
-        for first in range(0, n_windows, batch_size):
-            if budget <= 0:
-                return
-            rows = min(batch_size, n_windows - first, max(1, int(min(budget, 1 << 62)) // seq_len))
-            budget -= rows * seq_len
-            mine = batch_no % world_size == rank
-            batch_no += 1
-            if not mine:
-                continue
-            buf = tokens[first * seq_len : (first + rows) * seq_len + 1]
-            check_token_ids(buf, max_token_id, path, first * seq_len)
-            yield to_xy(host_tensor(buf, device), rows, seq_len, device)
+        if s not in maps:
+            maps = {s: read_shard(shards[s])}  # memory-mapped; one shard open at a time
+        buf = maps[s][first * seq_len : (first + rows) * seq_len + 1]
+        check_token_ids(buf, max_token_id, shards[s], first * seq_len)
+        yield to_xy(host_tensor(buf, device), rows, seq_len, device)

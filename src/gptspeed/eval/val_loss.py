@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from gptspeed.data.loader import iter_eval_batches
+from gptspeed.data.loader import eval_batches_per_rank, iter_eval_batches
 from gptspeed.runtime import Runtime, eager
 
 
@@ -41,8 +41,9 @@ def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size
 
     With several ranks the batches are dealt round-robin (``iter_eval_batches``) and ``(sum,
     count)`` all-reduced, so every rank returns the same figure. Under FSDP2 every forward is a
-    collective: ranks with fewer batches run dummy forwards of the full shape until all have run
-    as many. ``stop`` (one process only): checked before each batch; when it returns True the
+    collective: a rank with fewer batches (it knows how many the others have without asking,
+    :func:`~gptspeed.data.loader.eval_batches_per_rank`) runs dummy forwards of the full shape
+    until it has run as many. ``stop`` (one process only): checked before each batch; when it returns True the
     evaluation is abandoned and ``(None, tokens so far)`` returned, so a Ctrl-C never waits for it.
     """
     was_training = model.training
@@ -62,11 +63,10 @@ def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size
     if rt.distributed:
         import torch.distributed as dist
 
-        if rt.parallel == "fsdp":
-            most = torch.tensor([batches], device=rt.device)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        if rt.parallel == "fsdp":  # every forward all-gathers: join the others' last ones
+            most = eval_batches_per_rank(shards, batch_size, seq_len, max_tokens, rt.world_size)
             dummy = torch.zeros((batch_size, seq_len), dtype=torch.long, device=rt.device)
-            for _ in range(int(most.item()) - batches):
+            for _ in range(most - batches):
                 with rt.autocast():
                     model(dummy, dummy)
         both = torch.stack([total, torch.tensor(float(n), dtype=torch.float64, device=rt.device)])

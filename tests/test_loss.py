@@ -1,13 +1,14 @@
 """The fused linear + cross-entropy (gptspeed.loss): values and gradients against the plain
-path, no gradient work without grad, fp16 gradients at a real batch size, and one opaque op under
-torch.compile."""
+path, no gradient work without grad, fp16 gradients at a real batch size, one opaque op under
+torch.compile, and the ``--loss auto`` rule."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 import gptspeed.loss as loss_mod
-from gptspeed.loss import default_chunk_rows, fused_linear_cross_entropy
+from gptspeed.errors import GptspeedError
+from gptspeed.loss import default_chunk_rows, fused_linear_cross_entropy, resolve_loss
 from gptspeed.model import GPT, GPTConfig
 
 OP = torch.ops.gptspeed.fused_linear_cross_entropy.default
@@ -215,6 +216,30 @@ def test_compiled_training_step_matches_eager():
     with torch.no_grad():
         assert compiled(idx, idx)[1].item() == pytest.approx(le.item(), abs=1e-5)
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------- --loss auto
+def test_resolve_loss():
+    assert resolve_loss("auto", "cuda") == "plain"  # the anchors' path until a GPU measures otherwise
+    assert resolve_loss("auto", "mps") == "plain"
+    assert resolve_loss("auto", "cpu") == "fused"  # measured faster on the CPU (benchmarks/README.md)
+    for name in ("fused", "plain"):
+        for dev in ("cpu", "cuda", "mps"):
+            assert resolve_loss(name, dev) == name
+    with pytest.raises(GptspeedError, match="--loss"):
+        resolve_loss("chunked", "cpu")
+
+
+def test_auto_is_the_default_and_resolves_on_the_inputs_device():
+    assert GPTConfig().loss == "auto"
+    torch.manual_seed(0)
+    model = GPT(small())
+    idx = torch.randint(0, 50257, (2, 32))
+    logits, loss = model(idx, idx)
+    expected = resolve_loss("auto", "cpu")
+    assert (logits is None) == (expected == "fused") and loss.shape == ()
+    with pytest.raises(GptspeedError, match="loss"):
+        GPT(small(loss="chunked"))
 
 
 # ------------------------------------------------------------------------------------ CUDA

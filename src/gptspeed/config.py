@@ -115,7 +115,7 @@ MODEL_FLAGS = {
     "block_size": ("--seq-len", "sequence length T (also the model's number of positions)"),
     "vocab_size": ("--vocab-size", "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default"),
     "attention": ("--attention", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual"),
-    "loss": ("--loss", "fused (chunked linear + cross-entropy, no full logits) | plain"),
+    "loss": ("--loss", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full logits) | plain"),
 }
 # Fields that define the run: resuming with any of them changed would not continue the same run.
 RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "sampling", "seed", "lr", "min_lr_ratio", "warmup_steps",

@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptspeed.errors import GptspeedError
-from gptspeed.loss import fused_linear_cross_entropy
+from gptspeed.loss import LOSSES, fused_linear_cross_entropy, resolve_loss
 
 GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 
@@ -43,7 +43,7 @@ class GPTConfig:
     n_head: int = 12  # H
     n_embd: int = 768  # C = H * Q
     attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
-    loss: str = "fused"  # "fused" (chunked linear + cross-entropy) or "plain" (full logits)
+    loss: str = "auto"  # "fused" (chunked linear + cross-entropy), "plain" (full logits), "auto" (loss.resolve_loss)
 
     def validate(self) -> None:
         """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT."""
@@ -62,8 +62,8 @@ class GPTConfig:
             )
         if self.attention not in ("sdpa", "manual"):
             raise GptspeedError(f"attention must be 'sdpa' or 'manual', got {self.attention!r}")
-        if self.loss not in ("fused", "plain"):
-            raise GptspeedError(f"loss must be 'fused' or 'plain', got {self.loss!r}")
+        if self.loss not in LOSSES:
+            raise GptspeedError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
 
 
 class CausalSelfAttention(nn.Module):
@@ -135,8 +135,9 @@ class GPT(nn.Module):
     Without targets it returns ``(logits, None)``, logits ``(B, T, vocab_size)`` in the compute
     dtype with the padded columns at -inf. With targets ``(B, T)`` int64 it returns
     ``(logits_or_None, loss)``: the mean cross-entropy over all positions as a 0-dim fp32 tensor;
-    with ``config.loss == "fused"`` the logits are never materialised and ``None`` is returned
-    in their place (see :func:`gptspeed.loss.fused_linear_cross_entropy`).
+    when ``config.loss`` resolves to ``"fused"`` on the inputs' device (:func:`gptspeed.loss.resolve_loss`)
+    the logits are never materialised and ``None`` is returned in their place (see
+    :func:`gptspeed.loss.fused_linear_cross_entropy`).
     """
 
     def __init__(self, config: GPTConfig):
@@ -210,7 +211,7 @@ class GPT(nn.Module):
         h = self.hidden_states(idx)  # (B, T, C)
         if targets is None:
             return self.logits(h), None
-        if self.config.loss == "fused":
+        if resolve_loss(self.config.loss, h.device.type) == "fused":
             loss = fused_linear_cross_entropy(
                 h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size
             )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gptspeed.errors import GptspeedError
+from gptspeed.fp8 import check_fp8_shapes
 from gptspeed.model import GPTConfig
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
@@ -100,8 +101,8 @@ class RuntimeConfig:
     activation_checkpointing: str = _f("none", "recompute activations in backward to save memory: none | selective "
                                        "(keep matmul and attention outputs, recompute the rest) | full (keep only "
                                        "each block's input)", choices=CHECKPOINTING)
-    fp8: bool = _f(False, "FP8 matmuls (torch._scaled_mm, per-tensor scaling) for the blocks' Linear layers "
-                   "(Hopper / Ada GPUs only)", kind="flag")
+    fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
+                   "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
     parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
                        "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
     dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)")
@@ -211,6 +212,8 @@ class RunConfig:
         """Check everything that can be checked before touching data or devices."""
         self.model.validate()
         t, o = self.train, self.optim
+        if self.runtime.fp8:
+            check_fp8_shapes(t.batch_size, self.model.block_size, self.model)
         if t.batch_size == 0:  # --batch-size auto, resolved by the trainer on the device
             positive = {}
         else:

@@ -135,12 +135,12 @@ def test_fp16_gradients_at_16k_tokens_match_plain_with_loss_scale():
     fused gradients are as accurate as the plain path's, and no vocabulary row the plain path
     gives a gradient is zeroed. (Folding 1/N into fp16 dlogits underflowed them.)"""
     torch.manual_seed(0)
-    N, V, C, scale = 16384, 1024, 8, 65536.0
+    N, V, C, scale = 16384, 512, 8, 65536.0
     x = torch.randn(N, C).half().float()  # fp16-exact inputs: only the computation rounds
     w = (torch.randn(V, C) * 0.5).half().float()
-    w[:256, 0] = -2.0  # 256 rare tokens: x[:, 0] = 3 makes their probabilities ~1e-6 or less
+    w[:128, 0] = -2.0  # 128 rare tokens: x[:, 0] = 3 makes their probabilities ~1e-6 (median)
     x[:, 0] = 3.0
-    t = torch.randint(256, V, (N,))
+    t = torch.randint(128, V, (N,))
     # exact reference, fp64
     logits = x.double() @ w.double().t()
     d = (logits.softmax(1) - F.one_hot(t, V).double()) / N
@@ -162,7 +162,7 @@ def test_fp16_gradients_at_16k_tokens_match_plain_with_loss_scale():
     assert _rel(fused_w, ref_w) < 2 * plain_err + 1e-4
     plain_rows = plain_w.abs().amax(1) > 0
     fused_rows = fused_w.abs().amax(1) > 0
-    assert plain_rows[:256].all()  # the rare tokens' rows get a gradient on the plain path...
+    assert plain_rows[:128].all()  # the rare tokens' rows get a gradient on the plain path...
     assert not (plain_rows & ~fused_rows).any()  # ...and on the fused path
 
 
@@ -254,19 +254,27 @@ def test_cuda_fused_matches_plain_in_16_bit(dtype):
     x = torch.randn(N, C, device="cuda").to(dtype).float()
     w = (torch.randn(V, C, device="cuda") * 0.02).to(dtype).float()
     t = torch.randint(0, 50257, (N,), device="cuda")
-    logits = x.double() @ w.double().t()
-    logits[:, 50257:] = float("-inf")
-    ref_loss = F.cross_entropy(logits, t)
-    d = (logits.softmax(1) - F.one_hot(t, V).double()) / N
-    ref_x, ref_w = d @ w.double(), d.t() @ x.double()
-    del logits, d
+    ref_x, ref_w, ref_loss = torch.empty(N, C, dtype=torch.float64, device="cuda"), 0, 0
+    for s in range(0, N, 1024):  # fp64 reference in row blocks: a few GB at most (a 16 GB T4 runs this)
+        logits = x[s : s + 1024].double() @ w.double().t()
+        logits[:, 50257:] = float("-inf")
+        ref_loss = ref_loss + F.cross_entropy(logits, t[s : s + 1024], reduction="sum")
+        d = logits.softmax(1)
+        d[torch.arange(d.size(0), device="cuda"), t[s : s + 1024]] -= 1
+        d /= N
+        ref_x[s : s + 1024] = d @ w.double()
+        ref_w = ref_w + d.t() @ x[s : s + 1024].double()
+        del logits, d
+    ref_loss = ref_loss / N
 
     def run(loss_fn):
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         with torch.autocast("cuda", dtype=dtype):
             loss = loss_fn(xg, wg)
         (loss * scale).backward()
-        return loss.item(), xg.grad / scale, wg.grad / scale
+        out = loss.item(), xg.grad / scale, wg.grad / scale
+        torch.cuda.empty_cache()
+        return out
 
     def plain(a, b):
         lg = a @ b.t()

@@ -37,10 +37,10 @@ from torch import Tensor
 
 from gptspeed.errors import GptspeedError
 
-#: target size of one chunk of logits, in elements: 16 MiB of fp32 on a CPU (it stays in cache;
-#: measured on the 2-core CI machine, larger chunks were no faster), 128 MiB on a GPU (fewer,
+#: target size of one chunk of logits, in elements: 16 MiB of fp32 on a CPU (measured on the
+#: 2-core CPU this project is built on, larger chunks were no faster), 128 MiB on a GPU (fewer,
 #: larger kernels). Rows per chunk are rounded down to a multiple of :data:`CHUNK_ROW_MULTIPLE`
-#: (at least one multiple): at V = 50304 that is 128 rows on a CPU and 640 on a GPU.
+#: (at least one multiple): at V = 50304 that is 128 rows (25 MB of fp32) on a CPU and 640 on a GPU.
 CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 25}
 #: chunk rows are a multiple of this: whole tensor-core tiles for the three matmuls.
 CHUNK_ROW_MULTIPLE = 128
@@ -53,8 +53,9 @@ def resolve_loss(name: str, device_type: str) -> str:
 
     ``auto`` is ``plain`` (full logits, then ``F.cross_entropy``: the anchors' path, as
     build-nanogpt measured it on an A100) everywhere but the CPU, until a GPU measurement
-    shows the chunked loss faster there; on the CPU it is ``fused``, which measured faster on
-    the 2-core CI machine (benchmarks/README.md, "Fused vs plain loss on the CPU").
+    shows the chunked loss faster there; on the CPU it is ``fused``, which measured 2.13x
+    faster at the nano shape and even (0.98x) at GPT-2 124M with B=4, T=64 on this project's
+    2-core CPU (benchmarks/README.md, "Fused vs plain loss on the CPU").
     ``fused`` and ``plain`` are returned as they are. GptspeedError for any other name.
     """
     if name not in LOSSES:
@@ -71,6 +72,9 @@ def default_chunk_rows(vocab_size: int, device_type: str) -> int:
     return max(CHUNK_ROW_MULTIPLE, rows // CHUNK_ROW_MULTIPLE * CHUNK_ROW_MULTIPLE)
 
 
+_ADDMM_INTO_FP32 = True  # until this torch's CUDA addmm refuses an fp32 accumulator for 16-bit inputs
+
+
 def _accumulate_fp32(acc: Tensor, a: Tensor, b: Tensor, scratch: Tensor) -> None:
     """``acc += a @ b`` with fp32 products and sums for 16-bit ``a`` ``(V, n)`` and ``b``
     ``(n, C)`` into fp32 ``acc`` ``(V, C)``, in place. ``scratch`` is an fp32 tensor of ``a``'s
@@ -78,14 +82,22 @@ def _accumulate_fp32(acc: Tensor, a: Tensor, b: Tensor, scratch: Tensor) -> None
 
     On CUDA, ``addmm`` with ``out_dtype=float32`` (fp16/bf16 tensor-core inputs, fp32 output)
     writes into ``acc`` directly; if this torch refuses an fp32 ``acc`` there, the product goes
-    through ``mm(..., out_dtype=float32)`` and an add. Elsewhere (no ``out_dtype`` kernel on the
+    through ``mm(..., out_dtype=float32)`` and an add (or, in a torch without ``out_dtype``, a
+    16-bit product per chunk, added in fp32). Elsewhere (no ``out_dtype`` kernel on the
     CPU) it is an fp32 ``addmm_`` of the same values: the same numbers, no (V, C) temporary.
     """
+    global _ADDMM_INTO_FP32
     if acc.device.type == "cuda":
+        if _ADDMM_INTO_FP32:
+            try:
+                torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # refused before any launch, if at all
+                return
+            except (RuntimeError, TypeError):
+                _ADDMM_INTO_FP32 = False
         try:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-        except RuntimeError:
             acc.add_(torch.mm(a, b, out_dtype=torch.float32))
+        except TypeError:  # an older torch without out_dtype: the chunk's product in 16 bits, summed in fp32
+            acc.add_((a @ b).float())
     else:
         acc.addmm_(scratch.copy_(a), b.float())
 

@@ -1,8 +1,9 @@
 """Issue 7: FP8 loss parity against bf16 over a short run (needs an Ada / Hopper GPU).
 
 Two `gptspeed train` runs on the same data, shape, seed, batches and schedule: bf16 autocast, and
-bf16 autocast with ``--fp8`` (the blocks' Linear layers through ``torch._scaled_mm``, e4m3
-forward, e5m2 gradients, per-tensor dynamic scaling; see gptspeed/fp8.py). Prints the train and
+bf16 autocast with ``--fp8`` (torchao's float8 training for the blocks' Linear layers large
+enough to gain: e4m3 forward, e5m2 gradients, tensorwise dynamic scaling; see gptspeed/fp8.py;
+needs ``pip install -e '.[fp8]'``). Prints the train and
 validation losses side by side at every evaluation and the largest gap; FP8 is at parity when the
 final validation losses differ by well under the run-to-run noise (a few 0.01 nats).
 

@@ -31,7 +31,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("model (override the preset)")
     for name, (flag, help_) in MODEL_FLAGS.items():
-        extra = {"choices": ("sdpa", "manual")} if name == "attention" else {"choices": ("fused", "plain")} if name == "loss" else {}
+        extra = {"choices": ("sdpa", "manual")} if name == "attention" else {"choices": ("auto", "fused", "plain")} if name == "loss" else {}
         g.add_argument(flag, dest=name, type=field_type(GPTConfig, name), help=help_, default=argparse.SUPPRESS, **extra)
     for title, cls in (("optimizer", OptimConfig), ("training", TrainConfig), ("runtime", RuntimeConfig)):
         g = p.add_argument_group(title)

@@ -22,6 +22,7 @@ from gptspeed.errors import GptspeedError
 GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (tensor-core friendly; build-nanogpt)
 AUTO_BATCH_SIZE = 0  # how --batch-size auto is stored in the configuration
+LOSSES = ("auto", "fused", "plain")  # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere)
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 DEVICES = ("auto", "cuda", "mps", "cpu")
@@ -47,7 +48,7 @@ class GPTConfig:
     n_head: int = 12  # H
     n_embd: int = 768  # C = H * Q
     attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
-    loss: str = "fused"  # "fused" (chunked linear + cross-entropy) or "plain" (full logits)
+    loss: str = "auto"  # "fused" (chunked linear + cross-entropy), "plain" (full logits), "auto" (loss.resolve_loss)
 
     def validate(self) -> None:
         """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT."""
@@ -66,8 +67,8 @@ class GPTConfig:
             )
         if self.attention not in ("sdpa", "manual"):
             raise GptspeedError(f"attention must be 'sdpa' or 'manual', got {self.attention!r}")
-        if self.loss not in ("fused", "plain"):
-            raise GptspeedError(f"loss must be 'fused' or 'plain', got {self.loss!r}")
+        if self.loss not in LOSSES:
+            raise GptspeedError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
 
 
 def _f(default, help: str, **meta):
@@ -149,8 +150,8 @@ class RuntimeConfig:
     activation_checkpointing: str = _f("none", "recompute activations in backward to save memory: none | selective "
                                        "(keep matmul and attention outputs, recompute the rest) | full (keep only "
                                        "each block's input)", choices=CHECKPOINTING)
-    fp8: bool = _f(False, "FP8 matmuls (torch._scaled_mm, per-tensor scaling) for the blocks' Linear layers "
-                   "(Hopper / Ada GPUs only)", kind="flag")
+    fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
+                   "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
     parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
                        "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
     dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)")
@@ -164,7 +165,7 @@ MODEL_FLAGS = {
     "block_size": ("--seq-len", "sequence length T (also the model's number of positions)"),
     "vocab_size": ("--vocab-size", "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default"),
     "attention": ("--attention", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual"),
-    "loss": ("--loss", "fused (chunked linear + cross-entropy, no full logits) | plain"),
+    "loss": ("--loss", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full logits) | plain"),
 }
 # Fields that define the run: resuming with any of them changed would not continue the same run.
 RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "sampling", "seed", "lr", "min_lr_ratio", "warmup_steps",
@@ -268,6 +269,10 @@ class RunConfig:
         """Check everything that can be checked before touching data or devices."""
         self.model.validate()
         t, o = self.train, self.optim
+        if self.runtime.fp8:
+            from gptspeed.fp8 import check_fp8_shapes  # imports torch: only when --fp8 is asked for
+
+            check_fp8_shapes(t.batch_size, self.model.block_size, self.model)
         if t.batch_size == 0:  # --batch-size auto, resolved by the trainer on the device
             positive = {}
         else:

@@ -1,20 +1,29 @@
-"""FP8 matmuls for the transformer blocks' Linear layers (``--fp8``), with ``torch._scaled_mm``.
+"""FP8 matmuls for the transformer blocks' Linear layers (``--fp8``), through torchao.
 
-Per-tensor dynamic scaling, recomputed every call from the tensor's absolute maximum (no amax
-history): activations and weights are cast to ``float8_e4m3fn`` (more mantissa) for the forward
-matmul, the output gradient to ``float8_e5m2`` (more range) for the two backward matmuls, as in
-Micikevicius et al. 2022, "FP8 Formats for Deep Learning" (arXiv:2209.05433), and torchao's
-float8 training recipe ("tensorwise"). Accumulation is in fp32 inside ``_scaled_mm``; outputs
-come back in the autocast dtype (bf16) or fp32. The master weights stay fp32.
+The layers are converted with ``torchao.float8.convert_to_float8_training`` (torchao's float8
+training, the implementation torchtitan uses: tensorwise dynamic scaling, e4m3 inputs and
+weights, e5m2 output gradients, fp32 accumulation inside ``torch._scaled_mm``, fast
+accumulation in the forward matmul; Micikevicius et al. 2022, "FP8 Formats for Deep Learning",
+arXiv:2209.05433). torchao is an optional dependency: ``pip install 'gptspeed[fp8]'``.
 
-Only the blocks' ``c_attn``, ``c_proj`` and ``c_fc`` are converted (:func:`convert_to_float8`);
-the embeddings and the tied LM head stay in bf16, which is what torchao and modded-nanogpt do
-for the numerically sensitive ends of the network. Conversion changes each Linear's class in
-place, so parameter names and the state dict are unchanged (checkpoints load either way).
+Which layers: only the blocks' ``attn.c_attn``, ``attn.c_proj``, ``mlp.c_fc`` and
+``mlp.c_proj`` (the embeddings and the tied LM head stay in the autocast dtype, as torchtitan
+keeps its output layer), and of those only layers large enough to gain, by torchao's rule for
+the tensorwise recipe (``torchao.float8.float8_linear_utils._auto_filter_for_tensorwise`` in
+torchao 0.18, from its H100 microbenchmarks; torchtitan's ``auto_filter_small_kn``): both
+dimensions multiples of 16, and not ``in_features <= 4096 and out_features <= 1024``. At GPT-2
+124M (n_embd 768) that keeps ``c_attn`` (768 -> 2304) and ``c_fc`` (768 -> 3072) and skips both
+``c_proj`` layers. Conversion swaps modules but keeps their parameters, so parameter names and
+the state dict are unchanged (checkpoints load either way).
 
-``torch._scaled_mm`` is fast only on GPUs with FP8 tensor cores (compute capability >= 8.9:
-Ada, Hopper); :func:`check_fp8_device` refuses anything else with a one-line error. It also runs
-on a CPU in recent PyTorch (slowly), which is how the tests check the numerics.
+CUDA's ``torch._scaled_mm`` (PyTorch's own meta kernel states the rules) wants the first operand
+row-major with its inner dimension a multiple of 16, the second column-major with both
+dimensions multiples of 16, fp8 operands and fp32 scalar scales. In training every dimension of
+the three matmuls of a layer ``(M, K) @ (K, N)`` is an inner dimension once (M = tokens per
+micro-batch in the weight gradient), so ``batch_size * seq_len`` must be a multiple of 16:
+:func:`check_fp8_shapes` refuses a configuration that breaks it before anything runs. A CPU's
+``_scaled_mm`` checks none of this, so the tests run the FP8 path under a helper that does
+(``tests/cuda_rules.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +33,10 @@ import torch.nn as nn
 
 from gptspeed.errors import GptspeedError
 
-E4M3 = torch.float8_e4m3fn
-E5M2 = torch.float8_e5m2
+#: the torchao release gptspeed is tested with (the ``fp8`` extra pins it).
+TORCHAO_VERSION = "0.18.0"
+#: CUDA's ``_scaled_mm`` needs its dimensions to be multiples of this.
+GEMM_MULTIPLE = 16
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
@@ -40,80 +51,63 @@ def check_fp8_device(device: torch.device) -> None:
                             f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}")
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype = E4M3) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor dynamic scaling: returns ``(x_fp8, inv_scale)`` with ``x ~= x_fp8.float() * inv_scale``.
-
-    ``scale = fp8_max / amax(|x|)`` (amax clamped to 1e-12 so an all-zero tensor is fine); values
-    are saturated to ``[-fp8_max, fp8_max]`` (448 for e4m3fn, 57344 for e5m2) before the cast.
-    ``inv_scale`` is a 0-dim fp32 tensor on ``x``'s device -- what ``torch._scaled_mm`` takes as
-    ``scale_a`` / ``scale_b``. No host-device sync.
-    """
-    fmax = torch.finfo(dtype).max
-    amax = x.detach().abs().amax().float().clamp(min=1e-12)
-    scale = fmax / amax
-    x_fp8 = (x.float() * scale).clamp(-fmax, fmax).to(dtype)
-    return x_fp8, scale.reciprocal()
+def large_enough(in_features: int, out_features: int) -> bool:
+    """torchao's tensorwise rule (H100 microbenchmarks): a Linear gains from FP8 unless
+    ``in_features <= 4096 and out_features <= 1024``."""
+    return not (in_features <= 4096 and out_features <= 1024)
 
 
-def _mm(a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
-        out_dtype: torch.dtype) -> torch.Tensor:
-    """``(a * a_inv) @ (b * b_inv)`` for fp8 ``a`` ``(M, K)`` and ``b`` ``(K, N)``, fp32 accumulation.
-    ``_scaled_mm`` wants ``a`` row-major and ``b`` column-major; K and N multiples of 16."""
-    if a.stride(-1) != 1:
-        a = a.contiguous()
-    if b.stride(0) != 1:
-        b = b.t().contiguous().t()
-    return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
+def fp8_eligible(name: str, in_features: int, out_features: int, skip_small: bool = True) -> bool:
+    """Whether the Linear ``name`` (``in_features -> out_features``) is converted: one of the
+    blocks' :data:`BLOCK_LINEARS`, dimensions multiples of 16 and, with ``skip_small``,
+    :func:`large_enough`."""
+    if not (name.startswith("transformer.h.") and name.endswith(BLOCK_LINEARS)):
+        return False
+    if in_features % GEMM_MULTIPLE or out_features % GEMM_MULTIPLE:
+        return False
+    return large_enough(in_features, out_features) or not skip_small
 
 
-class _Float8Matmul(torch.autograd.Function):
-    """``y = x @ w.T`` with e4m3 inputs forward and e5m2 output gradients backward."""
-
-    @staticmethod
-    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype):
-        x8, x_inv = quantize(x2d, E4M3)
-        w8, w_inv = quantize(weight, E4M3)
-        ctx.save_for_backward(x8, x_inv, w8, w_inv)
-        ctx.out_dtype, ctx.x_dtype, ctx.w_dtype = out_dtype, x2d.dtype, weight.dtype
-        return _mm(x8, x_inv, w8.t(), w_inv, out_dtype)  # (M, N)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x8, x_inv, w8, w_inv = ctx.saved_tensors
-        g8, g_inv = quantize(grad, E5M2)
-        grad_x = _mm(g8, g_inv, w8, w_inv, ctx.out_dtype).to(ctx.x_dtype)  # (M, N) @ (N, K)
-        grad_w = _mm(g8.t(), g_inv, x8, x_inv, torch.float32).to(ctx.w_dtype)  # (N, M) @ (M, K)
-        return grad_x, grad_w, None
+def block_linears(n_embd: int) -> dict[str, tuple[int, int]]:
+    """``{name: (in_features, out_features)}`` of one GPT-2 block's Linear layers."""
+    C = n_embd
+    return {"attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "mlp.c_fc": (C, 4 * C), "mlp.c_proj": (4 * C, C)}
 
 
-class Float8Linear(nn.Linear):
-    """An ``nn.Linear`` whose matmul runs in FP8 through :class:`_Float8Matmul`.
+def check_fp8_shapes(batch_size: int, seq_len: int, model_config) -> None:
+    """Refuse ``--fp8`` before the first step, with one line, when CUDA's ``_scaled_mm`` would:
+    ``batch_size * seq_len`` (the M of every converted layer's matmuls) not a multiple of 16;
+    or when no Linear layer of ``model_config`` (a :class:`gptspeed.model.GPTConfig`) is
+    converted, so ``--fp8`` would change nothing. ``batch_size`` 0 (``--batch-size auto``, not
+    yet known) checks only the layers. Raises :class:`GptspeedError`."""
+    layers = {n: d for n, d in block_linears(model_config.n_embd).items() if fp8_eligible("transformer.h.0." + n, *d)}
+    if not layers:
+        biggest = max(block_linears(model_config.n_embd).values(), key=lambda d: d[0] * d[1])
+        raise GptspeedError(f"--fp8 would convert no layer: at n_embd {model_config.n_embd} every Linear is too small "
+                            f"for FP8 to pay (largest {biggest[0]}x{biggest[1]}; torchao's rule skips in <= 4096 and "
+                            f"out <= 1024); drop --fp8")
+    tokens = batch_size * seq_len
+    if batch_size and tokens % GEMM_MULTIPLE:
+        raise GptspeedError(f"--fp8 needs batch_size * seq_len to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 "
+                            f"matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len")
 
-    Input ``(..., in_features)`` in fp32 or the autocast dtype; output ``(..., out_features)`` in
-    the autocast dtype when autocast is on, else fp32. ``in_features`` and ``out_features`` must
-    be multiples of 16 (``_scaled_mm``); the bias is added in the output dtype.
-    """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else torch.float32
-        shape = x.shape
-        with torch.autocast(x.device.type, enabled=False):
-            y = _Float8Matmul.apply(x.reshape(-1, shape[-1]), self.weight, out_dtype)
-            if self.bias is not None:
-                y = y + self.bias.to(out_dtype)
-        return y.view(*shape[:-1], self.out_features)
+def convert_to_float8(model: nn.Module, *, skip_small: bool = True) -> int:
+    """Convert the transformer blocks' eligible Linear layers (:func:`fp8_eligible`) of ``model``
+    in place with ``torchao.float8.convert_to_float8_training`` (default recipe: tensorwise,
+    fast accumulation in the forward matmul). ``skip_small=False`` converts small layers too
+    (for tests). Returns the number of layers converted. GptspeedError if torchao is missing."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError:
+        raise GptspeedError(f"--fp8 needs torchao: pip install 'gptspeed[fp8]' (torchao=={TORCHAO_VERSION})") from None
+    names = []
 
+    def keep(module: nn.Module, fqn: str) -> bool:
+        ok = isinstance(module, nn.Linear) and fp8_eligible(fqn, module.in_features, module.out_features, skip_small)
+        if ok:
+            names.append(fqn)
+        return ok
 
-def convert_to_float8(model: nn.Module) -> int:
-    """Turn the transformer blocks' Linear layers (``BLOCK_LINEARS`` of every ``transformer.h.*``)
-    into :class:`Float8Linear` in place; embeddings and the LM head are left alone. Returns the
-    number converted. ValueError if a layer's dimensions are not multiples of 16."""
-    n = 0
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and name.startswith("transformer.h.") and name.endswith(BLOCK_LINEARS):
-            if module.in_features % 16 or module.out_features % 16:
-                raise ValueError(f"{name}: FP8 matmuls need dimensions divisible by 16, got "
-                                 f"{module.out_features}x{module.in_features}")
-            module.__class__ = Float8Linear
-            n += 1
-    return n
+    convert_to_float8_training(model, module_filter_fn=keep)
+    return len(names)

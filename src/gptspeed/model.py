@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptspeed.config import GPT2_VOCAB_SIZE, GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
-from gptspeed.loss import fused_linear_cross_entropy
+from gptspeed.loss import fused_linear_cross_entropy, resolve_loss
 
 
 class KVCache:
@@ -132,8 +132,9 @@ class GPT(nn.Module):
     int64 token ids with ``T <= block_size``.
 
     - With ``targets`` ``(B, T)`` int64 it returns ``(logits_or_None, loss)``: the mean
-      cross-entropy over all positions as a 0-dim fp32 tensor; with ``config.loss == "fused"``
-      the logits are never materialised and ``None`` is returned in their place (see
+      cross-entropy over all positions as a 0-dim fp32 tensor; when ``config.loss`` resolves to
+      ``"fused"`` on the inputs' device (:func:`gptspeed.loss.resolve_loss`) the logits are never
+      materialised and ``None`` is returned in their place (see
       :func:`gptspeed.loss.fused_linear_cross_entropy`).
     - Without targets it returns ``(logits, None)``: ``(B, T, vocab_size)`` in the compute dtype
       with the padded columns at -inf; or, with ``logits_at`` (an index into the hidden states'
@@ -222,7 +223,7 @@ class GPT(nn.Module):
         h = self.hidden_states(idx, pos, kv)  # (B, T, C)
         if targets is None:
             return self.logits(h if logits_at is None else h[logits_at]), None
-        if self.config.loss == "fused":
+        if resolve_loss(self.config.loss, h.device.type) == "fused":
             loss = fused_linear_cross_entropy(
                 h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size
             )

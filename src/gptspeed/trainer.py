@@ -211,6 +211,7 @@ class Trainer:
         self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run: nothing written yet
         if t.batch_size == AUTO_BATCH_SIZE:
             t.batch_size = auto_batch_size(cfg, rt, self.say)
+            cfg.validate(rt.world_size)  # what needs B (the FP8 shape rule) is checked now
             self.checkpointer.meta["config"] = cfg.to_dict()
         self.accum = cfg.grad_accum_steps(rt.world_size)
         self.tokens_per_step = t.batch_size * cfg.model.block_size * self.accum * rt.world_size

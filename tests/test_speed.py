@@ -225,6 +225,25 @@ def test_batch_size_auto_on_cpu_is_a_one_line_error(shakespeare_data, tmp_path):
     assert_user_error(proc, "--batch-size auto", "CUDA")
 
 
+def test_auto_batch_cache_key_names_world_size_and_parallel_mode(monkeypatch):
+    """The fit for 8 FSDP ranks is not the fit for 1 process: the cache key says which."""
+    import dataclasses
+
+    from gptspeed import batchsize
+    from gptspeed.config import preset
+    from gptspeed.trainer import auto_batch_size
+
+    seen = []
+    monkeypatch.setattr(batchsize, "resolve_auto_batch",
+                        lambda device, settings, *a, **k: seen.append(settings) or 8)
+    cfg = preset("pico").override(dict(batch_size=0, total_batch_tokens=64 * 64))
+    for world, parallel in ((1, "none"), (8, "fsdp"), (8, "ddp")):
+        rt = dataclasses.replace(CPU, world_size=world, parallel=parallel)
+        assert auto_batch_size(cfg, rt, say=lambda m: None) == 8
+    assert [(s["world_size"], s["parallel"]) for s in seen] == [(1, "none"), (8, "fsdp"), (8, "ddp")]
+    assert len({batchsize.cache_key("NVIDIA H100 80GB HBM3", s) for s in seen}) == 3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the out-of-memory probe needs CUDA")
 def test_cuda_probe_finds_a_batch(tmp_path, monkeypatch):
     from gptspeed.config import preset

@@ -176,8 +176,8 @@ _fused_lce.register_autograd(_backward, setup_context=_setup_context)
 
 def compute_dtype_for(x: Tensor) -> torch.dtype:
     """The dtype the LM-head matmuls run in: the autocast dtype when autocast is on for
-    ``x``'s device, else ``x.dtype``."""
-    if torch.is_autocast_enabled(x.device.type):
+    ``x``'s device, else ``x.dtype`` (also on devices autocast does not know, e.g. ``meta``)."""
+    if x.device.type in ("cpu", "cuda", "mps", "xpu") and torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
 

@@ -300,7 +300,8 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
 
         check_fp8_device(rt.device)
         convert_to_float8(model)
-    model.to(rt.device)
+    if any(p.device != rt.device for p in model.parameters()):
+        model.to(rt.device)
     apply_matmul_precision(rt)
     apply_activation_checkpointing(model, activation_checkpointing)
     train_model = model

@@ -237,8 +237,7 @@ class Trainer:
             self.close()
             self.folder.abandon()
             raise
-        self.bad_count = torch.zeros((), dtype=torch.int64, device=rt.device)  # non-finite steps since last read
-        self.first_bad = torch.full((), -1, dtype=torch.int64, device=rt.device)
+        self._init_counters()
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
         self.peak, self.peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)  # one device
         self.throughput = Throughput(self.tokens_per_step, self.flops_per_token, self.peak, rt.world_size,
@@ -261,8 +260,15 @@ class Trainer:
         self.cfg, self.rt = cfg, rt
         self.accum = cfg.grad_accum_steps(rt.world_size)
         self.say, self.resume_from = (lambda *a, **k: None), None
+        self.step = self.skipped_steps = 0
         self._build_model(cfg, rt, model, backend)
+        self._init_counters()
         return self
+
+    def _init_counters(self) -> None:
+        """Non-finite steps since the last read, and the first of them, kept on the device."""
+        self.bad_count = torch.zeros((), dtype=torch.int64, device=self.rt.device)
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=self.rt.device)
 
     def _build_model(self, cfg: RunConfig, rt: Runtime, model: torch.nn.Module | None = None,
                      backend: str = "inductor") -> None:

@@ -46,11 +46,11 @@ def test_formats(tmp_path, fmt):
     elif fmt == "jsonl.gz":
         write_jsonl(path, DOCS, opener=gzip.open)
     elif fmt == "jsonl.zst":
-        zstandard = pytest.importorskip("zstandard")
+        import zstandard
         data = "".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()
         path.write_bytes(zstandard.ZstdCompressor().compress(data))
     else:
-        pa = pytest.importorskip("pyarrow")
+        import pyarrow as pa
         import pyarrow.parquet as pq
         pq.write_table(pa.table({"text": DOCS}), path, row_group_size=7)
     m = prepare(str(path), tmp_path / "out", progress=False)
@@ -195,7 +195,7 @@ def test_bad_records_name_file_and_line(tmp_path):
 
 
 def test_parquet_missing_column(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"body": DOCS[:3]}), tmp_path / "d.parquet")
     with pytest.raises(GptspeedError, match=r"d\.parquet: no column 'text'.*--text-field"):
@@ -204,7 +204,7 @@ def test_parquet_missing_column(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_hf_datasets_streaming_on_local_files(tmp_path, fmt):
-    pytest.importorskip("datasets")
+    import datasets  # noqa: F401  (the test extra installs it)
     path = tmp_path / f"d.{fmt}"
     if fmt == "jsonl":
         write_jsonl(path, DOCS)

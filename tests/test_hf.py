@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
+import transformers  # the test extra installs it: a missing package fails loudly, never skips
 
 from gptspeed import hf  # noqa: E402
 from gptspeed.checkpoint import save_checkpoint  # noqa: E402

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("matplotlib")
+import matplotlib  # noqa: E402,F401  (the test extra installs it: never skipped)
 
 from gptspeed.errors import GptspeedError  # noqa: E402
 from gptspeed.plot import plot_runs, read_metrics  # noqa: E402

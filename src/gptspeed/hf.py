@@ -34,7 +34,8 @@ import torch
 
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
-from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
+from gptspeed.config import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig
+from gptspeed.model import GPT
 
 NAMED_MODELS = {
     "gpt2": "openai-community/gpt2",  # 124M
@@ -52,7 +53,7 @@ _DROPPED = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old trans
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
 # GPT2Config defaults, for config.json files that leave fields out (OpenAI's gpt2 has no n_layer).
-_HF_DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+_HF_DEFAULTS = {"vocab_size": GPT2_VOCAB_SIZE, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
                 "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
                 "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
                 "add_cross_attention": False, "tie_word_embeddings": True}
@@ -153,7 +154,7 @@ def gpt_config_from_hf(hf: dict[str, Any], *, block_size: int | None = None,
     if block_size > n_positions:
         raise GptspeedError(f"sequence length {block_size} is longer than the model's {n_positions} positions")
     padded = -(-hf["vocab_size"] // 64) * 64
-    vocab_size = max(vocab_size or 50304, padded)
+    vocab_size = max(vocab_size or PADDED_VOCAB_SIZE, padded)
     return GPTConfig(block_size=block_size, vocab_size=vocab_size, valid_vocab_size=GPT2_VOCAB_SIZE,
                      n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"])
 

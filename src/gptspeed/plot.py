@@ -9,11 +9,11 @@ colour per run. Reads each run's ``metrics.jsonl`` (records with ``step``, ``tok
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from gptspeed.errors import GptspeedError
+from gptspeed.fileio import write_atomic
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -90,13 +90,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None 
     if title:
         fig.suptitle(title)
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp.png")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, dpi=120, format="png")
-        os.replace(tmp, out)
+        write_atomic(out, lambda f: fig.savefig(f, dpi=120, format="png"))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise GptspeedError(f"cannot write {out}: {e.strerror or e}") from None
     finally:
         plt.close(fig)

@@ -19,12 +19,13 @@ import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
 
+from gptspeed.config import GPT2_VOCAB_SIZE
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import sha256_file
 
 EOT_TOKEN = 50256
 """Id of ``<|endoftext|>``, the document separator (and the last id of the vocabulary)."""
-N_VOCAB = 50257
+N_VOCAB = GPT2_VOCAB_SIZE
 """Number of token ids of GPT-2's tokenizer (0 ... 50256)."""
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from gptspeed.data.sources import SUFFIXES, file_format
 from gptspeed.errors import GptspeedError
-from gptspeed.fileio import create_temp, sha256_file
+from gptspeed.fileio import sha256_file, write_atomic
 
 MIRROR_ENV = "GPTSPEED_DATA_MIRROR"
 CACHE_ENV = "GPTSPEED_CACHE"
@@ -181,25 +181,21 @@ def cache_dir() -> Path:
 
 def _atomic_write(dest: Path, chunks: Iterator[bytes] | bytes, expect: str | None = None,
                   what: object = None) -> None:
-    """Write to a hidden temp file beside ``dest``, fsync, and rename it onto ``dest`` — only if
-    its sha256 is ``expect`` (when given; else GptspeedError naming ``what`` and both hashes)."""
+    """Write to a hidden temp file beside ``dest``, fsync, and rename it onto ``dest``
+    (:func:`gptspeed.fileio.write_atomic`) -- only if its sha256 is ``expect`` (when given; else
+    GptspeedError naming ``what`` and both hashes, and ``dest`` is untouched)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_temp(dest)
-    h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
-                h.update(chunk)
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+
+    def write(f) -> None:
+        h = hashlib.sha256()
+        for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
+            h.update(chunk)
+            f.write(chunk)
         if expect is not None and h.hexdigest() != expect:
             raise _mismatch(what or dest, h.hexdigest(), expect,
                             f"the source is corrupt or changed upstream; set {MIRROR_ENV}")
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    write_atomic(dest, write)
 
 
 def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str,

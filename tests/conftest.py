@@ -76,6 +76,73 @@ def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
                           timeout=timeout, env=env, **kw)
 
 
+def start_cli(*args: str) -> subprocess.Popen:
+    """``python -m gptspeed ARGS`` started in the background, stdout and stderr piped as text."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
+    return subprocess.Popen([sys.executable, "-m", "gptspeed", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _pump(proc: subprocess.Popen):
+    """Threads that read ``proc``'s stdout (into a queue, line by line) and stderr (into a list)."""
+    import queue
+    import threading
+
+    if not hasattr(proc, "_out"):
+        proc._out, proc._seen, proc._err = queue.Queue(), [], []
+
+        def out():
+            for line in proc.stdout:
+                proc._out.put(line)
+            proc._out.put(None)
+
+        def err():
+            proc._err.extend(proc.stderr)
+        proc._threads = [threading.Thread(target=f, daemon=True) for f in (out, err)]
+        for t in proc._threads:
+            t.start()
+    return proc._out
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 240) -> str:
+    """Read ``proc``'s stdout until a line containing ``needle`` and return that line. Fails the
+    test (after killing ``proc``) if the process ends or ``timeout`` seconds pass first: the test
+    waits for an event, never guesses how long something takes."""
+    import queue
+    import time
+
+    q = _pump(proc)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = q.get(timeout=max(0.01, deadline - time.monotonic()))
+            proc._ended = line is None  # the sentinel: stdout closed
+        except queue.Empty:
+            line = None
+        if line is None:
+            proc.kill()
+            out, err = finish(proc)
+            pytest.fail(f"never printed {needle!r}; stdout:\n{out}\nstderr:\n{err[-2000:]}")
+        proc._seen.append(line)
+        if needle in line:
+            return line
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """Wait for ``proc`` to end; its whole stdout and stderr."""
+    q = _pump(proc)
+    proc.wait(timeout=timeout)
+    for t in proc._threads:
+        t.join(timeout=10)
+    while not getattr(proc, "_ended", False):
+        line = q.get()
+        if line is None:
+            proc._ended = True
+        else:
+            proc._seen.append(line)
+    return "".join(proc._seen), "".join(proc._err)
+
+
 def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
     """A user error: non-zero exit, exactly one line on stderr, no traceback, mentioning fragments."""
     assert proc.returncode != 0, proc.stdout

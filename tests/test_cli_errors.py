@@ -98,3 +98,55 @@ def test_corrupt_checkpoint_on_sample(tmp_path):
     run.mkdir()
     (run / "ckpt_00000005.pt").write_bytes(b"not a checkpoint")
     assert_user_error(run_cli("sample", "--run", str(run)), "ckpt_00000005.pt")
+
+
+# ------------------------------------------------------------------ hints that name what a path is
+def test_train_on_a_text_file_says_prepare_it_first_without_overwriting_it(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("some text")
+    proc = run_cli("train", "--preset", "pico", "--data", str(text), "--out", str(tmp_path / "run"))
+    assert_user_error(proc, "is a text file", f"gptspeed prepare {text} --out DATA_DIR")
+    assert f"--out {text}" not in proc.stderr and text.read_text() == "some text"
+
+
+def test_eval_with_a_run_folder_as_data_and_sample_with_a_data_folder_as_run(shakespeare_data, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("")
+    proc = run_cli("eval", "--run", str(run), "--data", str(run))
+    assert_user_error(proc, "is a run folder", "not a data folder")
+    assert f"--out {run}" not in proc.stderr
+    proc = run_cli("sample", "--run", str(shakespeare_data))
+    assert_user_error(proc, "is a prepared data folder", "not a run folder")
+    assert f"--out {shakespeare_data}`" not in proc.stderr
+
+
+def test_version_and_defaults_in_help():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("gptspeed ")
+    sample = run_cli("sample", "--help").stdout
+    for flag, default in (("--max-new-tokens", "200"), ("--temperature", "0.8"), ("--top-k", "200")):
+        block = sample.split(flag, 2)[-1].split("\n  --", 1)[0]
+        assert f"(default: {default})" in block, (flag, block)
+    assert "(default: loss.png)" in run_cli("plot", "--help").stdout
+    assert "(default: 19073)" in run_cli("train", "--help").stdout  # --max-steps, the gpt2 preset's
+
+
+def test_help_and_user_errors_answer_without_importing_torch(tmp_path):
+    """`gptspeed <cmd> --help` and a configuration or data error never wait for torch's import."""
+    import subprocess
+    import sys
+
+    from conftest import SRC
+
+    cases = [["train", "--help"], ["sample", "--help"], ["eval", "--help"],
+             ["train", "--preset", "pico", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "r")],
+             ["train", "--preset", "pico", "--n-embd", "30", "--data", "x", "--out", "y"],
+             ["eval", "--run", "r"]]
+    for argv in cases:
+        code = ("import sys\nfrom gptspeed.cli import main\ntry:\n    rc = main(%r)\nexcept SystemExit as e:\n"
+                "    rc = e.code\nprint('torch' in sys.modules, file=sys.stderr)" % argv)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+        assert proc.stderr.strip().splitlines()[-1] == "False", (argv, proc.stderr)

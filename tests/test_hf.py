@@ -133,6 +133,18 @@ def test_export_loads_in_transformers_with_same_logits_and_tokenizer(tmp_path):
     assert not list(tmp_path.glob(".hf.*"))  # no temporary folder left behind
 
 
+def test_export_files_get_the_users_umask(tmp_path):
+    """Not 0600 files in a 0700 folder (tempfile.mkdtemp's): what every other written file gets."""
+    write_run(tmp_path / "run")
+    old = os.umask(0o022)
+    try:
+        out = hf.export_hf(tmp_path / "run", tmp_path / "hf")
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == 0o755
+    assert {(p.stat().st_mode & 0o777) for p in out.iterdir()} == {0o644}
+
+
 def test_export_refuses_to_overwrite_unless_forced(tmp_path):
     write_run(tmp_path / "run")
     (tmp_path / "hf").mkdir()

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from conftest import SRC, SHARED_DATA, run_cli
+from conftest import SRC, SHARED_DATA, finish, run_cli, start_cli, wait_for_line
 from gptspeed.checkpoint import list_checkpoints, load_checkpoint
 from gptspeed.trainer import build_train_config, fit
 
@@ -91,18 +92,10 @@ def test_ctrl_c_saves_and_resumes_to_the_same_losses(shakespeare_data, tmp_path)
     ref = tmp_path / "ref"
     assert run_cli(*args, "--out", str(ref)).returncode == 0
     run = tmp_path / "run"
-    import os
-    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
-    proc = subprocess.Popen([sys.executable, "-m", "gptspeed", *args, "--out", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until a few steps are logged
-        m = run / "metrics.jsonl"
-        if m.exists() and len(m.read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.05)
+    proc = start_cli(*args, "--out", str(run))
+    wait_for_line(proc, "step  3/16")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = finish(proc)
     assert proc.returncode == 130, err
     assert "--resume" in out
     stopped = load_checkpoint(list_checkpoints(run)[-1])["step"]
@@ -113,6 +106,83 @@ def test_ctrl_c_saves_and_resumes_to_the_same_losses(shakespeare_data, tmp_path)
     b = {r["step"]: r["train_loss"] for r in records(run) if "train_loss" in r}
     assert set(b) == set(a)
     assert b == a
+
+
+def test_ctrl_c_during_the_first_evaluation_stops_without_finishing_it(shakespeare_data, tmp_path):
+    """The val loss before step 1 says it is running, and a Ctrl-C does not wait for it (nor for
+    a step): the new run stops with nothing saved and nothing left behind."""
+    run = tmp_path / "run"
+    proc = start_cli("train", "--preset", "pico", "--data", str(shakespeare_data), "--out", str(run),
+                     "--eval-tokens", "0", "--seq-len", "16", "--batch-size", "1", "--device", "cpu")
+    wait_for_line(proc, "step 0: evaluating the val loss")  # ~2,100 batches to go
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc)
+    assert proc.returncode == 130, err
+    assert "stopped before the first step: nothing to save" in out and "step 0/" not in out
+    assert not run.exists()
+
+
+def test_warmup_longer_than_the_run_is_said_and_a_ratio_is_accepted(shakespeare_data, tmp_path, capsys):
+    run = tmp_path / "a"
+    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3,
+                                        warmup_steps=5, eval_every=0)))
+    assert "warning: warm-up is 5 steps but the run has 3" in capsys.readouterr().out
+    run = tmp_path / "b"
+    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
+                                        warmup_ratio=0.5, lr=1e-3, eval_every=0)), echo=False)
+    assert json.loads((run / "config.json").read_text())["derived"]["warmup_steps"] == 2
+    lrs = [r["lr"] for r in records(run) if "lr" in r]
+    assert lrs[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # a 2-step warm-up, then the cosine from its top
+    assert lrs[3] < 1e-3
+
+
+def test_a_new_run_that_fails_before_its_first_step_leaves_nothing(shakespeare_data, tmp_path):
+    from gptspeed.data.shards import write_shard
+    from gptspeed.errors import GptspeedError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "train_000000.bin", np.zeros(5000, dtype=np.uint16))
+    write_shard(data / "val_000000.bin", np.full(500, 60000, dtype=np.uint16))  # ids beyond the vocabulary
+    run = tmp_path / "run"
+    with pytest.raises(GptspeedError, match="is not below the vocabulary size"):
+        fit(build_train_config("pico", dict(TINY, data=str(data), out=str(run), max_steps=2)), echo=False)
+    assert not run.exists()  # not even an empty folder, config.json or lock
+
+
+def test_fit_with_compile_on_matches_eager(shakespeare_data, tmp_path, monkeypatch):
+    """The compiled path of `gptspeed train` (dynamo tracing the model; the "eager" backend keeps
+    the test to seconds on a CPU) gives the eager losses."""
+    import gptspeed.runtime as runtime
+    import gptspeed.trainer as trainer
+
+    real = runtime.parallelize
+    monkeypatch.setattr(trainer, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    base = dict(TINY, data=str(shakespeare_data), max_steps=3, eval_every=0)
+    fit(build_train_config("pico", dict(base, out=str(tmp_path / "e"), compile=False)), echo=False)
+    fit(build_train_config("pico", dict(base, out=str(tmp_path / "c"), compile=True)), echo=False)
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["derived"]["compile"] is True
+    loss = lambda run: [r["train_loss"] for r in records(run) if "train_loss" in r]  # noqa: E731
+    assert loss(tmp_path / "c") == pytest.approx(loss(tmp_path / "e"), abs=1e-6)
+
+
+def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_path):
+    """`--data hf:FILE` goes through the datasets library; --text-field / --split reach it."""
+    docs = [{"body": "To be, or not to be, that is the question. " * 8}] * 40
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    run = tmp_path / "run"
+    summary = fit(build_train_config("pico", dict(TINY, data=f"hf:{path}", text_field="body", split="train",
+                                                  out=str(run), max_steps=2, eval_every=0)), echo=False)
+    assert summary["step"] == 2 and summary["last_train_loss"] is not None
+    ck = load_checkpoint(list_checkpoints(run)[-1])
+    assert ck["loader"]["documents"] > 0 and ck["data"] == {"stream": f"hf:{path}", "text_field": "body",
+                                                            "hf_name": None, "split": "train"}
+    from gptspeed.errors import GptspeedError
+
+    with pytest.raises(GptspeedError, match="body2"):  # the field the user named, not silently "text"
+        fit(build_train_config("pico", dict(TINY, data=f"hf:{path}", text_field="body2", out=str(tmp_path / "x"),
+                                            max_steps=1, eval_every=0)), echo=False)
 
 
 def test_eval_and_sample_commands(shakespeare_data, tmp_path):

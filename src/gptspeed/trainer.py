@@ -138,7 +138,7 @@ class RunFolder:
 
     def __init__(self, path: Path, is_main: bool):
         self.path, self.is_main = Path(path), is_main
-        self.created = False
+        self.created = self.opened = False
         self.written: set[str] = set()  # files this run wrote (abandon removes only these)
         self.lock: RunLock | None = None
 
@@ -154,13 +154,14 @@ class RunFolder:
         except OSError as e:
             raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
         self.lock = RunLock(self.path).acquire()
+        self.opened = True
         for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing
             stale.unlink(missing_ok=True)
 
     def abandon(self) -> None:
         """A new run failed before its first checkpoint: remove the files it wrote (config.json,
         metrics.jsonl, the lock) and the folder itself if this run created it and it is now empty."""
-        if self.lock is None or list_checkpoints(self.path):
+        if not self.opened or list_checkpoints(self.path):
             return
         for name in self.written:
             (self.path / name).unlink(missing_ok=True)
@@ -190,9 +191,9 @@ class Trainer:
     """One training run. Build it with a validated configuration and a resolved runtime (every
     rank under torchrun), then call :meth:`train`.
 
-    Raises GptspeedError while building for anything the user can fix -- before the run folder
-    is touched wherever it can be checked beforehand: bad data, a checkpoint that would not
-    continue the same run, a folder another process is writing.
+    Raises GptspeedError while building for anything the user can fix: bad data, a folder
+    another process is writing, a checkpoint that would not continue the same run. The run
+    folder is locked first; a folder this run created is removed again if building fails.
     """
 
     def __init__(self, cfg: RunConfig, rt: Runtime, *, echo: bool = True):
@@ -204,11 +205,24 @@ class Trainer:
         self.run_dir = Path(t.out)
         self.step = self.skipped_steps = 0
         self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
+        self.loader = None
+        self.folder = RunFolder(self.run_dir, rt.is_main)
+        self.folder.open()  # the lock first: no other writer reads or writes the folder from here on
+        self.barrier()
+        try:
+            self._setup(cfg, rt)
+        except BaseException:
+            self.close()
+            self.folder.abandon()  # a folder this run created is removed again
+            raise
+
+    def _setup(self, cfg: RunConfig, rt: Runtime) -> None:
+        t = cfg.train
         self.checkpointer = Checkpointer(
             self.run_dir, sharded=rt.parallel == "fsdp", is_main=rt.is_main, barrier=self.barrier,
             keep=t.keep_checkpoints, meta={"config": cfg.to_dict(), "data": self.data.identity,
                                            "world_size": rt.world_size})
-        self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run: nothing written yet
+        self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run before writing
         if t.batch_size == AUTO_BATCH_SIZE:
             t.batch_size = auto_batch_size(cfg, rt, self.say)
             cfg.validate(rt.world_size)  # what needs B (the FP8 shape rule) is checked now
@@ -220,23 +234,15 @@ class Trainer:
         self.loader = self.data.loader(t.batch_size, cfg.model.block_size, rank=rt.rank, world_size=rt.world_size,
                                        device=rt.device, max_token_id=cfg.model.valid_vocab_size,
                                        sampling=t.sampling, seed=cfg.runtime.seed, workers=workers)
-        self.folder = RunFolder(self.run_dir, rt.is_main)
-        try:
-            self.data.check_val(cfg.model.block_size)
-            from gptspeed.eval.hellaswag import hellaswag_hook
+        self.data.check_val(cfg.model.block_size)
+        from gptspeed.eval.hellaswag import hellaswag_hook
 
-            self.hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
-            self.folder.open()
-            self.barrier()
-            self._build_model(cfg, rt)
-            check_free_space(self.run_dir, estimate_checkpoint_bytes(self.model))
-            self._register_state()
-            if self.resume_from is not None:
-                self.checkpointer.load(self.resume_from)
-        except BaseException:
-            self.close()
-            self.folder.abandon()
-            raise
+        self.hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
+        self._build_model(cfg, rt)
+        check_free_space(self.run_dir, estimate_checkpoint_bytes(self.model))
+        self._register_state()
+        if self.resume_from is not None:
+            self.checkpointer.load(self.resume_from)
         self._init_counters()
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
         self.peak, self.peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)  # one device
@@ -615,7 +621,8 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the loader's threads and release the run folder."""
-        self.loader.close()
+        if self.loader is not None:
+            self.loader.close()
         self.folder.close()
 
 

@@ -146,7 +146,11 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
     s.add_argument("--config", dest="config_file", default=None,
-                   help="JSON file of settings (flat, or nested like a run's config.json), applied before flags")
+                   help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
+                        "preset: is the base when --preset is not given), applied before flags")
+    s.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
+                        "a file that --config turns back into the same run")
     _add_config_flags(s)
 
 
@@ -203,11 +207,15 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from gptspeed.config import build_train_config
+    from gptspeed.config import build_train_config, config_to_yaml
     from gptspeed.data.train_data import find_train_data
 
-    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file")}
+    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file", "print_config")}
     cfg = build_train_config(a.preset, overrides, a.config_file)
+    if a.print_config:
+        cfg.validate()
+        sys.stdout.write(config_to_yaml(cfg))
+        return 0
     cfg.validate()  # configuration and data errors before importing torch (fit checks again per world size)
     if cfg.train.data:
         t = cfg.train

@@ -246,7 +246,12 @@ class Trainer:
         self.log = None
         if rt.is_main:
             show_docs = self.data.documents is None or self.data.documents > 1
-            self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs)
+            from gptspeed.trackers import open_trackers  # --log-to: TensorBoard, W&B (rank 0 only)
+
+            trackers = open_trackers(t.log_to, self.run_dir, cfg.to_dict(),
+                                     self.step if self.resume_kind == "full" else None, say=self.say)
+            self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs,
+                              trackers=trackers)
 
     # ------------------------------------------------------------------------------ building
     @classmethod
@@ -608,8 +613,10 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        """Stop the loader's threads and release the run folder."""
+        """Stop the loader's threads, close the metrics log's trackers and release the run folder."""
         self.loader.close()
+        if getattr(self, "log", None) is not None:
+            self.log.close()
         self.folder.close()
 
 

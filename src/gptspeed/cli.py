@@ -208,7 +208,6 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 def cmd_train(a: argparse.Namespace) -> int:
     from gptspeed.config import build_train_config, config_to_yaml
-    from gptspeed.data.train_data import find_train_data
 
     overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file", "print_config")}
     cfg = build_train_config(a.preset, overrides, a.config_file)
@@ -216,13 +215,9 @@ def cmd_train(a: argparse.Namespace) -> int:
         cfg.validate()
         sys.stdout.write(config_to_yaml(cfg))
         return 0
-    cfg.validate()  # configuration and data errors before importing torch (fit checks again per world size)
-    if cfg.train.data:
-        t = cfg.train
-        find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
-    from gptspeed.trainer import fit
+    from gptspeed.api import train
 
-    summary = fit(cfg)
+    summary = train(cfg)
     return 128 + summary["interrupted"] if summary["interrupted"] else 0
 
 

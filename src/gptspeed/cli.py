@@ -133,10 +133,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
     s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
 
-    s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
-    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    s = sub.add_parser("plot", help="train/val loss against tokens and wall time (and tokens/s, learning rate), "
+                                    "as a PNG")
+    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl), overlaid; the legend names them")
     s.add_argument("--out", default="loss.png", help="PNG file to write")
-    s.add_argument("--title", default=None, help="figure title (default: the run folders' names)")
+    s.add_argument("--title", default=None, help="figure title (default: none)")
+    s.add_argument("--panels", default="loss", help="comma-separated panels: loss (against tokens and against wall "
+                   "time), tps (training tokens/s against tokens), lr (learning rate against tokens)")
     return p
 
 
@@ -287,7 +290,7 @@ def cmd_consolidate(a: argparse.Namespace) -> int:
 def cmd_plot(a: argparse.Namespace) -> int:
     from gptspeed.plot import plot_runs
 
-    print(f"wrote {plot_runs(a.runs, a.out, title=a.title)}")
+    print(f"wrote {plot_runs(a.runs, a.out, title=a.title, panels=a.panels)}")
     return 0
 
 

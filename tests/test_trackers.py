@@ -38,9 +38,16 @@ def numeric(record):
 def tracked_run(shakespeare_data, tmp_path_factory):
     """A run logged to every tracker installed: 4 steps with checkpoints at 2 and 4, then the step-4
     checkpoint removed and the run resumed from step 2, so steps 3 and 4 are logged twice (W&B in
-    offline mode, writing nothing outside the run folder)."""
+    offline mode, writing nothing outside the run folder). The folder starts with a stale
+    TensorBoard event file, as an earlier attempt that failed before its first step leaves."""
     run = tmp_path_factory.mktemp("tracked") / "run"
     home = tmp_path_factory.mktemp("wandb-home")
+    if HAS_TENSORBOARD:  # left by an attempt that failed before its first checkpoint: hidden by the new run
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(str(run / "tensorboard")) as stale:
+            stale.add_scalar("val_loss", 99.0, 0)
+            stale.add_scalar("train_loss", 42.0, 1)
     with pytest.MonkeyPatch.context() as mp:
         for name in [k for k in os.environ if k.startswith("WANDB_")]:
             mp.delenv(name)
@@ -65,8 +72,8 @@ def tracked_run(shakespeare_data, tmp_path_factory):
 def test_tensorboard_events_hold_the_metrics(tracked_run):
     """Read with TensorBoard's own EventAccumulator: every numeric field of every record of
     metrics.jsonl is a scalar of the same name at the record's step, once (the events of the steps
-    the resume redid are purged), with the value metrics.jsonl has; the configuration is there as
-    hyperparameters."""
+    the resume redid, and the stale ones, are purged), with the value metrics.jsonl has; the
+    configuration is there as hyperparameters."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import metadata
 

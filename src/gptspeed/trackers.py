@@ -7,7 +7,8 @@ Each tracker is the tracker's own library used as its documentation says -- noth
   ``pip install 'gptspeed[tensorboard]'``) writing event files to ``RUN_DIR/tensorboard``; one
   scalar per numeric field of a record, tagged with the field's name and placed at the record's
   ``step``; the resolved configuration as hyperparameters (the HParams dashboard) and as YAML text.
-  A resume passes ``purge_step`` so TensorBoard hides the events of steps that are redone.
+  ``purge_step`` makes TensorBoard hide the events of steps a resume redoes (and, for a new run,
+  anything an earlier failed attempt in the folder logged).
 - ``wandb``: ``wandb.init(project=--wandb-project, name=--wandb-run-name or the run folder's
   name, id=..., resume="allow", dir=RUN_DIR, config=the resolved configuration)``; records are
   logged with their own field names and ``step`` as the x-axis (``define_metric``), so the steps
@@ -76,7 +77,8 @@ class TensorBoardTracker:
         run_dir: the run folder.
         config: the resolved configuration (``RunConfig.to_dict()``), written as hyperparameters.
         resume_step: the checkpoint step a resume continues from (None for a new run): events of
-            later steps, which are about to be redone, are purged (``SummaryWriter(purge_step=)``).
+            later steps, which are about to be redone, are purged (``SummaryWriter(purge_step=)``);
+            a new run purges from step 0 (what a failed earlier attempt in this folder logged).
 
     Raises:
         ImportError: the ``tensorboard`` package is not installed.
@@ -90,7 +92,7 @@ class TensorBoardTracker:
 
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
         self.writer = SummaryWriter(log_dir=str(self.log_dir),
-                                    purge_step=resume_step + 1 if resume_step is not None else None)
+                                    purge_step=0 if resume_step is None else resume_step + 1)
         exp, ssi, self._session_end = hparams(
             {k: v for k, v in flatten(config).items() if isinstance(v, (bool, int, float, str))},
             {"train_loss": 0.0, "val_loss": 0.0})  # the metrics the HParams table shows (their tags)

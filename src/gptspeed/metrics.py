@@ -251,6 +251,7 @@ class RunLog:
     """Appends records to ``RUN_DIR/metrics.jsonl``, prints them as console lines and hands them
     to the experiment ``trackers`` (:mod:`gptspeed.trackers`: TensorBoard, W&B).
 
+    ``trackers``: objects with ``log(record)`` and ``close()`` (:func:`gptspeed.trackers.open_trackers`).
     ``truncate_after(step)`` drops records past ``step`` (used on resume, so a run resumed from a
     checkpoint does not keep records of steps that are about to be redone). A tracker whose
     ``log`` raises is dropped with one line on stderr and training goes on: losing a tracker never

@@ -10,7 +10,8 @@ Each tracker is the tracker's own library used as its documentation says -- noth
   ``purge_step`` makes TensorBoard hide the events of steps a resume redoes (and, for a new run,
   anything an earlier failed attempt in the folder logged).
 - ``wandb``: ``wandb.init(project=--wandb-project, name=--wandb-run-name or the run folder's
-  name, id=..., resume="allow", dir=RUN_DIR, config=the resolved configuration)``; records are
+  name, dir=RUN_DIR, config=the resolved configuration)`` (on ``--resume`` also ``id=`` the kept
+  id and ``resume="allow"``); records are
   logged with their own field names and ``step`` as the x-axis (``define_metric``), so the steps
   a resume redoes are logged again rather than refused by W&B's monotonic step. The run id is kept
   in ``RUN_DIR/wandb_run_id``: ``--resume`` continues the same W&B run. ``WANDB_MODE=offline``

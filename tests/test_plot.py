@@ -1,5 +1,6 @@
-"""Loss-curve pictures (gptspeed.plot)."""
+"""Training-curve pictures (gptspeed.plot): loss, tokens/s and learning-rate panels."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -8,18 +9,21 @@ from pathlib import Path
 
 import pytest
 
-import matplotlib  # noqa: E402,F401  (the test extra installs it: never skipped)
+from gptspeed.cli import main
+from gptspeed.errors import GptspeedError
+from gptspeed.plot import draw_runs, parse_panels, plot_runs, read_metrics
 
-from gptspeed.errors import GptspeedError  # noqa: E402
-from gptspeed.plot import plot_runs, read_metrics  # noqa: E402
+from conftest import SRC
 
-from conftest import SRC  # noqa: E402
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                                      reason="matplotlib is not installed (pip install -e '.[plot]')")
 
 
-def write_metrics(run: Path, resumed: bool = False) -> Path:
+def write_metrics(run: Path, resumed: bool = False, speed: float = 1000.0) -> Path:
     run.mkdir(parents=True)
     recs = [{"step": 0, "tokens": 0, "time_s": 0.5, "val_loss": 10.9}]
-    recs += [{"step": s, "tokens": 512 * s, "time_s": 1.0 * s, "train_loss": 10 - s / 10} for s in range(1, 11)]
+    recs += [{"step": s, "tokens": 512 * s, "time_s": 1.0 * s, "train_loss": 10 - s / 10, "lr": 1e-4 * s,
+              "tokens_per_s": speed + s, "includes_warmup": s == 1} for s in range(1, 11)]
     recs.append({"step": 10, "tokens": 5120, "time_s": 10.5, "train_loss": 9.0, "val_loss": 9.1})
     if resumed:  # the clock restarts at a resume
         recs += [{"step": s, "tokens": 512 * s, "time_s": 1.0 * (s - 10), "train_loss": 9 - s / 100} for s in range(11, 15)]
@@ -27,6 +31,7 @@ def write_metrics(run: Path, resumed: bool = False) -> Path:
     return run
 
 
+@needs_matplotlib
 def test_plot_writes_a_png(tmp_path):
     a = write_metrics(tmp_path / "a")
     b = write_metrics(tmp_path / "b", resumed=True)
@@ -51,3 +56,54 @@ def test_missing_metrics_is_an_error(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "does not exist" in res.stderr
+
+
+@needs_matplotlib
+def test_panels_draw_tokens_per_second_and_learning_rate(tmp_path):
+    """--panels loss,tps,lr: four axes (loss against tokens and wall time, tokens/s, lr), each run
+    one colour in every panel, named by its folder in the legend; tokens/s leaves out the warm-up
+    interval; the values drawn are the records' own."""
+    import matplotlib.pyplot as plt
+
+    a = write_metrics(tmp_path / "fast", speed=2000.0)
+    b = write_metrics(tmp_path / "slow", resumed=True)
+    fig = draw_runs([a, b], "loss,tps,lr")
+    try:
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        assert [ax.get_xlabel() for ax in axes] == ["tokens", "wall time (min)", "tokens", "tokens"]
+        assert "tokens/s" in axes[2].get_ylabel() and axes[3].get_ylabel() == "learning rate"
+        tps, lr = axes[2].get_lines(), axes[3].get_lines()
+        assert [line.get_label() for line in tps] == ["fast", "slow"] == [line.get_label() for line in lr]
+        assert list(tps[0].get_xdata()) == [512 * s for s in range(2, 11)]  # step 1 is warm-up
+        assert list(tps[0].get_ydata()) == [2000.0 + s for s in range(2, 11)]
+        assert list(lr[1].get_xdata())[:10] == [512 * s for s in range(1, 11)]
+        assert list(lr[1].get_ydata())[:10] == pytest.approx([1e-4 * s for s in range(1, 11)])
+        colours = {line.get_label(): line.get_color() for line in tps}
+        loss_lines = axes[0].get_lines()
+        assert {line.get_label(): line.get_color() for line in loss_lines}["fast train"] == colours["fast"]
+        legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+        assert legend == ["fast train", "fast val", "slow train", "slow val"]
+    finally:
+        plt.close(fig)
+    fig = draw_runs([a], ["lr"])  # one panel: the legend goes on it
+    try:
+        visible = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(visible) == 1 and [t.get_text() for t in visible[0].get_legend().get_texts()] == ["fast"]
+    finally:
+        plt.close(fig)
+    out = tmp_path / "all.png"
+    assert main(["plot", str(a), str(b), "--panels", "tps,lr,loss", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_panel_is_one_line(tmp_path, capsys):
+    assert parse_panels("loss, LR,loss") == ["loss", "lr"]
+    with pytest.raises(GptspeedError, match=r"unknown panel 'tsp' \(did you mean 'tps'\?\): choose from loss, tps, lr"):
+        parse_panels("loss,tsp")
+    with pytest.raises(GptspeedError, match="name at least one"):
+        parse_panels(" , ")
+    run = write_metrics(tmp_path / "r")
+    assert main(["plot", str(run), "--panels", "speed", "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gptspeed plot: error: --panels: unknown panel 'speed'")
+    assert not (tmp_path / "x.png").exists()

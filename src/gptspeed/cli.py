@@ -133,10 +133,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
     s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
 
-    s = sub.add_parser("plot", help="train/val loss against tokens and wall time, as a PNG")
-    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    s = sub.add_parser("plot", help="train/val loss against tokens and wall time (and tokens/s, learning rate), "
+                                    "as a PNG")
+    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl), overlaid; the legend names them")
     s.add_argument("--out", default="loss.png", help="PNG file to write")
-    s.add_argument("--title", default=None, help="figure title (default: the run folders' names)")
+    s.add_argument("--title", default=None, help="figure title (default: none)")
+    s.add_argument("--panels", default="loss", help="comma-separated panels: loss (against tokens and against wall "
+                   "time), tps (training tokens/s against tokens), lr (learning rate against tokens)")
     return p
 
 
@@ -146,7 +149,11 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
     s.add_argument("--config", dest="config_file", default=None,
-                   help="JSON file of settings (flat, or nested like a run's config.json), applied before flags")
+                   help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
+                        "preset: is the base when --preset is not given), applied before flags")
+    s.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
+                        "a file that --config turns back into the same run")
     _add_config_flags(s)
 
 
@@ -203,18 +210,17 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from gptspeed.config import build_train_config
-    from gptspeed.data.train_data import find_train_data
+    from gptspeed.config import build_train_config, config_to_yaml
 
-    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file")}
+    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file", "print_config")}
     cfg = build_train_config(a.preset, overrides, a.config_file)
-    cfg.validate()  # configuration and data errors before importing torch (fit checks again per world size)
-    if cfg.train.data:
-        t = cfg.train
-        find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
-    from gptspeed.trainer import fit
+    if a.print_config:
+        cfg.validate()
+        sys.stdout.write(config_to_yaml(cfg))
+        return 0
+    from gptspeed.api import train
 
-    summary = fit(cfg)
+    summary = train(cfg)
     return 128 + summary["interrupted"] if summary["interrupted"] else 0
 
 
@@ -284,7 +290,7 @@ def cmd_consolidate(a: argparse.Namespace) -> int:
 def cmd_plot(a: argparse.Namespace) -> int:
     from gptspeed.plot import plot_runs
 
-    print(f"wrote {plot_runs(a.runs, a.out, title=a.title)}")
+    print(f"wrote {plot_runs(a.runs, a.out, title=a.title, panels=a.panels)}")
     return 0
 
 

@@ -29,6 +29,7 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 COMPILE_MODES = ("model", "blocks")
 COMPILE_TUNINGS = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
 CHECKPOINTING = ("none", "selective", "full")
+TRACKERS = ("jsonl", "tensorboard", "wandb")  # --log-to; jsonl (metrics.jsonl) is always on
 
 
 @dataclass
@@ -131,6 +132,12 @@ class TrainConfig:
                        "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"))
     loader_workers: int = _f(-1, "background threads preparing batches ahead into pinned memory (0 = in the "
                              "training loop; -1 = auto: 1 on CUDA, 0 elsewhere); the batches do not depend on it")
+    log_to: str = _f("jsonl", "where metrics records go, comma-separated: jsonl (RUN_DIR/metrics.jsonl, always on), "
+                     "tensorboard (RUN_DIR/tensorboard; pip install 'gptspeed[tensorboard]'), wandb (Weights & Biases; "
+                     "pip install 'gptspeed[wandb]'; WANDB_MODE=offline needs no account)")
+    wandb_project: str = _f("gptspeed", "W&B project (with --log-to wandb)")
+    wandb_run_name: str = _f("", "W&B run name (default: the run folder's name); the W&B run id is kept in "
+                             "RUN_DIR/wandb_run_id, so --resume continues the same W&B run")
 
 
 @dataclass
@@ -212,28 +219,21 @@ class RunConfig:
         return cls(**built, preset=preset_name)
 
     def apply_file(self, path: str) -> "RunConfig":
-        """A copy with the values of a JSON file applied: nested like config.json
-        (``{"model": {"n_layer": 4}, "optim": {...}}``) or flat (``{"n_layer": 4, "lr": 1e-3}``)."""
-        try:
-            raw = json.loads(Path(path).read_text())
-        except OSError as e:
-            raise GptspeedError(f"cannot read config file {path}: {e.strerror or e}") from e
-        except (ValueError, UnicodeDecodeError) as e:
-            raise GptspeedError(f"config file {path} is not valid JSON: {e}") from e
-        if not isinstance(raw, dict):
-            raise GptspeedError(f"config file {path}: expected a JSON object")
+        """A copy with the settings of a config file applied (:func:`read_config_file`: YAML, or
+        JSON for a ``.json`` file): nested like config.json (``{"model": {"n_layer": 4}, "optim":
+        {...}}``) or flat (``{"n_layer": 4, "lr": 1e-3}``); ``preset``, ``derived`` and
+        ``environment`` are not settings and are ignored here. Raises GptspeedError (one line) for
+        an unreadable file, an unknown setting (naming the nearest valid one) or a wrong type."""
+        source = f"config file {path}"
         flat: dict[str, Any] = {}
-        for k, v in raw.items():
-            if k in self.groups() and isinstance(v, dict):
+        for k, v in read_config_file(path).items():
+            if k in self.groups():
+                if not isinstance(v, dict):
+                    raise GptspeedError(f"{source}: {k!r} must be a mapping of settings, got {v!r}"[:300])
                 flat.update(v)
             elif k not in ("preset", "derived", "environment"):
                 flat[k] = v
-        owners = {f.name: type(g) for g in self.groups().values() for f in dataclasses.fields(g)}
-        for k, v in flat.items():
-            if k not in owners:
-                raise GptspeedError(f"config file {path}: unknown setting {k!r}{_did_you_mean(k)}")
-            flat[k] = _typed(owners[k], k, v, f"config file {path}")
-        return self.override(flat)
+        return self.override(check_settings(flat, source))
 
     def override(self, values: dict[str, Any]) -> "RunConfig":
         """A copy with fields replaced by name (flat: ``{"n_layer": 4, "lr": 1e-3}``)."""
@@ -303,6 +303,7 @@ class RunConfig:
         if o.optimizer == "muon" and not (o.muon_lr > 0 and 0 <= o.muon_momentum < 1):
             raise GptspeedError(f"--muon-lr must be positive and --muon-momentum in [0, 1), got {o.muon_lr}, "
                                 f"{o.muon_momentum}")
+        parse_log_to(t.log_to)
         if o.optimizer == "muon" and self.runtime.dtype == "float16":
             raise GptspeedError("--optimizer muon does not support --dtype float16 (loss scaling): use bfloat16")
         if t.batch_size == 0:
@@ -336,6 +337,8 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
         raise GptspeedError(f"{source}: unknown setting {name!r}{_did_you_mean(name)}")
     if value is None and _accepts_none(cls, name):
         return None
+    if value == "auto" and fields[name].metadata.get("parse") == "batch_size":
+        return AUTO_BATCH_SIZE
     base = field_type(cls, name)
     ok = {int: isinstance(value, int) and not isinstance(value, bool),
           float: isinstance(value, (int, float)) and not isinstance(value, bool),
@@ -353,13 +356,115 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
     return value
 
 
-def _did_you_mean(name: str) -> str:
-    """`` (did you mean 'x'?)`` naming the nearest valid setting, or nothing."""
+def _did_you_mean(name: str, candidates: tuple[str, ...] | list[str] | None = None) -> str:
+    """`` (did you mean 'x'?)`` naming the nearest of ``candidates`` (default: every setting's
+    name, where a model flag's own name -- ``seq_len`` for ``--seq-len`` -- leads to its
+    setting), or nothing."""
     import difflib
 
-    names = [f.name for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)]
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    if candidates is None:
+        aliases = {flag[2:].replace("-", "_"): field for field, (flag, _) in MODEL_FLAGS.items()}
+        if aliases.get(name, name) != name:
+            return f" (did you mean {aliases[name]!r}?)"
+        candidates = [f.name for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig)
+                      for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_settings(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Flat settings (``{"n_layer": 4, "lr": 1e-3}``) checked against the configuration's
+    fields: returned with their values typed (an int for a float field becomes a float, ``auto``
+    for ``batch_size`` becomes :data:`AUTO_BATCH_SIZE`). Raises GptspeedError (one line, naming
+    ``source``) for an unknown name -- with the nearest valid one -- or a value of the wrong type."""
+    owners = {f.name: cls for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)}
+    checked = {}
+    for k, v in values.items():
+        if not isinstance(k, str) or k not in owners:
+            raise GptspeedError(f"{source}: unknown setting {k!r}{_did_you_mean(str(k))}"[:300])
+        checked[k] = _typed(owners[k], k, v, source)
+    return checked
+
+
+def parse_log_to(text: str) -> tuple[str, ...]:
+    """The trackers ``--log-to`` names besides ``jsonl`` (which is always on): ``text`` is
+    comma-separated (``"tensorboard,wandb"``; case, blanks and repeats ignored), the order kept.
+    Raises GptspeedError naming the nearest valid tracker for an unknown one."""
+    names: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name not in TRACKERS:
+            raise GptspeedError(f"--log-to: unknown tracker {name!r}{_did_you_mean(name, TRACKERS)}: "
+                                f"choose from {', '.join(TRACKERS)}")
+        if name != "jsonl" and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+# ------------------------------------------------------------------------------------ config files
+def _yaml_loader():
+    """PyYAML's safe loader, reading ``1e-3`` as a float as YAML 1.2 and JSON do (YAML 1.1, which
+    PyYAML implements, wants a dot -- ``1.0e-3`` -- and would make ``1e-3`` a string)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    return Loader
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a config file: JSON for a ``.json`` file, YAML (PyYAML, safe loading) for
+    any other (``.yaml``, ``.yml``, ...). Raises GptspeedError (one line, with the line and column
+    of a syntax error) when the file cannot be read, does not parse, or is not a mapping."""
+    path = Path(path)
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise GptspeedError(f"cannot read config file {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise GptspeedError(f"config file {path} is not valid {kind}: not UTF-8 text ({e.reason})") from e
+    if kind == "JSON":
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise GptspeedError(f"config file {path} is not valid JSON: {e}") from e
+    else:
+        import yaml
+
+        try:
+            raw = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            what = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise GptspeedError(f"config file {path} is not valid YAML: {what}{where}"[:300]) from e
+    if not isinstance(raw, dict):
+        raise GptspeedError(f"config file {path}: expected a {'JSON object' if kind == 'JSON' else 'YAML mapping'} "
+                            f"of settings, got {type(raw).__name__}")
+    return raw
+
+
+def config_to_yaml(cfg: RunConfig) -> str:
+    """``cfg`` as the YAML file ``gptspeed train --print-config`` prints: every setting, nested by
+    group (model, optim, train, runtime) under the preset's name, so that ``--config FILE``
+    reproduces the run. ``--batch-size auto`` is written as ``auto``."""
+    import yaml
+
+    d = cfg.to_dict()
+    if d["train"]["batch_size"] == AUTO_BATCH_SIZE:
+        d["train"]["batch_size"] = "auto"
+    doc = {"preset": d.pop("preset"), **d}
+    return ("# gptspeed train configuration (every setting; `gptspeed train --help` says what each does).\n"
+            "# Run it with: gptspeed train --config THIS_FILE  (flags given as well override it)\n"
+            + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True))
 
 
 def parse_batch_size(text: str) -> int:
@@ -426,11 +531,16 @@ def preset(name: str) -> RunConfig:
 def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """The configuration ``gptspeed train`` runs with.
 
-    Fresh run: the preset (default ``gpt2``), then ``config_file`` (JSON), then ``overrides``
-    (flat field names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the
-    checkpoint's configuration (read from its seal, without loading it) is the base instead, so
+    Fresh run: the preset (``preset_name``, else the config file's ``preset:``, else ``gpt2``),
+    then ``config_file`` (YAML or JSON, :func:`read_config_file`), then ``overrides`` (flat field
+    names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the checkpoint's
+    configuration (read from its seal, without loading it) is the base instead, so
     ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
     still apply on top.
+
+    Raises:
+        GptspeedError: an unknown preset, an unreadable config file or a bad setting in it, or
+            ``--preset`` naming another preset than the run being resumed.
     """
     from gptspeed.checkpoint import checkpoint_config, latest_valid_checkpoint
 
@@ -441,7 +551,17 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
         if preset_name is not None and preset_name != cfg.preset:
             raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
     else:
-        cfg = preset(preset_name or "gpt2")
+        if preset_name is None and config_file:
+            named = read_config_file(config_file).get("preset")
+            if named is not None and not isinstance(named, str):
+                raise GptspeedError(f"config file {config_file}: preset must be a string, got {named!r}"[:300])
+            if named is not None and named not in PRESETS and named != "custom":  # custom: an imported model's
+                raise GptspeedError(f"config file {config_file}: unknown preset {named!r}: choose one of "
+                                    f"{', '.join(PRESETS)}{_did_you_mean(named, list(PRESETS))}")
+            preset_name = named
+        cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
+        if preset_name == "custom":
+            cfg.preset = preset_name
     if config_file:
         cfg = cfg.apply_file(config_file)
     cfg = cfg.override(overrides)

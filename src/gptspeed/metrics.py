@@ -248,15 +248,20 @@ class Throughput:
 
 
 class RunLog:
-    """Appends records to ``RUN_DIR/metrics.jsonl`` and prints them as console lines.
+    """Appends records to ``RUN_DIR/metrics.jsonl``, prints them as console lines and hands them
+    to the experiment ``trackers`` (:mod:`gptspeed.trackers`: TensorBoard, W&B).
 
+    ``trackers``: objects with ``log(record)`` and ``close()`` (:func:`gptspeed.trackers.open_trackers`).
     ``truncate_after(step)`` drops records past ``step`` (used on resume, so a run resumed from a
-    checkpoint does not keep records of steps that are about to be redone).
+    checkpoint does not keep records of steps that are about to be redone). A tracker whose
+    ``log`` raises is dropped with one line on stderr and training goes on: losing a tracker never
+    stops a run. :meth:`close` closes the trackers (again callable).
     """
 
-    def __init__(self, path: Path, echo: bool = True, show_documents: bool = True):
+    def __init__(self, path: Path, echo: bool = True, show_documents: bool = True, trackers=()):
         self.path = Path(path)
         self.echo, self.show_documents = echo, show_documents
+        self.trackers = list(trackers)
 
     def truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -275,3 +280,27 @@ class RunLog:
             f.write(json.dumps(record) + "\n")
         if self.echo:
             print(format_record(record, self.show_documents), flush=True)
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(record)
+            except Exception as e:  # noqa: BLE001 -- a tracker's failure must not stop training
+                self.trackers.remove(tracker)
+                _tracker_lost(tracker, f"stopped at step {record.get('step')} (training goes on)", e)
+
+    def close(self) -> None:
+        """Close every tracker (flush TensorBoard's events, finish the W&B run); errors are
+        reported in one line each, never raised."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            try:
+                tracker.close()
+            except Exception as e:  # noqa: BLE001
+                _tracker_lost(tracker, "failed to close", e)
+
+
+def _tracker_lost(tracker, what: str, e: BaseException) -> None:
+    """One line on stderr for a tracker that failed (``what``: where); never raises."""
+    from gptspeed.trackers import one_line
+
+    print(f"gptspeed: --log-to {getattr(tracker, 'name', type(tracker).__name__)} {what}: {one_line(e)}; "
+          "metrics.jsonl has every record", file=sys.stderr, flush=True)

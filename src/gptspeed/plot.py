@@ -1,9 +1,12 @@
-"""Loss curves as a picture: ``gptspeed plot RUN_DIR [RUN_DIR ...] --out loss.png``.
+"""Training curves as a picture: ``gptspeed plot RUN_DIR [RUN_DIR ...] --out loss.png [--panels loss,tps,lr]``.
 
-Two panels: loss against tokens seen (which switches learn better per token) and against wall
-time (which get there sooner). Train loss is a solid line, val loss dashed with markers, one
-colour per run. Reads each run's ``metrics.jsonl`` (records with ``step``, ``tokens``,
-``time_s``, ``train_loss``, ``val_loss``); drawn with matplotlib's Agg backend (no display).
+Panels (``--panels``, default ``loss``): ``loss`` is two -- loss against tokens seen (which
+switches learn better per token) and against wall time (which get there sooner), train loss a
+solid line, val loss dashed with markers; ``tps`` is training throughput (tokens/s) against
+tokens; ``lr`` the learning rate against tokens. One colour per run, in every panel; the legend
+names each run by its folder. Reads each run's ``metrics.jsonl`` (records with ``step``,
+``tokens``, ``time_s``, ``train_loss``, ``val_loss``, ``tokens_per_s``, ``lr``); drawn with
+matplotlib's Agg backend (no display).
 """
 
 from __future__ import annotations
@@ -55,14 +58,38 @@ def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float],
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None) -> Path:
-    """Draw train/val loss of ``run_dirs`` against tokens and against wall time (minutes) into
-    the PNG ``out`` (written to a temporary file, then renamed). Returns ``out``.
+PANELS = ("loss", "tps", "lr")  # --panels; loss draws two axes (against tokens and against wall time)
+
+
+def parse_panels(panels: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``--panels``: names from :data:`PANELS`, comma-separated or a list, order kept, repeats
+    dropped. GptspeedError (naming the nearest valid panel) for an unknown one or none."""
+    from gptspeed.config import _did_you_mean
+
+    names = [p.strip().lower() for p in (panels.split(",") if isinstance(panels, str) else panels)]
+    chosen: list[str] = []
+    for name in filter(None, names):
+        if name not in PANELS:
+            raise GptspeedError(f"--panels: unknown panel {name!r}{_did_you_mean(name, PANELS)}: choose from "
+                                f"{', '.join(PANELS)}")
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise GptspeedError(f"--panels: name at least one of {', '.join(PANELS)}")
+    return chosen
+
+
+def draw_runs(run_dirs: list[str | Path], panels: str | list[str] = "loss", *, title: str | None = None):
+    """The matplotlib ``Figure`` of ``run_dirs``'s curves, one axes per panel (``loss`` gives two):
+    ``panels`` as :func:`parse_panels` reads them. Each run is one colour, labelled with its folder's
+    name (its whole path when two runs share a name). In the ``tps`` panel the first interval of
+    each process, whose time includes compilation and warm-up (``includes_warmup``), is left out.
 
     Raises:
-        GptspeedError: a run without metrics (see :func:`read_metrics`), matplotlib missing, or
-            ``out`` not writable.
+        GptspeedError: a run without metrics (see :func:`read_metrics`), an unknown panel, or
+            matplotlib missing.
     """
+    chosen = parse_panels(panels)
     runs = [(Path(d), read_metrics(d)) for d in run_dirs]
     try:
         import matplotlib
@@ -74,21 +101,55 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None 
     names = [d.name or str(d) for d, _ in runs]
     if len(set(names)) < len(names):  # two runs called "out" in different folders: show more path
         names = [str(d) for d, _ in runs]
-    fig, (ax_tok, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    for (run_dir, records), name, color in zip(runs, names, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10):
-        for ax, x, scale in ((ax_tok, "tokens", 1.0), (ax_time, "time_s", 1 / 60)):
-            xs, ys = _series(records, x, "train_loss")
-            ax.plot([v * scale for v in xs], ys, color=color, lw=1.2, label=f"{name} train")
-            xs, ys = _series(records, x, "val_loss")
-            ax.plot([v * scale for v in xs], ys, color=color, lw=1.2, ls="--", marker="o", ms=3, label=f"{name} val")
-    ax_tok.set_xlabel("tokens")
-    ax_time.set_xlabel("wall time (min)")
-    for ax in (ax_tok, ax_time):
-        ax.set_ylabel("loss (nats/token)")
+    kinds = [k for p in chosen for k in (("loss_tokens", "loss_time") if p == "loss" else (p,))]
+    ncols = min(2, len(kinds))
+    nrows = -(-len(kinds) // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4.5 * nrows), constrained_layout=True, squeeze=False)
+    axes = dict(zip(kinds, grid.flat))
+    for spare in list(grid.flat)[len(kinds):]:
+        spare.set_visible(False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
+    for (_, records), name, color in zip(runs, names, colors):
+        for kind, ax in axes.items():
+            if kind in ("loss_tokens", "loss_time"):
+                x, scale = ("tokens", 1.0) if kind == "loss_tokens" else ("time_s", 1 / 60)
+                xs, ys = _series(records, x, "train_loss")
+                ax.plot([v * scale for v in xs], ys, color=color, lw=1.2, label=f"{name} train")
+                xs, ys = _series(records, x, "val_loss")
+                ax.plot([v * scale for v in xs], ys, color=color, lw=1.2, ls="--", marker="o", ms=3,
+                        label=f"{name} val")
+            elif kind == "tps":
+                xs, ys = _series([r for r in records if not r.get("includes_warmup")], "tokens", "tokens_per_s")
+                ax.plot(xs, ys, color=color, lw=1.2, marker=".", ms=4, label=name)
+            else:
+                xs, ys = _series(records, "tokens", "lr")
+                ax.plot(xs, ys, color=color, lw=1.2, label=name)
+    labels = {"loss_tokens": ("tokens", "loss (nats/token)"), "loss_time": ("wall time (min)", "loss (nats/token)"),
+              "tps": ("tokens", "training tokens/s (warm-up intervals left out)"), "lr": ("tokens", "learning rate")}
+    for kind, ax in axes.items():
+        ax.set_xlabel(labels[kind][0])
+        ax.set_ylabel(labels[kind][1])
         ax.grid(True, alpha=0.3)
-    ax_tok.legend(fontsize=8)
+    if "lr" in axes:
+        axes["lr"].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    next(iter(axes.values())).legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None,
+              panels: str | list[str] = "loss") -> Path:
+    """Draw ``run_dirs``'s curves (:func:`draw_runs`: ``panels`` from ``loss``, ``tps``, ``lr``)
+    into the PNG ``out`` (written to a temporary file, then renamed). Returns ``out``.
+
+    Raises:
+        GptspeedError: a run without metrics (see :func:`read_metrics`), an unknown panel,
+            matplotlib missing, or ``out`` not writable.
+    """
+    fig = draw_runs(run_dirs, panels, title=title)
+    import matplotlib.pyplot as plt
+
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

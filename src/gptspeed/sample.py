@@ -174,8 +174,13 @@ def generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, tempe
 def sample_text(*, run: str | None = None, init_from: str | None = None, prompts: list[str] | None = None,
                 max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 200, num_samples: int = 1,
                 seed: int = 1337, device: str = "auto", dtype: str = "auto", kv_cache: bool = True,
-                compile: bool = False, out: TextIO | None = None) -> list[str]:
+                compile: bool = False, out: TextIO | None = None,
+                loaded: tuple[GPT, dict] | None = None) -> list[str]:
     """``gptspeed sample``: continue each prompt ``num_samples`` times, all rows in one batch.
+
+    ``loaded``: a model already loaded by :func:`load_any_model` (``(model, info)``, on the device
+    ``device`` resolves to), used instead of loading ``run`` / ``init_from`` again
+    (:meth:`gptspeed.api.Run.generate` keeps its model between calls).
 
     One row is streamed to ``out`` (default stdout) as it is generated, whole characters at a
     time; several rows are printed one after another when the batch is done, each under a
@@ -194,7 +199,7 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
     if not all(encoded):
         raise GptspeedError("a --prompt encodes to no tokens: give some text")
     rt = resolve_runtime(device, dtype, compile=compile)
-    model, info = load_any_model(rt, run, init_from)
+    model, info = loaded if loaded is not None else load_any_model(rt, run, init_from)
     rows = [(p, e) for p, e in zip(prompts, encoded) for _ in range(num_samples)]
     idx, pad = left_pad([e for _, e in rows], device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(seed)

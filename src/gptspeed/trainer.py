@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import shutil
 import signal
 import threading
 import time
@@ -164,7 +165,8 @@ class RunFolder:
         if not self.opened or list_checkpoints(self.path):
             return
         for name in self.written:
-            (self.path / name).unlink(missing_ok=True)
+            p = self.path / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         self.close()
         (self.path / LOCK_NAME).unlink(missing_ok=True)
         if self.created:
@@ -251,7 +253,14 @@ class Trainer:
         self.log = None
         if rt.is_main:
             show_docs = self.data.documents is None or self.data.documents > 1
-            self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs)
+            from gptspeed.trackers import open_trackers  # --log-to: TensorBoard, W&B (rank 0 only)
+
+            before = {p.name for p in self.run_dir.iterdir()}
+            trackers = open_trackers(t.log_to, self.run_dir, cfg.to_dict(),
+                                     self.step if self.resume_kind == "full" else None, say=self.say)
+            self.folder.written |= {p.name for p in self.run_dir.iterdir()} - before  # their files and folders
+            self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs,
+                              trackers=trackers)
 
     # ------------------------------------------------------------------------------ building
     @classmethod
@@ -620,9 +629,11 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        """Stop the loader's threads and release the run folder."""
+        """Stop the loader's threads, close the metrics log's trackers and release the run folder."""
         if self.loader is not None:
             self.loader.close()
+        if getattr(self, "log", None) is not None:
+            self.log.close()
         self.folder.close()
 
 

@@ -54,10 +54,67 @@ class Settings:
         return dataclasses.asdict(self)
 
 
-# Relative tolerance of a step-0 loss against the reference (first run row, normally baseline), by
-# the dtype the matmuls run in. At initialisation the loss is ~ln(50257) = 10.8; fp32 rows differ
-# only by summation order (~1e-6); TF32 keeps 10 mantissa bits, bf16 7 (unit roundoff 2^-8).
-LOSS_RTOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 2e-2, "float16": 1e-2}
+# Relative tolerance of a loss against the fp32 reference's on the same batches from the same
+# weights, by the least precise format the rung's matmuls run in (:func:`loss_rtol`): the ladder checks
+# step 0 with it, ``bench --verify`` every step of a short trajectory (max over steps of
+# |loss - loss_ref| / loss_ref). Why these numbers (docs: benchmarks/README.md, "bench --verify"):
+# - float32: rungs that change only the order of summation (compile, SDPA, padded vocabulary, fused
+#   AdamW, the chunked loss) differ by ~1e-7 relative over 20 steps on the CPU (measured, nano-sized
+#   model); 1e-4 leaves a margin of ~500 for GPU kernels that split reductions differently.
+# - tf32 keeps 10 mantissa bits (unit roundoff 2^-11 = 4.9e-4), 8x finer than bf16: 2e-3.
+# - bfloat16 keeps 7 (2^-8 = 3.9e-3); float16 10 bits but a narrow range, handled by the GradScaler:
+#   1e-2 for both, i.e. 0.1 nats at a loss of 10. Mixed-precision loss curves are reported to track
+#   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps.
+# - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls: 2e-2.
+LOSS_RTOL = {"float32": 1e-4, "tf32": 2e-3, "bfloat16": 1e-2, "float16": 1e-2, "fp8": 2e-2}
+
+
+def loss_rtol(settings: "Settings | dict[str, Any]") -> float:
+    """The relative loss tolerance (:data:`LOSS_RTOL`) for a rung with these settings: its dtype's,
+    or fp8's when ``fp8`` is on (the looser of the two)."""
+    s = settings if isinstance(settings, dict) else settings.to_dict()
+    rtol = LOSS_RTOL.get(s.get("dtype", "float32"), LOSS_RTOL["bfloat16"])
+    return max(rtol, LOSS_RTOL["fp8"]) if s.get("fp8") else rtol
+
+
+_DTYPE_LABEL = {"float32": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16": "fp16"}
+# The name of each Settings field as a switch, for "differs from the previous row by: ...".
+SWITCH_NAMES = {"dtype": "dtype", "compile": "compile", "attention": "attention", "vocab_size": "vocab",
+                "fused_adamw": "fused-adamw", "loss": "loss", "batch_auto": "batch-auto", "fp8": "fp8",
+                "optimizer": "optimizer", "compile_mode": "compile-mode", "compile_tuning": "compile-tuning"}
+
+
+def switches(settings: "Settings | dict[str, Any]") -> str:
+    """Every switch a row runs with, as one label: the dtype, then each setting that differs from
+    :class:`Settings`' default, e.g. ``bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce``;
+    ``fp32`` for the baseline."""
+    s = settings if isinstance(settings, dict) else settings.to_dict()
+    d = Settings().to_dict()
+    parts = [_DTYPE_LABEL.get(s["dtype"], s["dtype"])]
+    if s["compile"]:
+        parts.append("compile")
+    if s["compile_mode"] != d["compile_mode"]:
+        parts.append(f"compile-{s['compile_mode']}")
+    if s["compile_tuning"] != d["compile_tuning"]:
+        parts.append(s["compile_tuning"])
+    if s["attention"] != d["attention"]:
+        parts.append(s["attention"])
+    if s["vocab_size"] != d["vocab_size"]:
+        parts.append(f"vocab{s['vocab_size']}")
+    parts += [name for key, name in (("fused_adamw", "fused-adamw"), ("batch_auto", "batch-auto"), ("fp8", "fp8"))
+              if s[key]]
+    if s["loss"] != d["loss"]:
+        parts.append("fused-ce" if s["loss"] == "fused" else f"loss-{s['loss']}")
+    if s["optimizer"] != d["optimizer"]:
+        parts.append(s["optimizer"])
+    return "+".join(parts)
+
+
+def differences(a: "Settings | dict[str, Any]", b: "Settings | dict[str, Any]") -> list[str]:
+    """The switches (:data:`SWITCH_NAMES`) whose settings differ between two rows, in field order."""
+    a = a if isinstance(a, dict) else a.to_dict()
+    b = b if isinstance(b, dict) else b.to_dict()
+    return [SWITCH_NAMES.get(k, k) for k in a if a[k] != b.get(k)]
 
 
 def _always(device: torch.device, compile_backend: str) -> str | None:

@@ -216,7 +216,8 @@ def _timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple
 def run_stage(spec: StageSpec) -> dict[str, Any]:
     """Build, warm up, time (or profile) one row. Returns its figures:
 
-    ``ms_median``/``ms_min``/``ms_max`` (ms per timed step), ``ms_mean_wall`` (wall time of all
+    ``ms_median``/``ms_min``/``ms_max``/``ms_q25``/``ms_q75`` (ms per timed step: median, extremes,
+    quartiles; :func:`quartiles`), ``ms_steps`` (every timed step), ``ms_mean_wall`` (wall time of all
     timed steps / steps), ``tokens_per_s`` (B*T / median), ``mfu`` (None without a peak),
     ``first_step_s`` (the first warm-up step: compile + allocation), ``warmup_s`` (all warm-up
     steps), ``loss_step0``, ``loss_last`` (last timed step), ``peak_mem_bytes``, ``mem_total_bytes``,
@@ -249,8 +250,10 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
     mem_peak, mem_total = memory_stats(rt.device)
     tps = tokens / (median / 1000)
+    q25, q75 = quartiles(ms)
     result.update(
-        ms_median=median, ms_min=min(ms), ms_max=max(ms), ms_mean_wall=1000 * wall / spec.steps,
+        ms_median=median, ms_min=min(ms), ms_max=max(ms), ms_q25=q25, ms_q75=q75, ms_steps=ms,
+        ms_mean_wall=1000 * wall / spec.steps,
         tokens_per_step=tokens, tokens_per_s=tps, flops_per_token=fpt,
         mfu=fpt * tps / peak if peak else None, peak_flops=peak, peak_flops_source=peak_source,
         first_step_s=first_step_s, warmup_s=warmup_s, loss_step0=loss0, loss_last=losses[-1].item(),
@@ -259,6 +262,15 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
         dtype=rt.dtype, compile=rt.compile, device=str(rt.device), threads=torch.get_num_threads(),
     )
     return result
+
+
+def quartiles(ms: list[float]) -> tuple[float, float]:
+    """First and third quartile of the step times (``statistics.quantiles``, inclusive method);
+    with one step, that step twice (no spread measured)."""
+    if len(ms) < 2:
+        return ms[0], ms[0]
+    q = statistics.quantiles(ms, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def _profiled_steps(step, n: int, rt: Runtime):

@@ -57,6 +57,7 @@ class BenchConfig:
     compile_backend: str = "inductor"
     peak_tflops: float | None = None
     stage_timeout: float | None = None  # seconds per row; None = no limit
+    grad_accum: int | None = None  # micro-batches per optimizer step; None: 1 (ladder), 2 (--verify)
 
 
 def base_spec(cfg: BenchConfig) -> StageSpec:
@@ -75,6 +76,8 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
         raise GptspeedError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.warmup < 1:
         raise GptspeedError(f"--warmup must be at least 1 (the first step compiles and allocates), got {cfg.warmup}")
+    if cfg.grad_accum is not None and cfg.grad_accum < 1:
+        raise GptspeedError(f"--grad-accum must be at least 1, got {cfg.grad_accum}")
     if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
         raise GptspeedError(f"--peak-tflops must be positive, got {cfg.peak_tflops}")
     if cfg.stage_timeout is not None and not cfg.stage_timeout > 0:
@@ -95,7 +98,7 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
     return StageSpec(name="", settings=Settings().to_dict(), n_layer=shape.n_layer, n_head=shape.n_head,
                      n_embd=shape.n_embd, seq_len=shape.block_size, batch_size=batch, steps=cfg.steps,
                      warmup=cfg.warmup, device=device.type, seed=cfg.seed, lr=p.optim.lr, data=data,
-                     compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops)
+                     compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops, grad_accum=cfg.grad_accum or 1)
 
 
 def _worker_env(cache_dir: Path) -> dict[str, str]:

@@ -191,6 +191,8 @@ class Stage:
 
     ``applies(device, compile_backend)`` returns None when the stage can run on ``device`` and
     otherwise the one-line reason it is skipped. ``source`` says where the technique comes from.
+    ``base`` (only for :data:`VERIFY_EXTRAS`): apply ``delta`` to that ladder stage's settings
+    instead of to the rung before.
     """
 
     name: str
@@ -198,6 +200,7 @@ class Stage:
     delta: dict[str, Any] = field(default_factory=dict)
     applies: Callable[[torch.device, str], str | None] = _always
     source: str = ""
+    base: str | None = None
 
 
 STAGES: tuple[Stage, ...] = (
@@ -232,6 +235,38 @@ STAGES: tuple[Stage, ...] = (
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
 
+def _fp16(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return (f"float16 autocast + GradScaler is the path of CUDA GPUs without bf16 (V100, T4); "
+                f"gptspeed does not run it on {device.type}")
+    return None
+
+
+def _cuda_compile_tuning(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return f"this torch.compile mode is about CUDA graphs / Triton matmuls; not {device.type}"
+    if compile_backend != "inductor":
+        return f"torch.compile modes are inductor's; the compile backend is {compile_backend}"
+    return _compile(device, compile_backend)
+
+
+# Rungs only ``bench --verify`` runs: other ways to train that a user can pick with a flag, checked
+# against the same fp32 reference. Not in the ladder (they are alternatives, not cumulative steps).
+VERIFY_EXTRAS: tuple[Stage, ...] = (
+    Stage("fp16", "float16 autocast with a GradScaler (--dtype auto on GPUs without bf16)", {"dtype": "float16"},
+          _fp16, source="torch.amp.GradScaler; Micikevicius et al. 2018", base="baseline"),
+    Stage("fp16-fused-ce", "fused-ce's settings in float16 (GradScaler + the chunked loss)", {"dtype": "float16"},
+          _fp16, source="torch.amp.GradScaler", base="fused-ce"),
+    Stage("reduce-overhead", "fused-ce's settings, torch.compile mode reduce-overhead (CUDA graphs)",
+          {"compile": True, "compile_tuning": "reduce-overhead"}, _cuda_compile_tuning, source="torch.compile docs",
+          base="fused-ce"),
+    Stage("max-autotune-no-cudagraphs", "fused-ce's settings, torch.compile mode max-autotune-no-cudagraphs",
+          {"compile": True, "compile_tuning": "max-autotune-no-cudagraphs"}, _cuda_compile_tuning,
+          source="torch.compile docs", base="fused-ce"),
+)
+VERIFY_EXTRA_NAMES = tuple(s.name for s in VERIFY_EXTRAS)
+
+
 @dataclass
 class PlannedRow:
     """A ladder row before it runs: ``settings`` is None when the stage does not apply;
@@ -242,16 +277,16 @@ class PlannedRow:
     skip_reason: str | None
 
 
-def parse_stage_list(text: str | None) -> list[str] | None:
+def parse_stage_list(text: str | None, allowed: tuple[str, ...] = STAGE_NAMES) -> list[str] | None:
     """``"baseline,bf16"`` -> ``["baseline", "bf16"]``; None -> None (all). GptspeedError for
-    an unknown or empty name."""
+    a name not in ``allowed`` or an empty one."""
     if text is None:
         return None
     names = [n.strip() for n in text.split(",")]
-    bad = [n for n in names if n not in STAGE_NAMES]
+    bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise GptspeedError(f"unknown stage(s) {', '.join(repr(b) for b in bad) or repr(text)} in --stages: "
-                            f"choose from {', '.join(STAGE_NAMES)}")
+                            f"choose from {', '.join(allowed)}")
     return names
 
 

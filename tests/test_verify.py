@@ -287,6 +287,7 @@ def test_adapter_reports_a_step_it_did_not_apply():
 @pytest.mark.parametrize("args, message", [
     (["--grad-accum", "0"], "--grad-accum must be at least 1"),
     (["--stages", "fp16,warp-drive"], "unknown stage(s) 'warp-drive'"),
+    (["--stages", "fp16,tf32"], "none of the selected rungs runs on cpu (tf32: TF32 is an NVIDIA"),
 ])
 def test_verify_bad_flags_one_line(tmp_path, capsys, args, message):
     code = cli.main(["bench", "--verify", "--out", str(tmp_path / "o"), *TINY, *args])

@@ -175,8 +175,10 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     data = s.add_mutually_exclusive_group()
     data.add_argument("--data", help="prepared data folder (its train shards feed every stage)")
-    data.add_argument("--synthetic", action="store_true", help="random tokens instead of --data")
-    s.add_argument("--stages", help="comma-separated stages to run (default all); the others are listed as skipped")
+    data.add_argument("--synthetic", action="store_true",
+                      help="random tokens instead of --data (with --verify: learnable random phrases)")
+    s.add_argument("--stages", help="comma-separated stages to run (default all; with --verify also the rungs named "
+                                    "above); the others are listed as skipped")
     s.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers GPT-2 row")
     s.add_argument("--seed", type=int, default=1337, help="initialisation and synthetic-data seed")
     s.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,

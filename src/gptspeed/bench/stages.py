@@ -59,12 +59,13 @@ class Settings:
 # step 0 with it, ``bench --verify`` every step of a short trajectory (max over steps of
 # |loss - loss_ref| / loss_ref). Why these numbers (docs: benchmarks/README.md, "bench --verify"):
 # - float32: rungs that change only the order of summation (compile, SDPA, padded vocabulary, fused
-#   AdamW, the chunked loss) differ by ~1e-7 relative over 20 steps on the CPU (measured, nano-sized
-#   model); 1e-4 leaves a margin of ~500 for GPU kernels that split reductions differently.
+#   AdamW, the chunked loss) differ by <= 2e-7 relative over 20 steps on the CPU (measured: 2 layers,
+#   width 64); 1e-4 leaves a margin of ~500 for GPU kernels that split reductions differently.
 # - tf32 keeps 10 mantissa bits (unit roundoff 2^-11 = 4.9e-4), 8x finer than bf16: 2e-3.
 # - bfloat16 keeps 7 (2^-8 = 3.9e-3); float16 10 bits but a narrow range, handled by the GradScaler:
 #   1e-2 for both, i.e. 0.1 nats at a loss of 10. Mixed-precision loss curves are reported to track
-#   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps.
+#   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps
+#   (emulated bf16). How sharp that is: benchmarks/README.md, "bench --verify".
 # - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls: 2e-2.
 LOSS_RTOL = {"float32": 1e-4, "tf32": 2e-3, "bfloat16": 1e-2, "float16": 1e-2, "fp8": 2e-2}
 

@@ -188,6 +188,9 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     device = torch.device(spec0.device)
     plan = plan_verify(device, selected, cfg.compile_backend)
     to_run = [r for r in plan if r.skip_reason is None]
+    if selected is not None and not any(r.name in selected for r in to_run):
+        reasons = "; ".join(f"{r.name}: {r.skip_reason}" for r in plan if r.name in selected)
+        raise GptspeedError(f"none of the selected rungs runs on {device.type} ({reasons})")
     out = Path(cfg.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -284,6 +284,19 @@ def test_adapter_reports_a_step_it_did_not_apply():
     assert skipped.item() is False and math.isfinite(loss.item())
 
 
+def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_path):
+    from gptspeed.bench import worker
+    from gptspeed.bench.worker import StageSpec
+
+    spec = StageSpec(name="fp16", settings=Settings(dtype="float16").to_dict(), n_layer=1, n_head=2, n_embd=16,
+                     seq_len=8, batch_size=1, steps=1, warmup=1, device="cpu", mode="verify")
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    assert worker.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"status": "skipped", "reason": "refused: --dtype float16 is not supported on a CPU: use bfloat16 "
+                                                     "or float32"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--grad-accum", "0"], "--grad-accum must be at least 1"),
     (["--stages", "fp16,warp-drive"], "unknown stage(s) 'warp-drive'"),

@@ -166,6 +166,16 @@ def test_compare_losses_stops_at_the_first_step_a_run_did_not_apply():
     assert flat["ok"] and "agreement says little" in flat["note"]
 
 
+def test_loss_tolerance_is_that_of_the_least_precise_format():
+    from gptspeed.bench.stages import loss_rtol
+
+    assert loss_rtol(Settings(compile=True, attention="sdpa", loss="fused")) == 1e-4  # fp32: summation order only
+    assert loss_rtol(Settings(dtype="tf32")) == 2e-3
+    assert loss_rtol(Settings(dtype="bfloat16")) == loss_rtol(Settings(dtype="float16")) == 1e-2
+    assert loss_rtol(Settings(dtype="bfloat16", fp8=True)) == 2e-2
+    assert loss_rtol(Settings(optimizer="muon")) == 1e-2  # Newton-Schulz in bf16, even in an fp32 rung
+
+
 def test_verdicts_name_each_broken_contract():
     ok = {"status": "ok", "reference": "baseline", "skipped": [False, True], "grad_scaler": True,
           "loss_check": {"ok": True},

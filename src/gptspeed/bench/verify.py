@@ -10,7 +10,8 @@ accumulation path that real training takes is exercised). Then, per rung:
 - **loss**: every step's loss against the fp32 reference's (``baseline``: fp32, eager, manual
   attention; ``baseline-muon`` for rungs that train with Muon -- the optimizer changes the
   mathematics, precision and kernels must not), max over steps of the relative difference, within
-  :func:`gptspeed.bench.stages.loss_rtol` (fp32 1e-4, tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2);
+  :func:`gptspeed.bench.stages.loss_rtol` (fp32 1e-4, tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2; Muon
+  rungs at least bf16's, as its Newton-Schulz runs in bf16);
 - **host-device syncs** per steady step (CUDA only) against the step's design (:func:`sync_budget`);
 - **graph breaks and recompiles** (compiled rungs): must be 0;
 - tokens/s, MFU, peak memory, and which SDPA kernel ran.
@@ -350,7 +351,8 @@ def verify_markdown(result: dict[str, Any]) -> str:
         "How to read it. *loss*: the largest relative difference between this rung's per-step loss and its fp32 "
         "reference's (`baseline`; `baseline-muon` for Muon rungs) over the same steps, against the tolerance of "
         f"the rung's least precise format (fp32 {tol['float32']:.0e}, tf32 {tol['tf32']:.0e}, bf16 "
-        f"{tol['bfloat16']:.0e}, fp16 {tol['float16']:.0e}, fp8 {tol['fp8']:.0e}). *syncs/step*: synchronising "
+        f"{tol['bfloat16']:.0e}, fp16 {tol['float16']:.0e}, fp8 {tol['fp8']:.0e}; Muon rungs at least bf16's: its "
+        "Newton-Schulz runs in bf16). *syncs/step*: synchronising "
         "CUDA calls per steady step under `torch.cuda.set_sync_debug_mode(\"warn\")`; the budget is the step's "
         "design (0 with fused AdamW, 1 otherwise); a CPU runs synchronously, so there it is not counted. *graph "
         "breaks / recompiles*: TorchDynamo's own counters over the whole run, both must be 0. *SDPA kernel*: the "

@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch

@@ -35,7 +35,6 @@ from gptspeed.bench import report
 from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
 from gptspeed.bench.stages import (LOSS_RTOL, STAGE_NAMES, VERIFY_EXTRA_NAMES, VERIFY_EXTRAS, Settings, loss_rtol,
                                    parse_stage_list, plan_ladder, switches)
-from gptspeed.bench.verify_worker import SYNCS_NOT_COUNTED
 from gptspeed.errors import GptspeedError
 
 REFERENCE = "baseline"

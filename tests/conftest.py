@@ -21,6 +21,21 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 SRC = ROOT / "src"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped, with the reason, where PyTorch sees no CUDA GPU (torch is
+    imported only when such a test was collected)."""
+    cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not cuda_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in cuda_items:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread while a module runs (``pytestmark = pytest.mark.usefixtures("one_thread")``):

@@ -1,7 +1,9 @@
-"""`gptspeed bench`: the ladder on a tiny model (CPU), the peer row, the guard, bad flags.
+"""`gptspeed bench`: the ladder on a tiny model (CPU), the peer row, the guard, honest rows, bad flags.
 
 Behaviour only: no timing is asserted. The ladder runs use the ``eager`` compile backend so that
-compiled rows trace through torch.compile without spending a minute generating C++ per row.
+compiled rows trace through torch.compile without spending a minute generating C++ per row, and
+one thread per worker process (OMP_NUM_THREADS=1: tiny shapes gain nothing from threads, and
+threads spinning against other processes on a shared 2-core machine slow them down many times).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pytest
 from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
 from gptspeed.bench.ladder import PEER_NAME, check_rows
-from gptspeed.bench.stages import STAGE_NAMES, STAGES, Settings, plan_ladder
+from gptspeed.bench.report import markdown
+from gptspeed.bench.stages import STAGE_NAMES, STAGES, Settings, plan_ladder, switches
 from gptspeed.bench.worker import init_gpt
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -33,20 +36,21 @@ def _gptspeed(*args: str, extra_path: str | None = None, timeout: float = 240) -
                           timeout=timeout)
 
 
-def _transformers_installed() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
+@pytest.fixture(autouse=True)
+def _one_thread_workers(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 # ------------------------------------------------------------------------------------ end to end
-def test_ladder_tiny_cpu(tmp_path):
+def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
+    import torch
+
     out = tmp_path / "ladder"
-    proc = _gptspeed("bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce", *TINY)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
+    argv = ["bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce", *TINY]
+    monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    stdout, stderr = capsys.readouterr()
+    assert "Traceback" not in stderr
 
     result = json.loads((out / "ladder.json").read_text())
     rows = {r["name"]: r for r in result["rows"]}
@@ -58,15 +62,22 @@ def test_ladder_tiny_cpu(tmp_path):
     assert rows["tf32"]["status"] == "skipped" and "NVIDIA" in rows["tf32"]["reason"]
     assert rows["flash"]["reason"] == "not selected (--stages)"
     assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == ["baseline", "fused-ce"]
-    # cumulative: the last row has every applicable technique on
-    assert rows["fused-ce"]["settings"] == {"dtype": "bfloat16", "compile": True, "attention": "sdpa",
+    # cumulative: the last row has every applicable technique on (bf16 only where this CPU has it natively)
+    bf16 = next(p for p in plan_ladder(torch.device("cpu"), None, "eager") if p.stage.name == "bf16").settings
+    dtype = "bfloat16" if bf16 is not None else "float32"
+    assert rows["fused-ce"]["settings"] == {"dtype": dtype, "compile": True, "attention": "sdpa",
                                             "vocab_size": 50304, "fused_adamw": True, "loss": "fused",
                                             "batch_auto": False, "fp8": False, "optimizer": "adamw",
                                             "compile_mode": "model", "compile_tuning": "default"}
     assert rows["compile"]["settings"] == {**rows["fused-ce"]["settings"], "attention": "manual", "vocab_size": 50257,
                                            "fused_adamw": False, "loss": "plain"}  # planned though not run
     assert rows["fused-ce"]["compile"] is True and rows["baseline"]["compile"] is False
-    assert rows["fused-ce"]["fused_adamw"] is True and rows["fused-ce"]["dtype"] == "bfloat16"
+    assert rows["fused-ce"]["fused_adamw"] is True and rows["fused-ce"]["dtype"] == dtype
+    # rows say what was on, and no single technique is credited with the jump from baseline
+    assert rows["fused-ce"]["switches"] == ("bf16+" if bf16 else "fp32+") + "compile+sdpa+vocab50304+fused-adamw+fused-ce"
+    assert rows["fused-ce"]["speedup_prev"] is None
+    assert rows["fused-ce"]["speedup_prev_na"].startswith("n/a (differs from the previous row by: ")
+    assert "compile, attention, vocab, fused-adamw, loss" in rows["fused-ce"]["speedup_prev_na"]
 
     ran = [r for r in result["rows"] if r["status"] == "ok"]
     for r in ran:
@@ -82,16 +93,17 @@ def test_ladder_tiny_cpu(tmp_path):
         assert key in env
     assert env["command"].startswith("gptspeed bench --ladder")
 
-    if _transformers_installed():
-        peer = rows[PEER_NAME]
-        assert peer["kind"] == "peer" and peer["status"] == "ok", peer
-        assert peer["settings"]["dtype"] == rows["fused-ce"]["settings"]["dtype"]
-        assert peer["compile"] == rows["fused-ce"]["compile"]
-        assert peer["loss_check"]["ok"]
+    peer = rows[PEER_NAME]  # transformers is in the test extras
+    assert peer["kind"] == "peer" and peer["status"] == "ok", peer
+    assert peer["settings"]["dtype"] == rows["fused-ce"]["settings"]["dtype"]
+    assert peer["compile"] == rows["fused-ce"]["compile"]
+    assert peer["loss_check"]["ok"]
+    assert peer["speedup_prev"] is None and "implementation (peer)" in peer["speedup_prev_na"]
 
     md = (out / "ladder.md").read_text()
-    assert md in proc.stdout
-    assert "| stage | ms/step |" in md
+    assert md in stdout
+    assert "| stage | switches | ms/step | IQR |" in md
+    assert "| fused-ce | " + rows["fused-ce"]["switches"] + " |" in md
     for name in STAGE_NAMES:
         assert f"| {name} |" in md
     assert "skipped: TF32" in md
@@ -206,19 +218,97 @@ def test_init_is_the_same_function_for_both_vocab_sizes():
     assert torch.equal(small.transformer.h[0].mlp.c_fc.weight, padded.transformer.h[0].mlp.c_fc.weight)
 
 
-def _row(name, ms, loss0, dtype="float32", kind="stage"):
-    return {"name": name, "kind": kind, "status": "ok", "ms_median": ms, "loss_step0": loss0, "dtype": dtype}
+def _row(name, ms, loss0, settings: Settings, kind="stage", q=(None, None)):
+    """A row as a worker returns it, built here: no timing involved."""
+    return {"name": name, "kind": kind, "status": "ok", "ms_median": ms, "ms_min": ms, "ms_max": ms, "ms_q25": q[0],
+            "ms_q75": q[1], "loss_step0": loss0, "dtype": settings.dtype, "settings": settings.to_dict()}
+
+
+FP32 = Settings()
+BF16 = Settings(dtype="bfloat16")
+COMPILE = Settings(dtype="bfloat16", compile=True)
+VOCAB = Settings(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304)
 
 
 def test_guard_flags_a_disagreeing_stage():
-    rows = [_row("baseline", 100.0, 10.0), {"name": "tf32", "status": "skipped"},
-            _row("bf16", 50.0, 10.1, "bfloat16"), _row("flash", 25.0, 10.5, "bfloat16"), _row("fused-ce", 20.0, 10.001)]
+    rows = [_row("baseline", 100.0, 10.0, FP32), {"name": "tf32", "status": "skipped"},
+            _row("bf16", 50.0, 10.05, BF16), _row("compile", 25.0, 10.2, COMPILE), _row("flash", 20.0, 10.001, VOCAB)]
     check_rows(rows)
+    # bf16 rows: 1e-2 relative; 10.2 is 2e-2 off
     assert [r.get("loss_check", {}).get("ok") for r in rows] == [True, None, True, False, True]
-    assert rows[2]["speedup_prev"] == 2.0 and rows[3]["speedup_baseline"] == 4.0 and rows[4]["speedup_prev"] == 1.25
-    bad = [_row("baseline", 100.0, 10.0), _row("flash", 50.0, 10.01)]  # fp32: 1e-3 > 1e-4
-    check_rows(bad)
+    bad = [_row("baseline", 100.0, 10.0, FP32), _row("compile", 50.0, 10.01, Settings(compile=True))]
+    check_rows(bad)  # fp32: 1e-3 > 1e-4
     assert not bad[1]["loss_check"]["ok"]
+
+
+def test_rows_state_their_switches_and_a_speedup_is_credited_to_one_switch_only():
+    # vocab-pad run after a deselected flash row: it differs from compile by two switches
+    rows = [_row("baseline", 100.0, 10.8, FP32), _row("bf16", 50.0, 10.8, BF16), _row("compile", 25.0, 10.8, COMPILE),
+            {"name": "flash", "kind": "stage", "status": "skipped", "reason": "not selected (--stages)",
+             "description": ""},
+            _row("vocab-pad", 20.0, 10.8, VOCAB)]
+    check_rows(rows)
+    assert [r.get("switches") for r in rows] == ["fp32", "bf16", "bf16+compile", None, "bf16+compile+sdpa+vocab50304"]
+    assert rows[1]["speedup_prev"] == 2.0 and rows[1]["credited_to"] == "dtype"
+    assert rows[2]["speedup_prev"] == 2.0 and rows[2]["credited_to"] == "compile"
+    assert rows[4]["speedup_prev"] is None and rows[4]["credited_to"] is None
+    assert rows[4]["speedup_prev_na"] == "n/a (differs from the previous row by: attention, vocab)"
+    assert rows[4]["speedup_baseline"] == 5.0  # all of its switches together, against the first row
+
+    md = markdown({"environment": {"device": "cpu", "device_type": "cpu", "torch": "x", "gptspeed": "x",
+                                   "git_commit": None, "date": "d", "command": "c"},
+                   "config": {"preset": "pico", "n_layer": 1, "n_head": 1, "n_embd": 8, "batch_size": 1, "seq_len": 8,
+                              "data": None, "warmup": 1, "steps": 1, "compile_backend": "eager"},
+                   "rows": [{**r, "description": "", "mfu": None, "tokens_per_s": 1.0, "peak_mem_bytes": None,
+                             "warmup_s": 0.0, "loss_last": 1.0, "peak_flops_source": "none", "params": 1000} if r["status"] == "ok"
+                            else r for r in rows], "problems": []})
+    assert "| vocab-pad | bf16+compile+sdpa+vocab50304 |" in md
+    assert "n/a (differs from the previous row by: attention, vocab)" in md
+    assert "| 2.00× (compile) |" in md
+
+
+def test_a_spread_wider_than_the_gap_is_flagged_as_noise():
+    # compile 98 ms vs bf16 100 ms, but its steps spread over 10 ms (IQR): the 2 ms gap is noise
+    rows = [_row("bf16", 100.0, 10.8, BF16, q=(99.0, 101.0)), _row("compile", 98.0, 10.8, COMPILE, q=(92.0, 102.0))]
+    check_rows(rows)
+    assert rows[1]["credited_to"] == "compile"
+    assert rows[1]["noise"] == {"gap_ms": 2.0, "spread_ms": 10.0}
+    clear = [_row("bf16", 100.0, 10.8, BF16, q=(99.0, 101.0)), _row("compile", 50.0, 10.8, COMPILE, q=(45.0, 55.0))]
+    check_rows(clear)
+    assert clear[1]["noise"] is None and clear[1]["speedup_prev"] == 2.0
+    from gptspeed.bench.report import vs_prev
+
+    assert vs_prev(rows[1]) == "1.02× (compile; *noise*: gap 2.00 ms < IQR 10.0 ms)"
+    assert vs_prev(clear[1]) == "2.00× (compile)"
+
+
+def test_switches_name_every_setting_that_is_on():
+    assert switches(Settings()) == "fp32"
+    everything = Settings(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304, fused_adamw=True,
+                          loss="fused", batch_auto=True, fp8=True, optimizer="muon", compile_mode="blocks",
+                          compile_tuning="max-autotune")
+    assert switches(everything) == ("bf16+compile+compile-blocks+max-autotune+sdpa+vocab50304+fused-adamw+batch-auto"
+                                    "+fp8+fused-ce+muon")
+
+
+def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):
+    import torch
+
+    from gptspeed.bench import worker
+    from gptspeed.bench.worker import StageSpec
+
+    def oom(spec):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
+
+    monkeypatch.setattr(worker, "run_stage", oom)
+    spec = StageSpec(name="baseline", settings=Settings().to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=1024,
+                     batch_size=64, steps=1, warmup=1, device="cpu")
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    assert worker.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "failed" and result["oom"] is True
+    assert result["reason"] == ("out of memory at B=64 (T=1024, 1 micro-batch(es) per step): CUDA out of memory. "
+                                "Tried to allocate 96.00 GiB")
 
 
 def _fake_result(spec, loss0: float) -> dict:

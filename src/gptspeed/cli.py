@@ -162,12 +162,19 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     from gptspeed.bench.stages import STAGE_NAMES
     from gptspeed.config import PRESETS
 
+    from gptspeed.bench.stages import VERIFY_EXTRA_NAMES
+
     s.description = ("Runs each stage of the ladder (" + " -> ".join(STAGE_NAMES) + ", cumulative) "
                      "in a fresh process and compares step time, throughput, memory and step-0 loss; "
-                     "adds transformers' GPT-2 as a peer row.")
+                     "adds transformers' GPT-2 as a peer row. --verify checks every rung instead: loss "
+                     "against fp32, host-device syncs, graph breaks, recompiles, the SDPA kernel.")
     what = s.add_mutually_exclusive_group(required=True)
     what.add_argument("--ladder", action="store_true", help="run every stage; write ladder.md/.json/.png to --out")
     what.add_argument("--profile", metavar="STAGE", help=f"torch.profiler trace of one stage ({', '.join(STAGE_NAMES)}, {PEER_NAME})")
+    what.add_argument("--verify", action="store_true",
+                      help="train every rung (also " + ", ".join(VERIFY_EXTRA_NAMES) + ") from the same weights on "
+                           "the same batches and check it against the fp32 rung; write verify.md/.json to --out; "
+                           "exit 1 naming each failing rung")
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--preset", choices=list(PRESETS), default="gpt2", help="model shape and batch size (default gpt2)")
     s.add_argument("--n-layer", type=int, help="transformer blocks L (default: the preset's)")
@@ -180,14 +187,18 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     data = s.add_mutually_exclusive_group()
     data.add_argument("--data", help="prepared data folder (its train shards feed every stage)")
-    data.add_argument("--synthetic", action="store_true", help="random tokens instead of --data")
-    s.add_argument("--stages", help="comma-separated stages to run (default all); the others are listed as skipped")
+    data.add_argument("--synthetic", action="store_true",
+                      help="random tokens instead of --data (with --verify: learnable random phrases)")
+    s.add_argument("--stages", help="comma-separated stages to run (default all; with --verify also the rungs named "
+                                    "above); the others are listed as skipped")
     s.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers GPT-2 row")
     s.add_argument("--seed", type=int, default=1337, help="initialisation and synthetic-data seed")
     s.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
                    help="torch.compile backend (default inductor; eager/aot_eager check tracing, not speed)")
     s.add_argument("--peak-tflops", type=float, help="device peak TFLOPS for MFU (default: the built-in GPU table)")
     s.add_argument("--stage-timeout", type=float, help="seconds one stage may take (default: no limit)")
+    s.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1; with --verify 2, so "
+                                                  "the accumulation path real training takes is checked)")
 
 
 def _add_model_source(s: argparse.ArgumentParser) -> None:
@@ -246,19 +257,28 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_bench(a: argparse.Namespace) -> int:
     import shlex
 
-    from gptspeed.bench import BenchConfig, profile_stage, run_ladder
+    from gptspeed.bench import BenchConfig, profile_stage, run_ladder, run_verify
 
     steps = a.steps if a.steps is not None else (3 if a.profile else 20)
     cfg = BenchConfig(out=a.out, preset=a.preset, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
                       seq_len=a.seq_len, batch_size=a.batch_size, steps=steps, warmup=a.warmup, device=a.device,
                       data=a.data, synthetic=a.synthetic, stages=a.stages, peers=a.peers, seed=a.seed,
-                      compile_backend=a.compile_backend, peak_tflops=a.peak_tflops, stage_timeout=a.stage_timeout)
+                      compile_backend=a.compile_backend, peak_tflops=a.peak_tflops, stage_timeout=a.stage_timeout,
+                      grad_accum=a.grad_accum)
+    command = "gptspeed " + shlex.join(sys.argv[1:])
     if a.profile:
         if a.stages:
             raise GptspeedError("--stages selects ladder rows; with --profile name the one stage to trace")
         profile_stage(cfg, a.profile)
         return 0
-    result = run_ladder(cfg, command="gptspeed " + shlex.join(sys.argv[1:]))
+    if a.verify:
+        result = run_verify(cfg, command=command)
+        if not result["ok"]:
+            print(f"gptspeed bench: verify failed for {len(result['failing'])} rung(s): {', '.join(result['failing'])} "
+                  f"(see {a.out}/verify.md)", file=sys.stderr)
+            return 1
+        return 0
+    result = run_ladder(cfg, command=command)
     if not result["ok"]:
         print(f"gptspeed bench: {len(result['problems'])} problem(s): {'; '.join(result['problems'])}", file=sys.stderr)
         return 1

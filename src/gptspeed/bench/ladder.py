@@ -23,7 +23,8 @@ from typing import Any
 
 import gptspeed
 from gptspeed.bench import report
-from gptspeed.bench.stages import LOSS_RTOL, STAGE_NAMES, Settings, parse_stage_list, plan_ladder, stage_settings
+from gptspeed.bench.stages import (STAGE_NAMES, Settings, differences, loss_rtol, parse_stage_list,
+                                   plan_ladder, stage_settings, switches)
 from gptspeed.bench.worker import PEER_KIND, StageSpec
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
@@ -56,6 +57,7 @@ class BenchConfig:
     compile_backend: str = "inductor"
     peak_tflops: float | None = None
     stage_timeout: float | None = None  # seconds per row; None = no limit
+    grad_accum: int | None = None  # micro-batches per optimizer step; None: 1 (ladder), 2 (--verify)
 
 
 def base_spec(cfg: BenchConfig) -> StageSpec:
@@ -74,6 +76,8 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
         raise GptspeedError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.warmup < 1:
         raise GptspeedError(f"--warmup must be at least 1 (the first step compiles and allocates), got {cfg.warmup}")
+    if cfg.grad_accum is not None and cfg.grad_accum < 1:
+        raise GptspeedError(f"--grad-accum must be at least 1, got {cfg.grad_accum}")
     if cfg.peak_tflops is not None and not cfg.peak_tflops > 0:
         raise GptspeedError(f"--peak-tflops must be positive, got {cfg.peak_tflops}")
     if cfg.stage_timeout is not None and not cfg.stage_timeout > 0:
@@ -94,7 +98,7 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
     return StageSpec(name="", settings=Settings().to_dict(), n_layer=shape.n_layer, n_head=shape.n_head,
                      n_embd=shape.n_embd, seq_len=shape.block_size, batch_size=batch, steps=cfg.steps,
                      warmup=cfg.warmup, device=device.type, seed=cfg.seed, lr=p.optim.lr, data=data,
-                     compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops)
+                     compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops, grad_accum=cfg.grad_accum or 1)
 
 
 def _worker_env(cache_dir: Path) -> dict[str, str]:
@@ -136,22 +140,52 @@ def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None) ->
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_rows(rows: list[dict[str, Any]]) -> None:
-    """Add speed-ups and the step-0 loss check to the rows that ran, in place.
+def spread_ms(row: dict[str, Any]) -> float:
+    """A row's spread of step times, ms: the interquartile range of its timed steps (``ms_q75 -
+    ms_q25``; min–max if the quartiles are missing). The IQR, not min–max, because one step
+    descheduled on a busy machine stretches min–max without saying anything about the typical step."""
+    if row.get("ms_q25") is not None and row.get("ms_q75") is not None:
+        return row["ms_q75"] - row["ms_q25"]
+    return row.get("ms_max", row["ms_median"]) - row.get("ms_min", row["ms_median"])
 
-    ``speedup_prev``: ms/step of the previous row that ran / this row's; ``speedup_baseline``:
-    the first row that ran (baseline unless deselected) / this row's. ``loss_check``: this row's
-    step-0 loss against the first row's, relative, within the looser tolerance of the two rows'
-    dtypes (:data:`gptspeed.bench.stages.LOSS_RTOL`).
+
+def check_rows(rows: list[dict[str, Any]]) -> None:
+    """Add switches, speed-ups, noise flags and the step-0 loss check to the rows that ran, in place.
+
+    ``switches``: every switch the row ran with (:func:`gptspeed.bench.stages.switches`).
+    ``speedup_prev``: ms/step of the previous row that ran / this row's -- only when the two rows
+    differ by exactly one switch (``credited_to`` names it); otherwise None and ``speedup_prev_na``
+    says by what they differ (rows are cumulative: with stages deselected or skipped, or for the peer
+    row, the previous row is not this one minus one technique). ``noise``: when the spread of either
+    row (:func:`spread_ms`) is wider than the gap between their medians, ``{"gap_ms", "spread_ms"}``
+    -- the speed-up is then within noise -- else None. ``speedup_baseline``: the first row that ran
+    (baseline unless deselected) / this row's, i.e. every switch of this row together.
+    ``loss_check``: this row's step-0 loss against the first row's, relative, within the looser
+    tolerance of the two rows (:func:`gptspeed.bench.stages.loss_rtol`).
     """
     ran = [r for r in rows if r["status"] == "ok"]
     if not ran:
         return
     ref, prev = ran[0], None
     for r in ran:
-        r["speedup_prev"] = prev["ms_median"] / r["ms_median"] if prev else None
+        settings = r.get("settings") or {}
+        r["switches"] = switches(settings) if settings else None
+        r.update(speedup_prev=None, speedup_prev_na=None, credited_to=None, noise=None)
+        if prev is not None:
+            diff = differences(prev.get("settings") or {}, settings)
+            if r.get("kind") != prev.get("kind"):
+                diff = ["implementation (peer)", *diff]
+            if len(diff) == 1:
+                r["speedup_prev"], r["credited_to"] = prev["ms_median"] / r["ms_median"], diff[0]
+                gap, spread = abs(prev["ms_median"] - r["ms_median"]), max(spread_ms(prev), spread_ms(r))
+                if spread > gap:
+                    r["noise"] = {"gap_ms": gap, "spread_ms": spread}
+            else:
+                r["speedup_prev_na"] = f"n/a (differs from the previous row by: {', '.join(diff) or 'nothing'})"
         r["speedup_baseline"] = ref["ms_median"] / r["ms_median"]
-        rtol = max(LOSS_RTOL.get(r["dtype"], 2e-2), LOSS_RTOL.get(ref["dtype"], 2e-2))
+        # step 0 comes before any optimizer step: the optimizer's own precision (Muon's bf16) plays no part
+        rtol = max(loss_rtol({**(row.get("settings") or {"dtype": row.get("dtype", "float32")}), "optimizer": "adamw"})
+                   for row in (r, ref))
         l0, l_ref = r["loss_step0"], ref["loss_step0"]
         rel = abs(l0 - l_ref) / abs(l_ref) if math.isfinite(l0) and math.isfinite(l_ref) else math.inf
         r["loss_check"] = {"reference": ref["name"], "rel_diff": rel, "rtol": rtol, "ok": rel <= rtol}

@@ -44,7 +44,8 @@ def environment(device: torch.device, command: str) -> dict[str, Any]:
     return env
 
 
-def _bytes(n: int | None) -> str:
+def fmt_bytes(n: int | None) -> str:
+    """Bytes as MiB or GiB (binary units), "—" for None."""
     if n is None:
         return "—"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
@@ -70,6 +71,18 @@ def progress_line(r: dict[str, Any]) -> str:
             f"{r['tokens_per_s']:,.0f} tokens/s, step-0 loss {r['loss_step0']:.4f}, warm-up {r['warmup_s']:.1f} s")
 
 
+def vs_prev(r: dict[str, Any]) -> str:
+    """The "vs prev" cell: ``1.58× (compile)``, ``1.02× (vocab; noise: gap 2.0 ms < IQR 5.1 ms)``, or
+    ``n/a (differs from the previous row by: compile, vocab)``; ``—`` for the first row."""
+    if r.get("speedup_prev") is None:
+        return r.get("speedup_prev_na") or "—"
+    cell = f"{_x(r['speedup_prev'])} ({r['credited_to']}"
+    if r.get("noise"):
+        n = r["noise"]
+        cell += f"; *noise*: gap {_ms(n['gap_ms'])} ms < IQR {_ms(n['spread_ms'])} ms"
+    return cell + ")"
+
+
 def _notes(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
         return f"{r['status']}: {r['reason']}".replace("|", "/")
@@ -86,6 +99,8 @@ def markdown(result: dict[str, Any]) -> str:
     params = f" ({ran[0]['params'] / 1e6:.1f}M parameters)" if ran else ""
     data = "synthetic tokens" if c["data"] is None else f"`{c['data']}`"
     commit = (env.get("git_commit") or "unknown")[:12]
+    accum = c.get("grad_accum") or 1
+    accum_note = f", {accum} micro-batches per step" if accum > 1 else ""
     backend = "" if c["compile_backend"] == "inductor" else f"; torch.compile backend **{c['compile_backend']}**"
     lines = [
         "## gptspeed bench ladder",
@@ -95,34 +110,40 @@ def markdown(result: dict[str, Any]) -> str:
         f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}",
         "",
         f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}{params}; "
-        f"B={c['batch_size']}, T={c['seq_len']} ({c['batch_size'] * c['seq_len']:,} tokens/step); data: {data}; "
+        f"B={c['batch_size']}, T={c['seq_len']}{accum_note} ({c['batch_size'] * c['seq_len'] * accum:,} tokens/step); data: {data}; "
         f"{c['warmup']} warm-up + {c['steps']} timed steps per row, each row in a fresh process{backend}.",
         "",
         f"Command: `{env['command']}`",
         "",
-        "| stage | ms/step | min–max | tokens/s | MFU | peak mem | warm-up s | loss step 0 | loss end | vs prev | vs baseline | notes |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "| stage | switches | ms/step | IQR | min–max | tokens/s | MFU | peak mem | warm-up s | loss step 0 | loss end "
+        "| vs prev | vs first row | notes |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|",
     ]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {_label(r)} | — | — | — | — | — | — | — | — | — | — | {_notes(r)} |")
+            lines.append(f"| {_label(r)} | — | — | — | — | — | — | — | — | — | — | — | — | {_notes(r)} |")
             continue
         mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        iqr = "—" if r.get("ms_q25") is None else _ms(r["ms_q75"] - r["ms_q25"])
         lines.append(
-            f"| {_label(r)} | {_ms(r['ms_median'])} | {_ms(r['ms_min'])}–{_ms(r['ms_max'])} | {r['tokens_per_s']:,.0f} "
-            f"| {mfu} | {_bytes(r['peak_mem_bytes'])} | {r['warmup_s']:.1f} | {r['loss_step0']:.4f} | {r['loss_last']:.4f} "
-            f"| {_x(r['speedup_prev'])} | {_x(r['speedup_baseline'])} | {_notes(r)} |")
-    lines += ["", "Rows (cumulative: each adds its change to every row that ran or would run above it):", ""]
+            f"| {_label(r)} | {r.get('switches') or '—'} | {_ms(r['ms_median'])} | {iqr} | {_ms(r['ms_min'])}–{_ms(r['ms_max'])} "
+            f"| {r['tokens_per_s']:,.0f} | {mfu} | {fmt_bytes(r['peak_mem_bytes'])} | {r['warmup_s']:.1f} "
+            f"| {r['loss_step0']:.4f} | {r['loss_last']:.4f} | {vs_prev(r)} | {_x(r['speedup_baseline'])} | {_notes(r)} |")
+    lines += ["", "Rows are cumulative: each adds its change to every row that ran or would run above it; the "
+                  "switches column says what was on.", ""]
     lines += [f"- **{_label(r)}**: {r['description']}" + (f" ({r['source']})" if r.get("source") else "") for r in rows]
     mem = ("peak memory allocated by PyTorch on the GPU" if env["device_type"] == "cuda"
            else "peak resident memory of the row's process")
     mfu_note = next((r["peak_flops_source"] for r in ran if r["mfu"] is None), None)
     lines += [
         "",
-        "ms/step: median over the timed steps (CUDA events on a GPU, perf_counter on a CPU); tokens/s from the "
-        f"median; warm-up s includes compilation; peak mem: {mem}; vs prev / vs baseline: speed-up over the "
-        "previous row that ran / the first row that ran. Step-0 losses must agree with the first row's within "
-        "the dtype's tolerance (fp32 1e-4, tf32 1e-2, bf16 2e-2 relative)."
+        "ms/step: median over the timed steps (CUDA events on a GPU, perf_counter on a CPU); IQR: interquartile range "
+        "of the timed steps; tokens/s from the median; warm-up s includes compilation; peak mem: "
+        f"{mem}. vs prev: speed-up over the previous row that ran, credited to the one switch between them (in "
+        "brackets) -- n/a when they differ by more than one, and marked *noise* when either row's IQR is wider than "
+        "the gap between the two medians. vs first row: speed-up over the first row that ran, all of this row's "
+        "switches together. Step-0 losses must agree with the first row's within the dtype's tolerance (fp32 1e-4, "
+        "tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2 relative)."
         + (f" MFU: {mfu_note}." if mfu_note else ""),
     ]
     if result["problems"]:
@@ -181,3 +202,4 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         result["plot_skipped"] = skipped
         print(f"gptspeed bench: ladder.png not written: {skipped}", file=sys.stderr)
     (out / "ladder.json").write_text(json.dumps(result, indent=2) + "\n")
+

@@ -54,10 +54,77 @@ class Settings:
         return dataclasses.asdict(self)
 
 
-# Relative tolerance of a step-0 loss against the reference (first run row, normally baseline), by
-# the dtype the matmuls run in. At initialisation the loss is ~ln(50257) = 10.8; fp32 rows differ
-# only by summation order (~1e-6); TF32 keeps 10 mantissa bits, bf16 7 (unit roundoff 2^-8).
-LOSS_RTOL = {"float32": 1e-4, "tf32": 1e-2, "bfloat16": 2e-2, "float16": 1e-2}
+# Relative tolerance of a loss against the fp32 reference's on the same batches from the same
+# weights, by the least precise format the rung's matmuls run in (:func:`loss_rtol`): the ladder checks
+# step 0 with it, ``bench --verify`` every step of a short trajectory (max over steps of
+# |loss - loss_ref| / loss_ref). Why these numbers (docs: benchmarks/README.md, "bench --verify"):
+# - float32: rungs that change only the order of summation (compile, SDPA, padded vocabulary, fused
+#   AdamW, the chunked loss) differ on the CPU by <= 2e-7 relative over 20 steps (2 layers, width 64)
+#   and <= 3e-6 over 13 (nano on Shakespeare) (measured); 1e-4 leaves >= 30x for GPU kernels that
+#   split reductions differently.
+# - tf32 keeps 10 mantissa bits (unit roundoff 2^-11 = 4.9e-4), 8x finer than bf16: 2e-3.
+# - bfloat16 keeps 7 (2^-8 = 3.9e-3); float16 10 bits but a narrow range, handled by the GradScaler:
+#   1e-2 for both, i.e. 0.1 nats at a loss of 10. Mixed-precision loss curves are reported to track
+#   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps
+#   (emulated bf16). How sharp that is: benchmarks/README.md, "bench --verify".
+# - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls: 2e-2.
+# - Muon orthogonalises its update with Newton-Schulz iterations in bf16 (gptspeed.optim), which
+#   turns summation-order differences into bf16 rounding differences: a Muon rung is held to bf16's
+#   tolerance whatever its dtype (measured on the CPU: fp32 Muon rungs 4e-5 / 7e-5 off the fp32 Muon
+#   reference after 13 steps, nano on Shakespeare -- ~50x the AdamW rungs' 1e-6, near fp32's 1e-4).
+LOSS_RTOL = {"float32": 1e-4, "tf32": 2e-3, "bfloat16": 1e-2, "float16": 1e-2, "fp8": 2e-2}
+
+
+def loss_rtol(settings: "Settings | dict[str, Any]") -> float:
+    """The relative loss tolerance (:data:`LOSS_RTOL`) for a rung with these settings: the loosest
+    of its dtype's, fp8's when ``fp8`` is on, and bf16's with Muon (its Newton-Schulz runs in bf16)."""
+    s = settings if isinstance(settings, dict) else settings.to_dict()
+    rtol = LOSS_RTOL.get(s.get("dtype", "float32"), LOSS_RTOL["bfloat16"])
+    if s.get("fp8"):
+        rtol = max(rtol, LOSS_RTOL["fp8"])
+    if s.get("optimizer") == "muon":
+        rtol = max(rtol, LOSS_RTOL["bfloat16"])
+    return rtol
+
+
+_DTYPE_LABEL = {"float32": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16": "fp16"}
+# The name of each Settings field as a switch, for "differs from the previous row by: ...".
+SWITCH_NAMES = {"dtype": "dtype", "compile": "compile", "attention": "attention", "vocab_size": "vocab",
+                "fused_adamw": "fused-adamw", "loss": "loss", "batch_auto": "batch-auto", "fp8": "fp8",
+                "optimizer": "optimizer", "compile_mode": "compile-mode", "compile_tuning": "compile-tuning"}
+
+
+def switches(settings: "Settings | dict[str, Any]") -> str:
+    """Every switch a row runs with, as one label: the dtype, then each setting that differs from
+    :class:`Settings`' default, e.g. ``bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce``;
+    ``fp32`` for the baseline."""
+    s = settings if isinstance(settings, dict) else settings.to_dict()
+    d = Settings().to_dict()
+    parts = [_DTYPE_LABEL.get(s["dtype"], s["dtype"])]
+    if s["compile"]:
+        parts.append("compile")
+    if s["compile_mode"] != d["compile_mode"]:
+        parts.append(f"compile-{s['compile_mode']}")
+    if s["compile_tuning"] != d["compile_tuning"]:
+        parts.append(s["compile_tuning"])
+    if s["attention"] != d["attention"]:
+        parts.append(s["attention"])
+    if s["vocab_size"] != d["vocab_size"]:
+        parts.append(f"vocab{s['vocab_size']}")
+    parts += [name for key, name in (("fused_adamw", "fused-adamw"), ("batch_auto", "batch-auto"), ("fp8", "fp8"))
+              if s[key]]
+    if s["loss"] != d["loss"]:
+        parts.append("fused-ce" if s["loss"] == "fused" else f"loss-{s['loss']}")
+    if s["optimizer"] != d["optimizer"]:
+        parts.append(s["optimizer"])
+    return "+".join(parts)
+
+
+def differences(a: "Settings | dict[str, Any]", b: "Settings | dict[str, Any]") -> list[str]:
+    """The switches (:data:`SWITCH_NAMES`) whose settings differ between two rows, in field order."""
+    a = a if isinstance(a, dict) else a.to_dict()
+    b = b if isinstance(b, dict) else b.to_dict()
+    return [SWITCH_NAMES.get(k, k) for k in a if a[k] != b.get(k)]
 
 
 def _always(device: torch.device, compile_backend: str) -> str | None:
@@ -134,6 +201,8 @@ class Stage:
 
     ``applies(device, compile_backend)`` returns None when the stage can run on ``device`` and
     otherwise the one-line reason it is skipped. ``source`` says where the technique comes from.
+    ``base`` (only for :data:`VERIFY_EXTRAS`): apply ``delta`` to that ladder stage's settings
+    instead of to the rung before.
     """
 
     name: str
@@ -141,6 +210,7 @@ class Stage:
     delta: dict[str, Any] = field(default_factory=dict)
     applies: Callable[[torch.device, str], str | None] = _always
     source: str = ""
+    base: str | None = None
 
 
 STAGES: tuple[Stage, ...] = (
@@ -175,6 +245,38 @@ STAGES: tuple[Stage, ...] = (
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
 
+def _fp16(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return (f"float16 autocast + GradScaler is the path of CUDA GPUs without bf16 (V100, T4); "
+                f"gptspeed does not run it on {device.type}")
+    return None
+
+
+def _cuda_compile_tuning(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return f"this torch.compile mode is about CUDA graphs / Triton matmuls; not {device.type}"
+    if compile_backend != "inductor":
+        return f"torch.compile modes are inductor's; the compile backend is {compile_backend}"
+    return _compile(device, compile_backend)
+
+
+# Rungs only ``bench --verify`` runs: other ways to train that a user can pick with a flag, checked
+# against the same fp32 reference. Not in the ladder (they are alternatives, not cumulative steps).
+VERIFY_EXTRAS: tuple[Stage, ...] = (
+    Stage("fp16", "float16 autocast with a GradScaler (--dtype auto on GPUs without bf16)", {"dtype": "float16"},
+          _fp16, source="torch.amp.GradScaler; Micikevicius et al. 2018", base="baseline"),
+    Stage("fp16-fused-ce", "fused-ce's settings in float16 (GradScaler + the chunked loss)", {"dtype": "float16"},
+          _fp16, source="torch.amp.GradScaler", base="fused-ce"),
+    Stage("reduce-overhead", "fused-ce's settings, torch.compile mode reduce-overhead (CUDA graphs)",
+          {"compile": True, "compile_tuning": "reduce-overhead"}, _cuda_compile_tuning, source="torch.compile docs",
+          base="fused-ce"),
+    Stage("max-autotune-no-cudagraphs", "fused-ce's settings, torch.compile mode max-autotune-no-cudagraphs",
+          {"compile": True, "compile_tuning": "max-autotune-no-cudagraphs"}, _cuda_compile_tuning,
+          source="torch.compile docs", base="fused-ce"),
+)
+VERIFY_EXTRA_NAMES = tuple(s.name for s in VERIFY_EXTRAS)
+
+
 @dataclass
 class PlannedRow:
     """A ladder row before it runs: ``settings`` is None when the stage does not apply;
@@ -185,16 +287,16 @@ class PlannedRow:
     skip_reason: str | None
 
 
-def parse_stage_list(text: str | None) -> list[str] | None:
+def parse_stage_list(text: str | None, allowed: tuple[str, ...] = STAGE_NAMES) -> list[str] | None:
     """``"baseline,bf16"`` -> ``["baseline", "bf16"]``; None -> None (all). GptspeedError for
-    an unknown or empty name."""
+    a name not in ``allowed`` or an empty one."""
     if text is None:
         return None
     names = [n.strip() for n in text.split(",")]
-    bad = [n for n in names if n not in STAGE_NAMES]
+    bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise GptspeedError(f"unknown stage(s) {', '.join(repr(b) for b in bad) or repr(text)} in --stages: "
-                            f"choose from {', '.join(STAGE_NAMES)}")
+                            f"choose from {', '.join(allowed)}")
     return names
 
 

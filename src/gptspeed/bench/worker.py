@@ -31,8 +31,7 @@ from gptspeed.data.loader import to_device
 from gptspeed.errors import GptspeedError
 from gptspeed.metrics import memory_stats, peak_flops
 from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
-from gptspeed.optim import build_optimizer
-from gptspeed.runtime import Runtime, parallelize, resolve_runtime
+from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
 
 GRAD_CLIP = 1.0  # as gptspeed train's default
@@ -61,6 +60,9 @@ class StageSpec:
     compile_backend: str = "inductor"
     peak_tflops: float | None = None
     profile_dir: str | None = None  # set: trace the timed steps with torch.profiler into this folder
+    mode: str = "time"  # time (a ladder row) | verify (a bench --verify rung: gptspeed.bench.verify_worker)
+    grad_accum: int = 1  # micro-batches per optimizer step
+    synthetic: str = "uniform"  # without data: uniform | phrases (see SyntheticLoader)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,14 +70,31 @@ class StageSpec:
 
 
 class SyntheticLoader:
-    """Uniform random token ids in ``[0, 50257)`` from ``numpy.random.default_rng(seed)``, read
-    like :class:`gptspeed.data.loader.TokenLoader`: ``next_batch() -> (x, y)``, each ``(B, T)``
-    int64 on ``device``, ``y`` = ``x`` shifted by one. Same seed, same batches in every process."""
+    """Synthetic token ids from ``numpy.random.default_rng(seed)``, read like
+    :class:`gptspeed.data.loader.TokenLoader`: ``next_batch() -> (x, y)``, each ``(B, T)`` int64 on
+    ``device``, ``y`` = ``x`` shifted by one; after ``n_batches`` it starts again. Same seed, same
+    batches in every process.
 
-    def __init__(self, batch_size: int, seq_len: int, n_batches: int, seed: int, device: torch.device):
+    ``kind="uniform"``: ids uniform in ``[0, 50257)`` -- nothing to learn, so the loss stays near
+    ln(50257) = 10.8 (the ladder times steps; it needs no learning). ``kind="phrases"``: a stream of
+    phrases drawn at random from a fixed table of 1024 phrases of 16 ids, over 512 ids picked from
+    the vocabulary: learnable (unigram, then which phrase continues), so the loss falls and two
+    rungs that train differently end on different losses (``bench --verify``).
+    """
+
+    def __init__(self, batch_size: int, seq_len: int, n_batches: int, seed: int, device: torch.device,
+                 kind: str = "uniform"):
         self.B, self.T, self.device = batch_size, seq_len, device
         rng = np.random.default_rng(seed)
-        self.tokens = rng.integers(0, GPT2_VOCAB_SIZE, size=n_batches * batch_size * seq_len + 1, dtype=np.uint16)
+        n = n_batches * batch_size * seq_len + 1
+        if kind == "uniform":
+            self.tokens = rng.integers(0, GPT2_VOCAB_SIZE, size=n, dtype=np.uint16)
+        elif kind == "phrases":
+            ids = rng.choice(GPT2_VOCAB_SIZE, size=512, replace=False).astype(np.uint16)
+            table = ids[rng.integers(0, len(ids), size=(1024, 16))]  # (phrases, ids per phrase)
+            self.tokens = table[rng.integers(0, len(table), size=-(-n // 16))].ravel()[:n]
+        else:
+            raise ValueError(f"unknown synthetic data kind {kind!r}: uniform or phrases")
         self.n_batches, self.i = n_batches, 0
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,10 +105,12 @@ class SyntheticLoader:
         return t[:-1].view(self.B, self.T), t[1:].view(self.B, self.T)
 
 
-def make_loader(spec: StageSpec, device: torch.device):
-    """The batches of every row: a prepared folder's train shards, or :class:`SyntheticLoader`."""
+def make_loader(spec: StageSpec, device: torch.device, n_batches: int | None = None):
+    """The batches of every row: a prepared folder's train shards, or :class:`SyntheticLoader`
+    (``spec.synthetic``) holding ``n_batches`` (default: one per warm-up and timed micro-step)."""
     if spec.data is None:
-        return SyntheticLoader(spec.batch_size, spec.seq_len, spec.warmup + spec.steps, spec.seed, device)
+        n = n_batches or (spec.warmup + spec.steps) * spec.grad_accum
+        return SyntheticLoader(spec.batch_size, spec.seq_len, n, spec.seed, device, spec.synthetic)
     from gptspeed.data import find_shards
     from gptspeed.data.loader import TokenLoader
 
@@ -153,10 +174,35 @@ class _HFForward(torch.nn.Module):
         return None, self.hf(input_ids=x, labels=y, shift_labels=y).loss
 
 
-def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.Tensor], GPT | torch.nn.Module, int, bool]:
-    """``(step, model, flops_per_token, fused_adamw)``; ``step()`` runs one training step --
-    :meth:`gptspeed.trainer.Trainer.forward_backward` + ``optimizer_step``, exactly the step
-    `gptspeed train` runs, one micro-batch -- and returns its loss (0-dim tensor, not synchronised)."""
+class Row:
+    """One row's parts, built once as a :meth:`gptspeed.trainer.Trainer.bare` (the step `gptspeed
+    train` runs): ``forward(x, y) -> (logits, loss)`` (the compiled / wrapped model; assignable,
+    e.g. to inject a fault), the plain ``model``, the ``optimizer`` and whether it skips
+    non-finite steps on the device (``fused``), the trainable ``params``, and the model FLOPs per
+    token."""
+
+    def __init__(self, trainer, flops_per_token: int):
+        self.trainer, self.flops_per_token = trainer, flops_per_token
+
+    @property
+    def forward(self):
+        return self.trainer.train_model
+
+    @forward.setter
+    def forward(self, f) -> None:
+        self.trainer.train_model = f
+
+    model = property(lambda self: self.trainer.model)
+    train_model = property(lambda self: self.trainer.train_model)
+    optimizer = property(lambda self: self.trainer.optimizer)
+    fused = property(lambda self: self.trainer.skips_on_device)
+    params = property(lambda self: self.trainer.params)
+
+
+def build_row(spec: StageSpec, rt: Runtime) -> Row:
+    """Build a row's model (same initial weights in every row: :func:`init_gpt`), apply its
+    settings from outside (:func:`gptspeed.runtime.parallelize`, through ``Trainer.bare``) and
+    build its optimizer and GradScaler."""
     from gptspeed.config import RunConfig, RuntimeConfig, TrainConfig
     from gptspeed.trainer import Trainer
 
@@ -175,15 +221,44 @@ def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.T
                                                  grad_clip=GRAD_CLIP),
                     train=TrainConfig(batch_size=spec.batch_size),
                     runtime=RuntimeConfig(compile_mode=s.compile_mode, compile_tuning=s.compile_tuning, fp8=s.fp8))
-    trainer = Trainer.bare(run, rt, model=model, backend=spec.compile_backend)
+    return Row(Trainer.bare(run, rt, model=model, backend=spec.compile_backend), fpt)
 
-    def step() -> torch.Tensor:
-        x, y = loader.next_batch()
-        loss = trainer.forward_backward(x, y, last_micro_step=True)
-        trainer.optimizer_step(loss)
-        return loss
 
-    return step, trainer.model, fpt, trainer.skips_on_device
+def make_train_step(row: Row, rt: Runtime, accum: int = 1, sync=None):
+    """The bench's one way into the training step: ``step(next_batch) -> (loss, skipped)`` runs
+    exactly the optimizer step ``gptspeed train`` runs (:meth:`gptspeed.trainer.Trainer.train_step`:
+    ``accum`` micro-batches from ``next_batch() -> (x, y)``, forward under autocast, backward
+    through a GradScaler for float16, gradient clipping at 1.0, the optimizer step or its skip,
+    zeroed gradients).
+
+    ``loss``: 0-dim fp32 device tensor, the mean over the micro-batches; ``skipped``: 0-dim bool
+    device tensor, True when the step was not applied (a non-finite loss or gradient, or a
+    float16 overflow the GradScaler skipped). Neither is read here: no host-device sync is added.
+    ``sync``: :func:`gptspeed.runtime.grad_sync_control` of a DDP / FSDP-wrapped model (default:
+    the trainer's own).
+    """
+    import types
+
+    trainer = row.trainer
+    trainer.accum = accum
+    if sync is not None:
+        trainer.sync = sync
+
+    def step(next_batch) -> tuple[torch.Tensor, torch.Tensor]:
+        trainer.loader = types.SimpleNamespace(next_batch=next_batch)
+        loss, grad_norm, bad = trainer.train_step()
+        return loss, bad | ~torch.isfinite(grad_norm)
+
+    return step
+
+
+def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.Tensor], GPT | torch.nn.Module, int, bool]:
+    """``(step, model, flops_per_token, fused_adamw)``; ``step()`` runs one training step of
+    ``spec.grad_accum`` micro-batches from ``loader`` and returns its loss (0-dim tensor, not
+    synchronised)."""
+    row = build_row(spec, rt)
+    train = make_train_step(row, rt, spec.grad_accum)
+    return (lambda: train(loader.next_batch)[0]), row.model, row.flops_per_token, row.fused
 
 
 def _auto_batch(spec: StageSpec, rt: Runtime) -> int:
@@ -194,7 +269,7 @@ def _auto_batch(spec: StageSpec, rt: Runtime) -> int:
 
     def make_step(b: int):
         probe = dataclasses.replace(spec, batch_size=b, data=None, warmup=1, steps=1)
-        eager = dataclasses.replace(rt, compile=False)  # as gptspeed.train.auto_batch_size: eager fit is a lower bound
+        eager = dataclasses.replace(rt, compile=False)  # as gptspeed.trainer.auto_batch_size: eager fit is a lower bound
         return _step_fn(probe, eager, SyntheticLoader(b, spec.seq_len, 1, spec.seed, rt.device))[0]
 
     settings = {"shape": [spec.n_layer, spec.n_head, spec.n_embd, spec.seq_len], "kind": spec.kind,
@@ -229,7 +304,8 @@ def _timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple
 def run_stage(spec: StageSpec) -> dict[str, Any]:
     """Build, warm up, time (or profile) one row. Returns its figures:
 
-    ``ms_median``/``ms_min``/``ms_max`` (ms per timed step), ``ms_mean_wall`` (wall time of all
+    ``ms_median``/``ms_min``/``ms_max``/``ms_q25``/``ms_q75`` (ms per timed step: median, extremes,
+    quartiles; :func:`quartiles`), ``ms_steps`` (every timed step), ``ms_mean_wall`` (wall time of all
     timed steps / steps), ``tokens_per_s`` (B*T / median), ``mfu`` (None without a peak),
     ``first_step_s`` (the first warm-up step: compile + allocation), ``warmup_s`` (all warm-up
     steps), ``loss_step0``, ``loss_last`` (last timed step), ``peak_mem_bytes``, ``mem_total_bytes``,
@@ -257,13 +333,15 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
         result.update(_write_profile(prof, Path(spec.profile_dir), spec.name, rt))
     else:
         ms, wall, losses = _timed_steps(step, spec.steps, rt)
-    tokens = spec.batch_size * spec.seq_len
+    tokens = spec.batch_size * spec.seq_len * spec.grad_accum
     median = statistics.median(ms)
     peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
     mem_peak, mem_total = memory_stats(rt.device)
     tps = tokens / (median / 1000)
+    q25, q75 = quartiles(ms)
     result.update(
-        ms_median=median, ms_min=min(ms), ms_max=max(ms), ms_mean_wall=1000 * wall / spec.steps,
+        ms_median=median, ms_min=min(ms), ms_max=max(ms), ms_q25=q25, ms_q75=q75, ms_steps=ms,
+        ms_mean_wall=1000 * wall / spec.steps,
         tokens_per_step=tokens, tokens_per_s=tps, flops_per_token=fpt,
         mfu=fpt * tps / peak if peak else None, peak_flops=peak, peak_flops_source=peak_source,
         first_step_s=first_step_s, warmup_s=warmup_s, loss_step0=loss0, loss_last=losses[-1].item(),
@@ -272,6 +350,31 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
         dtype=rt.dtype, compile=rt.compile, device=str(rt.device), threads=torch.get_num_threads(),
     )
     return result
+
+
+def quartiles(ms: list[float]) -> tuple[float, float]:
+    """First and third quartile of the step times (``statistics.quantiles``, inclusive method);
+    with one step, that step twice (no spread measured)."""
+    if len(ms) < 2:
+        return ms[0], ms[0]
+    q = statistics.quantiles(ms, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def oom_reason(e: BaseException, spec: StageSpec) -> str:
+    """One line for a row that ran out of device memory, naming the micro-batch."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"out of memory at B={spec.batch_size} (T={spec.seq_len}, {spec.grad_accum} micro-batch(es) per step): "
+            f"{first[:200]}")
+
+
+def free_device_memory() -> None:
+    """Drop what can be dropped after an out-of-memory error (garbage, CUDA's cached blocks)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _profiled_steps(step, n: int, rt: Runtime):
@@ -295,20 +398,35 @@ def _write_profile(prof, out: Path, name: str, rt: Runtime) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``SPEC.json RESULT.json``: run :func:`run_stage` and write its result. A GptspeedError is
-    one line on stderr and exit 2; a missing transformers for the peer row is a ``skipped``
-    result; anything else keeps its traceback (a bug) and exits 1."""
+    """``SPEC.json RESULT.json``: run :func:`run_stage` (or, for ``mode == "verify"``,
+    :func:`gptspeed.bench.verify_worker.verify_stage`) and write its result.
+
+    Out of device memory (``torch.OutOfMemoryError``) is a ``failed`` result naming the batch
+    size (:func:`oom_reason`), so the parent records it and goes on to the next row.
+    A GptspeedError is one line on stderr and exit 2 -- except in verify mode, where it is a
+    ``skipped`` result ("refused: ...": gptspeed refuses that combination up front); a missing
+    transformers for the peer row is a ``skipped`` result; anything else keeps its traceback (a
+    bug) and exits 1."""
     spec_path, result_path = argv if argv is not None else sys.argv[1:]
     spec = StageSpec(**json.loads(Path(spec_path).read_text()))
     try:
-        result = {"status": "ok", **run_stage(spec)}
+        if spec.mode == "verify":
+            from gptspeed.bench.verify_worker import verify_stage
+
+            result = verify_stage(spec)
+        else:
+            result = {"status": "ok", **run_stage(spec)}
     except ImportError as e:
         if spec.kind != PEER_KIND or "transformers" not in str(e):
             raise
         result = {"status": "skipped", "reason": f"transformers is not installed ({e}); pip install 'gptspeed[hf]'"}
+    except torch.OutOfMemoryError as e:  # torch.cuda.OutOfMemoryError is the same class
+        free_device_memory()
+        result = {"status": "failed", "reason": oom_reason(e, spec), "oom": True}
     except GptspeedError as e:
-        print(f"gptspeed bench: error: {e}", file=sys.stderr)
-        return 2
+        if spec.mode != "verify":
+            print(f"gptspeed bench: error: {e}", file=sys.stderr)
+            return 2
+        result = {"status": "skipped", "reason": f"refused: {e}"}
     Path(result_path).write_text(json.dumps(result, indent=2) + "\n")
     return 0
-

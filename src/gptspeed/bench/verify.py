@@ -1,0 +1,371 @@
+"""``gptspeed bench --verify``: does every rung train correctly here, and how fast? One command.
+
+For every rung -- the ladder's stages (:data:`gptspeed.bench.stages.STAGES`, with their cumulative
+settings) and the verify-only alternatives (:data:`~gptspeed.bench.stages.VERIFY_EXTRAS`: fp16 with
+a GradScaler, other torch.compile modes) -- :func:`run_verify` trains the same short trajectory in a
+fresh process (:mod:`gptspeed.bench.verify_worker`): same initial weights, same batches, the preset's
+micro-batch (or ``--batch-size``), ``--grad-accum`` micro-batches per step (default 2, so the
+accumulation path that real training takes is exercised). Then, per rung:
+
+- **loss**: every step's loss against the fp32 reference's (``baseline``: fp32, eager, manual
+  attention; ``baseline-muon`` for rungs that train with Muon -- the optimizer changes the
+  mathematics, precision and kernels must not), max over steps of the relative difference, within
+  :func:`gptspeed.bench.stages.loss_rtol` (fp32 1e-4, tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2; Muon
+  rungs at least bf16's, as its Newton-Schulz runs in bf16);
+- **host-device syncs** per steady step (CUDA only) against the step's design (:func:`sync_budget`);
+- **graph breaks and recompiles** (compiled rungs): must be 0;
+- tokens/s, MFU, peak memory, and which SDPA kernel ran.
+
+A rung that crashes or runs out of memory is recorded as failed with its reason and the others
+still run; a rung that cannot run on this device is skipped with the reason. Writes ``verify.md``
+(printed too) and ``verify.json`` (environment: device, driver, CUDA, torch, commit, command).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptspeed.bench import report
+from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
+from gptspeed.bench.stages import (LOSS_RTOL, STAGE_NAMES, VERIFY_EXTRA_NAMES, VERIFY_EXTRAS, Settings, loss_rtol,
+                                   parse_stage_list, plan_ladder, switches)
+from gptspeed.errors import GptspeedError
+
+REFERENCE = "baseline"
+DEFAULT_GRAD_ACCUM = 2
+BATCH_AUTO_NOT_COMPARED = "not compared: --batch-size auto trains on its own micro-batch, so on other batches"
+
+
+@dataclass
+class Rung:
+    """One row of the verify plan. ``settings`` is None when it does not run (``skip_reason``
+    says why); ``reference`` names the rung its losses are compared with (None: not compared,
+    ``not_compared`` says why, or it is a reference itself)."""
+
+    name: str
+    kind: str  # stage | extra | reference
+    description: str
+    source: str
+    settings: Settings | None
+    skip_reason: str | None = None
+    reference: str | None = None
+    not_compared: str | None = None
+
+
+def reference_settings(s: Settings) -> Settings:
+    """The fp32 reference a rung is compared with: every switch off, except those that change
+    what is computed rather than how precisely or how fast -- the optimizer."""
+    return Settings(optimizer=s.optimizer)
+
+
+def plan_verify(device, selected: list[str] | None = None, compile_backend: str = "inductor") -> list[Rung]:
+    """Every ladder stage and every :data:`VERIFY_EXTRAS` rung, in order, with the settings it
+    runs with on ``device`` (``batch_auto`` only on the ``batch-auto`` rung itself: the others
+    keep the fixed micro-batch so that they stay comparable), the references they need inserted
+    after ``baseline``, and a skip reason for each rung that does not apply or was not selected."""
+    ladder = plan_ladder(device, None, compile_backend)
+    by_name = {p.stage.name: p for p in ladder}
+    rungs: list[Rung] = []
+    for p in ladder:
+        st = p.stage
+        settings = p.settings
+        if settings is not None and st.name != "batch-auto":
+            settings = dataclasses.replace(settings, batch_auto=False)
+        rungs.append(Rung(st.name, "stage", st.description, st.source, settings, p.skip_reason))
+    for st in VERIFY_EXTRAS:
+        base = by_name[st.base].settings
+        reason = st.applies(device, compile_backend)
+        if reason is None and base is None:
+            reason = f"its base rung {st.base} does not run here ({by_name[st.base].skip_reason})"
+        settings = None if reason else dataclasses.replace(base, batch_auto=False, **st.delta)
+        rungs.append(Rung(st.name, "extra", st.description, st.source, settings, reason))
+
+    for r in rungs:
+        if r.settings is not None and selected is not None and r.name not in selected:
+            r.skip_reason = "not selected (--stages)"
+    refs: dict[str, Rung] = {}
+    for r in rungs:
+        if r.settings is None or r.skip_reason is not None or r.name == REFERENCE:
+            continue
+        if r.settings.batch_auto:
+            r.not_compared = BATCH_AUTO_NOT_COMPARED
+            continue
+        ref = reference_settings(r.settings)
+        name = REFERENCE if ref == Settings() else f"{REFERENCE}-{r.settings.optimizer}"
+        r.reference = name
+        if name != REFERENCE and name not in refs:
+            refs[name] = Rung(name, "reference", f"the fp32 reference for rungs that train with {ref.optimizer}",
+                              "fp32, eager, manual attention, vocab 50257, plain loss", ref)
+    base = rungs[0]
+    needed = any(r.reference == REFERENCE for r in rungs)
+    if base.skip_reason is not None and needed:
+        base.skip_reason = None
+        base.not_compared = "run as the reference (not selected)"
+    return [base, *refs.values(), *rungs[1:]]
+
+
+def compare_losses(row: dict[str, Any], ref: dict[str, Any], rtol: float) -> dict[str, Any]:
+    """Compare a rung's per-step losses with its reference's.
+
+    Steps are compared up to and including the first one that either run did not apply (a
+    GradScaler overflow skip, a non-finite step): until then both have applied the same updates
+    to the same weights. Returns ``{"max_rel_diff", "at_step", "steps_compared", "rtol", "ok",
+    "ref_loss_first", "ref_loss_last", "loss_at_worst", "ref_at_worst", "note"}``; a non-finite
+    loss counts as an infinite difference.
+    """
+    a, b = row["losses"], ref["losses"]
+    skip_a, skip_b = row.get("skipped", [False] * len(a)), ref.get("skipped", [False] * len(b))
+    n = min(len(a), len(b))
+    first_skip = next((i for i in range(n) if skip_a[i] or skip_b[i]), None)
+    upto = n if first_skip is None else first_skip + 1
+    rel = [abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) and y != 0 else math.inf
+           for x, y in zip(a[:upto], b[:upto])]
+    worst = max(range(upto), key=lambda i: rel[i])
+    note = ""
+    if first_skip is not None:
+        note = f"compared up to step {first_skip}, the first step not applied (of {n})"
+    moved = b[0] - min(b[:upto]) if all(math.isfinite(v) for v in b[:upto]) else math.inf
+    if moved < 5 * rtol * abs(b[0]):
+        note = (note + "; " if note else "") + (f"the reference's loss moved only {moved:.3f} over the compared "
+                                                 "steps: agreement says little (use --data or more --steps)")
+    return {"max_rel_diff": rel[worst], "at_step": worst, "steps_compared": upto, "rtol": rtol,
+            "ok": rel[worst] <= rtol, "loss_at_worst": a[worst], "ref_at_worst": b[worst],
+            "ref_loss_first": b[0], "ref_loss_last": b[upto - 1], "note": note}
+
+
+def rung_problems(row: dict[str, Any]) -> list[str]:
+    """Why a rung that ran fails verification (empty: verified). Checks the loss comparison, steps
+    not applied (other than a GradScaler's overflow skips), graph breaks, recompiles, and host-device
+    syncs above the step's budget."""
+    if row["status"] == "failed":
+        return [f"failed: {row['reason']}"]
+    if row["status"] != "ok":
+        return []
+    out = []
+    check = row.get("loss_check")
+    if check is not None and not check["ok"]:
+        out.append(f"loss {check['loss_at_worst']:.5f} vs {row['reference']}'s {check['ref_at_worst']:.5f} at step "
+                   f"{check['at_step']}: {check['max_rel_diff']:.1e} relative, tolerance {check['rtol']:.0e}")
+    skipped = [i for i, s in enumerate(row.get("skipped", [])) if s]
+    if skipped and not row.get("grad_scaler"):
+        out.append(f"step(s) {', '.join(map(str, skipped[:5]))} not applied: non-finite loss or gradient")
+    c = row.get("compile")
+    if c:
+        if c["graph_breaks"]:
+            out.append(f"{c['graph_breaks']} graph break(s): {'; '.join(c['graph_break_reasons'][:2])}")
+        if c["recompiles"]:
+            out.append(f"{c['recompiles']} recompile(s): {'; '.join(c['recompile_reasons'][:2])}")
+    syncs = row.get("syncs") or {}
+    if syncs.get("counted") and syncs["per_step"] > syncs["budget"]:
+        where = next(iter(syncs.get("sites") or {}), "a C++ / backward thread")
+        out.append(f"{syncs['per_step']:g} host-device syncs per step, designed for {syncs['budget']} (e.g. at {where})")
+    return out
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
+    """Run every rung of :func:`plan_verify` in its own process, compare, and write ``verify.md``
+    (also printed on stdout) and ``verify.json`` into ``cfg.out``. Returns the report (as in
+    verify.json): ``ok`` is False and ``failing`` names the rungs when any rung failed
+    verification.
+
+    Raises GptspeedError for bad flags, before anything runs.
+    """
+    import torch
+
+    accum = DEFAULT_GRAD_ACCUM if cfg.grad_accum is None else cfg.grad_accum
+    spec0 = dataclasses.replace(base_spec(cfg), mode="verify", grad_accum=accum, synthetic="phrases")
+    selected = parse_stage_list(cfg.stages, STAGE_NAMES + VERIFY_EXTRA_NAMES)
+    device = torch.device(spec0.device)
+    plan = plan_verify(device, selected, cfg.compile_backend)
+    to_run = [r for r in plan if r.skip_reason is None]
+    if selected is not None and not any(r.name in selected for r in to_run):
+        reasons = "; ".join(f"{r.name}: {r.skip_reason}" for r in plan if r.name in selected)
+        raise GptspeedError(f"none of the selected rungs runs on {device.type} ({reasons})")
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GptspeedError(f"cannot create --out {out}: {e.strerror or e}") from e
+
+    env = report.environment(device, command)
+    rows: dict[str, dict[str, Any]] = {}
+    for r in plan:
+        row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
+                               "settings": r.settings.to_dict() if r.settings else None,
+                               "switches": switches(r.settings) if r.settings else None, "reference": r.reference}
+        if r.skip_reason is not None:
+            row.update(status="skipped", reason=r.skip_reason)
+        rows[r.name] = row
+    for i, r in enumerate(to_run, 1):
+        _say(f"[{i}/{len(to_run)}] {r.name}: {switches(r.settings)}")
+        spec = dataclasses.replace(spec0, name=r.name, settings=r.settings.to_dict())
+        rows[r.name].update(run_worker(spec, out / "logs" / f"{r.name}.log", cfg.stage_timeout))
+        _say("    " + _progress(rows[r.name]))
+
+    for r in plan:
+        row = rows[r.name]
+        if row["status"] != "ok":
+            continue
+        ref = rows.get(r.reference) if r.reference else None
+        if r.reference is None:
+            row["loss_check"] = None
+            row["not_compared"] = r.not_compared or "the reference"
+        elif ref is None or ref["status"] != "ok":
+            row["loss_check"] = None
+            row["not_compared"] = f"not compared: the reference {r.reference} did not run ({ref and ref['status']})"
+        else:
+            row["loss_check"] = compare_losses(row, ref, loss_rtol(r.settings))
+    for row in rows.values():
+        row["problems"] = rung_problems(row)
+    failing = [name for name, row in rows.items() if row["problems"]]
+    result = {
+        "format": "gptspeed-verify", "format_version": 1, "environment": env,
+        "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
+                   ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")},
+                   "grad_accum": accum, "device": spec0.device},
+        "tolerances": LOSS_RTOL, "rungs": list(rows.values()), "ok": not failing, "failing": failing,
+        "problems": [f"{name}: {p}" for name in failing for p in rows[name]["problems"]],
+    }
+    table = verify_markdown(result)
+    (out / "verify.md").write_text(table)
+    (out / "verify.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(table, end="")
+    return result
+
+
+# ------------------------------------------------------------------------------------ bench --verify
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    if r["status"] == "skipped":
+        return "skipped"
+    if r["status"] == "failed":
+        return "**FAILED**"
+    return "**FAILED**" if r["problems"] else "verified"
+
+
+def _loss_cell(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return "—"
+    check = r.get("loss_check")
+    if check is None:
+        return r.get("not_compared") or "—"
+    return (f"{check['max_rel_diff']:.1e} at step {check['at_step']} vs {r['reference']} "
+            f"(≤ {check['rtol']:.0e}; {check['steps_compared']} steps)")
+
+
+def _sync_cell(r: dict[str, Any]) -> str:
+    s = r.get("syncs")
+    if r["status"] != "ok" or not s:
+        return "—"
+    if not s["counted"]:
+        return f"not counted (GPU only; budget {s['budget']})"
+    return f"{s['per_step']:g} (budget {s['budget']})"
+
+
+def _compile_cell(r: dict[str, Any]) -> str:
+    c = r.get("compile")
+    if r["status"] != "ok":
+        return "—"
+    if c is None:
+        return "eager"
+    return f"{c['graph_breaks']} / {c['recompiles']}"
+
+
+def _sdpa_cell(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return "—"
+    if (r.get("settings") or {}).get("attention") != "sdpa":
+        return "manual attention"
+    sdpa = r.get("sdpa") or {}
+    return sdpa.get("backend") or "no SDPA op in the profile"
+
+
+def _verify_notes(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return _cell(f"{r['status']}: {r['reason']}")
+    notes = list(r["problems"])
+    check = r.get("loss_check") or {}
+    if check.get("note"):
+        notes.append(check["note"])
+    if r.get("grad_scaler") and any(r.get("skipped", [])):
+        notes.append(f"GradScaler skipped {sum(r['skipped'])} step(s) (float16 overflow, by design)")
+    if r.get("batch_size") is not None and (r.get("settings") or {}).get("batch_auto"):
+        notes.append(f"--batch-size auto chose B={r['batch_size']}")
+    return _cell("; ".join(notes))
+
+
+def verify_markdown(result: dict[str, Any]) -> str:
+    """``bench --verify``'s report as Markdown: environment and command, one row per rung (verdict,
+    switches, loss agreement with the fp32 reference, syncs per step, graph breaks / recompiles,
+    SDPA kernel, tokens/s, MFU, peak memory), the failing rungs, and how to read it."""
+    env, c, rungs = result["environment"], result["config"], result["rungs"]
+    commit = (env.get("git_commit") or "unknown")[:12]
+    data = "synthetic phrases (learnable random token phrases)" if c["data"] is None else f"`{c['data']}`"
+    tol = result["tolerances"]
+    lines = [
+        "## gptspeed bench --verify",
+        "",
+        f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
+        f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
+        f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}",
+        "",
+        f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}; B={c['batch_size']}, "
+        f"T={c['seq_len']}, {c['grad_accum']} micro-batches per step; data: {data}; {c['warmup']} warm-up + "
+        f"{c['steps']} steady steps per rung, each rung in a fresh process from the same weights on the same batches.",
+        "",
+        f"Command: `{env['command']}`",
+        "",
+        "| rung | switches | verdict | loss: max rel. diff vs fp32 reference | syncs/step | graph breaks / recompiles "
+        "| SDPA kernel | tokens/s | MFU | peak mem | notes |",
+        "|---|---|---|---|--:|--:|---|--:|--:|--:|---|",
+    ]
+    for r in rungs:
+        ok = r["status"] == "ok"
+        mfu = "—" if not ok or r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+        tps = f"{r['tokens_per_s']:,.0f}" if ok else "—"
+        lines.append(
+            f"| {r['name']} | {r.get('switches') or '—'} | {_verdict(r)} | {_cell(_loss_cell(r))} | {_sync_cell(r)} "
+            f"| {_compile_cell(r)} | {_sdpa_cell(r)} | {tps} | {mfu} "
+            f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |")
+    n_ok = sum(1 for r in rungs if r["status"] == "ok" and not r["problems"])
+    n_skip = sum(1 for r in rungs if r["status"] == "skipped")
+    lines += ["", f"**{n_ok} verified, {len(result['failing'])} failing, {n_skip} skipped.**"
+              + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")]
+    mfu_note = next((r["peak_flops_source"] for r in rungs if r["status"] == "ok" and r.get("mfu") is None), None)
+    lines += [
+        "",
+        "How to read it. *loss*: the largest relative difference between this rung's per-step loss and its fp32 "
+        "reference's (`baseline`; `baseline-muon` for Muon rungs) over the same steps, against the tolerance of "
+        f"the rung's least precise format (fp32 {tol['float32']:.0e}, tf32 {tol['tf32']:.0e}, bf16 "
+        f"{tol['bfloat16']:.0e}, fp16 {tol['float16']:.0e}, fp8 {tol['fp8']:.0e}; Muon rungs at least bf16's: its "
+        "Newton-Schulz runs in bf16). *syncs/step*: synchronising "
+        "CUDA calls per steady step under `torch.cuda.set_sync_debug_mode(\"warn\")`; the budget is the step's "
+        "design (0 with fused AdamW, 1 otherwise); a CPU runs synchronously, so there it is not counted. *graph "
+        "breaks / recompiles*: TorchDynamo's own counters over the whole run, both must be 0. *SDPA kernel*: the "
+        "attention operator a profiled step ran. tokens/s from the median steady step; peak mem: "
+        + ("peak allocated by PyTorch on the GPU." if env["device_type"] == "cuda" else "the process's peak RSS.")
+        + (f" MFU: {mfu_note}." if mfu_note else ""),
+    ]
+    if result["problems"]:
+        lines += ["", "**Problems:**", ""] + [f"- {p}" for p in result["problems"]]
+    return "\n".join(lines) + "\n"
+
+
+def _progress(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['reason']}"
+    return (f"{row['ms_median']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, loss {row['losses'][0]:.4f} -> "
+            f"{row['losses'][-1]:.4f}")

@@ -1,0 +1,136 @@
+"""One ``bench --verify`` rung, in this (fresh) process: :func:`verify_stage`.
+
+The rung trains ``warmup + steps`` optimizer steps of ``grad_accum`` micro-batches from the same
+initial weights (:func:`gptspeed.bench.worker.init_gpt`) on the same batches (read once, before
+the first step, so every rung sees identical tensors) and records every step's loss. The last
+``steps`` steps are the steady ones: timed (CUDA events, or ``perf_counter`` on a CPU) and, on
+CUDA, run under :class:`gptspeed.bench.checks.SyncCounter`. Compilation is watched from the first
+step (:class:`~gptspeed.bench.checks.CompileWatch`). One more step, after the trajectory, runs
+under ``torch.profiler`` to see which SDPA kernel ran (rungs with ``attention="sdpa"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from gptspeed.bench.checks import CompileWatch, SyncCounter, profiled_names, sdpa_backend
+from gptspeed.bench.stages import Settings
+from gptspeed.bench.worker import StageSpec, _auto_batch, build_row, make_loader, make_train_step, quartiles
+from gptspeed.metrics import memory_stats, peak_flops
+from gptspeed.runtime import resolve_runtime
+
+SYNCS_NOT_COUNTED = "not counted: sync counting needs CUDA (torch.cuda.set_sync_debug_mode); a CPU runs synchronously"
+
+
+def sync_budget(fused: bool) -> int:
+    """Host-device syncs per optimizer step the training step is designed to take: 0 with fused
+    AdamW (a non-finite step is skipped on the device through ``found_inf``), 1 otherwise (the
+    non-fused path and Muon read the non-finite flag once; a GradScaler with a non-fused
+    optimizer reads its ``found_inf`` once). Source: ``gptspeed.trainer.Trainer.optimizer_step``'s docstring."""
+    return 0 if fused else 1
+
+
+def verify_stage(spec: StageSpec) -> dict[str, Any]:
+    """Train one rung and return what ``bench --verify`` compares and reports.
+
+    Keys: ``status`` ("ok"), ``losses`` (fp32 loss of every step, ``warmup + steps`` floats),
+    ``skipped`` (per step: True when the step was not applied -- non-finite, or a float16 overflow
+    the GradScaler skipped), ``batch_size`` (after ``--batch-size auto``), ``grad_accum``,
+    ``tokens_per_step``, ``ms_steps`` / ``ms_median`` / ``ms_q25`` / ``ms_q75`` (steady steps, ms),
+    ``tokens_per_s``, ``mfu`` (None without a peak) and ``peak_flops_source``, ``peak_mem_bytes`` /
+    ``mem_total_bytes``, ``syncs`` (``{"counted", "total", "per_step", "budget", "sites", "note"}``),
+    ``compile`` (:meth:`CompileWatch.result`, or None when not compiled), ``sdpa``
+    (:func:`sdpa_backend`'s result, or None for manual attention), ``dtype``, ``device``,
+    ``grad_scaler``, ``fused_adamw``, ``params``, ``first_step_s``.
+
+    Raises GptspeedError for a combination gptspeed refuses; torch.OutOfMemoryError propagates
+    (the worker's ``main`` records it).
+    """
+    s = Settings(**spec.settings)
+    rt = resolve_runtime(spec.device, s.dtype, s.compile)
+    if s.batch_auto:
+        spec = dataclasses.replace(spec, batch_size=_auto_batch(spec, rt))
+    n_steps, accum = spec.warmup + spec.steps, spec.grad_accum
+    loader = make_loader(spec, rt.device, n_batches=n_steps * accum)
+    batches = [loader.next_batch() for _ in range(n_steps * accum)]  # the same tensors for every rung
+    feed = iter(batches)
+    if rt.device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats(rt.device)
+
+    watch = CompileWatch() if rt.compile else None
+    row = build_row(spec, rt)
+    step = make_train_step(row, rt, accum)
+    losses, skipped = [], []
+
+    def one_step() -> None:
+        loss, skip = step(lambda: next(feed))
+        losses.append(loss.detach())
+        skipped.append(skip)
+        if watch is not None:
+            watch.step_done()
+
+    t0 = time.perf_counter()
+    one_step()
+    rt.synchronize()
+    first_step_s = time.perf_counter() - t0
+    for _ in range(spec.warmup - 1):
+        one_step()
+    rt.synchronize()
+
+    counter = SyncCounter() if rt.device_type == "cuda" else None
+    ms: list[float] = []
+    if rt.device_type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(spec.steps)]
+        with counter:
+            for start, end in events:
+                start.record()
+                one_step()
+                end.record()
+        torch.cuda.synchronize(rt.device)
+        ms = [a.elapsed_time(b) for a, b in events]
+    else:
+        for _ in range(spec.steps):
+            t = time.perf_counter()
+            one_step()
+            rt.synchronize()
+            ms.append(1000 * (time.perf_counter() - t))
+    loss_values = torch.stack(losses).float().cpu().tolist()  # one read, after the trajectory
+    skipped_values = torch.stack(skipped).cpu().tolist()
+    mem_peak, mem_total = memory_stats(rt.device)
+
+    sdpa = None
+    if s.attention == "sdpa":
+        again = iter(batches)
+        sdpa = sdpa_backend(profiled_names(lambda: step(lambda: next(again)), rt.device_type))
+
+    tokens = spec.batch_size * spec.seq_len * accum
+    median = statistics.median(ms)
+    q25, q75 = quartiles(ms)
+    tps = tokens / (median / 1000)
+    peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
+    budget = sync_budget(row.fused)
+    if counter is not None:
+        syncs = {"counted": True, "total": counter.count, "per_step": counter.count / spec.steps, "budget": budget,
+                 "sites": counter.sites, "note": ""}
+        if counter.other_stderr.strip():
+            print(counter.other_stderr, file=sys.stderr)
+    else:
+        syncs = {"counted": False, "total": None, "per_step": None, "budget": budget, "sites": {},
+                 "note": SYNCS_NOT_COUNTED}
+    return {
+        "status": "ok", "losses": loss_values, "skipped": [bool(v) for v in skipped_values],
+        "batch_size": spec.batch_size, "seq_len": spec.seq_len, "grad_accum": accum, "tokens_per_step": tokens,
+        "ms_steps": ms, "ms_median": median, "ms_q25": q25, "ms_q75": q75, "ms_min": min(ms), "ms_max": max(ms),
+        "tokens_per_s": tps, "flops_per_token": row.flops_per_token,
+        "mfu": row.flops_per_token * tps / peak if peak else None, "peak_flops_source": peak_source,
+        "peak_mem_bytes": mem_peak, "mem_total_bytes": mem_total, "first_step_s": first_step_s,
+        "syncs": syncs, "compile": watch.result() if watch is not None else None, "sdpa": sdpa,
+        "dtype": rt.dtype, "device": str(rt.device), "grad_scaler": rt.use_grad_scaler, "fused_adamw": row.fused,
+        "params": sum(p.numel() for p in row.model.parameters()), "threads": torch.get_num_threads(),
+    }

@@ -8,7 +8,9 @@ import os
 # Intel MKL's Conditional Numerical Reproducibility, before torch (and MKL) load, inherited by every
 # training subprocess: the bit-identical-resume tests check the promise under the condition
 # docs/reliability.md states (without it MKL may vary a last bit run to run under heavy CPU load).
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# AUTO, not AUTO,STRICT: the same results for the same thread count and 64-byte-aligned buffers
+# (PyTorch's CPU allocator aligns to 64), without STRICT's slow small-matrix paths (7x on this CPU).
+os.environ.setdefault("MKL_CBWR", "AUTO")
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 import subprocess
 import sys
@@ -89,6 +91,24 @@ def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
     env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
     return subprocess.run([sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, **kw)
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    """``gptspeed ARGS`` in this process (``gptspeed.cli.main``: the code ``python -m gptspeed``
+    runs, without the seconds of a fresh interpreter importing torch), stdout and stderr captured.
+    For what needs a process boundary (signals, imports, a clean environment) use :func:`run_cli`."""
+    import contextlib
+    import io
+
+    from gptspeed.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors and --help
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["gptspeed", *args], code, out.getvalue(), err.getvalue())
 
 
 def start_cli(*args: str) -> subprocess.Popen:

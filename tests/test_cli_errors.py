@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import assert_user_error, run_cli
+from conftest import assert_user_error, run_main
 
 
 @pytest.fixture
@@ -22,14 +22,14 @@ def train_args(data, out, *extra):
 def test_empty_corpus(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     out = tmp_path / "d"
-    assert_user_error(run_cli("prepare", str(tmp_path / "empty.txt"), "--out", str(out)), "no text")
+    assert_user_error(run_main("prepare", str(tmp_path / "empty.txt"), "--out", str(out)), "no text")
     assert not out.exists()  # a failed prepare leaves no new, empty folder
 
 
 def test_negative_workers(tmp_path):
     (tmp_path / "a.txt").write_text("some text")
     out = tmp_path / "d"
-    assert_user_error(run_cli("prepare", str(tmp_path / "a.txt"), "--out", str(out), "--workers", "-1"), "workers")
+    assert_user_error(run_main("prepare", str(tmp_path / "a.txt"), "--out", str(out), "--workers", "-1"), "workers")
     assert not out.exists()
 
 
@@ -37,9 +37,9 @@ def test_corpus_shorter_than_one_sequence(tmp_path):
     src = tmp_path / "short.txt"
     src.write_text("To be, or not to be, that is the question. " * 3)
     data = tmp_path / "d"
-    assert run_cli("prepare", str(src), "--out", str(data), "--no-progress").returncode == 0
+    assert run_main("prepare", str(src), "--out", str(data), "--no-progress").returncode == 0
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(data, out)), "fewer than one micro-batch")
+    assert_user_error(run_main(*train_args(data, out)), "fewer than one micro-batch")
     assert not out.exists()  # nothing written before the check
 
 
@@ -49,7 +49,7 @@ def test_shard_with_wrong_magic(data_copy, tmp_path):
     raw[0:4] = (12345).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(data_copy, out)), "train_000000.bin", "magic")
+    assert_user_error(run_main(*train_args(data_copy, out)), "train_000000.bin", "magic")
     assert not out.exists()
 
 
@@ -57,54 +57,54 @@ def test_truncated_shard(data_copy, tmp_path):
     shard = data_copy / "val_000000.bin"
     shard.write_bytes(shard.read_bytes()[:5000])
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(data_copy, out)), "val_000000.bin", "truncated")
+    assert_user_error(run_main(*train_args(data_copy, out)), "val_000000.bin", "truncated")
     assert not out.exists()
 
 
 def test_unknown_preset(shakespeare_data, tmp_path):
-    proc = run_cli("train", "--preset", "gpt5", "--data", str(shakespeare_data), "--out", str(tmp_path / "r"))
+    proc = run_main("train", "--preset", "gpt5", "--data", str(shakespeare_data), "--out", str(tmp_path / "r"))
     assert_user_error(proc, "gpt5")
 
 
 def test_n_embd_not_divisible_by_n_head(shakespeare_data, tmp_path):
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(shakespeare_data, out, "--n-embd", "30", "--n-head", "4")), "divisible")
+    assert_user_error(run_main(*train_args(shakespeare_data, out, "--n-embd", "30", "--n-head", "4")), "divisible")
     assert not out.exists()
 
 
 def test_float16_on_cpu(shakespeare_data, tmp_path):
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(shakespeare_data, out, "--dtype", "float16")), "float16")
+    assert_user_error(run_main(*train_args(shakespeare_data, out, "--dtype", "float16")), "float16")
     assert not out.exists()
 
 
 def test_missing_data_folder(tmp_path):
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(tmp_path / "nope", out)), "nope", "gptspeed prepare")
+    assert_user_error(run_main(*train_args(tmp_path / "nope", out)), "nope", "gptspeed prepare")
     assert not out.exists()
 
 
 def test_indivisible_total_batch(shakespeare_data, tmp_path):
     out = tmp_path / "run"
-    assert_user_error(run_cli(*train_args(shakespeare_data, out, "--total-batch-tokens", "1000")), "multiple")
+    assert_user_error(run_main(*train_args(shakespeare_data, out, "--total-batch-tokens", "1000")), "multiple")
 
 
 def test_sample_without_checkpoint(tmp_path):
-    assert_user_error(run_cli("sample", "--run", str(tmp_path / "none")), "does not exist")
+    assert_user_error(run_main("sample", "--run", str(tmp_path / "none")), "does not exist")
 
 
 def test_corrupt_checkpoint_on_sample(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "ckpt_00000005.pt").write_bytes(b"not a checkpoint")
-    assert_user_error(run_cli("sample", "--run", str(run)), "ckpt_00000005.pt")
+    assert_user_error(run_main("sample", "--run", str(run)), "ckpt_00000005.pt")
 
 
 # ------------------------------------------------------------------ hints that name what a path is
 def test_train_on_a_text_file_says_prepare_it_first_without_overwriting_it(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("some text")
-    proc = run_cli("train", "--preset", "pico", "--data", str(text), "--out", str(tmp_path / "run"))
+    proc = run_main("train", "--preset", "pico", "--data", str(text), "--out", str(tmp_path / "run"))
     assert_user_error(proc, "is a text file", f"gptspeed prepare {text} --out DATA_DIR")
     assert f"--out {text}" not in proc.stderr and text.read_text() == "some text"
 
@@ -114,23 +114,23 @@ def test_eval_with_a_run_folder_as_data_and_sample_with_a_data_folder_as_run(sha
     run.mkdir()
     (run / "config.json").write_text("{}")
     (run / "metrics.jsonl").write_text("")
-    proc = run_cli("eval", "--run", str(run), "--data", str(run))
+    proc = run_main("eval", "--run", str(run), "--data", str(run))
     assert_user_error(proc, "is a run folder", "not a data folder")
     assert f"--out {run}" not in proc.stderr
-    proc = run_cli("sample", "--run", str(shakespeare_data))
+    proc = run_main("sample", "--run", str(shakespeare_data))
     assert_user_error(proc, "is a prepared data folder", "not a run folder")
     assert f"--out {shakespeare_data}`" not in proc.stderr
 
 
 def test_version_and_defaults_in_help():
-    proc = run_cli("--version")
+    proc = run_main("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("gptspeed ")
-    sample = run_cli("sample", "--help").stdout
+    sample = run_main("sample", "--help").stdout
     for flag, default in (("--max-new-tokens", "200"), ("--temperature", "0.8"), ("--top-k", "200")):
         block = sample.split(flag, 2)[-1].split("\n  --", 1)[0]
         assert f"(default: {default})" in block, (flag, block)
-    assert "(default: loss.png)" in run_cli("plot", "--help").stdout
-    assert "(default: 19073)" in run_cli("train", "--help").stdout  # --max-steps, the gpt2 preset's
+    assert "(default: loss.png)" in run_main("plot", "--help").stdout
+    assert "(default: 19073)" in run_main("train", "--help").stdout  # --max-steps, the gpt2 preset's
 
 
 def test_help_and_user_errors_answer_without_importing_torch(tmp_path):

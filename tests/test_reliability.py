@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (SHARED_DATA, SRC, assert_user_error, bare_trainer, finish, one_step, run_cli, start_cli,
+from conftest import (SHARED_DATA, SRC, assert_user_error, bare_trainer, finish, one_step, run_cli, run_main, start_cli,
                       wait_for_line)
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
 from gptspeed.config import OptimConfig, RunConfig, preset
@@ -28,7 +28,7 @@ from gptspeed.runtime import resolve_runtime
 from gptspeed.trainer import build_train_config, fit
 
 TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",
-        "--eval-every", "0", "--device", "cpu"]
+        "--eval-every", "0", "--eval-tokens", "1024", "--device", "cpu"]
 ENV = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
 
 
@@ -42,14 +42,14 @@ def start(data, run, *extra):
 
 
 def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(shakespeare_data, tmp_path):
-    """4 SIGKILLs, each after a random number (1-3) of new records and a random part of a step
+    """3 SIGKILLs, each after a random number (1-3) of new records and a random part of a step
     (so stepping, logging and saving are all hit), then a resume to the end: the same losses."""
-    args = ("--max-steps", "24", "--save-every", "1", "--keep-checkpoints", "2")
+    args = ("--max-steps", "14", "--save-every", "1", "--keep-checkpoints", "2")
     ref = tmp_path / "ref"
-    assert run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(ref), *args).returncode == 0
+    assert run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(ref), *args).returncode == 0
     run = tmp_path / "run"
     rng = random.Random(4)
-    for attempt in range(4):  # at most 3 steps and a fraction per attempt: the run (24 steps) never ends first
+    for attempt in range(3):  # at most 3 steps and a fraction per attempt: the run (14 steps) never ends first
         proc = start(shakespeare_data, run, *args, "--resume")
         lines = [wait_for_line(proc, "| loss ") for _ in range(rng.randint(1, 3))]
         step_s = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]).get("step_ms", 100) / 1000
@@ -57,7 +57,7 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(shakesp
         assert proc.poll() is None, lines
         proc.kill()  # SIGKILL: no handler runs
         finish(proc)
-    final = run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), *args, "--resume")
+    final = run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), *args, "--resume")
     assert final.returncode == 0, final.stderr
     assert losses(run) == losses(ref)  # every step's loss, bit for bit
     for ck in list_checkpoints(run):
@@ -135,8 +135,8 @@ def test_divergence_stops_or_skips(shakespeare_data, tmp_path):
     with pytest.raises(GptspeedError, match=r"diverged.*step 2 .*last good checkpoint: ckpt_00000001\.pt"):
         fit(build_train_config("pico", dict(base, out=str(run))), echo=False)
     assert [p.name for p in list_checkpoints(run)] == ["ckpt_00000001.pt"]
-    proc = run_cli("train", "--out", str(tmp_path / "stop2"), *[f"--{k.replace('_', '-')}={v}" for k, v in base.items()],
-                   "--preset", "pico")
+    proc = run_main("train", "--out", str(tmp_path / "stop2"), *[f"--{k.replace('_', '-')}={v}" for k, v in base.items()],
+                    "--preset", "pico")
     assert_user_error(proc, "diverged", "--on-nan skip")
     summary = fit(build_train_config("pico", dict(base, out=str(tmp_path / "skip"), on_nan="skip")), echo=False)
     assert summary["step"] == 6 and summary["skipped_steps"] == 5

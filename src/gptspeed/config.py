@@ -507,7 +507,7 @@ PRESETS: dict[str, RunConfig] = {
     # seconds on a CPU: for tests and smoke runs
     "pico": _preset(dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
                     dict(lr=1e-3, warmup_steps=5),
-                    dict(batch_size=8, max_steps=50, log_every=5, eval_every=25, eval_tokens=8192, save_every=0)),
+                    dict(batch_size=8, max_steps=50, log_every=5, eval_every=25, eval_tokens=2048, save_every=0)),
     # minutes on a laptop CPU: the README's quickstart on tinyshakespeare
     "nano": _preset(dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
                     dict(lr=2e-3, warmup_steps=20),

@@ -214,6 +214,7 @@ def main() -> int:
         tokens = train_tokens(prepare_data(Path(a.work), None))[0]
     names = a.variants.split(",")
     steps, feeds, first_loss, first_call_s = {}, {}, {}, {}
+    losses: dict[str, list[float]] = {n: [] for n in names}  # every step's loss, warm-up included
     for name in names:  # build and warm up every variant (compiles happen here)
         steps[name], threads = build(name, shape, a.threads)
         feeds[name] = batches(tokens, shape)
@@ -221,6 +222,7 @@ def main() -> int:
         for i in range(a.warmup):
             t0 = time.perf_counter()
             loss = steps[name](feeds[name]).item()
+            losses[name].append(loss)
             if i == 0:
                 first_call_s[name] = time.perf_counter() - t0
                 first_loss[name] = loss
@@ -234,8 +236,9 @@ def main() -> int:
             for name in names:
                 torch.set_num_threads(variant_threads(name, a.threads))
                 t0 = time.perf_counter()
-                steps[name](feeds[name]).item()
+                loss = steps[name](feeds[name]).item()
                 dt = 1000 * (time.perf_counter() - t0)
+                losses[name].append(loss)
                 torch.set_num_threads(a.threads)
                 if len(times[name]) <= rnd:
                     times[name].append([])
@@ -254,17 +257,20 @@ def main() -> int:
         ratios = [statistics.median(times[ref][r]) / statistics.median(times[name][r]) for r in range(a.rounds)]
         rows[name]["speed_vs_" + ref] = statistics.median(ratios)
         rows[name]["speed_vs_" + ref + "_per_round"] = ratios
+        # same initial weights, same batches in the same order: the loss of step i is comparable
+        rows[name]["max_abs_loss_diff_vs_" + ref] = max(abs(x - y) for x, y in zip(losses[name], losses[ref]))
+        rows[name]["losses"] = losses[name]
     result = {"environment": environment(sys.argv), "shape": shape.__dict__, "settings": vars(a),
               "loadavg_per_round": loads, "rows": rows, "mask": mask_cost(shape)}
     print(f"\n{shape.name}: n_layer {shape.n_layer} n_embd {shape.n_embd} B={shape.batch_size} T={shape.seq_len}, "
           f"fp32 eager, {a.threads} threads, loads {loads}")
     print(f"| variant | median ms | round medians | min–max | speed vs {ref} (median of per-round ratios) | "
-          "first step s | loss step 0 |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
+          f"first step s | loss step 0 | max abs loss diff vs {ref} ({len(losses[ref])} steps) |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for name, r in rows.items():
         print(f"| {name} | {r['median_ms']:.1f} | {', '.join(f'{m:.0f}' for m in r['round_medians_ms'])} | "
               f"{r['min_ms']:.0f}–{r['max_ms']:.0f} | {r['speed_vs_' + ref]:.3f}× | {r['first_step_s']:.1f} | "
-              f"{r['first_loss']:.4f} |")
+              f"{r['first_loss']:.4f} | {r['max_abs_loss_diff_vs_' + ref]:.2e} |")
     result["log_record"] = log_cost()
     print(f"\none log record (memory_stats + metrics.jsonl line + console line): "
           f"{result['log_record']['record_us']:.0f} µs")

@@ -94,6 +94,10 @@ SHAPES = {
     "124m": Shape("124m", 12, 12, 768, 4, 64, "gpt2",
                   ("--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "256")),
     "small": Shape("small", 4, 4, 128, 16, 128, "nano", ()),  # the nano preset is exactly this shape
+    # the pico preset (tests, smoke runs): where a fixed per-step cost (logging) weighs most
+    "pico": Shape("pico", 2, 2, 64, 8, 64, "pico", ()),
+    # benchmarks/cpu_step.py's shape (issue 2's README figure): nano with 2 layers
+    "cpu-step": Shape("cpu-step", 2, 4, 128, 16, 128, "nano", ("--n-layer", "2")),
 }
 
 

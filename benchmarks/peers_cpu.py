@@ -39,8 +39,9 @@ taken within each round. ``/proc/loadavg`` is recorded before each run.
 ``--variant 'bf16: --dtype bfloat16 --no-compile'`` adds a gptspeed row with those flags;
 ``NAME=VALUE`` tokens set environment variables instead (``'jemalloc:
 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2'``); ``{round}``, ``{shape}`` and ``{work}``
-in them are filled in (``TORCHINDUCTOR_CACHE_DIR={work}/cache-{shape}-{round}``: a cold compile
-cache per round, warm for the next row that names the same folder). ``start_to_warm_s`` in the
+and ``{run}`` (this invocation's start time) in them are filled in
+(``TORCHINDUCTOR_CACHE_DIR={work}/cache-{run}-{shape}-{round}``: a cold compile cache per round,
+warm for the next row that names the same folder). ``start_to_warm_s`` in the
 JSON is the time from process start to the end of the warm-up steps (imports, data, model,
 compile): the difference between a compiled and an eager row is the compile cost. ``--cross-check``: llm.c's optimizer
 settings through gptspeed's flags, one batch (a train shard of B*T+1 tokens), 20 steps, both from
@@ -71,7 +72,9 @@ SHARED_DATA = Path(os.environ.get("GPTSPEED_DATA_MIRROR", ROOT.parent / "shared"
 LLMC_OPTIM_FLAGS = ["--lr", "1e-4", "--beta1", "0.9", "--beta2", "0.999", "--eps", "1e-8", "--weight-decay", "0",
                     "--grad-clip", "0", "--warmup-steps", "0", "--min-lr-ratio", "1"]
 ALL_PEERS = ("gptspeed", "gptspeed-eager", "nanogpt", "nanogpt-compile", "hf", "hf-compile", "llmc")
+PEER_ROWS = ("nanogpt", "nanogpt-compile", "hf", "hf-compile", "llmc")  # the others are gptspeed's
 SEED = 1337
+RUN_ID = time.strftime("%Y%m%d-%H%M%S")  # this invocation, for --variant's {run}
 
 
 @dataclass(frozen=True)
@@ -449,7 +452,7 @@ def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variant
                                    planned_steps=args.planned_steps, **kw)
             elif row in variants:
                 flags, env = variants[row]
-                fill = dict(round=rnd, shape=shape.name, work=work)
+                fill = dict(round=rnd, shape=shape.name, work=work, run=RUN_ID)
                 flags = [f.format(**fill) for f in flags]
                 env = {k: v.format(**fill) for k, v in env.items()}
                 run = run_gptspeed(shape, data, work / "runs" / row, flags, env_extra=env,
@@ -489,19 +492,29 @@ def summarize(shape: Shape, per_row: dict[str, list[dict]]) -> dict:
         all_ms = [m for e in entries for m in e["step_ms"]]
         rss = [e["peak_rss_bytes"] for e in entries if e["peak_rss_bytes"]]
         summary[row] = {"median_ms": statistics.median(meds), "round_medians_ms": meds, "min_ms": min(all_ms),
+                        "mean_ms": statistics.fmean(all_ms),
                         "max_ms": max(all_ms), "tokens_per_s": shape.tokens / statistics.median(meds) * 1000,
                         "peak_rss_bytes": max(rss) if rss else None,
                         "start_to_warm_s": _median([e.get("start_to_warm_s") for e in entries]),
                         "first_loss": entries[0]["losses"][0] if entries[0]["losses"] else None}
-    peers = [r for r in per_row if not r.startswith("gptspeed") and "median_ms" in summary.get(r, {})]
+    peers = [r for r in per_row if r in PEER_ROWS and "median_ms" in summary.get(r, {})]
     n_rounds = max((len(v) for v in per_row.values()), default=0)
     ratios = []
+
+    def med(row, rnd):
+        e = [x for x in per_row.get(row, []) if x["round"] == rnd and "median_ms" in x]
+        return e[0]["median_ms"] if e else None
+
+    ref = next(iter(per_row), None)  # every row against the first, round by round
+    for row in summary:
+        rr = [med(ref, k) / med(row, k) for k in range(n_rounds) if med(ref, k) and med(row, k)]
+        if rr and "error" not in summary[row]:
+            summary[row].update(vs=ref, speed_vs_first_row=statistics.median(rr), speed_vs_first_row_per_round=rr)
     for rnd in range(n_rounds):
-        def med(row):
-            e = [x for x in per_row.get(row, []) if x["round"] == rnd and "median_ms" in x]
-            return e[0]["median_ms"] if e else None
-        ours, eager = med("gptspeed"), med("gptspeed-eager")
-        peer_meds = {p: med(p) for p in peers if med(p) is not None}
+        def med_r(row, rnd=rnd):
+            return med(row, rnd)
+        ours, eager = med_r("gptspeed"), med_r("gptspeed-eager")
+        peer_meds = {p: med_r(p) for p in peers if med_r(p) is not None}
         fastest = min(peer_meds, key=peer_meds.get) if peer_meds else None
         ratios.append({"round": rnd, "fastest_peer": fastest,
                        "speedup_vs_fastest_peer": peer_meds[fastest] / ours if ours and fastest else None,
@@ -515,23 +528,26 @@ def markdown(result: dict) -> str:
         sh = s["shape"]
         out.append(f"\n**{sh['name']}**: n_layer {sh['n_layer']}, n_head {sh['n_head']}, n_embd {sh['n_embd']}, "
                    f"B={sh['batch_size']}, T={sh['seq_len']} ({sh['batch_size'] * sh['seq_len']:,} tokens/step)\n")
+        first = next(iter(s["rows"]), "")
         out.append("| row | median ms/step | round medians (ms) | min–max step ms | tokens/s | peak RSS | "
-                   "start→warm s | loss step 0 |")
-        out.append("|---|--:|--:|--:|--:|--:|--:|--:|")
+                   f"start→warm s | loss step 0 | speed vs {first} (median of per-round ratios) |")
+        out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
         for row, r in s["rows"].items():
             if "error" in r:
-                out.append(f"| {row} | {r['error']} | | | | | | |")
+                out.append(f"| {row} | {r['error']} | | | | | | | |")
                 continue
             rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB" if r["peak_rss_bytes"] else "?"
             loss = f"{r['first_loss']:.4f}" if r["first_loss"] is not None else ""
             warm = f"{r['start_to_warm_s']:.1f}" if r.get("start_to_warm_s") is not None else ""
             out.append(f"| {row} | {r['median_ms']:,.1f} | {', '.join(f'{m:,.0f}' for m in r['round_medians_ms'])} | "
-                       f"{r['min_ms']:,.0f}–{r['max_ms']:,.0f} | {r['tokens_per_s']:,.0f} | {rss} | {warm} | {loss} |")
+                       f"{r['min_ms']:,.0f}–{r['max_ms']:,.0f} | {r['tokens_per_s']:,.0f} | {rss} | {warm} | {loss} | "
+                       f"{r.get('speed_vs_first_row', float('nan')):.3f}× |")
         out.append("")
-        out.append("| round | load (1/5/15 min) at gptspeed's run | fastest peer | gptspeed default vs fastest peer | vs own eager fp32 |")
+        out.append(f"| round | load (1/5/15 min) before {first} | fastest peer | gptspeed default vs fastest peer "
+                   "| vs own eager fp32 |")
         out.append("|--:|---|---|--:|--:|")
         for r in s["per_round"]:
-            load = next((e["loadavg"] for e in s["runs"].get("gptspeed", []) if e["round"] == r["round"]), "")
+            load = next((e["loadavg"] for e in s["runs"].get(first, []) if e["round"] == r["round"]), "")
             f = lambda x: f"{x:.2f}×" if x else "—"  # noqa: E731
             out.append(f"| {r['round'] + 1} | {load} | {r['fastest_peer'] or '—'} | {f(r['speedup_vs_fastest_peer'])} "
                        f"| {f(r['speedup_vs_own_eager_fp32'])} |")

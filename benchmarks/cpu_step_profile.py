@@ -43,9 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers_cpu, beside this file
 
 from peers_cpu import SHAPES, SEED, environment, loadavg, prepare_data, train_tokens  # noqa: E402
 
@@ -59,19 +57,40 @@ GPTSPEED_VARIANTS = {"gptspeed": ("float32", False), "bf16": ("bfloat16", False)
                      "bf16-compile": ("bfloat16", True)}
 
 
-def gptspeed_step(model, optimizer, fused: bool, dtype: str = "float32", compile: bool = False):
+def gptspeed_step(model, ocfg, batch_size: int, dtype: str = "float32", compile: bool = False):
     """THE adapter to gptspeed's trainer: its runtime (``resolve_runtime`` + ``parallelize``: dtype
-    and compile applied from outside the model) and one call of its training step (no
-    accumulation, clip 1.0), as ``gptspeed train`` runs them on a CPU. Returns ``step(next_batch)
-    -> loss tensor``."""
-    from gptspeed.runtime import parallelize, resolve_runtime
-    from gptspeed.train import train_step
+    and compile applied from outside the model), its optimizer (``ocfg``) and its training step (no
+    accumulation, clip ``ocfg.grad_clip``), as ``gptspeed train`` runs them on a CPU. Returns
+    ``step(next_batch) -> loss tensor``. Works with the trainer before its restructure
+    (``gptspeed.train.train_step``) and after (``gptspeed.trainer.Trainer.bare(...).train_step``)."""
+    import types
+
+    from gptspeed.config import RunConfig
+    from gptspeed.runtime import resolve_runtime
 
     rt = resolve_runtime("cpu", dtype, compile=compile)
-    train_model = parallelize(model, rt)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    params = list(model.parameters())
-    return lambda next_batch: train_step(train_model, optimizer, scaler, rt, next_batch, 1, 1.0, params, fused)[0]
+    try:
+        from gptspeed.trainer import Trainer
+    except ImportError:  # the trainer before its restructure
+        from gptspeed.optim import build_optimizer
+        from gptspeed.runtime import parallelize
+        from gptspeed.train import train_step
+
+        train_model = parallelize(model, rt)
+        optimizer, fused = build_optimizer(model, ocfg, "cpu")
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        params = list(model.parameters())
+        return lambda next_batch: train_step(train_model, optimizer, scaler, rt, next_batch, 1, ocfg.grad_clip,
+                                             params, fused)[0]
+    cfg = RunConfig(model=model.config, optim=ocfg)
+    cfg.train.batch_size, cfg.train.total_batch_tokens = batch_size, None
+    cfg.runtime.dtype, cfg.runtime.compile = dtype, compile
+    trainer = Trainer.bare(cfg, rt, model=model)
+
+    def step(next_batch):
+        trainer.loader = types.SimpleNamespace(next_batch=next_batch)
+        return trainer.train_step()[0]
+    return step
 
 
 def plain_step(model, optimizer, set_to_none: bool = True):
@@ -99,6 +118,8 @@ def build(variant: str, shape, threads: int):
     ocfg = OptimConfig()
     if variant in ("adamw-forloop", "nanogpt-like"):
         ocfg.fused_adamw = False  # torch.optim.AdamW(fused=None, foreach=None): the for-loop on CPU
+    if variant in GPTSPEED_VARIANTS:
+        return gptspeed_step(model, ocfg, shape.batch_size, *GPTSPEED_VARIANTS[variant]), variant_threads(variant, threads)
     if variant == "adamw-foreach":
         from gptspeed.optim import param_groups
 
@@ -107,10 +128,7 @@ def build(variant: str, shape, threads: int):
         fused = False
     else:
         opt, fused = build_optimizer(model, ocfg, "cpu")
-    if variant in GPTSPEED_VARIANTS:
-        step = gptspeed_step(model, opt, fused, *GPTSPEED_VARIANTS[variant])
-    else:
-        step = plain_step(model, opt, set_to_none=variant != "zero-grad-keep")
+    step = plain_step(model, opt, set_to_none=variant != "zero-grad-keep")
     return step, variant_threads(variant, threads)
 
 

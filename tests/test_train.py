@@ -122,11 +122,16 @@ def test_ctrl_c_during_the_first_evaluation_stops_without_finishing_it(shakespea
     assert not run.exists()
 
 
-def test_warmup_longer_than_the_run_is_said_and_a_ratio_is_accepted(shakespeare_data, tmp_path, capsys):
+def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespeare_data, tmp_path, capsys):
     run = tmp_path / "a"
     fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3,
                                         warmup_steps=5, eval_every=0)))
-    assert "warning: warm-up is 5 steps but the run has 3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warning: warm-up is 5 steps but the run has 3" in out
+    # the start line says why dtype and compile (both left to auto) resolved as they did on this CPU
+    from gptspeed.runtime import default_cpu_compile, default_cpu_dtype
+    dtype, why_dtype = default_cpu_dtype()
+    assert f"why: dtype {why_dtype} | compile {default_cpu_compile(dtype, 3)[1]}" in out
     run = tmp_path / "b"
     fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
                                         warmup_ratio=0.5, lr=1e-3, eval_every=0)), echo=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,8 @@ class Runtime:
     parallel: str = "none"  # none | ddp | fsdp
     rank: int = 0
     world_size: int = 1
+    dtype_reason: str = ""  # why ``dtype`` (auto) / ``compile`` (None) resolved as they did, for the start line
+    compile_reason: str = ""
 
     @property
     def is_main(self) -> bool:
@@ -87,6 +90,96 @@ def resolve_device(name: str) -> torch.device:
     raise GptspeedError(f"unknown device {name!r}: use auto, cuda, mps or cpu")
 
 
+def _cpuinfo_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of /proc/cpuinfo's text: x86 ``flags : ...``, ARM ``Features : ...``."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware: the x86 flags ``amx_bf16``
+    (Intel AMX, Sapphire Rapids and newer) or ``avx512_bf16`` (Intel Cooper Lake / Sapphire
+    Rapids, AMD Zen 4 and newer) in ``/proc/cpuinfo``. Without them bf16 matmuls are emulated
+    through fp32 and run slower than fp32 itself (measured: benchmarks/README.md, issue 14).
+
+    ``cpuinfo``: the text of /proc/cpuinfo (tests pass a fake one); None reads the file, and
+    where there is none (macOS, Windows) asks PyTorch's CPU probes
+    (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``), else False. ARM's
+    ``bf16`` feature is not counted: its speed in PyTorch's CPU kernels has not been measured here.
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+            return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
+    return bool(_cpuinfo_flags(cpuinfo) & {"amx_bf16", "avx512_bf16"})
+
+
+def default_cpu_dtype(cpuinfo: str | None = None) -> tuple[str, str]:
+    """``(dtype, reason)`` for ``--dtype auto`` on a CPU: ``bfloat16`` autocast (matmuls in bf16;
+    the loss's softmax, the master weights and AdamW stay fp32) where
+    :func:`cpu_has_native_bf16`, else ``float32``."""
+    if cpu_has_native_bf16(cpuinfo):
+        return "bfloat16", "bfloat16: the CPU has native bf16 matmuls (amx_bf16/avx512_bf16)"
+    return "float32", "float32: no native bf16 matmuls on this CPU (no amx_bf16/avx512_bf16; emulated bf16 is slower)"
+
+
+def compile_cache_dir() -> Path:
+    """Where compiled kernels persist across runs: ``$GPTSPEED_CACHE/inductor`` (default
+    ``~/.cache/gptspeed/inductor``), unless ``TORCHINDUCTOR_CACHE_DIR`` is set (then that)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    root = os.environ.get("GPTSPEED_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gptspeed")
+    return Path(root) / "inductor"
+
+
+def use_compile_cache() -> Path:
+    """Point TorchInductor's caches at :func:`compile_cache_dir` (``TORCHINDUCTOR_CACHE_DIR``, read
+    when inductor first compiles) and make sure its FX-graph cache is on, so a second run of the
+    same model and settings loads the compiled graphs instead of compiling them again. Its
+    default, ``/tmp/torchinductor_$USER``, does not survive a reboot or a /tmp cleaner. Returns
+    the folder. Source: PyTorch's "Compile Time Caching in torch.compile" tutorial
+    (https://pytorch.org/tutorials/recipes/torch_compile_caching_tutorial.html)."""
+    path = compile_cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    return path
+
+
+#: ``compile=None`` on a CPU turns ``torch.compile`` on only where it was measured to pay, and
+#: only for runs that repay the compile. Measured (benchmarks/README.md): bf16 autocast on a CPU
+#: with native bf16 matmuls, nano shape, Sapphire Rapids Xeon (the CPU ladder): 1269.6 -> 802.9
+#: ms/step (1.58x), warm-up 7.1 -> 54.0 s, so break-even = 46.9 s / 0.467 s = ~100 steps. In
+#: float32 it paid nothing: no faster than eager at GPT-2 124M and slower at the nano shape, on
+#: that Xeon (issue 14's table) and on a Zen 3 EPYC (issue 14's investigation, one thread).
+CPU_BF16_COMPILE_BREAK_EVEN_STEPS = 100
+
+
+def default_cpu_compile(dtype: str, planned_steps: int | None, cpuinfo: str | None = None) -> tuple[bool, str]:
+    """``(compile, reason)`` for ``--compile`` unset on a CPU: on only with ``dtype`` bfloat16 on a
+    CPU with native bf16 matmuls (:func:`cpu_has_native_bf16`) and more than
+    :data:`CPU_BF16_COMPILE_BREAK_EVEN_STEPS` ``planned_steps`` (optimizer steps this run will
+    take; None = unknown, then off). ``cpuinfo`` as for :func:`cpu_has_native_bf16`."""
+    if dtype != "bfloat16":
+        return False, (f"off: on a CPU torch.compile was measured no faster than eager in {dtype} "
+                       "(benchmarks/README.md, issue 14)")
+    if not cpu_has_native_bf16(cpuinfo):
+        return False, "off: bf16 without native bf16 matmuls is emulated; compiling it was measured slower"
+    n = CPU_BF16_COMPILE_BREAK_EVEN_STEPS
+    if planned_steps is None:
+        return False, f"off: the run's length is unknown (compiling repays itself after ~{n} bf16 steps on a CPU)"
+    if planned_steps > n:
+        return True, f"on: {planned_steps:,} planned steps > the ~{n}-step break-even of compiling (bf16, native)"
+    return False, f"off: {planned_steps:,} planned steps <= the ~{n}-step break-even of compiling (bf16, native)"
+
+
 def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
@@ -121,7 +214,7 @@ def resolve_parallel(parallel: str, world_size: int) -> str:
 
 
 def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | None = None,
-                    parallel: str = "auto") -> Runtime:
+                    parallel: str = "auto", planned_steps: int | None = None) -> Runtime:
     """Validate and resolve the execution settings; raises GptspeedError (one line) on a bad mix.
 
     Rank and world size come from torchrun's environment (:func:`world_from_env`); ``parallel``
@@ -129,15 +222,23 @@ def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | N
     exercises the FSDP2 code path). Nothing here talks to other processes.
 
     ``dtype=auto``: bfloat16 autocast on CUDA GPUs that support it (Ampere and newer), float16
-    with a GradScaler on older CUDA GPUs, float32 on CPU and MPS. ``compile=None``: on for CUDA
-    (kernel fusion pays there), off elsewhere (compiling takes longer than a short CPU run saves).
+    with a GradScaler on older CUDA GPUs; on a CPU :func:`default_cpu_dtype` (bfloat16 where the
+    CPU has native bf16 matmuls, else float32); float32 on MPS. ``compile=None``: on for CUDA
+    (kernel fusion pays there); on a CPU :func:`default_cpu_compile` (only bf16 with native bf16
+    matmuls, for runs of more than ~100 ``planned_steps``: the optimizer steps the run will take,
+    None if unknown); off on MPS. ``dtype_reason`` / ``compile_reason`` say why, for the
+    trainer's start line.
     """
     dev = resolve_device(device)
+    dtype_reason = f"{dtype}: as asked"
     if dtype == "auto":
         if dev.type == "cuda":
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+            dtype_reason = f"{dtype}: this GPU's fastest supported half precision"
+        elif dev.type == "cpu":
+            dtype, dtype_reason = default_cpu_dtype()
         else:
-            dtype = "float32"
+            dtype, dtype_reason = "float32", "float32: the default on MPS"
     if dtype == "tf32" and dev.type != "cuda":
         raise GptspeedError(f"--dtype tf32 needs an NVIDIA GPU (Ampere or newer); on {dev.type} use float32 or bfloat16")
     if dtype == "float16" and dev.type == "cpu":
@@ -145,11 +246,17 @@ def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | N
     if dtype == "bfloat16" and not bf16_supported(dev):
         raise GptspeedError(f"--dtype bfloat16 is not supported on this {dev.type} device: use float16 or float32")
     autocast_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    compile_reason = "on: as asked" if compile else "off: as asked"
     if compile is None:
-        compile = dev.type == "cuda"
+        if dev.type == "cpu":
+            compile, compile_reason = default_cpu_compile(dtype, planned_steps)
+        else:
+            compile = dev.type == "cuda"
+            compile_reason = "on: kernel fusion pays on CUDA" if compile else f"off: the default on {dev.type}"
     rank, world = world_from_env()
     return Runtime(device=dev, dtype=dtype, autocast_dtype=autocast_dtype, compile=compile,
-                   parallel=resolve_parallel(parallel, world), rank=rank, world_size=world)
+                   parallel=resolve_parallel(parallel, world), rank=rank, world_size=world,
+                   dtype_reason=dtype_reason, compile_reason=compile_reason)
 
 
 def init_distributed(rt: Runtime, timeout_s: float = 600.0) -> None:
@@ -283,6 +390,9 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
     must have run. Sources: PyTorch DDP notes (https://pytorch.org/docs/stable/notes/ddp.html) and
     the FSDP2 docs (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
 
+    Before compiling, :func:`use_compile_cache` points TorchInductor's caches at
+    ``$GPTSPEED_CACHE/inductor``, so a later run of the same model starts warm.
+
     ``compile_mode``: ``model`` compiles the whole (wrapped) model into one graph; ``blocks``
     compiles each transformer block in place (``nn.Module.compile``): the blocks are identical, so
     dynamo traces one and reuses the code for the rest, cutting compile time roughly by the number
@@ -327,6 +437,7 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
         fully_shard(model, mp_policy=mp)  # embeddings (tied with the LM head), final norm
     if not rt.compile:
         return train_model
+    use_compile_cache()
     mode = None if compile_tuning == "default" else compile_tuning
     if compile_mode == "blocks":
         for block in model.transformer.h:

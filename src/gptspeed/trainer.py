@@ -549,6 +549,8 @@ class Trainer:
                  f"{'fp8 | ' if r.fp8 else ''}activation checkpointing {r.activation_checkpointing} | "
                  f"B={B} T={T} x {self.accum} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
                  + f" = {self.tokens_per_step:,} tokens/step")
+        if rt.dtype_reason or rt.compile_reason:
+            self.say(f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or rt.compile}")
         warmup = cfg.warmup_steps()
         if warmup >= t.max_steps:
             self.say(f"warning: warm-up is {warmup} steps but the run has {t.max_steps}: the learning rate never "
@@ -678,7 +680,8 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         raise GptspeedError("--data is required: a folder made by `gptspeed prepare`")
     if not t.out:
         raise GptspeedError("--out is required: the run folder for checkpoints and metrics")
-    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel)
+    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel,
+                         planned_steps=t.max_steps)
     cfg.validate(rt.world_size)
     try:
         init_distributed(rt, cfg.runtime.dist_timeout_s)

@@ -1,0 +1,102 @@
+"""The CPU defaults of :func:`gptspeed.runtime.resolve_runtime` (issue 14): bf16 only where the CPU
+multiplies bf16 natively, compile only for runs long enough to repay it, and the compile cache."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gptspeed.runtime import cpu_has_native_bf16, default_cpu_dtype, resolve_runtime
+
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu vme de pse tsc msr avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7763
+flags\t\t: fpu vme de pse tsc msr avx avx2 fma f16c bmi2 sha_ni vaes
+"""
+ZEN4 = ZEN3.replace("vaes", "vaes avx512f avx512bw avx512_bf16")
+ARM = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 bf16 i8mm\n"
+
+
+def test_native_bf16_is_read_from_cpu_flags():
+    assert cpu_has_native_bf16(SAPPHIRE_RAPIDS)
+    assert cpu_has_native_bf16(ZEN4)  # avx512_bf16 alone
+    assert cpu_has_native_bf16(SAPPHIRE_RAPIDS.replace(" avx512_bf16", ""))  # amx_bf16 alone
+    assert not cpu_has_native_bf16(ZEN3)
+    assert not cpu_has_native_bf16(ARM)  # not measured: not counted
+    assert not cpu_has_native_bf16("")
+    # a flag's name must match whole, not as a substring of another
+    assert not cpu_has_native_bf16(ZEN3.replace("vaes", "vaes xavx512_bf16x"))
+
+
+def test_auto_dtype_on_cpu_follows_native_bf16():
+    assert default_cpu_dtype(SAPPHIRE_RAPIDS)[0] == "bfloat16"
+    dtype, reason = default_cpu_dtype(ZEN3)
+    assert dtype == "float32" and "no native bf16" in reason
+
+
+def test_resolve_runtime_cpu_auto_dtype_matches_this_machine():
+    rt = resolve_runtime("cpu", "auto", compile=False)
+    expected = "bfloat16" if cpu_has_native_bf16() else "float32"
+    assert rt.dtype == expected
+    assert rt.autocast_dtype == (torch.bfloat16 if expected == "bfloat16" else None)
+    assert rt.dtype_reason
+    # an explicit dtype is kept, whatever the CPU
+    assert resolve_runtime("cpu", "float32", compile=False).dtype == "float32"
+    assert resolve_runtime("cpu", "bfloat16", compile=False).dtype == "bfloat16"
+
+
+def test_explicit_compile_is_kept_on_cpu():
+    assert resolve_runtime("cpu", "float32", compile=True).compile is True
+    assert resolve_runtime("cpu", "float32", compile=False).compile is False
+
+
+def test_native_bf16_reads_proc_cpuinfo_by_default():
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            assert cpu_has_native_bf16() == cpu_has_native_bf16(f.read())
+
+
+def test_compile_uses_a_persistent_cache_folder(tmp_path, monkeypatch):
+    from gptspeed.model import GPT, GPTConfig
+    from gptspeed.runtime import parallelize
+
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8))
+    parallelize(model, resolve_runtime("cpu", "float32", compile=False))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == ""  # no compile: nothing set
+    parallelize(model, resolve_runtime("cpu", "float32", compile=True), backend="eager")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+    # a folder the user chose is kept
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    parallelize(model, resolve_runtime("cpu", "float32", compile=True), backend="eager")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_auto_compile_on_cpu_only_where_measured_to_pay():
+    from gptspeed.runtime import CPU_BF16_COMPILE_BREAK_EVEN_STEPS as N, default_cpu_compile
+
+    # float32: measured no faster than eager, whatever the run's length
+    on, reason = default_cpu_compile("float32", 10**6, SAPPHIRE_RAPIDS)
+    assert not on and "float32" in reason
+    # bf16 with native bf16 matmuls: on only for runs longer than the break-even
+    assert default_cpu_compile("bfloat16", N + 1, SAPPHIRE_RAPIDS)[0]
+    on, reason = default_cpu_compile("bfloat16", N, SAPPHIRE_RAPIDS)
+    assert not on and str(N) in reason
+    assert not default_cpu_compile("bfloat16", None, SAPPHIRE_RAPIDS)[0]  # length unknown
+    # bf16 emulated (no native matmuls): off
+    assert not default_cpu_compile("bfloat16", 10**6, ZEN3)[0]
+
+
+def test_resolve_runtime_auto_compile_on_this_cpu():
+    long_run = resolve_runtime("cpu", "auto", compile=None, planned_steps=10**6)
+    assert long_run.compile == (long_run.dtype == "bfloat16" and cpu_has_native_bf16())
+    assert long_run.compile_reason.startswith("on" if long_run.compile else "off")
+    assert resolve_runtime("cpu", "auto", compile=None, planned_steps=1).compile is False
+    assert resolve_runtime("cpu", "auto", compile=None).compile is False  # length unknown

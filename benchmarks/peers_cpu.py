@@ -1,7 +1,7 @@
 """Issue 14: gptspeed's default `gptspeed train` step against its peers on this CPU, interleaved.
 
-Every row is a fresh process per round, run in the order given, round after round (A B C ... A B C
-...), so drift and the other jobs on a shared machine hit every row alike; each process runs
+Every row is a fresh process per round, the order rotating by one row each round (A B C ..., B C
+... A, ...), so drift and the other jobs on a shared machine hit every row alike; each process runs
 ``--warmup`` untimed steps (compilation, first-touch allocation) and then ``--steps`` timed steps.
 Rows (``--peers``):
 
@@ -439,10 +439,15 @@ def parse_variant(text: str) -> tuple[str, list[str], dict]:
 
 
 def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
-    """All rows of one shape, interleaved: ``rounds`` x (each row once, in order)."""
+    """All rows of one shape, interleaved: ``rounds`` x (each row once). The order rotates by one
+    row per round (A B C, B C A, C A B, ...), so no row always runs first, or always right after
+    the heaviest one: a fixed order gave two identical gptspeed rows a steady 0.88-0.98x gap."""
     per_row: dict[str, list[dict]] = {r: [] for r in rows}
     for rnd in range(args.rounds):
-        for row in rows:
+        k = rnd % len(rows)
+        for row in rows[k:] + rows[:k]:
+            if row not in rows:  # skipped for good in an earlier round
+                continue
             load = loadavg()
             kw = dict(warmup=args.warmup, steps=args.steps, threads=args.threads)
             if row == "gptspeed":

@@ -473,9 +473,9 @@ class Trainer:
 
     # ------------------------------------------------------------------- evaluating, logging
     def evaluate(self, stop: Callable[[], bool] | None = None) -> float | None:
-        """Val loss over ``--eval-tokens`` (None for a stream, which has no val split, or when
+        """Val loss over ``--eval-tokens`` (None without a val split, as for a stream, or when
         ``stop`` interrupted it)."""
-        if self.data.is_stream:
+        if not self.data.has_val:
             return None
         from gptspeed.eval.val_loss import evaluate
 
@@ -584,7 +584,7 @@ class Trainer:
                 self.folder.written.add(self.log.path.name)
                 self.log.truncate_after(self.step if self.resume_from is not None else -1)
             self._announce()
-            if new_run and not self.data.is_stream:
+            if new_run and self.data.has_val:
                 self.say(f"step 0: evaluating the val loss on {t.eval_tokens or 'all'} val tokens ...", flush=True)
                 summary["last_val_loss"] = self.evaluate(stop)
                 if stop():

@@ -63,6 +63,11 @@ class TrainData:
     def is_stream(self) -> bool:
         return self.stream_options is not None
 
+    @property
+    def has_val(self) -> bool:
+        """Whether there is a val split to evaluate on (prepared shards have one; a stream has none)."""
+        return bool(self.val_shards)
+
     def loader(self, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1, device: Any = "cpu",
                max_token_id: int | None = None, sampling: str = "sequential", seed: int = 0,
                workers: int = 0) -> TrainLoader:

@@ -564,7 +564,6 @@ def markdown(result: dict) -> str:
 
 def cross_check(args, shape: Shape, work: Path, data: Path, steps: int = 20) -> dict:
     """gptspeed's per-step losses vs llm.c's from the same weights on one batch, llm.c's AdamW."""
-    from gptspeed.data.shards import write_shard
     from gptspeed.llmc import run_train_gpt2
 
     d = llmc_dir(work, shape, data, one_batch=True)

@@ -6,8 +6,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,12 +17,9 @@ from hypothesis import strategies as st
 from conftest import (SHARED_DATA, SRC, assert_user_error, bare_trainer, finish, one_step, run_cli, run_main, start_cli,
                       wait_for_line)
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
-from gptspeed.config import OptimConfig, RunConfig, preset
+from gptspeed.config import RunConfig, preset
 from gptspeed.data.shards import ShardError, read_header, read_shard, write_shard
 from gptspeed.errors import GptspeedError
-from gptspeed.model import GPT, GPTConfig
-from gptspeed.optim import build_optimizer
-from gptspeed.runtime import resolve_runtime
 from gptspeed.trainer import build_train_config, fit
 
 TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",

@@ -4,15 +4,12 @@ import json
 import math
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import SRC, SHARED_DATA, finish, run_cli, run_main, start_cli, wait_for_line
+from conftest import finish, run_cli, run_main, start_cli, wait_for_line
 from gptspeed.checkpoint import list_checkpoints, load_checkpoint
 from gptspeed.trainer import build_train_config, fit
 

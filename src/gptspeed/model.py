@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptspeed.config import GPT2_VOCAB_SIZE, GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
+from gptspeed.config import GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
 from gptspeed.loss import fused_linear_cross_entropy, resolve_loss
 
 

@@ -34,7 +34,7 @@ import torch
 from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock,
                                  check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
                                  list_checkpoints)
-from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401  (build_train_config re-exported beside fit)
 from gptspeed.data.train_data import TrainData, find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic

@@ -192,10 +192,6 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
         prev = r
 
 
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     """Run the ladder and write ``ladder.md``, ``ladder.json`` and ``ladder.png`` into ``cfg.out``;
     print the Markdown table on stdout (progress on stderr). Returns the report (as in
@@ -213,11 +209,7 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     if not to_run:
         reasons = "; ".join(f"{p.stage.name}: {p.skip_reason}" for p in plan if p.stage.name in (selected or ()))
         raise GptspeedError(f"none of the selected stages runs on {device.type} ({reasons})")
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise GptspeedError(f"cannot create --out {out}: {e.strerror or e}") from e
+    out = report.make_out_dir(cfg.out)
 
     env = report.environment(device, command)  # before the rows run: the date is the start
     n_runs = len(to_run) + int(cfg.peers)
@@ -230,20 +222,20 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
             rows.append({**row, "status": "skipped", "reason": p.skip_reason})
             continue
         i += 1
-        _say(f"[{i}/{n_runs}] {p.stage.name}: {p.stage.description}")
+        report.say(f"[{i}/{n_runs}] {p.stage.name}: {p.stage.description}")
         spec = dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())
         rows.append({**row, **run_worker(spec, out / "logs" / f"{p.stage.name}.log", cfg.stage_timeout)})
-        _say("    " + report.progress_line(rows[-1]))
+        report.say("    " + report.progress_line(rows[-1]))
     if cfg.peers:
         last = to_run[-1].settings
         peer_settings = dataclasses.replace(last, attention="sdpa", vocab_size=50257, loss="plain")
         row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
                "source": f"same dtype, compile and optimizer as {to_run[-1].stage.name}",
                "settings": peer_settings.to_dict()}
-        _say(f"[{n_runs}/{n_runs}] {PEER_NAME}: {PEER_DESCRIPTION}")
+        report.say(f"[{n_runs}/{n_runs}] {PEER_NAME}: {PEER_DESCRIPTION}")
         spec = dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=peer_settings.to_dict())
         rows.append({**row, **run_worker(spec, out / "logs" / f"{PEER_NAME}.log", cfg.stage_timeout)})
-        _say("    " + report.progress_line(rows[-1]))
+        report.say("    " + report.progress_line(rows[-1]))
     check_rows(rows)
 
     problems = [f"{r['name']}: failed: {r['reason']}" for r in rows if r["status"] == "failed"]
@@ -282,7 +274,7 @@ def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
         raise GptspeedError(f"unknown --profile stage {name!r}: choose from {', '.join(STAGE_NAMES + (PEER_NAME,))}")
     out = Path(cfg.out)
     spec = dataclasses.replace(spec0, name=name, kind=kind, settings=settings.to_dict(), profile_dir=str(out.resolve()))
-    _say(f"profiling {name} ({spec.warmup} warm-up + {spec.steps} traced steps) on {device.type}")
+    report.say(f"profiling {name} ({spec.warmup} warm-up + {spec.steps} traced steps) on {device.type}")
     result = run_worker(spec, out / "logs" / f"profile-{name}.log", cfg.stage_timeout)
     if result["status"] != "ok":
         raise GptspeedError(f"profiling {name} {result['status']}: {result['reason']}")

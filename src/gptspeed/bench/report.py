@@ -44,6 +44,23 @@ def environment(device: torch.device, command: str) -> dict[str, Any]:
     return env
 
 
+def say(msg: str) -> None:
+    """A progress line on stderr (stdout carries the Markdown table)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def make_out_dir(out: str | Path) -> Path:
+    """Create the report folder ``out`` (and its parents); GptspeedError (one line) if it cannot be."""
+    from gptspeed.errors import GptspeedError
+
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GptspeedError(f"cannot create --out {path}: {e.strerror or e}") from e
+    return path
+
+
 def fmt_bytes(n: int | None) -> str:
     """Bytes as MiB or GiB (binary units), "—" for None."""
     if n is None:

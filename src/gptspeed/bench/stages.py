@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from gptspeed.errors import GptspeedError
-from gptspeed.model import GPT2_VOCAB_SIZE
+from gptspeed.config import GPT2_VOCAB_SIZE
 from gptspeed.optim import fused_adamw_available
 from gptspeed.runtime import bf16_supported
 

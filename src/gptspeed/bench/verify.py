@@ -26,9 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gptspeed.bench import report
@@ -168,10 +166,6 @@ def rung_problems(row: dict[str, Any]) -> list[str]:
     return out
 
 
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     """Run every rung of :func:`plan_verify` in its own process, compare, and write ``verify.md``
     (also printed on stdout) and ``verify.json`` into ``cfg.out``. Returns the report (as in
@@ -191,11 +185,7 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     if selected is not None and not any(r.name in selected for r in to_run):
         reasons = "; ".join(f"{r.name}: {r.skip_reason}" for r in plan if r.name in selected)
         raise GptspeedError(f"none of the selected rungs runs on {device.type} ({reasons})")
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise GptspeedError(f"cannot create --out {out}: {e.strerror or e}") from e
+    out = report.make_out_dir(cfg.out)
 
     env = report.environment(device, command)
     rows: dict[str, dict[str, Any]] = {}
@@ -207,10 +197,10 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
             row.update(status="skipped", reason=r.skip_reason)
         rows[r.name] = row
     for i, r in enumerate(to_run, 1):
-        _say(f"[{i}/{len(to_run)}] {r.name}: {switches(r.settings)}")
+        report.say(f"[{i}/{len(to_run)}] {r.name}: {switches(r.settings)}")
         spec = dataclasses.replace(spec0, name=r.name, settings=r.settings.to_dict())
         rows[r.name].update(run_worker(spec, out / "logs" / f"{r.name}.log", cfg.stage_timeout))
-        _say("    " + _progress(rows[r.name]))
+        report.say("    " + _progress(rows[r.name]))
 
     for r in plan:
         row = rows[r.name]

@@ -30,7 +30,8 @@ from gptspeed.config import OptimConfig
 from gptspeed.data.loader import to_device
 from gptspeed.errors import GptspeedError
 from gptspeed.metrics import memory_stats, peak_flops
-from gptspeed.model import GPT, GPT2_VOCAB_SIZE, GPTConfig
+from gptspeed.config import GPT2_VOCAB_SIZE
+from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
 

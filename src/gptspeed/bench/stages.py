@@ -187,14 +187,6 @@ def _fp8(device: torch.device, compile_backend: str) -> str | None:
     return None
 
 
-def _max_autotune(device: torch.device, compile_backend: str) -> str | None:
-    if device.type != "cuda":
-        return f"max-autotune tunes Triton matmul kernels and CUDA graphs; not {device.type}"
-    if compile_backend != "inductor":
-        return f"max-autotune is an inductor mode; the compile backend is {compile_backend}"
-    return _compile(device, compile_backend)
-
-
 @dataclass(frozen=True)
 class Stage:
     """One rung: ``delta`` is applied on top of every applicable rung before it.
@@ -211,6 +203,16 @@ class Stage:
     applies: Callable[[torch.device, str], str | None] = _always
     source: str = ""
     base: str | None = None
+
+
+def _cuda_compile_tuning(device: torch.device, compile_backend: str) -> str | None:
+    """Why a ``torch.compile`` mode of inductor's for CUDA (max-autotune, reduce-overhead, ...) does
+    not run here, or None."""
+    if device.type != "cuda":
+        return f"this torch.compile mode tunes Triton matmul kernels / CUDA graphs; not {device.type}"
+    if compile_backend != "inductor":
+        return f"torch.compile modes are inductor's; the compile backend is {compile_backend}"
+    return _compile(device, compile_backend)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -240,7 +242,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("compile-blocks", "torch.compile each transformer block (compile once, reuse)", {"compile_mode": "blocks"},
           _compile, source="torch.compile regional compilation recipe"),
     Stage("max-autotune", "torch.compile mode max-autotune (tuned matmuls, CUDA graphs)",
-          {"compile_tuning": "max-autotune"}, _max_autotune, source="torch.compile docs"),
+          {"compile_tuning": "max-autotune"}, _cuda_compile_tuning, source="torch.compile docs"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
@@ -250,14 +252,6 @@ def _fp16(device: torch.device, compile_backend: str) -> str | None:
         return (f"float16 autocast + GradScaler is the path of CUDA GPUs without bf16 (V100, T4); "
                 f"gptspeed does not run it on {device.type}")
     return None
-
-
-def _cuda_compile_tuning(device: torch.device, compile_backend: str) -> str | None:
-    if device.type != "cuda":
-        return f"this torch.compile mode is about CUDA graphs / Triton matmuls; not {device.type}"
-    if compile_backend != "inductor":
-        return f"torch.compile modes are inductor's; the compile backend is {compile_backend}"
-    return _compile(device, compile_backend)
 
 
 # Rungs only ``bench --verify`` runs: other ways to train that a user can pick with a flag, checked

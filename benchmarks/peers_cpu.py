@@ -54,7 +54,6 @@ import argparse
 import json
 import os
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -169,27 +168,13 @@ def run_until(cmd: list[str], *, cwd: Path, env: dict, on_line: Callable[[str], 
     """Run ``cmd``; feed each output line (stdout+stderr) to ``on_line``; kill the process (and its
     process group: compile workers) as soon as it returns True. Returns ``(exit status, peak RSS
     bytes, wall s from start to that line (or to the end), lines)``."""
+    from gptspeed.llmc import read_lines
+
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
-    fd = proc.stdout.fileno()
-    lines, pending, done = [], b"", False
     try:
-        while not done and time.perf_counter() - t0 < timeout_s:
-            ready, _, _ = select.select([fd], [], [], 1.0)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for raw in complete:
-                line = raw.decode(errors="replace").rstrip("\r")
-                lines.append(line)
-                if on_line(line):
-                    done = True
-                    break
+        lines = read_lines(proc.stdout.fileno(), on_line, t0 + timeout_s)
         wall = time.perf_counter() - t0
     finally:
         try:
@@ -236,6 +221,8 @@ def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, w
     def on_line(line: str) -> bool:
         if line.startswith("gptspeed: "):
             start_line["line"] = line
+        elif line.startswith("why: ") and "line" in start_line:  # why dtype / compile resolved so
+            start_line["line"] += " / " + line
         if not line.startswith("step ") or not metrics.exists():
             return False
         logged = [json.loads(r)["step"] for r in metrics.read_text().splitlines() if '"step_ms"' in r]

@@ -191,6 +191,35 @@ def prepare_llmc_dir(work_dir: str | os.PathLike, model: GPT, train_tokens: np.n
     return work
 
 
+def read_lines(fd: int, on_line, deadline: float) -> list[str]:
+    """Read text lines from the file descriptor ``fd`` (a pipe or a pseudo-terminal's master side)
+    as they arrive, handing each (decoded, without its line end) to ``on_line``; stop when it
+    returns True, at end of file (or EIO: a terminal's child exited) or at ``time.perf_counter()``
+    ``deadline``. Returns every line read."""
+    import select
+    import time
+
+    lines: list[str] = []
+    pending = b""
+    while time.perf_counter() < deadline:
+        if not select.select([fd], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal (exited)
+            break
+        if not chunk:
+            break
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            line = raw.decode(errors="replace").rstrip("\r")
+            lines.append(line)
+            if on_line(line):
+                return lines
+    return lines
+
+
 def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps: int, *,
                    threads: int | None = None, timeout_s: float = 3600.0, env: dict | None = None) -> dict:
     """Run llm.c's ``train_gpt2`` in ``work_dir`` (see :func:`prepare_llmc_dir`) until it has
@@ -203,7 +232,6 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
     """
     import pty
     import re
-    import select
     import subprocess
     import time
 
@@ -211,7 +239,17 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     step_re = re.compile(r"^step (\d+): train loss (\S+) \(took ([\d.]+) ms\)")
-    losses, step_ms, val_losses, lines = [], [], [], []
+    losses, step_ms, val_losses = [], [], []
+
+    def on_line(line: str) -> bool:
+        if line.startswith("val loss "):
+            val_losses.append(float(line.split()[2]))
+        m = step_re.match(line)
+        if m:
+            losses.append(float(m.group(2)))
+            step_ms.append(float(m.group(3)))
+        return len(losses) >= steps
+
     # a pseudo-terminal, so that C stdio flushes each line (to a pipe it would buffer 4 KB, and the
     # step lines of a slow model would arrive only when the process ends)
     master, slave = pty.openpty()
@@ -219,30 +257,8 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
     proc = subprocess.Popen([str(binary)], cwd=work_dir, env=env, stdout=slave, stderr=slave,
                             stdin=subprocess.DEVNULL, close_fds=True)
     os.close(slave)
-    deadline = t0 + timeout_s
-    pending = b""
     try:
-        while len(losses) < steps and time.perf_counter() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal (exited)
-                break
-            if not chunk:
-                break
-            pending += chunk
-            *done, pending = pending.split(b"\n")
-            for raw in done:
-                line = raw.decode(errors="replace").rstrip("\r")
-                lines.append(line)
-                if line.startswith("val loss "):
-                    val_losses.append(float(line.split()[2]))
-                m = step_re.match(line)
-                if m:
-                    losses.append(float(m.group(2)))
-                    step_ms.append(float(m.group(3)))
+        lines = read_lines(master, on_line, t0 + timeout_s)
     finally:
         try:
             proc.kill()  # not polled before: the exit status and rusage are wait4's to collect

@@ -367,12 +367,17 @@ def hf_worker(spec: dict) -> int:
     return 0
 
 
-def llmc_binary(work: Path) -> Path:
+def llmc_binary(work: Path, cflags: tuple[str, ...] | None = None) -> Path:
+    """llm.c's train_gpt2 built once per set of compiler flags (default: its Makefile's)."""
+    import hashlib
+
     from gptspeed.llmc import MAKEFILE_CFLAGS, build_train_gpt2
 
-    binary = work / "llmc-bin" / "train_gpt2"
+    flags = tuple(cflags) if cflags else tuple(MAKEFILE_CFLAGS)
+    folder = "llmc-bin" if flags == tuple(MAKEFILE_CFLAGS) else "llmc-bin-" + hashlib.sha1(" ".join(flags).encode()).hexdigest()[:8]
+    binary = work / folder / "train_gpt2"
     if not binary.exists():
-        build_train_gpt2(PEERS_DIR / "llm.c", binary.parent, MAKEFILE_CFLAGS)
+        build_train_gpt2(PEERS_DIR / "llm.c", binary.parent, flags)
     return binary
 
 
@@ -562,12 +567,12 @@ def cross_check(args, shape: Shape, work: Path, data: Path, steps: int = 20) -> 
     t0 = time.time()
     ours = run_gptspeed(shape, one, work / "runs" / "cross-check", flags, warmup=0, steps=steps, threads=args.threads)
     t1 = time.time()
-    theirs = run_train_gpt2(llmc_binary(work), d, steps, threads=args.threads)
+    theirs = run_train_gpt2(llmc_binary(work, tuple(args.llmc_cflags.split()) or None), d, steps, threads=args.threads)
     diffs = [abs(a - b) for a, b in zip(ours.losses, theirs["losses"])]
     return {"shape": shape.__dict__, "steps": steps, "gptspeed_losses": ours.losses, "llmc_losses": theirs["losses"],
             "max_abs_diff": max(diffs) if diffs else None, "gptspeed_command": ours.info.get("command"),
             "gptspeed_error": ours.error, "gptspeed_s": t1 - t0, "llmc_s": time.time() - t1,
-            "llmc_val_loss_step0": theirs["val_losses"][:1]}
+            "llmc_val_loss_step0": theirs["val_losses"][:1], "llmc_cflags": args.llmc_cflags or "the Makefile's"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -591,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default=None, help="write the tables here")
     ap.add_argument("--cross-check", action="store_true", help="only the loss cross-check against llm.c")
     ap.add_argument("--cross-check-flags", default="", help="extra gptspeed flags for the cross-check")
+    ap.add_argument("--llmc-cflags", default="", help="compiler flags for llm.c's train_gpt2 in the cross-check "
+                    "(default: its Makefile's, -Ofast ...; e.g. '-O3 -march=native -fopenmp -DOMP' without fast-math)")
     ap.add_argument("--worker-hf", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv[1:])
     if args.worker_hf:

@@ -1,11 +1,17 @@
 """The CPU defaults of :func:`gptspeed.runtime.resolve_runtime` (issue 14): bf16 only where the CPU
-multiplies bf16 natively, compile only for runs long enough to repay it, and the compile cache."""
+multiplies bf16 natively, compile only for runs long enough to repay it, the compile cache, and
+glibc's malloc keeping freed memory."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
+import pytest
 import torch
+
+from conftest import SRC
 
 from gptspeed.runtime import cpu_has_native_bf16, default_cpu_dtype, resolve_runtime
 
@@ -100,3 +106,41 @@ def test_resolve_runtime_auto_compile_on_this_cpu():
     assert long_run.compile_reason.startswith("on" if long_run.compile else "off")
     assert resolve_runtime("cpu", "auto", compile=None, planned_steps=1).compile is False
     assert resolve_runtime("cpu", "auto", compile=None).compile is False  # length unknown
+
+
+FAULTS_SCRIPT = """
+import resource, sys, torch
+from gptspeed.runtime import keep_freed_memory
+
+def faults_of_steps(n=5):
+    # a CPU training step's pattern at GPT-2 124M: two 154 MB fp32 buffers (50304 x 768, the tied
+    # embedding's gradients) allocated, written and freed every step
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        a = torch.empty(50304, 768).fill_(1.0)
+        b = torch.empty(50304, 768).fill_(2.0)
+        del a, b
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+faults_of_steps(1)
+plain = faults_of_steps()
+applied, reason = keep_freed_memory()
+for _ in range(4):  # the heap grows to the steps' peak once (measured: within 10 steps here)
+    faults_of_steps()
+kept = faults_of_steps()
+print(plain, kept, applied, reason, sep="|")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_keep_freed_memory_stops_page_faulting_a_steps_large_buffers_in_again():
+    res = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert res.returncode == 0, res.stderr
+    plain, kept, applied, reason = res.stdout.strip().split("|")
+    assert applied == "True", reason
+    pages = 50304 * 768 * 4 // 4096  # of one buffer
+    # glibc mmaps a buffer this large and unmaps it on free: every page of both faults in again every step
+    assert int(plain) >= 5 * 2 * pages, plain
+    # kept: once the heap has grown to the steps' peak, the freed memory is reused, already mapped
+    assert int(kept) < 1000, kept

@@ -128,7 +128,7 @@ def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespea
     # the start line says why dtype and compile (both left to auto) resolved as they did on this CPU
     from gptspeed.runtime import default_cpu_compile, default_cpu_dtype
     dtype, why_dtype = default_cpu_dtype()
-    assert f"why: dtype {why_dtype} | compile {default_cpu_compile(dtype, 3)[1]}" in out
+    assert f"why: dtype {why_dtype} | compile {default_cpu_compile(dtype, 3)[1]} | malloc: " in out
     run = tmp_path / "b"
     fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
                                         warmup_ratio=0.5, lr=1e-3, eval_every=0)), echo=False)

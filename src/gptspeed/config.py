@@ -159,6 +159,9 @@ class RuntimeConfig:
                                        "each block's input)", choices=CHECKPOINTING)
     fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
                    "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
+    keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "
+                                        "instead of page-faulting large buffers in again (default: on for a CPU "
+                                        "device)", kind="bool")
     parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
                        "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
     dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)")

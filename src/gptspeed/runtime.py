@@ -138,6 +138,48 @@ def compile_cache_dir() -> Path:
     return Path(root) / "inductor"
 
 
+#: glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def keep_freed_memory() -> tuple[bool, str]:
+    """Make glibc's ``malloc`` keep the memory a training step frees for the next step, instead of
+    handing it back to the kernel: ``mallopt(M_MMAP_MAX, 0)`` (no block of its own ``mmap``) and
+    ``mallopt(M_TRIM_THRESHOLD, 2**31 - 1)`` (the heap's free top is not trimmed). Returns
+    ``(applied, reason)`` for the start line.
+
+    Why: glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh
+    ``mmap`` and ``munmap``s it on free, so a CPU step that allocates the same large buffers every
+    step (GPT-2 124M: the 50304 x 768 fp32 gradients of the tied embedding, 154 MB each, and the
+    activations) page-faults them in again every time: the kernel zeroes each 4 KiB page on first
+    touch. Measured at GPT-2 124M, B=4, T=64 on a 2-core AMD EPYC (benchmarks/README.md, issue 14):
+    the step's ``fill_`` of two such buffers took ~200 ms of a ~2.1 s step. tcmalloc (LD_PRELOAD)
+    removes the same cost; this does it in-process with glibc's documented knobs (mallopt(3),
+    the ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables).
+
+    The heap grows to the step's peak in the first steps (measured: within ~10 steps of two such
+    buffers); from then on a step's buffers are reused without a page fault (tests/test_runtime_cpu.py).
+    The process keeps its peak heap for its lifetime (the resident size a training run has anyway).
+    Not glibc (macOS, musl), or no ``mallopt``: nothing changes, ``(False, reason)``.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = getattr(libc, "mallopt", None)
+        gnu_version = getattr(libc, "gnu_get_libc_version", None)
+    except OSError:
+        mallopt = gnu_version = None
+    if mallopt is None or gnu_version is None:  # only glibc has both
+        return False, "the system malloc as it is (not glibc)"
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    if mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) != 1:
+        return False, "the system malloc as it is (glibc refused mallopt)"
+    return True, "freed memory kept for reuse (glibc mallopt: no per-buffer mmap, no trim)"
+
+
 def use_compile_cache() -> Path:
     """Point TorchInductor's caches at :func:`compile_cache_dir` (``TORCHINDUCTOR_CACHE_DIR``, read
     when inductor first compiles) and make sure its FX-graph cache is on, so a second run of the

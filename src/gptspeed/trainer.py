@@ -41,8 +41,8 @@ from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer, lr_at
-from gptspeed.runtime import (Runtime, check_cuda_graphs, grad_sync_control, init_distributed, parallelize,
-                              resolve_runtime, shutdown_distributed, uses_cuda_graphs)
+from gptspeed.runtime import (Runtime, check_cuda_graphs, grad_sync_control, init_distributed, keep_freed_memory,
+                              parallelize, resolve_runtime, shutdown_distributed, uses_cuda_graphs)
 
 
 class StopFlag:
@@ -237,6 +237,10 @@ class Trainer:
                                        device=rt.device, max_token_id=cfg.model.valid_vocab_size,
                                        sampling=t.sampling, seed=cfg.runtime.seed, workers=workers)
         self.data.check_val(cfg.model.block_size)
+        keep = cfg.runtime.keep_freed_memory
+        if keep is None:
+            keep = rt.device_type == "cpu"
+        self.malloc_reason = keep_freed_memory()[1] if keep else "the system malloc as it is (off)"
         from gptspeed.eval.hellaswag import hellaswag_hook
 
         self.hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
@@ -550,7 +554,8 @@ class Trainer:
                  f"B={B} T={T} x {self.accum} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
                  + f" = {self.tokens_per_step:,} tokens/step")
         if rt.dtype_reason or rt.compile_reason:
-            self.say(f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or rt.compile}")
+            self.say(f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or rt.compile} "
+                     f"| malloc: {self.malloc_reason}")
         warmup = cfg.warmup_steps()
         if warmup >= t.max_steps:
             self.say(f"warning: warm-up is {warmup} steps but the run has {t.max_steps}: the learning rate never "

@@ -9,6 +9,7 @@ DDP or FSDP2 wrap the plain model, then ``torch.compile``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,13 +112,20 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     ``bf16`` feature is not counted: its speed in PyTorch's CPU kernels has not been measured here.
     """
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-            return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
+        return _this_cpu_has_native_bf16()
     return bool(_cpuinfo_flags(cpuinfo) & {"amx_bf16", "avx512_bf16"})
+
+
+@functools.cache
+def _this_cpu_has_native_bf16() -> bool:
+    """:func:`cpu_has_native_bf16` of this machine, read once per process (the CPU does not change;
+    ``resolve_runtime`` asks twice for a bf16 run, for its dtype and for its compile default)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return cpu_has_native_bf16(f.read())
+    except OSError:
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(bool(getattr(torch.cpu, p, lambda: False)()) for p in probes)
 
 
 def default_cpu_dtype(cpuinfo: str | None = None) -> tuple[str, str]:

@@ -34,7 +34,8 @@ import torch
 from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock,
                                  check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
                                  list_checkpoints)
-from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401  (build_train_config re-exported beside fit)
+# build_train_config is re-exported beside fit
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401
 from gptspeed.data.train_data import TrainData, find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
@@ -553,9 +554,8 @@ class Trainer:
                  f"{'fp8 | ' if r.fp8 else ''}activation checkpointing {r.activation_checkpointing} | "
                  f"B={B} T={T} x {self.accum} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
                  + f" = {self.tokens_per_step:,} tokens/step")
-        if rt.dtype_reason or rt.compile_reason:
-            self.say(f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or rt.compile} "
-                     f"| malloc: {self.malloc_reason}")
+        why_compile = rt.compile_reason or ("on" if rt.compile else "off")
+        self.say(f"why: dtype {rt.dtype_reason or rt.dtype} | compile {why_compile} | malloc: {self.malloc_reason}")
         warmup = cfg.warmup_steps()
         if warmup >= t.max_steps:
             self.say(f"warning: warm-up is {warmup} steps but the run has {t.max_steps}: the learning rate never "

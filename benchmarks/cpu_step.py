@@ -21,7 +21,7 @@ import torch
 from gptspeed.config import GPTConfig, OptimConfig, RunConfig, TrainConfig
 from gptspeed.metrics import environment
 from gptspeed.runtime import resolve_runtime
-from gptspeed.trainer import Trainer
+from gptspeed.step import TrainStep
 
 SHAPE = dict(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=50304)
 B = 16
@@ -30,12 +30,7 @@ B = 16
 def make(loss: str, fused_adamw: bool, rt):
     cfg = RunConfig(model=GPTConfig(**SHAPE, loss=loss), optim=OptimConfig(fused_adamw=fused_adamw),
                     train=TrainConfig(batch_size=B))
-    trainer = Trainer.bare(cfg, rt)  # the training step of `gptspeed train`
-
-    def step(next_batch):
-        loss = trainer.forward_backward(*next_batch(), last_micro_step=True)
-        return (loss, *trainer.optimizer_step(loss))
-    return step
+    return TrainStep(cfg, rt)  # the training step of `gptspeed train`: step(next_batch) -> (loss, norm, bad)
 
 
 def main() -> int:

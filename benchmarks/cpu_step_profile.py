@@ -58,39 +58,20 @@ GPTSPEED_VARIANTS = {"gptspeed": ("float32", False), "bf16": ("bfloat16", False)
 
 
 def gptspeed_step(model, ocfg, batch_size: int, dtype: str = "float32", compile: bool = False):
-    """THE adapter to gptspeed's trainer: its runtime (``resolve_runtime`` + ``parallelize``: dtype
-    and compile applied from outside the model), its optimizer (``ocfg``) and its training step (no
-    accumulation, clip ``ocfg.grad_clip``), as ``gptspeed train`` runs them on a CPU. Returns
-    ``step(next_batch) -> loss tensor``. Works with the trainer before its restructure
-    (``gptspeed.train.train_step``) and after (``gptspeed.trainer.Trainer.bare(...).train_step``)."""
-    import types
-
+    """THE adapter to gptspeed's training step (:class:`gptspeed.step.TrainStep`: ``resolve_runtime`` +
+    ``parallelize``, dtype and compile applied from outside the model; its optimizer ``ocfg``; no
+    accumulation; clip ``ocfg.grad_clip``), as ``gptspeed train`` runs it on a CPU. Returns
+    ``step(next_batch) -> loss tensor``."""
     from gptspeed.config import RunConfig
     from gptspeed.runtime import resolve_runtime
+    from gptspeed.step import TrainStep
 
     rt = resolve_runtime("cpu", dtype, compile=compile)
-    try:
-        from gptspeed.trainer import Trainer
-    except ImportError:  # the trainer before its restructure
-        from gptspeed.optim import build_optimizer
-        from gptspeed.runtime import parallelize
-        from gptspeed.train import train_step
-
-        train_model = parallelize(model, rt)
-        optimizer, fused = build_optimizer(model, ocfg, "cpu")
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        params = list(model.parameters())
-        return lambda next_batch: train_step(train_model, optimizer, scaler, rt, next_batch, 1, ocfg.grad_clip,
-                                             params, fused)[0]
     cfg = RunConfig(model=model.config, optim=ocfg)
     cfg.train.batch_size, cfg.train.total_batch_tokens = batch_size, None
     cfg.runtime.dtype, cfg.runtime.compile = dtype, compile
-    trainer = Trainer.bare(cfg, rt, model=model)
-
-    def step(next_batch):
-        trainer.loader = types.SimpleNamespace(next_batch=next_batch)
-        return trainer.train_step()[0]
-    return step
+    train = TrainStep(cfg, rt, model=model)
+    return lambda next_batch: train(next_batch)[0]
 
 
 def plain_step(model, optimizer, set_to_none: bool = True):

@@ -67,23 +67,24 @@ def shakespeare_data(tmp_path_factory) -> Path:
     return out
 
 
-def bare_trainer(model_kw: dict, optim_kw: dict | None = None, rt=None, **runtime_kw):
-    """:meth:`gptspeed.trainer.Trainer.bare` for a model shape (GPTConfig fields) and optimizer
-    settings, on the CPU in fp32 unless ``rt`` is given."""
+def make_step(model_kw: dict, optim_kw: dict | None = None, rt=None, train_kw: dict | None = None, **runtime_kw):
+    """The training step of ``gptspeed train`` (:class:`gptspeed.step.TrainStep`, every rule checked)
+    for a model shape (GPTConfig fields), optimizer and train settings, on the CPU in fp32 unless
+    ``rt`` is given."""
     from gptspeed.config import GPTConfig, OptimConfig, RunConfig, RuntimeConfig, TrainConfig
     from gptspeed.runtime import resolve_runtime
-    from gptspeed.trainer import Trainer
+    from gptspeed.step import TrainStep
 
-    cfg = RunConfig(model=GPTConfig(**model_kw), optim=OptimConfig(**(optim_kw or {})), train=TrainConfig(),
+    cfg = RunConfig(model=GPTConfig(**model_kw), optim=OptimConfig(**(optim_kw or {})), train=TrainConfig(**(train_kw or {})),
                     runtime=RuntimeConfig(**runtime_kw))
-    return Trainer.bare(cfg, rt or resolve_runtime("cpu", "float32", False))
+    cfg.validate()
+    return TrainStep(cfg, rt or resolve_runtime("cpu", "float32", False))
 
 
-def one_step(trainer, x, y):
-    """One optimizer step of ``trainer`` on the micro-batch ``(x, y)``: ``(loss, grad_norm, bad)``."""
-    loss = trainer.forward_backward(x, y, last_micro_step=True)
-    grad_norm, bad = trainer.optimizer_step(loss)
-    return loss, grad_norm, bad
+def one_step(step, x, y):
+    """One optimizer step of a :class:`gptspeed.step.TrainStep` on the micro-batch ``(x, y)`` (its
+    one micro-batch per step): ``(loss, grad_norm, bad)``."""
+    return step(lambda: (x, y))
 
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

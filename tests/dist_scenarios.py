@@ -19,6 +19,7 @@ from gptspeed.data import find_shards
 from gptspeed.eval import hellaswag as hs
 from gptspeed.eval.val_loss import evaluate
 from gptspeed.runtime import Runtime, init_distributed, resolve_runtime
+from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, total_batch_tokens=256, eval_every=0,
@@ -40,7 +41,7 @@ def muon_fsdp(data: str, out: Path) -> dict:
 def eval_uneven(data: str, rt: Runtime) -> dict:
     """FSDP2 val loss over 3 batches on 2 ranks (one rank runs a dummy forward)."""
     cfg = build_train_config("pico", dict(TINY, data=data, parallel="fsdp"))
-    trainer = Trainer.bare(cfg, dataclasses.replace(rt, parallel="fsdp"))
+    trainer = TrainStep(cfg, dataclasses.replace(rt, parallel="fsdp"))
     loss, n = evaluate(trainer.train_model, trainer.rt, find_shards(data, "val"), 4, 32, max_tokens=3 * 4 * 32)
     return {"val_loss": loss, "tokens": n}
 
@@ -48,7 +49,7 @@ def eval_uneven(data: str, rt: Runtime) -> dict:
 def fp16_fsdp(data: str, rt: Runtime) -> dict:
     """float16 + FSDP2: an overflow in one rank's gradient shard makes every rank skip the step."""
     fp16 = dataclasses.replace(rt, dtype="float16", autocast_dtype=torch.float16, parallel="fsdp")
-    trainer = Trainer.bare(build_train_config("pico", dict(TINY, data=data)), fp16)
+    trainer = TrainStep(build_train_config("pico", dict(TINY, data=data)), fp16)
     x = torch.randint(0, 50257, (4, 32), generator=torch.Generator().manual_seed(0))
     seen = {}
     for step in range(2):
@@ -65,7 +66,7 @@ def fp16_fsdp(data: str, rt: Runtime) -> dict:
 def batch_agree(rt: Runtime) -> dict:
     """--batch-size auto: ranks that would fit different sizes probe in lockstep and agree."""
     from gptspeed.batchsize import agreed_largest_fitting
-    from gptspeed.trainer import agree_min
+    from gptspeed.step import agree_min
 
     limit_here = 40 if rt.rank == 0 else 24
     probed = []

@@ -46,7 +46,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     import torch
 
     out = tmp_path / "ladder"
-    argv = ["bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce", *TINY]
+    argv = ["bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce,muon", *TINY]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
     assert cli.main(argv) == 0, capsys.readouterr().err
     stdout, stderr = capsys.readouterr()
@@ -61,7 +61,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
             assert r["reason"]
     assert rows["tf32"]["status"] == "skipped" and "NVIDIA" in rows["tf32"]["reason"]
     assert rows["flash"]["reason"] == "not selected (--stages)"
-    assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == ["baseline", "fused-ce"]
+    assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == ["baseline", "fused-ce", "muon"]
     # cumulative: the last row has every applicable technique on (bf16 only where this CPU has it natively)
     bf16 = next(p for p in plan_ladder(torch.device("cpu"), None, "eager") if p.stage.name == "bf16").settings
     dtype = "bfloat16" if bf16 is not None else "float32"
@@ -94,9 +94,9 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     assert env["command"].startswith("gptspeed bench --ladder")
 
     peer = rows[PEER_NAME]  # transformers is in the test extras
-    assert peer["kind"] == "peer" and peer["status"] == "ok", peer
-    assert peer["settings"]["dtype"] == rows["fused-ce"]["settings"]["dtype"]
-    assert peer["compile"] == rows["fused-ce"]["compile"]
+    assert peer["kind"] == "peer" and peer["status"] == "ok", peer  # after Muon's row (its groups need our names)
+    assert peer["settings"]["dtype"] == rows["muon"]["settings"]["dtype"] and peer["compile"] == rows["muon"]["compile"]
+    assert peer["settings"]["optimizer"] == "adamw" and peer["settings"]["fused_adamw"] is True
     assert peer["loss_check"]["ok"]
     assert peer["speedup_prev"] is None and "implementation (peer)" in peer["speedup_prev_na"]
 
@@ -115,6 +115,30 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     img = matplotlib.image.imread(png)
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
     assert (out / "logs" / "baseline.log").exists()
+
+
+def test_every_row_of_the_default_ladder_trains_here_the_peer_row_too():
+    """Every row the default ladder plans on this CPU, and the peer row after it, built and stepped
+    in this process as its worker would (tiny shape, eager compile backend, 1 + 1 steps): the peer
+    row used to take Muon's settings, and Muon found no matrices in transformers' module names."""
+    import torch
+
+    from gptspeed.bench.ladder import base_spec, peer_settings
+    from gptspeed.bench.worker import PEER_KIND, run_stage
+
+    cfg = ladder_mod.BenchConfig(out="unused", n_layer=1, n_head=2, n_embd=32, seq_len=32, batch_size=2, steps=1,
+                                 warmup=1, synthetic=True, device="cpu", compile_backend="eager")
+    spec0 = base_spec(cfg)
+    plan = [p for p in plan_ladder(torch.device("cpu"), None, "eager") if p.settings is not None]
+    assert {"baseline", "compile", "fused-ce", "muon", "compile-blocks"} <= {p.stage.name for p in plan}
+    specs = [spec0.__class__(**{**spec0.to_dict(), "name": p.stage.name, "settings": p.settings.to_dict()})
+             for p in plan]
+    specs.append(spec0.__class__(**{**spec0.to_dict(), "name": PEER_NAME, "kind": PEER_KIND,
+                                    "settings": peer_settings(plan[-1].settings).to_dict()}))
+    for spec in specs:
+        torch._dynamo.reset()
+        result = run_stage(spec)
+        assert math.isfinite(result["loss_last"]) and abs(result["loss_step0"] - math.log(50257)) < 0.5, spec.name
 
 
 def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
@@ -337,3 +361,18 @@ def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
     assert "**FLAGGED**" in out
     result = json.loads((tmp_path / "ladder.json").read_text())
     assert result["ok"] is False and len(result["problems"]) == 1
+
+
+def test_rows_that_need_torchao_are_refused_before_they_start_naming_the_package(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torchao" else object() if name == "triton" else real(name, *a))
+    rows = {p.stage.name: p for p in plan_ladder(torch.device("cuda"), None, "inductor")}
+    assert rows["fp8"].settings is None and "pip install 'gptspeed[fp8]'" in rows["fp8"].skip_reason
+    assert not any(p.settings.fp8 for p in rows.values() if p.settings is not None)  # the rows after it run without

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from conftest import bare_trainer
+from conftest import make_step
 from gptspeed.errors import GptspeedError
 from gptspeed.runtime import Runtime, check_cuda_graphs, resolve_runtime
 
@@ -92,15 +92,17 @@ RUNGS = {  # the ladder's rungs that run on a CPU: model and optimizer settings,
 ONE_READ_PER_STEP = {"baseline", "sdpa+vocab-pad", "muon"}
 
 
-def _trainer(rung: str, device="cpu"):
+ACCUM2 = dict(batch_size=2, total_batch_tokens=2 * 2 * SHAPE["block_size"])  # two micro-batches per step
+
+
+def _step(rung: str):
+    """The rung's training step (:class:`gptspeed.step.TrainStep`), two micro-batches of
+    :class:`Batches` per optimizer step."""
     model, optim, run = RUNGS[rung]
     dtype = run.get("dtype", "float32")
     rt = resolve_runtime("cpu", dtype, run.get("compile", False))
-    if device == "meta":
-        rt = Runtime(device=torch.device("meta"), dtype="float32", autocast_dtype=None, compile=False)
     runtime = {k: v for k, v in run.items() if k in ("compile_mode", "activation_checkpointing")}
-    t = bare_trainer({**SHAPE, **model}, optim, rt=rt, **runtime)
-    return t
+    return make_step({**SHAPE, **model}, optim, rt=rt, train_kw=ACCUM2, **runtime)
 
 
 @pytest.fixture(autouse=True)
@@ -111,9 +113,9 @@ def _eager_compile(monkeypatch):
 
     real = runtime.parallelize
     monkeypatch.setattr(runtime, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
-    import gptspeed.trainer as trainer
+    import gptspeed.step as step
 
-    monkeypatch.setattr(trainer, "parallelize", runtime.parallelize)
+    monkeypatch.setattr(step, "parallelize", runtime.parallelize)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -121,14 +123,13 @@ def _eager_compile(monkeypatch):
 
 @pytest.mark.parametrize("rung", list(RUNGS))
 def test_no_host_reads_inside_a_training_step(rung):
-    t = _trainer(rung)
-    t.accum = 2  # gradient accumulation: two micro-batches per optimizer step
-    t.loader = Batches(t.rt.device)
-    t.train_step()  # warm-up (compilation traces read shapes, not values); optimizer state exists now
+    t = _step(rung)
+    assert t.accum == 2  # gradient accumulation: two micro-batches per optimizer step
+    batches = Batches(t.rt.device)
+    t(batches.next_batch)  # warm-up (compilation traces read shapes, not values); optimizer state exists now
     with HostReads(host_resident_state(t.optimizer)) as mode:
         for _ in range(3):
-            _, _, bad = t.train_step()
-            t.note_non_finite(bad)
+            t(batches.next_batch)
     expected = 3 if rung in ONE_READ_PER_STEP else 0
     assert len(mode.reads) == expected, (rung, mode.reads)
 
@@ -136,13 +137,13 @@ def test_no_host_reads_inside_a_training_step(rung):
 def test_float16_grad_scaler_step_reads_nothing_with_fused_adamw():
     """float16 + GradScaler (GPUs without bf16): the scaler's skip goes to fused AdamW's found_inf."""
     rt = Runtime(device=torch.device("cpu"), dtype="float16", autocast_dtype=torch.float16, compile=False)
-    t = bare_trainer({**SHAPE, "loss": "plain"}, dict(fused_adamw=True), rt=rt)
-    assert t.scaler.is_enabled()
-    t.accum, t.loader = 2, Batches("cpu")
-    t.train_step()
+    t = make_step({**SHAPE, "loss": "plain"}, dict(fused_adamw=True), rt=rt, train_kw=ACCUM2)
+    assert t.scaler.is_enabled() and t.accum == 2
+    batches = Batches("cpu")
+    t(batches.next_batch)
     with HostReads() as mode:
         for _ in range(2):
-            t.train_step()
+            t(batches.next_batch)
     assert mode.reads == []
 
 
@@ -194,14 +195,12 @@ def test_no_tensor_on_the_wrong_device(model, shakespeare_data):
     from gptspeed.data.loader import TokenLoader
 
     rt = Runtime(device=torch.device("meta"), dtype="float32", autocast_dtype=None, compile=False)
-    t = bare_trainer({**SHAPE, **model}, dict(fused_adamw=False), rt=rt)
+    t = make_step({**SHAPE, **model}, dict(fused_adamw=False), rt=rt, train_kw=ACCUM2)
     t.skips_on_device = True  # fused AdamW's path (found_inf on the device); no fused kernel exists for meta
     t.optimizer.step = lambda: None
-    t.accum = 2
-    t.loader = TokenLoader(find_shards(shakespeare_data, "train"), 2, 16, device=rt.device)
-    loss, grad_norm, bad = t.train_step()
-    t.note_non_finite(bad)
-    assert {loss.device.type, grad_norm.device.type, bad.device.type, t.first_bad.device.type} == {"meta"}
+    loader = TokenLoader(find_shards(shakespeare_data, "train"), 2, 16, device=rt.device)
+    loss, grad_norm, bad = t(loader.next_batch)
+    assert {loss.device.type, grad_norm.device.type, bad.device.type} == {"meta"}
     assert t.optimizer.found_inf.device.type == "meta"
     assert all(p.grad is None for p in t.params)  # zeroed (set to None) after the step
 
@@ -209,7 +208,7 @@ def test_no_tensor_on_the_wrong_device(model, shakespeare_data):
 def test_a_stray_cpu_tensor_is_caught_on_meta():
     """The check above has teeth: a step that adds a CPU tensor to the loss fails on meta."""
     rt = Runtime(device=torch.device("meta"), dtype="float32", autocast_dtype=None, compile=False)
-    t = bare_trainer({**SHAPE, "loss": "plain"}, dict(fused_adamw=False), rt=rt)
+    t = make_step({**SHAPE, "loss": "plain"}, dict(fused_adamw=False), rt=rt)
     x = torch.zeros(2, 16, dtype=torch.long, device="meta")
     with pytest.raises(RuntimeError, match="device"):
         (t.train_model(x, x)[1] + torch.ones(1)).backward()
@@ -217,7 +216,7 @@ def test_a_stray_cpu_tensor_is_caught_on_meta():
 
 @pytest.mark.parametrize("mode", ["model", "blocks"])
 def test_compiled_step_and_eval_have_no_graph_break(mode):
-    t = _trainer("compile" if mode == "model" else "compile-blocks")
+    t = _step("compile" if mode == "model" else "compile-blocks")
     x, y = Batches("cpu").next_batch()
     inner = t.model if mode == "model" else t.model.transformer.h[0].forward  # the block's own forward
     arg = (x, y) if mode == "model" else (torch.randn(2, 16, 32),)
@@ -237,11 +236,11 @@ def test_at_most_one_recompile_across_train_eval_train_with_a_partial_eval_batch
     from gptspeed.eval.val_loss import evaluate
 
     counters.clear()
-    t = _trainer("compile")
-    t.loader = Batches("cpu")
+    t = _step("compile")
+    batches = Batches("cpu")
     val = find_shards(shakespeare_data, "val")
     for _ in range(2):
-        t.train_step()
+        t(batches.next_batch)
         loss, n = evaluate(t.train_model, t.rt, val, 2, 16, max_tokens=5 * 16)
         assert n == 5 * 16 and np.isfinite(loss)
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
@@ -256,15 +255,15 @@ def test_hellaswag_in_blocks_mode_does_not_recompile():
     from gptspeed.eval.hellaswag import HellaSwagItem, evaluate_hellaswag
 
     counters.clear()
-    t = _trainer("compile-blocks")
-    t.loader = Batches("cpu")
-    t.train_step()
+    t = _step("compile-blocks")
+    batches = Batches("cpu")
+    t(batches.next_batch)
     graphs = counters["stats"]["unique_graphs"]
     items = [HellaSwagItem(ctx=tuple(range(1, 4 + k)), endings=tuple((5,) * (1 + e) for e in range(4)), label=k % 4)
              for k in range(6)]
     result = evaluate_hellaswag(t.model, items, device="cpu", batch_examples=2)
     assert result["examples"] == 6
-    t.train_step()
+    t(batches.next_batch)
     assert counters["stats"]["unique_graphs"] == graphs
 
 

@@ -235,10 +235,10 @@ def test_muon_under_ddp_matches_one_process_and_resumes_in_one(runs, tmp_path):
 def test_fsdp_eval_with_uneven_batches_matches_one_process(runs):
     """3 val batches on 2 ranks: rank 1 joins rank 0's last forward with a dummy batch (this hung:
     it called a collective while rank 0 was still all-gathering for its forward)."""
-    from conftest import bare_trainer
+    from conftest import make_step
     from gptspeed.eval.val_loss import evaluate
 
-    trainer = bare_trainer(dict(n_layer=2, n_head=2, n_embd=32, block_size=32), seed=1337)
+    trainer = make_step(dict(n_layer=2, n_head=2, n_embd=32, block_size=32), seed=1337)
     loss, n = evaluate(trainer.train_model, trainer.rt, find_shards(runs["data"], "val"), 4, 32, max_tokens=384)
     assert [r["eval_uneven"]["tokens"] for r in runs["scenarios"]] == [384, 384] == [n, n]
     for r in runs["scenarios"]:

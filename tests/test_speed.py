@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import assert_user_error, bare_trainer, one_step, run_cli
+from conftest import assert_user_error, make_step, one_step, run_cli
 from gptspeed.config import OptimConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
@@ -33,7 +33,8 @@ def _batch(B=2, T=32, seed=1):
 def _loss_and_grads(train_model, model, x, y):
     _, loss = train_model(x, y)
     loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # by state-dict name (a checkpoint_wrapper's module prefix is not part of it)
+    grads = {n: p.grad.clone() for n, p in model.state_dict(keep_vars=True).items() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return loss.detach(), grads
 
@@ -55,7 +56,7 @@ def test_muon_splits_hidden_matrices_from_the_rest():
 
 
 def test_muon_steps_lower_the_loss_and_never_update_on_a_nonfinite_step():
-    trainer = bare_trainer(SHAPE, dict(optimizer="muon", lr=1e-3, muon_lr=0.02, fused_adamw=False), seed=0)
+    trainer = make_step(SHAPE, dict(optimizer="muon", lr=1e-3, muon_lr=0.02, fused_adamw=False), seed=0)
     model, opt = trainer.model, trainer.optimizer
     x, y = _batch()
     losses = [one_step(trainer, x, y)[0].item() for _ in range(5)]
@@ -112,6 +113,28 @@ def test_activation_checkpointing_same_loss_and_grads(mode):
         assert torch.equal(train_model(x, y)[1], ref_model(x, y)[1])
     with pytest.raises(GptspeedError, match="activation-checkpointing"):
         parallelize(_model(), CPU, activation_checkpointing="most")
+
+
+def test_activation_checkpointing_passes_a_blocks_second_argument_through():
+    """Each block is wrapped by PyTorch's checkpoint_wrapper, which forwards every argument: the KV
+    cache, the block's second positional argument, reaches the attention (the hand-written wrapper
+    bound it to a default parameter and dropped it)."""
+    from gptspeed.model import KVCache
+
+    x, _ = _batch()
+    ref_model, model = _model(), _model()
+    parallelize(model, CPU, activation_checkpointing="full")
+    assert type(model.transformer.h[0]).__name__ == "CheckpointWrapper"
+    with torch.no_grad():
+        outs = []
+        for m in (ref_model, model):
+            kv = KVCache(m.config.n_layer, x.size(1))
+            logits, _ = m(x[:, :-1], kv=kv)  # prefill: writes the cache
+            kv.start = x.size(1) - 1
+            step, _ = m(x[:, -1:], pos=torch.tensor([x.size(1) - 1]), kv=kv)  # one token, reading it
+            outs.append((logits, step, kv.k[0].clone()))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b)
 
 
 # ------------------------------------------------------------------- compile: blocks, no recompiles
@@ -231,7 +254,7 @@ def test_auto_batch_cache_key_names_world_size_and_parallel_mode(monkeypatch):
 
     from gptspeed import batchsize
     from gptspeed.config import preset
-    from gptspeed.trainer import auto_batch_size
+    from gptspeed.step import auto_batch_size
 
     seen = []
     monkeypatch.setattr(batchsize, "resolve_auto_batch",
@@ -244,10 +267,10 @@ def test_auto_batch_cache_key_names_world_size_and_parallel_mode(monkeypatch):
     assert len({batchsize.cache_key("NVIDIA H100 80GB HBM3", s) for s in seen}) == 3
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the out-of-memory probe needs CUDA")
+@pytest.mark.cuda
 def test_cuda_probe_finds_a_batch(tmp_path, monkeypatch):
     from gptspeed.config import preset
-    from gptspeed.trainer import auto_batch_size
+    from gptspeed.step import auto_batch_size
 
     monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path))
     cfg = preset("pico").override(dict(batch_size=0, total_batch_tokens=64 * 64, compile=False))

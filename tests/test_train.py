@@ -156,10 +156,10 @@ def test_fit_with_compile_on_matches_eager(shakespeare_data, tmp_path, monkeypat
     """The compiled path of `gptspeed train` (dynamo tracing the model; the "eager" backend keeps
     the test to seconds on a CPU) gives the eager losses."""
     import gptspeed.runtime as runtime
-    import gptspeed.trainer as trainer
+    import gptspeed.step as step
 
     real = runtime.parallelize
-    monkeypatch.setattr(trainer, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
     base = dict(TINY, data=str(shakespeare_data), max_steps=3, eval_every=0)
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "e"), compile=False)), echo=False)
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "c"), compile=True)), echo=False)

@@ -194,13 +194,31 @@ def test_verdicts_name_each_broken_contract():
     assert rung_problems({"status": "skipped", "reason": "needs CUDA"}) == []
 
 
-def test_plan_on_a_gpu_compares_like_with_like(monkeypatch):
-    # an H100 as the plan sees it (no GPU is used: only the capability queries are answered)
+@pytest.fixture
+def h100(monkeypatch):
+    """An H100 as the plan sees it (no GPU is used: only the capability queries are answered)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("triton", "torchao") else real_find_spec(name, *a))
+
+
+def test_plan_on_a_gpu_refuses_cuda_graph_rungs_with_accumulation_before_they_run(h100):
+    """With verify's default 2 micro-batches per step, the CUDA-graph compile modes are planned as
+    refused (they would crash mid-rung: the second micro-step reads buffers the graph overwrote),
+    with train's own reason; a refused rung that could run here is not verified."""
     plan = {r.name: r for r in plan_verify(torch.device("cuda"), None, "inductor")}
+    for name in ("reduce-overhead", "max-autotune"):
+        assert plan[name].settings is None and plan[name].applies_here
+        assert plan[name].skip_reason.startswith("refused: --compile-tuning ") and "2 micro-steps" in plan[name].skip_reason
+        row = {"name": name, "status": "skipped", "reason": plan[name].skip_reason, "applies_here": True, "problems": []}
+        assert verify_mod.rung_verdict(row)[0] == "not verified"
+    assert plan["max-autotune-no-cudagraphs"].skip_reason is None
+
+
+def test_plan_on_a_gpu_compares_like_with_like(h100):
+    plan = {r.name: r for r in plan_verify(torch.device("cuda"), None, "inductor", grad_accum=1)}
     assert list(plan)[:2] == ["baseline", "baseline-muon"]
     assert all(r.skip_reason is None for r in plan.values()), {n: r.skip_reason for n, r in plan.items() if r.skip_reason}
     assert plan["baseline-muon"].settings == Settings(optimizer="muon")
@@ -224,6 +242,27 @@ def test_plan_on_a_cpu_skips_with_reasons():
     assert plan["fused-ce"].skip_reason is None
     for name in ("tf32", "batch-auto", "fp8", "max-autotune", *VERIFY_EXTRA_NAMES):
         assert plan[name].settings is None and "cpu" in plan[name].skip_reason, name
+        assert not plan[name].applies_here, name  # skipped here, not "not verified"
+    for name in ("reduce-overhead", "max-autotune"):  # refused with accumulation whatever the device
+        assert plan[name].skip_reason.startswith("refused: --compile-tuning "), name
+
+
+@pytest.mark.parametrize("row, verdict, why", [
+    (dict(status="skipped", reason="refused: --fp8 would convert no layer", applies_here=True), "not verified", "no layer"),
+    (dict(status="skipped", reason="FP8 tensor cores need an NVIDIA GPU", applies_here=False), "skipped", "NVIDIA"),
+    (dict(status="skipped", reason="not selected (--stages)", applies_here=True), "skipped", "not selected"),
+    (dict(status="ok", loss_check=None, not_compared="not compared: --batch-size auto trains on its own micro-batch"),
+     "not verified", "--batch-size auto"),
+    (dict(status="ok", loss_check=dict(steps_compared=1, note="compared up to step 0, the first step not applied")),
+     "not verified", "only 1 step(s) compared"),
+    (dict(status="ok", loss_check=dict(steps_compared=5, note="")), "verified", ""),
+    (dict(status="ok", loss_check=None, kind="reference", not_compared="the reference"), "reference", "reference"),
+])
+def test_a_rung_is_verified_only_when_its_losses_were_compared_over_updates(row, verdict, why):
+    got = verify_mod.rung_verdict({"name": "r", "problems": [], **row})
+    assert got[0] == verdict and why in got[1]
+    failed = verify_mod.rung_verdict({"name": "r", "problems": ["1 graph break(s)"], **row})
+    assert failed[0] == "failed"
 
 
 # ------------------------------------------------------------------------------------ the worker's watchers
@@ -273,23 +312,24 @@ def test_sdpa_backend_from_profiler_names(names, backend):
     assert sdpa_backend(names)["backend"] == backend
 
 
-def test_adapter_reports_a_step_it_did_not_apply():
-    from gptspeed.bench.worker import StageSpec, build_row, make_train_step
+def test_bench_step_reports_a_step_it_did_not_apply():
+    from gptspeed.bench.worker import StageSpec, bench_step, build_row
     from gptspeed.runtime import resolve_runtime
 
     spec = StageSpec(name="t", settings=Settings().to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=8, batch_size=1,
-                     steps=1, warmup=1, device="cpu")
+                     steps=1, warmup=1, device="cpu", grad_accum=2)
     rt = resolve_runtime("cpu", "float32", False)
-    row = build_row(spec, rt)
-    before = row.model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    step, _ = build_row(spec, rt)
+    assert step.accum == 2
+    before = step.model.transformer.h[0].mlp.c_fc.weight.detach().clone()
     x = torch.randint(0, 50257, (1, 8))
-    real = row.forward
-    row.forward = lambda a, b: (None, real(a, b)[1] * math.nan)  # a non-finite loss
-    loss, skipped = make_train_step(row, rt, accum=2)(lambda: (x, x))
+    poisoned = x.clone()
+    step.model.transformer.wpe.weight.data[0, 0] = math.nan  # a non-finite loss
+    loss, skipped = bench_step(step, lambda: (poisoned, x))
     assert skipped.item() is True and math.isnan(loss.item())
-    assert torch.equal(row.model.transformer.h[0].mlp.c_fc.weight, before)  # not applied
-    row.forward = real
-    loss, skipped = make_train_step(row, rt, accum=2)(lambda: (x, x))
+    assert torch.equal(step.model.transformer.h[0].mlp.c_fc.weight, before)  # not applied
+    step.model.transformer.wpe.weight.data[0, 0] = 0.0
+    loss, skipped = bench_step(step, lambda: (x, x))
     assert skipped.item() is False and math.isfinite(loss.item())
 
 
@@ -358,24 +398,22 @@ def test_one_process_ddp_step(tmp_path, backend, device):
 
     import torch.distributed as dist
 
-    from gptspeed.bench.worker import StageSpec, build_row, make_train_step
-    from gptspeed.runtime import grad_sync_control, resolve_runtime
+    from gptspeed.bench.worker import StageSpec, bench_step, build_row
+    from gptspeed.runtime import resolve_runtime
 
     dist.init_process_group(backend, init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         dtype = "bfloat16" if device == "cuda" else "float32"
         rt = dataclasses.replace(resolve_runtime(device, dtype, False), parallel="ddp")
         spec = StageSpec(name="ddp", settings=Settings(dtype=dtype, attention="sdpa").to_dict(), n_layer=1,
-                         n_head=2, n_embd=16, seq_len=16, batch_size=2, steps=1, warmup=1, device=device)
-        row = build_row(spec, rt)
-        assert isinstance(row.train_model, torch.nn.parallel.DistributedDataParallel)
-        sync = grad_sync_control(row.train_model)
-        assert sync is not None
-        before = row.model.transformer.h[0].mlp.c_fc.weight.detach().clone()
-        step = make_train_step(row, rt, accum=2, sync=sync)
+                         n_head=2, n_embd=16, seq_len=16, batch_size=2, steps=1, warmup=1, device=device, grad_accum=2)
+        step, _ = build_row(spec, rt)
+        assert isinstance(step.train_model, torch.nn.parallel.DistributedDataParallel)
+        assert step.sync is not None and step.accum == 2  # no_sync() on the first micro-batch
+        before = step.model.transformer.h[0].mlp.c_fc.weight.detach().clone()
         x = torch.randint(0, 50257, (2, 16), device=device)
-        losses = [step(lambda: (x, x)) for _ in range(2)]
+        losses = [bench_step(step, lambda: (x, x)) for _ in range(2)]
         assert all(math.isfinite(loss.item()) and not skipped.item() for loss, skipped in losses)
-        assert not torch.equal(row.model.transformer.h[0].mlp.c_fc.weight, before)
+        assert not torch.equal(step.model.transformer.h[0].mlp.c_fc.weight, before)
     finally:
         dist.destroy_process_group()

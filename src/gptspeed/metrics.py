@@ -113,6 +113,14 @@ def memory_stats(device: torch.device) -> tuple[int | None, int | None]:
     return peak, total
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start :func:`memory_stats`' peak afresh on a CUDA device (``torch.cuda.reset_peak_memory_stats``),
+    e.g. after a ``--batch-size auto`` probe, so the peak reported is the run's own. A CPU's peak
+    resident set cannot be reset; MPS reports current allocation, nothing to reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,

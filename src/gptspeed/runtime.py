@@ -400,17 +400,25 @@ def uses_cuda_graphs(rt: Runtime, compile_tuning: str) -> bool:
     return rt.compile and rt.device_type == "cuda" and compile_tuning in CUDA_GRAPH_TUNINGS
 
 
+def cuda_graphs_refusal(compile_tuning: str, grad_accum_steps: int) -> str | None:
+    """Why ``compile_tuning`` cannot run with ``grad_accum_steps`` micro-steps (one line), or None:
+    every replay of a CUDA-graph backward writes its gradients into the same static buffers, so the
+    second micro-step overwrites the gradients of the first that ``.grad`` still points to (PyTorch
+    raises "accessing tensor output of CUDAGraphs that has been overwritten"; older versions
+    silently kept the last micro-batch only). Names the working alternative."""
+    if compile_tuning in CUDA_GRAPH_TUNINGS and grad_accum_steps > 1:
+        return (f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
+                f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or raise "
+                "--batch-size until one micro-step makes the whole --total-batch-tokens")
+    return None
+
+
 def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int) -> None:
-    """GptspeedError (one line) for CUDA graphs with gradient accumulation: every replay of the
-    backward graph writes its gradients into the same static buffers, so the second micro-step
-    overwrites the gradients of the first that ``.grad`` still points to (PyTorch raises "accessing
-    tensor output of CUDAGraphs that has been overwritten"; older versions silently kept the last
-    micro-batch only). Names the working alternative."""
-    if uses_cuda_graphs(rt, compile_tuning) and grad_accum_steps > 1:
-        raise GptspeedError(
-            f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
-            f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or raise --batch-size "
-            "until one micro-step makes the whole --total-batch-tokens")
+    """GptspeedError (:func:`cuda_graphs_refusal`'s line) for a run that would replay CUDA graphs
+    (:func:`uses_cuda_graphs`) with gradient accumulation."""
+    reason = cuda_graphs_refusal(compile_tuning, grad_accum_steps)
+    if reason and uses_cuda_graphs(rt, compile_tuning):
+        raise GptspeedError(reason)
 
 
 def apply_matmul_precision(rt: Runtime) -> None:
@@ -515,8 +523,12 @@ def _selective_policy(ctx, op, *args, **kwargs):
 
 
 def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
-    """Checkpoint every transformer block's activations (``torch.utils.checkpoint``, non-reentrant),
-    in place, by wrapping each block's ``forward``; parameters and state-dict keys are unchanged.
+    """Checkpoint every transformer block's activations, in place: each block of
+    ``model.transformer.h`` is replaced by PyTorch's ``checkpoint_wrapper`` around it
+    (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, non-reentrant
+    ``torch.utils.checkpoint``; as torchtitan applies it). The wrapper passes every argument of the
+    block's ``forward`` through (``block(x, kv)``); its state-dict hooks keep the keys unchanged,
+    so checkpoints load either way, and attribute access reaches the block (``h[0].mlp``).
 
     ``none``: nothing. ``full``: each block keeps only its input and recomputes its whole forward
     during backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): about one
@@ -525,28 +537,18 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     (``create_selective_checkpoint_contexts``) with :func:`_selective_policy`: matmul and attention
     outputs are kept, the pointwise ops recomputed (Korthikanti et al. 2022): most of the memory of
     the pointwise intermediates saved for a few % more time. Works eagerly and under
-    torch.compile. Only while training (``torch.is_grad_enabled()``); eval runs the plain forward.
+    torch.compile; without gradients (eval) nothing is saved, so nothing is recomputed.
     GptspeedError for an unknown mode.
     """
     if mode == "none":
         return
     if mode not in ("selective", "full"):
         raise GptspeedError(f"--activation-checkpointing must be none, selective or full, got {mode!r}")
-    import functools
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
-    context_fn = (functools.partial(create_selective_checkpoint_contexts, _selective_policy)
-                  if mode == "selective" else None)
-
-    for block in model.transformer.h:
-        inner = type(block).forward.__get__(block)
-
-        def forward(x, _inner=inner):
-            if not torch.is_grad_enabled():
-                return _inner(x)
-            if context_fn is None:
-                return checkpoint(_inner, x, use_reentrant=False)
-            return checkpoint(_inner, x, use_reentrant=False, context_fn=context_fn)
-
-        block.forward = forward
+    extra = {} if mode == "full" else {"context_fn": functools.partial(create_selective_checkpoint_contexts,
+                                                                        _selective_policy)}
+    blocks = model.transformer.h
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, **extra)

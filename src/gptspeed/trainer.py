@@ -40,10 +40,9 @@ from gptspeed.data.train_data import TrainData, find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
-from gptspeed.model import GPT
-from gptspeed.optim import build_optimizer, lr_at
-from gptspeed.runtime import (Runtime, check_cuda_graphs, grad_sync_control, init_distributed, keep_freed_memory,
-                              parallelize, resolve_runtime, shutdown_distributed, uses_cuda_graphs)
+from gptspeed.optim import lr_at
+from gptspeed.runtime import Runtime, init_distributed, keep_freed_memory, resolve_runtime, shutdown_distributed
+from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 
 class StopFlag:
@@ -72,66 +71,6 @@ class StopFlag:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def parallel_options(cfg: RunConfig) -> dict[str, Any]:
-    """The keyword arguments of :func:`gptspeed.runtime.parallelize` a run's configuration asks for."""
-    r = cfg.runtime
-    return dict(compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
-                activation_checkpointing=r.activation_checkpointing, fp8=r.fp8)
-
-
-def make_scaler(rt: Runtime):
-    """A ``torch.amp.GradScaler`` (enabled for float16 only). Under FSDP2 the sharded variant,
-    which all-reduces ``found_inf`` so every rank skips the same overflowing steps
-    (``torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler``)."""
-    if rt.parallel == "fsdp" and rt.use_grad_scaler:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(rt.device_type)
-    return torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
-
-
-def agree_min(rt: Runtime, value: int) -> int:
-    """The smallest ``value`` over all ranks (one all-reduce); ``value`` itself in one process."""
-    if not rt.distributed:
-        return value
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.int64, device=rt.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
-
-
-def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
-    """``--batch-size auto``: the micro-batch :func:`gptspeed.batchsize.resolve_auto_batch` finds
-    for this configuration on ``rt.device`` (each probe builds the model afresh and takes two full
-    training steps on random tokens). The probe runs eagerly even when the run compiles: one
-    compile per probed size would cost minutes, and the compiled step (fused kernels) needs no more
-    memory than the eager one, so the eager fit is a safe lower bound. With several ranks every
-    probe's verdict and the final choice are agreed (the minimum over ranks), so all ranks probe
-    the same sizes in lockstep and train with one micro-batch. GptspeedError off CUDA."""
-    from gptspeed.batchsize import resolve_auto_batch
-
-    T = cfg.model.block_size
-    sequences = cfg.train.total_batch_tokens // T if cfg.train.total_batch_tokens else None
-    probe_rt = dataclasses.replace(rt, compile=False)
-    if rt.parallel == "ddp":  # DDP adds gradient buckets only (within the safety margin): probe unwrapped
-        probe_rt = dataclasses.replace(probe_rt, parallel="none")
-
-    def make_step(b: int):
-        probe_cfg = copy.deepcopy(cfg)
-        probe_cfg.train.batch_size = b
-        probe_cfg.train.total_batch_tokens = None
-        trainer = Trainer.bare(probe_cfg, probe_rt)
-        x = torch.randint(0, cfg.model.valid_vocab_size, (b, T + 1), device=rt.device)
-        return lambda: trainer.optimizer_step(trainer.forward_backward(x[:, :-1], x[:, 1:], True))
-
-    settings = {"model": dataclasses.asdict(cfg.model), "dtype": rt.dtype, "compile": rt.compile,
-                "optimizer": cfg.optim.optimizer, "world_size": rt.world_size, "parallel": rt.parallel,
-                **parallel_options(cfg)}
-    return resolve_auto_batch(rt.device, settings, sequences, make_step, say=say,
-                              agree=lambda v: agree_min(rt, v))
 
 
 class RunFolder:
@@ -230,9 +169,7 @@ class Trainer:
             t.batch_size = auto_batch_size(cfg, rt, self.say)
             cfg.validate(rt.world_size)  # what needs B (the FP8 shape rule) is checked now
             self.checkpointer.meta["config"] = cfg.to_dict()
-        self.accum = cfg.grad_accum_steps(rt.world_size)
-        self.tokens_per_step = t.batch_size * cfg.model.block_size * self.accum * rt.world_size
-        check_cuda_graphs(rt, cfg.runtime.compile_tuning, self.accum)
+        self.tokens_per_step = t.batch_size * cfg.model.block_size * cfg.grad_accum_steps(rt.world_size) * rt.world_size
         workers = t.loader_workers if t.loader_workers >= 0 else int(rt.device_type == "cuda")
         self.loader = self.data.loader(t.batch_size, cfg.model.block_size, rank=rt.rank, world_size=rt.world_size,
                                        device=rt.device, max_token_id=cfg.model.valid_vocab_size,
@@ -245,7 +182,7 @@ class Trainer:
         from gptspeed.eval.hellaswag import hellaswag_hook
 
         self.hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
-        self._build_model(cfg, rt)
+        self._build_step(cfg, rt)  # every rule of the step is checked here, before the device is touched
         check_free_space(self.run_dir, estimate_checkpoint_bytes(self.model))
         self._register_state()
         if self.resume_from is not None:
@@ -268,49 +205,27 @@ class Trainer:
                               trackers=trackers)
 
     # ------------------------------------------------------------------------------ building
-    @classmethod
-    def bare(cls, cfg: RunConfig, rt: Runtime, model: torch.nn.Module | None = None,
-             backend: str = "inductor") -> "Trainer":
-        """A trainer holding only the model, its wrapper, optimizer and GradScaler -- no data,
-        run folder or checkpoints -- whose :meth:`forward_backward` and :meth:`optimizer_step`
-        are exactly the training step's: for the ``--batch-size auto`` probe, benchmarks and
-        tests. ``model``: a module to train instead of a fresh ``GPT(cfg.model)`` (its
-        ``forward(x, y)`` returns ``(logits_or_None, loss)``); ``backend``: torch.compile's."""
-        self = cls.__new__(cls)
-        self.cfg, self.rt = cfg, rt
-        self.accum = cfg.grad_accum_steps(rt.world_size)
-        self.say, self.resume_from = (lambda *a, **k: None), None
-        self.step = self.skipped_steps = 0
-        self._build_model(cfg, rt, model, backend)
-        self._init_counters()
-        return self
-
     def _init_counters(self) -> None:
         """Non-finite steps since the last read, and the first of them, kept on the device."""
         self.bad_count = torch.zeros((), dtype=torch.int64, device=self.rt.device)
         self.first_bad = torch.full((), -1, dtype=torch.int64, device=self.rt.device)
 
-    def _build_model(self, cfg: RunConfig, rt: Runtime, model: torch.nn.Module | None = None,
-                     backend: str = "inductor") -> None:
-        """Model (seeded), its parallel/compiled wrapper, optimizer and GradScaler."""
-        torch.manual_seed(cfg.runtime.seed)
-        self.model = GPT(cfg.model) if model is None else model
+    def _build_step(self, cfg: RunConfig, rt: Runtime) -> None:
+        """The model (seeded; ``--init-from`` weights on a new run) and its :class:`TrainStep`."""
+        model = build_model(cfg)
         if cfg.train.init_from and self.resume_from is None:
             from gptspeed.hf import load_hf_weights
 
-            self.say(f"initialised from {load_hf_weights(self.model, cfg.train.init_from)}")
-        self.train_model = parallelize(self.model, rt, **parallel_options(cfg), backend=backend)
-        self.sync = grad_sync_control(self.train_model)
-        optim = cfg.optim
-        if rt.parallel == "fsdp" and rt.use_grad_scaler:
-            # ShardedGradScaler's found_inf has shape [1], which fused AdamW's step-count update rejects
-            # (torch 2.13): the foreach AdamW, stepped only when no rank overflowed (one sync per step)
-            optim = dataclasses.replace(optim, fused_adamw=False)
-        self.optimizer, self.skips_on_device = build_optimizer(self.model, optim, rt.device_type)
-        self.scaler = make_scaler(rt)
-        self.params = list(self.model.parameters())
-        self.cuda_graphs = uses_cuda_graphs(rt, cfg.runtime.compile_tuning)
-        self.train_model.train()
+            self.say(f"initialised from {load_hf_weights(model, cfg.train.init_from)}")
+        self.stepper = TrainStep(cfg, rt, model=model)
+
+    # the step's parts, for the checkpointer, evaluation and the log
+    model = property(lambda self: self.stepper.model)
+    train_model = property(lambda self: self.stepper.train_model)
+    optimizer = property(lambda self: self.stepper.optimizer)
+    scaler = property(lambda self: self.stepper.scaler)
+    skips_on_device = property(lambda self: self.stepper.skips_on_device)
+    accum = property(lambda self: self.stepper.accum)
 
     def _register_state(self) -> None:
         """Every piece of state a resume needs, by name (adding one is one line)."""
@@ -357,70 +272,10 @@ class Trainer:
 
             dist.barrier()
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last_micro_step: bool) -> torch.Tensor:
-        """Forward and backward of one micro-batch ``x``, ``y`` ``(B, T)`` int64; gradients are
-        accumulated into ``.grad`` (scaled by 1/accumulation steps, and by the GradScaler's scale
-        with float16) and reduced across ranks only when ``last_micro_step``. Returns this
-        micro-batch's share of the step's mean loss: a 0-dim fp32 device tensor (no sync)."""
-        sync = self.sync(last_micro_step) if self.sync is not None else contextlib.nullcontext()
-        with sync:
-            if self.cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            with self.rt.autocast():
-                _, loss = self.train_model(x, y)
-            loss = loss / self.accum
-            self.scaler.scale(loss).backward()
-        return loss.detach()
-
-    def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unscale (float16), clip to ``--grad-clip``, step, zero the gradients. Returns device
-        tensors ``(grad_norm, bad)``: the global gradient norm before clipping (the same on every
-        rank; under FSDP2 the DTensor norm made whole) and a bool that is True when the step's
-        ``loss`` or the gradient was not finite on any rank -- then the weights and optimizer state
-        are left as they were. AdamW skips on the device (its ``found_inf`` argument, the mechanism
-        GradScaler uses): no host-device sync; Muon has no such argument, so its flag is read (one
-        sync); with float16 the GradScaler skips overflowing steps (all ranks together under FSDP2)."""
-        if self.scaler.is_enabled():
-            self.scaler.unscale_(self.optimizer)
-        clip = self.cfg.optim.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
-            grad_norm = grad_norm.full_tensor()
-        loss_ok = self._finite_on_every_rank(loss)
-        if self.scaler.is_enabled():
-            bad = ~loss_ok  # overflowing fp16 gradients are the scaler's business
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            bad = ~(loss_ok & torch.isfinite(grad_norm))
-            if self.skips_on_device:
-                self.optimizer.found_inf = bad.float()
-                self.optimizer.step()
-            elif not bad.item():
-                self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, bad
-
-    def _finite_on_every_rank(self, loss: torch.Tensor) -> torch.Tensor:
-        """Device bool: ``loss`` is finite on every rank (one scalar all-reduce, no host sync)."""
-        if not self.rt.distributed:
-            return torch.isfinite(loss)
-        import torch.distributed as dist
-
-        not_ok = (~torch.isfinite(loss)).to(torch.float32)
-        dist.all_reduce(not_ok, op=dist.ReduceOp.MAX)
-        return not_ok == 0
-
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One optimizer step over ``accum`` micro-batches from the loader. Returns device tensors
-        ``(loss, grad_norm, bad)``: the mean loss over the micro-batches (this rank's), and
-        :meth:`optimizer_step`'s two."""
-        loss = torch.zeros((), device=self.rt.device)
-        for i in range(self.accum):
-            x, y = self.loader.next_batch()
-            loss += self.forward_backward(x, y, last_micro_step=i == self.accum - 1)
-        grad_norm, bad = self.optimizer_step(loss)
-        return loss, grad_norm, bad
+        """One optimizer step over the loader's next micro-batches (:class:`gptspeed.step.TrainStep`).
+        Returns device tensors ``(loss, grad_norm, bad)``."""
+        return self.stepper(self.loader.next_batch)
 
     def set_lr(self) -> float:
         """The learning rate of this step (warm-up then cosine, :func:`gptspeed.optim.lr_at`) into

@@ -32,7 +32,18 @@ from gptspeed.model import GPTConfig
 
 PEER_NAME = "hf-gpt2"
 PEER_DESCRIPTION = "transformers GPT2LMHeadModel, attn_implementation='sdpa', vocab 50257, its own loss"
+PEER_SOURCE = "the baseline's optimizer (AdamW) and model; dtype, compile and fused AdamW as"
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
+def peer_settings(last: Settings) -> Settings:
+    """The peer row's settings: the baseline's (its optimizer, eager per-model compile, no FP8, the
+    given micro-batch) with the dtype, compile and fused-AdamW switches of ``last`` (the last row
+    that runs), and what transformers' GPT-2 is (SDPA attention, vocabulary 50257, its own loss).
+    Only switches that apply to any model carry over: Muon's parameter groups, FP8's layer filter
+    and per-block compile are written for gptspeed's module names."""
+    return Settings(dtype=last.dtype, compile=last.compile, fused_adamw=last.fused_adamw, attention="sdpa",
+                    vocab_size=50257, loss="plain")
 
 
 @dataclass
@@ -228,12 +239,10 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
         report.say("    " + report.progress_line(rows[-1]))
     if cfg.peers:
         last = to_run[-1].settings
-        peer_settings = dataclasses.replace(last, attention="sdpa", vocab_size=50257, loss="plain")
         row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
-               "source": f"same dtype, compile and optimizer as {to_run[-1].stage.name}",
-               "settings": peer_settings.to_dict()}
+               "source": f"{PEER_SOURCE} {to_run[-1].stage.name}", "settings": peer_settings(last).to_dict()}
         report.say(f"[{n_runs}/{n_runs}] {PEER_NAME}: {PEER_DESCRIPTION}")
-        spec = dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=peer_settings.to_dict())
+        spec = dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=row["settings"])
         rows.append({**row, **run_worker(spec, out / "logs" / f"{PEER_NAME}.log", cfg.stage_timeout)})
         report.say("    " + report.progress_line(rows[-1]))
     check_rows(rows)
@@ -267,7 +276,7 @@ def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
     device = torch.device(spec0.device)
     if name == PEER_NAME:
         last = [r.settings for r in plan_ladder(device, None, cfg.compile_backend) if r.settings is not None][-1]
-        settings, kind = dataclasses.replace(last, attention="sdpa", vocab_size=50257, loss="plain"), PEER_KIND
+        settings, kind = peer_settings(last), PEER_KIND
     elif name in STAGE_NAMES:
         settings, kind = stage_settings(name, device, cfg.compile_backend), "gptspeed"
     else:

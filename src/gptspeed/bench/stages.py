@@ -28,7 +28,7 @@ import torch
 from gptspeed.errors import GptspeedError
 from gptspeed.config import GPT2_VOCAB_SIZE
 from gptspeed.optim import fused_adamw_available
-from gptspeed.runtime import bf16_supported
+from gptspeed.runtime import bf16_supported, cpu_has_native_bf16
 
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (build-nanogpt)
 
@@ -142,11 +142,7 @@ def _tf32(device: torch.device, compile_backend: str) -> str | None:
 
 def _bf16(device: torch.device, compile_backend: str) -> str | None:
     if device.type == "cpu":
-        try:
-            native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        except (AttributeError, RuntimeError):
-            native = False
-        if not native:
+        if not cpu_has_native_bf16():  # the one answer gptspeed train's --dtype auto uses too
             return "this CPU has no native bf16 support (AVX512-BF16 / AMX); autocast would only emulate it"
         return None
     if not bf16_supported(device):
@@ -161,9 +157,9 @@ def _compile(device: torch.device, compile_backend: str) -> str | None:
         cxx = os.environ.get("CXX") or "g++"
         if not (shutil.which(cxx) or shutil.which("c++") or shutil.which("clang++")):
             return "torch.compile (inductor) on a CPU needs a C++ compiler (g++ or clang++) on PATH"
-    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        return "torch.compile (inductor) on a GPU needs triton (pip install triton)"
-    return None
+    from gptspeed.step import compile_toolchain_problem  # the rule gptspeed train checks: triton, cc, Python.h
+
+    return compile_toolchain_problem(device.type)
 
 
 def _fused_adamw(device: torch.device, compile_backend: str) -> str | None:
@@ -184,6 +180,8 @@ def _fp8(device: torch.device, compile_backend: str) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
         return f"FP8 tensor cores need compute capability 8.9 or newer; this GPU is {major}.{minor}"
+    if importlib.util.find_spec("torchao") is None:
+        return "FP8 training needs torchao, which is not installed: pip install 'gptspeed[fp8]'"
     return None
 
 

@@ -31,9 +31,10 @@ from typing import Any
 
 from gptspeed.bench import report
 from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
-from gptspeed.bench.stages import (LOSS_RTOL, STAGE_NAMES, VERIFY_EXTRA_NAMES, VERIFY_EXTRAS, Settings, loss_rtol,
-                                   parse_stage_list, plan_ladder, switches)
+from gptspeed.bench.stages import (LOSS_RTOL, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES, VERIFY_EXTRAS, Settings,
+                                   loss_rtol, parse_stage_list, plan_ladder, switches)
 from gptspeed.errors import GptspeedError
+from gptspeed.runtime import cuda_graphs_refusal
 
 REFERENCE = "baseline"
 DEFAULT_GRAD_ACCUM = 2
@@ -54,6 +55,7 @@ class Rung:
     skip_reason: str | None = None
     reference: str | None = None
     not_compared: str | None = None
+    applies_here: bool = True  # False: the device cannot run it at all (not a gap in what was verified)
 
 
 def reference_settings(s: Settings) -> Settings:
@@ -62,11 +64,16 @@ def reference_settings(s: Settings) -> Settings:
     return Settings(optimizer=s.optimizer)
 
 
-def plan_verify(device, selected: list[str] | None = None, compile_backend: str = "inductor") -> list[Rung]:
+def plan_verify(device, selected: list[str] | None = None, compile_backend: str = "inductor",
+                grad_accum: int = DEFAULT_GRAD_ACCUM) -> list[Rung]:
     """Every ladder stage and every :data:`VERIFY_EXTRAS` rung, in order, with the settings it
     runs with on ``device`` (``batch_auto`` only on the ``batch-auto`` rung itself: the others
     keep the fixed micro-batch so that they stay comparable), the references they need inserted
-    after ``baseline``, and a skip reason for each rung that does not apply or was not selected."""
+    after ``baseline``, and a skip reason for each rung that does not apply or was not selected.
+
+    A rung gptspeed would refuse with ``grad_accum`` micro-batches per step -- the CUDA-graph
+    compile modes (:func:`gptspeed.runtime.cuda_graphs_refusal`) -- is planned as "refused: ..."
+    before anything runs, on every device (on one without CUDA it does not apply either)."""
     ladder = plan_ladder(device, None, compile_backend)
     by_name = {p.stage.name: p for p in ladder}
     rungs: list[Rung] = []
@@ -75,14 +82,22 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
         settings = p.settings
         if settings is not None and st.name != "batch-auto":
             settings = dataclasses.replace(settings, batch_auto=False)
-        rungs.append(Rung(st.name, "stage", st.description, st.source, settings, p.skip_reason))
+        rungs.append(Rung(st.name, "stage", st.description, st.source, settings, p.skip_reason,
+                          applies_here=settings is not None))
     for st in VERIFY_EXTRAS:
         base = by_name[st.base].settings
         reason = st.applies(device, compile_backend)
         if reason is None and base is None:
             reason = f"its base rung {st.base} does not run here ({by_name[st.base].skip_reason})"
         settings = None if reason else dataclasses.replace(base, batch_auto=False, **st.delta)
-        rungs.append(Rung(st.name, "extra", st.description, st.source, settings, reason))
+        rungs.append(Rung(st.name, "extra", st.description, st.source, settings, reason,
+                          applies_here=settings is not None))
+    stages = {st.name: st for st in (*STAGES, *VERIFY_EXTRAS)}
+    for r in rungs:
+        refusal = cuda_graphs_refusal(stages[r.name].delta.get("compile_tuning", "default"), grad_accum)
+        if refusal:
+            where = "" if r.applies_here else f" (and on {device.type} it does not apply: {r.skip_reason})"
+            r.settings, r.skip_reason = None, f"refused: {refusal}{where}"
 
     for r in rungs:
         if r.settings is not None and selected is not None and r.name not in selected:
@@ -166,6 +181,35 @@ def rung_problems(row: dict[str, Any]) -> list[str]:
     return out
 
 
+MIN_STEPS_COMPARED = 2  # one step compares only the initial weights' forward: no update is checked
+
+
+def rung_verdict(row: dict[str, Any]) -> tuple[str, str]:
+    """``(verdict, why)`` of one rung after :func:`rung_problems`: ``failed`` (a problem);
+    ``verified`` (ran, its losses agreed with its reference over at least
+    :data:`MIN_STEPS_COMPARED` steps, no problem); ``not verified`` -- it could have run here but
+    what it does was not checked: refused up front, not compared (``--batch-size auto``'s own
+    batches, or a reference that did not run), or too few steps compared (a GradScaler skip at
+    step 0) -- with ``why``; ``reference`` (the fp32 rungs the others are compared with); ``skipped``
+    (does not apply to this device, or not selected)."""
+    if row["problems"]:
+        return "failed", "; ".join(row["problems"])
+    if row["status"] == "skipped":
+        reason = row["reason"]
+        if reason.startswith("not selected") or not row.get("applies_here", True):
+            return "skipped", reason
+        return "not verified", reason
+    check = row.get("loss_check")
+    if check is None:
+        if row.get("kind") == "reference" or row["name"] == REFERENCE:
+            return "reference", row.get("not_compared") or "the reference"
+        return "not verified", row.get("not_compared") or "not compared"
+    if check["steps_compared"] < MIN_STEPS_COMPARED:
+        return "not verified", (f"only {check['steps_compared']} step(s) compared ({check['note'] or 'too few steps'}): "
+                                "no update checked; run more --steps or --warmup")
+    return "verified", ""
+
+
 def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     """Run every rung of :func:`plan_verify` in its own process, compare, and write ``verify.md``
     (also printed on stdout) and ``verify.json`` into ``cfg.out``. Returns the report (as in
@@ -180,7 +224,7 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     spec0 = dataclasses.replace(base_spec(cfg), mode="verify", grad_accum=accum, synthetic="phrases")
     selected = parse_stage_list(cfg.stages, STAGE_NAMES + VERIFY_EXTRA_NAMES)
     device = torch.device(spec0.device)
-    plan = plan_verify(device, selected, cfg.compile_backend)
+    plan = plan_verify(device, selected, cfg.compile_backend, accum)
     to_run = [r for r in plan if r.skip_reason is None]
     if selected is not None and not any(r.name in selected for r in to_run):
         reasons = "; ".join(f"{r.name}: {r.skip_reason}" for r in plan if r.name in selected)
@@ -192,7 +236,8 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     for r in plan:
         row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
                                "settings": r.settings.to_dict() if r.settings else None,
-                               "switches": switches(r.settings) if r.settings else None, "reference": r.reference}
+                               "switches": switches(r.settings) if r.settings else None, "reference": r.reference,
+                               "applies_here": r.applies_here}
         if r.skip_reason is not None:
             row.update(status="skipped", reason=r.skip_reason)
         rows[r.name] = row
@@ -217,14 +262,19 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
             row["loss_check"] = compare_losses(row, ref, loss_rtol(r.settings))
     for row in rows.values():
         row["problems"] = rung_problems(row)
-    failing = [name for name, row in rows.items() if row["problems"]]
+        row["verdict"], row["verdict_reason"] = rung_verdict(row)
+    failing = [name for name, row in rows.items() if row["verdict"] == "failed"]
+    not_verified = [name for name, row in rows.items() if row["verdict"] == "not verified"]
+    verdict = "failed" if failing else "not verified" if not_verified else "verified"
     result = {
         "format": "gptspeed-verify", "format_version": 1, "environment": env,
         "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
                    ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")},
                    "grad_accum": accum, "device": spec0.device},
-        "tolerances": LOSS_RTOL, "rungs": list(rows.values()), "ok": not failing, "failing": failing,
+        "tolerances": LOSS_RTOL, "rungs": list(rows.values()), "verdict": verdict, "ok": verdict == "verified",
+        "failing": failing, "not_verified": not_verified,
         "problems": [f"{name}: {p}" for name in failing for p in rows[name]["problems"]],
+        "unverified": [f"{name}: {rows[name]['verdict_reason']}" for name in not_verified],
     }
     table = verify_markdown(result)
     (out / "verify.md").write_text(table)
@@ -239,11 +289,7 @@ def _cell(text: str) -> str:
 
 
 def _verdict(r: dict[str, Any]) -> str:
-    if r["status"] == "skipped":
-        return "skipped"
-    if r["status"] == "failed":
-        return "**FAILED**"
-    return "**FAILED**" if r["problems"] else "verified"
+    return {"failed": "**FAILED**", "not verified": "*not verified*"}.get(r["verdict"], r["verdict"])
 
 
 def _loss_cell(r: dict[str, Any]) -> str:
@@ -287,6 +333,8 @@ def _verify_notes(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
         return _cell(f"{r['status']}: {r['reason']}")
     notes = list(r["problems"])
+    if r["verdict"] == "not verified" and r["verdict_reason"] != r.get("not_compared"):
+        notes.append(r["verdict_reason"])
     check = r.get("loss_check") or {}
     if check.get("note"):
         notes.append(check["note"])
@@ -330,10 +378,11 @@ def verify_markdown(result: dict[str, Any]) -> str:
             f"| {r['name']} | {r.get('switches') or '—'} | {_verdict(r)} | {_cell(_loss_cell(r))} | {_sync_cell(r)} "
             f"| {_compile_cell(r)} | {_sdpa_cell(r)} | {tps} | {mfu} "
             f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |")
-    n_ok = sum(1 for r in rungs if r["status"] == "ok" and not r["problems"])
-    n_skip = sum(1 for r in rungs if r["status"] == "skipped")
-    lines += ["", f"**{n_ok} verified, {len(result['failing'])} failing, {n_skip} skipped.**"
-              + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")]
+    count = {v: sum(1 for r in rungs if r["verdict"] == v) for v in ("verified", "not verified", "skipped")}
+    lines += ["", f"**{result['verdict'].upper()}: {count['verified']} verified, {count['not verified']} not verified, "
+              f"{len(result['failing'])} failing, {count['skipped']} skipped (do not apply here or not selected).**"
+              + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")
+              + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")]
     mfu_note = next((r["peak_flops_source"] for r in rungs if r["status"] == "ok" and r.get("mfu") is None), None)
     lines += [
         "",
@@ -351,6 +400,8 @@ def verify_markdown(result: dict[str, Any]) -> str:
     ]
     if result["problems"]:
         lines += ["", "**Problems:**", ""] + [f"- {p}" for p in result["problems"]]
+    if result["unverified"]:
+        lines += ["", "**Not verified:**", ""] + [f"- {p}" for p in result["unverified"]]
     return "\n".join(lines) + "\n"
 
 

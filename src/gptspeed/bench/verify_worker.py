@@ -11,7 +11,6 @@ under ``torch.profiler`` to see which SDPA kernel ran (rungs with ``attention="s
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 import time
@@ -21,8 +20,8 @@ import torch
 
 from gptspeed.bench.checks import CompileWatch, SyncCounter, profiled_names, sdpa_backend
 from gptspeed.bench.stages import Settings
-from gptspeed.bench.worker import StageSpec, _auto_batch, build_row, make_loader, make_train_step, quartiles
-from gptspeed.metrics import memory_stats, peak_flops
+from gptspeed.bench.worker import StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch
+from gptspeed.metrics import memory_stats, peak_flops, reset_peak_memory
 from gptspeed.runtime import resolve_runtime
 
 SYNCS_NOT_COUNTED = "not counted: sync counting needs CUDA (torch.cuda.set_sync_debug_mode); a CPU runs synchronously"
@@ -54,22 +53,18 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     """
     s = Settings(**spec.settings)
     rt = resolve_runtime(spec.device, s.dtype, s.compile)
-    if s.batch_auto:
-        spec = dataclasses.replace(spec, batch_size=_auto_batch(spec, rt))
+    spec = resolve_batch(spec, rt)  # resets the peak memory after probing
     n_steps, accum = spec.warmup + spec.steps, spec.grad_accum
     loader = make_loader(spec, rt.device, n_batches=n_steps * accum)
     batches = [loader.next_batch() for _ in range(n_steps * accum)]  # the same tensors for every rung
     feed = iter(batches)
-    if rt.device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats(rt.device)
-
+    reset_peak_memory(rt.device)  # the peak is the training's, not the batches' loading
     watch = CompileWatch() if rt.compile else None
-    row = build_row(spec, rt)
-    step = make_train_step(row, rt, accum)
+    train, flops_per_token = build_row(spec, rt)
     losses, skipped = [], []
 
     def one_step() -> None:
-        loss, skip = step(lambda: next(feed))
+        loss, skip = bench_step(train, lambda: next(feed))
         losses.append(loss.detach())
         skipped.append(skip)
         if watch is not None:
@@ -107,14 +102,14 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     sdpa = None
     if s.attention == "sdpa":
         again = iter(batches)
-        sdpa = sdpa_backend(profiled_names(lambda: step(lambda: next(again)), rt.device_type))
+        sdpa = sdpa_backend(profiled_names(lambda: train(lambda: next(again)), rt.device_type))
 
     tokens = spec.batch_size * spec.seq_len * accum
     median = statistics.median(ms)
     q25, q75 = quartiles(ms)
     tps = tokens / (median / 1000)
     peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
-    budget = sync_budget(row.fused)
+    budget = sync_budget(train.skips_on_device)
     if counter is not None:
         syncs = {"counted": True, "total": counter.count, "per_step": counter.count / spec.steps, "budget": budget,
                  "sites": counter.sites, "note": ""}
@@ -127,10 +122,10 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
         "status": "ok", "losses": loss_values, "skipped": [bool(v) for v in skipped_values],
         "batch_size": spec.batch_size, "seq_len": spec.seq_len, "grad_accum": accum, "tokens_per_step": tokens,
         "ms_steps": ms, "ms_median": median, "ms_q25": q25, "ms_q75": q75, "ms_min": min(ms), "ms_max": max(ms),
-        "tokens_per_s": tps, "flops_per_token": row.flops_per_token,
-        "mfu": row.flops_per_token * tps / peak if peak else None, "peak_flops_source": peak_source,
+        "tokens_per_s": tps, "flops_per_token": flops_per_token,
+        "mfu": flops_per_token * tps / peak if peak else None, "peak_flops_source": peak_source,
         "peak_mem_bytes": mem_peak, "mem_total_bytes": mem_total, "first_step_s": first_step_s,
         "syncs": syncs, "compile": watch.result() if watch is not None else None, "sdpa": sdpa,
-        "dtype": rt.dtype, "device": str(rt.device), "grad_scaler": rt.use_grad_scaler, "fused_adamw": row.fused,
-        "params": sum(p.numel() for p in row.model.parameters()), "threads": torch.get_num_threads(),
+        "dtype": rt.dtype, "device": str(rt.device), "grad_scaler": rt.use_grad_scaler, "fused_adamw": train.skips_on_device,
+        "params": sum(p.numel() for p in train.model.parameters()), "threads": torch.get_num_threads(),
     }

@@ -26,14 +26,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from gptspeed.config import OptimConfig
+from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
+from gptspeed.config import GPT2_VOCAB_SIZE, OptimConfig, RunConfig, RuntimeConfig, TrainConfig
 from gptspeed.data.loader import to_device
 from gptspeed.errors import GptspeedError
 from gptspeed.metrics import memory_stats, peak_flops
-from gptspeed.config import GPT2_VOCAB_SIZE
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import Runtime, resolve_runtime
-from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
+from gptspeed.step import TrainStep, auto_batch_size
 
 GRAD_CLIP = 1.0  # as gptspeed train's default
 PEER_KIND = "hf"
@@ -175,107 +175,60 @@ class _HFForward(torch.nn.Module):
         return None, self.hf(input_ids=x, labels=y, shift_labels=y).loss
 
 
-class Row:
-    """One row's parts, built once as a :meth:`gptspeed.trainer.Trainer.bare` (the step `gptspeed
-    train` runs): ``forward(x, y) -> (logits, loss)`` (the compiled / wrapped model; assignable,
-    e.g. to inject a fault), the plain ``model``, the ``optimizer`` and whether it skips
-    non-finite steps on the device (``fused``), the trainable ``params``, and the model FLOPs per
-    token."""
-
-    def __init__(self, trainer, flops_per_token: int):
-        self.trainer, self.flops_per_token = trainer, flops_per_token
-
-    @property
-    def forward(self):
-        return self.trainer.train_model
-
-    @forward.setter
-    def forward(self, f) -> None:
-        self.trainer.train_model = f
-
-    model = property(lambda self: self.trainer.model)
-    train_model = property(lambda self: self.trainer.train_model)
-    optimizer = property(lambda self: self.trainer.optimizer)
-    fused = property(lambda self: self.trainer.skips_on_device)
-    params = property(lambda self: self.trainer.params)
-
-
-def build_row(spec: StageSpec, rt: Runtime) -> Row:
-    """Build a row's model (same initial weights in every row: :func:`init_gpt`), apply its
-    settings from outside (:func:`gptspeed.runtime.parallelize`, through ``Trainer.bare``) and
-    build its optimizer and GradScaler."""
-    from gptspeed.config import RunConfig, RuntimeConfig, TrainConfig
-    from gptspeed.trainer import Trainer
-
+def run_config(spec: StageSpec) -> RunConfig:
+    """The :class:`~gptspeed.config.RunConfig` of a row: what ``gptspeed train`` would be given for
+    these settings (``--dtype``, ``--compile``, ``--attention``, ``--vocab-size``, ``--loss``,
+    ``--fused-adamw``, ``--optimizer``, ``--fp8``, ``--compile-mode``, ``--compile-tuning``; a
+    global batch of ``grad_accum`` micro-batches; gradient clipping at 1.0), validated as
+    ``train`` validates it. The bench differs from ``train`` only in these settings.
+    GptspeedError for a combination gptspeed refuses."""
     s = Settings(**spec.settings)
-    cfg = GPTConfig(block_size=spec.seq_len, vocab_size=s.vocab_size, n_layer=spec.n_layer, n_head=spec.n_head,
-                    n_embd=spec.n_embd, attention=s.attention, loss=s.loss)
-    cfg.validate()
+    model = GPTConfig(block_size=spec.seq_len, vocab_size=s.vocab_size, n_layer=spec.n_layer, n_head=spec.n_head,
+                      n_embd=spec.n_embd, attention=s.attention, loss=s.loss)
+    run = RunConfig(
+        model=model,
+        optim=OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer, grad_clip=GRAD_CLIP),
+        train=TrainConfig(batch_size=spec.batch_size, total_batch_tokens=spec.batch_size * spec.seq_len * spec.grad_accum),
+        runtime=RuntimeConfig(device=spec.device, dtype=s.dtype, compile=s.compile, compile_mode=s.compile_mode,
+                              compile_tuning=s.compile_tuning, fp8=s.fp8, seed=spec.seed, peak_tflops=spec.peak_tflops),
+        preset="bench")
+    run.validate()
+    return run
+
+
+def build_row(spec: StageSpec, rt: Runtime) -> tuple[TrainStep, int]:
+    """A row's training step -- a :class:`gptspeed.step.TrainStep` built from :func:`run_config`, as
+    ``gptspeed train`` builds it, every rule checked -- and its model FLOPs per token. Every row
+    starts from the same initial weights (:func:`init_gpt`); the peer row trains transformers'
+    GPT-2 holding them (:func:`build_hf_gpt2`)."""
+    cfg = run_config(spec)
     if spec.kind == PEER_KIND:
-        model = _HFForward(build_hf_gpt2(cfg, spec.seed))
-        fpt = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(spec.seq_len)
+        model = _HFForward(build_hf_gpt2(cfg.model, spec.seed))
+        fpt = init_gpt(dataclasses.replace(cfg.model, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(spec.seq_len)
     else:
-        model = init_gpt(cfg, spec.seed)
+        model = init_gpt(cfg.model, spec.seed)
         fpt = model.flops_per_token(spec.seq_len)
-    model.train()
-    run = RunConfig(model=cfg, optim=OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer,
-                                                 grad_clip=GRAD_CLIP),
-                    train=TrainConfig(batch_size=spec.batch_size),
-                    runtime=RuntimeConfig(compile_mode=s.compile_mode, compile_tuning=s.compile_tuning, fp8=s.fp8))
-    return Row(Trainer.bare(run, rt, model=model, backend=spec.compile_backend), fpt)
+    return TrainStep(cfg, rt, model=model, backend=spec.compile_backend), fpt
 
 
-def make_train_step(row: Row, rt: Runtime, accum: int = 1, sync=None):
-    """The bench's one way into the training step: ``step(next_batch) -> (loss, skipped)`` runs
-    exactly the optimizer step ``gptspeed train`` runs (:meth:`gptspeed.trainer.Trainer.train_step`:
-    ``accum`` micro-batches from ``next_batch() -> (x, y)``, forward under autocast, backward
-    through a GradScaler for float16, gradient clipping at 1.0, the optimizer step or its skip,
-    zeroed gradients).
-
-    ``loss``: 0-dim fp32 device tensor, the mean over the micro-batches; ``skipped``: 0-dim bool
-    device tensor, True when the step was not applied (a non-finite loss or gradient, or a
-    float16 overflow the GradScaler skipped). Neither is read here: no host-device sync is added.
-    ``sync``: :func:`gptspeed.runtime.grad_sync_control` of a DDP / FSDP-wrapped model (default:
-    the trainer's own).
-    """
-    import types
-
-    trainer = row.trainer
-    trainer.accum = accum
-    if sync is not None:
-        trainer.sync = sync
-
-    def step(next_batch) -> tuple[torch.Tensor, torch.Tensor]:
-        trainer.loader = types.SimpleNamespace(next_batch=next_batch)
-        loss, grad_norm, bad = trainer.train_step()
-        return loss, bad | ~torch.isfinite(grad_norm)
-
-    return step
+def bench_step(step: TrainStep, next_batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training step as the bench records it: ``(loss, skipped)``, 0-dim device tensors (not
+    read here: no host-device sync added). ``skipped`` is True when the step was not applied -- a
+    non-finite loss or gradient, or a float16 overflow the GradScaler skipped (its gradient norm,
+    taken after unscaling, is then not finite)."""
+    loss, grad_norm, bad = step(next_batch)
+    return loss, bad | ~torch.isfinite(grad_norm)
 
 
-def _step_fn(spec: StageSpec, rt: Runtime, loader) -> tuple[Callable[[], torch.Tensor], GPT | torch.nn.Module, int, bool]:
-    """``(step, model, flops_per_token, fused_adamw)``; ``step()`` runs one training step of
-    ``spec.grad_accum`` micro-batches from ``loader`` and returns its loss (0-dim tensor, not
-    synchronised)."""
-    row = build_row(spec, rt)
-    train = make_train_step(row, rt, spec.grad_accum)
-    return (lambda: train(loader.next_batch)[0]), row.model, row.flops_per_token, row.fused
-
-
-def _auto_batch(spec: StageSpec, rt: Runtime) -> int:
-    """``--batch-size auto`` for a ladder row: :func:`gptspeed.batchsize.resolve_auto_batch` with
-    a probe that builds this row's model and step at each candidate micro-batch (power of two,
-    no global batch to divide). GptspeedError off CUDA."""
-    from gptspeed.batchsize import resolve_auto_batch
-
-    def make_step(b: int):
-        probe = dataclasses.replace(spec, batch_size=b, data=None, warmup=1, steps=1)
-        eager = dataclasses.replace(rt, compile=False)  # as gptspeed.trainer.auto_batch_size: eager fit is a lower bound
-        return _step_fn(probe, eager, SyntheticLoader(b, spec.seq_len, 1, spec.seed, rt.device))[0]
-
-    settings = {"shape": [spec.n_layer, spec.n_head, spec.n_embd, spec.seq_len], "kind": spec.kind,
-                **{k: v for k, v in spec.settings.items() if k != "batch_auto"}}
-    return resolve_auto_batch(rt.device, settings, None, make_step, say=lambda m: print(m, file=sys.stderr))
+def resolve_batch(spec: StageSpec, rt: Runtime) -> StageSpec:
+    """``spec`` with its micro-batch resolved: for a ``batch_auto`` row the one ``--batch-size
+    auto`` adapter of ``train`` (:func:`gptspeed.step.auto_batch_size`; no global batch to divide)
+    picks it; other rows keep theirs."""
+    if not Settings(**spec.settings).batch_auto:
+        return spec
+    cfg = run_config(spec)
+    cfg.train.total_batch_tokens = None
+    return dataclasses.replace(spec, batch_size=auto_batch_size(cfg, rt, say=lambda m: print(m, file=sys.stderr)))
 
 
 def _timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:
@@ -315,10 +268,13 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     """
     s = Settings(**spec.settings)
     rt = resolve_runtime(spec.device, s.dtype, s.compile)
-    if s.batch_auto:
-        spec = dataclasses.replace(spec, batch_size=_auto_batch(spec, rt))
+    spec = resolve_batch(spec, rt)
     loader = make_loader(spec, rt.device)
-    step, model, fpt, fused = _step_fn(spec, rt, loader)
+    train, fpt = build_row(spec, rt)
+    model, fused = train.model, train.skips_on_device
+
+    def step() -> torch.Tensor:
+        return train(loader.next_batch)[0]
 
     t0 = time.perf_counter()
     loss0 = step().item()  # one sync, untimed

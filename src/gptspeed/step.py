@@ -1,0 +1,247 @@
+"""The training step: one object that ``gptspeed train``, the bench's ladder rows, its verify rungs,
+the ``--batch-size auto`` probe and the tests all build the same way, from a :class:`RunConfig` and
+a resolved :class:`~gptspeed.runtime.Runtime`.
+
+:class:`TrainStep` checks every rule of the step where it is built -- before anything touches the
+device -- then builds the model's parallel / compiled wrapper (:func:`gptspeed.runtime.parallelize`),
+the optimizer and the GradScaler. Calling it runs one optimizer step over its micro-batches:
+``forward_backward`` per micro-batch, then ``optimizer_step``. Compare torchtitan's
+``Trainer.train_step`` / ``forward_backward_step``. The trainer (:mod:`gptspeed.trainer`) adds data,
+the run folder, checkpoints and logging around it; the bench (:mod:`gptspeed.bench.worker`) adds
+its timers. Neither reaches inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import importlib.util
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from gptspeed.config import RunConfig
+from gptspeed.errors import GptspeedError
+from gptspeed.metrics import reset_peak_memory
+from gptspeed.model import GPT
+from gptspeed.optim import build_optimizer
+from gptspeed.runtime import Runtime, check_cuda_graphs, grad_sync_control, parallelize, uses_cuda_graphs
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def build_model(cfg: RunConfig) -> GPT:
+    """A fresh GPT of ``cfg.model``, its weights drawn after ``torch.manual_seed(cfg.runtime.seed)``
+    (the same initial weights in every process of every run with that seed)."""
+    torch.manual_seed(cfg.runtime.seed)
+    return GPT(cfg.model)
+
+
+def compile_toolchain_problem(device_type: str, env: dict[str, str] | None = None) -> str | None:
+    """Why ``torch.compile`` (TorchInductor) cannot build its kernels for a ``device_type`` GPU here,
+    or None. Triton (the kernels inductor writes for a GPU) compiles a small C launcher with the
+    system's C compiler against Python's headers on its first compile, so both must be on the
+    machine, and triton itself. None off CUDA (a CPU's inductor checks for its C++ compiler itself)."""
+    if device_type != "cuda":
+        return None
+    env = os.environ if env is None else env
+    fix = "; or run with --no-compile"
+    if importlib.util.find_spec("triton") is None:
+        return "torch.compile on a GPU needs triton (it ships with PyTorch's CUDA wheels: pip install triton)" + fix
+    cc = env.get("CC")
+    if not ((cc and shutil.which(cc)) or any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
+        return ("torch.compile on a GPU needs a C compiler for Triton's launcher (none of $CC, cc, gcc, clang is on "
+                "PATH): install one, e.g. apt-get install gcc" + fix)
+    include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not include.exists():
+        return (f"torch.compile on a GPU needs Python's headers for Triton's launcher ({include} is missing): install "
+                "them, e.g. apt-get install python3-dev" + fix)
+    return None
+
+
+def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
+    """Every rule of the step that needs the resolved runtime, as one-line GptspeedErrors: CUDA graphs
+    with gradient accumulation (:func:`gptspeed.runtime.check_cuda_graphs`), FP8 without torchao or
+    on a device without FP8 tensor cores, Muon with a GradScaler, and torch.compile on a GPU
+    without triton, a C compiler or Python's headers (:func:`compile_toolchain_problem`). The
+    configuration's own rules are :meth:`RunConfig.validate`'s, checked where it is built."""
+    r = cfg.runtime
+    check_cuda_graphs(rt, r.compile_tuning, accum)
+    if r.fp8:
+        if importlib.util.find_spec("torchao") is None:
+            raise GptspeedError("--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'")
+        from gptspeed.fp8 import check_fp8_device
+
+        check_fp8_device(rt.device)
+    if cfg.optim.optimizer == "muon" and rt.use_grad_scaler:
+        raise GptspeedError("--optimizer muon does not support float16 (loss scaling): use --dtype bfloat16")
+    problem = compile_toolchain_problem(rt.device_type) if rt.compile else None
+    if problem:
+        raise GptspeedError(problem)
+
+
+class TrainStep:
+    """One optimizer step of a run, built from its configuration; ``step(next_batch)`` runs it.
+
+    Building (in this order): :func:`check_step` (every rule, before the device is touched), the
+    model (``model``, or :func:`build_model`), its wrapper (:func:`gptspeed.runtime.parallelize`:
+    FP8, activation checkpointing, DDP / FSDP2, compile with ``backend``), the optimizer
+    (:func:`gptspeed.optim.build_optimizer`) and the GradScaler (float16 only). Micro-batches per
+    step: ``cfg.grad_accum_steps(rt.world_size)``.
+
+    Attributes: ``model`` (the plain module, to save and load), ``train_model`` (what runs),
+    ``optimizer``, ``skips_on_device`` (fused AdamW: a non-finite step is skipped without a sync),
+    ``scaler``, ``accum``, ``params``.
+
+    ``model``: a module to train instead of a fresh GPT; its ``forward(x, y)`` returns
+    ``(logits_or_None, loss)``. Raises GptspeedError for a combination gptspeed refuses.
+    """
+
+    def __init__(self, cfg: RunConfig, rt: Runtime, *, model: torch.nn.Module | None = None,
+                 backend: str = "inductor"):
+        self.cfg, self.rt = cfg, rt
+        self.accum = cfg.grad_accum_steps(rt.world_size)
+        check_step(cfg, rt, self.accum)
+        self.model = build_model(cfg) if model is None else model
+        r = cfg.runtime
+        self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
+                                       activation_checkpointing=r.activation_checkpointing, fp8=r.fp8, backend=backend)
+        self.sync = grad_sync_control(self.train_model)
+        optim = cfg.optim
+        if rt.parallel == "fsdp" and rt.use_grad_scaler:
+            # ShardedGradScaler's found_inf has shape [1], which fused AdamW's step-count update rejects
+            # (torch 2.13): the foreach AdamW, stepped only when no rank overflowed (one sync per step)
+            optim = dataclasses.replace(optim, fused_adamw=False)
+        self.optimizer, self.skips_on_device = build_optimizer(self.model, optim, rt.device_type)
+        self.scaler = make_scaler(rt)
+        self.params = list(self.model.parameters())
+        self.cuda_graphs = uses_cuda_graphs(rt, r.compile_tuning)
+        self.train_model.train()
+
+    def __call__(self, next_batch: Callable[[], Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)`` (each
+        ``(B, T)`` int64 on the device). Returns device tensors ``(loss, grad_norm, bad)``: the mean
+        loss over the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read."""
+        loss = torch.zeros((), device=self.rt.device)
+        for i in range(self.accum):
+            x, y = next_batch()
+            loss += self.forward_backward(x, y, last_micro_step=i == self.accum - 1)
+        grad_norm, bad = self.optimizer_step(loss)
+        return loss, grad_norm, bad
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last_micro_step: bool) -> torch.Tensor:
+        """Forward and backward of one micro-batch ``x``, ``y`` ``(B, T)`` int64; gradients are
+        accumulated into ``.grad`` (scaled by 1/accumulation steps, and by the GradScaler's scale
+        with float16) and reduced across ranks only when ``last_micro_step``. Returns this
+        micro-batch's share of the step's mean loss: a 0-dim fp32 device tensor (no sync)."""
+        sync = self.sync(last_micro_step) if self.sync is not None else contextlib.nullcontext()
+        with sync:
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.rt.autocast():
+                _, loss = self.train_model(x, y)
+            loss = loss / self.accum
+            self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unscale (float16), clip to ``--grad-clip``, step, zero the gradients. Returns device
+        tensors ``(grad_norm, bad)``: the global gradient norm before clipping (the same on every
+        rank; under FSDP2 the DTensor norm made whole) and a bool that is True when the step's
+        ``loss`` or the gradient was not finite on any rank -- then the weights and optimizer state
+        are left as they were. AdamW skips on the device (its ``found_inf`` argument, the mechanism
+        GradScaler uses): no host-device sync; Muon has no such argument, so its flag is read (one
+        sync); with float16 the GradScaler skips overflowing steps (all ranks together under FSDP2)."""
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        clip = self.cfg.optim.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
+        loss_ok = self._finite_on_every_rank(loss)
+        if self.scaler.is_enabled():
+            bad = ~loss_ok  # overflowing fp16 gradients are the scaler's business
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            bad = ~(loss_ok & torch.isfinite(grad_norm))
+            if self.skips_on_device:
+                self.optimizer.found_inf = bad.float()
+                self.optimizer.step()
+            elif not bad.item():
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, bad
+
+    def _finite_on_every_rank(self, loss: torch.Tensor) -> torch.Tensor:
+        """Device bool: ``loss`` is finite on every rank (one scalar all-reduce, no host sync)."""
+        if not self.rt.distributed:
+            return torch.isfinite(loss)
+        import torch.distributed as dist
+
+        not_ok = (~torch.isfinite(loss)).to(torch.float32)
+        dist.all_reduce(not_ok, op=dist.ReduceOp.MAX)
+        return not_ok == 0
+
+
+def make_scaler(rt: Runtime):
+    """A ``torch.amp.GradScaler`` (enabled for float16 only). Under FSDP2 the sharded variant,
+    which all-reduces ``found_inf`` so every rank skips the same overflowing steps
+    (``torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler``)."""
+    if rt.parallel == "fsdp" and rt.use_grad_scaler:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(rt.device_type)
+    return torch.amp.GradScaler(rt.device_type, enabled=rt.use_grad_scaler)
+
+
+def agree_min(rt: Runtime, value: int) -> int:
+    """The smallest ``value`` over all ranks (one all-reduce); ``value`` itself in one process."""
+    if not rt.distributed:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
+    """``--batch-size auto`` (the one adapter, for ``train`` and the bench): the micro-batch
+    :func:`gptspeed.batchsize.resolve_auto_batch` finds for this configuration on ``rt.device``.
+    Each probe builds a :class:`TrainStep` afresh at micro-batch ``b`` (one micro-step per step)
+    and takes two full training steps on random tokens. The probe runs eagerly even when the run
+    compiles: one compile per probed size would cost minutes, and the compiled step (fused
+    kernels) needs no more memory than the eager one, so the eager fit is a safe lower bound. With
+    several ranks every probe's verdict and the final choice are agreed (the minimum over ranks).
+    The device's peak-memory counter is reset afterwards, so the run's reported peak is its own,
+    not the probe's. GptspeedError off CUDA."""
+    from gptspeed.batchsize import resolve_auto_batch
+
+    T = cfg.model.block_size
+    sequences = cfg.train.total_batch_tokens // T if cfg.train.total_batch_tokens else None
+    probe_rt = dataclasses.replace(rt, compile=False)
+    if rt.parallel == "ddp":  # DDP adds gradient buckets only (within the safety margin): probe unwrapped
+        probe_rt = dataclasses.replace(probe_rt, parallel="none")
+
+    def make_step(b: int):
+        probe_cfg = copy.deepcopy(cfg)
+        probe_cfg.train.batch_size = b
+        probe_cfg.train.total_batch_tokens = None
+        step = TrainStep(probe_cfg, probe_rt)
+        x = torch.randint(0, cfg.model.valid_vocab_size, (b, T + 1), device=rt.device)
+        return lambda: step(lambda: (x[:, :-1], x[:, 1:]))
+
+    r = cfg.runtime
+    settings = {"model": dataclasses.asdict(cfg.model), "dtype": rt.dtype, "compile": rt.compile,
+                "optimizer": cfg.optim.optimizer, "world_size": rt.world_size, "parallel": rt.parallel,
+                "compile_mode": r.compile_mode, "compile_tuning": r.compile_tuning,
+                "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8}
+    b = resolve_auto_batch(rt.device, settings, sequences, make_step, say=say, agree=lambda v: agree_min(rt, v))
+    reset_peak_memory(rt.device)
+    return b

@@ -318,17 +318,17 @@ def test_switches_name_every_setting_that_is_on():
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):
     import torch
 
-    from gptspeed.bench import worker
+    from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
     def oom(spec):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
 
-    monkeypatch.setattr(worker, "run_stage", oom)
+    monkeypatch.setattr(entry, "run_stage", oom)
     spec = StageSpec(name="baseline", settings=Settings().to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=1024,
                      batch_size=64, steps=1, warmup=1, device="cpu")
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    assert worker.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
+    assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "failed" and result["oom"] is True
     assert result["reason"] == ("out of memory at B=64 (T=1024, 1 micro-batch(es) per step): CUDA out of memory. "

@@ -334,13 +334,13 @@ def test_bench_step_reports_a_step_it_did_not_apply():
 
 
 def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_path):
-    from gptspeed.bench import worker
+    from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
     spec = StageSpec(name="fp16", settings=Settings(dtype="float16").to_dict(), n_layer=1, n_head=2, n_embd=16,
                      seq_len=8, batch_size=1, steps=1, warmup=1, device="cpu", mode="verify")
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    assert worker.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
+    assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result == {"status": "skipped", "reason": "refused: --dtype float16 is not supported on a CPU: use bfloat16 "
                                                      "or float32"}
@@ -349,13 +349,13 @@ def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_p
 def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path):
     """At a width where torchao's rule converts no Linear, the FP8 rung used to train in bf16 and pass
     as "verified"; it is refused by the configuration's own rule (not verified)."""
-    from gptspeed.bench import worker
+    from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
     spec = StageSpec(name="fp8", settings=Settings(fp8=True).to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=8,
                      batch_size=2, steps=1, warmup=1, device="cpu", mode="verify")
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    assert worker.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
+    assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "skipped" and result["reason"].startswith("refused: --fp8 would convert no layer")
     row = {"name": "fp8", "problems": [], "applies_here": True, **result}

@@ -2,15 +2,22 @@
 
 - :mod:`.stages`: the rungs (one :class:`~gptspeed.bench.stages.Stage` entry per technique) and
   the switches / tolerances that describe them;
-- :mod:`.worker`: one row measured in a fresh process, and the one adapter into the trainer;
+- :mod:`.worker`: one row measured in a fresh process (:mod:`.entry`), built as ``train`` builds its step;
 - :mod:`.ladder`: running all rows, the correctness guard, honest speed-ups, profiling one row;
 - :mod:`.report`: Markdown table, JSON, bar chart;
 - :mod:`.verify`, :mod:`.verify_worker`, :mod:`.checks`: ``bench --verify``, every rung checked
   against fp32 (loss, host-device syncs, graph breaks, recompiles, the SDPA kernel).
 """
 
-from gptspeed.bench.ladder import BenchConfig, profile_stage, run_ladder
-from gptspeed.bench.stages import STAGE_NAMES, STAGES, Settings, Stage
-from gptspeed.bench.verify import run_verify
 
-__all__ = ["BenchConfig", "STAGES", "STAGE_NAMES", "Settings", "Stage", "profile_stage", "run_ladder", "run_verify"]
+_LAZY = {"BenchConfig": "ladder", "profile_stage": "ladder", "run_ladder": "ladder", "STAGE_NAMES": "stages",
+         "STAGES": "stages", "Settings": "stages", "Stage": "stages", "run_verify": "verify"}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):  # PEP 562: importing a submodule does not import its siblings (no import circles)
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"gptspeed.bench.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'gptspeed.bench' has no attribute {name!r}")

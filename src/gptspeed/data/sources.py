@@ -21,6 +21,14 @@ from pathlib import Path
 
 from gptspeed.errors import GptspeedError
 
+STREAM_PREFIXES = ("jsonl:", "hf:")  # --data jsonl:PATH / hf:NAME: a document stream, tokenized while training
+
+
+def is_stream_source(data: str) -> bool:
+    """True for the ``--data`` specs that stream documents (``jsonl:PATH``, ``hf:NAME``) rather than
+    name a prepared folder."""
+    return data.startswith(STREAM_PREFIXES)
+
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 """File name endings a folder or glob source picks up."""
 

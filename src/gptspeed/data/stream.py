@@ -27,17 +27,11 @@ import numpy as np
 import torch
 
 from gptspeed.data.loader import host_tensor, put_until_stopped, to_xy
-from gptspeed.data.train_data import STREAM_PREFIXES
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
 from gptspeed.data.tokenize import tokenize_stream
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
-
-
-def is_stream_source(data: str) -> bool:
-    """True for ``jsonl:PATH`` and ``hf:NAME`` training data specs."""
-    return data.startswith(STREAM_PREFIXES)
 
 
 def iter_stream_documents(data: str, text_field: str = "text", split: str = "train",

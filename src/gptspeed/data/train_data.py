@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gptspeed.data.sources import is_stream_source
 from gptspeed.errors import GptspeedError
-
-STREAM_PREFIXES = ("jsonl:", "hf:")  # --data jsonl:PATH / hf:NAME: a document stream
 
 
 class TrainLoader(Protocol):
@@ -105,7 +104,7 @@ def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None 
     GptspeedError (one line, saying what the path is) when there is nothing to train on."""
     from gptspeed.data import find_shards, load_manifest
 
-    if data.startswith(STREAM_PREFIXES):
+    if is_stream_source(data):
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
         return TrainData(data, identity={"stream": data, **options}, stream_options=options)
     train = find_shards(data, "train")

@@ -11,6 +11,7 @@ under ``torch.profiler`` to see which SDPA kernel ran (rungs with ``attention="s
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -20,7 +21,7 @@ import torch
 
 from gptspeed.bench.checks import CompileWatch, SyncCounter, profiled_names, sdpa_backend
 from gptspeed.bench.stages import Settings
-from gptspeed.bench.worker import StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch
+from gptspeed.bench.worker import StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch, timed_steps
 from gptspeed.metrics import memory_stats, peak_flops, reset_peak_memory
 from gptspeed.runtime import resolve_runtime
 
@@ -54,78 +55,63 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     s = Settings(**spec.settings)
     rt = resolve_runtime(spec.device, s.dtype, s.compile)
     spec = resolve_batch(spec, rt)  # resets the peak memory after probing
-    n_steps, accum = spec.warmup + spec.steps, spec.grad_accum
-    loader = make_loader(spec, rt.device, n_batches=n_steps * accum)
-    batches = [loader.next_batch() for _ in range(n_steps * accum)]  # the same tensors for every rung
+    n_batches = (spec.warmup + spec.steps) * spec.grad_accum
+    loader = make_loader(spec, rt.device, n_batches=n_batches)
+    batches = [loader.next_batch() for _ in range(n_batches)]  # the same tensors for every rung
     feed = iter(batches)
     reset_peak_memory(rt.device)  # the peak is the training's, not the batches' loading
     watch = CompileWatch() if rt.compile else None
     train, flops_per_token = build_row(spec, rt)
-    losses, skipped = [], []
+    skipped: list[torch.Tensor] = []
 
-    def one_step() -> None:
+    def one_step() -> torch.Tensor:
         loss, skip = bench_step(train, lambda: next(feed))
-        losses.append(loss.detach())
         skipped.append(skip)
         if watch is not None:
             watch.step_done()
+        return loss.detach()
 
     t0 = time.perf_counter()
-    one_step()
+    losses = [one_step()]
     rt.synchronize()
     first_step_s = time.perf_counter() - t0
-    for _ in range(spec.warmup - 1):
-        one_step()
-    rt.synchronize()
-
+    losses += [one_step() for _ in range(spec.warmup - 1)]
     counter = SyncCounter() if rt.device_type == "cuda" else None
-    ms: list[float] = []
-    if rt.device_type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(spec.steps)]
-        with counter:
-            for start, end in events:
-                start.record()
-                one_step()
-                end.record()
-        torch.cuda.synchronize(rt.device)
-        ms = [a.elapsed_time(b) for a, b in events]
-    else:
-        for _ in range(spec.steps):
-            t = time.perf_counter()
-            one_step()
-            rt.synchronize()
-            ms.append(1000 * (time.perf_counter() - t))
-    loss_values = torch.stack(losses).float().cpu().tolist()  # one read, after the trajectory
-    skipped_values = torch.stack(skipped).cpu().tolist()
+    with counter or contextlib.nullcontext():
+        ms, _, steady = timed_steps(one_step, spec.steps, rt)
+    loss_values = torch.stack(losses + steady).float().cpu().tolist()  # one read, after the trajectory
     mem_peak, mem_total = memory_stats(rt.device)
-
     sdpa = None
     if s.attention == "sdpa":
         again = iter(batches)
         sdpa = sdpa_backend(profiled_names(lambda: train(lambda: next(again)), rt.device_type))
 
-    tokens = spec.batch_size * spec.seq_len * accum
+    tokens = spec.batch_size * spec.seq_len * spec.grad_accum
     median = statistics.median(ms)
     q25, q75 = quartiles(ms)
     tps = tokens / (median / 1000)
     peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
-    budget = sync_budget(train.skips_on_device)
-    if counter is not None:
-        syncs = {"counted": True, "total": counter.count, "per_step": counter.count / spec.steps, "budget": budget,
-                 "sites": counter.sites, "note": ""}
-        if counter.other_stderr.strip():
-            print(counter.other_stderr, file=sys.stderr)
-    else:
-        syncs = {"counted": False, "total": None, "per_step": None, "budget": budget, "sites": {},
-                 "note": SYNCS_NOT_COUNTED}
     return {
-        "status": "ok", "losses": loss_values, "skipped": [bool(v) for v in skipped_values],
-        "batch_size": spec.batch_size, "seq_len": spec.seq_len, "grad_accum": accum, "tokens_per_step": tokens,
+        "status": "ok", "losses": loss_values, "skipped": [bool(v) for v in torch.stack(skipped).cpu().tolist()],
+        "batch_size": spec.batch_size, "seq_len": spec.seq_len, "grad_accum": spec.grad_accum, "tokens_per_step": tokens,
         "ms_steps": ms, "ms_median": median, "ms_q25": q25, "ms_q75": q75, "ms_min": min(ms), "ms_max": max(ms),
         "tokens_per_s": tps, "flops_per_token": flops_per_token,
         "mfu": flops_per_token * tps / peak if peak else None, "peak_flops_source": peak_source,
         "peak_mem_bytes": mem_peak, "mem_total_bytes": mem_total, "first_step_s": first_step_s,
-        "syncs": syncs, "compile": watch.result() if watch is not None else None, "sdpa": sdpa,
+        "syncs": sync_report(counter, sync_budget(train.skips_on_device), spec.steps),
+        "compile": watch.result() if watch is not None else None, "sdpa": sdpa,
         "dtype": rt.dtype, "device": str(rt.device), "grad_scaler": rt.use_grad_scaler, "fused_adamw": train.skips_on_device,
         "params": sum(p.numel() for p in train.model.parameters()), "threads": torch.get_num_threads(),
     }
+
+
+def sync_report(counter: SyncCounter | None, budget: int, steps: int) -> dict[str, Any]:
+    """``{"counted", "total", "per_step", "budget", "sites", "note"}`` from the steady steps'
+    :class:`SyncCounter` (None off CUDA: not counted). Other stderr the counter caught is echoed."""
+    if counter is None:
+        return {"counted": False, "total": None, "per_step": None, "budget": budget, "sites": {},
+                "note": SYNCS_NOT_COUNTED}
+    if counter.other_stderr.strip():
+        print(counter.other_stderr, file=sys.stderr)
+    return {"counted": True, "total": counter.count, "per_step": counter.count / steps, "budget": budget,
+            "sites": counter.sites, "note": ""}

@@ -229,7 +229,7 @@ def resolve_batch(spec: StageSpec, rt: Runtime) -> StageSpec:
     return dataclasses.replace(spec, batch_size=auto_batch_size(cfg, rt, say=lambda m: print(m, file=sys.stderr)))
 
 
-def _timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:
+def timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:
     """Run ``n`` steps; returns ``(ms per step, wall seconds for all, losses)``."""
     losses: list[torch.Tensor] = []
     rt.synchronize()
@@ -287,7 +287,7 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
         ms, wall, losses, prof = _profiled_steps(step, spec.steps, rt)
         result.update(_write_profile(prof, Path(spec.profile_dir), spec.name, rt))
     else:
-        ms, wall, losses = _timed_steps(step, spec.steps, rt)
+        ms, wall, losses = timed_steps(step, spec.steps, rt)
     tokens = spec.batch_size * spec.seq_len * spec.grad_accum
     median = statistics.median(ms)
     peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
@@ -337,7 +337,7 @@ def _profiled_steps(step, n: int, rt: Runtime):
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device_type == "cuda" else [])
     with profile(activities=activities) as prof:
-        ms, wall, losses = _timed_steps(step, n, rt)
+        ms, wall, losses = timed_steps(step, n, rt)
     return ms, wall, losses, prof
 
 

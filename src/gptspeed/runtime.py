@@ -355,9 +355,13 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The module under ``torch.compile`` and DDP wrappers (FSDP2 shards in place: itself)."""
+def unwrap(module: torch.nn.Module, *, keep_ddp: bool = False) -> torch.nn.Module:
+    """The module under ``torch.compile`` and DDP wrappers (FSDP2 shards in place: itself); with
+    ``keep_ddp``, under ``torch.compile`` only (the DDP wrapper, whose ``no_sync`` is needed). The one
+    place that knows how a compiled model hides its module (``OptimizedModule._orig_mod``)."""
     module = getattr(module, "_orig_mod", module)
+    if keep_ddp:
+        return module
     return getattr(module, "module", module) if _is_ddp(module) else module
 
 
@@ -379,7 +383,7 @@ def grad_sync_control(train_model: torch.nn.Module):
     micro-step's forward and backward in, which reduces gradients across ranks only when ``last``
     is True -- DDP's ``no_sync()`` and FSDP2's ``set_requires_gradient_sync`` -- or None when the
     model is not data-parallel (the single-process path then pays nothing)."""
-    inner = getattr(train_model, "_orig_mod", train_model)  # DDP under compile: keep the DDP wrapper
+    inner = unwrap(train_model, keep_ddp=True)
     if _is_ddp(inner):
         return lambda last: contextlib.nullcontext() if last else inner.no_sync()
     from torch.distributed.fsdp import FSDPModule

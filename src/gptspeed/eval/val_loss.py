@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from gptspeed.data.loader import eval_batches_per_rank, iter_eval_batches
-from gptspeed.runtime import Runtime, eager
+from gptspeed.runtime import Runtime, eager, unwrap
 
 
 def reshard(model: torch.nn.Module) -> None:
@@ -25,8 +25,7 @@ def reshard(model: torch.nn.Module) -> None:
     for other models."""
     from torch.distributed.fsdp import FSDPModule
 
-    inner = getattr(model, "_orig_mod", model)
-    for m in inner.modules():
+    for m in unwrap(model).modules():
         if isinstance(m, FSDPModule):
             m.reshard()
 

@@ -108,8 +108,8 @@ def test_api_errors_are_user_errors(tmp_path):
         gptspeed.make_config("pico", n_embd=33)
     with pytest.raises(GptspeedError, match="takes a RunConfig"):
         gptspeed.train({"n_layer": 2})
-    with pytest.raises(GptspeedError, match="--data is required"):
-        gptspeed.train(gptspeed.make_config("pico", out=str(tmp_path / "r"), device="cpu"))
+    with pytest.raises(GptspeedError, match="--out is required"):
+        gptspeed.train(gptspeed.make_config("pico", device="cpu"))  # before the default data is prepared
     with pytest.raises(GptspeedError, match="does not exist"):
         gptspeed.load_run(tmp_path / "nope")
     (tmp_path / "empty").mkdir()

@@ -95,3 +95,53 @@ def test_invalid_shapes_are_user_errors(kw, msg):
 
     with pytest.raises(GptspeedError, match=msg):
         GPT(small(**kw))
+
+
+# ------------------------------------------------------------------ --softmax data (the data's token ids only)
+IDS = torch.tensor(sorted({3, 17, 198, 464, 1000, 5000, 11, 50256, 25, 262, 13}))
+
+
+def data_softmax_model(loss="plain", seed=0):
+    torch.manual_seed(seed)
+    model = GPT(small(softmax="data", loss=loss))
+    model.set_softmax_ids(IDS)
+    return model
+
+
+@pytest.mark.parametrize("loss", ["plain", "fused"])
+def test_data_softmax_is_the_full_softmax_with_every_other_token_at_probability_zero(loss):
+    model = data_softmax_model(loss)
+    ref = GPT(small(loss="plain"))
+    ref.load_state_dict({k: v for k, v in model.state_dict().items() if k != "softmax_ids"})
+    x = IDS[torch.randint(0, len(IDS), (2, 32), generator=torch.Generator().manual_seed(1))]
+    _, got = model(x, x)
+    h = ref.hidden_states(x)
+    masked = torch.full((2, 32, 50304), float("-inf"))
+    masked[..., IDS] = ref.logits(h)[..., IDS]  # the full head, every column outside IDS at -inf
+    want = torch.nn.functional.cross_entropy(masked.view(-1, 50304), x.view(-1))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, ref.lm_head.weight.grad, rtol=1e-4, atol=1e-6)
+    # a target it cannot predict has probability 0: infinite loss, no sync needed to say so
+    y = x.clone()
+    y[0, 5] = 4
+    assert math.isinf(model(x, y)[1].item())
+    # sampling sees -inf outside the ids, so it never draws one
+    logits, _ = model(x[:, :4])
+    outside = torch.ones(50304, dtype=torch.bool)
+    outside[IDS] = False
+    assert torch.isneginf(logits[..., outside]).all() and torch.isfinite(logits[..., IDS]).all()
+    assert model.flops_per_token(32) < ref.flops_per_token(32)  # the head multiplies by 11 rows, not 50304
+
+
+def test_data_softmax_ids_travel_with_the_weights_and_are_checked():
+    model = data_softmax_model()
+    fresh = GPT(small(softmax="data"))  # covers every token until loaded
+    assert fresh.softmax_ids.numel() == 50257
+    fresh.load_state_dict(model.state_dict())
+    assert torch.equal(fresh.softmax_ids, IDS)
+    for bad in ([5, 3], [3, 3], [-1, 4], [4, 50257], []):
+        with pytest.raises(ValueError, match="sorted, unique"):
+            fresh.set_softmax_ids(bad)
+    assert "softmax_ids" not in GPT(small()).state_dict()  # the default model's checkpoints are unchanged

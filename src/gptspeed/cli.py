@@ -28,11 +28,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    from gptspeed.config import MODEL_FLAGS, GPTConfig, OptimConfig, RuntimeConfig, TrainConfig, field_type, parse_batch_size
+    from gptspeed.config import (LOSSES, MODEL_FLAGS, SOFTMAXES, GPTConfig, OptimConfig, RuntimeConfig, TrainConfig,
+                                 field_type, parse_batch_size)
+
+    MODEL_CHOICES = {"attention": ("sdpa", "manual"), "loss": LOSSES, "softmax": SOFTMAXES}
 
     g = p.add_argument_group("model (override the preset)")
     for name, (flag, help_) in MODEL_FLAGS.items():
-        extra = {"choices": ("sdpa", "manual")} if name == "attention" else {"choices": ("auto", "fused", "plain")} if name == "loss" else {}
+        extra = {"choices": MODEL_CHOICES[name]} if name in MODEL_CHOICES else {}
         g.add_argument(flag, dest=name, type=field_type(GPTConfig, name), help=help_, default=argparse.SUPPRESS, **extra)
     for title, cls in (("optimizer", OptimConfig), ("training", TrainConfig), ("runtime", RuntimeConfig)):
         g = p.add_argument_group(title)

@@ -175,7 +175,7 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
             raise GptspeedError(f"--{name.replace('_', '-')} {explicit[name]} contradicts --init-from {source}, "
                                 f"whose {name} is {hf[name]}: leave it out")
     shape = gpt_config_from_hf(hf, block_size=explicit.get("block_size"), vocab_size=model.vocab_size)
-    return dataclasses.replace(shape, attention=model.attention, loss=model.loss)
+    return dataclasses.replace(shape, attention=model.attention, loss=model.loss, softmax=model.softmax)
 
 
 # ----------------------------------------------------------------------------------------- weights
@@ -427,6 +427,9 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
         raise GptspeedError(f"{out} already exists: choose another --out or pass --force to replace it")
     ckpt = load_latest(Path(run))
     config = RunConfig.from_dict(ckpt["config"]).model
+    if config.softmax == "data":
+        raise GptspeedError(f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
+                            "data); transformers' GPT-2 has no such restriction, so it cannot be exported faithfully")
     tensors = gpt_to_hf_state_dict(ckpt["model"], config)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

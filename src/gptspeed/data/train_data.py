@@ -86,6 +86,29 @@ class TrainData:
         return TokenLoader(self.train_shards, batch_size, seq_len, rank=rank, world_size=world_size, device=device,
                            max_token_id=max_token_id, sampling=sampling, seed=seed, workers=workers)
 
+    def token_ids(self, max_tokens: int = 2_000_000_000) -> "Any":
+        """The sorted token ids that occur in the train and val shards (``numpy`` int64), for
+        ``--softmax data``: one counting pass over the memory-mapped shards (``numpy.bincount``).
+        GptspeedError for a stream (its tokens are not known ahead) or more than ``max_tokens``
+        tokens (a corpus that large uses most of the vocabulary anyway: use --softmax full)."""
+        import numpy as np
+
+        from gptspeed.data.shards import read_header, read_shard
+
+        if self.is_stream:
+            raise GptspeedError("--softmax data needs a prepared folder (its tokens are counted before training), "
+                                "not a stream: run `gptspeed prepare`, or use --softmax full")
+        shards = self.train_shards + self.val_shards
+        total = sum(read_header(p)[1] for p in shards)
+        if total > max_tokens:
+            raise GptspeedError(f"--softmax data counts every token before training; {total:,} is too many "
+                                f"(at most {max_tokens:,}): use --softmax full")
+        counts = np.zeros(1 << 16, dtype=np.int64)
+        for p in shards:
+            tokens = read_shard(p)
+            counts += np.bincount(tokens, minlength=1 << 16)
+        return np.flatnonzero(counts).astype(np.int64)
+
     def check_val(self, seq_len: int) -> None:
         """GptspeedError when the val split holds less than one sequence (nothing for a stream)."""
         from gptspeed.data.shards import read_header

@@ -26,6 +26,38 @@ def test_empty_corpus(tmp_path):
     assert not out.exists()  # a failed prepare leaves no new, empty folder
 
 
+def test_whitespace_only_corpus_and_tiny_shards_are_refused(tmp_path):
+    (tmp_path / "blank.txt").write_text("   \n\n\t \n")
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    out = tmp_path / "d"
+    assert_user_error(run_main("prepare", str(tmp_path / "blank.txt"), "--out", str(out)), "no text", "only whitespace")
+    assert not out.exists()
+    assert_user_error(run_main("prepare", str(tmp_path / "a.txt"), "--out", str(out), "--shard-tokens", "10"),
+                      "--shard-tokens must be an integer of at least 256")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--beta1", "1.5"], "--beta1 must be in [0, 1)"),
+    (["--beta2", "-0.5"], "--beta2 must be in [0, 1)"),
+    (["--eps", "-1"], "--eps must be a positive finite number"),
+    (["--lr", "inf"], "--lr must be a positive finite number"),
+    (["--dist-timeout-s", "-1"], "--dist-timeout-s must be a positive number"),
+    (["--loader-workers", "-7"], "--loader-workers must be -1 (auto), 0 or more"),
+    (["--peak-tflops", "-5"], "--peak-tflops must be positive"),
+])
+def test_nonsense_settings_are_one_line(tmp_path, flags, message):
+    """Each was accepted, or failed later with a traceback from AdamW, or (--lr inf) as "diverged" at step 2."""
+    proc = run_main(*train_args(tmp_path / "nodata", tmp_path / "r", *flags))
+    assert_user_error(proc, message)
+    assert not (tmp_path / "r").exists()
+
+
+def test_sample_temperature_nan_and_eval_negative_tokens(tmp_path):
+    assert_user_error(run_main("sample", "--run", str(tmp_path), "--temperature", "nan"), "--temperature finite")
+    assert_user_error(run_main("eval", "--run", str(tmp_path), "--data", str(tmp_path), "--max-tokens", "-5"),
+                      "--max-tokens must be 0 (all) or more")
+
+
 def test_negative_workers(tmp_path):
     (tmp_path / "a.txt").write_text("some text")
     out = tmp_path / "d"

@@ -138,7 +138,14 @@ def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
 
     def write_pt(f):
         w = _HashingWriter(f)
-        torch.save(payload, w)
+        try:
+            torch.save(payload, w)
+        except RuntimeError as e:
+            # torch's zip writer, interrupted by a full disk or Ctrl-C, raises "unexpected pos" from its
+            # __exit__ and hides the real cause as the context: raise the cause
+            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
+                raise e.__context__ from None
+            raise
         return w
 
     try:
@@ -148,8 +155,26 @@ def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
         write_text_atomic(seal_path(final), json.dumps(seal))
         fsync_dir(final.parent)
     except OSError as e:
-        raise GptspeedError(f"could not write checkpoint {final}: {e.strerror or e}") from e
+        seal_path(final).unlink(missing_ok=True)
+        raise GptspeedError(write_failure(final, state.get("step"), e)) from None
     _VERIFIED[_identity(final)] = True  # written and hashed here: no need to hash it again
+
+
+def write_failure(final: Path, step: int | None, e: OSError) -> str:
+    """One line for a checkpoint that could not be written: what failed, that the newest earlier
+    checkpoint is intact (nothing of the failed one is left: its temporary files are removed), and
+    what to do."""
+    import errno
+
+    older = [p for p in list_checkpoints(final.parent) if p != final and check_checkpoint(p) is None]
+    intact = f"the checkpoint of step {_step_of(older[-1])} is intact" if older else "no earlier checkpoint exists"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device of {final.parent} while saving step {step}; {intact}: free space, then --resume"
+    return f"could not write checkpoint {final} ({e.strerror or e}); {intact}"
+
+
+def _step_of(path: Path) -> int:
+    return int("".join(c for c in path.stem if c.isdigit()) or 0)
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:

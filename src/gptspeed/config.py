@@ -10,6 +10,7 @@ checks the result before anything runs and raises :class:`GptspeedError` with on
 from __future__ import annotations
 
 import copy
+import math
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -301,8 +302,23 @@ class RunConfig:
                 raise GptspeedError(f"--{name.replace('_', '-')} must be 0 or more, got {v}")
         if t.total_batch_tokens is not None and t.total_batch_tokens < 1:
             raise GptspeedError(f"--total-batch-tokens must be positive, got {t.total_batch_tokens}")
-        if not o.lr > 0:
-            raise GptspeedError(f"--lr must be positive, got {o.lr}")
+        if not (o.lr > 0 and math.isfinite(o.lr)):
+            raise GptspeedError(f"--lr must be a positive finite number, got {o.lr}")
+        for name, v in (("beta1", o.beta1), ("beta2", o.beta2)):
+            if not 0 <= v < 1:
+                raise GptspeedError(f"--{name} must be in [0, 1), got {v}")
+        if not (o.eps > 0 and math.isfinite(o.eps)):
+            raise GptspeedError(f"--eps must be a positive finite number, got {o.eps}")
+        for name, v in (("weight_decay", o.weight_decay), ("grad_clip", o.grad_clip)):
+            if not math.isfinite(v):
+                raise GptspeedError(f"--{name.replace('_', '-')} must be finite, got {v}")
+        r = self.runtime
+        if not (r.dist_timeout_s > 0 and math.isfinite(r.dist_timeout_s)):
+            raise GptspeedError(f"--dist-timeout-s must be a positive number of seconds, got {r.dist_timeout_s}")
+        if r.peak_tflops is not None and not (r.peak_tflops > 0 and math.isfinite(r.peak_tflops)):
+            raise GptspeedError(f"--peak-tflops must be positive, got {r.peak_tflops}")
+        if t.loader_workers < -1:
+            raise GptspeedError(f"--loader-workers must be -1 (auto), 0 or more, got {t.loader_workers}")
         if o.warmup_ratio is not None and not 0 <= o.warmup_ratio < 1:
             raise GptspeedError(f"--warmup-ratio must be in [0, 1), got {o.warmup_ratio}")
         if not 0 <= o.min_lr_ratio <= 1:

@@ -12,6 +12,8 @@ window of the last ``block_size`` tokens each step, exactly as :func:`generate` 
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 import sys
 from pathlib import Path
@@ -193,8 +195,9 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
 
     out = out or sys.stdout
     prompts = prompts or ["\n"]
-    if max_new_tokens < 0 or num_samples < 1 or temperature < 0 or top_k < 0:
-        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0, --num-samples >= 1")
+    if max_new_tokens < 0 or num_samples < 1 or not temperature >= 0 or not math.isfinite(temperature) or top_k < 0:
+        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0 (--temperature finite), "
+                            "--num-samples >= 1")
     encoded = [encode(p) for p in prompts]
     if not all(encoded):
         raise GptspeedError("a --prompt encodes to no tokens: give some text")

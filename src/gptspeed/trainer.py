@@ -47,27 +47,39 @@ from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 
 class StopFlag:
-    """SIGINT / SIGTERM set ``signum``; the loop finishes its step, saves and exits 128+signum.
-    A second SIGINT raises KeyboardInterrupt at once (checkpoints are written atomically, so
-    nothing is corrupted). Calling the flag says whether a signal arrived."""
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) set ``signum``; the loop
+    finishes its step, saves and exits 128+signum. The notice is printed once: later signals (a
+    scheduler repeating SIGTERM while the checkpoint is written) only wait for the save -- printing
+    from a handler that interrupted another print would raise "reentrant call" and kill the
+    process before its resume line; SIGTERM and SIGHUP are then ignored (``SIG_IGN``, which also
+    outlives the interpreter's shutdown) and the handlers are left so when the run ends. A second SIGINT raises KeyboardInterrupt at once (checkpoints
+    are written atomically, so nothing is corrupted). Calling the flag says whether a signal arrived."""
+
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
     def __init__(self, say=print):
         self.signum: int | None = None
         self.say = say
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
 
     def __call__(self) -> bool:
         return self.signum is not None
 
     def _handle(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return  # already stopping: the save goes on
         self.signum = signum
-        self.say(f"\n{signal.Signals(signum).name} received: finishing this step and saving a checkpoint "
-                 "(Ctrl-C again to quit now)", flush=True)
+        for repeat in self.SIGNALS:  # repeats of SIGTERM / SIGHUP are ignored by the OS from here to the exit
+            if repeat != signal.SIGINT:
+                signal.signal(repeat, signal.SIG_IGN)
+        with contextlib.suppress(RuntimeError):  # "reentrant call": the signal interrupted a print
+            self.say(f"\n{signal.Signals(signum).name} received: finishing this step and saving a checkpoint "
+                     "(Ctrl-C again to quit now)", flush=True)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -479,7 +491,8 @@ class Trainer:
                 self.folder.abandon()  # a new run that never stepped leaves nothing behind
             raise
         finally:
-            stop.restore()
+            if stop.signum is None:  # stopped by a signal: repeats keep being ignored until the process exits
+                stop.restore()
             self.close()
         summary.update(step=self.step, skipped_steps=self.skipped_steps, interrupted=stopping)
         if stopping is not None and self.step == first_step:

@@ -255,6 +255,18 @@ def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_t
 
 
 
+MIN_SHARD_TOKENS = 256  # a shard is a file: --shard-tokens 10 wrote tens of thousands of files for a small corpus
+
+
+def _noting_text(docs: Iterator[str], seen: dict[str, bool]) -> Iterator[str]:
+    """``docs`` unchanged, setting ``seen["text"]`` once a document holds something besides
+    whitespace (a whitespace-only corpus is refused like an empty one)."""
+    for doc in docs:
+        if not seen["text"] and not doc.isspace() and doc:
+            seen["text"] = True
+        yield doc
+
+
 def _leaves_no_empty_folder(fn):
     """A ``prepare`` that fails leaves no new, empty ``--out`` folder behind (a folder it created
     is removed when it holds nothing that a rerun could resume from)."""
@@ -353,8 +365,9 @@ def prepare(
     """
     if not 0.0 < val_fraction < 1.0:
         raise GptspeedError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
-        raise GptspeedError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
+    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < MIN_SHARD_TOKENS:
+        raise GptspeedError(f"--shard-tokens must be an integer of at least {MIN_SHARD_TOKENS} (one file per shard: "
+                            f"fewer would write a file every few tokens), got {shard_tokens!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise GptspeedError(f"workers must be 0 (one per CPU) or a positive integer, got {workers!r}")
     workers = workers or default_workers()
@@ -423,16 +436,17 @@ def prepare(
                            skip_bad=skip_bad)
         else:
             docs = iter_files(paths, text_field, stats, skip_bad=skip_bad)
-        _stage(docs, out, state, workers=workers, shard_tokens=shard_tokens, max_tokens=max_tokens,
-               progress=progress)
-        state.update(complete=True, bad_records=stats.bad)
+        seen = {"text": bool(state.get("has_text"))}
+        _stage(_noting_text(docs, seen), out, state, workers=workers, shard_tokens=shard_tokens,
+               max_tokens=max_tokens, progress=progress)
+        state.update(complete=True, bad_records=stats.bad, has_text=seen["text"])
         _write_progress(out, state)
     total, n_docs = state["tokens"], state["documents"]
 
     chunk_paths = [out / c["name"] for c in state["chunks"]]
-    if total == 0:
+    if total == 0 or not state.get("has_text", True):
         _clear(out)
-        raise GptspeedError(f"no text in {source}: give files with some text")
+        raise GptspeedError(f"no text in {source} (empty, or only whitespace): give files with some text")
     tokens = _Concat(chunk_paths)
     if shuffle_seed is not None:
         spans, order, cut = shuffled_order(tokens, shuffle_seed, val_fraction)

@@ -31,6 +31,8 @@ def evaluate_run(run_dir: str | Path | None = None, data_dir: str | Path | None 
         raise GptspeedError(f"--batch-size must be at least 1, got {batch_size}")
     if max_examples < 0:
         raise GptspeedError(f"--max-examples must be 0 (all) or more, got {max_examples}")
+    if max_tokens < 0:
+        raise GptspeedError(f"--max-tokens must be 0 (all) or more, got {max_tokens}")
     shards = find_shards(data_dir, "val") if data_dir is not None else None  # before importing torch
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
     from gptspeed.eval.val_loss import evaluate

@@ -73,7 +73,8 @@ def main() -> int:
     record: dict[str, object] = {"cpu": cpu_info(), "command": " ".join(train_cmd)}
     if not a.sample_only:
         seconds, log = run(train_cmd)
-        record.update(train_s=round(seconds, 1), log_tail=log.strip().splitlines()[-6:])
+        lines = log.strip().splitlines()
+        record.update(train_s=round(seconds, 1), log_head=lines[:8], log_tail=lines[-6:])
     sample_cmd = ["gptspeed", "sample", "--run", a.run, "--prompt", "ROMEO:"]
     _, text = run(sample_cmd)
     generated = text[len("ROMEO:"):] if text.startswith("ROMEO:") else text

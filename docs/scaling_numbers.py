@@ -1,4 +1,4 @@
-"""Print the README "Scaling" tables: gradient bytes per step, memory per preset, and an 8xH100
+"""Print the "Scaling" tables of docs/gpus.md: gradient bytes per step, memory per preset, and an 8xH100
 throughput estimate. Paper arithmetic from parameter counts -- nothing here is measured.
 
     PYTHONPATH=src python docs/scaling_numbers.py

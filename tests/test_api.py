@@ -1,4 +1,4 @@
-"""The library API (gptspeed.make_config / train / load_run), and the README's notebook example
+"""The library API (gptspeed.make_config / train / load_run), and the notebook example of docs/training.md
 run as written (with a tiny model)."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, warmup_
 
 
 def readme_example() -> str:
-    """The first ```python block of the README's "In a notebook or script" section."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### In a notebook or script"):]
+    """The first ```python block of the "In a notebook or script" section of docs/training.md."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text[text.index("## In a notebook or script"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -52,7 +52,7 @@ def notebook(shakespeare_data, tmp_path_factory):
         mp.chdir(where)
         mp.setattr(gptspeed.api, "make_config", tiny_make_config)
         with contextlib.redirect_stdout(out):
-            exec(compile(readme_example(), "README.md", "exec"), namespace)
+            exec(compile(readme_example(), "docs/training.md", "exec"), namespace)
     return namespace, out.getvalue(), where, asked
 
 

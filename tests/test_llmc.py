@@ -81,9 +81,10 @@ def llmc_binary(tmp_path_factory) -> Path:
 
 def _tokens() -> np.ndarray:
     """The first 514 GPT-2 tokens of tiny Shakespeare: one train batch and one val batch."""
+    from gptspeed.data.corpora import corpus_files
     from gptspeed.tokenizer import encode
 
-    text = (ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt").read_text()[:4000]
+    text = corpus_files("tinyshakespeare", progress=False)[0].read_text()[:4000]  # the mirror, or the embedded copy
     ids = np.array(encode(text), dtype=np.int64)
     n = LLMC_B * LLMC_T + 1
     assert ids.size >= 2 * n

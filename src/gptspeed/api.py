@@ -109,7 +109,7 @@ class Run:
         return f"Run({str(self.run_dir)!r}, preset={self.config.preset!r}, step={self.step})"
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The records of ``metrics.jsonl`` in file order (fields: README, "metrics.jsonl";
+        """The records of ``metrics.jsonl`` in file order (fields: docs/formats.md, "metrics.jsonl";
         ``time_s`` cumulative over resumes). GptspeedError when there are none."""
         from gptspeed.plot import read_metrics
 

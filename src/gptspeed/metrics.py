@@ -167,7 +167,7 @@ def _si(n: float) -> str:
 
 
 def format_record(r: dict[str, Any], show_documents: bool = True) -> str:
-    """One console line for a metrics record (see README, "metrics.jsonl"); ``show_documents``
+    """One console line for a metrics record (see docs/formats.md, "metrics.jsonl"); ``show_documents``
     False leaves out the documents count (a one-document corpus: it says nothing)."""
     parts = [f"step {r['step']:>{len(str(r['max_steps']))}}/{r['max_steps']}"]
     if r.get("train_loss") is not None:

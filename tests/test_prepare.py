@@ -1,5 +1,6 @@
 """Corpus -> shards (gptspeed.data.prepare) and finding shards (gptspeed.data). No network."""
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -110,17 +111,18 @@ def test_small_shards_concatenate_to_one(tmp_path):
 
 
 def test_already_prepared_and_force(tmp_path):
-    src = write_docs(tmp_path / "src", DOCS)
+    docs = [d * 6 for d in DOCS]  # ~1,400 tokens: several shards of 256
+    src = write_docs(tmp_path / "src", docs)
     out = tmp_path / "out"
-    prepare(str(src), out, shard_tokens=50, progress=False)
+    prepare(str(src), out, shard_tokens=256, progress=False)
     n_old = len(list(out.glob("*.bin")))
-    again = prepare(str(src), out, shard_tokens=50, progress=False)  # same input and settings: kept
+    again = prepare(str(src), out, shard_tokens=256, progress=False)  # same input and settings: kept
     assert again["reused"] and len(list(out.glob("*.bin"))) == n_old
     with pytest.raises(GptspeedError, match="already prepared from other input or settings; pass --force"):
         prepare(str(src), out, progress=False)  # other shard size
-    (src / "doc1.txt").write_text(DOCS[1] + " more")
+    (src / "doc1.txt").write_text(docs[1] + " more")
     with pytest.raises(GptspeedError, match="already prepared from other input"):
-        prepare(str(src), out, shard_tokens=50, progress=False)  # same settings, other text
+        prepare(str(src), out, shard_tokens=256, progress=False)  # same settings, other text
     prepare(str(src), out, force=True, progress=False)  # one shard per split now
     assert n_old > 2 and sorted(p.name for p in out.iterdir()) == [
         "manifest.json", "train_000000.bin", "val_000000.bin"]
@@ -129,7 +131,7 @@ def test_already_prepared_and_force(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"val_fraction": 0.0}, "val_fraction"), ({"val_fraction": 1.0}, "val_fraction"),
-     ({"shard_tokens": 0}, "shard_tokens")],
+     ({"shard_tokens": 0}, "shard.tokens"), ({"shard_tokens": 255}, "at least 256")],
 )
 def test_bad_arguments(tmp_path, kwargs, match):
     src = write_docs(tmp_path / "src", DOCS)
@@ -174,6 +176,9 @@ def test_download_failure_suggests_mirror(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("offline")
 
+    # tiny Shakespeare ships with the package; as a corpus that does not, it is downloaded
+    monkeypatch.setitem(CORPORA, "tinyshakespeare",
+                        dataclasses.replace(CORPORA["tinyshakespeare"], embedded=None))
     monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(GptspeedError, match="could not download.*GPTSPEED_DATA_MIRROR"):

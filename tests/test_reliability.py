@@ -7,6 +7,7 @@ import random
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,6 +229,61 @@ def test_resume_with_other_data_refused_unless_forced(shakespeare_data, tmp_path
     assert s["step"] == 3
 
 
+@pytest.mark.parametrize("change", ["tokens overwritten in place", "prepared with another shuffle seed"])
+def test_resume_on_changed_shards_is_refused(shakespeare_data, tmp_path, change):
+    """The manifest's input hash alone let a resume train on other tokens: the shards' settings and
+    fingerprints are part of the data's identity now."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(shakespeare_data, data)
+    base = dict(n_layer=1, n_embd=32, batch_size=8, device="cpu", eval_every=0, max_steps=2)
+    fit(build_train_config("pico", dict(base, data=str(data), out=str(run))), echo=False)
+    if change == "tokens overwritten in place":
+        toks = np.array(read_shard(data / "train_000000.bin"))
+        write_shard(data / "train_000000.bin", np.full_like(toks, 13))  # same size, same manifest
+    else:
+        m = json.loads((data / "manifest.json").read_text())
+        m["settings"]["shuffle_seed"] = 7
+        (data / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GptspeedError, match=r"different configuration \(data\).*--force-resume"):
+        fit(build_train_config(None, dict(out=str(run), resume=True, max_steps=3)), echo=False)
+
+
+def test_resume_never_writes_over_checkpoints_it_cannot_verify(shakespeare_data, tmp_path):
+    run = tmp_path / "run"
+    fit(build_train_config("pico", dict(n_layer=1, n_embd=32, batch_size=8, device="cpu", eval_every=0, max_steps=2,
+                                        save_every=1, data=str(shakespeare_data), out=str(run))), echo=False)
+    for ck in list_checkpoints(run):
+        seal_path(ck).unlink()  # every seal gone
+    def files():  # the lock file is taken (and its time touched) before the refusal: not data
+        return {p.name: p.stat().st_mtime_ns for p in run.iterdir() if p.name != ".gptspeed.lock"}
+
+    before = files()
+    proc = run_main("train", "--out", str(run), "--resume", "--data", str(shakespeare_data), "--preset", "pico",
+                    "--device", "cpu", "--max-steps", "3")
+    assert_user_error(proc, "holds ckpt_00000001.pt, ckpt_00000002.pt, metrics.jsonl", "refusing to write over them")
+    assert files() == before
+
+
+def test_a_run_keeps_the_global_batch_it_started_with(shakespeare_data, tmp_path):
+    """pico leaves --total-batch-tokens unset: the global batch is B x T x the processes it started
+    with, and a resume keeps it by adjusting the accumulation (it used to follow the new world
+    size). Here a checkpoint written by 2 processes before this was recorded (its seal's world size
+    2, no total in its configuration) is resumed by one: 2 micro-steps of 512 tokens per step."""
+    run = tmp_path / "run"
+    base = dict(n_layer=1, n_embd=32, batch_size=8, device="cpu", eval_every=0, log_every=1, max_steps=2)
+    fit(build_train_config("pico", dict(base, data=str(shakespeare_data), out=str(run))), echo=False)
+    assert json.loads((run / "config.json").read_text())["train"]["total_batch_tokens"] == 8 * 64  # recorded
+    (ck,) = list_checkpoints(run)
+    seal = json.loads(seal_path(ck).read_text())
+    seal["world_size"], seal["config"]["train"]["total_batch_tokens"] = 2, None
+    seal_path(ck).write_text(json.dumps(seal))
+    fit(build_train_config(None, dict(out=str(run), resume=True, max_steps=3)), echo=False)
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    step3 = next(r for r in recs if r.get("step") == 3 and "train_loss" in r)
+    assert step3["tokens"] == 2 * 512 + 1024  # counted on: steps 1-2 at 512 tokens, step 3 at 2 x 512
+    assert json.loads((run / "config.json").read_text())["derived"]["grad_accum_steps"] == 2
+
+
 def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(shakespeare_data, data)
@@ -246,3 +302,17 @@ def test_config_file_applies_and_flags_win(tmp_path):
     path.write_text("{not json")
     assert_user_error(run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r")),
                       "not valid JSON")
+
+
+def test_the_resume_line_names_the_launcher_and_processes(monkeypatch):
+    from types import SimpleNamespace
+
+    from gptspeed.trainer import resume_command
+
+    one = SimpleNamespace(distributed=False, world_size=1)
+    assert resume_command(one, Path("r")) == "gptspeed train --out r --resume"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert resume_command(SimpleNamespace(distributed=True, world_size=2), Path("r")) == (
+        "torchrun --standalone --nproc_per_node 2 -m gptspeed train --out r --resume")
+    assert resume_command(SimpleNamespace(distributed=True, world_size=8), Path("r")).startswith(
+        "torchrun --nnodes 4 --nproc_per_node 2 ...")

@@ -160,6 +160,15 @@ def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
     _VERIFIED[_identity(final)] = True  # written and hashed here: no need to hash it again
 
 
+def data_changed(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> bool:
+    """Whether the data differ from those a checkpoint recorded: every key the checkpoint recorded
+    must be unchanged (checkpoints written before a key was recorded are compared on the keys they
+    have; a checkpoint with no data identity compares equal only to none)."""
+    if not recorded or not now:
+        return recorded != now
+    return any(now.get(k) != v for k, v in recorded.items())
+
+
 def write_failure(final: Path, step: int | None, e: OSError) -> str:
     """One line for a checkpoint that could not be written: what failed, that the newest earlier
     checkpoint is intact (nothing of the failed one is left: its temporary files are removed), and
@@ -575,7 +584,7 @@ class Checkpointer:
         changed = run_defining_changes(seal["config"])
         if seal.get("kind") != "full":  # weights only: only the model must match
             changed = [c for c in changed if c.startswith("model.")]
-        elif seal.get("data") != self.meta.get("data"):
+        elif data_changed(seal.get("data"), self.meta.get("data")):
             changed.append("data")
         if changed and not force:
             raise GptspeedError(f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "

@@ -158,7 +158,8 @@ class Trainer:
         self.say: Callable[..., None] = print if self.echo else (lambda *a, **k: None)
         t = cfg.train
         self.run_dir = Path(t.out)
-        self.step = self.skipped_steps = 0
+        self.step = self.skipped_steps = self.tokens = 0
+        self.resume_world: int | None = None  # the world size of the checkpoint resumed
         self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
         self.loader = None
         self.folder = RunFolder(self.run_dir, rt.is_main)
@@ -178,6 +179,7 @@ class Trainer:
             keep=t.keep_checkpoints, meta={"config": cfg.to_dict(), "data": self.data.identity,
                                            "world_size": rt.world_size})
         self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run before writing
+        self._keep_global_batch(cfg, rt)
         if t.batch_size == AUTO_BATCH_SIZE:
             t.batch_size = auto_batch_size(cfg, rt, self.say)
             cfg.validate(rt.world_size)  # what needs B (the FP8 shape rule) is checked now
@@ -216,6 +218,29 @@ class Trainer:
             self.folder.written |= {p.name for p in self.run_dir.iterdir()} - before  # their files and folders
             self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs,
                               trackers=trackers)
+
+    def _keep_global_batch(self, cfg: RunConfig, rt: Runtime) -> None:
+        """Record the global batch a run starts with (``--total-batch-tokens`` left unset: B x T x
+        the world size), so that a resume with another number of processes keeps it by adjusting
+        the gradient accumulation -- or is refused in one line when it cannot. Checkpoints written
+        before this was recorded keep the global batch of the world size they were written with."""
+        t = cfg.train
+        if t.total_batch_tokens is None and t.batch_size != AUTO_BATCH_SIZE:
+            t.total_batch_tokens = t.batch_size * cfg.model.block_size * (self.resume_world or rt.world_size)
+            self.checkpointer.meta["config"] = cfg.to_dict()
+        if t.batch_size == AUTO_BATCH_SIZE:
+            return
+        try:
+            cfg.grad_accum_steps(rt.world_size)
+        except GptspeedError:
+            if self.resume_from is None:
+                raise
+            per = t.batch_size * cfg.model.block_size * rt.world_size
+            raise GptspeedError(
+                f"cannot resume {self.resume_from.name} with {rt.world_size} process(es): its global batch of "
+                f"{t.total_batch_tokens:,} tokens is not a multiple of --batch-size x --seq-len x processes = {per:,}; "
+                f"resume with {self.resume_world or 1} process(es), or with --force-resume and a --batch-size or "
+                "--total-batch-tokens that fits (the run then changes)") from None
 
     # ------------------------------------------------------------------------------ building
     def _init_counters(self) -> None:
@@ -266,19 +291,30 @@ class Trainer:
             return None, None
         path = self.checkpointer.resume_point(self.say)
         if path is None:
+            found = [p.name for p in list_checkpoints(self.run_dir)]
+            metrics = self.run_dir / "metrics.jsonl"
+            if metrics.is_file() and metrics.stat().st_size:
+                found.append(metrics.name)
+            if found:  # never write over what cannot be verified
+                raise GptspeedError(f"--resume: {self.run_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} "
+                                    "but no checkpoint that can be verified (each is unsealed or damaged): refusing to "
+                                    "write over them; move them away, or choose another --out")
             self.say(f"--resume: no valid checkpoint in {self.run_dir}, starting a new run")
             return None, None
         changes = lambda d: run_defining_diff(RunConfig.from_dict(d, f"checkpoint {path}"), self.cfg)  # noqa: E731
         seal = self.checkpointer.check_resume(path, changes, force=t.force_resume, say=self.say)
+        self.resume_world = int(seal.get("world_size", 1))
         return path, seal.get("kind", "full")
 
     # ----------------------------------------------------------------------- trainer state
     def state_dict(self) -> dict[str, int]:
-        """The trainer's own counters: optimizer steps done and steps skipped as non-finite."""
-        return {"step": self.step, "skipped_steps": self.skipped_steps}
+        """The trainer's own counters: optimizer steps done, steps skipped as non-finite, and tokens
+        trained on (a resume with another global batch goes on counting from there)."""
+        return {"step": self.step, "skipped_steps": self.skipped_steps, "tokens": self.tokens}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.step, self.skipped_steps = int(state["step"]), int(state.get("skipped_steps", 0))
+        self.tokens = int(state.get("tokens", self.step * self.tokens_per_step))  # older checkpoints: one batch size
 
     # ----------------------------------------------------------------------------- stepping
     def barrier(self) -> None:
@@ -362,7 +398,7 @@ class Trainer:
         """Write one metrics record (rank 0): progress counters plus ``fields``."""
         if self.log is None:
             return
-        self.log.write({"step": step, "max_steps": self.cfg.train.max_steps, "tokens": step * self.tokens_per_step,
+        self.log.write({"step": step, "max_steps": self.cfg.train.max_steps, "tokens": self.tokens,
                         "documents": self.loader.documents, "epoch": self.loader.epoch + self.loader.epoch_progress(),
                         "time_s": time.time() - self.wall_start, "skipped_steps": self.skipped_steps, **fields})
 
@@ -472,6 +508,7 @@ class Trainer:
                 lr = self.set_lr()
                 loss, grad_norm, bad = self.train_step()
                 self.step += 1
+                self.tokens += self.tokens_per_step
                 self.throughput.step_done()
                 self.note_non_finite(bad)
                 due = self.due(self.step, first_interval)
@@ -500,7 +537,7 @@ class Trainer:
             self.folder.abandon()
         elif stopping is not None:
             self.say(f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
-                     f"Resume with: gptspeed train --out {self.run_dir} --resume")
+                     f"Resume with: {resume_command(self.rt, self.run_dir)}")
         else:
             self.say(f"done: {self.step - first_step} steps in {format_duration(time.time() - self.wall_start)}; "
                      f"checkpoint in {self.run_dir}")
@@ -513,6 +550,21 @@ class Trainer:
         if getattr(self, "log", None) is not None:
             self.log.close()
         self.folder.close()
+
+
+def resume_command(rt: Runtime, run_dir: Path) -> str:
+    """The command that resumes ``run_dir`` as it ran: under torchrun, with its launcher and process
+    counts (``LOCAL_WORLD_SIZE`` processes per node; the rendezvous flags of a multi-node job are
+    the user's own, so they are left as ``...``)."""
+    if not rt.distributed:
+        return f"gptspeed train --out {run_dir} --resume"
+    import os
+
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size))
+    nodes = max(1, rt.world_size // per_node)
+    launch = (f"torchrun --standalone --nproc_per_node {per_node}" if nodes == 1 else
+              f"torchrun --nnodes {nodes} --nproc_per_node {per_node} ...")
+    return f"{launch} -m gptspeed train --out {run_dir} --resume"
 
 
 def _finite(x: float | None) -> float | None:

@@ -48,7 +48,8 @@ class TrainLoader(Protocol):
 class TrainData:
     """``--data`` resolved: ``spec`` as given, ``train_shards`` / ``val_shards`` (empty for a
     stream, which has no val split), ``identity`` (what a resume must find unchanged: the
-    manifest's input hash, the shard names and sizes, or the stream and its options) and
+    manifest's input hash and settings and each train shard's name, token count and
+    :func:`shard_fingerprint`, or the stream and its options) and
     ``documents`` (documents in the train split when the manifest says, else None)."""
 
     spec: str
@@ -120,6 +121,27 @@ class TrainData:
                 "prepare more text, raise --val-fraction or lower --seq-len")
 
 
+FINGERPRINT_BYTES = 1 << 16  # bytes read at each of a shard's start, middle and end
+
+
+def shard_fingerprint(path: Path) -> str:
+    """A cheap identity of a shard's tokens: sha256 of its size and of 64 KiB read at its start,
+    middle and end (16 hex digits). Re-preparing with other settings or overwriting the tokens in
+    place changes it (a resume then refuses the data, naming it); an edit confined to bytes it does
+    not read would not -- hashing every shard at every start would cost minutes on a large corpus."""
+    import hashlib
+    import os
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        h.update(str(size).encode())
+        for offset in (0, max(0, size // 2 - FINGERPRINT_BYTES // 2), max(0, size - FINGERPRINT_BYTES)):
+            f.seek(offset)
+            h.update(f.read(FINGERPRINT_BYTES))
+    return h.hexdigest()[:16]
+
+
 def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None = None,
                     split: str = "train") -> TrainData:
     """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
@@ -133,12 +155,14 @@ def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None 
     train = find_shards(data, "train")
     val = find_shards(data, "val")
     manifest = load_manifest(data)
-    if manifest and manifest.get("input_sha256"):
-        identity = {"input_sha256": manifest["input_sha256"], "val_fraction": manifest.get("val_fraction")}
-    else:
-        from gptspeed.data.shards import read_header
+    from gptspeed.data.shards import read_header
 
-        identity = {"shards": [[p.name, read_header(p)[1]] for p in train]}
+    shards = [[p.name, read_header(p)[1], shard_fingerprint(p)] for p in train]
+    if manifest and manifest.get("input_sha256"):
+        identity = {"input_sha256": manifest["input_sha256"], "val_fraction": manifest.get("val_fraction"),
+                    "settings": manifest.get("settings"), "shards": shards}
+    else:
+        identity = {"shards": shards}
     documents = None
     if manifest:
         documents = (manifest.get("splits", {}).get("train", {}) or {}).get("documents")

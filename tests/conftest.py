@@ -12,6 +12,10 @@ import os
 # (PyTorch's CPU allocator aligns to 64), without STRICT's slow small-matrix paths (7x on this CPU).
 os.environ.setdefault("MKL_CBWR", "AUTO")
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N: N workers share the cores, so each (and every process it starts) uses one
+    # thread -- OpenMP threads spinning against another busy process make tiny steps ~100x slower.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 import subprocess
 import sys
 from pathlib import Path

@@ -6,6 +6,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -316,3 +317,28 @@ def test_the_resume_line_names_the_launcher_and_processes(monkeypatch):
         "torchrun --standalone --nproc_per_node 2 -m gptspeed train --out r --resume")
     assert resume_command(SimpleNamespace(distributed=True, world_size=8), Path("r")).startswith(
         "torchrun --nnodes 4 --nproc_per_node 2 ...")
+
+
+def test_a_shard_truncated_under_the_run_is_named_and_the_steps_are_saved(shakespeare_data, tmp_path):
+    """The shard is cut while the trainer has it memory-mapped: reading its lost pages was SIGBUS
+    (exit -7/135, no message, the steps since the last checkpoint lost). Now one line names the
+    shard, the last finished step is saved, and once the shard is back the run resumes."""
+    data = tmp_path / "data"
+    shutil.copytree(shakespeare_data, data)
+    shard = data / "train_000000.bin"
+    whole = shard.read_bytes()
+    run = tmp_path / "run"
+    proc = start(data, run, "--max-steps", "500", "--save-every", "1000")
+    wait_for_line(proc, "step   2/500")
+    with open(shard, "r+b") as f:  # in place, as a re-prepare or a copy over it would
+        f.truncate(1024 + 2 * 20 * 512)  # 20 steps of 512 tokens: a few steps from now
+    out, err = finish(proc)
+    assert_user_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+                      "train_000000.bin shrank to 21,504 bytes", "was saved: fix the shard")
+    (ck,) = list_checkpoints(run)
+    step = int(ck.stem.split("_")[1])
+    assert check_checkpoint(ck) is None and 2 <= step < 20 and f"checkpoint of step {step} was saved" in err
+    shard.write_bytes(whole)
+    resumed = run_cli("train", "--out", str(run), "--resume", "--max-steps", str(step + 2))
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(losses(run))[-1] == step + 2

@@ -109,3 +109,25 @@ def test_bad_shards(tmp_path, make, match):
         assert str(path) in str(err.value)
         assert "\n" not in str(err.value)
         assert isinstance(err.value, GptspeedError)
+
+
+def test_a_mapped_shard_cut_under_its_reader_is_an_error_naming_it(tmp_path):
+    """Reading the lost pages of a truncated memory map is SIGBUS (the process dies silently): the
+    size is checked first, for the training loader and the eval batches alike."""
+    from gptspeed.data.loader import iter_eval_batches
+    from gptspeed.data.shards import MappedShard, ShardError
+
+    path = tmp_path / "val_000000.bin"
+    write_shard(path, np.arange(4096, dtype=np.uint16))
+    shard = MappedShard(path)
+    assert shard.window(4000, 5000).tolist() == list(range(4000, 4096))  # clipped to the shard
+    batches = iter_eval_batches([path], batch_size=2, seq_len=64)
+    next(batches)
+    with open(path, "r+b") as f:
+        f.truncate(1024 + 2 * 1000)
+    assert shard.window(0, 1000).tolist() == list(range(1000))  # what is still there reads
+    with pytest.raises(ShardError, match="val_000000.bin shrank to 3,024 bytes"):
+        shard.window(900, 1100)
+    with pytest.raises(ShardError, match="shrank"):
+        list(batches)
+    shard.close()

@@ -32,10 +32,11 @@ from typing import Any, Callable
 import torch
 
 from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock,
-                                 check_free_space, estimate_checkpoint_bytes, latest_valid_checkpoint,
-                                 list_checkpoints)
+                                 check_free_space, checkpoint_path, estimate_checkpoint_bytes,
+                                 latest_valid_checkpoint, list_checkpoints)
 # build_train_config is re-exported beside fit
 from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401
+from gptspeed.data.shards import ShardError
 from gptspeed.data.train_data import TrainData, find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
@@ -293,13 +294,15 @@ class Trainer:
         if path is None:
             found = [p.name for p in list_checkpoints(self.run_dir)]
             metrics = self.run_dir / "metrics.jsonl"
-            if metrics.is_file() and metrics.stat().st_size:
+            if found and metrics.is_file():
                 found.append(metrics.name)
-            if found:  # never write over what cannot be verified
+            # never write over checkpoints that cannot be verified; a run killed before its first
+            # save (a metrics.jsonl, no checkpoint) is started again, as resuming it means
+            if found:
                 raise GptspeedError(f"--resume: {self.run_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} "
                                     "but no checkpoint that can be verified (each is unsealed or damaged): refusing to "
                                     "write over them; move them away, or choose another --out")
-            self.say(f"--resume: no valid checkpoint in {self.run_dir}, starting a new run")
+            self.say(f"--resume: no checkpoint in {self.run_dir}, starting a new run")
             return None, None
         changes = lambda d: run_defining_diff(RunConfig.from_dict(d, f"checkpoint {path}"), self.cfg)  # noqa: E731
         seal = self.checkpointer.check_resume(path, changes, force=t.force_resume, say=self.say)
@@ -325,8 +328,33 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step over the loader's next micro-batches (:class:`gptspeed.step.TrainStep`).
-        Returns device tensors ``(loss, grad_norm, bad)``."""
-        return self.stepper(self.loader.next_batch)
+        Returns device tensors ``(loss, grad_norm, bad)``. A shard that went bad under the run
+        (:class:`gptspeed.data.shards.ShardError`) raises GptspeedError naming it, after saving the
+        steps done since the last checkpoint when it can (:meth:`save_before_data_error`)."""
+        mark = getattr(self.loader, "mark", None)
+        at = mark() if mark is not None else None
+        try:
+            return self.stepper(self.loader.next_batch)
+        except ShardError as e:
+            raise GptspeedError(f"{e}. {self.save_before_data_error(at)}") from None
+
+    def save_before_data_error(self, at: Any) -> str:
+        """Save the checkpoint of the last finished step after the loader failed mid-step (its
+        position rewound to the step's start with ``at``; the weights and optimizer are untouched
+        until the last micro-batch is in). One process only: with several, the others wait in a
+        collective. Returns what was done, for the error line."""
+        if self.step == 0:
+            return "No step was done"
+        if at is None or self.rt.distributed:
+            return "The steps since the last checkpoint are lost"
+        if checkpoint_path(self.run_dir, self.step).exists():
+            return f"The checkpoint of step {self.step} is intact"
+        self.loader.rewind(at)
+        try:
+            self.checkpointer.save(self.step)
+        except GptspeedError as e:
+            return f"Saving step {self.step} failed too: {e}"
+        return f"The checkpoint of step {self.step} was saved: fix the shard, then --resume"
 
     def set_lr(self) -> float:
         """The learning rate of this step (warm-up then cosine, :func:`gptspeed.optim.lr_at`) into

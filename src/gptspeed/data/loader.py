@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from gptspeed.data.shards import read_header, read_shard
+from gptspeed.data.shards import MappedShard, read_header
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
@@ -119,7 +119,7 @@ class TokenLoader:
                 "lower --batch-size / --seq-len or prepare more text"
             )
         self._first_window = np.cumsum([0] + self.batches_per_shard)  # window index of each shard's first
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, MappedShard] = {}
         self._perms: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self.batches = 0  # micro-batches consumed, all epochs
@@ -149,21 +149,24 @@ class TokenLoader:
         s = int(np.searchsorted(self._first_window, i, side="right")) - 1
         return s, (i - int(self._first_window[s])) * self.global_tokens
 
-    def _tokens(self, s: int) -> np.ndarray:
-        arr = self._maps.get(s)
-        if arr is None:
+    def _shard(self, s: int) -> MappedShard:
+        shard = self._maps.get(s)
+        if shard is None:
             with self._lock:
-                arr = self._maps.setdefault(s, read_shard(self.shards[s]))
-        return arr
+                shard = self._maps.get(s)
+                if shard is None:
+                    shard = self._maps[s] = MappedShard(self.shards[s])
+        return shard
 
     def _make(self, g: int) -> tuple[torch.Tensor, int]:
-        """Host tensor of batch ``g`` (``B*T+1`` int64; pinned on CUDA) and its document count."""
+        """Host tensor of batch ``g`` (``B*T+1`` int64; pinned on CUDA) and its document count.
+        ShardError naming the shard if its file shrank under the run (:class:`MappedShard`)."""
         s, pos = self._window(g)
-        tokens = self._tokens(s)
-        docs = int(np.count_nonzero(tokens[pos : pos + self.global_tokens] == EOT_TOKEN))
-        start = pos + self.rank * self.B * self.T
-        buf = tokens[start : start + self.B * self.T + 1]
-        check_token_ids(buf, self.max_token_id, self.shards[s], start)
+        window = self._shard(s).window(pos, pos + self.global_tokens + 1)
+        docs = int(np.count_nonzero(window[: self.global_tokens] == EOT_TOKEN))
+        start = self.rank * self.B * self.T
+        buf = window[start : start + self.B * self.T + 1]
+        check_token_ids(buf, self.max_token_id, self.shards[s], pos + start)
         return host_tensor(buf, self.device), docs
 
     # -------------------------------------------------------------- background threads
@@ -221,6 +224,15 @@ class TokenLoader:
         xy = to_xy(t, self.B, self.T, self.device)
         self.wait_s += time.perf_counter() - t0
         return xy
+
+    def mark(self) -> tuple[int, int]:
+        """Where the loader is: ``(batches consumed, documents seen)``, for :meth:`rewind`."""
+        return self.batches, self.documents
+
+    def rewind(self, mark: tuple[int, int]) -> None:
+        """Go back to ``mark`` (from :meth:`mark`): the batches consumed since are read again."""
+        self.close()
+        self.batches, self.documents = mark
 
     def epoch_progress(self) -> float:
         """Fraction of the current epoch consumed, in [0, 1)."""
@@ -314,12 +326,12 @@ def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tok
             f"val split has {max(lengths, default=0):,} tokens, fewer than one sequence (seq_len {seq_len} + 1): "
             "prepare more text, raise --val-fraction or lower --seq-len"
         )
-    maps: dict[int, np.ndarray] = {}
+    maps: dict[int, MappedShard] = {}
     for batch_no, (s, first, rows) in enumerate(eval_schedule(lengths, batch_size, seq_len, max_tokens)):
         if batch_no % world_size != rank:
             continue
         if s not in maps:
-            maps = {s: read_shard(shards[s])}  # memory-mapped; one shard open at a time
-        buf = maps[s][first * seq_len : (first + rows) * seq_len + 1]
+            maps = {s: MappedShard(shards[s])}  # memory-mapped; one shard open at a time
+        buf = maps[s].window(first * seq_len, (first + rows) * seq_len + 1)
         check_token_ids(buf, max_token_id, shards[s], first * seq_len)
         yield to_xy(host_tensor(buf, device), rows, seq_len, device)

@@ -131,3 +131,47 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
         empty.flags.writeable = False
         return empty
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
+
+
+class MappedShard:
+    """A shard's tokens memory-mapped for reading while training, safe against the file shrinking.
+
+    A memory-mapped file that is truncated while mapped turns a read of its lost pages into SIGBUS:
+    the process dies (exit 135) with no message and no checkpoint. So the file stays open here, and
+    :meth:`window` compares its current size (one ``fstat``, about a microsecond) with the tokens
+    asked for before touching them. (A truncation in the microseconds between the check and the
+    copy can still fault; the check turns the usual case -- a shard re-prepared or cut while a run
+    reads it -- into an error naming the shard.)
+
+    Raises:
+        ShardError: as :func:`read_header` when opened; from :meth:`window`, when the file no longer
+            holds the tokens asked for.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.tokens = read_shard(self.path)
+        self._file = open(self.path, "rb")  # noqa: SIM115 -- held for fstat, closed by close()
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def window(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` (clipped to the shard): a read-only ``<u2`` view, no copy."""
+        stop = min(stop, len(self.tokens))
+        need = HEADER_BYTES + TOKEN_DTYPE.itemsize * stop
+        size = os.fstat(self._file.fileno()).st_size
+        if size < need:
+            raise ShardError(
+                f"shard {self.path} shrank to {size:,} bytes while being read (its tokens up to {stop:,} need "
+                f"{need:,}): it was truncated or re-prepared under the running job; restore it, or {_REPREPARE}")
+        return self.tokens[start:stop]
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -42,8 +42,8 @@ from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
 from gptspeed.optim import lr_at
-from gptspeed.runtime import (Runtime, init_distributed, keep_freed_memory, resolve_runtime, shutdown_distributed,
-                              world_from_env)
+from gptspeed.runtime import (Runtime, init_distributed, keep_freed_memory, peer_lost, resolve_runtime,
+                              shutdown_distributed, world_from_env)
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 
@@ -551,9 +551,14 @@ class Trainer:
                         summary["last_val_loss"] = fields["val_loss"]
                 if due.save or stopping:
                     self.checkpointer.save(self.step)
-        except BaseException:
+        except BaseException as e:
             if new_run and self.step == first_step:
                 self.folder.abandon()  # a new run that never stepped leaves nothing behind
+            if self.rt.distributed and peer_lost(e):
+                raise GptspeedError(
+                    f"rank {self.rt.rank} of {self.rt.world_size}: lost contact with another rank after step {self.step} "
+                    f"({str(e).splitlines()[0][:160]}): a process of the job died or was killed. The newest sealed "
+                    "checkpoint is intact; torchrun --max-restarts restarts the group, which resumes from it") from None
             raise
         finally:
             if stop.signum is None:  # stopped by a signal: repeats keep being ignored until the process exits

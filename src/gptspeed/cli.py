@@ -54,6 +54,114 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                 g.add_argument(flag, type=field_type(cls, f.name), choices=f.metadata.get("choices"), **kw)
 
 
+def _add(s: argparse.ArgumentParser, flags: dict[str, dict]) -> None:
+    for flag, kw in flags.items():
+        s.add_argument(flag, **kw)
+
+
+def _values(a: argparse.Namespace, flags: dict[str, dict]) -> dict:
+    """The parsed values of ``flags``, keyed by their ``dest``: the keyword arguments of the
+    function the flags were written for."""
+    return {kw["dest"]: getattr(a, kw["dest"]) for kw in flags.values()}
+
+
+def _device_flags(dtype: bool = True) -> dict[str, dict]:
+    from gptspeed.config import DEVICES, DTYPES
+
+    flags = {"--device": dict(dest="device", default="auto", choices=DEVICES, help="auto: cuda > mps > cpu")}
+    if dtype:
+        flags["--dtype"] = dict(dest="dtype", default="auto", choices=DTYPES,
+                                help="autocast precision (auto: bf16 on GPUs that have it; tf32: fp32 with TF32 matmuls)")
+    return flags
+
+
+# each table: flag -> argparse keywords, ``dest`` named as the keyword of the function it feeds
+PREPARE_FLAGS = {  # gptspeed.data.prepare.prepare
+    "--val-fraction": dict(dest="val_fraction", type=float, default=0.1, help="share of tokens for the val split"),
+    "--shard-tokens": dict(dest="shard_tokens", type=int, default=100_000_000, help="tokens per shard file at most"),
+    "--workers": dict(dest="workers", type=int, default=0,
+                      help="tokenizing threads (the shards do not depend on it); 0 = one per usable CPU (default)"),
+    "--text-field": dict(dest="text_field", default="text",
+                         help="JSON field / parquet column / dataset feature with the text"),
+    "--shuffle-seed": dict(dest="shuffle_seed", type=int, default=None,
+                           help="write the documents in a global random order fixed by this seed (val is then a "
+                                "random share of documents); default: keep the source order"),
+    "--skip-bad": dict(dest="skip_bad", action="store_true", help="skip and count bad records instead of stopping"),
+    "--max-tokens": dict(dest="max_tokens", type=int, default=None, help="stop after this many tokens"),
+    "--hf-name": dict(dest="hf_name", default=None, help="hf: sources: the dataset configuration (e.g. sample-10BT)"),
+    "--split": dict(dest="split", default="train", help="hf: sources: the dataset split"),
+    "--force": dict(dest="force", action="store_true", help="overwrite an already prepared folder"),
+}
+SAMPLE_FLAGS = {  # gptspeed.sample.sample_text
+    "--prompt": dict(dest="prompts", action="append", default=None, metavar="TEXT",
+                     help="text to continue; repeat for several prompts, generated together (default a newline)"),
+    "--max-new-tokens": dict(dest="max_new_tokens", type=int, default=200, help="tokens to generate per sample"),
+    "--temperature": dict(dest="temperature", type=float, default=0.8, help="0 = greedy"),
+    "--top-k": dict(dest="top_k", type=int, default=200, help="sample from the k most likely tokens (0 = all)"),
+    "--num-samples": dict(dest="num_samples", type=int, default=1, help="samples per prompt"),
+    "--seed": dict(dest="seed", type=int, default=1337, help="sampling seed (the same seed draws the same tokens)"),
+    "--no-kv-cache": dict(dest="kv_cache", action="store_false",  # %(default).0s: prints nothing, and keeps
+                          # argparse from adding "(default: True)", the value of kv_cache, not of this flag
+                          help="recompute every position each step (the reference path)%(default).0s"),
+    "--compile": dict(dest="compile", action="store_true", help="torch.compile the one-token decode step"),
+}
+EVAL_FLAGS = {  # gptspeed.eval.evaluate_run
+    "--data": dict(dest="data_dir", default=None, help="prepared data folder: val loss on its val split"),
+    "--hellaswag": dict(dest="hellaswag", action="store_true", help="HellaSwag validation accuracy (acc, acc_norm)"),
+    "--hellaswag-file": dict(dest="hellaswag_file", default=None,
+                             help="a jsonl in HellaSwag's format instead of the official validation file "
+                                  "(not hash-checked)"),
+    "--max-examples": dict(dest="max_examples", type=int, default=0,
+                           help="HellaSwag: the first N examples only (0 = all)"),
+    "--batch-size": dict(dest="batch_size", type=int, default=8,
+                         help="sequences (val loss) or examples (HellaSwag) per batch"),
+    "--max-tokens": dict(dest="max_tokens", type=int, default=0, help="evaluate at most this many tokens (0 = all)"),
+}
+
+
+def _add_prepare_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("source", help="named corpus (tinyshakespeare, shakespeare-gutenberg; online: tinystories, "
+                   "fineweb-edu-10B), a .txt / .jsonl[.gz|.zst] / .parquet file, a folder, a glob, or hf:DATASET")
+    s.add_argument("--out", required=True, help="output data folder")
+    _add(s, PREPARE_FLAGS)
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_sample_args(s: argparse.ArgumentParser) -> None:
+    _add_model_source(s)
+    _add(s, {**SAMPLE_FLAGS, **_device_flags()})
+
+
+def _add_eval_args(s: argparse.ArgumentParser) -> None:
+    _add_model_source(s)
+    _add(s, {**EVAL_FLAGS, **_device_flags()})
+
+
+def _add_import_hf_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("source", help="folder with config.json + model.safetensors / pytorch_model.bin, "
+                                  "or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (downloaded)")
+    s.add_argument("--out", required=True, help="run folder to create")
+
+
+def _add_export_hf_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--run", required=True, help="run folder")
+    s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
+    s.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+
+def _add_consolidate_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
+    s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
+
+
+def _add_plot_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl), overlaid; the legend names them")
+    s.add_argument("--out", default="loss.png", help="PNG file to write")
+    s.add_argument("--title", default=None, help="figure title (default: none)")
+    s.add_argument("--panels", default="loss", help="comma-separated panels: loss (against tokens and against wall "
+                   "time), tps (training tokens/s against tokens), lr (learning rate against tokens)")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``gptspeed`` parser. With ``command``, ``train`` and ``bench`` get their flags only if
     they are that command (the others always do): their flags come from modules that import torch,
@@ -63,93 +171,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(prog="gptspeed", description="Pretrain GPT-2 from scratch, fast, and measure every speed-up.")
     p.add_argument("--version", action="version", version=f"gptspeed {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    s = sub.add_parser("prepare", help="tokenize a corpus into train/val shards")
-    s.add_argument("source", help="named corpus (tinyshakespeare, shakespeare-gutenberg; online: tinystories, "
-                   "fineweb-edu-10B), a .txt / .jsonl[.gz|.zst] / .parquet file, a folder, a glob, or hf:DATASET")
-    s.add_argument("--out", required=True, help="output data folder")
-    s.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens for the val split")
-    s.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most")
-    s.add_argument("--workers", type=int, default=0,
-                   help="tokenizing threads (the shards do not depend on it); 0 = one per usable CPU (default)")
-    s.add_argument("--text-field", default="text", help="JSON field / parquet column / dataset feature with the text")
-    s.add_argument("--shuffle-seed", type=int, default=None,
-                   help="write the documents in a global random order fixed by this seed (val is then a random "
-                        "share of documents); default: keep the source order")
-    s.add_argument("--skip-bad", action="store_true", help="skip and count bad records instead of stopping")
-    s.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens")
-    s.add_argument("--hf-name", default=None, help="hf: sources: the dataset configuration (e.g. sample-10BT)")
-    s.add_argument("--split", default="train", help="hf: sources: the dataset split")
-    s.add_argument("--force", action="store_true", help="overwrite an already prepared folder")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    s = sub.add_parser("train", help="pretrain a GPT-2 on prepared data",
-                       description="Flags override the preset; with --resume, the run's own configuration. "
-                                   "The defaults shown are the gpt2 preset's; the other presets set their own "
-                                   "shape, lr, batch and steps (README, Presets).")
-    if command in (None, "train"):
-        _add_train_args(s)
-
-    s = sub.add_parser("sample", help="generate text from a trained run or a Hugging Face GPT-2")
-    _add_model_source(s)
-    s.add_argument("--prompt", action="append", default=None,
-                   help="text to continue; repeat for several prompts, generated together (default a newline)")
-    s.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample")
-    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    s.add_argument("--top-k", type=int, default=200, help="sample from the k most likely tokens (0 = all)")
-    s.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    s.add_argument("--seed", type=int, default=1337, help="sampling seed (the same seed draws the same tokens)")
-    s.add_argument("--no-kv-cache", action="store_true", help="recompute every position each step (the reference path)")
-    s.add_argument("--compile", action="store_true", help="torch.compile the one-token decode step")
-    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"), help="auto: cuda > mps > cpu")
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="autocast precision (auto: bf16 on GPUs that have it)")
-
-    s = sub.add_parser("eval", help="val loss / perplexity and HellaSwag accuracy, as JSON")
-    _add_model_source(s)
-    s.add_argument("--data", default=None, help="prepared data folder: val loss on its val split")
-    s.add_argument("--hellaswag", action="store_true", help="HellaSwag validation accuracy (acc, acc_norm)")
-    s.add_argument("--hellaswag-file", default=None,
-                   help="a jsonl in HellaSwag's format instead of the official validation file (not hash-checked)")
-    s.add_argument("--max-examples", type=int, default=0, help="HellaSwag: the first N examples only (0 = all)")
-    s.add_argument("--batch-size", type=int, default=8, help="sequences (val loss) or examples (HellaSwag) per batch")
-    s.add_argument("--max-tokens", type=int, default=0, help="evaluate at most this many tokens (0 = all)")
-    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"), help="auto: cuda > mps > cpu")
-    s.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="autocast precision (auto: bf16 on GPUs that have it)")
-
-    s = sub.add_parser("bench", help="the optimization ladder (or a profile of one stage) on this machine")
-    if command in (None, "bench"):
-        _add_bench_args(s)
-
-    s = sub.add_parser("import-hf", help="turn a Hugging Face GPT-2 into a run folder (step-0 checkpoint)")
-    s.add_argument("source", help="folder with config.json + model.safetensors / pytorch_model.bin, "
-                                  "or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (downloaded)")
-    s.add_argument("--out", required=True, help="run folder to create")
-
-    s = sub.add_parser("export-hf", help="write a run's newest checkpoint as a Hugging Face GPT-2 folder")
-    s.add_argument("--run", required=True, help="run folder")
-    s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
-    s.add_argument("--force", action="store_true", help="replace --out if it exists")
-
-    s = sub.add_parser("consolidate", help="merge a sharded (FSDP) checkpoint into one file for sample / eval / "
-                                           "one-process training")
-    s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
-    s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
-
-    s = sub.add_parser("plot", help="train/val loss against tokens and wall time (and tokens/s, learning rate), "
-                                    "as a PNG")
-    s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl), overlaid; the legend names them")
-    s.add_argument("--out", default="loss.png", help="PNG file to write")
-    s.add_argument("--title", default=None, help="figure title (default: none)")
-    s.add_argument("--panels", default="loss", help="comma-separated panels: loss (against tokens and against wall "
-                   "time), tps (training tokens/s against tokens), lr (learning rate against tokens)")
+    for name, (help_, add) in SUBCOMMANDS.items():
+        s = sub.add_parser(name, help=help_)
+        if name not in ("train", "bench") or command in (None, name):
+            add(s)
     return p
 
 
 def _add_train_args(s: argparse.ArgumentParser) -> None:
     from gptspeed.config import PRESETS
 
+    s.description = ("Flags override the preset; with --resume, the run's own configuration. The defaults shown "
+                     "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (README, "
+                     "Presets).")
     s.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
     s.add_argument("--config", dest="config_file", default=None,
@@ -188,7 +222,7 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--batch-size", type=int, help="micro-batch size B (default: the preset's)")
     s.add_argument("--steps", type=int, help="timed steps per stage (default 20; with --profile, traced steps, default 3)")
     s.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps first, compilation included (default 5)")
-    s.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
+    _add(s, _device_flags(dtype=False))
     data = s.add_mutually_exclusive_group()
     data.add_argument("--data", help="prepared data folder (its train shards feed every stage)")
     data.add_argument("--synthetic", action="store_true",
@@ -214,9 +248,7 @@ def _add_model_source(s: argparse.ArgumentParser) -> None:
 def cmd_prepare(a: argparse.Namespace) -> int:
     from gptspeed.data.prepare import prepare
 
-    m = prepare(a.source, a.out, val_fraction=a.val_fraction, shard_tokens=a.shard_tokens, force=a.force,
-                progress=not a.no_progress, workers=a.workers, text_field=a.text_field, shuffle_seed=a.shuffle_seed,
-                skip_bad=a.skip_bad, max_tokens=a.max_tokens, hf_name=a.hf_name, split=a.split)
+    m = prepare(a.source, a.out, progress=not a.no_progress, **_values(a, PREPARE_FLAGS))
     tr, va = m["splits"]["train"], m["splits"]["val"]
     print(f"{'already prepared (same input and settings)' if m.get('reused') else 'prepared'} {a.out}: {m['documents']:,} documents; train {tr['tokens']:,} tokens in {len(tr['shards'])} shard(s), "
           f"val {va['tokens']:,} tokens in {len(va['shards'])} shard(s)"
@@ -242,19 +274,15 @@ def cmd_train(a: argparse.Namespace) -> int:
 def cmd_sample(a: argparse.Namespace) -> int:
     from gptspeed.sample import sample_text
 
-    sample_text(run=a.run, init_from=a.init_from, prompts=a.prompt, max_new_tokens=a.max_new_tokens,
-                temperature=a.temperature, top_k=a.top_k, num_samples=a.num_samples, seed=a.seed,
-                device=a.device, dtype=a.dtype, kv_cache=not a.no_kv_cache, compile=a.compile)
+    sample_text(run=a.run, init_from=a.init_from, device=a.device, dtype=a.dtype, **_values(a, SAMPLE_FLAGS))
     return 0
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
     from gptspeed.eval import evaluate_run
 
-    print(json.dumps(evaluate_run(a.run, a.data, init_from=a.init_from, hellaswag=a.hellaswag,
-                                  hellaswag_file=a.hellaswag_file, max_examples=a.max_examples,
-                                  batch_size=a.batch_size, max_tokens=a.max_tokens, device=a.device,
-                                  dtype=a.dtype), indent=2))
+    print(json.dumps(evaluate_run(a.run, init_from=a.init_from, device=a.device, dtype=a.dtype,
+                                  **_values(a, EVAL_FLAGS)), indent=2))
     return 0
 
 
@@ -322,6 +350,18 @@ def cmd_plot(a: argparse.Namespace) -> int:
     return 0
 
 
+SUBCOMMANDS = {  # name -> (help, adds its flags)
+    "prepare": ("tokenize a corpus into train/val shards", _add_prepare_args),
+    "train": ("pretrain a GPT-2 on prepared data", _add_train_args),
+    "sample": ("generate text from a trained run or a Hugging Face GPT-2", _add_sample_args),
+    "eval": ("val loss / perplexity and HellaSwag accuracy, as JSON", _add_eval_args),
+    "bench": ("the optimization ladder (or a profile of one stage) on this machine", _add_bench_args),
+    "import-hf": ("turn a Hugging Face GPT-2 into a run folder (step-0 checkpoint)", _add_import_hf_args),
+    "export-hf": ("write a run's newest checkpoint as a Hugging Face GPT-2 folder", _add_export_hf_args),
+    "consolidate": ("merge a sharded (FSDP) checkpoint into one file for sample / eval / one-process training",
+                    _add_consolidate_args),
+    "plot": ("train/val loss against tokens and wall time (and tokens/s, learning rate), as a PNG", _add_plot_args),
+}
 COMMANDS = {"prepare": cmd_prepare, "train": cmd_train, "sample": cmd_sample, "eval": cmd_eval, "bench": cmd_bench,
             "import-hf": cmd_import_hf, "export-hf": cmd_export_hf, "consolidate": cmd_consolidate,
             "plot": cmd_plot}

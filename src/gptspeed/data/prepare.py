@@ -10,6 +10,17 @@ llm.c / modded-nanogpt data scripts. The stream is written as it is tokenized, i
 seed, of the documents put in a global random order first), written as shards
 (:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the folder
 complete. An interrupted prepare resumes after its last finished chunk.
+
+How :func:`prepare` keeps memory flat: documents are read one at a time, tokenized and appended to
+staging chunks of ``shard_tokens`` tokens written as they fill, so a corpus larger than RAM fits.
+When the stream ends the cut between train and val is placed (:func:`split_cut`): full chunks
+before it become the train shards by a rename, the val shards are the tail, cut into
+``shard_tokens`` pieces; disk peaks at the final size plus one shard. With a shuffle seed the
+documents are written in a global random order instead (:func:`shuffled_order`,
+:func:`write_shuffled`). A ``.prepare-progress.json`` beside the chunks records the documents
+consumed per finished chunk: an interrupted prepare with the same input and settings resumes after
+the last finished chunk; once every document is staged it says so, and a prepare interrupted while
+writing the final shards finishes them without reading the input again.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -295,74 +307,24 @@ def _leaves_no_empty_folder(fn):
     return wrapper
 
 
-@_leaves_no_empty_folder
-def prepare(
-    source: str,
-    out_dir: str | os.PathLike,
-    *,
-    val_fraction: float = 0.1,
-    shard_tokens: int = 100_000_000,
-    force: bool = False,
-    progress: bool = True,
-    workers: int = 0,
-    text_field: str = "text",
-    shuffle_seed: int | None = None,
-    skip_bad: bool = False,
-    max_tokens: int | None = None,
-    hf_name: str | None = None,
-    split: str = "train",
-) -> dict:
-    """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest, streaming.
+@dataclass(frozen=True)
+class _Input:
+    """What ``prepare`` reads: a dataset streamed through ``datasets`` (``dataset`` set; no files)
+    or local files (``paths``, their names in the manifest, and (sha256, bytes) of each), and the
+    ``input_sha256`` that identifies it (:func:`_input_sha256`; for a dataset, of its name/config/split)."""
 
-    Documents are read one at a time, tokenized (in ``workers`` threads) and appended to staging
-    chunks of ``shard_tokens`` tokens written as they fill, so memory stays flat for a corpus
-    larger than RAM. When the stream ends, the cut between train and val is placed
-    (:func:`split_cut`): full chunks before it become the train shards by a rename, the val shards
-    are the tail (the last ``val_fraction`` of tokens), cut into ``shard_tokens`` pieces. Disk
-    peaks at the final size plus one shard. With ``shuffle_seed`` the documents are instead
-    written in a global random order (:func:`shuffled_order`, :func:`write_shuffled`). A ``.prepare-progress.json`` beside the chunks records
-    the documents consumed per finished chunk: an interrupted prepare with the same input and
-    settings resumes after the last finished chunk; once every document is staged it says so, and
-    a prepare interrupted while writing the final shards finishes them without reading the input
-    again. ``manifest.json`` is written last.
+    dataset: str | None
+    hf_name: str | None
+    split: str
+    paths: list[Path]
+    names: list[str]
+    info: list[tuple[str, int]]
+    sha256: str
 
-    Args:
-        source: a named corpus (``tinyshakespeare``, ``shakespeare-gutenberg``, or online through
-            ``datasets``: ``tinystories``, ``fineweb-edu-10B``), a ``.txt`` (one document),
-            ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` (one per line) or ``.parquet`` (one per row)
-            file, a folder of such files (recursive, sorted), a glob, or ``hf:DATASET`` (a hub id
-            or a local jsonl/parquet file, streamed through ``datasets``).
-        out_dir: output folder (created).
-        val_fraction: share of tokens for val, in (0, 1).
-        shard_tokens: most tokens per shard file (2 bytes each on disk).
-        force: overwrite a folder that already has a ``manifest.json``. Without it, a folder
-            prepared from the same input (same file hashes) and settings is left as it is and its
-            manifest returned with ``"reused": True``; any other prepared folder is an error.
-        progress: show tqdm bars (documents, tokens/s, downloads) when stderr is a terminal.
-        workers: tokenizing threads (the shards do not depend on it); 0 = one per usable CPU
-            (:func:`gptspeed.data.tokenize.default_workers`).
-        text_field: the JSON field / parquet column / dataset feature holding the text.
-        shuffle_seed: None keeps the source order; an int writes the documents in a global
-            random order fixed by the seed (:func:`shuffled_order`), val then being a random
-            share of documents too. Disk then peaks at twice the corpus while finishing.
-        skip_bad: skip and count bad records instead of stopping at the first.
-        max_tokens: stop after this many tokens (the stream is cut there), None = all.
-        hf_name: the dataset configuration for ``hf:`` sources (e.g. ``sample-10BT``).
-        split: the dataset split for ``hf:`` sources.
 
-    Returns:
-        The manifest written to ``out_dir/manifest.json``: format, source, tokenizer, files
-        (path, sha256, bytes; empty for datasets), input_sha256 (sha256 of the files' hex
-        sha256s, each followed by a newline; for a dataset, of its name/config/split), documents,
-        val_fraction, shard_tokens, splits (tokens, documents = EOT count, shards), settings
-        (text_field, shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split), bad_records,
-        created (UTC ISO time), gptspeed_version, tiktoken_version, numpy_version.
-
-    Raises:
-        GptspeedError: bad arguments, folder already prepared without force, bad SOURCE (see
-            :func:`resolve_source`), a non-UTF-8 file, a bad record (naming file and line) without
-            ``skip_bad``, no text, too little text to give both splits a token.
-    """
+def _check_arguments(val_fraction: float, shard_tokens: int, workers: int, max_tokens: int | None,
+                     out: Path) -> int:
+    """GptspeedError for a bad argument of :func:`prepare`; returns the tokenizing threads to use."""
     if not 0.0 < val_fraction < 1.0:
         raise GptspeedError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < MIN_SHARD_TOKENS:
@@ -370,13 +332,15 @@ def prepare(
                             f"fewer would write a file every few tokens), got {shard_tokens!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise GptspeedError(f"workers must be 0 (one per CPU) or a positive integer, got {workers!r}")
-    workers = workers or default_workers()
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
         raise GptspeedError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
-    out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise GptspeedError(f"output {out} exists and is not a folder: choose another --out")
+    return workers or default_workers()
 
+
+def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool) -> _Input:
+    """SOURCE -> :class:`_Input` (downloading a named corpus if needed: :func:`resolve_source`)."""
     dataset = None
     if source in HF_CORPORA:
         c = HF_CORPORA[source]
@@ -386,30 +350,32 @@ def prepare(
         if not dataset:
             raise GptspeedError("hf: needs a dataset name, e.g. hf:HuggingFaceFW/fineweb-edu --hf-name sample-10BT")
     if dataset is not None:
-        paths, names, info = [], [], []
-        input_sha = hashlib.sha256(json.dumps([dataset, hf_name, split]).encode()).hexdigest()
-    else:
-        paths, names = resolve_source(source, progress=progress)
-        # a named corpus's files were just checked against its digests: no need to hash them twice
-        known = CORPORA[source].files if source in CORPORA else {}
-        info = [(known.get(n) or sha256_file(p), p.stat().st_size) for p, n in zip(paths, names)]
-        input_sha = _input_sha256([d for d, _ in info])
-    settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
-                "max_tokens": max_tokens, "dataset": dataset, "hf_name": hf_name, "split": split}
+        sha = hashlib.sha256(json.dumps([dataset, hf_name, split]).encode()).hexdigest()
+        return _Input(dataset, hf_name, split, [], [], [], sha)
+    paths, names = resolve_source(source, progress=progress)
+    # a named corpus's files were just checked against its digests: no need to hash them twice
+    known = CORPORA[source].files if source in CORPORA else {}
+    info = [(known.get(n) or sha256_file(p), p.stat().st_size) for p, n in zip(paths, names)]
+    return _Input(None, hf_name, split, paths, names, info, _input_sha256([d for d, _ in info]))
 
-    if (out / MANIFEST_NAME).exists() and not force:
-        old = load_manifest(out)
-        old_settings = old.get("settings", {"text_field": "text", "shuffle_seed": None, "skip_bad": False,
-                                            "max_tokens": None, "dataset": None, "hf_name": None, "split": "train"})
-        same = (old.get("source") == source and old.get("val_fraction") == val_fraction
-                and old.get("shard_tokens") == shard_tokens and old.get("input_sha256") == input_sha
-                and old_settings == settings)
-        if not same:
-            raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
-        return {**old, "reused": True}
 
-    out.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(json.dumps([source, input_sha, shard_tokens, settings]).encode()).hexdigest()
+def _reuse(out: Path, source: str, val_fraction: float, shard_tokens: int, input_sha: str, settings: dict) -> dict:
+    """The manifest of ``out``, prepared before from the same input and settings, with
+    ``"reused": True``; GptspeedError if it was prepared from anything else."""
+    old = load_manifest(out)
+    old_settings = old.get("settings", {"text_field": "text", "shuffle_seed": None, "skip_bad": False,
+                                        "max_tokens": None, "dataset": None, "hf_name": None, "split": "train"})
+    same = (old.get("source") == source and old.get("val_fraction") == val_fraction
+            and old.get("shard_tokens") == shard_tokens and old.get("input_sha256") == input_sha
+            and old_settings == settings)
+    if not same:
+        raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
+    return {**old, "reused": True}
+
+
+def _staging_state(out: Path, key: str, force: bool) -> dict:
+    """The progress of an interrupted prepare of the same input and settings (``key``) in ``out``,
+    its chunks written after the last recorded one removed; else a fresh state, ``out`` cleared."""
     state = None
     if not force and (out / PROGRESS_NAME).exists():
         try:
@@ -421,28 +387,39 @@ def prepare(
             state = None
     if state is None:
         _clear(out)
-        state = {"key": key, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
-    else:
-        for p in out.glob(".stream_*.bin"):  # chunks written after the last recorded one
-            if p.name not in {c["name"] for c in state["chunks"]}:
-                p.unlink()
+        return {"key": key, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
+    for p in out.glob(".stream_*.bin"):
+        if p.name not in {c["name"] for c in state["chunks"]}:
+            p.unlink()
+    return state
 
-    stats = SourceStats()
+
+def _stage_input(inp: _Input, out: Path, state: dict, *, text_field: str, skip_bad: bool, workers: int,
+                 shard_tokens: int, max_tokens: int | None, progress: bool) -> None:
+    """Read and tokenize every document of ``inp`` into staging chunks (:func:`_stage`), unless
+    ``state`` says that was done; marks ``state`` complete, with its bad records and whether any
+    text was seen."""
     if state.get("complete"):  # interrupted while finishing: every document is already staged
-        stats.bad = state["bad_records"]
+        return
+    stats = SourceStats()
+    if inp.dataset is not None:
+        docs = iter_hf(inp.dataset, config=inp.hf_name, split=inp.split, text_field=text_field, stats=stats,
+                       skip_bad=skip_bad)
     else:
-        if dataset is not None:
-            docs = iter_hf(dataset, config=hf_name, split=split, text_field=text_field, stats=stats,
-                           skip_bad=skip_bad)
-        else:
-            docs = iter_files(paths, text_field, stats, skip_bad=skip_bad)
-        seen = {"text": bool(state.get("has_text"))}
-        _stage(_noting_text(docs, seen), out, state, workers=workers, shard_tokens=shard_tokens,
-               max_tokens=max_tokens, progress=progress)
-        state.update(complete=True, bad_records=stats.bad, has_text=seen["text"])
-        _write_progress(out, state)
-    total, n_docs = state["tokens"], state["documents"]
+        docs = iter_files(inp.paths, text_field, stats, skip_bad=skip_bad)
+    seen = {"text": bool(state.get("has_text"))}
+    _stage(_noting_text(docs, seen), out, state, workers=workers, shard_tokens=shard_tokens,
+           max_tokens=max_tokens, progress=progress)
+    state.update(complete=True, bad_records=stats.bad, has_text=seen["text"])
+    _write_progress(out, state)
 
+
+def _write_splits(out: Path, state: dict, source: str, val_fraction: float, shard_tokens: int,
+                  shuffle_seed: int | None, progress: bool) -> dict:
+    """Staged chunks -> the train and val shards (:func:`split_cut`, or :func:`shuffled_order`
+    with a seed); the chunks are removed or renamed. Returns the manifest's ``splits``.
+    GptspeedError (and ``out`` cleared) for no text, or too little to give both splits a token."""
+    total, n_docs = state["tokens"], state["documents"]
     chunk_paths = [out / c["name"] for c in state["chunks"]]
     if total == 0 or not state.get("has_text", True):
         _clear(out)
@@ -483,24 +460,28 @@ def prepare(
             os.replace(chunk_paths[i], out / train_shards[i])
         for p in chunk_paths[k:]:
             p.unlink(missing_ok=True)
-    (out / PROGRESS_NAME).unlink(missing_ok=True)
-    splits = {"train": {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards},
-              "val": {"tokens": total - cut, "documents": val_docs, "shards": val_shards}}
-    manifest = {
+    return {"train": {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards},
+            "val": {"tokens": total - cut, "documents": val_docs, "shards": val_shards}}
+
+
+def _manifest(source: str, inp: _Input, val_fraction: float, shard_tokens: int, splits: dict, settings: dict,
+              state: dict) -> dict:
+    """The ``manifest.json`` of a finished prepare (fields: :func:`prepare`'s Returns)."""
+    return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_FORMAT_VERSION,
         "source": source,
         "tokenizer": "gpt2",
         "eot_token": EOT_TOKEN,
         "n_vocab": N_VOCAB,
-        "files": [{"path": nm, "sha256": d, "bytes": b} for nm, (d, b) in zip(names, info)],
-        "input_sha256": input_sha,
-        "documents": n_docs,
+        "files": [{"path": nm, "sha256": d, "bytes": b} for nm, (d, b) in zip(inp.names, inp.info)],
+        "input_sha256": inp.sha256,
+        "documents": state["documents"],
         "val_fraction": val_fraction,
         "shard_tokens": shard_tokens,
         "splits": splits,
         "settings": settings,
-        "bad_records": stats.bad,
+        "bad_records": state.get("bad_records", 0),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gptspeed_version": gptspeed.__version__,
         # what the bytes depend on besides the input and settings: the BPE, and the shuffle's
@@ -508,6 +489,77 @@ def prepare(
         "tiktoken_version": importlib.metadata.version("tiktoken"),
         "numpy_version": np.__version__,
     }
+
+
+@_leaves_no_empty_folder
+def prepare(
+    source: str,
+    out_dir: str | os.PathLike,
+    *,
+    val_fraction: float = 0.1,
+    shard_tokens: int = 100_000_000,
+    force: bool = False,
+    progress: bool = True,
+    workers: int = 0,
+    text_field: str = "text",
+    shuffle_seed: int | None = None,
+    skip_bad: bool = False,
+    max_tokens: int | None = None,
+    hf_name: str | None = None,
+    split: str = "train",
+) -> dict:
+    """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest,
+    streaming, in flat memory (how: the module docstring).
+
+    Args:
+        source: a named corpus (``tinyshakespeare``, ``shakespeare-gutenberg``, or online through
+            ``datasets``: ``tinystories``, ``fineweb-edu-10B``), a ``.txt`` (one document),
+            ``.jsonl`` / ``.jsonl.gz`` / ``.jsonl.zst`` (one per line) or ``.parquet`` (one per row)
+            file, a folder of such files (recursive, sorted), a glob, or ``hf:DATASET`` (a hub id
+            or a local jsonl/parquet file, streamed through ``datasets``).
+        out_dir: output folder (created).
+        val_fraction: share of tokens for val, in (0, 1).
+        shard_tokens: most tokens per shard file (2 bytes each on disk), at least 256.
+        force: overwrite a folder that already has a ``manifest.json``. Without it, a folder
+            prepared from the same input (same file hashes) and settings is left as it is and its
+            manifest returned with ``"reused": True``; any other prepared folder is an error.
+        progress: show tqdm bars (documents, tokens/s, downloads) when stderr is a terminal.
+        workers: tokenizing threads (the shards do not depend on it); 0 = one per usable CPU.
+        text_field: the JSON field / parquet column / dataset feature holding the text.
+        shuffle_seed: None keeps the source order; an int writes the documents in a global
+            random order fixed by the seed, val then being a random share of documents too. Disk
+            then peaks at twice the corpus while finishing.
+        skip_bad: skip and count bad records instead of stopping at the first.
+        max_tokens: stop after this many tokens (the stream is cut there), None = all.
+        hf_name, split: the dataset configuration and split for ``hf:`` sources.
+
+    Returns:
+        The manifest written to ``out_dir/manifest.json``: format, source, tokenizer, files
+        (path, sha256, bytes; empty for datasets), input_sha256, documents, val_fraction,
+        shard_tokens, splits (tokens, documents = EOT count, shards), settings (text_field,
+        shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split), bad_records, created (UTC
+        ISO time), gptspeed_version, tiktoken_version, numpy_version.
+
+    Raises:
+        GptspeedError: bad arguments, folder already prepared without force, bad SOURCE (see
+            :func:`resolve_source`), a non-UTF-8 file, a bad record (naming file and line) without
+            ``skip_bad``, no text, too little text to give both splits a token.
+    """
+    out = Path(out_dir).expanduser()
+    workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out)
+    inp = _resolve_input(source, hf_name, split, progress)
+    settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
+                "max_tokens": max_tokens, "dataset": inp.dataset, "hf_name": inp.hf_name, "split": inp.split}
+    if (out / MANIFEST_NAME).exists() and not force:
+        return _reuse(out, source, val_fraction, shard_tokens, inp.sha256, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(json.dumps([source, inp.sha256, shard_tokens, settings]).encode()).hexdigest()
+    state = _staging_state(out, key, force)
+    _stage_input(inp, out, state, text_field=text_field, skip_bad=skip_bad, workers=workers,
+                 shard_tokens=shard_tokens, max_tokens=max_tokens, progress=progress)
+    splits = _write_splits(out, state, source, val_fraction, shard_tokens, shuffle_seed, progress)
+    (out / PROGRESS_NAME).unlink(missing_ok=True)
+    manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
     write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from gptspeed.config import build_train_config
+from gptspeed.configure import build_train_config
 from gptspeed.data import find_shards
 from gptspeed.eval import hellaswag as hs
 from gptspeed.eval.val_loss import evaluate

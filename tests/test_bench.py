@@ -8,6 +8,7 @@ threads spinning against other processes on a shared 2-core machine slow them do
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -42,9 +43,27 @@ def _one_thread_workers(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ end to end
+def in_process_worker(spec, log_path, timeout=None):
+    """``ladder.run_worker`` without the fresh process: the worker's own entry point, here (saves a
+    torch and transformers import per row; the process boundary is tested by the peer-row and
+    verify tests, whose workers run as processes)."""
+    import torch
+
+    from gptspeed.bench import entry
+
+    torch._dynamo.reset()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path = log_path.with_suffix(".spec.json"), log_path.with_suffix(".result.json")
+    spec_path.write_text(json.dumps(spec.to_dict()))
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log):
+        assert entry.main([str(spec_path), str(result_path)]) == 0
+    return json.loads(result_path.read_text())
+
+
 def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     import torch
 
+    monkeypatch.setattr(ladder_mod, "run_worker", in_process_worker)
     out = tmp_path / "ladder"
     argv = ["bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce,muon", *TINY]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])

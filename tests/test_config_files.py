@@ -10,7 +10,8 @@ import pytest
 
 from conftest import SRC, assert_user_error, run_cli
 from gptspeed.cli import main
-from gptspeed.config import AUTO_BATCH_SIZE, build_train_config, config_to_yaml, preset, read_config_file
+from gptspeed.config import AUTO_BATCH_SIZE, config_to_yaml, preset, read_config_file
+from gptspeed.configure import build_train_config
 from gptspeed.errors import GptspeedError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -150,7 +150,7 @@ def test_float16_grad_scaler_step_reads_nothing_with_fused_adamw():
 def test_the_training_loop_reads_the_device_only_at_log_eval_and_save_steps(shakespeare_data, tmp_path):
     """The whole loop (lr, step, non-finite counters, what is due, signals): host reads happen
     only inside log_step, evaluation and checkpointing."""
-    from gptspeed.config import build_train_config
+    from gptspeed.configure import build_train_config
     from gptspeed.runtime import resolve_runtime as rr
     from gptspeed.trainer import Trainer
 

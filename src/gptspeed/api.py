@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptspeed.config import RunConfig, build_train_config, check_settings
+from gptspeed.config import RunConfig, check_settings
+from gptspeed.configure import build_train_config
 from gptspeed.errors import GptspeedError
 
 
@@ -81,17 +82,17 @@ class Run:
     """
 
     def __init__(self, run_dir: str | Path, *, device: str = "auto", dtype: str = "auto"):
-        from gptspeed.checkpoint import checkpoint_config, latest_valid_checkpoint, read_seal
+        from gptspeed.checkpoint import newest_run_config, read_seal
 
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise GptspeedError(f"run folder {run_dir} does not exist")
         self.device, self.dtype = device, dtype
         self._loaded = None
-        ckpt = latest_valid_checkpoint(self.run_dir)[0]
+        ckpt, config = newest_run_config(self.run_dir)
         self.checkpoint = ckpt
         if ckpt is not None:
-            self.config = RunConfig.from_dict(checkpoint_config(ckpt), f"checkpoint {ckpt}")
+            self.config = config
             seal = read_seal(ckpt) or {}
             self.step = seal.get("step")
         elif (self.run_dir / "config.json").is_file():

@@ -24,6 +24,7 @@ configuration a resume continues with) costs no torch import.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,10 +32,13 @@ import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import fsync_dir, sha256_file, write_atomic, write_text_atomic
+
+if TYPE_CHECKING:
+    from gptspeed.config import RunConfig
 
 CKPT_RE = re.compile(r"^ckpt_(\d{8})\.(pt|dcp)$")
 SHARDED_META = "meta.pt"  # inside a sharded checkpoint folder: every part but model and optimizer
@@ -331,6 +335,33 @@ def checkpoint_config(path: Path) -> dict[str, Any]:
     return load_checkpoint(path, verify=False)["config"]
 
 
+def newest_run_config(run_dir: Path) -> tuple[Path | None, "RunConfig | None"]:
+    """The newest valid checkpoint of ``run_dir`` and the :class:`~gptspeed.config.RunConfig` it
+    was written with (read from its seal: no torch import), or ``(None, None)`` when there is none.
+    GptspeedError if the recorded configuration cannot be read."""
+    from gptspeed.config import RunConfig
+
+    path = latest_valid_checkpoint(Path(run_dir))[0]
+    if path is None:
+        return None, None
+    return path, RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
+
+
+def load_latest_run(run_dir: Path, map_location: Any = "cpu") -> tuple[dict[str, Any], "RunConfig"]:
+    """:func:`load_latest` and the :class:`~gptspeed.config.RunConfig` the checkpoint holds."""
+    from gptspeed.config import RunConfig
+
+    ckpt = load_latest(run_dir, map_location)
+    return ckpt, RunConfig.from_dict(ckpt["config"])
+
+
+def refuse_checkpoints(folder: Path, fix: str) -> None:
+    """GptspeedError "FOLDER already holds checkpoints: FIX" if ``folder`` holds any checkpoint
+    (valid or not): no command writes a new run over one."""
+    if list_checkpoints(Path(folder)):
+        raise GptspeedError(f"{folder} already holds checkpoints: {fix}")
+
+
 def load_latest(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any]:
     """The newest valid checkpoint in ``run_dir``; GptspeedError if the folder has none."""
     path, skipped = latest_valid_checkpoint(run_dir)
@@ -382,6 +413,52 @@ class RunLock:
 
 
 # --------------------------------------------------------------------------- stateful parts
+class RunFolder:
+    """The run folder of one writer: created if new, locked (:class:`RunLock`) by rank 0 for the
+    whole run, and -- when a new run fails before its first step -- left as it was found."""
+
+    def __init__(self, path: Path, is_main: bool):
+        self.path, self.is_main = Path(path), is_main
+        self.created = self.opened = False
+        self.written: set[str] = set()  # files this run wrote (abandon removes only these)
+        self.lock: RunLock | None = None
+
+    def open(self) -> None:
+        if not self.is_main:
+            return
+        try:
+            self.created = not self.path.exists()
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as e:
+            raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
+        self.lock = RunLock(self.path).acquire()
+        self.opened = True
+        for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing
+            stale.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """A new run failed before its first checkpoint: remove the files it wrote (config.json,
+        metrics.jsonl, the lock) and the folder itself if this run created it and it is now empty."""
+        if not self.opened or list_checkpoints(self.path):
+            return
+        for name in self.written:
+            p = self.path / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        self.close()
+        (self.path / LOCK_NAME).unlink(missing_ok=True)
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
 class RNGState:
     """The CPU RNG and, on CUDA, the device's RNG, as a stateful part."""
 
@@ -677,8 +754,8 @@ def consolidate(run: Path, out: Path) -> Path:
     out = Path(out)
     as_file = out.suffix == ".pt"
     target = out if as_file else checkpoint_path(out, meta["step"])
-    if not as_file and list_checkpoints(out):
-        raise GptspeedError(f"{out} already holds checkpoints: choose an empty folder or a FILE.pt")
+    if not as_file:
+        refuse_checkpoints(out, "choose an empty folder or a FILE.pt")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".consolidate-") as tmp:
         full_file = Path(tmp) / "full.pt"

@@ -257,7 +257,8 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from gptspeed.config import build_train_config, config_to_yaml
+    from gptspeed.config import config_to_yaml
+    from gptspeed.configure import build_train_config
 
     overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file", "print_config")}
     cfg = build_train_config(a.preset, overrides, a.config_file)

@@ -361,7 +361,7 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
     """``value`` checked against the annotation of field ``name`` of dataclass ``cls``."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
-        raise GptspeedError(f"{source}: unknown setting {name!r}{_did_you_mean(name)}")
+        raise GptspeedError(f"{source}: unknown setting {name!r}{did_you_mean(name)}")
     if value is None and _accepts_none(cls, name):
         return None
     if value == "auto" and fields[name].metadata.get("parse") == "batch_size":
@@ -383,7 +383,7 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
     return value
 
 
-def _did_you_mean(name: str, candidates: tuple[str, ...] | list[str] | None = None) -> str:
+def did_you_mean(name: str, candidates: tuple[str, ...] | list[str] | None = None) -> str:
     """`` (did you mean 'x'?)`` naming the nearest of ``candidates`` (default: every setting's
     name, where a model flag's own name -- ``seq_len`` for ``--seq-len`` -- leads to its
     setting), or nothing."""
@@ -408,7 +408,7 @@ def check_settings(values: dict[str, Any], source: str) -> dict[str, Any]:
     checked = {}
     for k, v in values.items():
         if not isinstance(k, str) or k not in owners:
-            raise GptspeedError(f"{source}: unknown setting {k!r}{_did_you_mean(str(k))}"[:300])
+            raise GptspeedError(f"{source}: unknown setting {k!r}{did_you_mean(str(k))}"[:300])
         checked[k] = _typed(owners[k], k, v, source)
     return checked
 
@@ -423,7 +423,7 @@ def parse_log_to(text: str) -> tuple[str, ...]:
         if not name:
             continue
         if name not in TRACKERS:
-            raise GptspeedError(f"--log-to: unknown tracker {name!r}{_did_you_mean(name, TRACKERS)}: "
+            raise GptspeedError(f"--log-to: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}: "
                                 f"choose from {', '.join(TRACKERS)}")
         if name != "jsonl" and name not in names:
             names.append(name)
@@ -555,47 +555,3 @@ def preset(name: str) -> RunConfig:
     if name not in PRESETS:
         raise GptspeedError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
     return copy.deepcopy(PRESETS[name])
-
-
-def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
-    """The configuration ``gptspeed train`` runs with.
-
-    Fresh run: the preset (``preset_name``, else the config file's ``preset:``, else ``gpt2``),
-    then ``config_file`` (YAML or JSON, :func:`read_config_file`), then ``overrides`` (flat field
-    names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the checkpoint's
-    configuration (read from its seal, without loading it) is the base instead, so
-    ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
-    still apply on top.
-
-    Raises:
-        GptspeedError: an unknown preset, an unreadable config file or a bad setting in it, or
-            ``--preset`` naming another preset than the run being resumed.
-    """
-    from gptspeed.checkpoint import checkpoint_config, latest_valid_checkpoint
-
-    out = overrides.get("out")
-    path = latest_valid_checkpoint(Path(out))[0] if overrides.get("resume") and out else None
-    if path is not None:
-        cfg = RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
-        if preset_name is not None and preset_name != cfg.preset:
-            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
-    else:
-        if preset_name is None and config_file:
-            named = read_config_file(config_file).get("preset")
-            if named is not None and not isinstance(named, str):
-                raise GptspeedError(f"config file {config_file}: preset must be a string, got {named!r}"[:300])
-            if named is not None and named not in PRESETS and named != "custom":  # custom: an imported model's
-                raise GptspeedError(f"config file {config_file}: unknown preset {named!r}: choose one of "
-                                    f"{', '.join(PRESETS)}{_did_you_mean(named, list(PRESETS))}")
-            preset_name = named
-        cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
-        if preset_name == "custom":
-            cfg.preset = preset_name
-    if config_file:
-        cfg = cfg.apply_file(config_file)
-    cfg = cfg.override(overrides)
-    if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
-        from gptspeed.hf import shape_for_init_from
-
-        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
-    return cfg

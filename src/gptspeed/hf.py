@@ -329,11 +329,10 @@ def import_hf(source: str, out: str | Path) -> Path:
     Raises:
         GptspeedError: as :func:`load_hf_model`; ``out`` already holds checkpoints or is not writable.
     """
-    from gptspeed.checkpoint import list_checkpoints, save_checkpoint
+    from gptspeed.checkpoint import refuse_checkpoints, save_checkpoint
 
     out = Path(out)
-    if list_checkpoints(out):
-        raise GptspeedError(f"{out} already holds checkpoints: choose another --out")
+    refuse_checkpoints(out, "choose another --out")
     model, info = load_hf_model(source)
     cfg = run_config_for(model.config, out=str(out), init_from=str(source))
     try:
@@ -415,8 +414,7 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     Raises:
         GptspeedError: no checkpoint in ``run``; ``out`` exists (without ``force``); not writable.
     """
-    from gptspeed.checkpoint import load_latest
-    from gptspeed.config import RunConfig
+    from gptspeed.checkpoint import load_latest_run
 
     try:
         from safetensors.torch import save_file
@@ -425,8 +423,8 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     out = Path(out)
     if out.exists() and not force:
         raise GptspeedError(f"{out} already exists: choose another --out or pass --force to replace it")
-    ckpt = load_latest(Path(run))
-    config = RunConfig.from_dict(ckpt["config"]).model
+    ckpt, run_config = load_latest_run(Path(run))
+    config = run_config.model
     if config.softmax == "data":
         raise GptspeedError(f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
                             "data); transformers' GPT-2 has no such restriction, so it cannot be exported faithfully")

@@ -64,13 +64,13 @@ PANELS = ("loss", "tps", "lr")  # --panels; loss draws two axes (against tokens 
 def parse_panels(panels: str | list[str] | tuple[str, ...]) -> list[str]:
     """``--panels``: names from :data:`PANELS`, comma-separated or a list, order kept, repeats
     dropped. GptspeedError (naming the nearest valid panel) for an unknown one or none."""
-    from gptspeed.config import _did_you_mean
+    from gptspeed.config import did_you_mean
 
     names = [p.strip().lower() for p in (panels.split(",") if isinstance(panels, str) else panels)]
     chosen: list[str] = []
     for name in filter(None, names):
         if name not in PANELS:
-            raise GptspeedError(f"--panels: unknown panel {name!r}{_did_you_mean(name, PANELS)}: choose from "
+            raise GptspeedError(f"--panels: unknown panel {name!r}{did_you_mean(name, PANELS)}: choose from "
                                 f"{', '.join(PANELS)}")
         if name not in chosen:
             chosen.append(name)

@@ -22,8 +22,7 @@ from typing import Iterator, TextIO
 import torch
 from torch.nn import functional as F
 
-from gptspeed.checkpoint import load_latest
-from gptspeed.config import RunConfig
+from gptspeed.checkpoint import load_latest_run
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, KVCache
 from gptspeed.runtime import Runtime, resolve_runtime, unwrap
@@ -33,8 +32,7 @@ from gptspeed.tokenizer import EOT_TOKEN
 def load_model(run_dir: str | Path, rt: Runtime) -> tuple[GPT, dict]:
     """The model of the newest checkpoint in ``run_dir``, on ``rt.device``, in eval mode.
     Returns ``(model, checkpoint)``; GptspeedError if there is none."""
-    ckpt = load_latest(Path(run_dir))
-    cfg = RunConfig.from_dict(ckpt["config"])
+    ckpt, cfg = load_latest_run(Path(run_dir))
     model = GPT(cfg.model)
     model.load_state_dict(ckpt["model"])
     model.to(rt.device).eval()

@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shutil
 import signal
 import threading
 import time
@@ -31,11 +30,11 @@ from typing import Any, Callable
 
 import torch
 
-from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, ModelState, OptimizerState, RNGState, RunLock,
-                                 check_free_space, checkpoint_path, estimate_checkpoint_bytes,
-                                 latest_valid_checkpoint, list_checkpoints)
-# build_train_config is re-exported beside fit
-from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, build_train_config, run_defining_diff  # noqa: F401
+from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGState, RunFolder, check_free_space,
+                                 checkpoint_path, estimate_checkpoint_bytes, latest_valid_checkpoint,
+                                 list_checkpoints, refuse_checkpoints)
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff
+from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported beside fit
 from gptspeed.data.shards import ShardError
 from gptspeed.data.train_data import TrainData, find_train_data
 from gptspeed.errors import GptspeedError
@@ -85,52 +84,6 @@ class StopFlag:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-class RunFolder:
-    """The run folder of one writer: created if new, locked (:class:`RunLock`) by rank 0 for the
-    whole run, and -- when a new run fails before its first step -- left as it was found."""
-
-    def __init__(self, path: Path, is_main: bool):
-        self.path, self.is_main = Path(path), is_main
-        self.created = self.opened = False
-        self.written: set[str] = set()  # files this run wrote (abandon removes only these)
-        self.lock: RunLock | None = None
-
-    def open(self) -> None:
-        if not self.is_main:
-            return
-        try:
-            self.created = not self.path.exists()
-            self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write-test"
-            probe.write_bytes(b"ok")
-            probe.unlink()
-        except OSError as e:
-            raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
-        self.lock = RunLock(self.path).acquire()
-        self.opened = True
-        for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing
-            stale.unlink(missing_ok=True)
-
-    def abandon(self) -> None:
-        """A new run failed before its first checkpoint: remove the files it wrote (config.json,
-        metrics.jsonl, the lock) and the folder itself if this run created it and it is now empty."""
-        if not self.opened or list_checkpoints(self.path):
-            return
-        for name in self.written:
-            p = self.path / name
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        self.close()
-        (self.path / LOCK_NAME).unlink(missing_ok=True)
-        if self.created:
-            with contextlib.suppress(OSError):
-                self.path.rmdir()
-
-    def close(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
 
 
 @dataclasses.dataclass
@@ -286,9 +239,7 @@ class Trainer:
         that already holds checkpoints."""
         t = self.cfg.train
         if not t.resume:
-            if list_checkpoints(self.run_dir):
-                raise GptspeedError(f"{self.run_dir} already holds checkpoints: pass --resume to continue it, "
-                                    "or choose another --out")
+            refuse_checkpoints(self.run_dir, "pass --resume to continue it, or choose another --out")
             return None, None
         path = self.checkpointer.resume_point(self.say)
         if path is None:

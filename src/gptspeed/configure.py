@@ -1,0 +1,59 @@
+"""The configuration a ``gptspeed train`` runs with: a preset, a config file and the flags -- or,
+with ``--resume``, the run folder's own (its newest valid checkpoint's), then the file and flags.
+
+Above :mod:`gptspeed.config` (dataclasses, presets, validation; imports nothing of gptspeed's but
+its errors) and :mod:`gptspeed.checkpoint` (the run folder), so neither imports the other's
+callers. Imports no torch unless ``--init-from`` names a Hugging Face model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gptspeed.checkpoint import newest_run_config
+from gptspeed.config import PRESETS, RunConfig, did_you_mean, preset, read_config_file
+from gptspeed.errors import GptspeedError
+
+__all__ = ["build_train_config"]
+
+
+def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """The configuration ``gptspeed train`` runs with.
+
+    Fresh run: the preset (``preset_name``, else the config file's ``preset:``, else ``gpt2``),
+    then ``config_file`` (YAML or JSON, :func:`read_config_file`), then ``overrides`` (flat field
+    names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the checkpoint's
+    configuration (read from its seal, without loading it) is the base instead, so
+    ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
+    still apply on top.
+
+    Raises:
+        GptspeedError: an unknown preset, an unreadable config file or a bad setting in it, or
+            ``--preset`` naming another preset than the run being resumed.
+    """
+    out = overrides.get("out")
+    path, cfg = newest_run_config(Path(out)) if overrides.get("resume") and out else (None, None)
+    if path is not None:
+        if preset_name is not None and preset_name != cfg.preset:
+            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
+    else:
+        if preset_name is None and config_file:
+            named = read_config_file(config_file).get("preset")
+            if named is not None and not isinstance(named, str):
+                raise GptspeedError(f"config file {config_file}: preset must be a string, got {named!r}"[:300])
+            if named is not None and named not in PRESETS and named != "custom":  # custom: an imported model's
+                raise GptspeedError(f"config file {config_file}: unknown preset {named!r}: choose one of "
+                                    f"{', '.join(PRESETS)}{did_you_mean(named, list(PRESETS))}")
+            preset_name = named
+        cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
+        if preset_name == "custom":
+            cfg.preset = preset_name
+    if config_file:
+        cfg = cfg.apply_file(config_file)
+    cfg = cfg.override(overrides)
+    if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
+        from gptspeed.hf import shape_for_init_from
+
+        cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
+    return cfg

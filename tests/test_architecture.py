@@ -1,0 +1,101 @@
+"""The shape of the code (docs/architecture.md): no import circle among gptspeed's modules, lazy
+imports inside functions included, and no function over 80 lines. Read from the source with
+``ast``: nothing is imported."""
+
+import ast
+from pathlib import Path
+
+from conftest import SRC
+
+PACKAGE = SRC / "gptspeed"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the gptspeed modules it imports anywhere (at the top or inside a function). A
+    ``from P import name`` counts as importing ``P.name`` when that is a module, else ``P``."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rsplit(".", 1)[0] if "." in target else ""
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle_through_a_lazy_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_gptspeed():
+    graph = import_graph()
+    assert "gptspeed.checkpoint" in graph["gptspeed.configure"]  # lazy and top-level imports are both seen
+    assert "gptspeed.hf" in graph["gptspeed.configure"]
+    assert cycles(graph) == []
+
+
+def test_config_imports_nothing_of_gptspeed_but_its_errors():
+    assert import_graph()["gptspeed.config"] <= {"gptspeed.errors", "gptspeed.fp8"}
+
+
+def test_no_function_over_80_lines():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 80:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({n} lines)")
+    assert long == []

@@ -18,7 +18,8 @@ from gptspeed.configure import build_train_config
 from gptspeed.data import find_shards
 from gptspeed.eval import hellaswag as hs
 from gptspeed.eval.val_loss import evaluate
-from gptspeed.runtime import Runtime, init_distributed, resolve_runtime
+from gptspeed.distributed import init_distributed
+from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
 

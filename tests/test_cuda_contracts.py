@@ -25,7 +25,8 @@ from torch.overrides import TorchFunctionMode
 
 from conftest import make_step
 from gptspeed.errors import GptspeedError
-from gptspeed.runtime import Runtime, check_cuda_graphs, resolve_runtime
+from gptspeed.parallelize import check_cuda_graphs
+from gptspeed.runtime import Runtime, resolve_runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,13 +110,13 @@ def _step(rung: str):
 def _eager_compile(monkeypatch):
     """torch.compile with the "eager" backend: dynamo traces (graph breaks and recompiles are
     real), no inductor code generation (seconds, not minutes, on a CPU)."""
-    import gptspeed.runtime as runtime
+    import gptspeed.parallelize as parallelize
 
-    real = runtime.parallelize
-    monkeypatch.setattr(runtime, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    real = parallelize.parallelize
+    monkeypatch.setattr(parallelize, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
     import gptspeed.step as step
 
-    monkeypatch.setattr(step, "parallelize", runtime.parallelize)
+    monkeypatch.setattr(step, "parallelize", parallelize.parallelize)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

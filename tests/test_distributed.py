@@ -281,7 +281,7 @@ def test_a_rank_killed_under_torchrun_max_restarts_resumes_to_the_same_losses(sh
     """SIGKILL rank 1 mid-run; torchrun (--max-restarts 2) restarts the group, which resumes from
     the newest checkpoint: every step's loss equals the uninterrupted run's. The restarted ranks
     used to fail 4 times in 5 in gloo's connectFullMesh ("Connection refused"), reading their peer's
-    address from the dead round (runtime.restart_store)."""
+    address from the dead round (distributed.restart_store)."""
     import time
 
     base = dict(TINY, data=str(shakespeare_data), max_steps=8, save_every=1)

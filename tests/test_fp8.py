@@ -156,7 +156,8 @@ def test_fp8_step_with_a_token_count_not_a_multiple_of_16_breaks_cuda_rules():
 
 
 def test_fp8_refused_off_hopper(tmp_path):
-    from gptspeed.runtime import parallelize, resolve_runtime
+    from gptspeed.parallelize import parallelize
+    from gptspeed.runtime import resolve_runtime
 
     with pytest.raises(GptspeedError, match="--fp8"):
         parallelize(_model(), resolve_runtime("cpu", "float32", False), fp8=True)
@@ -170,7 +171,8 @@ def test_cuda_fp8_training_matches_bf16():
     vs bf16 from the same weights on the same batches; the loss curves stay within 0.05 nats."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 tensor cores need an Ada / Hopper GPU (compute capability 8.9+)")
-    from gptspeed.runtime import parallelize, resolve_runtime
+    from gptspeed.parallelize import parallelize
+    from gptspeed.runtime import resolve_runtime
 
     rt = resolve_runtime("cuda", "bfloat16", False)
     shape = dict(block_size=256, vocab_size=50304, n_layer=2, n_head=12, n_embd=768)

@@ -13,7 +13,8 @@ import torch
 
 from conftest import SRC
 
-from gptspeed.runtime import cpu_has_native_bf16, default_cpu_dtype, resolve_runtime
+from gptspeed.cpu import cpu_has_native_bf16, default_cpu_dtype
+from gptspeed.runtime import resolve_runtime
 
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -70,7 +71,7 @@ def test_native_bf16_reads_proc_cpuinfo_by_default():
 
 def test_compile_uses_a_persistent_cache_folder(tmp_path, monkeypatch):
     from gptspeed.model import GPT, GPTConfig
-    from gptspeed.runtime import parallelize
+    from gptspeed.parallelize import parallelize
 
     monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
@@ -86,7 +87,7 @@ def test_compile_uses_a_persistent_cache_folder(tmp_path, monkeypatch):
 
 
 def test_auto_compile_on_cpu_only_where_measured_to_pay():
-    from gptspeed.runtime import CPU_BF16_COMPILE_BREAK_EVEN_STEPS as N, default_cpu_compile
+    from gptspeed.cpu import CPU_BF16_COMPILE_BREAK_EVEN_STEPS as N, default_cpu_compile
 
     # float32: measured no faster than eager, whatever the run's length
     on, reason = default_cpu_compile("float32", 10**6, SAPPHIRE_RAPIDS)
@@ -110,7 +111,7 @@ def test_resolve_runtime_auto_compile_on_this_cpu():
 
 FAULTS_SCRIPT = """
 import resource, sys, torch
-from gptspeed.runtime import keep_freed_memory
+from gptspeed.cpu import keep_freed_memory
 
 def faults_of_steps(n=5):
     # a CPU training step's pattern at GPT-2 124M: two 154 MB fp32 buffers (50304 x 768, the tied

@@ -13,7 +13,8 @@ from gptspeed.config import OptimConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.optim import MuonWithAdamW, build_optimizer, muon_params
-from gptspeed.runtime import parallelize, resolve_runtime
+from gptspeed.parallelize import parallelize
+from gptspeed.runtime import resolve_runtime
 from gptspeed.trainer import build_train_config, fit
 
 SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)

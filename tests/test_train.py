@@ -126,7 +126,7 @@ def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespea
     out = capsys.readouterr().out
     assert "warning: warm-up is 5 steps but the run has 3" in out
     # the start line says why dtype and compile (both left to auto) resolved as they did on this CPU
-    from gptspeed.runtime import default_cpu_compile, default_cpu_dtype
+    from gptspeed.cpu import default_cpu_compile, default_cpu_dtype
     dtype, why_dtype = default_cpu_dtype()
     assert f"why: dtype {why_dtype} | compile {default_cpu_compile(dtype, 3)[1]} | malloc: " in out
     run = tmp_path / "b"
@@ -155,10 +155,10 @@ def test_a_new_run_that_fails_before_its_first_step_leaves_nothing(shakespeare_d
 def test_fit_with_compile_on_matches_eager(shakespeare_data, tmp_path, monkeypatch):
     """The compiled path of `gptspeed train` (dynamo tracing the model; the "eager" backend keeps
     the test to seconds on a CPU) gives the eager losses."""
-    import gptspeed.runtime as runtime
+    import gptspeed.parallelize as parallelize
     import gptspeed.step as step
 
-    real = runtime.parallelize
+    real = parallelize.parallelize
     monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
     base = dict(TINY, data=str(shakespeare_data), max_steps=3, eval_every=0)
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "e"), compile=False)), echo=False)

@@ -25,7 +25,8 @@ from torch.nn import functional as F
 from gptspeed.checkpoint import load_latest_run
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, KVCache
-from gptspeed.runtime import Runtime, resolve_runtime, unwrap
+from gptspeed.parallelize import unwrap
+from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.tokenizer import EOT_TOKEN
 
 

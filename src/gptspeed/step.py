@@ -3,7 +3,7 @@ the ``--batch-size auto`` probe and the tests all build the same way, from a :cl
 a resolved :class:`~gptspeed.runtime.Runtime`.
 
 :class:`TrainStep` checks every rule of the step where it is built -- before anything touches the
-device -- then builds the model's parallel / compiled wrapper (:func:`gptspeed.runtime.parallelize`),
+device -- then builds the model's parallel / compiled wrapper (:func:`gptspeed.parallelize.parallelize`),
 the optimizer and the GradScaler. Calling it runs one optimizer step over its micro-batches:
 ``forward_backward`` per micro-batch, then ``optimizer_step``. Compare torchtitan's
 ``Trainer.train_step`` / ``forward_backward_step``. The trainer (:mod:`gptspeed.trainer`) adds data,
@@ -30,7 +30,9 @@ from gptspeed.errors import GptspeedError
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer
-from gptspeed.runtime import Runtime, check_cuda_graphs, grad_sync_control, parallelize, uses_cuda_graphs
+from gptspeed.distributed import grad_sync_control
+from gptspeed.parallelize import check_cuda_graphs, parallelize, uses_cuda_graphs
+from gptspeed.runtime import Runtime
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -66,7 +68,7 @@ def compile_toolchain_problem(device_type: str, env: dict[str, str] | None = Non
 
 def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
     """Every rule of the step that needs the resolved runtime, as one-line GptspeedErrors: CUDA graphs
-    with gradient accumulation (:func:`gptspeed.runtime.check_cuda_graphs`), FP8 without torchao or
+    with gradient accumulation (:func:`gptspeed.parallelize.check_cuda_graphs`), FP8 without torchao or
     on a device without FP8 tensor cores, Muon with a GradScaler, and torch.compile on a GPU
     without triton, a C compiler or Python's headers (:func:`compile_toolchain_problem`). The
     configuration's own rules are :meth:`RunConfig.validate`'s, checked where it is built."""
@@ -89,7 +91,7 @@ class TrainStep:
     """One optimizer step of a run, built from its configuration; ``step(next_batch)`` runs it.
 
     Building (in this order): :func:`check_step` (every rule, before the device is touched), the
-    model (``model``, or :func:`build_model`), its wrapper (:func:`gptspeed.runtime.parallelize`:
+    model (``model``, or :func:`build_model`), its wrapper (:func:`gptspeed.parallelize.parallelize`:
     FP8, activation checkpointing, DDP / FSDP2, compile with ``backend``), the optimizer
     (:func:`gptspeed.optim.build_optimizer`) and the GradScaler (float16 only). Micro-batches per
     step: ``cfg.grad_accum_steps(rt.world_size)``.

@@ -41,8 +41,9 @@ from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
 from gptspeed.optim import lr_at
-from gptspeed.runtime import (Runtime, init_distributed, keep_freed_memory, peer_lost, resolve_runtime,
-                              shutdown_distributed, world_from_env)
+from gptspeed.cpu import keep_freed_memory
+from gptspeed.distributed import init_distributed, peer_lost, shutdown_distributed
+from gptspeed.runtime import Runtime, resolve_runtime, world_from_env
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 

@@ -28,7 +28,8 @@ import torch
 from gptspeed.errors import GptspeedError
 from gptspeed.config import GPT2_VOCAB_SIZE
 from gptspeed.optim import fused_adamw_available
-from gptspeed.runtime import bf16_supported, cpu_has_native_bf16
+from gptspeed.cpu import cpu_has_native_bf16
+from gptspeed.runtime import bf16_supported
 
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (build-nanogpt)
 
@@ -47,7 +48,7 @@ class Settings:
     batch_auto: bool = False  # --batch-size auto: the largest micro-batch that fits (CUDA probe)
     fp8: bool = False  # FP8 Linear layers in the blocks (gptspeed.fp8)
     optimizer: str = "adamw"  # adamw | muon (gptspeed.optim.MuonWithAdamW)
-    compile_mode: str = "model"  # model | blocks (gptspeed.runtime.parallelize)
+    compile_mode: str = "model"  # model | blocks (gptspeed.parallelize.parallelize)
     compile_tuning: str = "default"  # torch.compile mode: default | max-autotune | ...
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
 from gptspeed.bench.stages import (LOSS_RTOL, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES, VERIFY_EXTRAS, Settings,
                                    loss_rtol, parse_stage_list, plan_ladder, switches)
 from gptspeed.errors import GptspeedError
-from gptspeed.runtime import cuda_graphs_refusal
+from gptspeed.parallelize import cuda_graphs_refusal
 
 REFERENCE = "baseline"
 DEFAULT_GRAD_ACCUM = 2
@@ -72,7 +72,7 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
     after ``baseline``, and a skip reason for each rung that does not apply or was not selected.
 
     A rung gptspeed would refuse with ``grad_accum`` micro-batches per step -- the CUDA-graph
-    compile modes (:func:`gptspeed.runtime.cuda_graphs_refusal`) -- is planned as "refused: ..."
+    compile modes (:func:`gptspeed.parallelize.cuda_graphs_refusal`) -- is planned as "refused: ..."
     before anything runs, on every device (on one without CUDA it does not apply either)."""
     ladder = plan_ladder(device, None, compile_backend)
     by_name = {p.stage.name: p for p in ladder}

@@ -27,7 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from gptspeed.errors import GptspeedError
-from gptspeed.runtime import eager, unwrap
+from gptspeed.parallelize import eager, unwrap
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 # From the download_checksums that Hugging Face's `datasets` recorded for this very URL (file

@@ -2,7 +2,7 @@
 
 Shapes stay static for ``torch.compile``: every full batch has the training micro-batch's shape
 ``(B, T)``; a partial last batch (fewer than ``B`` windows left) runs eagerly
-(:func:`gptspeed.runtime.eager`) instead of compiling a graph for its size, and under FSDP2 the
+(:func:`gptspeed.parallelize.eager`) instead of compiling a graph for its size, and under FSDP2 the
 ranks that have fewer batches join the others' collectives with full-size dummy batches.
 """
 
@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 
 from gptspeed.data.loader import eval_batches_per_rank, iter_eval_batches
-from gptspeed.runtime import Runtime, eager, unwrap
+from gptspeed.parallelize import eager, unwrap
+from gptspeed.runtime import Runtime
 
 
 def reshard(model: torch.nn.Module) -> None:

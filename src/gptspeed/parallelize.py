@@ -1,0 +1,213 @@
+"""How a model is wrapped for training, from outside (torchtitan style): FP8 conversion, activation
+checkpointing, DDP or FSDP2, then ``torch.compile`` -- with its kernel cache, its CUDA-graph rules --
+and :func:`unwrap`, the one place that knows how to get the plain module back."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from gptspeed.errors import GptspeedError
+from gptspeed.runtime import Runtime, apply_matmul_precision
+
+
+def compile_cache_dir() -> Path:
+    """Where compiled kernels persist across runs: ``$GPTSPEED_CACHE/inductor`` (default
+    ``~/.cache/gptspeed/inductor``), unless ``TORCHINDUCTOR_CACHE_DIR`` is set (then that)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    root = os.environ.get("GPTSPEED_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gptspeed")
+    return Path(root) / "inductor"
+
+
+def use_compile_cache() -> Path:
+    """Point TorchInductor's caches at :func:`compile_cache_dir` (``TORCHINDUCTOR_CACHE_DIR``, read
+    when inductor first compiles) and make sure its FX-graph cache is on, so a second run of the
+    same model and settings loads the compiled graphs instead of compiling them again. Its
+    default, ``/tmp/torchinductor_$USER``, does not survive a reboot or a /tmp cleaner. Returns
+    the folder. Source: PyTorch's "Compile Time Caching in torch.compile" tutorial
+    (https://pytorch.org/tutorials/recipes/torch_compile_caching_tutorial.html)."""
+    path = compile_cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    return path
+
+
+def unwrap(module: torch.nn.Module, *, keep_ddp: bool = False) -> torch.nn.Module:
+    """The module under ``torch.compile`` and DDP wrappers (FSDP2 shards in place: itself); with
+    ``keep_ddp``, under ``torch.compile`` only (the DDP wrapper, whose ``no_sync`` is needed). The one
+    place that knows how a compiled model hides its module (``OptimizedModule._orig_mod``)."""
+    module = getattr(module, "_orig_mod", module)
+    if keep_ddp:
+        return module
+    return getattr(module, "module", module) if _is_ddp(module) else module
+
+
+def eager():
+    """Context manager: every ``torch.compile``-d function and module runs eagerly inside it
+    (``torch.compiler.set_stance("force_eager")``), so shapes seen only here (a partial last eval
+    batch, HellaSwag rows) never trigger a recompile."""
+    return torch.compiler.set_stance("force_eager")
+
+
+def _is_ddp(module) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(module, DistributedDataParallel)
+
+
+CUDA_GRAPH_TUNINGS = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
+
+
+def uses_cuda_graphs(rt: Runtime, compile_tuning: str) -> bool:
+    """Whether the compiled model replays CUDA graphs (``reduce-overhead`` / ``max-autotune`` on CUDA)."""
+    return rt.compile and rt.device_type == "cuda" and compile_tuning in CUDA_GRAPH_TUNINGS
+
+
+def cuda_graphs_refusal(compile_tuning: str, grad_accum_steps: int) -> str | None:
+    """Why ``compile_tuning`` cannot run with ``grad_accum_steps`` micro-steps (one line), or None:
+    every replay of a CUDA-graph backward writes its gradients into the same static buffers, so the
+    second micro-step overwrites the gradients of the first that ``.grad`` still points to (PyTorch
+    raises "accessing tensor output of CUDAGraphs that has been overwritten"; older versions
+    silently kept the last micro-batch only). Names the working alternative."""
+    if compile_tuning in CUDA_GRAPH_TUNINGS and grad_accum_steps > 1:
+        return (f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
+                f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or raise "
+                "--batch-size until one micro-step makes the whole --total-batch-tokens")
+    return None
+
+
+def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int) -> None:
+    """GptspeedError (:func:`cuda_graphs_refusal`'s line) for a run that would replay CUDA graphs
+    (:func:`uses_cuda_graphs`) with gradient accumulation."""
+    reason = cuda_graphs_refusal(compile_tuning, grad_accum_steps)
+    if reason and uses_cuda_graphs(rt, compile_tuning):
+        raise GptspeedError(reason)
+
+
+def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "model", compile_tuning: str = "default",
+                activation_checkpointing: str = "none", fp8: bool = False,
+                backend: str = "inductor") -> torch.nn.Module:
+    """Move ``model`` to the device and apply, from outside, in this order: FP8 Linear layers
+    (``fp8``, :func:`gptspeed.fp8.convert_to_float8`), activation checkpointing per block
+    (:func:`apply_activation_checkpointing`), data parallelism (``rt.parallel``), and compilation
+    if ``rt.compile``.
+
+    ``rt.parallel``: ``ddp`` wraps the model in ``DistributedDataParallel`` (gradients
+    all-reduced in buckets during backward; ``device_ids`` on CUDA); ``fsdp`` applies FSDP2
+    ``fully_shard`` to every transformer block and then the root, in place, so ``model``'s
+    parameters become DTensors sharded on dim 0 across ranks (save them with
+    :mod:`torch.distributed.checkpoint`), with ``MixedPrecisionPolicy(param_dtype=bfloat16,
+    reduce_dtype=float32)`` under ``dtype bfloat16``, else fp32 throughout. ``init_distributed``
+    must have run. Sources: PyTorch DDP notes (https://pytorch.org/docs/stable/notes/ddp.html) and
+    the FSDP2 docs (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
+
+    Before compiling, :func:`use_compile_cache` points TorchInductor's caches at
+    ``$GPTSPEED_CACHE/inductor``, so a later run of the same model starts warm.
+
+    ``compile_mode``: ``model`` compiles the whole (wrapped) model into one graph; ``blocks``
+    compiles each transformer block in place (``nn.Module.compile``): the blocks are identical, so
+    dynamo traces one and reuses the code for the rest, cutting compile time roughly by the number
+    of layers; the embeddings and the loss then run eagerly. ``compile_tuning`` is torch.compile's
+    ``mode`` (None for "default"). ``backend``: torch.compile's backend (tests use "eager").
+
+    Returns the module to call for training and evaluation; the original ``model`` (same
+    parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
+    for ``fp8`` on a device without FP8 tensor cores or an unknown option.
+    """
+    if compile_mode not in ("model", "blocks"):
+        raise GptspeedError(f"--compile-mode must be model or blocks, got {compile_mode!r}")
+    if fp8:
+        from gptspeed.fp8 import check_fp8_device, convert_to_float8
+
+        check_fp8_device(rt.device)
+        convert_to_float8(model)
+    if any(p.device != rt.device for p in model.parameters()):
+        model.to(rt.device)
+    apply_matmul_precision(rt)
+    apply_activation_checkpointing(model, activation_checkpointing)
+    train_model = model
+    if rt.parallel == "ddp":
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [rt.device.index] if rt.device_type == "cuda" else None
+        # no buffers change in training (the causal mask is constant): nothing to broadcast per forward
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        no_sync_buffers = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
+        train_model = DistributedDataParallel(model, device_ids=ids, **no_sync_buffers)
+    elif rt.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if rt.dtype == "bfloat16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)  # embeddings (tied with the LM head), final norm
+    if not rt.compile:
+        return train_model
+    use_compile_cache()
+    mode = None if compile_tuning == "default" else compile_tuning
+    if compile_mode == "blocks":
+        for block in model.transformer.h:
+            block.compile(backend=backend, mode=mode)
+        return train_model
+    return torch.compile(train_model, backend=backend, mode=mode)
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    """Selective activation checkpointing policy: keep the outputs of matmuls and attention
+    (expensive to recompute: O(T C^2) and O(T^2 C)), recompute everything else (LayerNorm, GELU,
+    bias adds, views: cheap, memory-bound). Korthikanti et al. 2022 ("Reducing Activation
+    Recomputation in Large Transformer Models") keep the matmuls and recompute attention's softmax
+    core; with flash attention that core already stores no T x T matrix, so its output is kept."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+            torch.ops.aten._scaled_mm.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is not None:
+            save.add(packet.default)
+    return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
+    """Checkpoint every transformer block's activations, in place: each block of
+    ``model.transformer.h`` is replaced by PyTorch's ``checkpoint_wrapper`` around it
+    (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, non-reentrant
+    ``torch.utils.checkpoint``; as torchtitan applies it). The wrapper passes every argument of the
+    block's ``forward`` through (``block(x, kv)``); its state-dict hooks keep the keys unchanged,
+    so checkpoints load either way, and attribute access reaches the block (``h[0].mlp``).
+
+    ``none``: nothing. ``full``: each block keeps only its input and recomputes its whole forward
+    during backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): about one
+    extra forward (~33% more FLOPs) for activation memory O(L * B*T*C) instead of ~O(L * 34 B*T*C).
+    ``selective``: torch's selective activation checkpointing
+    (``create_selective_checkpoint_contexts``) with :func:`_selective_policy`: matmul and attention
+    outputs are kept, the pointwise ops recomputed (Korthikanti et al. 2022): most of the memory of
+    the pointwise intermediates saved for a few % more time. Works eagerly and under
+    torch.compile; without gradients (eval) nothing is saved, so nothing is recomputed.
+    GptspeedError for an unknown mode.
+    """
+    if mode == "none":
+        return
+    if mode not in ("selective", "full"):
+        raise GptspeedError(f"--activation-checkpointing must be none, selective or full, got {mode!r}")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    extra = {} if mode == "full" else {"context_fn": functools.partial(create_selective_checkpoint_contexts,
+                                                                        _selective_policy)}
+    blocks = model.transformer.h
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, **extra)

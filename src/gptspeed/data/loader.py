@@ -10,7 +10,7 @@ counts consumed batches only, so a resumed run reads exactly the batches it woul
 
 from __future__ import annotations
 
-import queue
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from gptspeed.data.prefetch import Prefetcher
 from gptspeed.data.shards import MappedShard, read_header
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
@@ -35,18 +36,6 @@ def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offse
             f"{path}: token id {int(buf[bad])} at token {offset + bad:,} is not below the vocabulary size "
             f"{max_token_id}: the shard was not made with the GPT-2 tokenizer, or is corrupted"
         )
-
-
-def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
-    """Put ``item`` into a bounded queue, waiting for room, unless ``stop`` is set meanwhile.
-    Returns True if it was put. (A plain blocking put would never notice ``stop``.)"""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 def host_tensor(buf: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -125,10 +114,7 @@ class TokenLoader:
         self.batches = 0  # micro-batches consumed, all epochs
         self.documents = 0
         self.wait_s = 0.0
-        self._threads: list[threading.Thread] = []
-        self._queues: list[queue.Queue] = []
-        self._stop: threading.Event | None = None
-        self._started_at = 0
+        self._prefetcher: Prefetcher | None = None
 
     # -------------------------------------------------------------- where a batch comes from
     @property
@@ -170,35 +156,17 @@ class TokenLoader:
         return host_tensor(buf, self.device), docs
 
     # -------------------------------------------------------------- background threads
-    def _produce(self, k: int, stop: threading.Event, q: queue.Queue, first: int) -> None:
-        g = first + k
-        while not stop.is_set():
-            try:
-                item = self._make(g)
-            except BaseException as e:  # handed to next_batch, raised there
-                item = e
-            put_until_stopped(q, item, stop)
-            if isinstance(item, BaseException):
-                return
-            g += self.workers
-
     def _start(self) -> None:
-        self._stop = threading.Event()
-        self._started_at = self.batches
-        self._queues = [queue.Queue(self.prefetch) for _ in range(self.workers)]
-        self._threads = [threading.Thread(target=self._produce, args=(k, self._stop, q, self.batches),
-                                          name=f"gptspeed-loader-{k}", daemon=True)
-                         for k, q in enumerate(self._queues)]
-        for t in self._threads:
-            t.start()
+        """Thread ``k`` makes batches ``first + k``, ``first + k + workers``, ... (round-robin)."""
+        first = self.batches
+        sources = [map(self._make, itertools.count(first + k, self.workers)) for k in range(self.workers)]
+        self._prefetcher = Prefetcher(sources, self.prefetch, "gptspeed-loader")
 
     def close(self) -> None:
         """Stop the background threads (prefetched batches are dropped; the state is unchanged)."""
-        if self._stop is not None:
-            self._stop.set()
-            for t in self._threads:
-                t.join(timeout=5)
-        self._stop, self._threads, self._queues = None, [], []
+        if self._prefetcher is not None:
+            self._prefetcher.close(timeout=5)
+        self._prefetcher = None
 
     def __del__(self) -> None:
         try:
@@ -212,13 +180,9 @@ class TokenLoader:
         if self.workers == 0:
             t, docs = self._make(self.batches)
         else:
-            if self._stop is None:
+            if self._prefetcher is None:
                 self._start()
-            item = self._queues[(self.batches - self._started_at) % self.workers].get()
-            if isinstance(item, BaseException):
-                self.close()
-                raise item
-            t, docs = item
+            t, docs = self._prefetcher.get()
         self.batches += 1
         self.documents += docs
         xy = to_xy(t, self.B, self.T, self.device)

@@ -17,8 +17,6 @@ are no epochs: when the stream ends, :meth:`StreamLoader.next_batch` raises Gpts
 from __future__ import annotations
 
 import itertools
-import queue
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptspeed.data.loader import host_tensor, put_until_stopped, to_xy
+from gptspeed.data.loader import host_tensor, to_xy
+from gptspeed.data.prefetch import Prefetcher
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
 from gptspeed.data.tokenize import tokenize_stream
 from gptspeed.errors import GptspeedError
@@ -143,41 +142,28 @@ class StreamLoader:
         self.doc_index, self.doc_offset = 0, 0  # first token of the next window
         self.documents, self.batches, self.epoch, self.wait_s = 0, 0, 0, 0.0
         self.tokens_per_epoch = None  # a stream has no known length (and no epochs)
-        self._q: queue.Queue | None = None
-        self._stop: threading.Event | None = None
-        self._thread: threading.Thread | None = None
+        self._prefetcher: Prefetcher | None = None
 
-    def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
-        try:
-            windows = StreamWindows(self.data, self.global_tokens, text_field=self.text_field, split=self.split,
-                                    hf_name=self.hf_name, workers=self.workers, doc_index=self.doc_index,
-                                    doc_offset=self.doc_offset)
-            for window, docs_in, di, do in windows:
-                start = self.rank * self.B * self.T
-                t = host_tensor(window[start:start + self.B * self.T + 1], self.device)
-                if not put_until_stopped(q, (t, docs_in, di, do), stop):
-                    return
-            item = GptspeedError(f"the stream {self.data} ended after {self.batches:,} batches (streams have "
-                                 "no epochs): lower --max-steps or give more data")
-        except BaseException as e:
-            item = e
-        put_until_stopped(q, item, stop)
+    def _batches(self) -> Iterator[tuple[torch.Tensor, int, int, int]]:
+        """This rank's batches from the consumed position on: ``(host tensor, documents started in
+        the window, next document index, token offset in it)``; GptspeedError when the stream ends."""
+        windows = StreamWindows(self.data, self.global_tokens, text_field=self.text_field, split=self.split,
+                                hf_name=self.hf_name, workers=self.workers, doc_index=self.doc_index,
+                                doc_offset=self.doc_offset)
+        start = self.rank * self.B * self.T
+        for window, docs_in, di, do in windows:
+            yield host_tensor(window[start:start + self.B * self.T + 1], self.device), docs_in, di, do
+        raise GptspeedError(f"the stream {self.data} ended after {self.batches:,} batches (streams have "
+                            "no epochs): lower --max-steps or give more data")
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next micro-batch ``(x, y)``, ``(B, T)`` int64 on ``device``.
 
         Raises GptspeedError when the stream has ended or a record is bad."""
         t0 = time.perf_counter()
-        if self._thread is None:
-            self._stop, self._q = threading.Event(), queue.Queue(self.prefetch)
-            self._thread = threading.Thread(target=self._produce, args=(self._stop, self._q),
-                                            name="gptspeed-stream", daemon=True)
-            self._thread.start()
-        item = self._q.get()
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        t, docs_in, self.doc_index, self.doc_offset = item
+        if self._prefetcher is None:
+            self._prefetcher = Prefetcher([self._batches()], self.prefetch, "gptspeed-stream")
+        t, docs_in, self.doc_index, self.doc_offset = self._prefetcher.get()
         self.documents += docs_in
         self.batches += 1
         xy = to_xy(t, self.B, self.T, self.device)
@@ -186,11 +172,9 @@ class StreamLoader:
 
     def close(self) -> None:
         """Stop the background thread (prefetched batches are dropped; the state is unchanged)."""
-        if self._stop is not None:
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=10)
-        self._stop = self._q = self._thread = None
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        self._prefetcher = None
 
     def epoch_progress(self) -> float:
         """Always 0.0: a stream has no known length."""

@@ -91,6 +91,25 @@ def one_step(step, x, y):
     return step(lambda: (x, y))
 
 
+def records(run_dir: Path) -> list[dict]:
+    """Every record of a run's ``metrics.jsonl``, in order."""
+    import json
+
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """``{step: train_loss}`` of a run's ``metrics.jsonl``."""
+    return {r["step"]: r["train_loss"] for r in records(run_dir) if "train_loss" in r}
+
+
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a bare environment with only ``src`` on the path: what a user's first
+    ``import gptspeed`` sees (the "imports no torch" probes print ``'torch' in sys.modules``)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+
+
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """``python -m gptspeed ARGS`` in a fresh process, output captured as text."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}

@@ -7,14 +7,12 @@ import contextlib
 import io
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 import gptspeed
 import gptspeed.api
-from conftest import ROOT, SRC
+from conftest import ROOT, run_python
 from gptspeed.errors import GptspeedError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -121,8 +119,7 @@ def test_import_gptspeed_imports_no_torch():
     """The API is there at `import gptspeed`, but its modules (and torch) load only when used."""
     code = ("import sys, gptspeed; cfg = gptspeed.make_config('pico', n_layer=1); "
             "print(type(cfg).__name__, callable(gptspeed.train), callable(gptspeed.load_run), 'torch' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["RunConfig", "True", "True", "False"]
     with pytest.raises(AttributeError):

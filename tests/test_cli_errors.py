@@ -167,10 +167,7 @@ def test_version_and_defaults_in_help():
 
 def test_help_and_user_errors_answer_without_importing_torch(tmp_path):
     """`gptspeed <cmd> --help` and a configuration or data error never wait for torch's import."""
-    import subprocess
-    import sys
-
-    from conftest import SRC
+    from conftest import run_python
 
     cases = [["train", "--help"], ["sample", "--help"], ["eval", "--help"],
              ["train", "--preset", "pico", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "r")],
@@ -179,6 +176,5 @@ def test_help_and_user_errors_answer_without_importing_torch(tmp_path):
     for argv in cases:
         code = ("import sys\nfrom gptspeed.cli import main\ntry:\n    rc = main(%r)\nexcept SystemExit as e:\n"
                 "    rc = e.code\nprint('torch' in sys.modules, file=sys.stderr)" % argv)
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+        proc = run_python(code)
         assert proc.stderr.strip().splitlines()[-1] == "False", (argv, proc.stderr)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import SRC, assert_user_error, run_cli
+from conftest import assert_user_error, records, run_cli, run_python
 from gptspeed.cli import main
 from gptspeed.config import AUTO_BATCH_SIZE, config_to_yaml, preset, read_config_file
 from gptspeed.configure import build_train_config
@@ -19,10 +17,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FLAGS = ["--preset", "pico", "--n-layer", "1", "--n-embd", "32", "--seq-len", "32", "--batch-size", "4",
          "--max-steps", "3", "--log-every", "1", "--eval-every", "2", "--eval-tokens", "512", "--lr", "3e-3",
          "--device", "cpu"]
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_printed_yaml_config_reproduces_the_run(shakespeare_data, tmp_path, capsys):
@@ -112,8 +106,7 @@ def test_print_config_and_help_import_no_torch():
             "    try: main(['train', '--help'])\n"
             "    except SystemExit: pass\n"
             "print(rc, 'torch' in sys.modules, 'yaml' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "False", "True"]
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (SHARED_DATA, SRC, assert_user_error, make_step, finish, one_step, run_cli, run_main, start_cli,
+from conftest import (SHARED_DATA, SRC, assert_user_error, finish, make_step, one_step, run_cli, run_main, start_cli,
+                      train_losses,
                       wait_for_line)
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
 from gptspeed.data.shards import read_shard, write_shard
@@ -24,11 +25,6 @@ from gptspeed.trainer import build_train_config, fit
 TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",
         "--eval-every", "0", "--eval-tokens", "1024", "--device", "cpu"]
 ENV = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
-
-
-def losses(run):
-    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train_loss"] for r in recs if "train_loss" in r}
 
 
 def start(data, run, *extra):
@@ -53,7 +49,7 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(shakesp
         finish(proc)
     final = run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), *args, "--resume")
     assert final.returncode == 0, final.stderr
-    assert losses(run) == losses(ref)  # every step's loss, bit for bit
+    assert train_losses(run) == train_losses(ref)  # every step's loss, bit for bit
     for ck in list_checkpoints(run):
         assert check_checkpoint(ck) is None
 
@@ -341,4 +337,4 @@ def test_a_shard_truncated_under_the_run_is_named_and_the_steps_are_saved(shakes
     shard.write_bytes(whole)
     resumed = run_main("train", "--out", str(run), "--resume", "--max-steps", str(step + 2))
     assert resumed.returncode == 0, resumed.stderr
-    assert sorted(losses(run))[-1] == step + 2
+    assert sorted(train_losses(run))[-1] == step + 2

@@ -113,17 +113,13 @@ def test_a_forked_child_gets_its_own_threads():
 
 def test_prepare_command_does_not_import_torch(tmp_path):
     """`gptspeed prepare` builds only the flags it needs: no torch import (seconds of start-up)."""
-    import subprocess
-    import sys
-
-    from conftest import SRC
+    from conftest import run_python
 
     (tmp_path / "a.txt").write_text("To be, or not to be, that is the question. " * 20)
     code = ("import sys; from gptspeed.cli import main; "
             f"rc = main(['prepare', {str(tmp_path / 'a.txt')!r}, '--out', {str(tmp_path / 'd')!r}, '--no-progress']); "
             "print(rc, 'torch' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["0", "False"]
     assert (tmp_path / "d" / "manifest.json").is_file()

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import SHARED_DATA, SRC
+from conftest import SHARED_DATA, SRC, records
 from gptspeed.trainer import build_train_config, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,10 +22,6 @@ HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 NO_TENSORBOARD = "the tensorboard package is not installed (pip install -e '.[tensorboard]')"
 NO_WANDB = "wandb is not installed (pip install -e '.[wandb]')"
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def numeric(record):

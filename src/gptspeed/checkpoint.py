@@ -559,9 +559,11 @@ class Checkpointer:
     """
 
     def __init__(self, run_dir: Path, *, sharded: bool = False, is_main: bool = True,
-                 barrier: Callable[[], None] = lambda: None, keep: int = 2, meta: dict[str, Any] | None = None):
+                 barrier: Callable[[], None] = lambda: None, keep: int = 2, meta: dict[str, Any] | None = None,
+                 every: int = 0, last_step: int | None = None):
         self.run_dir = Path(run_dir)
         self.sharded, self.is_main, self.barrier, self.keep = sharded, is_main, barrier, keep
+        self.every, self.last_step = every, last_step  # when to save: every N steps (0: never) and at the end
         self.meta = dict(meta or {})
         self.parts: dict[str, Stateful] = {}
         self._dcp_parts: set[str] = set()
@@ -574,6 +576,15 @@ class Checkpointer:
             self._dcp_parts.add(name)
 
     # ------------------------------------------------------------------ saving
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a step to save at: every ``every`` steps, and the last step."""
+        return step == self.last_step or (self.every > 0 and step % self.every == 0)
+
+    def save_if_due(self, step: int, *, stopping: bool = False) -> Path | None:
+        """Save ``step`` when it is :meth:`due`, or when the run is ``stopping`` (a signal); the
+        checkpointer decides, as torchtitan's does. Returns the checkpoint written, or None."""
+        return self.save(step) if stopping or self.due(step) else None
+
     def save(self, step: int) -> Path:
         """Write and seal the checkpoint of ``step`` (every rank calls this; rank 0 writes the
         ``.pt``, or all ranks their shards), then prune to ``keep``. GptspeedError if it cannot

@@ -131,8 +131,8 @@ class Trainer:
         t = cfg.train
         self.checkpointer = Checkpointer(
             self.run_dir, sharded=rt.parallel == "fsdp", is_main=rt.is_main, barrier=self.barrier,
-            keep=t.keep_checkpoints, meta={"config": cfg.to_dict(), "data": self.data.identity,
-                                           "world_size": rt.world_size})
+            keep=t.keep_checkpoints, every=t.save_every, last_step=t.max_steps,
+            meta={"config": cfg.to_dict(), "data": self.data.identity, "world_size": rt.world_size})
         self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run before writing
         self._keep_global_batch(cfg, rt)
         if t.batch_size == AUTO_BATCH_SIZE:
@@ -347,7 +347,7 @@ class Trainer:
         t = self.cfg.train
         last = step == t.max_steps
         d = Due(log=False, eval=last or (t.eval_every > 0 and step % t.eval_every == 0),
-                save=last or (t.save_every > 0 and step % t.save_every == 0),
+                save=self.checkpointer.due(step),
                 hellaswag=self.hellaswag is not None and (last or step % t.hellaswag_every == 0))
         d.log = first_interval or d.eval or d.save or d.hellaswag or step % t.log_every == 0
         return d
@@ -501,8 +501,7 @@ class Trainer:
                     summary["last_train_loss"] = fields["train_loss"]
                     if due.eval:
                         summary["last_val_loss"] = fields["val_loss"]
-                if due.save or stopping:
-                    self.checkpointer.save(self.step)
+                self.checkpointer.save_if_due(self.step, stopping=stopping is not None)
         except BaseException as e:
             if new_run and self.step == first_step:
                 self.folder.abandon()  # a new run that never stepped leaves nothing behind

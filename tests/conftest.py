@@ -103,6 +103,12 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train_loss"] for r in records(run_dir) if "train_loss" in r}
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a gptspeed subprocess: this one's, with ``src`` on the path and the
+    shared data as the corpus mirror, plus ``extra`` (e.g. ``OMP_NUM_THREADS="1"``)."""
+    return {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), **extra}
+
+
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -c CODE`` in a bare environment with only ``src`` on the path: what a user's first
     ``import gptspeed`` sees (the "imports no torch" probes print ``'torch' in sys.modules``)."""
@@ -112,9 +118,8 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """``python -m gptspeed ARGS`` in a fresh process, output captured as text."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
     return subprocess.run([sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
+                          timeout=timeout, env=child_env(), **kw)
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess:
@@ -137,7 +142,7 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
 
 def start_cli(*args: str) -> subprocess.Popen:
     """``python -m gptspeed ARGS`` started in the background, stdout and stderr piped as text."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
+    env = child_env()
     return subprocess.Popen([sys.executable, "-m", "gptspeed", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import SHARED_DATA, SRC
+from conftest import SRC, child_env
 from gptspeed.checkpoint import check_checkpoint, consolidate, list_checkpoints, load_checkpoint
 from gptspeed.data import find_shards
 from gptspeed.data.loader import TokenLoader
@@ -31,7 +31,7 @@ def _flags(d):
 
 
 def _torchrun_cmd(args, nproc):
-    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
             "-m", "gptspeed", *args], env
 
@@ -65,7 +65,7 @@ def runs(shakespeare_data, tmp_path_factory):
     hellaswag = root / "hellaswag.jsonl"
     hellaswag.write_text("".join(json.dumps(r) + "\n" for r in HELLASWAG))
     (root / "scenarios").mkdir()
-    env = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     procs["scenarios"] = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(SRC.parent / "tests" / "dist_scenarios.py"), str(shakespeare_data), str(root / "scenarios"),

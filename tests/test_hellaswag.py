@@ -5,7 +5,6 @@ transformers' GPT-2 holding the same weights. No network."""
 import hashlib
 import io
 import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -22,7 +21,7 @@ from gptspeed.tokenizer import encode
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
 
-from conftest import SRC  # noqa: E402
+from conftest import child_env  # noqa: E402
 CONTEXTS = [
     ("Roof shingle removal", "A man is sitting on a roof.", "he"),
     ("Clean and jerk", "A lady walks to a barbell. She bends down and grabs the pole.", "the lady"),
@@ -174,7 +173,7 @@ def test_bad_file_is_a_one_line_error(tmp_path):
 def test_eval_cli_prints_json(models, expected, tmp_path):
     _, _, folder = models
     path = write_jsonl(tmp_path / "val.jsonl", [e[1] for e in expected])
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "GPTSPEED_CACHE": str(tmp_path / "c")}
+    env = child_env(OMP_NUM_THREADS="1", GPTSPEED_CACHE=str(tmp_path / "c"))
     res = subprocess.run([sys.executable, "-m", "gptspeed", "eval", "--init-from", str(folder), "--hellaswag-file",
                           str(path), "--max-examples", "5", "--device", "cpu"],
                          capture_output=True, text=True, env=env, timeout=120)

@@ -22,7 +22,7 @@ from gptspeed.model import GPT, GPTConfig  # noqa: E402
 from gptspeed.sample import load_model  # noqa: E402
 from gptspeed.runtime import resolve_runtime  # noqa: E402
 
-from conftest import SRC  # noqa: E402
+from conftest import child_env  # noqa: E402
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
 
 
@@ -36,7 +36,7 @@ def offline(monkeypatch):
 
 
 def gptspeed_cli(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = child_env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "gptspeed", *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=120)
 

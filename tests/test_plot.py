@@ -2,7 +2,6 @@
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from gptspeed.cli import main
 from gptspeed.errors import GptspeedError
 from gptspeed.plot import draw_runs, parse_panels, plot_runs, read_metrics
 
-from conftest import SRC
+from conftest import child_env
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                                       reason="matplotlib is not installed (pip install -e '.[plot]')")
@@ -51,7 +50,7 @@ def test_missing_metrics_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(GptspeedError, match="no metrics.jsonl"):
         plot_runs([tmp_path / "empty"], tmp_path / "x.png")
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "gptspeed", "plot", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

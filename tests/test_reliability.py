@@ -2,7 +2,6 @@
 docs/reliability.md maps each promise to the test here that proves it."""
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -14,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (SHARED_DATA, SRC, assert_user_error, finish, make_step, one_step, run_cli, run_main, start_cli,
-                      train_losses,
+from conftest import (assert_user_error, finish, make_step, one_step, run_cli, run_main, start_cli, train_losses,
                       wait_for_line)
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
 from gptspeed.data.shards import read_shard, write_shard
@@ -24,7 +22,6 @@ from gptspeed.trainer import build_train_config, fit
 
 TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",
         "--eval-every", "0", "--eval-tokens", "1024", "--device", "cpu"]
-ENV = {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
 
 
 def start(data, run, *extra):

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SRC
+from conftest import child_env
 
 from gptspeed.cpu import cpu_has_native_bf16, default_cpu_dtype
 from gptspeed.runtime import resolve_runtime
@@ -136,7 +136,7 @@ print(plain, kept, applied, reason, sep="|")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_keep_freed_memory_stops_page_faulting_a_steps_large_buffers_in_again():
     res = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(SRC)})
+                         env=child_env())
     assert res.returncode == 0, res.stderr
     plain, kept, applied, reason = res.stdout.strip().split("|")
     assert applied == "True", reason

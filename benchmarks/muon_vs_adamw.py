@@ -1,6 +1,6 @@
 """Issue 7: time to a validation loss, Muon (+AdamW for embeddings, head, gains) vs AdamW alone.
 
-Two `gptspeed train` runs (:func:`gptspeed.train.fit`) on the same data, model shape, seed,
+Two `gptspeed train` runs (:func:`gptspeed.trainer.fit`) on the same data, model shape, seed,
 batches and schedule, differing only in ``--optimizer``; each logs the validation loss every
 ``--eval-every`` steps with its wall time (``time_s`` in metrics.jsonl). The figure is, for each
 optimizer, the steps and seconds it took to first reach the target validation loss (default: the

@@ -119,3 +119,16 @@ def test_json_config_files_still_read_as_json(tmp_path):
     path.write_text("n_layer: 3\n")  # YAML in a .json file is a JSON error, said so
     with pytest.raises(GptspeedError, match="is not valid JSON"):
         read_config_file(path)
+
+
+def test_a_configuration_is_validated_where_it_is_built_for_the_launched_world(monkeypatch):
+    """build_train_config validates once, for the processes torchrun's environment names: a global
+    batch that 3 processes cannot share is refused there, before any training code runs."""
+    flags = {"total_batch_tokens": 2 * 8 * 64, "batch_size": 8, "data": "d", "out": "o"}
+    assert build_train_config("pico", flags).grad_accum_steps(1) == 2
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(GptspeedError, match="not a multiple of batch_size"):
+        build_train_config("pico", flags)
+    with pytest.raises(GptspeedError, match="--max-steps must be at least 1"):
+        build_train_config("pico", {"max_steps": 0})

@@ -38,14 +38,13 @@ def make_config(preset: str | None = None, *, config_file: str | Path | None = N
             of the wrong type, an unreadable config file, or a configuration that does not validate.
     """
     checked = check_settings(settings, "make_config")
-    cfg = build_train_config(preset, checked, str(config_file) if config_file is not None else None)
-    cfg.validate()
-    return cfg
+    return build_train_config(preset, checked, str(config_file) if config_file is not None else None)
 
 
 def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
-    """Train as ``config`` says -- what ``gptspeed train`` runs: the configuration and the data
-    are checked, then :func:`gptspeed.trainer.fit`. Console lines are printed when ``echo``.
+    """Train as ``config`` says -- what ``gptspeed train`` runs: the data is checked, then
+    :func:`gptspeed.trainer.fit`. ``config`` is validated where it was built (:func:`make_config`);
+    after changing its fields, call ``config.validate()``. Console lines are printed when ``echo``.
 
     Returns the summary: ``step`` (optimizer steps done), ``last_train_loss`` and
     ``last_val_loss`` (nats/token, None when not measured), ``skipped_steps``, ``interrupted``
@@ -59,8 +58,7 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
 
     if not isinstance(config, RunConfig):
         raise GptspeedError(f"train() takes a RunConfig (gptspeed.make_config(...)), got {type(config).__name__}")
-    config.validate()  # configuration and data errors before importing torch (fit checks again per world size)
-    t = config.train
+    t = config.train  # validated where it was built (make_config); the data is checked before importing torch
     if t.data:
         find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
     from gptspeed.trainer import fit

@@ -10,9 +10,10 @@ checks the result before anything runs and raises :class:`GptspeedError` with on
 from __future__ import annotations
 
 import copy
-import math
 import dataclasses
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,8 +278,13 @@ class RunConfig:
             )
         return total // per_step
 
-    def validate(self, world_size: int = 1) -> None:
-        """Check everything that can be checked before touching data or devices."""
+    def validate(self, world_size: int | None = None) -> None:
+        """Check everything that can be checked before touching data or devices, for ``world_size``
+        processes (None: as torchrun's environment says, :func:`world_from_env`). Called where a
+        configuration is built (:func:`gptspeed.configure.build_train_config`), and again by the
+        trainer only once ``--batch-size auto`` has chosen B. GptspeedError naming the setting."""
+        if world_size is None:
+            world_size = world_from_env()[1]
         self.model.validate()
         t, o = self.train, self.optim
         if self.runtime.fp8:
@@ -519,6 +525,18 @@ def run_defining_diff(a: RunConfig, b: RunConfig) -> list[str]:
     diff = [f"model.{k}" for k in da["model"] if da["model"][k] != db["model"][k] and k != "attention" and k != "loss"]
     diff += [k for k in RUN_DEFINING if k != "model" and flat_a.get(k) != flat_b.get(k)]
     return diff
+
+
+def world_from_env() -> tuple[int, int]:
+    """``(rank, world_size)`` as torchrun sets them (RANK, WORLD_SIZE); ``(0, 1)`` without torchrun.
+    GptspeedError if they are not integers or the rank is out of range."""
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError as e:
+        raise GptspeedError(f"RANK / WORLD_SIZE are not integers ({e}): launch with torchrun") from e
+    if world < 1 or not 0 <= rank < world:
+        raise GptspeedError(f"RANK {rank} / WORLD_SIZE {world} are inconsistent: launch with torchrun")
+    return rank, world
 
 
 # ---------------------------------------------------------------------------------------- presets

@@ -30,7 +30,8 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
 
     Raises:
         GptspeedError: an unknown preset, an unreadable config file or a bad setting in it, or
-            ``--preset`` naming another preset than the run being resumed.
+            ``--preset`` naming another preset than the run being resumed, or a configuration
+            that does not validate (:meth:`RunConfig.validate`).
     """
     out = overrides.get("out")
     path, cfg = newest_run_config(Path(out)) if overrides.get("resume") and out else (None, None)
@@ -56,4 +57,5 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
         from gptspeed.hf import shape_for_init_from
 
         cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
+    cfg.validate()  # once, here, for the processes torchrun's environment names
     return cfg

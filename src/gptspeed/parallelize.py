@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from gptspeed.config import CHECKPOINTING, COMPILE_MODES
 from gptspeed.errors import GptspeedError
 from gptspeed.runtime import Runtime, apply_matmul_precision
 
@@ -120,8 +121,8 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
     parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
     for ``fp8`` on a device without FP8 tensor cores or an unknown option.
     """
-    if compile_mode not in ("model", "blocks"):
-        raise GptspeedError(f"--compile-mode must be model or blocks, got {compile_mode!r}")
+    if compile_mode not in COMPILE_MODES:  # a library caller's typo; a RunConfig was validated where built
+        raise GptspeedError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
     if fp8:
         from gptspeed.fp8 import check_fp8_device, convert_to_float8
 
@@ -201,8 +202,8 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     """
     if mode == "none":
         return
-    if mode not in ("selective", "full"):
-        raise GptspeedError(f"--activation-checkpointing must be none, selective or full, got {mode!r}")
+    if mode not in CHECKPOINTING:
+        raise GptspeedError(f"--activation-checkpointing must be one of {', '.join(CHECKPOINTING)}, got {mode!r}")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from gptspeed.errors import GptspeedError
+from gptspeed.config import world_from_env
 from gptspeed.cpu import default_cpu_compile, default_cpu_dtype
 
 
@@ -97,18 +98,6 @@ def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type in ("cpu", "mps")
-
-
-def world_from_env() -> tuple[int, int]:
-    """``(rank, world_size)`` as torchrun sets them (RANK, WORLD_SIZE); ``(0, 1)`` without torchrun.
-    GptspeedError if they are not integers or the rank is out of range."""
-    try:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError as e:
-        raise GptspeedError(f"RANK / WORLD_SIZE are not integers ({e}): launch with torchrun") from e
-    if world < 1 or not 0 <= rank < world:
-        raise GptspeedError(f"RANK {rank} / WORLD_SIZE {world} are inconsistent: launch with torchrun")
-    return rank, world
 
 
 def resolve_parallel(parallel: str, world_size: int) -> str:

@@ -33,7 +33,7 @@ import torch
 from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGState, RunFolder, check_free_space,
                                  checkpoint_path, estimate_checkpoint_bytes, latest_valid_checkpoint,
                                  list_checkpoints, refuse_checkpoints)
-from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff, world_from_env
 from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported beside fit
 from gptspeed.data.shards import ShardError
 from gptspeed.data.train_data import TrainData, find_train_data
@@ -43,7 +43,7 @@ from gptspeed.metrics import RunLog, Throughput, environment, format_duration, m
 from gptspeed.optim import lr_at
 from gptspeed.cpu import keep_freed_memory
 from gptspeed.distributed import init_distributed, peer_lost, shutdown_distributed
-from gptspeed.runtime import Runtime, resolve_runtime, world_from_env
+from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 
@@ -575,14 +575,16 @@ def check_same_config(cfg: RunConfig, rt: Runtime) -> None:
 
 
 def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
-    """Train as configured (what ``gptspeed train`` runs): validate, join the process group
-    under torchrun, build a :class:`Trainer` and :meth:`~Trainer.train`. Returns its summary.
+    """Train as configured (what ``gptspeed train`` runs; ``cfg`` as built, and validated, by
+    :func:`gptspeed.configure.build_train_config`): join the process group under torchrun, build a
+    :class:`Trainer` and :meth:`~Trainer.train`. Returns its summary.
 
     Raises GptspeedError for anything the user can fix -- before the run folder is touched
     wherever it can be checked beforehand -- and when training diverges with ``on_nan=stop``.
 
     Under torchrun (WORLD_SIZE > 1) every rank runs this: configuration errors (a global batch
-    the world size does not divide, ...) are raised before any collective, so every rank reports
+    the world size does not divide, ...) were raised where the configuration was built, on every
+    rank, before any collective, so every rank reports
     them and none hangs; then the ranks join the process group and compare a hash of their
     configurations. Only rank 0 prints and writes config.json, metrics.jsonl and ``.pt``
     checkpoints; under FSDP2 all ranks write their shards of a ``.dcp`` checkpoint.
@@ -597,7 +599,6 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         t.data = str(default_train_data(say=print if echo and world_from_env()[0] == 0 else lambda m: None))
     rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel,
                          planned_steps=t.max_steps)
-    cfg.validate(rt.world_size)
     try:
         init_distributed(rt, cfg.runtime.dist_timeout_s)
         check_same_config(cfg, rt)

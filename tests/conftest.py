@@ -91,6 +91,18 @@ def one_step(step, x, y):
     return step(lambda: (x, y))
 
 
+#: The one tiny model of the tests (each test states what it changes): seconds on a CPU.
+TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
+
+
+def flags(settings: dict) -> list[str]:
+    """Settings (RunConfig field names) as ``gptspeed train`` / ``bench`` flags."""
+    out = []
+    for k, v in settings.items():
+        out += [f"--{'seq-len' if k == 'block_size' else k.replace('_', '-')}", str(v)]
+    return out
+
+
 def records(run_dir: Path) -> list[dict]:
     """Every record of a run's ``metrics.jsonl``, in order."""
     import json

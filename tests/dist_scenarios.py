@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import TINY_MODEL  # this script's folder, tests/, is on sys.path
 from gptspeed.configure import build_train_config
 from gptspeed.data import find_shards
 from gptspeed.eval import hellaswag as hs
@@ -23,7 +24,7 @@ from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
 
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, total_batch_tokens=256, eval_every=0,
+TINY = dict(TINY_MODEL, n_layer=2, batch_size=4, total_batch_tokens=256, eval_every=0,
             eval_tokens=512, log_every=1, warmup_steps=2, lr=3e-3, device="cpu", dtype="float32")
 
 

@@ -12,14 +12,14 @@ import pytest
 
 import gptspeed
 import gptspeed.api
-from conftest import ROOT, run_python
+from conftest import ROOT, TINY_MODEL, run_python
 from gptspeed.errors import GptspeedError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # what the README example's settings are overridden with: a one-block, 32-wide model, 3 steps
-TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, warmup_steps=2, max_steps=3, log_every=1,
-            eval_every=0, eval_tokens=512, save_every=0, device="cpu")
+TINY = dict(TINY_MODEL, batch_size=4, warmup_steps=2, max_steps=3, log_every=1, eval_every=0, eval_tokens=512,
+            save_every=0, device="cpu")
 
 
 def readme_example() -> str:

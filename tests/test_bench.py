@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY_MODEL, flags
 from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
 from gptspeed.bench.ladder import PEER_NAME, check_rows
@@ -26,8 +27,8 @@ from gptspeed.bench.stages import STAGE_NAMES, STAGES, Settings, plan_ladder, sw
 from gptspeed.bench.worker import init_gpt
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
-        "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu", "--compile-backend", "eager"]
+TINY = [*flags(dict(TINY_MODEL, batch_size=2)), "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu",
+        "--compile-backend", "eager"]
 
 
 def _gptspeed(*args: str, extra_path: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -11,23 +11,16 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import SRC, child_env
+from conftest import SRC, TINY_MODEL, child_env, flags
 from gptspeed.checkpoint import check_checkpoint, consolidate, list_checkpoints, load_checkpoint
 from gptspeed.data import find_shards
 from gptspeed.data.loader import TokenLoader
 from gptspeed.trainer import build_train_config, fit
 
 # global batch 4 x 32 x 2 = 256 tokens: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, total_batch_tokens=256, max_steps=4,
+TINY = dict(TINY_MODEL, n_layer=2, batch_size=4, total_batch_tokens=256, max_steps=4,
             eval_every=0, eval_tokens=512, log_every=1, save_every=2, keep_checkpoints=5, warmup_steps=2,
             lr=3e-3, device="cpu", dtype="float32")
-
-
-def _flags(d):
-    out = []
-    for k, v in d.items():
-        out += [f"--{'seq-len' if k == 'block_size' else k.replace('_', '-')}", str(v)]
-    return out
 
 
 def _torchrun_cmd(args, nproc):
@@ -71,10 +64,10 @@ def runs(shakespeare_data, tmp_path_factory):
          str(SRC.parent / "tests" / "dist_scenarios.py"), str(shakespeare_data), str(root / "scenarios"),
          str(hellaswag)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for mode in ("ddp", "fsdp"):  # both launches at once: most of their time is importing torch
-        cmd, env = _torchrun_cmd(["train", "--preset", "pico", *_flags(base), "--parallel", mode,
+        cmd, env = _torchrun_cmd(["train", "--preset", "pico", *flags(base), "--parallel", mode,
                                   "--out", str(root / mode)], 2)
         procs[mode] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    bad = _flags(dict(base, total_batch_tokens=384))  # 384 % (4*32*2) != 0
+    bad = flags(dict(base, total_batch_tokens=384))  # 384 % (4*32*2) != 0
     cmd, env = _torchrun_cmd(["train", "--preset", "pico", *bad, "--out", str(root / "bad")], 2)
     procs["bad"] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     fit(build_train_config("pico", dict(base, out=str(root / "single"))), echo=False)
@@ -287,7 +280,7 @@ def test_a_rank_killed_under_torchrun_max_restarts_resumes_to_the_same_losses(sh
     base = dict(TINY, data=str(shakespeare_data), max_steps=8, save_every=1)
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "single"))), echo=False)
     run = tmp_path / "run"
-    cmd, env = _torchrun_cmd(["train", "--preset", "pico", *_flags(base), "--out", str(run), "--resume"], 2)
+    cmd, env = _torchrun_cmd(["train", "--preset", "pico", *flags(base), "--out", str(run), "--resume"], 2)
     cmd[cmd.index("--standalone") + 1:cmd.index("--standalone") + 1] = ["--max-restarts", "2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

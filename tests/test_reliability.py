@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (assert_user_error, finish, make_step, one_step, run_cli, run_main, start_cli, train_losses,
+from conftest import (TINY_MODEL, assert_user_error, flags, finish, make_step, one_step, run_cli, run_main, start_cli, train_losses,
                       wait_for_line)
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.trainer import build_train_config, fit
 
-TINY = ["--preset", "pico", "--n-layer", "2", "--n-embd", "32", "--batch-size", "8", "--log-every", "1",
+TINY = ["--preset", "pico", *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)), "--log-every", "1",
         "--eval-every", "0", "--eval-tokens", "1024", "--device", "cpu"]
 
 

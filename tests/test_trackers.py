@@ -11,13 +11,12 @@ import sys
 
 import pytest
 
-from conftest import SHARED_DATA, SRC, records
+from conftest import SHARED_DATA, SRC, TINY_MODEL, records
 from gptspeed.trainer import build_train_config, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, warmup_steps=2, eval_tokens=512,
-            eval_every=0, log_every=1, device="cpu")
+TINY = dict(TINY_MODEL, batch_size=4, warmup_steps=2, eval_tokens=512, eval_every=0, log_every=1, device="cpu")
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 NO_TENSORBOARD = "the tensorboard package is not installed (pip install -e '.[tensorboard]')"

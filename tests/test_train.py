@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import finish, records, run_cli, run_main, start_cli, wait_for_line
+from conftest import TINY_MODEL, finish, records, run_cli, run_main, start_cli, wait_for_line
 from gptspeed.checkpoint import list_checkpoints, load_checkpoint
 from gptspeed.trainer import build_train_config, fit
 
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, batch_size=8, warmup_steps=2, lr=3e-3,
-            eval_tokens=1024, log_every=1, device="cpu")
+TINY = dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8, warmup_steps=2, lr=3e-3, eval_tokens=1024,
+            log_every=1, device="cpu")
 
 
 def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):

@@ -20,14 +20,15 @@ import warnings
 import pytest
 import torch
 
+from conftest import TINY_MODEL, flags
 from gptspeed import cli
 from gptspeed.bench import verify as verify_mod
 from gptspeed.bench.checks import SYNC_MESSAGE, CompileWatch, SyncCounter, sdpa_backend
 from gptspeed.bench.stages import STAGE_NAMES, VERIFY_EXTRA_NAMES, Settings
 from gptspeed.bench.verify import compare_losses, plan_verify, rung_problems
 
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
-        "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu", "--compile-backend", "eager"]
+TINY = [*flags(dict(TINY_MODEL, batch_size=2)), "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu",
+        "--compile-backend", "eager"]
 
 FAULTS = '''
 import os

@@ -4,8 +4,11 @@ A run's state is a set of named *stateful* parts, each with ``state_dict()`` / `
 (the torchtitan / ``torch.distributed.checkpoint.stateful.Stateful`` protocol): the model, the
 optimizer (AdamW or Muon + AdamW), the GradScaler, the data loader's position, the RNG states and
 the trainer's own counters. A :class:`Checkpointer` has them registered by name, so adding a piece of
-state is one ``register`` call; it picks the format, seals, prunes, finds the newest valid
-checkpoint, checks that a resume continues the same run, and holds the run folder's lock.
+state is one ``register`` call; it decides when to save (:meth:`Checkpointer.save_if_due`), picks the
+format, seals, prunes, finds the newest valid checkpoint and checks that a resume continues the
+same run. The run folder itself is this module's too: :class:`RunFolder` creates and locks it
+(:class:`RunLock`), :func:`newest_run_config` / :func:`load_latest_run` read it, and
+:func:`refuse_checkpoints` keeps every command from writing a new run over one.
 
 Two formats, one rule. Single-process and DDP runs write ``RUN_DIR/ckpt_{step:08d}.pt``
 (``torch.save`` of every part, by rank 0); FSDP2 runs write ``ckpt_{step:08d}.dcp/``, where every

@@ -26,11 +26,11 @@ from typing import Callable
 import torch
 
 from gptspeed.config import RunConfig
+from gptspeed.distributed import grad_sync_control
 from gptspeed.errors import GptspeedError
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer
-from gptspeed.distributed import grad_sync_control
 from gptspeed.parallelize import check_cuda_graphs, parallelize, uses_cuda_graphs
 from gptspeed.runtime import Runtime
 

@@ -35,14 +35,14 @@ from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGSt
                                  list_checkpoints, refuse_checkpoints)
 from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff, world_from_env
 from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported beside fit
+from gptspeed.cpu import keep_freed_memory
 from gptspeed.data.shards import ShardError
 from gptspeed.data.train_data import TrainData, find_train_data
+from gptspeed.distributed import init_distributed, peer_lost, shutdown_distributed
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
 from gptspeed.optim import lr_at
-from gptspeed.cpu import keep_freed_memory
-from gptspeed.distributed import init_distributed, peer_lost, shutdown_distributed
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 

@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import torch
 
-from gptspeed.errors import GptspeedError
 from gptspeed.config import GPT2_VOCAB_SIZE
-from gptspeed.optim import fused_adamw_available
 from gptspeed.cpu import cpu_has_native_bf16
+from gptspeed.errors import GptspeedError
+from gptspeed.optim import fused_adamw_available
 from gptspeed.runtime import bf16_supported
 
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (build-nanogpt)

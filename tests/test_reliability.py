@@ -194,6 +194,23 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where)
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_disk_too_full_for_the_next_checkpoint_is_said_before_writing(tmp_path, monkeypatch):
+    """Less free space than the last checkpoint took: one line before anything is written (the
+    disk is not filled halfway through the save); with room, the save goes ahead."""
+    import shutil as sh
+
+    first = save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3000)})
+    size = first.stat().st_size
+    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * size, 9 * size, size - 1))
+    with pytest.raises(GptspeedError) as e:
+        save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3000)})
+    assert str(e.value).startswith(f"not enough space to save step 2 in {tmp_path}: ")
+    assert str(e.value).endswith("the checkpoint of step 1 is intact: free space, then --resume")
+    assert list_checkpoints(tmp_path) == [first] and not list(tmp_path.glob(".*.tmp"))
+    monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * size, 8 * size, 2 * size))
+    assert save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3000)}).name == "ckpt_00000002.pt"
+
+
 def test_full_or_unwritable_run_folder_reported_before_training(shakespeare_data, tmp_path, monkeypatch):
     afile = tmp_path / "file"
     afile.write_text("x")

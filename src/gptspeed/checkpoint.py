@@ -131,9 +131,27 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path
     """
     run_dir = Path(run_dir)
     final = checkpoint_path(run_dir, state["step"])
+    check_room(run_dir, state["step"])
     write_checkpoint_file(final, state)
     prune_checkpoints(run_dir, keep)
     return final
+
+
+def check_room(run_dir: Path, step: int) -> None:
+    """GptspeedError, before anything is written, when ``run_dir``'s file system has less free
+    space than its newest ``.pt`` checkpoint takes (the next one is as large, and the older one is
+    pruned only after it): the disk is not filled halfway through a save. One ``stat`` and one
+    ``statvfs``. (Sharded checkpoints are written by every rank: a full disk there is reported
+    by :func:`write_failure` instead.)"""
+    older = [p for p in list_checkpoints(run_dir) if p.suffix == ".pt" and p.name != checkpoint_path(run_dir, step).name]
+    if not older:
+        return
+    need, free = older[-1].stat().st_size, shutil.disk_usage(run_dir).free
+    if free < need:
+        valid = [p for p in older if check_checkpoint(p) is None]
+        intact = f"the checkpoint of step {_step_of(valid[-1])} is intact" if valid else "no earlier checkpoint is valid"
+        raise GptspeedError(f"not enough space to save step {step} in {run_dir}: {free / 2**20:,.1f} MiB free, the last "
+                            f"checkpoint took {need / 2**20:,.1f} MiB; {intact}: free space, then --resume")
 
 
 def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:

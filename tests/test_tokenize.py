@@ -77,6 +77,28 @@ def test_reader_error_reaches_the_caller_and_early_stop_is_clean(monkeypatch):
     assert list(T.tokenize_stream(iter(["after"]), 2))[0].tolist() == reference("after").tolist()
 
 
+def test_no_document_is_encoded_after_the_stream_is_closed(monkeypatch):
+    """Closing the stream early (an error or Ctrl-C in prepare) waits for the batches already
+    encoding: none calls the encoder afterwards (a prepare run next would see them)."""
+    import time
+
+    monkeypatch.setattr(T, "BATCH_DOCS", 2)
+    real, calls = T.encode_document, []
+
+    def slow(text):
+        time.sleep(0.02)
+        calls.append(text)
+        return real(text)
+
+    monkeypatch.setattr(T, "encode_document", slow)
+    stream = T.tokenize_stream(iter(["x y z"] * 200), 2)
+    next(stream)
+    stream.close()
+    done = len(calls)
+    time.sleep(0.3)  # a batch of 2 still encoding would finish within 0.04 s
+    assert len(calls) == done < 200
+
+
 def test_default_workers_is_the_usable_cpu_count(monkeypatch):
     monkeypatch.setattr(T.os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
     assert T.default_workers() == 3

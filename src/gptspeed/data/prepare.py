@@ -25,6 +25,7 @@ writing the final shards finishes them without reading the input again.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -229,8 +230,9 @@ def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_t
     t0 = time.perf_counter()
     bar = tqdm(unit="doc", desc="tokenize", initial=skip_docs, disable=None if progress else True)
     done = False
-    with bar:
-        for doc_index, doc in enumerate(tokenize_stream(docs, workers), start=skip_docs):
+    # closing: on an error or Ctrl-C the tokenizer's threads stop here, not when the frame is collected
+    with bar, contextlib.closing(tokenize_stream(docs, workers)) as stream:
+        for doc_index, doc in enumerate(stream, start=skip_docs):
             bar.update(1)
             p = skip_tokens if doc_index == skip_docs else 0
             if len(doc) and p == 0:

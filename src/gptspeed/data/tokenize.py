@@ -136,3 +136,4 @@ def tokenize_stream(docs: Iterable[str], workers: int = 1) -> Iterator[np.ndarra
     finally:
         for f in pending:  # the consumer stopped early (max_tokens, an error, Ctrl-C)
             f.cancel()
+        concurrent.futures.wait(pending)  # and the batches already encoding finish now, not after it returned

@@ -347,7 +347,7 @@ def test_a_shard_truncated_under_the_run_is_named_and_the_steps_are_saved(shakes
                       "train_000000.bin shrank to 9,216 bytes", "was saved: fix the shard")
     (ck,) = list_checkpoints(run)
     step = int(ck.stem.split("_")[1])
-    assert check_checkpoint(ck) is None and 2 <= step < 8 and f"checkpoint of step {step} was saved" in err
+    assert check_checkpoint(ck) is None and step >= 2 and f"checkpoint of step {step} was saved" in err
     shard.write_bytes(whole)
     resumed = run_main("train", "--out", str(run), "--resume", "--max-steps", str(step + 2))
     assert resumed.returncode == 0, resumed.stderr

@@ -9,6 +9,7 @@ kind it has.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +23,8 @@ class TrainLoader(Protocol):
 
     ``next_batch()`` returns ``(x, y)``, each ``(B, T)`` int64 on the device, ``y`` = ``x`` shifted
     by one. ``state_dict()`` / ``load_state_dict()`` hold what was *consumed* (never what was
-    prefetched). ``close()`` stops background threads. Progress: ``documents`` (document starts
+    prefetched); ``mark()`` / ``rewind(mark)`` the same position in a few ints, taken every step
+    (a step whose data failed is rewound before saving). ``close()`` stops background threads. Progress: ``documents`` (document starts
     seen by the whole job), ``epoch`` (completed passes), ``epoch_progress()`` (fraction of the
     current pass, 0.0 for a stream), ``tokens_per_epoch`` (None for a stream), ``wait_s`` (seconds
     ``next_batch`` spent waiting for or making batches).
@@ -36,6 +38,10 @@ class TrainLoader(Protocol):
     def next_batch(self) -> tuple[Any, Any]: ...
 
     def epoch_progress(self) -> float: ...
+
+    def mark(self) -> Any: ...
+
+    def rewind(self, mark: Any) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -55,9 +61,24 @@ class TrainData:
     spec: str
     train_shards: list[Path] = field(default_factory=list)
     val_shards: list[Path] = field(default_factory=list)
-    identity: dict[str, Any] = field(default_factory=dict)
     documents: int | None = None
     stream_options: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None
+
+    @functools.cached_property
+    def identity(self) -> dict[str, Any]:
+        """Computed when first asked (by the trainer's checkpointer): reading every train shard's
+        fingerprint is work the early data check of :func:`gptspeed.api.train` does not need."""
+        if self.is_stream:
+            return {"stream": self.spec, **(self.stream_options or {})}
+        from gptspeed.data.shards import read_header
+
+        shards = [[p.name, read_header(p)[1], shard_fingerprint(p)] for p in self.train_shards]
+        m = self.manifest
+        if m and m.get("input_sha256"):
+            return {"input_sha256": m["input_sha256"], "val_fraction": m.get("val_fraction"),
+                    "settings": m.get("settings"), "shards": shards}
+        return {"shards": shards}
 
     @property
     def is_stream(self) -> bool:
@@ -151,19 +172,11 @@ def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None 
 
     if is_stream_source(data):
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
-        return TrainData(data, identity={"stream": data, **options}, stream_options=options)
+        return TrainData(data, stream_options=options)
     train = find_shards(data, "train")
     val = find_shards(data, "val")
     manifest = load_manifest(data)
-    from gptspeed.data.shards import read_header
-
-    shards = [[p.name, read_header(p)[1], shard_fingerprint(p)] for p in train]
-    if manifest and manifest.get("input_sha256"):
-        identity = {"input_sha256": manifest["input_sha256"], "val_fraction": manifest.get("val_fraction"),
-                    "settings": manifest.get("settings"), "shards": shards}
-    else:
-        identity = {"shards": shards}
     documents = None
     if manifest:
         documents = (manifest.get("splits", {}).get("train", {}) or {}).get("documents")
-    return TrainData(data, train, val, identity, documents)
+    return TrainData(data, train, val, documents, manifest=manifest)

@@ -143,15 +143,21 @@ def check_room(run_dir: Path, step: int) -> None:
     pruned only after it): the disk is not filled halfway through a save. One ``stat`` and one
     ``statvfs``. (Sharded checkpoints are written by every rank: a full disk there is reported
     by :func:`write_failure` instead.)"""
-    older = [p for p in list_checkpoints(run_dir) if p.suffix == ".pt" and p.name != checkpoint_path(run_dir, step).name]
+    final = checkpoint_path(run_dir, step)
+    older = [p for p in list_checkpoints(run_dir) if p.suffix == ".pt" and p != final]
     if not older:
         return
     need, free = older[-1].stat().st_size, shutil.disk_usage(run_dir).free
     if free < need:
-        valid = [p for p in older if check_checkpoint(p) is None]
-        intact = f"the checkpoint of step {_step_of(valid[-1])} is intact" if valid else "no earlier checkpoint is valid"
         raise GptspeedError(f"not enough space to save step {step} in {run_dir}: {free / 2**20:,.1f} MiB free, the last "
-                            f"checkpoint took {need / 2**20:,.1f} MiB; {intact}: free space, then --resume")
+                            f"checkpoint took {need / 2**20:,.1f} MiB; {_intact_besides(final)}: free space, then --resume")
+
+
+def _intact_besides(final: Path) -> str:
+    """"the checkpoint of step M is intact" for the newest valid checkpoint beside ``final`` (the
+    one being written), or "no earlier checkpoint exists"."""
+    older = [p for p in list_checkpoints(final.parent) if p != final and check_checkpoint(p) is None]
+    return f"the checkpoint of step {_step_of(older[-1])} is intact" if older else "no earlier checkpoint exists"
 
 
 def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
@@ -200,8 +206,7 @@ def write_failure(final: Path, step: int | None, e: OSError) -> str:
     what to do."""
     import errno
 
-    older = [p for p in list_checkpoints(final.parent) if p != final and check_checkpoint(p) is None]
-    intact = f"the checkpoint of step {_step_of(older[-1])} is intact" if older else "no earlier checkpoint exists"
+    intact = _intact_besides(final)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on the device of {final.parent} while saving step {step}; {intact}: free space, then --resume"
     return f"could not write checkpoint {final} ({e.strerror or e}); {intact}"
@@ -433,7 +438,6 @@ class RunLock:
             self._fd = None
 
 
-# --------------------------------------------------------------------------- stateful parts
 class RunFolder:
     """The run folder of one writer: created if new, locked (:class:`RunLock`) by rank 0 for the
     whole run, and -- when a new run fails before its first step -- left as it was found."""
@@ -480,6 +484,7 @@ class RunFolder:
             self.lock = None
 
 
+# --------------------------------------------------------------------------- stateful parts
 class RNGState:
     """The CPU RNG and, on CUDA, the device's RNG, as a stateful part."""
 

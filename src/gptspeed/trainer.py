@@ -283,8 +283,7 @@ class Trainer:
         Returns device tensors ``(loss, grad_norm, bad)``. A shard that went bad under the run
         (:class:`gptspeed.data.shards.ShardError`) raises GptspeedError naming it, after saving the
         steps done since the last checkpoint when it can (:meth:`save_before_data_error`)."""
-        mark = getattr(self.loader, "mark", None)
-        at = mark() if mark is not None else None
+        at = self.loader.mark()  # a few ints: where a failed step rewinds to
         try:
             return self.stepper(self.loader.next_batch)
         except ShardError as e:
@@ -297,7 +296,7 @@ class Trainer:
         collective. Returns what was done, for the error line."""
         if self.step == 0:
             return "No step was done"
-        if at is None or self.rt.distributed:
+        if self.rt.distributed:
             return "The steps since the last checkpoint are lost"
         if checkpoint_path(self.run_dir, self.step).exists():
             return f"The checkpoint of step {self.step} is intact"

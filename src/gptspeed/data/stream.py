@@ -176,6 +176,15 @@ class StreamLoader:
             self._prefetcher.close()
         self._prefetcher = None
 
+    def mark(self) -> tuple[int, int, int, int]:
+        """Where the stream is: ``(doc_index, doc_offset, documents, batches)``, for :meth:`rewind`."""
+        return self.doc_index, self.doc_offset, self.documents, self.batches
+
+    def rewind(self, mark: tuple[int, int, int, int]) -> None:
+        """Go back to ``mark`` (from :meth:`mark`): the batches consumed since are read again."""
+        self.close()
+        self.doc_index, self.doc_offset, self.documents, self.batches = mark
+
     def epoch_progress(self) -> float:
         """Always 0.0: a stream has no known length."""
         return 0.0

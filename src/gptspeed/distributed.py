@@ -10,7 +10,7 @@ import time
 import torch
 
 from gptspeed.errors import GptspeedError
-from gptspeed.parallelize import _is_ddp, unwrap
+from gptspeed.parallelize import is_ddp, unwrap
 from gptspeed.runtime import Runtime
 
 
@@ -106,7 +106,7 @@ def grad_sync_control(train_model: torch.nn.Module):
     is True -- DDP's ``no_sync()`` and FSDP2's ``set_requires_gradient_sync`` -- or None when the
     model is not data-parallel (the single-process path then pays nothing)."""
     inner = unwrap(train_model, keep_ddp=True)
-    if _is_ddp(inner):
+    if is_ddp(inner):
         return lambda last: contextlib.nullcontext() if last else inner.no_sync()
     from torch.distributed.fsdp import FSDPModule
 

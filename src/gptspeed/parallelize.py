@@ -46,7 +46,7 @@ def unwrap(module: torch.nn.Module, *, keep_ddp: bool = False) -> torch.nn.Modul
     module = getattr(module, "_orig_mod", module)
     if keep_ddp:
         return module
-    return getattr(module, "module", module) if _is_ddp(module) else module
+    return getattr(module, "module", module) if is_ddp(module) else module
 
 
 def eager():
@@ -56,7 +56,8 @@ def eager():
     return torch.compiler.set_stance("force_eager")
 
 
-def _is_ddp(module) -> bool:
+def is_ddp(module) -> bool:
+    """Whether ``module`` is a ``DistributedDataParallel`` wrapper (used by :mod:`gptspeed.distributed` too)."""
     from torch.nn.parallel import DistributedDataParallel
 
     return isinstance(module, DistributedDataParallel)

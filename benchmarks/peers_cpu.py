@@ -86,10 +86,12 @@ class Shape:
     seq_len: int
     preset: str  # the gptspeed preset a user would start from
     preset_flags: tuple[str, ...]  # what turns that preset into this shape (no speed flags)
+    accum: int = 1  # micro-batches per optimizer step (gradient accumulation)
 
     @property
     def tokens(self) -> int:
-        return self.batch_size * self.seq_len
+        """Tokens per optimizer step: B * T * accum."""
+        return self.batch_size * self.seq_len * self.accum
 
 
 SHAPES = {
@@ -197,7 +199,7 @@ def child_env(threads: int, extra: dict | None = None) -> dict:
 # ----------------------------------------------------------------------------- gptspeed (adapter)
 def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, warmup: int, steps: int,
                  threads: int, env_extra: dict | None = None, planned_steps: int | None = None,
-                 timeout_s: float = 7200.0) -> Run:
+                 timeout_s: float = 7200.0, device: str = "cpu") -> Run:
     """THE adapter to gptspeed's training: ``gptspeed train`` in a subprocess, read back through its
     ``metrics.jsonl``. Everything this benchmark knows about gptspeed's trainer is here: the CLI
     (preset, shape flags, ``--log-every 1``, ``--eval-every 0``, ``--eval-tokens`` one batch,
@@ -210,7 +212,7 @@ def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, w
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "gptspeed", "train", "--data", str(data), "--out", str(run_dir),
            "--preset", shape.preset, *shape.preset_flags, "--log-every", "1", "--eval-every", "0",
-           "--eval-tokens", str(shape.tokens), "--save-every", "0", "--device", "cpu", "--seed", str(SEED)]
+           "--eval-tokens", str(shape.tokens), "--save-every", "0", "--device", device, "--seed", str(SEED)]
     if planned_steps is not None:
         cmd += ["--max-steps", str(planned_steps)]
     cmd += flags
@@ -286,12 +288,15 @@ def nanogpt_dir(work: Path, data: Path) -> Path:
 
 
 def run_nanogpt(shape: Shape, work: Path, data: Path, compile: bool, *, warmup: int, steps: int,
-                threads: int, timeout_s: float = 7200.0) -> Run:
+                threads: int, timeout_s: float = 7200.0, device: str = "cpu", dtype: str = "float32") -> Run:
+    """nanoGPT's own train.py at ``shape`` (its ``--gradient_accumulation_steps`` = ``shape.accum``);
+    step time = its printed ``iter N: ... time X ms`` (wall time per iteration, ``loss.item()``
+    included: ``--log_interval=1``)."""
     d = nanogpt_dir(work, data)
-    cmd = [sys.executable, "train.py", "--device=cpu", "--dtype=float32", f"--compile={compile}",
+    cmd = [sys.executable, "train.py", f"--device={device}", f"--dtype={dtype}", f"--compile={compile}",
            f"--batch_size={shape.batch_size}", f"--block_size={shape.seq_len}", f"--n_layer={shape.n_layer}",
            f"--n_head={shape.n_head}", f"--n_embd={shape.n_embd}", "--bias=True", "--dropout=0.0",
-           "--gradient_accumulation_steps=1", "--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1",
+           f"--gradient_accumulation_steps={shape.accum}", "--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1",
            "--log_interval=1", "--dataset=gptspeed_tinyshakespeare", "--always_save_checkpoint=False",
            f"--out_dir={work / 'nanogpt-out'}"]
     it = re.compile(r"^iter (\d+): loss ([\d.naif]+), time ([\d.]+)ms")
@@ -523,8 +528,10 @@ def markdown(result: dict) -> str:
     out = []
     for s in result["shapes"]:
         sh = s["shape"]
+        accum = sh.get("accum", 1)
         out.append(f"\n**{sh['name']}**: n_layer {sh['n_layer']}, n_head {sh['n_head']}, n_embd {sh['n_embd']}, "
-                   f"B={sh['batch_size']}, T={sh['seq_len']} ({sh['batch_size'] * sh['seq_len']:,} tokens/step)\n")
+                   f"B={sh['batch_size']}, T={sh['seq_len']}{f' x {accum} micro-batches' if accum > 1 else ''} "
+                   f"({sh['batch_size'] * sh['seq_len'] * accum:,} tokens/step)\n")
         first = next(iter(s["rows"]), "")
         out.append("| row | median ms/step | round medians (ms) | min–max step ms | tokens/s | peak RSS | "
                    f"start→warm s | loss step 0 | speed vs {first} (median of per-round ratios) |")

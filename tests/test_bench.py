@@ -88,7 +88,8 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     assert rows["fused-ce"]["settings"] == {"dtype": dtype, "compile": True, "attention": "sdpa",
                                             "vocab_size": 50304, "fused_adamw": True, "loss": "fused",
                                             "batch_auto": False, "fp8": False, "optimizer": "adamw",
-                                            "compile_mode": "model", "compile_tuning": "default"}
+                                            "compile_mode": "model", "compile_tuning": "default",
+                                            "sdpa_backend": "auto"}
     assert rows["compile"]["settings"] == {**rows["fused-ce"]["settings"], "attention": "manual", "vocab_size": 50257,
                                            "fused_adamw": False, "loss": "plain"}  # planned though not run
     assert rows["fused-ce"]["compile"] is True and rows["baseline"]["compile"] is False

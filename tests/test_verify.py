@@ -223,7 +223,7 @@ def test_plan_on_a_gpu_compares_like_with_like(h100):
     assert list(plan)[:2] == ["baseline", "baseline-muon"]
     assert all(r.skip_reason is None for r in plan.values()), {n: r.skip_reason for n, r in plan.items() if r.skip_reason}
     assert plan["baseline-muon"].settings == Settings(optimizer="muon")
-    for name in ("tf32", "bf16", "compile", "fused-ce", "fp8", "fp16", "fp16-fused-ce", "reduce-overhead"):
+    for name in ("tf32", "bf16", "compile", "fused-ce", "fp8", "fp16", "fp16-fused-ce", "reduce-overhead", "sdpa-cudnn"):
         assert plan[name].reference == "baseline", name
     for name in ("muon", "compile-blocks", "max-autotune"):
         assert plan[name].reference == "baseline-muon", name
@@ -235,6 +235,9 @@ def test_plan_on_a_gpu_compares_like_with_like(h100):
     assert plan["fp16-fused-ce"].settings == Settings(**{**fused_ce.to_dict(), "dtype": "float16"})
     assert plan["fp16"].settings == Settings(dtype="float16")
     assert plan["reduce-overhead"].settings == Settings(**{**fused_ce.to_dict(), "compile_tuning": "reduce-overhead"})
+    # cuDNN attention against CUDA's default configuration (the seeds' last rung), one switch apart
+    assert plan["sdpa-cudnn"].settings == Settings(**{**plan["fused-adamw"].settings.to_dict(), "sdpa_backend": "cudnn"})
+    assert plan["sdpa-cudnn"].reference == "baseline"
 
 
 def test_plan_on_a_cpu_skips_with_reasons():

@@ -32,6 +32,8 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 COMPILE_MODES = ("model", "blocks")
 COMPILE_TUNINGS = ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
 CHECKPOINTING = ("none", "selective", "full")
+# --sdpa-backend: which F.scaled_dot_product_attention kernel runs (torch.nn.attention.SDPBackend)
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 TRACKERS = ("jsonl", "tensorboard", "wandb")  # --log-to; jsonl (metrics.jsonl) is always on
 
 
@@ -164,6 +166,9 @@ class RuntimeConfig:
     activation_checkpointing: str = _f("none", "recompute activations in backward to save memory: none | selective "
                                        "(keep matmul and attention outputs, recompute the rest) | full (keep only "
                                        "each block's input)", choices=CHECKPOINTING)
+    sdpa_backend: str = _f("auto", "F.scaled_dot_product_attention kernel: auto (PyTorch picks; flash on recent "
+                           "GPUs) | flash | cudnn | efficient | math; a named one runs alone, and a run it cannot "
+                           "serve stops at start", choices=SDPA_BACKENDS)
     fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
                    "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
     keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "
@@ -337,6 +342,11 @@ class RunConfig:
             raise GptspeedError(f"--muon-lr must be positive and --muon-momentum in [0, 1), got {o.muon_lr}, "
                                 f"{o.muon_momentum}")
         parse_log_to(t.log_to)
+        if r.sdpa_backend not in SDPA_BACKENDS:
+            raise GptspeedError(f"--sdpa-backend must be one of {', '.join(SDPA_BACKENDS)}, got {r.sdpa_backend!r}")
+        if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
+            raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
+                                f"has --attention {self.model.attention}")
         if o.optimizer == "muon" and self.runtime.dtype == "float16":
             raise GptspeedError("--optimizer muon does not support --dtype float16 (loss scaling): use bfloat16")
         if t.batch_size == 0:

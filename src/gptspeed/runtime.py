@@ -169,3 +169,46 @@ def apply_matmul_precision(rt: Runtime) -> None:
     torch.set_float32_matmul_precision("high" if allow else "highest")
     if rt.device_type == "cuda":
         torch.backends.cudnn.allow_tf32 = allow
+
+
+# --sdpa-backend name -> the switch of torch.backends.cuda that enables it. These switches are
+# process-wide and, despite their module's name, also decide the CPU's choice (flash or math).
+_SDPA_SWITCHES = {"flash": "enable_flash_sdp", "cudnn": "enable_cudnn_sdp", "efficient": "enable_mem_efficient_sdp",
+                  "math": "enable_math_sdp"}
+
+
+def sdpa_backend_problem(name: str, device: torch.device, dtype: torch.dtype, n_head: int, head_dim: int,
+                         seq_len: int) -> str | None:
+    """Why ``--sdpa-backend name`` cannot serve this run's attention, or None.
+
+    Runs one causal ``F.scaled_dot_product_attention`` forward and backward of the run's shape
+    (batch 1, ``n_head`` heads of ``head_dim`` channels, ``seq_len`` positions, ``dtype``: the
+    autocast dtype or float32) on ``device`` with only that kernel allowed
+    (``torch.nn.attention.sdpa_kernel``); PyTorch's refusal (e.g. no cuDNN attention on a CPU,
+    flash attention in float32 on a GPU) becomes the one-line reason. ``auto`` is never refused."""
+    if name == "auto":
+        return None
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernel = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
+    q = torch.randn(1, n_head, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    try:
+        with sdpa_kernel([kernel]):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"--sdpa-backend {name} cannot run this attention ({n_head} heads x {head_dim} channels, T={seq_len}, "
+                f"{str(dtype).removeprefix('torch.')}, {device.type}): {first[:160]}; use --sdpa-backend auto")
+    return None
+
+
+def apply_sdpa_backend(name: str) -> None:
+    """Allow only the named ``F.scaled_dot_product_attention`` kernel (``auto``: all of them,
+    PyTorch's default, so PyTorch picks by its priority order), process-wide, through
+    ``torch.backends.cuda.enable_{flash,cudnn,mem_efficient,math}_sdp``. Set before the model is
+    compiled: torch.compile fixes the kernel when it traces. Check the choice first with
+    :func:`sdpa_backend_problem`: with one kernel allowed, an attention it cannot run raises."""
+    for backend, switch in _SDPA_SWITCHES.items():
+        getattr(torch.backends.cuda, switch)(name in ("auto", backend))

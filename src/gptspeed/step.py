@@ -32,7 +32,7 @@ from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer
 from gptspeed.parallelize import check_cuda_graphs, parallelize, uses_cuda_graphs
-from gptspeed.runtime import Runtime
+from gptspeed.runtime import Runtime, apply_sdpa_backend, sdpa_backend_problem
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -85,6 +85,11 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
     problem = compile_toolchain_problem(rt.device_type) if rt.compile else None
     if problem:
         raise GptspeedError(problem)
+    m = cfg.model
+    problem = sdpa_backend_problem(r.sdpa_backend, rt.device, rt.autocast_dtype or torch.float32, m.n_head,
+                                   m.n_embd // m.n_head, m.block_size)
+    if problem:
+        raise GptspeedError(problem)
 
 
 class TrainStep:
@@ -111,6 +116,7 @@ class TrainStep:
         check_step(cfg, rt, self.accum)
         self.model = build_model(cfg) if model is None else model
         r = cfg.runtime
+        apply_sdpa_backend(r.sdpa_backend)  # before parallelize: torch.compile fixes the kernel when it traces
         self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
                                        activation_checkpointing=r.activation_checkpointing, fp8=r.fp8, backend=backend)
         self.sync = grad_sync_control(self.train_model)
@@ -243,7 +249,7 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
     settings = {"model": dataclasses.asdict(cfg.model), "dtype": rt.dtype, "compile": rt.compile,
                 "optimizer": cfg.optim.optimizer, "world_size": rt.world_size, "parallel": rt.parallel,
                 "compile_mode": r.compile_mode, "compile_tuning": r.compile_tuning,
-                "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8}
+                "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "sdpa_backend": r.sdpa_backend}
     b = resolve_auto_batch(rt.device, settings, sequences, make_step, say=say, agree=lambda v: agree_min(rt, v))
     reset_peak_memory(rt.device)
     return b

@@ -436,7 +436,8 @@ class Trainer:
         self.say(f"gptspeed: {self.model.num_params(False) / 1e6:.2f}M parameters | {environment(rt.device)['device']} "
                  f"({rt.device}) | {rt.dtype} | compile {r.compile_mode + ' ' + r.compile_tuning if rt.compile else 'off'}"
                  f" | {cfg.optim.optimizer}{' (fused AdamW)' if self.skips_on_device else ''} | "
-                 f"{'fp8 | ' if r.fp8 else ''}activation checkpointing {r.activation_checkpointing} | "
+                 f"{'fp8 | ' if r.fp8 else ''}"
+                 f"{f'sdpa {r.sdpa_backend} | ' if r.sdpa_backend != 'auto' else ''}activation checkpointing {r.activation_checkpointing} | "
                  f"B={B} T={T} x {self.accum} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
                  + f" = {self.tokens_per_step:,} tokens/step")
         why_compile = rt.compile_reason or ("on" if rt.compile else "off")

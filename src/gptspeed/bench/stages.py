@@ -50,6 +50,7 @@ class Settings:
     optimizer: str = "adamw"  # adamw | muon (gptspeed.optim.MuonWithAdamW)
     compile_mode: str = "model"  # model | blocks (gptspeed.parallelize.parallelize)
     compile_tuning: str = "default"  # torch.compile mode: default | max-autotune | ...
+    sdpa_backend: str = "auto"  # --sdpa-backend: auto | flash | cudnn | efficient | math
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,7 +93,8 @@ _DTYPE_LABEL = {"float32": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16"
 # The name of each Settings field as a switch, for "differs from the previous row by: ...".
 SWITCH_NAMES = {"dtype": "dtype", "compile": "compile", "attention": "attention", "vocab_size": "vocab",
                 "fused_adamw": "fused-adamw", "loss": "loss", "batch_auto": "batch-auto", "fp8": "fp8",
-                "optimizer": "optimizer", "compile_mode": "compile-mode", "compile_tuning": "compile-tuning"}
+                "optimizer": "optimizer", "compile_mode": "compile-mode", "compile_tuning": "compile-tuning",
+                "sdpa_backend": "sdpa-backend"}
 
 
 def switches(settings: "Settings | dict[str, Any]") -> str:
@@ -110,6 +112,8 @@ def switches(settings: "Settings | dict[str, Any]") -> str:
         parts.append(s["compile_tuning"])
     if s["attention"] != d["attention"]:
         parts.append(s["attention"])
+    if s.get("sdpa_backend", "auto") != d["sdpa_backend"]:
+        parts.append(f"sdpa-{s['sdpa_backend']}")
     if s["vocab_size"] != d["vocab_size"]:
         parts.append(f"vocab{s['vocab_size']}")
     parts += [name for key, name in (("fused_adamw", "fused-adamw"), ("batch_auto", "batch-auto"), ("fp8", "fp8"))
@@ -258,6 +262,9 @@ def _fp16(device: torch.device, compile_backend: str) -> str | None:
 VERIFY_EXTRAS: tuple[Stage, ...] = (
     Stage("fp16", "float16 autocast with a GradScaler (--dtype auto on GPUs without bf16)", {"dtype": "float16"},
           _fp16, source="torch.amp.GradScaler; Micikevicius et al. 2018", base="baseline"),
+    Stage("sdpa-cudnn", "fused-adamw's settings (CUDA's default) with cuDNN attention (--sdpa-backend cudnn)",
+          {"sdpa_backend": "cudnn"}, _cuda_only("cuDNN attention"), source="torch.nn.attention.SDPBackend.CUDNN_ATTENTION",
+          base="fused-adamw"),
     Stage("fp16-fused-ce", "fused-ce's settings in float16 (GradScaler + the chunked loss)", {"dtype": "float16"},
           _fp16, source="torch.amp.GradScaler", base="fused-ce"),
     Stage("reduce-overhead", "fused-ce's settings, torch.compile mode reduce-overhead (CUDA graphs)",

@@ -176,7 +176,8 @@ class _HFForward(torch.nn.Module):
 def run_config(spec: StageSpec) -> RunConfig:
     """The :class:`~gptspeed.config.RunConfig` of a row: what ``gptspeed train`` would be given for
     these settings (``--dtype``, ``--compile``, ``--attention``, ``--vocab-size``, ``--loss``,
-    ``--fused-adamw``, ``--optimizer``, ``--fp8``, ``--compile-mode``, ``--compile-tuning``; a
+    ``--fused-adamw``, ``--optimizer``, ``--fp8``, ``--compile-mode``, ``--compile-tuning``,
+    ``--sdpa-backend``; a
     global batch of ``grad_accum`` micro-batches; gradient clipping at 1.0), validated as
     ``train`` validates it. The bench differs from ``train`` only in these settings.
     GptspeedError for a combination gptspeed refuses."""
@@ -188,7 +189,8 @@ def run_config(spec: StageSpec) -> RunConfig:
         optim=OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer, grad_clip=GRAD_CLIP),
         train=TrainConfig(batch_size=spec.batch_size, total_batch_tokens=spec.batch_size * spec.seq_len * spec.grad_accum),
         runtime=RuntimeConfig(device=spec.device, dtype=s.dtype, compile=s.compile, compile_mode=s.compile_mode,
-                              compile_tuning=s.compile_tuning, fp8=s.fp8, seed=spec.seed, peak_tflops=spec.peak_tflops),
+                              compile_tuning=s.compile_tuning, fp8=s.fp8, sdpa_backend=s.sdpa_backend,
+                              seed=spec.seed, peak_tflops=spec.peak_tflops),
         preset="bench")
     run.validate()
     return run

@@ -1,0 +1,264 @@
+"""Issue 20: gptspeed's default `gptspeed train` against nanoGPT and llm.c on one GPU, interleaved.
+
+The same model (GPT-2 124M: 12 layers, 12 heads, 768 wide, vocabulary 50304 in every tool), the
+same micro-batch (``--batch-size``, default 16) and sequence length (``--seq-len``, 1024), the same
+tokens per optimizer step (B x T x ``--accum``, default 4: 65,536 tokens) and the same tokens
+(one prepared gptspeed data folder, ``--data``; nanoGPT gets them as its raw uint16 ``train.bin``,
+llm.c reads the shards as they are: gptspeed writes llm.c's format). Every row is a fresh process
+per round; the order rotates by one row each round (A B C, B C A, C A B), so a warm GPU or a
+cache filled by the row before favours no row. Each process runs ``--warmup`` untimed steps (the
+compile), then ``--steps`` timed ones, and is stopped there.
+
+Rows (``--peers``, in run order):
+
+- ``gptspeed``: ``gptspeed train --preset gpt2`` with no speed flag (what a user gets: bf16,
+  torch.compile, SDPA, vocabulary 50304, fused AdamW, the plain loss; the start line is recorded)
+  and ``--batch-size/--seq-len/--total-batch-tokens`` for the shape. Step time = wall time between
+  consecutive ``metrics.jsonl`` records (``--log-every 1``: one host read per step).
+- ``nanogpt``: nanoGPT's ``train.py`` as its README runs it on a GPU (``--compile=True
+  --dtype=bfloat16``; its model.py uses SDPA and, on CUDA, fused AdamW), ``--bias=True`` (GPT-2's
+  biases, as gptspeed and llm.c have them); step time = its printed ``time X ms`` per iteration
+  (wall time, ``loss.item()`` included at ``--log_interval=1``).
+- ``llmc``: llm.c's ``train_gpt2cu`` built here from the clone (``make train_gpt2cu NO_MULTI_GPU=1
+  NO_USE_MPI=1``: its own kernels, cuDNN attention off unless ``--llmc-make`` adds ``USE_CUDNN=1``),
+  ``-e d12`` (a fresh GPT-2 124M), its defaults otherwise (bf16, GeLU recompute ``-r 1``); step
+  time = its printed ``X ms`` per step (CUDA events around the step).
+- ``--variant 'NAME: FLAGS'``: more gptspeed rows, e.g. ``'cudnn: --sdpa-backend cudnn'``,
+  ``'fused-ce: --loss fused'``, ``'fp8: --fp8'``, ``'muon: --optimizer muon'``, ``'B32: --batch-size 32
+  --total-batch-tokens 65536'`` (flags after the shape's, so they override it).
+
+Reported per row: median ms/step (the median of the per-round medians), each round's median, the
+min-max step, tokens/s (tokens per step / median), and the speed against the first row, round by
+round. What each tool's time includes differs a little (above); ``wall_s`` (process start to the
+last timed step) is in the JSON.
+
+    python benchmarks/peers_gpu.py --data DATA_DIR [--rounds 3] [--steps 20] [--warmup 8]
+        [--batch-size 16] [--seq-len 1024] [--accum 4] [--peers gptspeed,nanogpt,llmc]
+        [--variant 'NAME: FLAGS'] [--json OUT.json] [--md OUT.md] [--work DIR] [--row-timeout 420]
+
+``--device cpu`` with a small shape (``--n-layer 2 --n-embd 64 --n-head 2 --seq-len 64``) runs the
+gptspeed and nanoGPT rows on a CPU (fp32, no compile): the CI test of this script, not a
+measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers_cpu as pc  # noqa: E402  (the shared machinery: processes, the gptspeed adapter, tables)
+
+GPU_PEERS = ("gptspeed", "nanogpt", "llmc")
+# llm.c's per-step line (train_gpt2.cu, main()): "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)|
+# lr %.2e | %.2f ms | %.1f%% bf16 MFU | %.0f tok/s"
+LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-+\w.]+) .*\| ([\d.]+) ms \| ([-\d.]+)% bf16 MFU")
+
+
+def gpu_environment(argv: list[str]) -> dict:
+    """The GPU, its driver, CUDA and torch versions, the commit and the command."""
+    import platform
+
+    import torch
+
+    from gptspeed.metrics import git_commit
+
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "git_commit": git_commit(), "command": " ".join(argv), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "cpu_count": os.cpu_count()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
+                            "--format=csv,noheader"], capture_output=True, text=True)
+        env["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
+    return env
+
+
+def parse_llmc_line(line: str) -> tuple[int, float, float, float] | None:
+    """``(step, loss, ms, mfu %)`` from one of train_gpt2cu's per-step lines, else None."""
+    m = LLMC_STEP.match(line.strip())
+    if not m:
+        return None
+    return int(m.group(1)), float(m.group(3)), float(m.group(4)), float(m.group(5))
+
+
+def llmc_cuda_binary(work: Path, make_flags: list[str]) -> Path:
+    """llm.c's ``train_gpt2cu``, built once in a scratch copy of the clone (its Makefile writes
+    next to the sources). Raises CalledProcessError with make's output if the build fails."""
+    src = work / "llm.c"
+    if not src.exists():
+        shutil.copytree(pc.PEERS_DIR / "llm.c", src)
+    binary = src / "train_gpt2cu"
+    if not binary.exists():
+        cmd = ["make", "-C", str(src), "train_gpt2cu", "NO_MULTI_GPU=1", "NO_USE_MPI=1", *make_flags]
+        t0 = time.time()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        (work / "llmc-build.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0 or not binary.exists():
+            raise RuntimeError(f"llm.c build failed ({shlex.join(cmd)}): {(done.stdout + done.stderr)[-600:]}")
+        print(f"built {binary} in {time.time() - t0:.0f} s", flush=True)
+    return binary
+
+
+def llmc_data(work: Path, data: Path) -> tuple[str, str]:
+    """Glob patterns for train_gpt2cu's ``-i``/``-j``: the data folder's shards, linked under
+    names llm.c's loader globs for (gptspeed's shards already carry llm.c's header)."""
+    from gptspeed.data import find_shards
+
+    d = work / "llmc-data"
+    d.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        for i, p in enumerate(find_shards(data, split)):
+            link = d / f"gptspeed_{split}_{i:06d}.bin"
+            if not link.exists():
+                link.symlink_to(Path(p).resolve())
+    return str(d / "gptspeed_train_*.bin"), str(d / "gptspeed_val_*.bin")
+
+
+def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps: int, make_flags: list[str],
+                  timeout_s: float) -> pc.Run:
+    binary = llmc_cuda_binary(work, make_flags)
+    train, val = llmc_data(work, data)
+    need = warmup + steps
+    cmd = [str(binary), "-e", "d12", "-i", train, "-j", val, "-b", str(shape.batch_size), "-t", str(shape.seq_len),
+           "-d", str(shape.tokens), "-x", str(need + 1), "-v", "1000000", "-m", "1", "-s", "0", "-n", "0"]
+    got: list[tuple[int, float, float, float]] = []
+    t_start, t_warm = time.perf_counter(), {}
+
+    def on_line(line: str) -> bool:
+        parsed = parse_llmc_line(line)
+        if parsed:
+            got.append(parsed)
+            if len(got) == warmup:
+                t_warm["t"] = time.perf_counter() - t_start
+        return len(got) >= need
+
+    status, rss, wall, lines = pc.run_until(cmd, cwd=binary.parent, env={**os.environ}, on_line=on_line,
+                                            timeout_s=timeout_s)
+    info = {"command": f"cd {binary.parent} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t")}
+    if len(got) < need:
+        return pc.Run([], error="llm.c stopped early: " + " | ".join(lines[-4:]), info=info)
+    info["mfu_percent"] = [m for _, _, _, m in got[warmup:need]]
+    return pc.Run([ms for _, _, ms, _ in got[warmup:need]], [loss for _, loss, _, _ in got], rss, wall, info=info)
+
+
+def make_shape(args) -> pc.Shape:
+    T, B = args.seq_len, args.batch_size
+    flags = ("--batch-size", str(B), "--seq-len", str(T), "--total-batch-tokens", str(B * T * args.accum))
+    if (args.n_layer, args.n_head, args.n_embd) != (12, 12, 768):
+        flags += ("--n-layer", str(args.n_layer), "--n-head", str(args.n_head), "--n-embd", str(args.n_embd))
+    return pc.Shape(f"L{args.n_layer}-C{args.n_embd}-B{B}-T{T}-x{args.accum}", args.n_layer, args.n_head, args.n_embd,
+                    B, T, "gpt2", flags, accum=args.accum)
+
+
+def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: dict) -> pc.Run:
+    kw = dict(warmup=args.warmup, steps=args.steps)
+    cpu = args.device == "cpu"
+    if row == "gptspeed" or row in variants:
+        flags = ["--dtype", "float32", "--no-compile"] if cpu else []
+        flags += variants.get(row, [])
+        return pc.run_gptspeed(shape, data, work / "runs" / row, flags, threads=os.cpu_count() or 1,
+                               device=args.device, timeout_s=args.row_timeout, **kw)
+    if row == "nanogpt":
+        return pc.run_nanogpt(shape, work, data, not cpu, threads=os.cpu_count() or 1, device=args.device,
+                              dtype="float32" if cpu else "bfloat16", timeout_s=args.row_timeout, **kw)
+    if row == "llmc":
+        if cpu:
+            return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/peers_cpu.py runs llm.c's CPU "
+                                    "trainer)")
+        return run_llmc_cuda(shape, work, data, make_flags=shlex.split(args.llmc_make), timeout_s=args.row_timeout,
+                             **kw)
+    raise SystemExit(f"unknown row {row!r}: choose from {', '.join(GPU_PEERS)} or a --variant name")
+
+
+def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
+    """``rounds`` x every row, the order rotating by one row per round; a row skipped once (it
+    cannot run here) is dropped from the later rounds."""
+    per_row: dict[str, list[dict]] = {r: [] for r in rows}
+    for rnd in range(args.rounds):
+        k = rnd % len(rows)
+        for row in rows[k:] + rows[:k]:
+            if row not in rows:
+                continue
+            t0, load = time.time(), pc.loadavg()
+            try:
+                run = run_row(row, args, shape, work, data, variants)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # a peer that fails to build or start
+                run = pc.Run([], error=f"{type(e).__name__}: {str(e)[:600]}")
+            entry = {"round": rnd, "loadavg": load, "step_ms": run.step_ms, "losses": run.losses, "peak_rss_bytes": run.peak_rss_bytes,
+                     "wall_s": run.wall_s, "error": run.error, "process_s": time.time() - t0, **run.info}
+            if run.step_ms:
+                entry["median_ms"] = statistics.median(run.step_ms)
+            per_row[row].append(entry)
+            said = f"{entry['median_ms']:.1f} ms/step, {shape.tokens / entry['median_ms'] * 1000:,.0f} tokens/s" \
+                if run.step_ms else run.error
+            print(f"[round {rnd + 1}/{args.rounds}] {row}: {said} ({entry['process_s']:.0f} s)", flush=True)
+            if run.error and run.error.startswith("skipped"):
+                rows = [r for r in rows if r != row]
+            if args.json:  # what is measured so far survives a command cut off at its time limit
+                Path(args.json).write_text(json.dumps({"partial": True, "rows": per_row}, indent=1) + "\n")
+    return pc.summarize(shape, per_row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="a prepared gptspeed data folder (train and val shards)")
+    ap.add_argument("--peers", default=",".join(GPU_PEERS), help="comma list of rows, in run order: "
+                    + ", ".join(GPU_PEERS) + " and --variant names")
+    ap.add_argument("--variant", action="append", default=[], help="'NAME: FLAGS': an extra gptspeed train row")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=8, help="untimed steps per run (compile; >= 1)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--accum", type=int, default=4, help="micro-batches per optimizer step")
+    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--n-head", type=int, default=12)
+    ap.add_argument("--n-embd", type=int, default=768)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--llmc-make", default="", help="extra make variables for train_gpt2cu, e.g. 'USE_CUDNN=1'")
+    ap.add_argument("--row-timeout", type=float, default=420.0, help="seconds one process may take")
+    ap.add_argument("--work", default="/tmp/gptspeed-peers-gpu", help="scratch folder (peer copies, runs, builds)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None)
+    args = ap.parse_args(argv[1:])
+    if args.warmup < 1:
+        ap.error("--warmup must be at least 1 (the first step compiles)")
+    work = Path(args.work)
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    variants = {}
+    for v in args.variant:
+        name, flags, _ = pc.parse_variant(v)
+        variants[name] = flags
+    rows = args.peers.split(",")
+    rows += [v for v in variants if v not in rows]
+    shape = make_shape(args)
+    env = gpu_environment(argv)
+    result = {"environment": env, "settings": vars(args), "shapes": [measure(args, shape, work, Path(args.data), rows,
+                                                                             variants)]}
+    head = (f"{env.get('gpu', args.device)} ({env.get('nvidia_smi', '')}), torch {env['torch']} (CUDA {env['cuda']}), "
+            f"commit {env['git_commit']}, {env['date']}; {shape.tokens:,} tokens per step\n`{env['command']}`\n")
+    md = head + pc.markdown(result)
+    print(md)
+    if args.md:
+        Path(args.md).write_text(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""benchmarks/peers_gpu.py, the script issue 20's GPU session runs to put gptspeed beside nanoGPT and
+llm.c: it is checked here, on the CPU, so a lent GPU's minutes go to measuring, not to debugging
+the script. llm.c's CUDA log line is parsed as its printf writes it; the interleaved run itself
+goes end to end with a small shape (the gptspeed and nanoGPT rows; train_gpt2cu needs a GPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, child_env
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import peers_gpu  # noqa: E402
+
+NANOGPT = ROOT.parent / "shared" / "peers" / "nanoGPT"
+# train_gpt2.cu's per-step printf, in Python's % notation (the same conversions)
+LLMC_FORMAT = ("step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | %.1f%% bf16 MFU | "
+               "%.0f tok/s")
+
+
+def test_llmc_step_lines_are_read_as_its_printf_writes_them():
+    first = LLMC_FORMAT % (1, 29, 11.009876, math.nan, 15.4321, math.nan, 6e-4, 1234.56, 12.3, 53103)
+    later = LLMC_FORMAT % (12, 29, 7.654321, -0.25, 1.2345, 1.5, 6e-4, 141.07, 48.9, 464512)
+    assert peers_gpu.parse_llmc_line(first) == (1, 11.009876, 1234.56, 12.3)
+    assert peers_gpu.parse_llmc_line(later + "\n") == (12, 7.654321, 141.07, 48.9)
+    for other in ("val loss 7.1234", "generating:", "step 3: train loss 4.2", ""):
+        assert peers_gpu.parse_llmc_line(other) is None
+
+
+def test_the_shape_flags_give_every_tool_the_same_tokens_per_step():
+    args = peers_gpu.argparse.Namespace(seq_len=1024, batch_size=16, accum=4, n_layer=12, n_head=12, n_embd=768)
+    shape = peers_gpu.make_shape(args)
+    assert shape.tokens == 16 * 1024 * 4
+    assert shape.preset == "gpt2" and shape.preset_flags == ("--batch-size", "16", "--seq-len", "1024",
+                                                             "--total-batch-tokens", "65536")
+
+
+@pytest.mark.skipif(not NANOGPT.exists(), reason="needs nanoGPT's clone in ../shared/peers")
+def test_an_interleaved_cpu_run_writes_every_row(shakespeare_data, tmp_path):
+    out = tmp_path / "peers.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers_gpu.py"), "--data", str(shakespeare_data), "--device",
+           "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
+           "--accum", "2", "--rounds", "2", "--steps", "2", "--warmup", "1", "--work", str(tmp_path / "work"),
+           "--json", str(out), "--md", str(tmp_path / "peers.md"), "--variant", "math: --sdpa-backend math"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = result["shapes"][0]["rows"]
+    assert list(rows) == ["gptspeed", "nanogpt", "llmc", "math"]
+    assert "needs a CUDA GPU" in rows["llmc"]["error"]
+    runs = result["shapes"][0]["runs"]
+    for row in ("gptspeed", "nanogpt", "math"):
+        assert len(rows[row]["round_medians_ms"]) == 2, row  # both rounds measured
+        assert rows[row]["tokens_per_s"] == pytest.approx(2 * 32 * 2 / rows[row]["median_ms"] * 1000)
+        assert all(len(r["step_ms"]) == 2 for r in runs[row])
+    assert [r["round"] for r in runs["gptspeed"]] == [0, 1]
+    # the variant's flags reached gptspeed train: its command says so, and its start line names the kernel
+    assert "--sdpa-backend math" in runs["math"][0]["command"]
+    assert "sdpa math" in runs["math"][0]["start_line"]
+    # each row started from its own step-0 loss near ln(50304): a fresh model, trained on real tokens
+    assert all(abs(rows[r]["first_loss"] - math.log(50304)) < 0.5 for r in ("gptspeed", "nanogpt", "math"))
+    assert "x 2 micro-batches (128 tokens/step)" in (tmp_path / "peers.md").read_text()

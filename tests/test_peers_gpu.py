@@ -66,3 +66,20 @@ def test_an_interleaved_cpu_run_writes_every_row(shakespeare_data, tmp_path):
     # each row started from its own step-0 loss near ln(50304): a fresh model, trained on real tokens
     assert all(abs(rows[r]["first_loss"] - math.log(50304)) < 0.5 for r in ("gptspeed", "nanogpt", "math"))
     assert "x 2 micro-batches (128 tokens/step)" in (tmp_path / "peers.md").read_text()
+
+
+def test_the_loss_benchmark_compares_every_path_against_fp64(tmp_path):
+    """benchmarks/loss_gpu.py at a small shape on the CPU: every runnable path's loss and gradients
+    agree with the fp64 reference, the padded rows get no gradient, Liger says why it is skipped."""
+    out = tmp_path / "loss.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "loss_gpu.py"), "--device", "cpu", "--dtype", "float32",
+           "--tokens", "256", "--vocab", "1024", "--width", "64", "--rounds", "2", "--steps", "1", "--warmup", "1",
+           "--compile-backend", "eager", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())["variants"]
+    assert "need a CUDA GPU" in result["liger"]["skipped"]
+    for name in ("plain", "plain-compiled", "gptspeed-fused"):
+        v = result[name]
+        assert v["steps"] == 2 and v["padding_grad_zero"], name
+        assert v["loss_rel"] < 1e-6 and v["grad_x_rel"] < 1e-5 and v["grad_w_rel"] < 1e-5, (name, v)

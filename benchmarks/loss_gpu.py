@@ -19,7 +19,6 @@ CUDA only) is called through ``liger_kernel.ops.fused_linear_cross_entropy``'s
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from gptspeed.loss import fused_linear_cross_entropy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers_gpu import emit, gpu_environment  # noqa: E402  (the GPU, driver and versions; the outputs)
 
 VALID = 50257
 
@@ -162,14 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md")
     args = ap.parse_args(argv)
     result = measure(args)
-    result["environment"] = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)
-                             if args.device == "cuda" else args.device, "command": " ".join(sys.argv)}
-    md = markdown(result)
-    print(md)
-    if args.md:
-        Path(args.md).write_text(md)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    result["environment"] = gpu_environment(sys.argv)
+    emit(markdown(result), result, args.md, args.json)
     return 0
 
 

@@ -251,13 +251,17 @@ def main(argv: list[str] | None = None) -> int:
                                                                              variants)]}
     head = (f"{env.get('gpu', args.device)} ({env.get('nvidia_smi', '')}), torch {env['torch']} (CUDA {env['cuda']}), "
             f"commit {env['git_commit']}, {env['date']}; {shape.tokens:,} tokens per step\n`{env['command']}`\n")
-    md = head + pc.markdown(result)
-    print(md)
-    if args.md:
-        Path(args.md).write_text(md)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    emit(head + pc.markdown(result), result, args.md, args.json)
     return 0
+
+
+def emit(md: str, result: dict, md_path: str | None, json_path: str | None) -> None:
+    """Print the tables; write them to ``md_path`` and everything to ``json_path`` when given."""
+    print(md)
+    if md_path:
+        Path(md_path).write_text(md)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""Issue 20 on a lent GPU machine: every step of the issue as a phase that fits one device command.
+"""Issue 20 on a lent GPU machine: every step of the issue as phases that fit 10-minute device commands.
 
 A lent machine gives a session about 30 minutes of device time, at most 10 per command, and no
-network. Each phase below runs its parts one after another, each part under a timeout cut to the
-phase's remaining budget (``--budget-s``, default 560 s), and after every part packs everything the
-phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``), so a phase stopped at the command's
-limit still brings back what it measured. Run from the project root, after ``bash
-../shared/device/carry.sh`` here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py
-PHASE``:
+network. Each phase runs its parts one after another, each part under a timeout cut to what is left
+of the command's budget (``--budget-s``, default 560 s, shared by the phases named in one command),
+and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``),
+so a command stopped at its limit still brings back what it measured; ``summary.json`` in each archive
+lists the parts, their commands, status and seconds. Run from the project root, after ``bash
+../shared/device/carry.sh liger-kernel==0.8.5`` here, as ``source .carry/setup.sh && python3
+benchmarks/gpu_session.py PHASE [PHASE ...]``:
 
 ==========  ==============================================================================================
 phase       what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg prepared from .carry)
@@ -16,24 +17,25 @@ first       the machine (nvidia-smi, gcc, Python.h, versions); ``gptspeed train 
             ``--resume``-d to 50 (its losses against the uninterrupted run's); ``gptspeed sample`` from
             the checkpoint; then ``python -m pytest -m cuda`` with the time left
 cudatests   ``python -m pytest -m cuda`` alone (when ``first`` ran out of time for it)
-verify      ``gptspeed bench --verify --preset gpt2 --device cuda`` on the seeds' rungs and the extras
-            (``--stages`` VERIFY_A: fp32 .. fused-adamw, fp16, cuDNN attention)
-verify2     the same for the rest (VERIFY_B: fused-ce, batch-auto, fp8, muon, compile-blocks, the
-            compile modes); each verify phase runs its own fp32 reference
-ladder      ``gptspeed bench --ladder`` of the seeds' rows at B=16 (fp32 -> TF32 -> bf16 -> compile ->
-            flash -> vocab 50304 -> fused AdamW), then the same rows from bf16 on at B=32
 peers       ``benchmarks/peers_gpu.py``: gptspeed's default ``train`` vs nanoGPT (compile) vs llm.c's
-            ``train_gpt2cu``, 3 interleaved rounds, 65,536 tokens per step
-beyond      ``benchmarks/peers_gpu.py --peers gptspeed`` with one switch each from the default: cuDNN
-            attention, the fused loss, B=32, FP8, Muon, per-block compile, max-autotune (2 rounds)
-profile     ``benchmarks/loss_gpu.py`` (the LM-head loss alone: plain, compiled, gptspeed's fused, Liger-Kernel's
-            when carried: ``bash ../shared/device/carry.sh liger-kernel==0.8.5``), then ``gptspeed bench
-            --profile fused-adamw`` (the default configuration): the top kernels
+            ``train_gpt2cu``, 3 interleaved rounds, 65,536 tokens per step (~6 min estimated)
+ladder      ``gptspeed bench --ladder`` of the seeds' rows at B=16: fp32 -> TF32 -> bf16 -> compile ->
+            flash -> vocab 50304 -> fused AdamW
+profile     ``benchmarks/loss_gpu.py`` (the LM-head loss alone: plain, compiled, gptspeed's fused,
+            Liger-Kernel's when carried), then ``gptspeed bench --profile fused-adamw`` (the default
+            configuration): its top kernels
+verify      ``gptspeed bench --verify --preset gpt2 --device cuda``: fp32 .. fused AdamW, fp16, cuDNN attention
+verify2     the same: fused loss, ``--batch-size auto``, FP8, Muon
+verify3     the same: per-block compile, fp16 + fused loss, the CUDA-graph and max-autotune compile modes
+beyond      ``benchmarks/peers_gpu.py --peers gptspeed`` with one switch each from the default, 2 rounds:
+            cuDNN attention, the fused loss, the largest micro-batch (``--batch-size auto``)
+beyond2     the same: FP8, Muon, per-block compile
 ==========  ==============================================================================================
 
-Suggested order within one lease: first, peers, ladder, verify, beyond, verify2, profile (what the
-issue's "Done when" needs first). ``--smoke`` runs a phase on the CPU at the pico shape, for the
-tests: it checks the orchestration, not the GPU.
+The phases are listed in the order the issue's "Done when" needs them; one lease holds about three
+commands (e.g. ``first``; ``peers ladder``; ``profile verify``). The minutes are estimates until a
+GPU has run them. ``--smoke`` runs a phase on the CPU at the pico shape, for the tests: it checks
+the orchestration, not the GPU.
 """
 
 from __future__ import annotations
@@ -52,14 +54,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRY = ROOT / ".carry"
-VERIFY_A = "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw,fp16,sdpa-cudnn"
-VERIFY_B = ("fused-ce,batch-auto,fp8,muon,compile-blocks,max-autotune,fp16-fused-ce,reduce-overhead,"
-            "max-autotune-no-cudagraphs")
+# bench --verify's rungs in three groups that each fit one command (each group also runs its fp32 reference)
+VERIFY_GROUPS = {
+    "verify": "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw,fp16,sdpa-cudnn",
+    "verify2": "fused-ce,batch-auto,fp8,muon",
+    "verify3": "compile-blocks,fp16-fused-ce,reduce-overhead,max-autotune,max-autotune-no-cudagraphs",
+}
 SEEDS = "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw"
-BEYOND = ["cudnn: --sdpa-backend cudnn", "fused-ce: --loss fused", "B32: --batch-size 32 --total-batch-tokens 65536",
-          "fp8: --fp8", "muon: --optimizer muon", "blocks: --compile-mode blocks",
-          "autotune: --compile-tuning max-autotune-no-cudagraphs"]
-PHASES = ("first", "cudatests", "verify", "verify2", "ladder", "peers", "beyond", "profile")
+# one switch each from gptspeed train's default, interleaved with the default, 65,536 tokens per step
+BEYOND_GROUPS = {
+    "beyond": ["cudnn: --sdpa-backend cudnn", "fused-ce: --loss fused",
+               "B-auto: --batch-size auto --total-batch-tokens 65536"],
+    "beyond2": ["fp8: --fp8", "muon: --optimizer muon", "blocks: --compile-mode blocks"],
+}
+PHASES = ("first", "cudatests", "peers", "ladder", "profile", *VERIFY_GROUPS, *BEYOND_GROUPS)
 
 
 class Session:
@@ -265,20 +273,16 @@ def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> 
     s.run(name, gptspeed("bench", *what, *size, "--data", str(data), "--out", str(s.dir / name), *extra), cap_s)
 
 
-def phase_verify(s: Session, stages: str = VERIFY_A) -> None:
+def phase_verify(s: Session) -> None:
     steps = ["--steps", "3", "--warmup", "2"] if s.smoke else ["--steps", "15", "--warmup", "5"]
-    bench(s, "verify", ["--verify", "--stages", stages if not s.smoke else "baseline,compile"], 560, *steps,
-          "--stage-timeout", "150")
+    stages = VERIFY_GROUPS[s.phase] if not s.smoke else "baseline,compile"
+    bench(s, "verify", ["--verify", "--stages", stages], 560, *steps, "--stage-timeout", "150")
 
 
 def phase_ladder(s: Session) -> None:
-    steps = ["--steps", "3", "--warmup", "1"] if s.smoke else ["--steps", "30", "--warmup", "8"]
-    stages = SEEDS if not s.smoke else "baseline,compile"
-    bench(s, "ladder-B16", ["--ladder", "--stages", stages, "--no-peers"], 420, *steps,
-          *(["--batch-size", "16"] if not s.smoke else []), "--stage-timeout", "150")
-    if not s.smoke:
-        bench(s, "ladder-B32", ["--ladder", "--stages", SEEDS.split(",", 2)[2], "--no-peers"], 300, *steps,
-              "--batch-size", "32", "--stage-timeout", "120")
+    steps = ["--steps", "3", "--warmup", "1"] if s.smoke else ["--steps", "30", "--warmup", "8", "--batch-size", "16"]
+    bench(s, "ladder-B16", ["--ladder", "--stages", SEEDS if not s.smoke else "baseline,compile", "--no-peers"], 560,
+          *steps, "--stage-timeout", "150")
 
 
 def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int) -> None:
@@ -306,34 +310,42 @@ def phase_profile(s: Session) -> None:
           *(["--batch-size", "16"] if not s.smoke else []))
 
 
+def run_phase(s: Session) -> None:
+    if s.phase == "first":
+        phase_first(s)
+    elif s.phase == "cudatests":
+        cuda_tests(s)
+    elif s.phase in VERIFY_GROUPS:
+        phase_verify(s)
+    elif s.phase == "ladder":
+        phase_ladder(s)
+    elif s.phase == "peers":
+        peers(s, "peers", "gptspeed,nanogpt,llmc", [], 3)
+    elif s.phase in BEYOND_GROUPS:
+        variants = BEYOND_GROUPS[s.phase]
+        peers(s, s.phase, "gptspeed", variants if not s.smoke else variants[:1], 2)
+    elif s.phase == "profile":
+        phase_profile(s)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phase", choices=PHASES)
+    ap.add_argument("phases", nargs="+", choices=PHASES, metavar="PHASE", help=", ".join(PHASES))
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-session-out"), help="where <phase>.tgz goes ($OUT)")
-    ap.add_argument("--budget-s", type=float, default=560.0, help="seconds the whole phase may take")
+    ap.add_argument("--budget-s", type=float, default=560.0,
+                    help="seconds all the phases together may take (one device command: at most 600)")
     ap.add_argument("--smoke", action="store_true", help="run the phase on the CPU at the pico shape (tests)")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    s = Session(args.phase, out, args.budget_s, args.smoke)
-    if args.phase == "first":
-        phase_first(s)
-    elif args.phase == "cudatests":
-        cuda_tests(s)
-    elif args.phase in ("verify", "verify2"):
-        phase_verify(s, VERIFY_A if args.phase == "verify" else VERIFY_B)
-    elif args.phase == "ladder":
-        phase_ladder(s)
-    elif args.phase == "peers":
-        peers(s, "peers", "gptspeed,nanogpt,llmc", [], 3)
-    elif args.phase == "beyond":
-        peers(s, "beyond", "gptspeed", BEYOND if not s.smoke else BEYOND[:2], 2)
-    elif args.phase == "profile":
-        phase_profile(s)
-    s.pack()
-    failed = [p["part"] for p in s.summary if p.get("status") not in (None, "ok")]
-    print(f"== {args.phase}: {len(s.summary)} parts, {'failed or cut: ' + ', '.join(failed) if failed else 'all ok'}; "
-          f"{time.monotonic() - s.t0:.0f} s; results in {out / (args.phase + '.tgz')}", flush=True)
+    t0, failed = time.monotonic(), []
+    for phase in args.phases:  # one budget for all: each phase gets what the ones before it left
+        s = Session(phase, out, args.budget_s - (time.monotonic() - t0), args.smoke)
+        run_phase(s)
+        s.pack()
+        bad = [p["part"] for p in s.summary if p.get("status") not in (None, "ok")]
+        failed += [f"{phase}/{b}" for b in bad]
+        print(f"== {phase}: {len(s.summary)} parts, {'failed or cut: ' + ', '.join(bad) if bad else 'all ok'}; "
+              f"{time.monotonic() - s.t0:.0f} s; results in {out / (phase + '.tgz')}", flush=True)
     return 1 if failed else 0
 
 

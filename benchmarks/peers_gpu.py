@@ -96,18 +96,23 @@ def parse_llmc_line(line: str) -> tuple[int, float, float, float] | None:
 
 def llmc_cuda_binary(work: Path, make_flags: list[str]) -> Path:
     """llm.c's ``train_gpt2cu``, built once in a scratch copy of the clone (its Makefile writes
-    next to the sources). Raises CalledProcessError with make's output if the build fails."""
+    next to the sources). RuntimeError with make's output if the build fails -- then, and in every
+    later call on the same ``work`` folder, without building again."""
     src = work / "llm.c"
     if not src.exists():
         shutil.copytree(pc.PEERS_DIR / "llm.c", src)
     binary = src / "train_gpt2cu"
+    failed = work / "llmc-build-failed.txt"
+    if failed.exists():  # built and failed in an earlier round: not again
+        raise RuntimeError(failed.read_text())
     if not binary.exists():
         cmd = ["make", "-C", str(src), "train_gpt2cu", "NO_MULTI_GPU=1", "NO_USE_MPI=1", *make_flags]
         t0 = time.time()
         done = subprocess.run(cmd, capture_output=True, text=True)
         (work / "llmc-build.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0 or not binary.exists():
-            raise RuntimeError(f"llm.c build failed ({shlex.join(cmd)}): {(done.stdout + done.stderr)[-600:]}")
+            failed.write_text(f"llm.c build failed ({shlex.join(cmd)}): {(done.stdout + done.stderr)[-600:]}")
+            raise RuntimeError(failed.read_text())
         print(f"built {binary} in {time.time() - t0:.0f} s", flush=True)
     return binary
 
@@ -129,7 +134,10 @@ def llmc_data(work: Path, data: Path) -> tuple[str, str]:
 
 def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps: int, make_flags: list[str],
                   timeout_s: float) -> pc.Run:
-    binary = llmc_cuda_binary(work, make_flags)
+    try:
+        binary = llmc_cuda_binary(work, make_flags)
+    except RuntimeError as e:  # no nvcc, no cuBLAS headers, ...: the row says so, the other rows run
+        return pc.Run([], error=str(e))
     train, val = llmc_data(work, data)
     need = warmup + steps
     cmd = [str(binary), "-e", "d12", "-i", train, "-j", val, "-b", str(shape.batch_size), "-t", str(shape.seq_len),

@@ -83,3 +83,25 @@ def test_the_loss_benchmark_compares_every_path_against_fp64(tmp_path):
         v = result[name]
         assert v["steps"] == 2 and v["padding_grad_zero"], name
         assert v["loss_rel"] < 1e-6 and v["grad_x_rel"] < 1e-5 and v["grad_w_rel"] < 1e-5, (name, v)
+
+
+def test_llmc_reads_the_prepared_shards_and_a_failed_build_is_one_row_error(shakespeare_data, tmp_path, monkeypatch):
+    import glob
+
+    train, val = peers_gpu.llmc_data(tmp_path, shakespeare_data)
+    assert [Path(p).resolve() for p in glob.glob(train)] == [p.resolve() for p in shakespeare_data.glob("train_*.bin")]
+    assert len(glob.glob(val)) == 1
+    # a build that fails (here: a Makefile with no CUDA) is the row's error, with make's own words
+    fake = tmp_path / "peers" / "llm.c"
+    fake.mkdir(parents=True)
+    (fake / "Makefile").write_text("train_gpt2cu:\n\t@echo 'nvcc: not found' && false\n")
+    monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
+    args = peers_gpu.argparse.Namespace(device="cuda", warmup=1, steps=1, llmc_make="", row_timeout=60)
+    run = peers_gpu.run_row("llmc", args, peers_gpu.make_shape(peers_gpu.argparse.Namespace(
+        seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)), tmp_path / "work", shakespeare_data, {})
+    assert run.step_ms == [] and "llm.c build failed" in run.error and "nvcc: not found" in run.error
+    # the next round does not build again (the copy it would build in now has a Makefile that succeeds)
+    (tmp_path / "work" / "llm.c" / "Makefile").write_text("train_gpt2cu:\n\ttouch built-again\n")
+    again = peers_gpu.run_row("llmc", args, peers_gpu.make_shape(peers_gpu.argparse.Namespace(
+        seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)), tmp_path / "work", shakespeare_data, {})
+    assert again.error == run.error and not (tmp_path / "work" / "llm.c" / "built-again").exists()

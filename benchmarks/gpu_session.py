@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # gptspeed's own helpers, from this checkout
 CARRY = ROOT / ".carry"
 # bench --verify's rungs in three groups that each fit one command (each group also runs its fp32 reference)
 VERIFY_GROUPS = {
@@ -111,26 +112,33 @@ class Session:
             self.pack()
             return None
         print(f"== {name} (at most {timeout:.0f} s): {' '.join(cmd)}", flush=True)
+        from gptspeed.llmc import read_lines  # reads a pipe line by line up to a deadline
+
         t = time.monotonic()
         log = (self.dir / f"{name}.log").open("w")
         proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        deadline = t + timeout
+                                start_new_session=True)
+
+        def seen(line: str) -> bool:
+            log.write(line + "\n")
+            log.flush()
+            if on_line is not None:
+                on_line(line, proc)
+            return False
+
+        deadline = time.perf_counter() + timeout
         timed_out = False
         try:
-            for line in _lines(proc, deadline):
-                log.write(line)
-                log.flush()
-                if on_line is not None:
-                    on_line(line, proc)
+            read_lines(proc.stdout.fileno(), seen, deadline)
             try:  # the output ended: the process is exiting, or it closed its output and runs on
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
             except subprocess.TimeoutExpired:
                 timed_out = True
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            proc.stdout.close()
             log.close()
         code = proc.returncode
         entry.update(status="timed out" if timed_out else "ok" if code == expect else f"exit {code}",
@@ -158,23 +166,6 @@ class Session:
             tar.add(self.dir, arcname=self.dir.name,
                     filter=lambda info: None if info.isfile() and info.size > largest else info)
         tmp.replace(self.out / f"{self.phase}.tgz")
-
-
-def _lines(proc: subprocess.Popen, deadline: float):
-    """The process's output lines until it ends or ``deadline`` (monotonic) passes."""
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
-            if proc.poll() is not None:
-                break
-            continue
-        line = proc.stdout.readline()
-        if not line:
-            break
-        yield line
 
 
 def gptspeed(*args: str) -> list[str]:

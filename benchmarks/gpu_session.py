@@ -30,6 +30,8 @@ verify3     the same: per-block compile, fp16 + fused loss, the CUDA-graph and m
 beyond      ``benchmarks/peers_gpu.py --peers gptspeed`` with one switch each from the default, 2 rounds:
             cuDNN attention, the fused loss, the largest micro-batch (``--batch-size auto``)
 beyond2     the same: FP8, Muon, per-block compile
+beyond3     the same: inductor's coordinate-descent tuning, max-autotune (no CUDA graphs), and cuDNN
+            attention with the largest micro-batch together
 ==========  ==============================================================================================
 
 The phases are listed in the order the issue's "Done when" needs them; one lease holds about three
@@ -67,6 +69,10 @@ BEYOND_GROUPS = {
     "beyond": ["cudnn: --sdpa-backend cudnn", "fused-ce: --loss fused",
                "B-auto: --batch-size auto --total-batch-tokens 65536"],
     "beyond2": ["fp8: --fp8", "muon: --optimizer muon", "blocks: --compile-mode blocks"],
+    # what else might close a gap to llm.c: inductor's own tuning knobs, and the measured wins together
+    "beyond3": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1",
+                "autotune: --compile-tuning max-autotune-no-cudagraphs",
+                "cudnn-B-auto: --sdpa-backend cudnn --batch-size auto --total-batch-tokens 65536"],
 }
 PHASES = ("first", "cudatests", "peers", "ladder", "profile", *VERIFY_GROUPS, *BEYOND_GROUPS)
 

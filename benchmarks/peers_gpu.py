@@ -23,9 +23,10 @@ Rows (``--peers``, in run order):
   NO_USE_MPI=1``: its own kernels, cuDNN attention off unless ``--llmc-make`` adds ``USE_CUDNN=1``),
   ``-e d12`` (a fresh GPT-2 124M), its defaults otherwise (bf16, GeLU recompute ``-r 1``); step
   time = its printed ``X ms`` per step (CUDA events around the step).
-- ``--variant 'NAME: FLAGS'``: more gptspeed rows, e.g. ``'cudnn: --sdpa-backend cudnn'``,
+- ``--variant 'NAME: FLAGS ENV=VALUE'``: more gptspeed rows, e.g. ``'cudnn: --sdpa-backend cudnn'``,
   ``'fused-ce: --loss fused'``, ``'fp8: --fp8'``, ``'muon: --optimizer muon'``, ``'B32: --batch-size 32
-  --total-batch-tokens 65536'`` (flags after the shape's, so they override it).
+  --total-batch-tokens 65536'`` (flags after the shape's, so they override it); ``NAME=VALUE`` tokens
+  set environment variables instead, e.g. ``'cd: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1'``.
 
 Reported per row: median ms/step (the median of the per-round medians), each round's median, the
 min-max step, tokens/s (tokens per step / median), and the speed against the first row, round by
@@ -175,10 +176,10 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
     kw = dict(warmup=args.warmup, steps=args.steps)
     cpu = args.device == "cpu"
     if row == "gptspeed" or row in variants:
-        flags = ["--dtype", "float32", "--no-compile"] if cpu else []
-        flags += variants.get(row, [])
+        extra, env = variants.get(row, ([], {}))
+        flags = (["--dtype", "float32", "--no-compile"] if cpu else []) + extra
         return pc.run_gptspeed(shape, data, work / "runs" / row, flags, threads=os.cpu_count() or 1,
-                               device=args.device, timeout_s=args.row_timeout, **kw)
+                               device=args.device, timeout_s=args.row_timeout, env_extra=env, **kw)
     if row == "nanogpt":
         return pc.run_nanogpt(shape, work, data, not cpu, threads=os.cpu_count() or 1, device=args.device,
                               dtype="float32" if cpu else "bfloat16", timeout_s=args.row_timeout, **kw)
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", required=True, help="a prepared gptspeed data folder (train and val shards)")
     ap.add_argument("--peers", default=",".join(GPU_PEERS), help="comma list of rows, in run order: "
                     + ", ".join(GPU_PEERS) + " and --variant names")
-    ap.add_argument("--variant", action="append", default=[], help="'NAME: FLAGS': an extra gptspeed train row")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="'NAME: FLAGS ENV=VALUE': an extra gptspeed train row (flags, environment variables)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps per run (compile; >= 1)")
@@ -249,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     (work / "runs").mkdir(parents=True, exist_ok=True)
     variants = {}
     for v in args.variant:
-        name, flags, _ = pc.parse_variant(v)
-        variants[name] = flags
+        name, flags, env = pc.parse_variant(v)
+        variants[name] = (flags, env)
     rows = args.peers.split(",")
     rows += [v for v in variants if v not in rows]
     shape = make_shape(args)

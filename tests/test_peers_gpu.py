@@ -85,6 +85,21 @@ def test_the_loss_benchmark_compares_every_path_against_fp64(tmp_path):
         assert v["loss_rel"] < 1e-6 and v["grad_x_rel"] < 1e-5 and v["grad_w_rel"] < 1e-5, (name, v)
 
 
+def test_a_variant_gives_its_flags_and_its_environment_to_gptspeed_train(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(peers_gpu.pc, "run_gptspeed", lambda shape, data, run_dir, flags, **kw: seen.update(
+        flags=flags, env=kw["env_extra"], device=kw["device"]) or peers_gpu.pc.Run([1.0]))
+    name, flags, env = peers_gpu.pc.parse_variant("cd: --sdpa-backend cudnn TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1")
+    args = peers_gpu.argparse.Namespace(device="cuda", warmup=1, steps=1, row_timeout=60)
+    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=1024, batch_size=16, accum=4, n_layer=12,
+                                                              n_head=12, n_embd=768))
+    peers_gpu.run_row(name, args, shape, tmp_path, tmp_path, {name: (flags, env)})
+    assert seen == {"flags": ["--sdpa-backend", "cudnn"], "env": {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"},
+                    "device": "cuda"}
+    peers_gpu.run_row("gptspeed", args, shape, tmp_path, tmp_path, {name: (flags, env)})
+    assert seen["flags"] == [] and seen["env"] == {}  # the default row: no flag, no variable
+
+
 def test_llmc_reads_the_prepared_shards_and_a_failed_build_is_one_row_error(shakespeare_data, tmp_path, monkeypatch):
     import glob
 

@@ -115,7 +115,8 @@ def test_on_a_gpu_each_kernel_runs_itself_and_trains_like_flash(backend):
     """bf16, GPT-2 124M's attention shape (12 heads x 64, T=1024), one block, eager: the profiled step
     runs the named kernel, and its losses over 3 steps on one batch stay within bf16's 1e-2 of flash's."""
     rt = resolve_runtime("cuda", "bfloat16", False)
-    shape = dict(n_layer=1, n_head=12, n_embd=768, block_size=1024, batch_size=2, warmup_steps=0, lr=1e-3)
+    shape = dict(n_layer=1, n_head=12, n_embd=768, block_size=1024, batch_size=2, total_batch_tokens=2048,
+                 warmup_steps=0, lr=1e-3)
     losses, ran = {}, {}
     for name in ("flash", backend):
         torch.manual_seed(0)

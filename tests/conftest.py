@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# the corpora: ../shared/data beside the checkout, or where GPTSPEED_DATA_MIRROR already points (a GPU
+# machine has no ../shared: its .carry/setup.sh points the mirror at .carry/data)
+SHARED_DATA = Path(os.environ.get("GPTSPEED_DATA_MIRROR") or ROOT.parent / "shared" / "data")
 SRC = ROOT / "src"
 
 
@@ -116,9 +118,11 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a gptspeed subprocess: this one's, with ``src`` on the path and the
-    shared data as the corpus mirror, plus ``extra`` (e.g. ``OMP_NUM_THREADS="1"``)."""
-    return {**os.environ, "PYTHONPATH": str(SRC), "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), **extra}
+    """The environment of a gptspeed subprocess: this one's, with ``src`` first on the path (packages
+    found through PYTHONPATH, e.g. a GPU machine's carried wheels, stay found) and the shared data as
+    the corpus mirror, plus ``extra`` (e.g. ``OMP_NUM_THREADS="1"``)."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "GPTSPEED_DATA_MIRROR": str(SHARED_DATA), **extra}
 
 
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:

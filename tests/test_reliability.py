@@ -194,6 +194,54 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where)
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+class Killed(BaseException):
+    """The process dying at this instant (nothing after it runs: no except OSError, no cleanup)."""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("kind", ["pt", "dcp"])
+def test_a_checkpoint_never_stands_under_its_name_unsealed(tmp_path, monkeypatch, kind, when):
+    """A kill just before or just after a checkpoint's rename to its name: before, there is no
+    checkpoint (a seal alone is not one) and a --resume starts again; after, it is sealed and valid.
+    The seal used to be written after the rename, so a kill in between left an unsealed checkpoint,
+    the only one of a run killed during its first save, and --resume refused the folder."""
+    import os
+
+    import gptspeed.checkpoint as ck
+    import gptspeed.fileio as fio
+
+    run = tmp_path / "run"
+    run.mkdir()
+    real_replace = os.replace
+
+    def dying_replace(src, dst):
+        if ck.CKPT_RE.match(Path(dst).name):
+            if when == "before":
+                raise Killed
+            real_replace(src, dst)
+            raise Killed
+        real_replace(src, dst)
+
+    if kind == "pt":
+        monkeypatch.setattr(fio.os, "replace", dying_replace)
+        with pytest.raises(Killed):
+            save_checkpoint(run, {"step": 1, "w": torch.ones(3)})
+    else:
+        partial = run / ".ckpt_00000001.dcp.partial"
+        partial.mkdir()
+        (partial / "__0_0.distcp").write_bytes(b"shard bytes")
+        (partial / "meta.pt").write_bytes(b"meta")
+        monkeypatch.setattr(ck.os, "replace", dying_replace)
+        with pytest.raises(Killed):
+            ck.seal_sharded(partial, {"step": 1}, final=ck.checkpoint_path(run, 1, sharded=True))
+    monkeypatch.setattr(ck.os, "replace", real_replace)
+    found = list_checkpoints(run)
+    if when == "before":
+        assert found == []
+    else:
+        assert [p.name for p in found] == [f"ckpt_00000001.{kind}"] and check_checkpoint(found[0]) is None
+
+
 def test_a_disk_too_full_for_the_next_checkpoint_is_said_before_writing(tmp_path, monkeypatch):
     """Less free space than the last checkpoint took: one line before anything is written (the
     disk is not filled halfway through the save); with room, the save goes ahead."""

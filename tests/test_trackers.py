@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import SHARED_DATA, SRC, TINY_MODEL, records
+from conftest import TINY_MODEL, child_env, records
 from gptspeed.trainer import build_train_config, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -138,8 +138,8 @@ def test_a_tracker_that_cannot_start_is_one_line(shakespeare_data, tmp_path):
     args = ["train", "--preset", "pico", "--n-layer", "1", "--n-embd", "32", "--seq-len", "32", "--batch-size", "4",
             "--max-steps", "2", "--eval-tokens", "512", "--device", "cpu", "--data", str(shakespeare_data),
             "--out", str(run), "--log-to", "jsonl,tensorboard,wandb"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(PYTHONPATH=str(SRC), GPTSPEED_DATA_MIRROR=str(SHARED_DATA), HOME=str(tmp_path), OMP_NUM_THREADS="1")
+    env = {k: v for k, v in child_env().items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -13,13 +13,15 @@ same run. The run folder itself is this module's too: :class:`RunFolder` creates
 Two formats, one rule. Single-process and DDP runs write ``RUN_DIR/ckpt_{step:08d}.pt``
 (``torch.save`` of every part, by rank 0); FSDP2 runs write ``ckpt_{step:08d}.dcp/``, where every
 rank saves its shards of model and optimizer with ``torch.distributed.checkpoint`` and rank 0 adds
-``meta.pt`` with the other parts. Either is *sealed* by ``ckpt_{step:08d}.json``, written last: the
-bytes and sha256 of every file, plus the step and the run-defining configuration, so ``--resume``
-reads the configuration without loading the checkpoint. Each file is written to a hidden
-temporary file, flushed, fsynced and renamed, the seal last, and the folder is fsynced. A
-checkpoint counts only once sealed and only while its bytes match the seal, so a ``SIGKILL`` at
-any instant leaves the newest complete checkpoint loadable, and a torn, truncated or altered file
-is detected and skipped. Loading uses ``torch.load(weights_only=True)``: no pickled code runs.
+``meta.pt`` with the other parts. Either is *sealed* by ``ckpt_{step:08d}.json``: the bytes and
+sha256 of every file, plus the step and the run-defining configuration, so ``--resume`` reads the
+configuration without loading the checkpoint. Each file (each sharded folder) is written under a
+hidden temporary name, flushed and fsynced; then the seal is written; then the file (folder) is
+renamed to its checkpoint name, and the folder is fsynced. So a checkpoint never stands under its
+name unsealed: a ``SIGKILL`` at any instant leaves either no new checkpoint (a seal without its
+file does not count) or a sealed one. A checkpoint counts only once sealed and only while its
+bytes match the seal, so the newest complete checkpoint stays loadable, and a torn, truncated or
+altered file is detected and skipped. Loading uses ``torch.load(weights_only=True)``: no pickled code runs.
 
 This module imports torch only inside the functions that need it, so reading seals (and the
 configuration a resume continues with) costs no torch import.
@@ -161,7 +163,10 @@ def _intact_besides(final: Path) -> str:
 
 
 def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to the file ``final`` atomically and seal it (``final`` with ``.json``)."""
+    """Write ``state`` to the file ``final`` atomically and seal it (``final`` with ``.json``): the
+    bytes go to a hidden temporary file, the seal (their size and sha256) is written, and only then
+    is the file renamed to ``final``. A process killed at any instant leaves either no ``final`` (a
+    seal without its file does not count) or a sealed one."""
     import torch
 
     final = Path(final)
@@ -179,11 +184,13 @@ def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
             raise
         return w
 
+    def seal(w) -> None:  # before the rename: a .pt never stands under its name unsealed
+        write_text_atomic(seal_path(final), json.dumps({**_seal_info(state), "bytes": w.bytes,
+                                                        "sha256": w.sha.hexdigest()}))
+
     try:
         seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new bytes
-        w = write_atomic(final, write_pt)
-        seal = {**_seal_info(state), "bytes": w.bytes, "sha256": w.sha.hexdigest()}
-        write_text_atomic(seal_path(final), json.dumps(seal))
+        write_atomic(final, write_pt, before_rename=seal)
         fsync_dir(final.parent)
     except OSError as e:
         seal_path(final).unlink(missing_ok=True)
@@ -226,11 +233,14 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
             old.unlink(missing_ok=True)
 
 
-def seal_sharded(folder: Path, info: dict[str, Any]) -> None:
+def seal_sharded(folder: Path, info: dict[str, Any], final: Path | None = None) -> None:
     """Seal a sharded checkpoint folder once every rank has finished writing it: the seal lists
-    each file's size and sha256, plus ``info`` (step, configuration...). Call on one rank, after
-    a barrier."""
+    each file's size and sha256, plus ``info`` (step, configuration...). With ``final``, ``folder``
+    is the temporary folder the ranks wrote: the seal is written for ``final`` and then ``folder``
+    is renamed to it, so the checkpoint never stands under its name unsealed. Call on one rank,
+    after a barrier."""
     folder = Path(folder)
+    final = Path(final) if final is not None else folder
     files = {p.name: [p.stat().st_size, sha256_file(p)] for p in sorted(folder.iterdir()) if p.is_file()}
     try:
         for p in folder.iterdir():
@@ -238,11 +248,13 @@ def seal_sharded(folder: Path, info: dict[str, Any]) -> None:
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
         fsync_dir(folder)
-        write_text_atomic(seal_path(folder), json.dumps({**info, "files": files}))
-        fsync_dir(folder.parent)
+        write_text_atomic(seal_path(final), json.dumps({**info, "files": files}))
+        if final != folder:
+            os.replace(folder, final)
+        fsync_dir(final.parent)
     except OSError as e:
-        raise GptspeedError(f"could not seal checkpoint {folder}: {e.strerror or e}") from e
-    _VERIFIED[_identity(folder)] = True
+        raise GptspeedError(f"could not seal checkpoint {final}: {e.strerror or e}") from e
+    _VERIFIED[_identity(final)] = True
 
 
 # -------------------------------------------------------------------------------------- checking
@@ -633,17 +645,20 @@ class Checkpointer:
 
     def _save_sharded(self, step: int) -> Path:
         """FSDP2: every rank writes its shards of the sharded parts with
-        ``torch.distributed.checkpoint.save`` into ``ckpt_{step:08d}.dcp/``; rank 0 adds
-        ``meta.pt`` (the other parts) and, after a barrier, the seal listing every file's sha256,
-        so a crash at any point leaves no sealed, incomplete checkpoint. Source:
+        ``torch.distributed.checkpoint.save`` into the hidden ``.ckpt_{step:08d}.dcp.partial/``;
+        rank 0 adds ``meta.pt`` (the other parts) and, after a barrier, the seal listing every
+        file's sha256, then renames the folder to ``ckpt_{step:08d}.dcp``, so a crash at any point
+        leaves neither a sealed incomplete checkpoint nor an unsealed one under its name. Source:
         https://pytorch.org/docs/stable/distributed.checkpoint.html"""
         import torch
         import torch.distributed.checkpoint as dcp
 
-        folder = checkpoint_path(self.run_dir, step, sharded=True)
+        final = checkpoint_path(self.run_dir, step, sharded=True)
+        folder = final.with_name(f".{final.name}.partial")  # renamed to `final` once sealed
         if self.is_main:
-            seal_path(folder).unlink(missing_ok=True)  # an old seal must never vouch for new files
-            shutil.rmtree(folder, ignore_errors=True)
+            seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new files
+            shutil.rmtree(final, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)  # a save killed part-way
             folder.mkdir(parents=True)
         self.barrier()
         sharded = {name: self.parts[name].state_dict() for name in self._dcp_parts}
@@ -658,10 +673,10 @@ class Checkpointer:
             raise GptspeedError(f"could not write checkpoint {folder}: {e.strerror or e}") from e
         self.barrier()
         if self.is_main:
-            seal_sharded(folder, {**_seal_info({"step": step, **self.meta, "optimizer": True})})
+            seal_sharded(folder, {**_seal_info({"step": step, **self.meta, "optimizer": True})}, final=final)
             prune_checkpoints(self.run_dir, self.keep)
         self.barrier()
-        return folder
+        return final
 
     # ------------------------------------------------------------------ resuming
     def resume_point(self, say: Callable[[str], Any] = print) -> Path | None:

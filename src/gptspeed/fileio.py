@@ -41,11 +41,14 @@ def create_temp(dest: Path) -> tuple[int, Path]:
             continue
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> Any:
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any],
+                 before_rename: Callable[[Any], Any] | None = None) -> Any:
     """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
 
-    Returns what ``write`` returned. On any failure (including KeyboardInterrupt) the temporary
-    file is removed and ``path`` is untouched; the OSError or other exception propagates.
+    ``before_rename(result)``, when given, runs between the fsync and the rename (a checkpoint's
+    seal is written there, so the file never stands under its name unsealed). Returns what
+    ``write`` returned. On any failure (including KeyboardInterrupt) the temporary file is removed
+    and ``path`` is untouched; the OSError or other exception propagates.
     """
     path = Path(path)
     fd, tmp = create_temp(path)
@@ -54,6 +57,8 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> A
             result = write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename(result)
         os.replace(tmp, path)
         return result
     except BaseException:

@@ -473,8 +473,11 @@ class RunFolder:
             raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
         self.lock = RunLock(self.path).acquire()
         self.opened = True
-        for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing
-            stale.unlink(missing_ok=True)
+        for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing (a file, or a .dcp folder)
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
     def abandon(self) -> None:
         """A new run failed before its first checkpoint: remove the files it wrote (config.json,
@@ -645,7 +648,7 @@ class Checkpointer:
 
     def _save_sharded(self, step: int) -> Path:
         """FSDP2: every rank writes its shards of the sharded parts with
-        ``torch.distributed.checkpoint.save`` into the hidden ``.ckpt_{step:08d}.dcp.partial/``;
+        ``torch.distributed.checkpoint.save`` into the hidden ``.ckpt_{step:08d}.dcp.tmp/``;
         rank 0 adds ``meta.pt`` (the other parts) and, after a barrier, the seal listing every
         file's sha256, then renames the folder to ``ckpt_{step:08d}.dcp``, so a crash at any point
         leaves neither a sealed incomplete checkpoint nor an unsealed one under its name. Source:
@@ -654,7 +657,7 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
 
         final = checkpoint_path(self.run_dir, step, sharded=True)
-        folder = final.with_name(f".{final.name}.partial")  # renamed to `final` once sealed
+        folder = final.with_name(f".{final.name}.tmp")  # renamed to `final` once sealed; stale ones go at start
         if self.is_main:
             seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new files
             shutil.rmtree(final, ignore_errors=True)

@@ -233,14 +233,12 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
             old.unlink(missing_ok=True)
 
 
-def seal_sharded(folder: Path, info: dict[str, Any], final: Path | None = None) -> None:
-    """Seal a sharded checkpoint folder once every rank has finished writing it: the seal lists
-    each file's size and sha256, plus ``info`` (step, configuration...). With ``final``, ``folder``
-    is the temporary folder the ranks wrote: the seal is written for ``final`` and then ``folder``
-    is renamed to it, so the checkpoint never stands under its name unsealed. Call on one rank,
-    after a barrier."""
-    folder = Path(folder)
-    final = Path(final) if final is not None else folder
+def seal_sharded(folder: Path, info: dict[str, Any], *, final: Path) -> None:
+    """Seal a sharded checkpoint once every rank has finished writing it into the temporary
+    ``folder``: the seal, written for ``final``, lists each file's size and sha256, plus ``info``
+    (step, configuration...); then ``folder`` is renamed to ``final``, so the checkpoint never
+    stands under its name unsealed. Call on one rank, after a barrier."""
+    folder, final = Path(folder), Path(final)
     files = {p.name: [p.stat().st_size, sha256_file(p)] for p in sorted(folder.iterdir()) if p.is_file()}
     try:
         for p in folder.iterdir():
@@ -249,8 +247,7 @@ def seal_sharded(folder: Path, info: dict[str, Any], final: Path | None = None) 
                     os.fsync(f.fileno())
         fsync_dir(folder)
         write_text_atomic(seal_path(final), json.dumps({**info, "files": files}))
-        if final != folder:
-            os.replace(folder, final)
+        os.replace(folder, final)
         fsync_dir(final.parent)
     except OSError as e:
         raise GptspeedError(f"could not seal checkpoint {final}: {e.strerror or e}") from e

@@ -435,48 +435,64 @@ def parse_variant(text: str) -> tuple[str, list[str], dict]:
     return name.strip(), flags, env
 
 
-def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
-    """All rows of one shape, interleaved: ``rounds`` x (each row once). The order rotates by one
-    row per round (A B C, B C A, C A B, ...), so no row always runs first, or always right after
-    the heaviest one: a fixed order gave two identical gptspeed rows a steady 0.88-0.98x gap."""
+def interleave(rows: list[str], rounds: int, run_one: Callable[[str, int], Run], label: str,
+               after_each: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
+    """``rounds`` x (each row once), ``run_one(row, round)`` giving each process's :class:`Run`.
+    The order rotates by one row per round (A B C, B C A, C A B, ...), so no row always runs
+    first, or always right after the heaviest one: a fixed order gave two identical gptspeed rows
+    a steady 0.88-0.98x gap. A row whose error starts with "skipped" (it cannot run here) is
+    dropped from the later rounds. Returns each row's entries (round, load average before it,
+    step times, losses, peak RSS, wall and process seconds, error, the run's info, median);
+    ``after_each(per_row)`` runs after every entry."""
     per_row: dict[str, list[dict]] = {r: [] for r in rows}
-    for rnd in range(args.rounds):
+    for rnd in range(rounds):
         k = rnd % len(rows)
         for row in rows[k:] + rows[:k]:
             if row not in rows:  # skipped for good in an earlier round
                 continue
-            load = loadavg()
-            kw = dict(warmup=args.warmup, steps=args.steps, threads=args.threads)
-            if row == "gptspeed":
-                run = run_gptspeed(shape, data, work / "runs" / row, [], planned_steps=args.planned_steps, **kw)
-            elif row == "gptspeed-eager":
-                run = run_gptspeed(shape, data, work / "runs" / row, ["--dtype", "float32", "--no-compile"],
-                                   planned_steps=args.planned_steps, **kw)
-            elif row in variants:
-                flags, env = variants[row]
-                fill = dict(round=rnd, shape=shape.name, work=work, run=RUN_ID)
-                flags = [f.format(**fill) for f in flags]
-                env = {k: v.format(**fill) for k, v in env.items()}
-                run = run_gptspeed(shape, data, work / "runs" / row, flags, env_extra=env,
-                                   planned_steps=args.planned_steps, **kw)
-            elif row in ("nanogpt", "nanogpt-compile"):
-                run = run_nanogpt(shape, work, data, row.endswith("compile"), **kw)
-            elif row in ("hf", "hf-compile"):
-                run = run_hf(shape, data, row.endswith("compile"), **kw)
-            elif row == "llmc":
-                run = run_llmc(shape, work, data, **kw)
-            else:
-                raise SystemExit(f"unknown row {row!r}")
+            t0, load = time.time(), loadavg()
+            run = run_one(row, rnd)
             entry = {"round": rnd, "loadavg": load, "step_ms": run.step_ms, "losses": run.losses,
-                     "peak_rss_bytes": run.peak_rss_bytes, "wall_s": run.wall_s, "error": run.error, **run.info}
+                     "peak_rss_bytes": run.peak_rss_bytes, "wall_s": run.wall_s, "error": run.error,
+                     "process_s": time.time() - t0, **run.info}
             if run.step_ms:
                 entry["median_ms"] = statistics.median(run.step_ms)
             per_row[row].append(entry)
-            med = f"{entry['median_ms']:.1f} ms" if run.step_ms else run.error
-            print(f"[{shape.name} round {rnd + 1}/{args.rounds}] {row}: {med} (load {load})", flush=True)
+            med = f"{entry['median_ms']:.1f} ms/step" if run.step_ms else run.error
+            print(f"[{label} round {rnd + 1}/{rounds}] {row}: {med} (load {load}; {entry['process_s']:.0f} s)",
+                  flush=True)
             if run.error and run.error.startswith("skipped"):
                 rows = [r for r in rows if r != row]
-    return summarize(shape, per_row)
+            if after_each is not None:
+                after_each(per_row)
+    return per_row
+
+
+def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
+    """All rows of one shape, interleaved (:func:`interleave`)."""
+    def run_one(row: str, rnd: int) -> Run:
+        kw = dict(warmup=args.warmup, steps=args.steps, threads=args.threads)
+        if row == "gptspeed":
+            return run_gptspeed(shape, data, work / "runs" / row, [], planned_steps=args.planned_steps, **kw)
+        if row == "gptspeed-eager":
+            return run_gptspeed(shape, data, work / "runs" / row, ["--dtype", "float32", "--no-compile"],
+                                planned_steps=args.planned_steps, **kw)
+        if row in variants:
+            flags, env = variants[row]
+            fill = dict(round=rnd, shape=shape.name, work=work, run=RUN_ID)
+            flags = [f.format(**fill) for f in flags]
+            env = {k: v.format(**fill) for k, v in env.items()}
+            return run_gptspeed(shape, data, work / "runs" / row, flags, env_extra=env,
+                                planned_steps=args.planned_steps, **kw)
+        if row in ("nanogpt", "nanogpt-compile"):
+            return run_nanogpt(shape, work, data, row.endswith("compile"), **kw)
+        if row in ("hf", "hf-compile"):
+            return run_hf(shape, data, row.endswith("compile"), **kw)
+        if row == "llmc":
+            return run_llmc(shape, work, data, **kw)
+        raise SystemExit(f"unknown row {row!r}")
+
+    return summarize(shape, interleave(rows, args.rounds, run_one, shape.name))
 
 
 def _median(xs):

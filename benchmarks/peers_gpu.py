@@ -50,7 +50,6 @@ import os
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -193,32 +192,19 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
 
 
 def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
-    """``rounds`` x every row, the order rotating by one row per round; a row skipped once (it
-    cannot run here) is dropped from the later rounds."""
-    per_row: dict[str, list[dict]] = {r: [] for r in rows}
-    for rnd in range(args.rounds):
-        k = rnd % len(rows)
-        for row in rows[k:] + rows[:k]:
-            if row not in rows:
-                continue
-            t0, load = time.time(), pc.loadavg()
-            try:
-                run = run_row(row, args, shape, work, data, variants)
-            except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # a peer that fails to build or start
-                run = pc.Run([], error=f"{type(e).__name__}: {str(e)[:600]}")
-            entry = {"round": rnd, "loadavg": load, "step_ms": run.step_ms, "losses": run.losses, "peak_rss_bytes": run.peak_rss_bytes,
-                     "wall_s": run.wall_s, "error": run.error, "process_s": time.time() - t0, **run.info}
-            if run.step_ms:
-                entry["median_ms"] = statistics.median(run.step_ms)
-            per_row[row].append(entry)
-            said = f"{entry['median_ms']:.1f} ms/step, {shape.tokens / entry['median_ms'] * 1000:,.0f} tokens/s" \
-                if run.step_ms else run.error
-            print(f"[round {rnd + 1}/{args.rounds}] {row}: {said} ({entry['process_s']:.0f} s)", flush=True)
-            if run.error and run.error.startswith("skipped"):
-                rows = [r for r in rows if r != row]
-            if args.json:  # what is measured so far survives a command cut off at its time limit
-                Path(args.json).write_text(json.dumps({"partial": True, "rows": per_row}, indent=1) + "\n")
-    return pc.summarize(shape, per_row)
+    """Every row, interleaved (:func:`peers_cpu.interleave`); a peer that fails to build or start
+    is that row's error, and the JSON is rewritten after every process."""
+    def run_one(row: str, rnd: int) -> pc.Run:
+        try:
+            return run_row(row, args, shape, work, data, variants)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            return pc.Run([], error=f"{type(e).__name__}: {str(e)[:600]}")
+
+    def save_partial(per_row: dict) -> None:  # what is measured so far survives a command cut off at its limit
+        if args.json:
+            Path(args.json).write_text(json.dumps({"partial": True, "rows": per_row}, indent=1) + "\n")
+
+    return pc.summarize(shape, pc.interleave(rows, args.rounds, run_one, shape.name, save_partial))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -237,8 +237,11 @@ class GPT(nn.Module):
         """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, padded columns -inf (and,
         with ``softmax="data"``, every column outside :meth:`set_softmax_ids`' ids)."""
         if self.config.softmax == "data":
-            full = h.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
-            full[..., self.softmax_ids] = F.linear(h, self.lm_head.weight[self.softmax_ids])
+            part = F.linear(h, self.lm_head.weight[self.softmax_ids])  # (..., K), the compute dtype
+            # The full row takes the matmul's dtype: under autocast ``h`` (a LayerNorm output) is fp32
+            # while the matmul gives bf16/fp16, and index_put needs the two to agree.
+            full = part.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
+            full[..., self.softmax_ids] = part
             return full
         logits = self.lm_head(h)
         if self.config.vocab_size > self.config.valid_vocab_size:

@@ -46,6 +46,14 @@ if TYPE_CHECKING:
     from gptspeed.config import RunConfig
 
 CKPT_RE = re.compile(r"^ckpt_(\d{8})\.(pt|dcp)$")
+# What gptspeed itself writes into a run folder: checkpoints, seals, config.json, metrics.jsonl, the lock,
+# the trackers' files (TensorBoard's folder, W&B's folder and run id) and the write probe.
+OWN_NAMES = re.compile(r"^(ckpt_\d{8}\.(pt|dcp|json)|config\.json|metrics\.jsonl|\.gptspeed\.lock|\.write-test|"
+                       r"tensorboard|wandb|wandb_run_id)$")
+# Temporary names gptspeed's own writes leave when killed (fileio.create_temp: ``.NAME.XXXXXXXX.tmp``; a
+# sharded save: ``.ckpt_N.dcp.tmp``; consolidate's work folder): the only hidden entries a start removes.
+STALE_NAMES = re.compile(r"^\.((ckpt_\d{8}\.(pt|json)|config\.json|wandb_run_id)\.[0-9a-f]{8}\.tmp|"
+                         r"ckpt_\d{8}\.dcp\.tmp|consolidate-[A-Za-z0-9_]+)$")
 SHARDED_META = "meta.pt"  # inside a sharded checkpoint folder: every part but model and optimizer
 LOCK_NAME = ".gptspeed.lock"
 FORMAT = "gptspeed-checkpoint"
@@ -118,7 +126,7 @@ def check_free_space(run_dir: Path, need_bytes: int) -> None:
 def _seal_info(state: dict[str, Any]) -> dict[str, Any]:
     """What a seal repeats of a checkpoint, so a resume can decide without loading it."""
     info = {"step": state["step"]}
-    for key in ("config", "data", "world_size"):
+    for key in ("config", "data", "world_size", "run_id"):
         if key in state:
             info[key] = state[key]
     info["kind"] = "full" if "optimizer" in state else "weights"
@@ -135,7 +143,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], keep: int = 2) -> Path
     final = checkpoint_path(run_dir, state["step"])
     check_room(run_dir, state["step"])
     write_checkpoint_file(final, state)
-    prune_checkpoints(run_dir, keep)
+    prune_checkpoints(run_dir, keep, state.get("run_id"))
     return final
 
 
@@ -223,9 +231,13 @@ def _step_of(path: Path) -> int:
     return int("".join(c for c in path.stem if c.isdigit()) or 0)
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, each unsealed first."""
-    for old in list_checkpoints(run_dir)[:-keep]:
+def prune_checkpoints(run_dir: Path, keep: int, run_id: str | None = None) -> None:
+    """Delete all but the newest ``keep`` of this run's checkpoints, each unsealed first. Only
+    sealed checkpoints of run ``run_id`` (or of no recorded run) whose seal names the step their
+    name says are counted and deleted: a checkpoint copied in from another run, or renamed, is
+    never deleted and never makes this run's own newer ones look old."""
+    mine = [p for p in list_checkpoints(run_dir) if read_seal(p) is not None and not_of_run(p, run_id) is None]
+    for old in mine[:-keep]:
         seal_path(old).unlink(missing_ok=True)  # unseal first: a half-deleted one is invalid
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
@@ -318,6 +330,42 @@ def check_checkpoint(path: Path) -> str | None:
     return None
 
 
+def folder_run_id(run_dir: Path) -> str | None:
+    """The id of the run in ``run_dir``: ``derived.run_id`` of its ``config.json``, drawn at the
+    run's first start and carried by every checkpoint and seal since. None when the folder has no
+    readable config.json or it records no id (a run of an earlier gptspeed, an imported model)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return None
+    from gptspeed.fileio import read_user_json
+
+    try:
+        derived = read_user_json(path, "run configuration").get("derived")
+    except GptspeedError:
+        return None
+    run_id = derived.get("run_id") if isinstance(derived, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def not_of_run(path: Path, run_id: str | None) -> str | None:
+    """Why the sealed checkpoint ``path`` is not run ``run_id``'s checkpoint of the step its name
+    says (a short reason), or None when it is. The seal's step must equal the name's (a checkpoint
+    renamed or copied in under another step is not used); the seal's run id must equal ``run_id``
+    when both are known (checkpoints of earlier gptspeed versions record none and are accepted).
+    Reads the seal only; the loaded content is compared in :func:`load_checkpoint`."""
+    seal = read_seal(path)
+    if seal is None:
+        return None  # unsealed or damaged: check_checkpoint says so
+    m = CKPT_RE.match(Path(path).name)
+    if m and seal.get("step") != int(m.group(1)):
+        return (f"its seal is of step {seal.get('step')!r}, its name of step {int(m.group(1))} "
+                "(renamed, or copied in from another run?)")
+    theirs = seal.get("run_id")
+    if run_id and theirs and theirs != run_id:
+        return f"it belongs to another run (run id {str(theirs)[:12]}; this folder's run is {run_id[:12]})"
+    return None
+
+
 def load_checkpoint(path: Path, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``, after checking it against its seal.
 
@@ -342,6 +390,13 @@ def load_checkpoint(path: Path, map_location: Any = "cpu", verify: bool = True) 
         raise GptspeedError(f"checkpoint {path} is unreadable ({type(e).__name__}): delete it or resume from another") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise GptspeedError(f"{path} is not a gptspeed checkpoint")
+    seal, m = read_seal(path) or {}, CKPT_RE.match(path.name)
+    named = int(m.group(1)) if m else seal.get("step", state.get("step"))
+    if state.get("step") != named or ("step" in seal and seal["step"] != named) or \
+            ("run_id" in seal and seal["run_id"] != state.get("run_id")):
+        raise GptspeedError(f"checkpoint {path} holds step {state.get('step')!r} of run {str(state.get('run_id'))[:12]}, "
+                            f"but its name says step {named} and its seal step {seal.get('step')!r} of run "
+                            f"{str(seal.get('run_id'))[:12]}: it was renamed or pieced together; delete it or resume from another")
     if "trainer" not in state and "optimizer" in state:  # format 1
         state["trainer"] = {"step": state["step"], "skipped_steps": state.pop("skipped_steps", 0)}
         if state.get("scaler") is None:
@@ -349,12 +404,18 @@ def load_checkpoint(path: Path, map_location: Any = "cpu", verify: bool = True) 
     return state
 
 
-def latest_valid_checkpoint(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest valid checkpoint in ``run_dir`` (or None) and the newer ones skipped, each
-    with the reason."""
+_FOLDER = object()
+
+
+def latest_valid_checkpoint(run_dir: Path, run_id: Any = _FOLDER) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest valid checkpoint of run ``run_id`` (default: the folder's,
+    :func:`folder_run_id`) in ``run_dir`` (or None) and the newer ones skipped, each with the
+    reason: unsealed, damaged, or not this run's checkpoint of its step (:func:`not_of_run`)."""
+    if run_id is _FOLDER:
+        run_id = folder_run_id(run_dir)
     skipped = []
     for path in reversed(list_checkpoints(run_dir)):
-        reason = check_checkpoint(path)
+        reason = check_checkpoint(path) or not_of_run(path, run_id)
         if reason is None:
             return path, skipped
         skipped.append((path, reason))
@@ -447,19 +508,90 @@ class RunLock:
             self._fd = None
 
 
+def _is_own_config(path: Path) -> bool:
+    """Whether ``path`` is a config.json gptspeed wrote (a run's, or an imported model's): a JSON
+    object with the ``model`` and ``train`` groups of a RunConfig."""
+    from gptspeed.fileio import read_user_json
+
+    try:
+        doc = read_user_json(path, "config", max_bytes=1 << 20)
+    except GptspeedError:
+        return False
+    return isinstance(doc.get("model"), dict) and isinstance(doc.get("train"), dict)
+
+
+def _is_own_metrics(path: Path) -> bool:
+    """Whether ``path`` is a metrics.jsonl gptspeed wrote: a regular file whose first line is a
+    JSON record with an integer ``step`` (an empty file counts: a run killed before its first record)."""
+    import stat
+
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16)
+        if not first.strip():
+            return True
+        record = json.loads(first)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and type(record.get("step")) is int
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The entries of ``folder`` that gptspeed does not write in a run folder (:data:`OWN_NAMES`,
+    :data:`STALE_NAMES`, a ``config.json`` / ``metrics.jsonl`` of gptspeed's own form), sorted.
+    An unreadable folder counts as foreign."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as e:
+        return [f"(unreadable: {e.strerror or e})"]
+    out = [n for n in names if not (OWN_NAMES.match(n) or STALE_NAMES.match(n))]
+    if "config.json" in names and not _is_own_config(folder / "config.json"):
+        out.append("config.json")
+    if "metrics.jsonl" in names and not _is_own_metrics(folder / "metrics.jsonl"):
+        out.append("metrics.jsonl")
+    return sorted(out)
+
+
+def refuse_foreign_folder(folder: Path, what: str = "--out") -> None:
+    """GptspeedError when ``folder`` exists, holds no checkpoint and holds entries gptspeed did
+    not write (:func:`foreign_entries`): a new run, import or consolidation never writes into the
+    user's folder (``/``, a home folder, a data folder, a Hugging Face model folder). A folder
+    with checkpoints is a run folder; extra files there (notes, plots) are left alone."""
+    folder = Path(folder)
+    if not folder.is_dir() or list_checkpoints(folder):
+        return
+    foreign = foreign_entries(folder)
+    if not foreign:
+        return
+    from gptspeed.paths import kind
+
+    if kind(folder) == "data folder":
+        raise GptspeedError(f"{what} {folder} is a prepared data folder (token shards): a run needs a folder of its own; "
+                            f"choose another {what} (e.g. runs/NAME)")
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    raise GptspeedError(f"{what} {folder} already holds files gptspeed did not write ({shown}): a run folder must be new, "
+                        f"empty or a gptspeed run's; choose another {what}")
+
+
 class RunFolder:
-    """The run folder of one writer: created if new, locked (:class:`RunLock`) by rank 0 for the
-    whole run, and -- when a new run fails before its first step -- left as it was found."""
+    """The run folder of one writer: created if new, refused if it holds files gptspeed did not
+    write (:func:`refuse_foreign_folder`), locked (:class:`RunLock`) by rank 0 for the whole run,
+    and -- when a new run fails before its first step -- left as it was found: only the files
+    this run created are removed, and only gptspeed's own stale temporary names are cleaned."""
 
     def __init__(self, path: Path, is_main: bool):
         self.path, self.is_main = Path(path), is_main
         self.created = self.opened = False
-        self.written: set[str] = set()  # files this run wrote (abandon removes only these)
+        self.written: set[str] = set()  # files this run wrote (abandon removes those it created)
+        self.existing: set[str] = set()  # names in the folder when it was opened (abandon keeps them)
         self.lock: RunLock | None = None
 
     def open(self) -> None:
         if not self.is_main:
             return
+        refuse_foreign_folder(self.path)  # before anything is written into it
         try:
             self.created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
@@ -470,18 +602,22 @@ class RunFolder:
             raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
         self.lock = RunLock(self.path).acquire()
         self.opened = True
-        for stale in self.path.glob(".*.tmp"):  # left by a process killed while writing (a file, or a .dcp folder)
+        self.existing = {p.name for p in self.path.iterdir()} - {LOCK_NAME}
+        for stale in self.path.iterdir():  # left by a gptspeed process killed while writing (a file, or a .dcp folder)
+            if not STALE_NAMES.match(stale.name):
+                continue
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
             else:
                 stale.unlink(missing_ok=True)
 
     def abandon(self) -> None:
-        """A new run failed before its first checkpoint: remove the files it wrote (config.json,
-        metrics.jsonl, the lock) and the folder itself if this run created it and it is now empty."""
+        """A new run failed before its first checkpoint: remove the files it created (config.json,
+        metrics.jsonl, the lock; never one that was there before it started) and the folder itself
+        if this run created it and it is now empty."""
         if not self.opened or list_checkpoints(self.path):
             return
-        for name in self.written:
+        for name in self.written - self.existing:
             p = self.path / name
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         self.close()
@@ -674,7 +810,7 @@ class Checkpointer:
         self.barrier()
         if self.is_main:
             seal_sharded(folder, {**_seal_info({"step": step, **self.meta, "optimizer": True})}, final=final)
-            prune_checkpoints(self.run_dir, self.keep)
+            prune_checkpoints(self.run_dir, self.keep, self.meta.get("run_id"))
         self.barrier()
         return final
 
@@ -736,8 +872,22 @@ class Checkpointer:
                 self.parts[name].load_state_dict(sd)
         for name, part in self.parts.items():
             if name in state and not (is_sharded(path) and name in self._dcp_parts):
-                part.load_state_dict(state[name])
+                load_part(path, name, part, state[name])
         return {k: v for k, v in state.items() if k not in self.parts}
+
+
+def load_part(path: Path, name: str, part: Stateful, state: Any) -> None:
+    """``part.load_state_dict(state)``, with a checkpoint whose ``name`` does not fit the part
+    (other tensor shapes or names: a checkpoint whose seal does not describe its content, or
+    ``--force-resume`` with another model shape) as one GptspeedError line naming both."""
+    try:
+        part.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        first = str(e).strip().splitlines()
+        detail = next((line.strip() for line in first if "size mismatch" in line or "Missing key" in line
+                       or "Unexpected key" in line), first[0] if first else type(e).__name__)
+        raise GptspeedError(f"checkpoint {Path(path).name}: its {name} state does not fit this run ({detail[:200]}): "
+                            "resume with the settings it was written with, or start a new --out") from None
 
 
 # --------------------------------------------------------------------------------- consolidate

@@ -47,6 +47,9 @@ from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 
 
+MAX_SKIPPED_SHARE = 0.5  # --on-nan skip: a run with at least this share of its steps skipped has diverged
+
+
 class StopFlag:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) set ``signum``; the loop
     finishes its step, saves and exits 128+signum. The notice is printed once: later signals (a
@@ -134,6 +137,11 @@ class Trainer:
             keep=t.keep_checkpoints, every=t.save_every, last_step=t.max_steps,
             meta={"config": cfg.to_dict(), "data": self.data.identity, "world_size": rt.world_size})
         self.resume_from, self.resume_kind = self._resume_point()  # refuses a changed run before writing
+        if self.run_id is None:  # a new run (or one of an earlier gptspeed): its identity from now on
+            import uuid
+
+            self.run_id = uuid.uuid4().hex
+        self.checkpointer.meta["run_id"] = self.run_id
         self._keep_global_batch(cfg, rt)
         if t.batch_size == AUTO_BATCH_SIZE:
             t.batch_size = auto_batch_size(cfg, rt, self.say)
@@ -205,7 +213,7 @@ class Trainer:
 
     def _build_step(self, cfg: RunConfig, rt: Runtime) -> None:
         """The model (seeded; ``--init-from`` weights on a new run) and its :class:`TrainStep`."""
-        model = build_model(cfg)
+        model = build_model(cfg, rt)
         if cfg.model.softmax == "data":  # the same ids on resume (the data are checked unchanged)
             model.set_softmax_ids(self.data.token_ids())
         if cfg.train.init_from and self.resume_from is None:
@@ -239,6 +247,7 @@ class Trainer:
         for an imported model), after checking it continues this run. Without: refuse a folder
         that already holds checkpoints."""
         t = self.cfg.train
+        self.run_id: str | None = None  # the resumed checkpoint's run (None: a new run)
         if not t.resume:
             refuse_checkpoints(self.run_dir, "pass --resume to continue it, or choose another --out")
             return None, None
@@ -259,6 +268,8 @@ class Trainer:
         changes = lambda d: run_defining_diff(RunConfig.from_dict(d, f"checkpoint {path}"), self.cfg)  # noqa: E731
         seal = self.checkpointer.check_resume(path, changes, force=t.force_resume, say=self.say)
         self.resume_world = int(seal.get("world_size", 1))
+        if seal.get("kind", "full") == "full" and isinstance(seal.get("run_id"), str):
+            self.run_id = seal["run_id"]
         return path, seal.get("kind", "full")
 
     # ----------------------------------------------------------------------- trainer state
@@ -305,7 +316,8 @@ class Trainer:
             self.checkpointer.save(self.step)
         except GptspeedError as e:
             return f"Saving step {self.step} failed too: {e}"
-        return f"The checkpoint of step {self.step} was saved: fix the shard, then --resume"
+        return (f"Trained {self.step:,} steps ({self.tokens:,} tokens); the checkpoint of step {self.step} was saved: "
+                f"fix the {'data' if self.data.is_stream else 'shard'}, then --resume")
 
     def set_lr(self) -> float:
         """The learning rate of this step (warm-up then cosine, :func:`gptspeed.optim.lr_at`) into
@@ -326,17 +338,23 @@ class Trainer:
     def handle_non_finite(self) -> None:
         """The ``--on-nan`` policy, applied at log steps (one read of the device counters):
         ``stop`` raises GptspeedError naming the first bad step and the last good checkpoint;
-        ``skip`` counts the skipped steps and goes on."""
+        ``skip`` counts the skipped steps and goes on -- while they are isolated: once at least
+        :data:`MAX_SKIPPED_SHARE` of the run's steps (and 3 or more) were skipped, the run is not
+        training any more, and it stops as ``stop`` does."""
         n_bad = int(self.bad_count.item())
         if not n_bad:
             return
         where = int(self.first_bad.item())
-        if self.cfg.train.on_nan == "stop":
+        skipped = self.skipped_steps + n_bad
+        if self.cfg.train.on_nan == "stop" or (skipped >= 3 and skipped >= MAX_SKIPPED_SHARE * self.step):
             good = latest_valid_checkpoint(self.run_dir)[0]
+            what = (f"non-finite loss or gradient at step {where} (that step did not update the weights)"
+                    if self.cfg.train.on_nan == "stop" else
+                    f"{skipped} of the {self.step} steps so far had a non-finite loss or gradient and were skipped "
+                    f"(--on-nan skip goes on past isolated ones only)")
             raise GptspeedError(
-                f"training diverged: non-finite loss or gradient at step {where} (that step did not "
-                f"update the weights); last good checkpoint: {good.name if good else 'none'}. "
-                "Try a lower --lr, more --warmup-steps, --dtype float32, or --on-nan skip")
+                f"training diverged: {what}; last good checkpoint: {good.name if good else 'none'}. "
+                f"Try a lower --lr, more --warmup-steps, --dtype float32{', or --on-nan skip' if self.cfg.train.on_nan == 'stop' else ''}")
         self.skipped_steps += n_bad
         self.say(f"skipped {n_bad} step(s) with a non-finite loss or gradient (first at step {where})")
         self.bad_count.zero_()
@@ -379,7 +397,7 @@ class Trainer:
             return
         self.log.write({"step": step, "max_steps": self.cfg.train.max_steps, "tokens": self.tokens,
                         "documents": self.loader.documents, "epoch": self.loader.epoch + self.loader.epoch_progress(),
-                        "time_s": time.time() - self.wall_start, "skipped_steps": self.skipped_steps, **fields})
+                        "time_s": time.monotonic() - self.wall_start, "skipped_steps": self.skipped_steps, **fields})
 
     def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, due: Due,
                  stop: StopFlag) -> dict[str, Any]:
@@ -424,7 +442,7 @@ class Trainer:
                    "compile": rt.compile, "device": str(rt.device), "world_size": rt.world_size,
                    "parallel": rt.parallel, "warmup_steps": cfg.warmup_steps(), "peak_flops": self.peak,
                    "peak_flops_source": self.peak_source, "train_tokens_per_epoch": self.loader.tokens_per_epoch,
-                   "data": self.data.identity}
+                   "data": self.data.identity, "run_id": self.run_id}
         doc = {**cfg.to_dict(), "derived": derived, "environment": environment(rt.device)}
         self.folder.written.add("config.json")
         write_text_atomic(self.run_dir / "config.json", json.dumps(doc, indent=2) + "\n")
@@ -464,7 +482,7 @@ class Trainer:
                      "(raise --max-steps to go on)")
             self.close()
             return summary
-        self.wall_start = time.time()
+        self.wall_start = time.monotonic()  # durations from a monotonic clock: a clock jump cannot make them negative
         stop = StopFlag(self.say)
         stopping: int | None = None
         first_step = self.step
@@ -523,7 +541,8 @@ class Trainer:
             self.say(f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
                      f"Resume with: {resume_command(self.rt, self.run_dir)}")
         else:
-            self.say(f"done: {self.step - first_step} steps in {format_duration(time.time() - self.wall_start)}; "
+            skipped = f" ({self.skipped_steps} skipped as non-finite in all)" if self.skipped_steps else ""
+            self.say(f"done: {self.step - first_step} steps{skipped} in {format_duration(time.monotonic() - self.wall_start)}; "
                      f"checkpoint in {self.run_dir}")
         return summary
 

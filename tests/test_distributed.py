@@ -199,15 +199,25 @@ def test_fsdp_muon_trains_evaluates_hellaswag_checkpoints_and_consolidates(runs,
     single = _single_muon(runs, tmp_path, hellaswag_every=1, hellaswag_examples=4)
     recs = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     ref = {r["step"]: r for r in map(json.loads, (single / "metrics.jsonl").read_text().splitlines())}
-    for step in (1, 2):  # before the resume: HellaSwag on the sharded model, as one process scores it
+    for step in (1, 2):  # before the resume: HellaSwag ran on the sharded model
         assert recs[step]["hellaswag_examples"] == 4
-        assert recs[step]["hellaswag_acc_norm"] == ref[step]["hellaswag_acc_norm"]
     for step in (1, 2, 3):  # step 3 after the DCP resume (Muon's momentum restored)
         assert recs[step]["train_loss"] == pytest.approx(ref[step]["train_loss"], abs=2e-3), step
     # consolidate the step-2 checkpoint (Muon + AdamW state split back) and continue in one process
     cont = tmp_path / "cont"
     ck = load_checkpoint(consolidate(run / "ckpt_00000002.dcp", cont))
     assert set(ck["optimizer"]) == {"adamw", "muon"} and ck["optimizer"]["muon"]["state"]
+    # HellaSwag on the sharded model scores as one process scores the same weights (the step-2 weights:
+    # the one-process run's differ slightly -- Muon's bf16 Newton-Schulz on whole vs sharded matrices --
+    # and its 4 identical examples flip together on a near tie, seen on a CPU with native bf16)
+    from gptspeed.config import RunConfig
+    from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
+    from gptspeed.model import GPT
+
+    model = GPT(RunConfig.from_dict(ck["config"]).model)
+    model.load_state_dict(ck["model"])
+    one = evaluate_hellaswag(model, load_hellaswag(runs["hellaswag"]), device="cpu")
+    assert one["examples"] == 4 and recs[2]["hellaswag_acc_norm"] == one["acc_norm"]
     fit(build_train_config(None, dict(out=str(cont), resume=True, hellaswag_every=0)), echo=False)
     assert losses(cont)[3][0] == pytest.approx(recs[3]["train_loss"], abs=2e-3)
 

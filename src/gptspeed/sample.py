@@ -23,6 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from gptspeed.checkpoint import load_latest_run
+from gptspeed.config import check_seed
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, KVCache
 from gptspeed.parallelize import unwrap
@@ -197,6 +198,7 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
     if max_new_tokens < 0 or num_samples < 1 or not temperature >= 0 or not math.isfinite(temperature) or top_k < 0:
         raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0 (--temperature finite), "
                             "--num-samples >= 1")
+    check_seed(seed, "--seed")  # before the model loads: torch.Generator.manual_seed takes 64 bits
     encoded = [encode(p) for p in prompts]
     if not all(encoded):
         raise GptspeedError("a --prompt encodes to no tokens: give some text")

@@ -87,7 +87,7 @@ def test_no_import_circle_in_gptspeed():
 
 
 def test_config_imports_nothing_of_gptspeed_but_its_errors():
-    assert import_graph()["gptspeed.config"] <= {"gptspeed.errors", "gptspeed.fp8"}
+    assert import_graph()["gptspeed.config"] <= {"gptspeed.errors", "gptspeed.fp8", "gptspeed.fileio"}  # fileio: row 0
 
 
 def test_no_function_over_80_lines():

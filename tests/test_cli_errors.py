@@ -44,9 +44,26 @@ def test_whitespace_only_corpus_and_tiny_shards_are_refused(tmp_path):
     (["--dist-timeout-s", "-1"], "--dist-timeout-s must be a positive number"),
     (["--loader-workers", "-7"], "--loader-workers must be -1 (auto), 0 or more"),
     (["--peak-tflops", "-5"], "--peak-tflops must be positive"),
+    # issue 28: seeds out of every consumer's range (torch.manual_seed overflowed; numpy refused -1)
+    (["--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 9,223,372,036,854,775,807"),
+    (["--seed", "-1", "--sampling", "random"], "--seed must be an integer from 0 to"),
+    # counts and sizes with no upper bound: hung, or reached a tensor / timer out of range
+    (["--loader-workers", "100000"], "--loader-workers 100000 is more than the 64"),
+    (["--total-batch-tokens", str(2**40)], "more than 65,536: lower --total-batch-tokens or raise --batch-size"),
+    (["--max-steps", str(10**30)], "--max-steps must be at most 9,007,199,254,740,992 (2**53)"),
+    (["--eval-tokens", str(2**60)], "--eval-tokens must be at most"),
+    (["--log-every", str(10**20)], "--log-every must be at most"),
+    (["--keep-checkpoints", str(10**20)], "--keep-checkpoints must be at most"),
+    (["--batch-size", str(10**20)], "--batch-size must be at most"),
+    (["--n-layer", str(10**20)], "n_layer must be at most"),
+    (["--seq-len", str(10**20)], "block_size must be at most"),
+    (["--dist-timeout-s", "1e300"], "--dist-timeout-s must be at most 2,592,000 (30 days)"),
+    (["--optimizer", "muon", "--muon-lr", "inf"], "--muon-lr must be a finite number"),
+    (["--warmup-ratio", "nan"], "--warmup-ratio must be in [0, 1)"),
 ])
 def test_nonsense_settings_are_one_line(tmp_path, flags, message):
-    """Each was accepted, or failed later with a traceback from AdamW, or (--lr inf) as "diverged" at step 2."""
+    """Each was accepted, or failed later with a traceback from AdamW, or (--lr inf) as "diverged" at step 2;
+    the bounds of issue 28 (seed, loader workers, counts) hung, overflowed or raised in numpy / torch."""
     proc = run_main(*train_args(tmp_path / "nodata", tmp_path / "r", *flags))
     assert_user_error(proc, message)
     assert not (tmp_path / "r").exists()
@@ -56,6 +73,14 @@ def test_sample_temperature_nan_and_eval_negative_tokens(tmp_path):
     assert_user_error(run_main("sample", "--run", str(tmp_path), "--temperature", "nan"), "--temperature finite")
     assert_user_error(run_main("eval", "--run", str(tmp_path), "--data", str(tmp_path), "--max-tokens", "-5"),
                       "--max-tokens must be 0 (all) or more")
+
+
+def test_sample_seed_out_of_range_is_one_line_before_loading(tmp_path):
+    """`sample --seed` shares the training seed's bound: torch.Generator.manual_seed overflowed (a
+    traceback) past 64 bits. Checked before the model is looked for (this folder has none)."""
+    for seed in ("99999999999999999999999", "-1"):
+        assert_user_error(run_main("sample", "--run", str(tmp_path), "--seed", seed),
+                          "--seed must be an integer from 0 to")
 
 
 def test_negative_workers(tmp_path):

@@ -36,6 +36,15 @@ CHECKPOINTING = ("none", "selective", "full")
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 TRACKERS = ("jsonl", "tensorboard", "wandb")  # --log-to; jsonl (metrics.jsonl) is always on
 
+# Bounds of the settings, checked by RunConfig.validate before anything runs (docs/reliability.md):
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64 bits, numpy's generators non-negative integers: both take 0..2**63-1
+MAX_COUNT = 2**53  # any other count or size setting: exact in every JSON reader (and a float64), far above any run
+# --loader-workers: threads that each keep 4 batches ready. One thread slicing memory-mapped shards keeps up with a
+# GPU; a fixed bound (not this machine's CPU count) keeps a configuration valid on every machine it is resumed on
+MAX_LOADER_WORKERS = 64
+MAX_GRAD_ACCUM = 1 << 16  # micro-batches per optimizer step: 65,536 (the gpt2 preset at B=1 needs 512)
+MAX_DIST_TIMEOUT_S = 30 * 86400.0  # --dist-timeout-s: 30 days (torch converts it to int64 milliseconds)
+
 
 @dataclass
 class GPTConfig:
@@ -58,10 +67,13 @@ class GPTConfig:
     softmax: str = "full"  # "full": over the vocabulary; "data": over the token ids the training data holds
 
     def validate(self) -> None:
-        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT."""
-        for name in ("block_size", "n_layer", "n_head", "n_embd"):
+        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT. Whether the model
+        fits in memory is checked where it is built, on its device (:func:`gptspeed.step.build_model`)."""
+        for name in ("block_size", "n_layer", "n_head", "n_embd", "vocab_size"):
             if getattr(self, name) < 1:
-                raise GptspeedError(f"{name} must be a positive integer, got {getattr(self, name)}")
+                raise GptspeedError(f"{name} must be a positive integer, got {_show(getattr(self, name))}")
+            if getattr(self, name) > MAX_COUNT:
+                raise GptspeedError(f"{name} must be at most {MAX_COUNT:,} (2**53), got {_show(getattr(self, name))}")
         if self.n_embd % self.n_head != 0:
             raise GptspeedError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
@@ -79,8 +91,24 @@ class GPTConfig:
         if self.softmax not in SOFTMAXES:
             raise GptspeedError(f"softmax must be one of {', '.join(SOFTMAXES)}, got {self.softmax!r}")
 
+    def num_params(self) -> int:
+        """Parameters of the model of this shape (:class:`gptspeed.model.GPT`, whose LM head shares
+        the token embedding), counted without building it: the size check before building uses it."""
+        C = self.n_embd
+        # per block: ln_1 (2C), c_attn (3C^2 + 3C), attn c_proj (C^2 + C), ln_2 (2C), c_fc (4C^2 + 4C), mlp c_proj (4C^2 + C)
+        per_block = 12 * C * C + 13 * C
+        return self.vocab_size * C + self.block_size * C + self.n_layer * per_block + 2 * C  # + ln_f
+
+    def buffer_bytes(self) -> int:
+        """Bytes of the model's buffers: ``--attention manual``'s causal mask (T x T bools per block),
+        ``--softmax data``'s token ids (int64)."""
+        mask = self.n_layer * self.block_size ** 2 if self.attention == "manual" else 0
+        return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0)
+
 
 def _f(default, help: str, **meta):
+    """A setting: its default, its ``--help`` text, and ``meta`` (``kind``: flag | bool; ``choices``;
+    ``parse``; ``path=True``: a file or folder, ``~`` expanded, :func:`expand_path_setting`)."""
     return field(default=default, metadata={"help": help, **meta})
 
 
@@ -111,11 +139,11 @@ class TrainConfig:
 
     data: str = _f("", "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
                    "from a document stream (tokenized while training; no val split); default: tiny Shakespeare, "
-                   "shipped with gptspeed and prepared into the cache on first use")
+                   "shipped with gptspeed and prepared into the cache on first use", path=True)
     text_field: str = _f("text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text")
     hf_name: str | None = _f(None, "hf: streams: the dataset configuration (e.g. sample-10BT)")
     split: str = _f("train", "hf: streams: the dataset split")
-    out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json")
+    out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json", path=True)
     batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
                          "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
                          parse="batch_size")
@@ -134,7 +162,8 @@ class TrainConfig:
     on_nan: str = _f("stop", "a step with a non-finite loss or gradient never updates the weights; then "
                      "stop (keep the last good checkpoint) or skip (count it and go on)", choices=("stop", "skip"))
     init_from: str = _f("", "start from a Hugging Face GPT-2's weights (a folder, or gpt2 | gpt2-medium | gpt2-large "
-                            "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0")
+                            "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0",
+                       path=True)
     hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)")
     hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)")
     sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
@@ -156,7 +185,7 @@ class RuntimeConfig:
     device: str = _f("auto", "auto | cuda | mps | cpu", choices=DEVICES)
     dtype: str = _f("auto", "auto | float32 | tf32 | bfloat16 | float16 (auto: bf16 where supported)", choices=DTYPES)
     compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
-    seed: int = _f(1337, "random seed for initialisation")
+    seed: int = _f(1337, "random seed for initialisation and --sampling random (0 to 2**63-1)")
     peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)")
     compile_mode: str = _f("model", "what torch.compile compiles: model (one graph) | blocks (each transformer block "
                            "separately: identical blocks compile once, much faster compile)", choices=COMPILE_MODES)
@@ -192,6 +221,9 @@ MODEL_FLAGS = {
                 "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside it "
                 "have probability 0)"),
 }
+# Settings that name a file or folder (``path=True``): expand_path_setting expands their ``~``
+PATH_SETTINGS = frozenset(f.name for cls in (OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)
+                          if f.metadata.get("path"))
 # Fields that define the run: resuming with any of them changed would not continue the same run.
 RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "sampling", "seed", "lr", "min_lr_ratio", "warmup_steps",
                 "warmup_ratio", "text_field", "hf_name", "split",
@@ -254,12 +286,14 @@ class RunConfig:
         return self.override(check_settings(flat, source))
 
     def override(self, values: dict[str, Any]) -> "RunConfig":
-        """A copy with fields replaced by name (flat: ``{"n_layer": 4, "lr": 1e-3}``)."""
+        """A copy with fields replaced by name (flat: ``{"n_layer": 4, "lr": 1e-3}``). Every value a
+        configuration gets from a preset's user -- a flag, a config file, :func:`gptspeed.api.make_config`
+        -- comes through here: a path-valued setting has its ``~`` expanded (:func:`expand_path_setting`)."""
         cfg = copy.deepcopy(self)
         for name, value in values.items():
             for group in cfg.groups().values():
                 if name in {f.name for f in dataclasses.fields(group)}:
-                    setattr(group, name, value)
+                    setattr(group, name, expand_path_setting(name, value))
                     break
             else:
                 raise KeyError(name)
@@ -281,6 +315,11 @@ class RunConfig:
                 f"--total-batch-tokens {total} is not a multiple of batch_size * seq_len * world_size "
                 f"= {self.train.batch_size} * {self.model.block_size} * {world_size} = {per_step}"
             )
+        if total // per_step > MAX_GRAD_ACCUM:
+            raise GptspeedError(
+                f"--total-batch-tokens {total:,} takes {total // per_step:,} micro-batches of batch_size * seq_len * "
+                f"world_size = {per_step:,} tokens per optimizer step, more than {MAX_GRAD_ACCUM:,}: lower "
+                "--total-batch-tokens or raise --batch-size")
         return total // per_step
 
     def validate(self, world_size: int | None = None) -> None:
@@ -291,6 +330,7 @@ class RunConfig:
         if world_size is None:
             world_size = world_from_env()[1]
         self.model.validate()
+        self._check_sizes()
         t, o = self.train, self.optim
         if self.runtime.fp8:
             from gptspeed.fp8 import check_fp8_shapes  # imports torch: only when --fp8 is asked for
@@ -304,15 +344,15 @@ class RunConfig:
                     "keep_checkpoints": t.keep_checkpoints}
         for name, v in positive.items():
             if v < 1:
-                raise GptspeedError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+                raise GptspeedError(f"--{name.replace('_', '-')} must be at least 1, got {_show(v)}")
         non_negative = {"eval_every": t.eval_every, "eval_tokens": t.eval_tokens, "save_every": t.save_every,
                         "hellaswag_every": t.hellaswag_every, "hellaswag_examples": t.hellaswag_examples,
                         "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip}
         for name, v in non_negative.items():
             if v < 0:
-                raise GptspeedError(f"--{name.replace('_', '-')} must be 0 or more, got {v}")
+                raise GptspeedError(f"--{name.replace('_', '-')} must be 0 or more, got {_show(v)}")
         if t.total_batch_tokens is not None and t.total_batch_tokens < 1:
-            raise GptspeedError(f"--total-batch-tokens must be positive, got {t.total_batch_tokens}")
+            raise GptspeedError(f"--total-batch-tokens must be positive, got {_show(t.total_batch_tokens)}")
         if not (o.lr > 0 and math.isfinite(o.lr)):
             raise GptspeedError(f"--lr must be a positive finite number, got {o.lr}")
         for name, v in (("beta1", o.beta1), ("beta2", o.beta2)):
@@ -324,12 +364,7 @@ class RunConfig:
             if not math.isfinite(v):
                 raise GptspeedError(f"--{name.replace('_', '-')} must be finite, got {v}")
         r = self.runtime
-        if not (r.dist_timeout_s > 0 and math.isfinite(r.dist_timeout_s)):
-            raise GptspeedError(f"--dist-timeout-s must be a positive number of seconds, got {r.dist_timeout_s}")
-        if r.peak_tflops is not None and not (r.peak_tflops > 0 and math.isfinite(r.peak_tflops)):
-            raise GptspeedError(f"--peak-tflops must be positive, got {r.peak_tflops}")
-        if t.loader_workers < -1:
-            raise GptspeedError(f"--loader-workers must be -1 (auto), 0 or more, got {t.loader_workers}")
+        self._check_runtime()
         if o.warmup_ratio is not None and not 0 <= o.warmup_ratio < 1:
             raise GptspeedError(f"--warmup-ratio must be in [0, 1), got {o.warmup_ratio}")
         if not 0 <= o.min_lr_ratio <= 1:
@@ -357,6 +392,89 @@ class RunConfig:
                                     f"world_size = {self.model.block_size * world_size}")
         else:
             self.grad_accum_steps(world_size)
+        for name, v in self._numbers():  # the catch-all, after each setting's own rule
+            if isinstance(v, float) and not math.isfinite(v):
+                raise GptspeedError(f"{setting_flag(name)} must be a finite number, got {v}")
+
+    def _check_runtime(self) -> None:
+        """:meth:`validate`'s rules for where and how the run executes: timeouts, peaks, loader
+        threads, the seed."""
+        r, t = self.runtime, self.train
+        if not (r.dist_timeout_s > 0 and math.isfinite(r.dist_timeout_s)):
+            raise GptspeedError(f"--dist-timeout-s must be a positive number of seconds, got {r.dist_timeout_s}")
+        if r.dist_timeout_s > MAX_DIST_TIMEOUT_S:
+            raise GptspeedError(f"--dist-timeout-s must be at most {MAX_DIST_TIMEOUT_S:,.0f} (30 days), got "
+                                f"{r.dist_timeout_s:g}")
+        if r.peak_tflops is not None and not (r.peak_tflops > 0 and math.isfinite(r.peak_tflops)):
+            raise GptspeedError(f"--peak-tflops must be positive, got {r.peak_tflops}")
+        if t.loader_workers < -1:
+            raise GptspeedError(f"--loader-workers must be -1 (auto), 0 or more, got {_show(t.loader_workers)}")
+        if t.loader_workers > MAX_LOADER_WORKERS:
+            raise GptspeedError(f"--loader-workers {_show(t.loader_workers)} is more than the {MAX_LOADER_WORKERS} "
+                                "gptspeed allows (each keeps 4 batches ready; one keeps up with a GPU): use 1 to "
+                                f"{min(8, MAX_LOADER_WORKERS)}, or -1 (auto)")
+        check_seed(r.seed, "--seed")
+
+    def _numbers(self):
+        """``(name, value)`` of every int and float setting of the optimizer, training and runtime
+        groups (the model's shape checks its own, :meth:`GPTConfig.validate`)."""
+        for group in (self.optim, self.train, self.runtime):
+            for f in dataclasses.fields(group):
+                v = getattr(group, f.name)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    yield f.name, v
+
+    def _check_sizes(self) -> None:
+        """First of :meth:`validate`'s rules: every integer setting but the seed (bounded by
+        :func:`check_seed`) is at most :data:`MAX_COUNT`, so no count reaches a tensor, a timer, an
+        allocation or an error message out of range; each setting's own rules follow."""
+        for name, v in self._numbers():
+            if isinstance(v, int) and v > MAX_COUNT and name != "seed":
+                raise GptspeedError(f"{setting_flag(name)} must be at most {MAX_COUNT:,} (2**53), got {_show(v)}")
+
+
+def setting_flag(name: str) -> str:
+    """The command-line flag of setting ``name`` (``block_size`` -> ``--seq-len``, ``max_steps`` -> ``--max-steps``)."""
+    return MODEL_FLAGS[name][0] if name in MODEL_FLAGS else "--" + name.replace("_", "-")
+
+
+def _show(value: Any) -> str:
+    """``value`` for an error line: a number in full unless it is very long, anything else
+    shortened by :mod:`reprlib` (a YAML alias can make a value of billions of nested items whose
+    full ``repr`` would never end)."""
+    import reprlib
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)
+        return text if len(text) <= 30 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+    if isinstance(value, float):
+        return repr(value)
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother, short.maxlist, short.maxdict = 2, 80, 80, 4, 4
+    return short.repr(value)
+
+
+def check_seed(seed: Any, flag: str = "--seed") -> int:
+    """``seed`` if it is an integer from 0 to :data:`MAX_SEED`, which every consumer takes
+    (``torch.manual_seed``, ``torch.Generator.manual_seed``, ``numpy.random.default_rng``, the
+    loader's ``--sampling random``); else GptspeedError naming ``flag``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise GptspeedError(f"{flag} must be an integer from 0 to {MAX_SEED:,} (2**63 - 1), got {_show(seed)}")
+    return seed
+
+
+def expand_path_setting(name: str, value: Any) -> Any:
+    """``value`` of setting ``name`` with a leading ``~`` expanded (``os.path.expanduser``) when the
+    setting is a path (``path=True`` in its field: ``out``, ``data``, ``init_from``); for
+    ``data``, the path after ``jsonl:`` too (``hf:NAME`` is a dataset name, left alone). Other
+    settings and non-strings are returned unchanged."""
+    if not isinstance(value, str) or name not in PATH_SETTINGS:
+        return value
+    if name == "data" and value.startswith("jsonl:"):
+        return "jsonl:" + os.path.expanduser(value[len("jsonl:"):])
+    if name == "data" and value.startswith("hf:"):
+        return value
+    return os.path.expanduser(value)
 
 
 def field_type(cls, name: str) -> type:
@@ -377,7 +495,7 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
     """``value`` checked against the annotation of field ``name`` of dataclass ``cls``."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
-        raise GptspeedError(f"{source}: unknown setting {name!r}{did_you_mean(name)}")
+        raise GptspeedError(f"{source}: unknown setting {_show(name)}{did_you_mean(str(name)[:100])}"[:300])
     if value is None and _accepts_none(cls, name):
         return None
     if value == "auto" and fields[name].metadata.get("parse") == "batch_size":
@@ -388,14 +506,14 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
           str: isinstance(value, str),
           bool: isinstance(value, bool)}[base]
     if not ok:
-        raise GptspeedError(f"{source}: {name} must be {base.__name__}, got {value!r}"[:300])
+        raise GptspeedError(f"{source}: {name} must be {base.__name__}, got {_show(value)}"[:300])
     if base is float:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
             raise GptspeedError(f"{source}: {name} must be a finite number, got {value}")
     choices = fields[name].metadata.get("choices")
     if choices and value not in choices:
-        raise GptspeedError(f"{source}: {name} must be one of {', '.join(choices)}, got {value!r}"[:300])
+        raise GptspeedError(f"{source}: {name} must be one of {', '.join(choices)}, got {_show(value)}"[:300])
     return value
 
 
@@ -424,7 +542,7 @@ def check_settings(values: dict[str, Any], source: str) -> dict[str, Any]:
     checked = {}
     for k, v in values.items():
         if not isinstance(k, str) or k not in owners:
-            raise GptspeedError(f"{source}: unknown setting {k!r}{did_you_mean(str(k))}"[:300])
+            raise GptspeedError(f"{source}: unknown setting {_show(k)}{did_you_mean(str(k)[:100])}"[:300])
         checked[k] = _typed(owners[k], k, v, source)
     return checked
 
@@ -465,20 +583,16 @@ def _yaml_loader():
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The mapping in a config file: JSON for a ``.json`` file, YAML (PyYAML, safe loading) for
     any other (``.yaml``, ``.yml``, ...). Raises GptspeedError (one line, with the line and column
-    of a syntax error) when the file cannot be read, does not parse, or is not a mapping."""
-    path = Path(path)
+    of a syntax error) when the file cannot be read -- missing, a folder, a FIFO or a device
+    (``/dev/zero``), too large, not UTF-8 (:func:`gptspeed.fileio.read_user_text`) --, does not
+    parse, is nested too deeply to parse, or is not a mapping. A ``~`` in ``path`` is expanded."""
+    from gptspeed.fileio import parse_json, read_user_text
+
+    path = Path(os.path.expanduser(str(path)))
     kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise GptspeedError(f"cannot read config file {path}: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise GptspeedError(f"config file {path} is not valid {kind}: not UTF-8 text ({e.reason})") from e
+    text = read_user_text(path, "config file")
     if kind == "JSON":
-        try:
-            raw = json.loads(text)
-        except ValueError as e:
-            raise GptspeedError(f"config file {path} is not valid JSON: {e}") from e
+        raw = parse_json(text, f"config file {path}", expect=None)
     else:
         import yaml
 
@@ -488,7 +602,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             mark = getattr(e, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
             what = " ".join(str(getattr(e, "problem", None) or e).split())
-            raise GptspeedError(f"config file {path} is not valid YAML: {what}{where}"[:300]) from e
+            raise GptspeedError(f"config file {path} is not valid YAML: {what}{where}"[:300]) from None
+        except RecursionError:
+            raise GptspeedError(f"config file {path} is nested too deeply to be read") from None
+        except (ValueError, OverflowError) as e:  # a value PyYAML's constructors cannot make (an int of 5,000 digits)
+            what = " ".join(str(e).split())
+            raise GptspeedError(f"config file {path} is not valid YAML: {what}"[:300]) from None
     if not isinstance(raw, dict):
         raise GptspeedError(f"config file {path}: expected a {'JSON object' if kind == 'JSON' else 'YAML mapping'} "
                             f"of settings, got {type(raw).__name__}")

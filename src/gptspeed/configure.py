@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gptspeed.checkpoint import newest_run_config
-from gptspeed.config import PRESETS, RunConfig, did_you_mean, preset, read_config_file
+from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file
 from gptspeed.errors import GptspeedError
 
 __all__ = ["build_train_config"]
@@ -33,7 +33,7 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
             ``--preset`` naming another preset than the run being resumed, or a configuration
             that does not validate (:meth:`RunConfig.validate`).
     """
-    out = overrides.get("out")
+    out = expand_path_setting("out", overrides.get("out"))  # as cfg.override will set it
     path, cfg = newest_run_config(Path(out)) if overrides.get("resume") and out else (None, None)
     if path is not None:
         if preset_name is not None and preset_name != cfg.preset:

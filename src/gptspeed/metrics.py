@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import math
 import os
 import platform
 import resource
@@ -255,6 +258,9 @@ class Throughput:
         return fields
 
 
+METRICS_MAX_BYTES = 1 << 30  # a metrics.jsonl larger than 1 GiB (2.5 million records) is not one
+
+
 class RunLog:
     """Appends records to ``RUN_DIR/metrics.jsonl``, prints them as console lines and hands them
     to the experiment ``trackers`` (:mod:`gptspeed.trackers`: TensorBoard, W&B).
@@ -271,21 +277,80 @@ class RunLog:
         self.echo, self.show_documents = echo, show_documents
         self.trackers = list(trackers)
 
-    def truncate_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
+    def truncate_after(self, step: int) -> int:
+        """Keep the records up to ``step`` (on resume: the steps about to be redone go; ``-1``: a
+        new run starts the log afresh) and return how many lines were dropped that were not
+        records.
+
+        A record is a line holding a JSON object whose ``step`` is an integer: all :meth:`write`
+        ever appends. Any other line -- a write cut short by a crash, a non-JSON line, a JSON list,
+        ``{"step": "ten"}`` -- is dropped rather than kept: it belongs to no step, so it can be
+        neither kept nor cut by step, and every reader of the log (``gptspeed plot``, the
+        trackers, a user's script) can then take each line as a record. A line says how many
+        were dropped. metrics.jsonl is the run folder's own file (a run folder holds only files
+        gptspeed wrote), so nothing of the user's is lost. Never raises for a line's content; a
+        metrics.jsonl that is not a regular UTF-8 file (a folder, a FIFO, binary junk) is a
+        one-line GptspeedError (:func:`gptspeed.fileio.read_user_text`), and so is a failure to
+        rewrite it."""
+        from gptspeed.errors import GptspeedError
+        from gptspeed.fileio import read_user_text
+
+        if not os.path.lexists(self.path):
+            return 0
+        text = read_user_text(self.path, "metrics log", max_bytes=METRICS_MAX_BYTES)
+        kept, junk, first_junk = [], 0, None
+        for number, line in enumerate(text.splitlines(), 1):
+            r = _record(line)
+            if r is None:
+                if line.strip():
+                    junk += 1
+                    first_junk = first_junk or number
+                continue
+            if r["step"] <= step:
+                kept.append(line)
+        new = "".join(k + "\n" for k in kept)
+        if new != text:
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-        write_text_atomic(self.path, "".join(k + "\n" for k in kept))
+                write_text_atomic(self.path, new)
+            except OSError as e:
+                raise GptspeedError(f"cannot rewrite the metrics log {self.path}: {e.strerror or e}; it is as it "
+                                    "was and the newest checkpoint is intact: free some space (or fix the "
+                                    "folder's permissions) and run again") from None
+        if junk and self.echo:
+            print(f"{self.path}: dropped {junk} line(s) that were not metrics records (the first was line "
+                  f"{first_junk})", flush=True)
+        return junk
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        """Append ``record`` as one line of strict JSON (non-finite floats as ``null``), print it
+        and hand it to the trackers. A failed
+        append (a full disk, a removed folder, any OSError) is cut back to the last whole line
+        where possible and raised as a one-line GptspeedError naming the file: the checkpoints
+        are written apart from the log, so the newest one is intact and ``--resume`` goes on
+        from it (:meth:`truncate_after` tidies the log then)."""
+        from gptspeed.errors import GptspeedError
+
+        line = (json.dumps(_strict_json(record), allow_nan=False) + "\n").encode()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
+            try:
+                end = os.lseek(fd, 0, os.SEEK_END)
+                try:
+                    done = 0
+                    while done < len(line):
+                        done += os.write(fd, line[done:])
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, end)  # no half-written record left behind
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+            raise GptspeedError(f"cannot append to the metrics log {self.path} at step {record.get('step')}: "
+                                f"{e.strerror or e}; the newest checkpoint is intact: "
+                                f"{'free some space' if full else 'make the file writable'}, then continue with "
+                                "--resume") from None
         if self.echo:
             print(format_record(record, self.show_documents), flush=True)
         for tracker in list(self.trackers):
@@ -304,6 +369,31 @@ class RunLog:
                 tracker.close()
             except Exception as e:  # noqa: BLE001
                 _tracker_lost(tracker, "failed to close", e)
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (a NaN loss of a skipped step) as None: metrics.jsonl
+    is strict JSON (``null``), never ``NaN`` / ``Infinity``, which JSON readers other than
+    Python's refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """The metrics record on ``line`` (a JSON object with an integer ``step``), or None for anything
+    else: not JSON, nested too deep, not an object, or a ``step`` that is not an integer."""
+    try:
+        r = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(r, dict) or isinstance(r.get("step"), bool) or not isinstance(r.get("step"), int):
+        return None
+    return r
 
 
 def _tracker_lost(tracker, what: str, e: BaseException) -> None:

@@ -37,11 +37,135 @@ from gptspeed.runtime import Runtime, apply_sdpa_backend, sdpa_backend_problem
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def build_model(cfg: RunConfig) -> GPT:
+# Bytes a trained parameter holds on its device: fp32 weight (4) + fp32 gradient (4) + AdamW's two fp32
+# moments (8). Muon keeps one moment for the blocks' matrices: 16 is the most either needs.
+TRAINING_BYTES_PER_PARAM = 16
+
+
+def build_model(cfg: RunConfig, rt: Runtime | None = None) -> GPT:
     """A fresh GPT of ``cfg.model``, its weights drawn after ``torch.manual_seed(cfg.runtime.seed)``
-    (the same initial weights in every process of every run with that seed)."""
+    (the same initial weights in every process of every run with that seed).
+
+    Before anything is allocated, :func:`check_model_fits` compares what the model needs with the
+    memory there is (on ``rt``'s device when given; else the RAM the fp32 weights are built in).
+    Running out of memory while building all the same (another process took it meanwhile) is
+    a GptspeedError too. Both are one line giving the estimate and the memory."""
+    check_model_fits(cfg, rt)
     torch.manual_seed(cfg.runtime.seed)
-    return GPT(cfg.model)
+    try:
+        return GPT(cfg.model)
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        params = cfg.model.num_params()
+        raise GptspeedError(f"out of memory while building the model ({params:,} parameters, "
+                            f"{format_bytes(4 * params)} of fp32 weights; {format_bytes(host_memory_available())} of "
+                            "RAM available now): lower --n-layer / --n-embd, or free memory") from None
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """True for the ways PyTorch and Python report an allocation that failed: ``MemoryError``,
+    ``torch.OutOfMemoryError`` (CUDA), and the CPU allocator's RuntimeError ("DefaultCPUAllocator:
+    can't allocate memory", "... out of memory")."""
+    if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def format_bytes(n: int | None) -> str:
+    """``n`` bytes as ``"1.50 GiB"`` (B, KiB, MiB, GiB, TiB, PiB); ``"?"`` for None."""
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:,.2f} PiB"
+
+
+def host_memory_available() -> int | None:
+    """Bytes of RAM this process can still take: Linux's ``MemAvailable`` (free plus reclaimable
+    cache, /proc/meminfo), else the machine's physical memory (``os.sysconf``), capped by the
+    cgroup's limit (a container's ``memory.max`` less its ``memory.current``). None when unknown."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max" or a huge number: no limit
+            avail = min(avail, max(0, int(limit) - usage))
+        break
+    return avail
+
+
+def device_memory_available(device: torch.device) -> tuple[int | None, str]:
+    """``(bytes, what)``: the memory a model built now can take on ``device`` -- free memory on a
+    CUDA GPU (``torch.cuda.mem_get_info``), the recommended working set on MPS, the RAM
+    available on a CPU (:func:`host_memory_available`) -- and how to name it. ``bytes`` is None
+    when unknown."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, f"free on {torch.cuda.get_device_name(device)}"
+    if device.type == "mps":
+        recommended = getattr(torch.mps, "recommended_max_memory", None)
+        return (recommended() if recommended else None), "the MPS device can use"
+    return host_memory_available(), "of RAM available"
+
+
+def check_model_fits(cfg: RunConfig, rt: Runtime | None = None) -> None:
+    """GptspeedError (one line: the estimate and the memory) when the model of ``cfg`` cannot fit,
+    checked from its shape alone (:meth:`~gptspeed.config.GPTConfig.num_params`), before it is built.
+
+    Training on ``rt``'s device needs at least :data:`TRAINING_BYTES_PER_PARAM` bytes a parameter
+    (sharded over the ranks under FSDP), the model's buffers, and the activations each block
+    keeps for the backward even with full activation checkpointing: its input, ``B x T x C`` in
+    the compute dtype (2 bytes at least). The model is built on the CPU first, so its fp32 weights
+    must also fit in the RAM available. Without ``rt``, only that. These are lower bounds: a run
+    that passes may still run out of memory in its first step (``--batch-size auto`` finds the
+    batch that fits on a GPU), but one that fails here never could have run."""
+    m = cfg.model
+    params = m.num_params()
+    shape = (f"n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size {m.vocab_size}, seq_len {m.block_size}: "
+             f"{params:,} parameters")
+    fix = "lower --n-layer / --n-embd / --vocab-size / --seq-len"
+    weights = 4 * params + m.buffer_bytes()
+    host = host_memory_available()
+    if host is not None and weights > host:
+        raise GptspeedError(f"the model ({shape}) needs {format_bytes(weights)} of RAM for its fp32 weights alone, "
+                            f"more than the {format_bytes(host)} of RAM available: {fix}")
+    if rt is None:
+        return
+    shards = rt.world_size if rt.parallel == "fsdp" else 1
+    state = -(-TRAINING_BYTES_PER_PARAM * params // shards) + m.buffer_bytes()
+    activations = 2 * max(1, cfg.train.batch_size) * m.block_size * m.n_embd * m.n_layer
+    available, what = device_memory_available(rt.device)
+    if available is not None and state + activations > available:
+        sharded = f", sharded over {shards} ranks" if shards > 1 else ""
+        raise GptspeedError(
+            f"the model ({shape}) needs at least {format_bytes(state + activations)} on {rt.device.type} to train: "
+            f"{format_bytes(state)} for its weights, gradients and optimizer state ({TRAINING_BYTES_PER_PARAM} bytes a "
+            f"parameter{sharded}) and {format_bytes(activations)} for activations at --batch-size "
+            f"{max(1, cfg.train.batch_size)}, more than the {format_bytes(available)} {what}: {fix} / --batch-size")
 
 
 def compile_toolchain_problem(device_type: str, env: dict[str, str] | None = None) -> str | None:
@@ -114,7 +238,7 @@ class TrainStep:
         self.cfg, self.rt = cfg, rt
         self.accum = cfg.grad_accum_steps(rt.world_size)
         check_step(cfg, rt, self.accum)
-        self.model = build_model(cfg) if model is None else model
+        self.model = build_model(cfg, rt) if model is None else model
         r = cfg.runtime
         apply_sdpa_backend(r.sdpa_backend)  # before parallelize: torch.compile fixes the kernel when it traces
         self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,

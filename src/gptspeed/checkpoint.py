@@ -864,10 +864,10 @@ class Checkpointer:
         A weights-only checkpoint restores the model only."""
         state = load_checkpoint(path, verify=False)
         if is_sharded(path):
-            import torch.distributed.checkpoint as dcp
+            from gptspeed.safe_dcp import load_into
 
             sharded = {name: self.parts[name].state_dict() for name in self._dcp_parts}
-            dcp.load(sharded, checkpoint_id=path)  # in place, re-sharded to this world size
+            load_into(sharded, path)  # dcp.load in place, re-sharded to this world size; no pickled code runs
             for name, sd in sharded.items():
                 self.parts[name].load_state_dict(sd)
         for name, part in self.parts.items():
@@ -920,23 +920,66 @@ def split_optimizer_state(optim: dict[str, Any], layout: list[list] | None) -> d
     return out
 
 
-def consolidate(run: Path, out: Path) -> Path:
+def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Path:
+    """The file :func:`consolidate` writes for ``--out out``, after refusing (one GptspeedError
+    line each) every ``out`` that would overwrite what is not the user's to lose: a checkpoint's
+    name, anything inside the run folder being consolidated, an existing file (without
+    ``force``), a file beside it that its seal would replace, a folder with checkpoints, files
+    gptspeed did not write, or another run's config.json / metrics.jsonl."""
+    import filecmp
+
+    if CKPT_RE.match(out.name):
+        raise GptspeedError(f"--out {out} is a checkpoint's name: consolidate never writes over or beside a run's "
+                            f"checkpoints; name another file (e.g. {out.with_name('model.pt')}) or a new run folder")
+    as_file = out.suffix == ".pt"
+    where = (Path(os.path.realpath(out.parent)) / out.name) if as_file else Path(os.path.realpath(out))
+    source = Path(os.path.realpath(run_dir))
+    if where == source or source in where.parents:
+        raise GptspeedError(f"--out {out} is inside {run_dir}, the run being consolidated: choose a path outside it")
+    if not as_file:
+        if out.exists() and not out.is_dir():
+            raise GptspeedError(f"--out {out} is a file: name a FILE.pt to write, "
+                                f"or a folder to receive ckpt_{step:08d}.pt")
+        refuse_checkpoints(out, "choose a new or empty folder, or a FILE.pt")
+        refuse_foreign_folder(out)
+        for name in ("config.json", "metrics.jsonl"):
+            mine, theirs = run_dir / name, out / name
+            if (theirs.exists() or theirs.is_symlink()) and not (
+                    mine.is_file() and theirs.is_file() and filecmp.cmp(mine, theirs, shallow=False)):
+                raise GptspeedError(f"--out {out} already holds a {name} that is not {run_dir}'s: consolidate never "
+                                    "overwrites another run's files; choose a new or empty folder")
+        return checkpoint_path(out, step)
+    if out.is_dir():
+        raise GptspeedError(f"--out {out} is a folder: name a FILE.pt, "
+                            f"or a folder without .pt to receive ckpt_{step:08d}.pt")
+    seal = seal_path(out)
+    if seal.exists() or seal.is_symlink():
+        old = read_seal(out)
+        if not (seal.is_file() and old is not None and "sha256" in old and "bytes" in old):
+            raise GptspeedError(f"--out {out} would replace {seal}, which is not a checkpoint's seal: "
+                                "name another file")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise GptspeedError(f"--out {out} already exists: pass --force to replace it, or name another file")
+    return out
+
+
+def consolidate(run: Path, out: Path, force: bool = False) -> Path:
     """Merge the newest valid sharded (FSDP2) checkpoint of ``run`` (a run folder or a ``.dcp``
-    folder) into one single-file checkpoint, in one process and without GPUs
-    (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``).
+    folder) into one single-file checkpoint, in one process and without GPUs: the
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` conversion, read through
+    :func:`gptspeed.safe_dcp.load_full` (no pickled code runs, whoever wrote the folder).
 
     ``out`` ending in ``.pt`` is written as that file (sealed by ``out`` with ``.json``);
     otherwise it is a run folder that receives ``ckpt_{step}.pt`` (and the run's config.json and
     metrics.jsonl), so ``gptspeed sample/eval --run OUT`` and one-process ``train --out OUT
     --resume`` load it. Model weights are full fp32 tensors under the usual names, the optimizer
     state is in the optimizer's own ``state_dict`` form (AdamW, or Muon + AdamW). Returns the
-    file written. GptspeedError if ``run`` has no valid sharded checkpoint or ``out`` already
-    holds checkpoints.
+    file written. GptspeedError if ``run`` has no valid sharded checkpoint, or ``out`` is refused
+    by :func:`_consolidate_target` (an existing ``out`` file only without ``force``; a checkpoint
+    name, a path inside the source run, another run's files never). Every file is written under a
+    temporary name and renamed, the checkpoint last.
     """
-    import tempfile
-
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from gptspeed.safe_dcp import load_full
 
     run = Path(run)
     if is_sharded(run):
@@ -954,26 +997,21 @@ def consolidate(run: Path, out: Path) -> Path:
         raise GptspeedError(f"{src} is already a single-file checkpoint: nothing to consolidate")
     meta = load_checkpoint(src, verify=False)
     out = Path(out)
-    as_file = out.suffix == ".pt"
-    target = out if as_file else checkpoint_path(out, meta["step"])
-    if not as_file:
-        refuse_checkpoints(out, "choose an empty folder or a FILE.pt")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".consolidate-") as tmp:
-        full_file = Path(tmp) / "full.pt"
-        try:
-            dcp_to_torch_save(src, full_file)
-            full = torch.load(full_file, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many types for damaged shards
-            raise GptspeedError(f"could not read the shards of {src} ({type(e).__name__}: {e})") from e
+    target = _consolidate_target(out, run_dir, meta["step"], force)
+    full = load_full(src)
     state = {k: v for k, v in meta.items() if k not in ("format", "format_version", "sharded")}
     state["model"] = full["model"]
     state["optimizer"] = split_optimizer_state(full["optimizer"], meta.get("optimizer_layout"))
     state["consolidated_from"] = str(src)
     state["config"] = {**state["config"], "runtime": {**state["config"].get("runtime", {}), "parallel": "auto"}}
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target != out:  # a run folder: the run's config.json and metrics.jsonl, then the checkpoint
+            for name in ("config.json", "metrics.jsonl"):
+                if (run_dir / name).is_file() and not (out / name).exists():
+                    with open(run_dir / name, "rb") as src_file:
+                        write_atomic(out / name, lambda f, s=src_file: shutil.copyfileobj(s, f))
+    except OSError as e:
+        raise GptspeedError(f"cannot write to {target.parent}: {e.strerror or e}") from None
     write_checkpoint_file(target, state)
-    if not as_file:
-        for name in ("config.json", "metrics.jsonl"):
-            if (run_dir / name).is_file() and not (out / name).exists():
-                shutil.copyfile(run_dir / name, out / name)
     return target

@@ -152,6 +152,8 @@ def _add_export_hf_args(s: argparse.ArgumentParser) -> None:
 def _add_consolidate_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--run", required=True, help="run folder (its newest valid .dcp checkpoint) or a ckpt_*.dcp folder")
     s.add_argument("--out", required=True, help="FILE.pt, or a run folder to receive ckpt_<step>.pt")
+    s.add_argument("--force", action="store_true", help="replace an existing --out FILE.pt (never a run's checkpoint, "
+                   "a file inside the run consolidated, or another run's files)")
 
 
 def _add_plot_args(s: argparse.ArgumentParser) -> None:
@@ -339,7 +341,7 @@ def cmd_export_hf(a: argparse.Namespace) -> int:
 def cmd_consolidate(a: argparse.Namespace) -> int:
     from gptspeed.checkpoint import consolidate
 
-    print(f"consolidated {a.run} into {consolidate(a.run, a.out)}")
+    print(f"consolidated {a.run} into {consolidate(a.run, a.out, force=a.force)}")
     return 0
 
 

@@ -235,9 +235,10 @@ def test_auto_is_the_default_and_resolves_on_the_inputs_device():
     torch.manual_seed(0)
     model = GPT(small())
     idx = torch.randint(0, 50257, (2, 32))
-    logits, loss = model(idx, idx)
+    logits, loss = model(idx, idx, return_logits=True)
     expected = resolve_loss("auto", "cpu")
     assert (logits is None) == (expected == "fused") and loss.shape == ()
+    assert model(idx, idx)[0] is None  # the training forward returns the loss only
     with pytest.raises(GptspeedError, match="loss"):
         GPT(small(loss="chunked"))
 

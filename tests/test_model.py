@@ -145,3 +145,37 @@ def test_data_softmax_ids_travel_with_the_weights_and_are_checked():
         with pytest.raises(ValueError, match="sorted, unique"):
             fresh.set_softmax_ids(bad)
     assert "softmax_ids" not in GPT(small()).state_dict()  # the default model's checkpoints are unchanged
+
+
+def _vocab_sized_zero_fills(model, idx, **kw) -> list[tuple]:
+    """Shapes of the ``(B, T, V)`` tensors filled with zeros in one forward and backward of ``model``
+    compiled with ``aot_eager`` (AOTAutograd's joint graph, run eagerly): a gradient made for the
+    logits output. (The cross-entropy's own backward fills a ``(B*T, V)`` gradient: not counted.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    compiled(idx, idx, **kw)[1].backward()  # warm-up: trace and compile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = compiled(idx, idx, **kw)
+        out[1].backward()
+    fills = []
+    for e in prof.events():
+        if e.name in ("aten::zero_", "aten::zeros", "aten::zeros_like", "aten::fill_", "aten::new_zeros"):
+            for shape in e.input_shapes or []:
+                if len(shape) == 3 and shape[-1] == model.config.vocab_size:
+                    fills.append((e.name, tuple(shape)))
+    return fills
+
+
+def test_the_training_forward_returns_no_logits_so_no_vocab_sized_gradient_is_made():
+    """Issue 30 item 4: the training forward used to return the full (B, T, V) logits, which the step
+    throws away; AOTAutograd then built a zero gradient for that output (1.65 GB at GPT-2 124M,
+    B=16, bf16) and the backward read it."""
+    torch.manual_seed(0)
+    model = GPT(small(loss="plain", n_layer=1))
+    idx = torch.randint(0, 50257, (2, 16))
+    assert model(idx, idx)[0] is None and model(idx, idx, return_logits=True)[0].shape == (2, 16, 50304)
+    assert _vocab_sized_zero_fills(model, idx) == []
+    # the reference: asking for the logits too brings the zero gradient back (the count can see it)
+    assert _vocab_sized_zero_fills(model, idx, return_logits=True) != []

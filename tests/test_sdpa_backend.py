@@ -14,17 +14,27 @@ from gptspeed import step as step_mod
 from gptspeed.bench.checks import profiled_names, sdpa_backend
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
-from gptspeed.runtime import apply_sdpa_backend, resolve_runtime, sdpa_backend_problem
+from gptspeed.runtime import resolve_runtime, sdpa_backend_problem
 from gptspeed.step import TrainStep
 
 CPU = resolve_runtime("cpu", "float32", False)
 
 
+SWITCHES = ("flash_sdp_enabled", "cudnn_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled")
+
+
+def switches() -> dict[str, bool]:
+    return {name: getattr(torch.backends.cuda, name)() for name in SWITCHES}
+
+
 @pytest.fixture(autouse=True)
-def all_kernels_afterwards():
-    """The switches are process-wide: leave them as PyTorch's default for the next test."""
+def the_choice_never_outlives_its_step():
+    """Issue 30 item 5: --sdpa-backend used to switch kernels off process-wide and never back on, so
+    a later test (or a library caller's next model) kept the restriction. Every test here must leave
+    PyTorch's switches as it found them."""
+    before = switches()
     yield
-    apply_sdpa_backend("auto")
+    assert switches() == before
 
 
 def tiny(**overrides):
@@ -82,7 +92,7 @@ def test_a_kernel_this_device_lacks_stops_the_step_before_the_model_is_built(bac
     with pytest.raises(GptspeedError, match=rf"--sdpa-backend {backend} cannot run this attention \(2 heads x 16 "
                                             r"channels, T=32, float32, cpu\): .*use --sdpa-backend auto"):
         TrainStep(tiny(sdpa_backend=backend), CPU)
-    assert torch.backends.cuda.flash_sdp_enabled()  # a refused choice changes nothing
+    assert all(switches().values())  # a refused choice changes nothing
 
 
 def test_the_probe_uses_the_runs_shape_and_dtype():
@@ -105,6 +115,21 @@ def test_the_cli_refuses_a_missing_kernel_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "--sdpa-backend cudnn cannot run this attention" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_library_run_leaves_every_kernel_allowed(shakespeare_data, tmp_path):
+    """gptspeed.train with --sdpa-backend math: the run's steps use math, and afterwards the caller's
+    own attention picks PyTorch's default again (flash on a CPU)."""
+    import gptspeed
+
+    cfg = gptspeed.make_config("pico", **TINY_MODEL, batch_size=2, max_steps=2, eval_every=1, eval_tokens=128,
+                               sdpa_backend="math", device="cpu", dtype="float32", data=str(shakespeare_data),
+                               out=str(tmp_path / "run"))
+    gptspeed.train(cfg, echo=False)
+    assert all(switches().values())
+    q = torch.randn(1, 2, 32, 16)
+    names = profiled_names(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), "cpu")
+    assert sdpa_backend(names)["backend"] == "flash"
 
 
 # ------------------------------------------------------------------------------------- GPU

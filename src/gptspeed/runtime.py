@@ -173,10 +173,6 @@ def apply_matmul_precision(rt: Runtime) -> None:
 
 # --sdpa-backend name -> the switch of torch.backends.cuda that enables it. These switches are
 # process-wide and, despite their module's name, also decide the CPU's choice (flash or math).
-_SDPA_SWITCHES = {"flash": "enable_flash_sdp", "cudnn": "enable_cudnn_sdp", "efficient": "enable_mem_efficient_sdp",
-                  "math": "enable_math_sdp"}
-
-
 def sdpa_backend_problem(name: str, device: torch.device, dtype: torch.dtype, n_head: int, head_dim: int,
                          seq_len: int) -> str | None:
     """Why ``--sdpa-backend name`` cannot serve this run's attention, or None.
@@ -189,13 +185,10 @@ def sdpa_backend_problem(name: str, device: torch.device, dtype: torch.dtype, n_
     if name == "auto":
         return None
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    kernel = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-              "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
     q = torch.randn(1, n_head, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
     try:
-        with sdpa_kernel([kernel]):
+        with sdpa_backend_scope(name):
             F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -204,11 +197,23 @@ def sdpa_backend_problem(name: str, device: torch.device, dtype: torch.dtype, n_
     return None
 
 
-def apply_sdpa_backend(name: str) -> None:
-    """Allow only the named ``F.scaled_dot_product_attention`` kernel (``auto``: all of them,
-    PyTorch's default, so PyTorch picks by its priority order), process-wide, through
-    ``torch.backends.cuda.enable_{flash,cudnn,mem_efficient,math}_sdp``. Set before the model is
-    compiled: torch.compile fixes the kernel when it traces. Check the choice first with
-    :func:`sdpa_backend_problem`: with one kernel allowed, an attention it cannot run raises."""
-    for backend, switch in _SDPA_SWITCHES.items():
-        getattr(torch.backends.cuda, switch)(name in ("auto", backend))
+def sdpa_backend_scope(name: str):
+    """A context manager in which ``F.scaled_dot_product_attention`` may use only the named kernel
+    (``torch.nn.attention.sdpa_kernel``, PyTorch's documented scoped switch); ``auto`` changes
+    nothing, so PyTorch picks by its priority order. The previous choice is restored on exit, so
+    a run's ``--sdpa-backend`` never outlives the run (in a test, a notebook or a library caller).
+    Enter it around the forward: torch.compile fixes the kernel when it traces, and the backward
+    runs the kernel the forward chose. Check the choice first with :func:`sdpa_backend_problem`:
+    with one kernel allowed, an attention it cannot run raises."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel([_sdpa_kernel(name)])
+
+
+def _sdpa_kernel(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]

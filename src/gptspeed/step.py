@@ -32,7 +32,7 @@ from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer
 from gptspeed.parallelize import check_cuda_graphs, parallelize, uses_cuda_graphs
-from gptspeed.runtime import Runtime, apply_sdpa_backend, sdpa_backend_problem
+from gptspeed.runtime import Runtime, sdpa_backend_problem, sdpa_backend_scope
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -240,7 +240,6 @@ class TrainStep:
         check_step(cfg, rt, self.accum)
         self.model = build_model(cfg, rt) if model is None else model
         r = cfg.runtime
-        apply_sdpa_backend(r.sdpa_backend)  # before parallelize: torch.compile fixes the kernel when it traces
         self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
                                        activation_checkpointing=r.activation_checkpointing, fp8=r.fp8, backend=backend)
         self.sync = grad_sync_control(self.train_model)
@@ -254,6 +253,11 @@ class TrainStep:
         self.params = list(self.model.parameters())
         self.cuda_graphs = uses_cuda_graphs(rt, r.compile_tuning)
         self.train_model.train()
+
+    def attention(self):
+        """The run's ``--sdpa-backend`` as a context manager (:func:`gptspeed.runtime.sdpa_backend_scope`):
+        the forwards of training, evaluation and HellaSwag run inside it; nothing outside them sees it."""
+        return sdpa_backend_scope(self.cfg.runtime.sdpa_backend)
 
     def __call__(self, next_batch: Callable[[], Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)`` (each
@@ -275,7 +279,7 @@ class TrainStep:
         with sync:
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            with self.rt.autocast():
+            with self.rt.autocast(), self.attention():  # torch.compile fixes the kernel when it traces
                 _, loss = self.train_model(x, y)
             loss = loss / self.accum
             self.scaler.scale(loss).backward()

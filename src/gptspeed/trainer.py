@@ -388,8 +388,9 @@ class Trainer:
         from gptspeed.eval.val_loss import evaluate
 
         t = self.cfg.train
-        return evaluate(self.train_model, self.rt, self.data.val_shards, t.batch_size, self.cfg.model.block_size,
-                        t.eval_tokens, self.cfg.model.valid_vocab_size, stop=stop)[0]
+        with self.stepper.attention():
+            return evaluate(self.train_model, self.rt, self.data.val_shards, t.batch_size, self.cfg.model.block_size,
+                            t.eval_tokens, self.cfg.model.valid_vocab_size, stop=stop)[0]
 
     def record(self, step: int, **fields) -> None:
         """Write one metrics record (rank 0): progress counters plus ``fields``."""
@@ -422,7 +423,8 @@ class Trainer:
         if due.eval:
             fields["val_loss"] = self.evaluate(stop)
         if due.hellaswag:
-            fields.update(self.hellaswag(self.model))  # every rank: FSDP2 forwards are collectives
+            with self.stepper.attention():
+                fields.update(self.hellaswag(self.model))  # every rank: FSDP2 forwards are collectives
             if self.rt.parallel == "fsdp":
                 from gptspeed.eval.val_loss import reshard
 

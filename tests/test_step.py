@@ -39,8 +39,12 @@ def never_builds(monkeypatch):
 
 def test_cuda_graphs_with_accumulation_are_refused_where_the_step_is_built(never_builds):
     cfg = pico(compile_tuning="reduce-overhead", batch_size=4, total_batch_tokens=8 * 64)
-    with pytest.raises(GptspeedError, match="reduce-overhead uses CUDA graphs.*2 micro-steps.*max-autotune-no-cudagraphs"):
+    with pytest.raises(GptspeedError, match="reduce-overhead uses CUDA graphs.*2 micro-steps.*max-autotune-no-cudagraphs") as e:
         TrainStep(cfg, CUDA)
+    # the advice that works: one micro-step per step by lowering the global batch to B x T x processes
+    # (raising B until it covers GPT-2's 0.5M tokens, as it used to say, cannot fit in memory)
+    assert "lower --total-batch-tokens to 256 (B x T x processes)" in str(e.value)
+    assert "raise --batch-size" not in str(e.value)
 
 
 def test_fp8_without_torchao_names_the_package(monkeypatch, never_builds):

@@ -71,23 +71,29 @@ def uses_cuda_graphs(rt: Runtime, compile_tuning: str) -> bool:
     return rt.compile and rt.device_type == "cuda" and compile_tuning in CUDA_GRAPH_TUNINGS
 
 
-def cuda_graphs_refusal(compile_tuning: str, grad_accum_steps: int) -> str | None:
+def cuda_graphs_refusal(compile_tuning: str, grad_accum_steps: int, tokens_per_micro_step: int | None = None) -> str | None:
     """Why ``compile_tuning`` cannot run with ``grad_accum_steps`` micro-steps (one line), or None:
     every replay of a CUDA-graph backward writes its gradients into the same static buffers, so the
     second micro-step overwrites the gradients of the first that ``.grad`` still points to (PyTorch
     raises "accessing tensor output of CUDAGraphs that has been overwritten"; older versions
-    silently kept the last micro-batch only). Names the working alternative."""
+    silently kept the last micro-batch only). Names the alternatives that work: the same tuning
+    without CUDA graphs, or a global batch of one micro-step per process -- lowering
+    ``--total-batch-tokens`` to ``tokens_per_micro_step`` (B x T x processes), since raising the
+    micro-batch until it covers GPT-2's 0.5M-token batch cannot fit in memory."""
     if compile_tuning in CUDA_GRAPH_TUNINGS and grad_accum_steps > 1:
+        batch = f" {tokens_per_micro_step:,} (B x T x processes)" if tokens_per_micro_step else " B x T x processes"
         return (f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
-                f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or raise "
-                "--batch-size until one micro-step makes the whole --total-batch-tokens")
+                f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or lower "
+                f"--total-batch-tokens to{batch} so that one micro-step makes a step (a smaller global batch "
+                "changes the run)")
     return None
 
 
-def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int) -> None:
+def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int,
+                      tokens_per_micro_step: int | None = None) -> None:
     """GptspeedError (:func:`cuda_graphs_refusal`'s line) for a run that would replay CUDA graphs
     (:func:`uses_cuda_graphs`) with gradient accumulation."""
-    reason = cuda_graphs_refusal(compile_tuning, grad_accum_steps)
+    reason = cuda_graphs_refusal(compile_tuning, grad_accum_steps, tokens_per_micro_step)
     if reason and uses_cuda_graphs(rt, compile_tuning):
         raise GptspeedError(reason)
 

@@ -197,7 +197,7 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
     without triton, a C compiler or Python's headers (:func:`compile_toolchain_problem`). The
     configuration's own rules are :meth:`RunConfig.validate`'s, checked where it is built."""
     r = cfg.runtime
-    check_cuda_graphs(rt, r.compile_tuning, accum)
+    check_cuda_graphs(rt, r.compile_tuning, accum, cfg.train.batch_size * cfg.model.block_size * rt.world_size)
     if r.fp8:
         if importlib.util.find_spec("torchao") is None:
             raise GptspeedError("--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'")

@@ -21,13 +21,21 @@ documents are written in a global random order instead (:func:`shuffled_order`,
 consumed per finished chunk: an interrupted prepare with the same input and settings resumes after
 the last finished chunk; once every document is staged it says so, and a prepare interrupted while
 writing the final shards finishes them without reading the input again.
+
+One ``prepare`` at a time per folder: it holds an exclusive ``fcntl.flock`` on ``OUT/.prepare.lock``
+(:class:`PrepareLock`) from before it touches the staging chunks until the manifest is written;
+a second one is refused in one line naming the holder. An OSError while writing (a full disk, a
+folder made read-only) is one line naming the folder: every file is written to a temporary name
+and renamed (:func:`gptspeed.fileio.write_atomic`), the staging chunks and the progress file are
+hidden, and a folder holding the progress file but no manifest is refused by
+:func:`gptspeed.data.find_shards`, so nothing half-written looks prepared; the same command run
+again resumes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import hashlib
 import importlib.metadata
 import itertools
@@ -43,19 +51,79 @@ import numpy as np
 from tqdm import tqdm
 
 import gptspeed
-from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, load_manifest
+from gptspeed.data import (MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, PREPARE_PROGRESS_NAME,
+                           load_manifest)
 from gptspeed.data.corpora import CORPORA, HF_CORPORA, resolve_source
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.data.sources import SourceStats, iter_files, iter_hf
 from gptspeed.data.tokenize import default_workers, tokenize_stream
 from gptspeed.errors import GptspeedError
-from gptspeed.fileio import sha256_file, write_text_atomic
+from gptspeed.fileio import read_user_json, sha256_file, write_text_atomic
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB
 
 _SHARD_GLOBS = ("train_[0-9]*.bin", "val_[0-9]*.bin", ".train_*.tmp", ".val_*.tmp", ".manifest.json.*.tmp")
 
-PROGRESS_NAME = ".prepare-progress.json"
+PROGRESS_NAME = PREPARE_PROGRESS_NAME
 _STAGE = ".stream_{:06d}.bin"
+_STAGE_RE = r"\.stream_[0-9]{6}\.bin"
+LOCK_NAME = ".prepare.lock"
+
+
+class PrepareLock:
+    """One ``prepare`` per output folder: an exclusive ``fcntl.flock`` on ``OUT/.prepare.lock``,
+    which holds the owner's pid and host. The kernel drops the lock when its process dies (even by
+    SIGKILL), so a stale lock file never blocks the next prepare. :meth:`release` removes the
+    file (a prepared folder holds only its shards and manifest); :meth:`acquire` checks after
+    locking that the file it locked is still the one at the path, so a file removed meanwhile by
+    a releasing holder is never taken for the lock.
+
+    Raises:
+        GptspeedError: from :meth:`acquire`, naming the holder, when another live process has it;
+            or the lock file cannot be made (naming the folder).
+    """
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "PrepareLock":
+        import fcntl
+        import socket
+
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as e:
+                raise GptspeedError(f"cannot write the data folder {self.path.parent}: {e.strerror or e}: "
+                                    "choose another --out") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise GptspeedError(f"{self.path.parent} is being prepared by {holder} (another `gptspeed "
+                                    "prepare`): wait for it to finish or stop it, or choose another --out") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed it as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file, then drop the lock (in that order: see the class docstring)."""
+        if self._fd is not None:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None
 
 
 def _clear(out: Path) -> None:
@@ -270,6 +338,7 @@ def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_t
 
 
 MIN_SHARD_TOKENS = 256  # a shard is a file: --shard-tokens 10 wrote tens of thousands of files for a small corpus
+MAX_SHARD_TOKENS = 2**31 - 1  # the shard header's token count is an int32
 
 
 def _noting_text(docs: Iterator[str], seen: dict[str, bool]) -> Iterator[str]:
@@ -279,34 +348,6 @@ def _noting_text(docs: Iterator[str], seen: dict[str, bool]) -> Iterator[str]:
         if not seen["text"] and not doc.isspace() and doc:
             seen["text"] = True
         yield doc
-
-
-def _leaves_no_empty_folder(fn):
-    """A ``prepare`` that fails leaves no new, empty ``--out`` folder behind (a folder it created
-    is removed when it holds nothing that a rerun could resume from)."""
-
-    @functools.wraps(fn)
-    def wrapper(source, out_dir, *args, **kwargs):
-        out = Path(out_dir).expanduser()
-        existed = out.exists()
-        try:
-            return fn(source, out_dir, *args, **kwargs)
-        except BaseException:
-            if not existed and out.is_dir():
-                progress = out / PROGRESS_NAME
-                try:
-                    staged = json.loads(progress.read_text()).get("chunks") if progress.exists() else None
-                except (OSError, ValueError):
-                    staged = None
-                if not staged:
-                    progress.unlink(missing_ok=True)
-                    try:
-                        out.rmdir()  # only if empty
-                    except OSError:
-                        pass
-            raise
-
-    return wrapper
 
 
 @dataclass(frozen=True)
@@ -332,13 +373,52 @@ def _check_arguments(val_fraction: float, shard_tokens: int, workers: int, max_t
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < MIN_SHARD_TOKENS:
         raise GptspeedError(f"--shard-tokens must be an integer of at least {MIN_SHARD_TOKENS} (one file per shard: "
                             f"fewer would write a file every few tokens), got {shard_tokens!r}")
+    if shard_tokens > MAX_SHARD_TOKENS:
+        raise GptspeedError(f"--shard-tokens must be at most {MAX_SHARD_TOKENS:,} (2^31-1: a shard's header "
+                            f"counts its tokens in an int32), got {shard_tokens:,}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise GptspeedError(f"workers must be 0 (one per CPU) or a positive integer, got {workers!r}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
         raise GptspeedError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
-    if out.exists() and not out.is_dir():
-        raise GptspeedError(f"output {out} exists and is not a folder: choose another --out")
+    _check_out(out)
     return workers or default_workers()
+
+
+def _check_out(out: Path) -> None:
+    """GptspeedError (one line) when ``out`` cannot be the output folder: it is something else than
+    a folder, a part of its path is a file, or its name is too long for the file system."""
+    import errno
+
+    try:
+        st = out.stat()
+    except FileNotFoundError:
+        return  # made by prepare
+    except NotADirectoryError:
+        raise GptspeedError(f"output {out}: a part of its path is a file, not a folder: choose another --out") from None
+    except OSError as e:
+        why = "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
+        raise GptspeedError(f"output {out}: {why}: choose another --out") from None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):
+        raise GptspeedError(f"output {out} exists and is not a folder: choose another --out")
+
+
+def _make_out(out: Path) -> bool:
+    """Create ``out`` (and its parents); True if it did not exist. GptspeedError naming it if it
+    cannot be made."""
+    import errno
+
+    _check_out(out)
+    try:
+        out.mkdir(parents=True)
+        return True
+    except FileExistsError:
+        _check_out(out)  # a folder made meanwhile is fine
+        return False
+    except OSError as e:
+        why = "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
+        raise GptspeedError(f"cannot create the output folder {out}: {why}: choose another --out") from None
 
 
 def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool) -> _Input:
@@ -357,7 +437,10 @@ def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool)
     paths, names = resolve_source(source, progress=progress)
     # a named corpus's files were just checked against its digests: no need to hash them twice
     known = CORPORA[source].files if source in CORPORA else {}
-    info = [(known.get(n) or sha256_file(p), p.stat().st_size) for p, n in zip(paths, names)]
+    try:
+        info = [(known.get(n) or sha256_file(p), p.stat().st_size) for p, n in zip(paths, names)]
+    except OSError as e:
+        raise GptspeedError(f"cannot read {e.filename or source}: {e.strerror or e}") from None
     return _Input(None, hf_name, split, paths, names, info, _input_sha256([d for d, _ in info]))
 
 
@@ -375,18 +458,51 @@ def _reuse(out: Path, source: str, val_fraction: float, shard_tokens: int, input
     return {**old, "reused": True}
 
 
+def _read_progress(out: Path) -> dict | None:
+    """The progress file of an interrupted prepare in ``out`` (:func:`_stage`), or None when there
+    is none, or it cannot be read or is not one (it is then started over): read with
+    :func:`gptspeed.fileio.read_user_json`, and checked field by field, chunk names included (only
+    ``.stream_NNNNNN.bin`` in ``out``: a progress file never makes prepare rename or delete a file
+    elsewhere).
+
+    Raises:
+        GptspeedError: the progress file's name is taken by something that is not a file (a
+            folder): gptspeed does not delete it.
+    """
+    import re
+    import stat
+
+    path = out / PROGRESS_NAME
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise GptspeedError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise GptspeedError(f"{path} is not a file (gptspeed keeps the progress of a prepare under that name): "
+                            "remove it, or choose another --out")
+    try:
+        state = read_user_json(path, "prepare progress file")
+    except GptspeedError:
+        return None
+    ints = ("next_doc", "doc_offset", "documents", "tokens")
+    chunks = state.get("chunks")
+    if (not isinstance(state.get("key"), str) or any(type(state.get(k)) is not int or state[k] < 0 for k in ints)
+            or not isinstance(chunks, list)
+            or not all(isinstance(c, dict) and isinstance(c.get("name"), str) and re.fullmatch(_STAGE_RE, c["name"])
+                       and type(c.get("tokens")) is int and c["tokens"] > 0 for c in chunks)
+            or [c["name"] for c in chunks] != [_STAGE.format(i) for i in range(len(chunks))]):
+        return None
+    return state
+
+
 def _staging_state(out: Path, key: str, force: bool) -> dict:
     """The progress of an interrupted prepare of the same input and settings (``key``) in ``out``,
     its chunks written after the last recorded one removed; else a fresh state, ``out`` cleared."""
-    state = None
-    if not force and (out / PROGRESS_NAME).exists():
-        try:
-            state = json.loads((out / PROGRESS_NAME).read_text())
-        except (OSError, json.JSONDecodeError):
-            state = None
-        if state is not None and (state.get("key") != key or not all(
-                (out / c["name"]).is_file() for c in state["chunks"])):
-            state = None
+    state = _read_progress(out) if not force else None
+    if state is not None and (state["key"] != key or not all((out / c["name"]).is_file() for c in state["chunks"])):
+        state = None
     if state is None:
         _clear(out)
         return {"key": key, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
@@ -493,7 +609,6 @@ def _manifest(source: str, inp: _Input, val_fraction: float, shard_tokens: int, 
     }
 
 
-@_leaves_no_empty_folder
 def prepare(
     source: str,
     out_dir: str | os.PathLike,
@@ -543,26 +658,80 @@ def prepare(
         ISO time), gptspeed_version, tiktoken_version, numpy_version.
 
     Raises:
-        GptspeedError: bad arguments, folder already prepared without force, bad SOURCE (see
-            :func:`resolve_source`), a non-UTF-8 file, a bad record (naming file and line) without
-            ``skip_bad``, no text, too little text to give both splits a token.
+        GptspeedError: bad arguments (``shard_tokens`` above 2^31-1 included), an ``out_dir`` that
+            cannot be a folder (under a file, a name too long), folder already prepared without
+            force, another prepare into the same folder under way (:class:`PrepareLock`), bad
+            SOURCE (see :func:`resolve_source`), a file that cannot be read to its end (corrupt or
+            truncated ``.gz`` / ``.zst``), a non-UTF-8 file, a bad record (naming file and line)
+            without ``skip_bad``, no text, too little text to give both splits a token, and an
+            OSError while writing (a full disk: naming the folder; run the same command again to
+            resume once there is room).
     """
-    out = Path(out_dir).expanduser()
+    try:
+        out = Path(out_dir).expanduser()
+    except RuntimeError:  # ~user of an unknown user: taken literally
+        out = Path(out_dir)
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out)
     inp = _resolve_input(source, hf_name, split, progress)
     settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
                 "max_tokens": max_tokens, "dataset": inp.dataset, "hf_name": inp.hf_name, "split": inp.split}
-    if (out / MANIFEST_NAME).exists() and not force:
+    if os.path.lexists(out / MANIFEST_NAME) and not force:
         return _reuse(out, source, val_fraction, shard_tokens, inp.sha256, settings)
-    out.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(json.dumps([source, inp.sha256, shard_tokens, settings]).encode()).hexdigest()
-    state = _staging_state(out, key, force)
-    _stage_input(inp, out, state, text_field=text_field, skip_bad=skip_bad, workers=workers,
-                 shard_tokens=shard_tokens, max_tokens=max_tokens, progress=progress)
-    splits = _write_splits(out, state, source, val_fraction, shard_tokens, shuffle_seed, progress)
+    created = _make_out(out)
+    lock = PrepareLock(out).acquire()
+    try:
+        manifest = _prepare_locked(source, inp, out, force=force, settings=settings, val_fraction=val_fraction,
+                                   shard_tokens=shard_tokens, workers=workers, text_field=text_field,
+                                   skip_bad=skip_bad, max_tokens=max_tokens, shuffle_seed=shuffle_seed,
+                                   progress=progress)
+    except BaseException:
+        if created:  # a prepare that fails leaves no new folder behind, unless it holds chunks to resume from
+            _remove_if_nothing_staged(out, lock)
+        raise
+    finally:
+        lock.release()
+    return manifest
+
+
+def _remove_if_nothing_staged(out: Path, lock: PrepareLock) -> None:
+    """Remove the folder ``out`` (made by this prepare, whose ``lock`` it holds) unless its progress
+    file records staged chunks a rerun can resume from; never a folder holding anything else."""
+    try:
+        state = _read_progress(out)
+    except GptspeedError:
+        return
+    if state and state["chunks"]:
+        return
     (out / PROGRESS_NAME).unlink(missing_ok=True)
-    manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
-    write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    lock.release()
+    try:
+        out.rmdir()  # only if empty
+    except OSError:
+        pass
+
+
+def _prepare_locked(source: str, inp: _Input, out: Path, *, force: bool, settings: dict, val_fraction: float,
+                    shard_tokens: int, workers: int, text_field: str, skip_bad: bool, max_tokens: int | None,
+                    shuffle_seed: int | None, progress: bool) -> dict:
+    """:func:`prepare`'s work in ``out``, whose :class:`PrepareLock` the caller holds: stage, split,
+    write the manifest (then drop the progress file). An OSError (a full disk) becomes one line
+    naming the folder; what was written stays hidden or unlisted (see the module docstring)."""
+    try:
+        key = hashlib.sha256(json.dumps([source, inp.sha256, shard_tokens, settings]).encode()).hexdigest()
+        state = _staging_state(out, key, force)
+        _stage_input(inp, out, state, text_field=text_field, skip_bad=skip_bad, workers=workers,
+                     shard_tokens=shard_tokens, max_tokens=max_tokens, progress=progress)
+        splits = _write_splits(out, state, source, val_fraction, shard_tokens, shuffle_seed, progress)
+        manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
+        write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+        (out / PROGRESS_NAME).unlink(missing_ok=True)  # after the manifest: the folder never looks finished before
+    except OSError as e:
+        import errno
+
+        what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        name = f" (at {Path(e.filename).name})" if getattr(e, "filename", None) else ""
+        raise GptspeedError(f"cannot write the data folder {out}: {what}{name}; nothing there is marked prepared: "
+                            "make room (or fix the folder), then run the same command again to resume") from None
     return manifest
 
 

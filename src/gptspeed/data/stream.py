@@ -11,7 +11,14 @@ Resume limits (honest): the state is the number of documents fully consumed and 
 into the next one, so a resume is exact for a source that yields the same documents in the same
 order (a local file; a hub dataset whose revision did not change) — but it re-reads (without
 tokenizing) every document consumed so far, which takes time proportional to the position. There
-are no epochs: when the stream ends, :meth:`StreamLoader.next_batch` raises GptspeedError.
+are no epochs: when the stream ends, :meth:`StreamLoader.next_batch` raises :class:`StreamError`.
+
+A stream that fails or ends is a :class:`StreamError`, a :class:`gptspeed.data.shards.ShardError`:
+the trainer handles it as it handles a bad shard, saving the last finished step before the run
+ends with the one line (``Trainer.train_step``). Its causes: the stream ran out before
+``--max-steps``; the file is missing, unreadable, corrupt or truncated (a cut ``.gz`` / ``.zst``);
+a bad record (streaming training has no ``--skip-bad``: the line names the file and line); or any
+other exception the source raised (a dataset's reader, the network), named by its type.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 
 from gptspeed.data.loader import host_tensor, to_xy
 from gptspeed.data.prefetch import Prefetcher
+from gptspeed.data.shards import ShardError
 from gptspeed.data.sources import SourceStats, iter_file, iter_hf
 from gptspeed.data.tokenize import tokenize_stream
 from gptspeed.errors import GptspeedError
@@ -33,17 +41,35 @@ from gptspeed.tokenizer import EOT_TOKEN
 
 
 
+class StreamError(ShardError):
+    """The document stream failed (unreadable, corrupt or truncated input, a bad record, an
+    exception of its source) or ended; the message, one line, names the stream. A
+    :class:`~gptspeed.data.shards.ShardError`, so the trainer saves the last finished step."""
+
+
+BAD_RECORD_HINT = ("streaming training stops at a bad record: fix or remove it, or prepare shards with "
+                   "`gptspeed prepare --skip-bad`")
+
+
 def iter_stream_documents(data: str, text_field: str = "text", split: str = "train",
                           hf_name: str | None = None) -> Iterator[str]:
-    """Documents of ``jsonl:PATH`` (also .jsonl.gz/.zst/.parquet/.txt) or ``hf:NAME``."""
+    """Documents of ``jsonl:PATH`` (also .jsonl.gz/.zst/.parquet/.txt) or ``hf:NAME``.
+    GptspeedError naming the file and line for a bad record (no records are skipped)."""
     if data.startswith("jsonl:"):
         path = Path(data[len("jsonl:"):]).expanduser()
         if not path.is_file():
             raise GptspeedError(f"{path} does not exist: give --data jsonl:PATH of a file")
-        return iter_file(path, text_field, SourceStats())
+        return iter_file(path, text_field, SourceStats(hint=BAD_RECORD_HINT))
     if data.startswith("hf:"):
-        return iter_hf(data[3:], config=hf_name, split=split, text_field=text_field)
+        return iter_hf(data[3:], config=hf_name, split=split, text_field=text_field,
+                       stats=SourceStats(hint=BAD_RECORD_HINT))
     raise GptspeedError(f"--data {data!r} is not a stream (jsonl:PATH or hf:NAME)")
+
+
+class _StreamEnd(Exception):
+    """Raised by :meth:`StreamLoader._batches` after its last window; :meth:`StreamLoader.next_batch`
+    turns it into the StreamError line, counting the batches it consumed (the producer thread runs
+    ahead of them)."""
 
 
 class StreamWindows(torch.utils.data.IterableDataset):
@@ -146,24 +172,42 @@ class StreamLoader:
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, int, int, int]]:
         """This rank's batches from the consumed position on: ``(host tensor, documents started in
-        the window, next document index, token offset in it)``; GptspeedError when the stream ends."""
+        the window, next document index, token offset in it)``. After the last one :class:`_StreamEnd`;
+        StreamError (one line, naming the stream) for anything the stream raised on the way."""
         windows = StreamWindows(self.data, self.global_tokens, text_field=self.text_field, split=self.split,
                                 hf_name=self.hf_name, workers=self.workers, doc_index=self.doc_index,
                                 doc_offset=self.doc_offset)
         start = self.rank * self.B * self.T
-        for window, docs_in, di, do in windows:
-            yield host_tensor(window[start:start + self.B * self.T + 1], self.device), docs_in, di, do
-        raise GptspeedError(f"the stream {self.data} ended after {self.batches:,} batches (streams have "
-                            "no epochs): lower --max-steps or give more data")
+        try:
+            for window, docs_in, di, do in windows:
+                yield host_tensor(window[start:start + self.B * self.T + 1], self.device), docs_in, di, do
+        except GptspeedError as e:  # already one line naming the file (and line)
+            raise StreamError(f"the stream {self.data} failed: {e}") from None
+        except Exception as e:  # a dataset's reader, the network, ...: named, still one line
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            raise StreamError(f"the stream {self.data} failed: {type(e).__name__}: {first}") from None
+        raise _StreamEnd()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next micro-batch ``(x, y)``, ``(B, T)`` int64 on ``device``.
 
-        Raises GptspeedError when the stream has ended or a record is bad."""
+        Raises:
+            StreamError: the stream has ended (saying how many batches and tokens it gave), or it
+                failed (a bad record, a corrupt or truncated file, its source raised)."""
         t0 = time.perf_counter()
         if self._prefetcher is None:
             self._prefetcher = Prefetcher([self._batches()], self.prefetch, "gptspeed-stream")
-        t, docs_in, self.doc_index, self.doc_offset = self._prefetcher.get()
+        try:
+            t, docs_in, self.doc_index, self.doc_offset = self._prefetcher.get()
+        except _StreamEnd:
+            self._prefetcher = None  # get() closed it
+            tokens = self.batches * self.global_tokens
+            raise StreamError(f"the stream {self.data} ended after {self.batches:,} batches of {self.B}x{self.T} "
+                              f"tokens ({tokens:,} tokens in all; streams have no epochs): lower --max-steps or "
+                              "give more data") from None
+        except Exception:
+            self._prefetcher = None  # get() closed it: the next call starts again from the consumed position
+            raise
         self.documents += docs_in
         self.batches += 1
         xy = to_xy(t, self.B, self.T, self.device)

@@ -67,11 +67,23 @@ def encode_document(text: str) -> np.ndarray:
 
     A literal ``"<|endoftext|>"`` inside the text is encoded as plain text, like
     ``encode_ordinary``, never as :data:`EOT_TOKEN`. Thread-safe.
+
+    Surrogates (``"\\ud800"``: valid in JSON as an escape, and common in scraped web text, where
+    a UTF-16 pair was cut in two) cannot be encoded to UTF-8, so they are not text the BPE can
+    read. They are handled as tiktoken's own ``encode`` / ``encode_ordinary`` handle them -- what
+    the nanoGPT, llm.c and modded-nanogpt data scripts call, so the same documents give the same
+    tokens here: a valid pair is joined into its character and a lone surrogate becomes U+FFFD
+    (the replacement character, as ``errors="replace"``); the rest of the document is kept. Never
+    raises for a ``str``.
     """
     if not text:
         return np.zeros(0, dtype=np.uint16)
     # allowed_special empty + disallowed_special empty == encode_ordinary, as one uint32 buffer
-    ids = thread_encoding().encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+    try:
+        ids = thread_encoding().encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+    except UnicodeEncodeError:  # surrogates: tiktoken.Encoding.encode's own fix-up (encode_to_numpy lacks it)
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        ids = thread_encoding().encode_to_numpy(text, allowed_special=set(), disallowed_special=())
     if not len(ids):
         return np.zeros(0, dtype=np.uint16)
     doc = np.empty(len(ids) + 1, dtype=np.uint16)

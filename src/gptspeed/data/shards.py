@@ -27,7 +27,9 @@ _REPREPARE = "prepare the data again with `gptspeed prepare SOURCE --out DIR --f
 
 
 class ShardError(GptspeedError):
-    """A shard file is missing, truncated, or not in the format above; the message names it."""
+    """A shard file is missing, truncated, or not in the format above; the message names it.
+    The trainer saves the last finished step before such an error ends the run; its subclass
+    :class:`gptspeed.data.stream.StreamError` (a document stream that failed or ended) gets the same."""
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:

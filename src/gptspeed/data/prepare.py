@@ -660,17 +660,13 @@ def prepare(
     Raises:
         GptspeedError: bad arguments (``shard_tokens`` above 2^31-1 included), an ``out_dir`` that
             cannot be a folder (under a file, a name too long), folder already prepared without
-            force, another prepare into the same folder under way (:class:`PrepareLock`), bad
-            SOURCE (see :func:`resolve_source`), a file that cannot be read to its end (corrupt or
-            truncated ``.gz`` / ``.zst``), a non-UTF-8 file, a bad record (naming file and line)
-            without ``skip_bad``, no text, too little text to give both splits a token, and an
-            OSError while writing (a full disk: naming the folder; run the same command again to
-            resume once there is room).
+            force, another prepare into it under way (:class:`PrepareLock`), bad SOURCE (see
+            :func:`resolve_source`), a file that cannot be read to its end (a corrupt or truncated
+            ``.gz`` / ``.zst``), a non-UTF-8 file, a bad record (naming file and line) without
+            ``skip_bad``, no text, too little text for both splits, an OSError while writing (a
+            full disk: naming the folder; the same command resumes once there is room).
     """
-    try:
-        out = Path(out_dir).expanduser()
-    except RuntimeError:  # ~user of an unknown user: taken literally
-        out = Path(out_dir)
+    out = Path(os.path.expanduser(out_dir))  # os.path's leaves an unknown ~user as it is (Path's raises)
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out)
     inp = _resolve_input(source, hf_name, split, progress)
     settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,

@@ -164,6 +164,32 @@ def test_fit_with_compile_on_matches_eager(shakespeare_data, tmp_path, monkeypat
     assert loss(tmp_path / "c") == pytest.approx(loss(tmp_path / "e"), abs=1e-6)
 
 
+def test_the_step_0_eval_of_a_compiled_run_compiles_nothing(shakespeare_data, tmp_path, monkeypatch, capsys):
+    """Issue 30 item 7: the step-0 eval compiled a no-grad graph, then training compiled again --
+    a cold compile (30-60 s on a GPU) before the first step. It runs eagerly now, and says so."""
+    import gptspeed.parallelize as parallelize
+    import gptspeed.step as step
+    from gptspeed.trainer import Trainer
+
+    real = parallelize.parallelize
+    monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["frames"]
+    base = frames["ok"]  # the counters are process-wide: earlier tests' compiles are counted too
+    seen = {}
+    real_step = Trainer.train_step
+
+    def first_step(self):
+        seen.setdefault("before_step_1", frames["ok"])
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", first_step)
+    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "c"), compile=True,
+                                        max_steps=2, eval_every=0)))
+    assert "step 0: evaluating the val loss on 1024 val tokens (eagerly" in capsys.readouterr().out
+    assert seen["before_step_1"] == base and frames["ok"] > base  # training compiled; the step-0 eval did not
+
+
 def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_path):
     """`--data hf:FILE` goes through the datasets library; --text-field / --split reach it."""
     docs = [{"body": "To be, or not to be, that is the question. " * 8}] * 40

@@ -43,6 +43,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import RunLog, Throughput, environment, format_duration, memory_stats, peak_flops
 from gptspeed.optim import lr_at
+from gptspeed.parallelize import eager
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep, auto_batch_size, build_model
 
@@ -496,8 +497,12 @@ class Trainer:
                 self.log.truncate_after(self.step if self.resume_from is not None else -1)
             self._announce()
             if new_run and self.data.has_val:
-                self.say(f"step 0: evaluating the val loss on {t.eval_tokens or 'all'} val tokens ...", flush=True)
-                summary["last_val_loss"] = self.evaluate(stop)
+                # eagerly when the run compiles: training's graphs are compiled first, so the first step
+                # is not kept waiting by a cold compile of the no-grad graph (built at the first later eval)
+                how = " (eagerly: the compiled graphs are built for training first)" if self.rt.compile else ""
+                self.say(f"step 0: evaluating the val loss on {t.eval_tokens or 'all'} val tokens{how} ...", flush=True)
+                with eager() if self.rt.compile else contextlib.nullcontext():
+                    summary["last_val_loss"] = self.evaluate(stop)
                 if stop():
                     stopping = self.agree_on_stop(stop)
                 else:

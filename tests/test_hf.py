@@ -123,7 +123,7 @@ def test_export_loads_in_transformers_with_same_logits_and_tokenizer(tmp_path):
     out = hf.export_hf(tmp_path / "run", tmp_path / "hf")
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["config.json", "generation_config.json", "merges.txt", "model.safetensors", "special_tokens_map.json",
-         "tokenizer_config.json", "vocab.json"])
+         "tokenizer_config.json", "vocab.json", hf.EXPORT_MARKER])
     back = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     assert back.config.vocab_size == 50257 and back.config.n_positions == 64
     assert (hf_logits(back, IDX) - our_logits(ours, IDX)[..., :50257]).abs().max() <= 1e-4
@@ -146,13 +146,21 @@ def test_export_files_get_the_users_umask(tmp_path):
 
 
 def test_export_refuses_to_overwrite_unless_forced(tmp_path):
+    """--force replaces an earlier export (atomically: no temporary or old folder left), and an
+    empty folder is written into; without --force an earlier export is kept."""
     write_run(tmp_path / "run")
-    (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "keep").write_text("x")
+    hf.export_hf(tmp_path / "run", tmp_path / "hf")
+    marker = json.loads((tmp_path / "hf" / hf.EXPORT_MARKER).read_text())
+    assert marker["step"] == 7 and "model.safetensors" in marker["files"]
     with pytest.raises(GptspeedError, match="already exists"):
         hf.export_hf(tmp_path / "run", tmp_path / "hf")
+    before = (tmp_path / "hf" / "model.safetensors").stat().st_ino
     hf.export_hf(tmp_path / "run", tmp_path / "hf", force=True)
-    assert not (tmp_path / "hf" / "keep").exists() and (tmp_path / "hf" / "model.safetensors").is_file()
+    assert (tmp_path / "hf" / "model.safetensors").stat().st_ino != before  # a new folder, renamed in
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # nothing left aside
+    (tmp_path / "empty").mkdir()
+    hf.export_hf(tmp_path / "run", tmp_path / "empty")
+    assert (tmp_path / "empty" / "model.safetensors").is_file()
 
 
 def test_bad_inputs_are_one_line_errors(hf_model, tmp_path):

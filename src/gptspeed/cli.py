@@ -283,8 +283,10 @@ def cmd_sample(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     from gptspeed.eval import evaluate_run
 
-    print(json.dumps(evaluate_run(a.run, init_from=a.init_from, device=a.device, dtype=a.dtype,
-                                  **_values(a, EVAL_FLAGS)), indent=2))
+    result = evaluate_run(a.run, init_from=a.init_from, device=a.device, dtype=a.dtype, **_values(a, EVAL_FLAGS))
+    print(json.dumps(result, indent=2, allow_nan=False))  # strict JSON: a non-finite figure is null (evaluate_run)
+    if result.get("note"):
+        print(f"gptspeed eval: note: {result['note']}", file=sys.stderr)
     return 0
 
 

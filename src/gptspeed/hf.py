@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -91,14 +93,24 @@ def resolve_source(source: str) -> Path:
                             f"(it is cached after), or download it elsewhere and pass its folder") from None
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GptspeedError(f"{path} is not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise GptspeedError(f"{path} is not a JSON object")
-    return data
+def _one_line(e: BaseException) -> str:
+    """The first line of an exception's message (or its type), for an error line of our own."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _config_path(folder: Path) -> Path:
+    """``folder/config.json``, or GptspeedError when ``folder`` is not a folder or has none."""
+    if not folder.is_dir():
+        raise GptspeedError(f"model folder {folder} does not exist")
+    path = folder / "config.json"
+    if not os.path.lexists(path):
+        raise GptspeedError(f"{folder} has no config.json: give a folder saved by transformers' save_pretrained")
+    return path
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def read_hf_config(folder: str | Path) -> dict[str, Any]:
@@ -106,39 +118,53 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
     package computes exactly: ``model_type`` gpt2, GELU (tanh), 4x MLP, LayerNorm eps 1e-5,
     attention scaled by 1/sqrt(head size), a GPT-2-tokenizer vocabulary (>= 50,257 rows).
 
+    The file is read with :func:`gptspeed.fileio.read_user_json` (a folder, a FIFO, non-UTF-8
+    bytes, a JSON list, NaN constants: one line each), and every field used is type-checked
+    (JSON ``true`` is no integer, ``"1e-5"`` no number) before any arithmetic on it.
+
     Raises:
-        GptspeedError: folder or config.json missing, not JSON, or a setting we do not implement.
+        GptspeedError: folder or config.json missing or unreadable, a field of the wrong type, or a
+            setting we do not implement.
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise GptspeedError(f"model folder {folder} does not exist")
-    path = folder / "config.json"
-    if not path.is_file():
-        raise GptspeedError(f"{folder} has no config.json: give a folder saved by transformers' save_pretrained")
-    cfg = {**_HF_DEFAULTS, **_read_json(path)}
+    from gptspeed.fileio import read_user_json
+
+    path = _config_path(Path(folder))
+    cfg = {**_HF_DEFAULTS, **read_user_json(path, "Hugging Face config", max_bytes=1 << 20)}
     model_type = cfg.get("model_type")
     if model_type != "gpt2":
-        raise GptspeedError(f"{path} describes a {model_type!r} model: only GPT-2 (model_type 'gpt2') is supported")
+        shown = repr(model_type) if isinstance(model_type, (str, type(None))) else f"JSON {type(model_type).__name__}"
+        raise GptspeedError(f"{path} describes a {shown} model: only GPT-2 (model_type 'gpt2') is supported")
+    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        if type(cfg[name]) is not int or cfg[name] < 1:
+            raise GptspeedError(f"{path}: {name} = {_shown(cfg[name])} is not a positive integer")
+    if not _is_number(cfg["layer_norm_epsilon"]):
+        raise GptspeedError(f"{path}: layer_norm_epsilon = {_shown(cfg['layer_norm_epsilon'])} is not a number")
+    if not isinstance(cfg["tie_word_embeddings"], bool):
+        raise GptspeedError(f"{path}: tie_word_embeddings = {_shown(cfg['tie_word_embeddings'])} is not true or false")
     checks = [
         (cfg["activation_function"] in ("gelu_new", "gelu_pytorch_tanh"), "activation_function", "gelu_new"),
-        (cfg["n_inner"] in (None, 4 * cfg["n_embd"]), "n_inner", "null (4 * n_embd)"),
-        (abs(float(cfg["layer_norm_epsilon"]) - 1e-5) < 1e-12, "layer_norm_epsilon", "1e-05"),
+        (cfg["n_inner"] is None or (type(cfg["n_inner"]) is int and cfg["n_inner"] == 4 * cfg["n_embd"]),
+         "n_inner", "null (4 * n_embd)"),
+        (abs(cfg["layer_norm_epsilon"] - 1e-5) < 1e-12, "layer_norm_epsilon", "1e-05"),
         (cfg["scale_attn_weights"] is True, "scale_attn_weights", "true"),
         (cfg["scale_attn_by_inverse_layer_idx"] is False, "scale_attn_by_inverse_layer_idx", "false"),
         (cfg["add_cross_attention"] is False, "add_cross_attention", "false"),
     ]
     for ok, name, want in checks:
         if not ok:
-            raise GptspeedError(f"{path}: {name} = {cfg[name]!r} is not supported (gptspeed's GPT needs {want})")
-    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-        if not isinstance(cfg[name], int) or cfg[name] < 1:
-            raise GptspeedError(f"{path}: {name} = {cfg[name]!r} is not a positive integer")
+            raise GptspeedError(f"{path}: {name} = {_shown(cfg[name])} is not supported (gptspeed's GPT needs {want})")
     if cfg["vocab_size"] < GPT2_VOCAB_SIZE:
         raise GptspeedError(f"{path}: vocab_size {cfg['vocab_size']} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: "
                             "gptspeed uses the GPT-2 tokenizer")
     if cfg["n_embd"] % cfg["n_head"]:
         raise GptspeedError(f"{path}: n_embd {cfg['n_embd']} is not divisible by n_head {cfg['n_head']}")
     return cfg
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error line: its repr, cut short (a field may hold a long list)."""
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def gpt_config_from_hf(hf: dict[str, Any], *, block_size: int | None = None,
@@ -165,40 +191,103 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
     (``explicit``, at most ``n_positions``) else ``n_positions``; ``vocab_size``, ``attention`` and
     ``loss`` from ``model`` (vocabulary grown to fit if needed).
 
+    The source's tensor names and shapes are checked against the shape here (:func:`check_hf_layout`,
+    from the file headers), so a config.json that does not describe its weights is refused before
+    the run builds a model of the size it claims.
+
     Raises:
-        GptspeedError: as :func:`resolve_source` / :func:`read_hf_config`, or an explicit
-            --n-layer / --n-head / --n-embd that contradicts the source.
+        GptspeedError: as :func:`resolve_source` / :func:`read_hf_config` / :func:`check_hf_layout`,
+            or an explicit --n-layer / --n-head / --n-embd that contradicts the source.
     """
-    hf = read_hf_config(resolve_source(source))
+    folder = resolve_source(source)
+    hf = read_hf_config(folder)
     for name in ("n_layer", "n_head", "n_embd"):
         if name in explicit and explicit[name] != hf[name]:
             raise GptspeedError(f"--{name.replace('_', '-')} {explicit[name]} contradicts --init-from {source}, "
                                 f"whose {name} is {hf[name]}: leave it out")
     shape = gpt_config_from_hf(hf, block_size=explicit.get("block_size"), vocab_size=model.vocab_size)
+    check_hf_layout(read_hf_shapes(folder), shape, where=str(folder), vocab_rows=hf["vocab_size"])
     return dataclasses.replace(shape, attention=model.attention, loss=model.loss, softmax=model.softmax)
 
 
 # ----------------------------------------------------------------------------------------- weights
+def _check_weights_file(path: Path) -> None:
+    """GptspeedError unless ``path`` is a regular file: a folder, a FIFO (whose read would block
+    forever) or a device under a weights file's name is one line, never a traceback or a hang."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise GptspeedError(f"weights file {path} does not exist") from None
+    except OSError as e:
+        raise GptspeedError(f"cannot read weights file {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
+        raise GptspeedError(f"weights file {path} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise GptspeedError(f"weights file {path} is not a regular file (a pipe, socket or device): give a file")
+
+
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         from safetensors.torch import load_file
     except ImportError:
         raise GptspeedError("reading model.safetensors needs safetensors: `pip install safetensors`") from None
+    _check_weights_file(path)
     try:
         return load_file(str(path), device="cpu")
-    except Exception as e:  # SafetensorError, OSError
-        raise GptspeedError(f"{path} is not a readable safetensors file ({e})") from None
+    except Exception as e:  # SafetensorError (truncated, bad header), OSError
+        raise GptspeedError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
 
 
 def _load_bin(path: Path) -> dict[str, torch.Tensor]:
+    _check_weights_file(path)
     try:  # weights_only: tensors and containers only, no pickled code runs
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise GptspeedError(f"{path} is not a readable weights-only PyTorch file ({type(e).__name__}): "
                             "convert it to safetensors") from None
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
         raise GptspeedError(f"{path} does not hold a flat state dict of tensors")
     return sd
+
+
+def _weight_files(folder: Path) -> tuple[str, list[Path]]:
+    """``("safetensors" | "bin", files)``: the weights files of an HF folder, the first of
+    :data:`_WEIGHT_FILES` present (a sharded checkpoint's shards as its ``*.index.json`` names them,
+    read with :func:`gptspeed.fileio.read_user_json`; shard names must be plain file names in
+    ``folder``)."""
+    from gptspeed.fileio import read_user_json
+
+    name = next((n for n in _WEIGHT_FILES if os.path.lexists(folder / n)), None)
+    if name is None:
+        raise GptspeedError(f"{folder} has no weights ({' or '.join(_WEIGHT_FILES)})")
+    fmt = "safetensors" if name.startswith("model.safetensors") else "bin"
+    if not name.endswith(".index.json"):
+        return fmt, [folder / name]
+    index = folder / name
+    weight_map = read_user_json(index, "weights index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise GptspeedError(f"weights index {index} has no weight_map (tensor name -> shard file)")
+    shards = set(map(json.dumps, weight_map.values()))  # any JSON value, hashable
+    bad = next((f for f in map(json.loads, sorted(shards))
+                if not isinstance(f, str) or Path(f).name != f or f in ("", ".", "..")), None)
+    if bad is not None:
+        raise GptspeedError(f"weights index {index} names the shard {_shown(bad)}: shards must be files "
+                            "of the model folder itself")
+    return fmt, [folder / json.loads(f) for f in sorted(shards)]
+
+
+def _merged(folder: Path, parts: list[dict]) -> dict:
+    """One dict of the shards' entries, names without the ``transformer.`` prefix."""
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            key = k.removeprefix("transformer.")
+            if key in out:
+                raise GptspeedError(f"{folder} holds the tensor {key} twice: not a GPT-2 saved by transformers")
+            out[key] = v
+    return out
 
 
 def read_hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
@@ -207,58 +296,134 @@ def read_hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     sharded checkpoints are read through their ``*.index.json``.
 
     Raises:
-        GptspeedError: no weights file, or one that cannot be read.
+        GptspeedError: no weights file; one that is a folder, a pipe, truncated or otherwise
+            unreadable; an index without a proper ``weight_map``; a tensor named twice.
     """
     folder = Path(folder)
-    name = next((n for n in _WEIGHT_FILES if (folder / n).is_file()), None)
-    if name is None:
-        raise GptspeedError(f"{folder} has no weights ({' or '.join(_WEIGHT_FILES)})")
-    loader = _load_safetensors if name.startswith("model.safetensors") else _load_bin
-    if name.endswith(".index.json"):
-        weight_map = _read_json(folder / name).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise GptspeedError(f"{folder / name} has no weight_map")
-        sd = {}
-        for shard in sorted(set(weight_map.values())):
-            sd.update(loader(folder / shard))
-    else:
-        sd = loader(folder / name)
-    return {k.removeprefix("transformer."): v for k, v in sd.items()}
+    fmt, files = _weight_files(folder)
+    loader = _load_safetensors if fmt == "safetensors" else _load_bin
+    return _merged(folder, [loader(f) for f in files])
+
+
+def read_hf_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """The tensor names (without ``transformer.``) and shapes of an HF model folder, without
+    reading the tensors where the format allows it (a safetensors header; a ``.bin`` is
+    memory-mapped): what :func:`check_hf_layout` needs before a model is built.
+
+    Raises:
+        GptspeedError: as :func:`read_hf_state_dict`.
+    """
+    folder = Path(folder)
+    fmt, files = _weight_files(folder)
+    parts = []
+    for f in files:
+        _check_weights_file(f)
+        if fmt == "bin":
+            parts.append({k: tuple(v.shape) for k, v in _load_bin(f).items()})
+            continue
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as st:
+                parts.append({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except ImportError:
+            raise GptspeedError("reading model.safetensors needs safetensors: `pip install safetensors`") from None
+        except Exception as e:  # SafetensorError (truncated, bad header), OSError
+            raise GptspeedError(f"{f} is not a readable safetensors file ({_one_line(e)})") from None
+    return _merged(folder, parts)
+
+
+def _listed(names: list[str], n: int = 3, total: int | None = None) -> str:
+    """``a, b, c and 9 more``: the first ``n`` of ``total`` (default ``len(names)``) names."""
+    total = len(names) if total is None else total
+    return ", ".join(names[:n]) + (f" and {total - min(n, len(names))} more" if total > min(n, len(names)) else "")
+
+
+_LAYER = re.compile(r"^h\.(0|[1-9][0-9]*)\.(.+)$")
+
+
+def check_hf_layout(shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, where: str = "the model",
+                    vocab_rows: int | None = None) -> None:
+    """Whether the HF tensors ``shapes`` (name without prefix -> shape) are exactly a GPT-2 of
+    ``config``'s shape: every tensor one the model uses (besides ``lm_head.weight`` and the
+    causal-mask buffers ``h.i.attn.bias`` / ``h.i.attn.masked_bias`` of its own layers), every
+    parameter there at its shape (Conv1D ``[in, out]``), ``wte`` with ``vocab_rows`` rows (the
+    config.json's vocab_size) when given. The cost follows the tensors present, not the layers the
+    config claims: a config.json saying 10^9 layers over 2-layer weights is refused at once.
+
+    Raises:
+        GptspeedError: naming how many tensors are unexpected, missing or of the wrong shape,
+            and the first few.
+    """
+    C, L = config.n_embd, config.n_layer
+    top = {"wte.weight": None, "wpe.weight": None, "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    block = {"ln_1.weight": (C,), "ln_1.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
+             "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,), "attn.c_proj.weight": (C, C),
+             "attn.c_proj.bias": (C,), "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
+             "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
+    assert set(block) == set(_BLOCK_PARAMS)
+    shape = f"a GPT-2 with n_layer {L}, n_embd {C}"
+    wanted: dict[str, tuple | None] = {}
+    unexpected = []
+    for k in shapes:
+        m = _LAYER.match(k)
+        own_layer = m is not None and int(m[1]) < L
+        if k in top:
+            wanted[k] = top[k]
+        elif own_layer and m[2] in block:
+            wanted[k] = block[m[2]]
+        elif not (k == "lm_head.weight" or (own_layer and m[2] in _DROPPED)):
+            unexpected.append(k)
+    if unexpected:
+        raise GptspeedError(f"{where} holds {len(unexpected)} tensor(s) that {shape} does not have "
+                            f"({_listed(unexpected)}): its config.json does not describe its weights")
+    n_missing = len(top) + len(block) * L - len(wanted)
+    if n_missing:
+        missing = [k for k in top if k not in shapes]
+        for i in range(L):  # stops at the first few missing: bounded by the layers present
+            if len(missing) >= 3:
+                break
+            missing += [f"h.{i}.{p}" for p in _BLOCK_PARAMS if f"h.{i}.{p}" not in shapes]
+        raise GptspeedError(f"{where} lacks {n_missing} tensor(s) of {shape} ({_listed(missing, total=n_missing)}): "
+                            "its config.json does not describe its weights, or the weights are incomplete")
+    wrong = [f"{k} {shapes[k]} not {want}" for k, want in wanted.items() if want is not None and shapes[k] != want]
+    wte, wpe = shapes["wte.weight"], shapes["wpe.weight"]
+    rows = f"{vocab_rows}" if vocab_rows is not None else f"<= {config.vocab_size}"
+    if len(wte) != 2 or wte[1] != C or wte[0] > config.vocab_size or (vocab_rows is not None and wte[0] != vocab_rows):
+        wrong.append(f"wte.weight {wte} not ({rows}, {C})")
+    if len(wpe) != 2 or wpe[1] != C or wpe[0] < config.block_size:
+        wrong.append(f"wpe.weight {wpe} not (>= {config.block_size}, {C})")
+    if wrong:
+        raise GptspeedError(f"{where}: {len(wrong)} tensor(s) of the wrong shape for {shape} ({_listed(wrong)}; "
+                            "Conv1D weights are [in, out]): its config.json does not describe its weights")
 
 
 def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], config: GPTConfig, *, where: str = "the model",
-                         tied: bool = True) -> dict[str, torch.Tensor]:
+                         tied: bool = True, vocab_rows: int | None = None) -> dict[str, torch.Tensor]:
     """Our state dict (fp32, ``transformer.``-prefixed, ``lm_head.weight`` = ``wte``) from HF tensors
     (names without prefix). ``wte`` is padded with zero rows to ``config.vocab_size``, ``wpe`` cut
     to ``config.block_size`` rows, Conv1D weights transposed.
 
+    The names and shapes are checked by :func:`check_hf_layout` (every tensor used, every
+    parameter filled), and every value must be finite: a config.json that does not describe its
+    weights, or diverged weights, are refused, never half-loaded.
+
     Raises:
-        GptspeedError: a tensor is missing or of the wrong shape, or an untied LM head differs
-            from the token embedding (our GPT ties them).
+        GptspeedError: as :func:`check_hf_layout`; the first tensor holding NaN or inf (or not
+            floating point); an untied LM head that differs from the token embedding (our GPT ties them).
     """
+    check_hf_layout({k: tuple(v.shape) for k, v in hf_sd.items()}, config, where=where, vocab_rows=vocab_rows)
     C, L = config.n_embd, config.n_layer
-    expected = {"wte.weight": None, "wpe.weight": None, "ln_f.weight": (C,), "ln_f.bias": (C,)}
-    shapes = {"ln_1.weight": (C,), "ln_1.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
-              "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,), "attn.c_proj.weight": (C, C),
-              "attn.c_proj.bias": (C,), "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
-              "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
-    for i in range(L):
-        expected.update({f"h.{i}.{p}": shapes[p] for p in _BLOCK_PARAMS})
-    missing = [k for k in expected if k not in hf_sd]
-    if missing:
-        raise GptspeedError(f"{where} lacks {missing[0]}" + (f" and {len(missing) - 1} more tensors" if len(missing) > 1
-                            else "") + f": not a complete GPT-2 with {L} layers")
-    for k, shape in expected.items():
-        if shape is not None and tuple(hf_sd[k].shape) != shape:
-            raise GptspeedError(f"{where}: {k} has shape {tuple(hf_sd[k].shape)}, expected {shape} "
-                                "(a Conv1D [in, out] weight)")
+    used = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias",
+            *(f"h.{i}.{p}" for i in range(L) for p in _BLOCK_PARAMS)]
+    for k in [*used, *(["lm_head.weight"] if "lm_head.weight" in hf_sd and not tied else [])]:
+        t = hf_sd[k]
+        if not (t.is_floating_point() and bool(torch.isfinite(t).all())):
+            what = "holds NaN or infinite values" if t.is_floating_point() else f"is not floating point ({t.dtype})"
+            raise GptspeedError(f"{where}: tensor {k} {what}: the weights are corrupt or diverged; use another copy")
     wte, wpe = hf_sd["wte.weight"].float(), hf_sd["wpe.weight"].float()
-    if wte.dim() != 2 or wte.shape[1] != C or wte.shape[0] > config.vocab_size:
-        raise GptspeedError(f"{where}: wte.weight has shape {tuple(wte.shape)}, expected (<= {config.vocab_size}, {C})")
-    if wpe.dim() != 2 or wpe.shape[1] != C or wpe.shape[0] < config.block_size:
-        raise GptspeedError(f"{where}: wpe.weight has shape {tuple(wpe.shape)}, expected (>= {config.block_size}, {C})")
     head = hf_sd.get("lm_head.weight")
-    if head is not None and not tied and not torch.equal(head.float(), wte):
+    if head is not None and not tied and not (head.shape == wte.shape and torch.equal(head.float(), wte)):
         raise GptspeedError(f"{where} has an LM head that is not tied to the token embedding: gptspeed's GPT ties them")
     out = {"transformer.wpe.weight": wpe[: config.block_size].clone()}
     padded = torch.zeros(config.vocab_size, C)
@@ -272,6 +437,30 @@ def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], config: GPTConfig, *, w
             t = hf_sd[f"h.{i}.{p}"].float()
             out[f"transformer.h.{i}.{p}"] = t.t().contiguous() if p in CONV1D else t
     return out
+
+
+_MODEL_BUFFERS = ("softmax_ids",)  # the model's own buffers: not weights, kept as the model has them
+
+
+def _fill(model: GPT, sd: dict[str, torch.Tensor], where: str) -> None:
+    """Load ``sd`` into ``model``: every parameter of the model filled, every tensor of ``sd``
+    used (the model's own buffers, :data:`_MODEL_BUFFERS`, keep their values)."""
+    own = set(model.state_dict())
+    missing = sorted(own - set(sd) - set(_MODEL_BUFFERS))
+    unexpected = sorted(set(sd) - own)
+    if missing or unexpected:  # a mapping bug rather than a user's file: hf_to_gpt_state_dict checked the names
+        raise GptspeedError(f"{where} does not fill gptspeed's GPT (missing {_listed(missing) or 'none'}; "
+                            f"unexpected {_listed(unexpected) or 'none'})")
+    with torch.no_grad():
+        model.load_state_dict(sd, strict=False)
+
+
+def _read_checked(folder: Path, hf: dict[str, Any], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The weights of ``folder`` as our state dict for ``config``, every name, shape and value
+    checked (:func:`hf_to_gpt_state_dict`) -- before a model of the config's size is built, so a
+    config.json claiming a huge model over small weights is refused, not allocated."""
+    return hf_to_gpt_state_dict(read_hf_state_dict(folder), config, where=str(folder),
+                                tied=hf["tie_word_embeddings"], vocab_rows=hf["vocab_size"])
 
 
 def load_hf_weights(model: GPT, source: str) -> Path:
@@ -289,20 +478,20 @@ def load_hf_weights(model: GPT, source: str) -> Path:
     for name in ("n_layer", "n_head", "n_embd"):
         if getattr(c, name) != hf[name]:
             raise GptspeedError(f"--init-from {source} has {name} {hf[name]}, the run's model {getattr(c, name)}")
-    sd = hf_to_gpt_state_dict(read_hf_state_dict(folder), c, where=str(folder),
-                              tied=bool(hf["tie_word_embeddings"]))
-    with torch.no_grad():
-        model.load_state_dict(sd)
+    _fill(model, _read_checked(folder, hf, c), str(folder))
     return folder
 
 
 def load_hf_model(source: str, *, block_size: int | None = None) -> tuple[GPT, dict[str, Any]]:
     """A :class:`GPT` (fp32, CPU, eval mode) holding the HF GPT-2 ``source`` (folder or name).
-    Returns ``(model, info)`` with ``info = {"source", "folder", "hf_config"}``."""
+    Returns ``(model, info)`` with ``info = {"source", "folder", "hf_config"}``. The weights are
+    read and checked before the model is built."""
     folder = resolve_source(source)
     hf = read_hf_config(folder)
-    model = GPT(gpt_config_from_hf(hf, block_size=block_size))
-    load_hf_weights(model, str(folder))
+    config = gpt_config_from_hf(hf, block_size=block_size)
+    sd = _read_checked(folder, hf, config)
+    model = GPT(config)
+    _fill(model, sd, str(folder))
     return model.eval(), {"source": source, "folder": str(folder), "hf_config": hf}
 
 
@@ -406,13 +595,106 @@ def _apply_umask(folder: Path) -> None:
         f.chmod(0o666 & ~umask)
 
 
-def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """``gptspeed export-hf``: the newest checkpoint of ``run`` as a Hugging Face folder ``out``
-    (``config.json``, ``model.safetensors``, tokenizer files, ``generation_config.json``). Written
-    into a temporary folder beside ``out`` and renamed, so ``out`` is never half-written. Returns ``out``.
+EXPORT_MARKER = ".gptspeed-export.json"
+"""Written last into every export-hf folder: the files the export wrote and their sizes. ``--force``
+replaces only a folder it describes exactly (or an empty folder): never the user's own files."""
+
+
+def _evidence(folder: Path, k: str) -> str:
+    """What makes ``folder`` a run or data folder (:func:`gptspeed.paths.kind`), for an error line."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return k
+    from gptspeed.paths import _CKPT
+
+    if k == "run folder":
+        shown = [n for n in names if _CKPT.match(n)] or [n for n in names if n in ("config.json", "metrics.jsonl")]
+    else:
+        shown = [n for n in names if n == "manifest.json" or n.endswith(".bin")]
+    return f"{k} (it holds {_listed(shown, 2)})"
+
+
+def _not_an_export(folder: Path) -> str | None:
+    """None when ``folder`` holds exactly what an earlier ``export-hf`` wrote there (its
+    :data:`EXPORT_MARKER` and the files it lists, at their sizes); else what is there instead."""
+    from gptspeed.fileio import read_user_json
+
+    try:
+        entries = {e.name: e for e in os.scandir(folder)}
+    except OSError as e:
+        return f"it cannot be listed ({e.strerror or e})"
+    if EXPORT_MARKER not in entries:
+        return f"it holds {_listed(sorted(entries))}, and no {EXPORT_MARKER} of an earlier export"
+    try:
+        files = read_user_json(folder / EXPORT_MARKER, "export marker", max_bytes=1 << 16).get("files")
+    except GptspeedError as e:
+        return str(e)
+    if not isinstance(files, dict):
+        return f"its {EXPORT_MARKER} lists no files"
+    foreign = sorted(n for n in entries if n != EXPORT_MARKER and n not in files)
+    if foreign:
+        return f"it holds {_listed(foreign)}, which export-hf did not write"
+    for name, size in files.items():
+        e = entries.get(name)
+        if e is None or e.is_symlink() or not e.is_file() or e.stat().st_size != size:
+            return f"its {name} is not the one export-hf wrote (changed or removed since)"
+    return None
+
+
+def check_export_target(run: Path, out: Path, force: bool) -> None:
+    """Refuse an ``export-hf --out`` that would lose something, before any work: ``out`` equal to
+    ``run`` or holding it; ``out`` (or the folder it would be created in) a run folder or a data
+    folder (:func:`gptspeed.paths.kind`) -- even with ``force``; a file or a symbolic link; a
+    non-empty folder that is not an earlier export (:func:`_not_an_export`) -- even with
+    ``force``; an earlier export without ``force``. An empty folder is written into.
 
     Raises:
-        GptspeedError: no checkpoint in ``run``; ``out`` exists (without ``force``); not writable.
+        GptspeedError: one line naming what is there.
+    """
+    from gptspeed.paths import kind
+
+    if out.is_symlink():
+        raise GptspeedError(f"--out {out} is a symbolic link: give the folder to write itself")
+    r_run, r_out = run.resolve(), out.resolve()
+    if r_out == r_run or r_out in r_run.parents:
+        raise GptspeedError(f"--out {out} is {'the --run folder' if r_out == r_run else 'a folder holding the --run folder'} "
+                            f"{run}: an export never replaces the run it exports; choose another --out (e.g. {run}-hf)")
+    if not os.path.lexists(out):
+        parent = next(p for p in r_out.parents if p.exists())  # the folder the export creates its first entry in
+        k = kind(parent)
+        if k in ("run folder", "data folder"):
+            raise GptspeedError(f"--out {out} would be written into {parent}, a {_evidence(parent, k)}: an export never "
+                                "writes into one; choose an --out outside it")
+        return
+    k = kind(out)
+    if k in ("run folder", "data folder"):
+        raise GptspeedError(f"--out {out} is a {_evidence(out, k)}: export-hf never writes over one, even with --force; "
+                            "choose another --out")
+    if k in ("file", "text file"):
+        raise GptspeedError(f"--out {out} is a file, not a folder: export-hf never writes over it; choose another --out")
+    if k == "empty folder":
+        return
+    reason = _not_an_export(out)
+    if reason is not None:
+        raise GptspeedError(f"--out {out} is not an earlier export ({reason}): --force replaces only an export-hf "
+                            "folder or an empty folder; choose another --out")
+    if not force:
+        raise GptspeedError(f"{out} already exists (an earlier export): choose another --out or pass --force to "
+                            "replace it")
+
+
+def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
+    """``gptspeed export-hf``: the newest checkpoint of ``run`` as a Hugging Face folder ``out``
+    (``config.json``, ``model.safetensors``, tokenizer files, ``generation_config.json``, and
+    :data:`EXPORT_MARKER`). Written into a temporary folder beside ``out`` and renamed, so ``out``
+    is never half-written. ``force`` replaces an earlier export (the old folder is renamed aside,
+    the new one renamed in, then the old one deleted); nothing else is ever replaced, see
+    :func:`check_export_target`. Returns ``out``.
+
+    Raises:
+        GptspeedError: no checkpoint in ``run``; an ``out`` refused by :func:`check_export_target`;
+            a --softmax data run; not writable.
     """
     from gptspeed.checkpoint import load_latest_run
 
@@ -420,10 +702,9 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
         from safetensors.torch import save_file
     except ImportError:
         raise GptspeedError("export-hf writes safetensors: `pip install safetensors`") from None
-    out = Path(out)
-    if out.exists() and not force:
-        raise GptspeedError(f"{out} already exists: choose another --out or pass --force to replace it")
-    ckpt, run_config = load_latest_run(Path(run))
+    run, out = Path(run), Path(out)
+    check_export_target(run, out, force)
+    ckpt, run_config = load_latest_run(run)
     config = run_config.model
     if config.softmax == "data":
         raise GptspeedError(f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
@@ -440,12 +721,19 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 50256, "eos_token_id": 50256}, indent=2) + "\n")
         write_tokenizer_files(tmp, config.block_size)
+        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+        (tmp / EXPORT_MARKER).write_text(json.dumps(
+            {"exported_by": "gptspeed export-hf", "run": str(run), "step": ckpt.get("step"), "files": files},
+            indent=2) + "\n")
         _apply_umask(tmp)
-        if out.exists():  # --force: move the old folder aside, swap, then delete it
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+        if os.path.lexists(out):  # an earlier export or an empty folder (checked): move it aside, swap, delete it
+            old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")
             os.replace(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except OSError:
+                os.replace(old, out)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)

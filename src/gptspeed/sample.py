@@ -68,9 +68,22 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
     2018), one ``torch.multinomial`` draw per row. Returns ``(B,)`` int64.
 
     With ``top_k`` the draw is made among the k candidates only (a k-way multinomial instead of
-    one over the whole vocabulary: on a CPU that is most of a small model's step)."""
+    one over the whole vocabulary: on a CPU that is most of a small model's step).
+
+    Raises:
+        GptspeedError: a row's largest logit is NaN or infinite (the model's weights diverged or
+            are corrupt: NaN, +inf, or every token at -inf), or becomes infinite once divided by
+            ``temperature``: one line, where ``torch.multinomial`` would raise (or argmax pick noise).
+    """
+    top = logits.amax(dim=-1)  # NaN if any logit is NaN; +inf; -inf when no token is possible
+    if not bool(torch.isfinite(top).all()):
+        raise GptspeedError("the model's logits are not finite (NaN or infinite): its weights have diverged or are "
+                            "corrupt; sample from an earlier checkpoint or a healthy model")
     if temperature == 0:
         return logits.argmax(dim=-1)
+    if not bool(torch.isfinite(top / temperature).all()):
+        raise GptspeedError(f"--temperature {temperature:g} is too small for these logits (they overflow once divided "
+                            "by it): use a larger one, or 0 for greedy decoding")
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
         values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted

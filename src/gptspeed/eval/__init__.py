@@ -47,8 +47,41 @@ def evaluate_run(run_dir: str | Path | None = None, data_dir: str | Path | None 
     result: dict = {**info}
     if shards is not None:
         loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
-        result.update(val_loss=loss, perplexity=math.exp(loss), tokens=n, data=str(data_dir))
+        perplexity = math.exp(loss) if loss < _MAX_EXP else math.inf  # NaN stays NaN
+        result.update(val_loss=loss, perplexity=perplexity, tokens=n, data=str(data_dir))
     if items is not None:
         result["hellaswag"] = evaluate_hellaswag(model, items, device=rt.device, autocast=rt.autocast(),
                                                  batch_examples=batch_size)
-    return result
+    return json_safe(result)
+
+
+_MAX_EXP = math.log(1.7976931348623157e308)  # math.exp raises OverflowError above this
+
+
+def json_safe(result: dict) -> dict:
+    """``result`` as strict JSON can hold it (``json.dumps(..., allow_nan=False)``, which the
+    command uses): every float that is not finite -- the NaN or infinite val loss of a model whose
+    weights diverged, a perplexity that overflows -- becomes None, and ``note`` names each and why."""
+    bad: list[str] = []
+
+    def clean(value, path: str):
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(f"{path} ({value})")
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(result, "")
+    loss = result.get("val_loss")
+    nonfinite = (result.get("hellaswag") or {}).get("nonfinite_examples")
+    if nonfinite:
+        bad.append(f"hellaswag ({nonfinite} example(s) scored with NaN or infinite losses)")
+    if bad:
+        why = ("the model's weights have diverged or are corrupt" if (loss is not None and not math.isfinite(loss))
+               or nonfinite else "exp(val_loss) is larger than a float can hold")
+        out["note"] = f"not finite, shown as null: {', '.join(bad)}: {why}"
+    return out
+

@@ -174,7 +174,8 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     when initialised) and the counts all-reduced; each rank batches ``batch_examples`` examples
     (4 rows each), longest first. Every rank must call this. Returns ``examples``, ``correct``,
     ``correct_norm``, ``acc`` (lowest total loss), ``acc_norm`` (lowest mean loss per token),
-    ``seconds`` (wall time, device synchronised) and ``examples_per_s``.
+    ``seconds`` (wall time, device synchronised), ``examples_per_s`` and ``nonfinite_examples``
+    (examples with a NaN or infinite ending loss: a diverged model, whose accuracy means nothing).
     """
     import torch.distributed as dist
 
@@ -190,7 +191,7 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    stats = torch.zeros(3, dtype=torch.long, device=device)  # examples, correct, correct_norm
+    stats = torch.zeros(4, dtype=torch.long, device=device)  # examples, correct, correct_norm, non-finite
     for i in range(0, len(mine), batch_examples):
         batch = mine[i : i + batch_examples]
         with eager():
@@ -199,14 +200,16 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
         stats[0] += len(batch)
         stats[1] += (total.argmin(dim=1) == labels).sum()
         stats[2] += ((total / count.clamp(min=1)).argmin(dim=1) == labels).sum()
+        stats[3] += (~torch.isfinite(total)).any(dim=1).sum()  # a diverged model: its accuracy means nothing
     if distributed and world_size > 1:
         dist.all_reduce(stats)
     sync()
     seconds = time.perf_counter() - t0
     m.train(was_training)
-    n, correct, correct_norm = stats.tolist()
+    n, correct, correct_norm, nonfinite = stats.tolist()
     return {"examples": n, "correct": correct, "correct_norm": correct_norm, "acc": correct / max(n, 1),
-            "acc_norm": correct_norm / max(n, 1), "seconds": seconds, "examples_per_s": n / seconds if seconds else None}
+            "acc_norm": correct_norm / max(n, 1), "seconds": seconds, "examples_per_s": n / seconds if seconds else None,
+            "nonfinite_examples": nonfinite}
 
 
 def hellaswag_hook(cfg, rt) -> Callable[[torch.nn.Module], dict[str, Any]] | None:

@@ -288,3 +288,90 @@ def test_cuda_fused_matches_plain_in_16_bit(dtype):
     plain_err = max(_rel(px, ref_x), _rel(pw, ref_w))
     assert _rel(fx, ref_x) < 2 * plain_err + 1e-4 and _rel(fw, ref_w) < 2 * plain_err + 1e-4
     assert not ((pw.abs().amax(1) > 0) & (fw.abs().amax(1) == 0)).any()
+
+
+# ------------------------------------------------------------------------------------ --loss liger
+def test_liger_is_refused_off_cuda_and_without_the_package_before_the_model_is_built(monkeypatch):
+    import importlib.util
+
+    from conftest import make_step
+    from gptspeed import step as step_mod
+
+    monkeypatch.setattr(step_mod, "build_model", lambda *a, **k: pytest.fail("built a model"))
+    with pytest.raises(GptspeedError, match=r"--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU \(not cpu\)"):
+        make_step(dict(n_layer=1, n_head=2, n_embd=32, block_size=32, loss="liger"))
+    from gptspeed.loss import liger_problem
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "liger_kernel" else real(n, *a))
+    assert "pip install liger-kernel" in liger_problem("cuda")
+
+
+@pytest.mark.parametrize("softmax", ["full", "data"])
+def test_liger_is_handed_the_unpadded_head_and_its_loss_is_the_models(monkeypatch, softmax):
+    """The wiring, on the CPU, with a stand-in for Liger's autograd function (plain cross-entropy):
+    the LM head reaches it without the padded rows (their logits would take probability mass: the
+    padded-vocabulary mask), and its loss and gradients are what the model returns."""
+    import sys
+    import types
+
+    import gptspeed.loss as loss_mod
+
+    seen = {}
+
+    class FakeLigerFLCE(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, t):
+            raise AssertionError("apply is replaced")
+
+        @staticmethod
+        def apply(x, w, t):
+            seen["rows"] = w.size(0)
+            return F.cross_entropy((x @ w.t()).float(), t), None, None, None
+
+    mod = types.ModuleType("liger_kernel.ops.fused_linear_cross_entropy")
+    mod.LigerFusedLinearCrossEntropyFunction = FakeLigerFLCE
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.fused_linear_cross_entropy", mod)
+    monkeypatch.setattr(loss_mod, "liger_problem", lambda device_type: None)
+    torch.manual_seed(0)
+    plain = GPT(small(loss="plain", softmax=softmax))
+    liger = GPT(small(loss="liger", softmax=softmax))
+    liger.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 50257, (2, 32))
+    if softmax == "data":
+        ids = torch.unique(idx)
+        plain.set_softmax_ids(ids)
+        liger.set_softmax_ids(ids)
+    lp, ll = plain(idx, idx)[1], liger(idx, idx)[1]
+    assert seen["rows"] == (50257 if softmax == "full" else ids.numel())
+    torch.testing.assert_close(ll, lp, rtol=1e-6, atol=1e-6)
+    lp.backward()
+    ll.backward()
+    gp, gl = plain.transformer.wte.weight.grad, liger.transformer.wte.weight.grad
+    torch.testing.assert_close(gl, gp, rtol=1e-5, atol=1e-7)
+    assert gl[50257:].abs().max() == 0  # the padded rows get no gradient
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_liger_matches_plain_loss_and_gradients():
+    """On a GPU with Liger-Kernel installed, in bf16 autocast at GPT-2's head (C = 768, V = 50304):
+    the loss and the head's gradient within bf16's tolerance of the plain path's."""
+    from gptspeed.loss import liger_problem
+
+    if liger_problem("cuda"):
+        pytest.skip(liger_problem("cuda"))
+    torch.manual_seed(0)
+    cfg = dict(n_layer=1, n_head=12, n_embd=768, block_size=1024)
+    plain = GPT(GPTConfig(**cfg, loss="plain")).cuda()
+    liger = GPT(GPTConfig(**cfg, loss="liger")).cuda()
+    liger.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 50257, (4, 1024), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        lp, ll = plain(idx, idx)[1], liger(idx, idx)[1]
+    assert ll.item() == pytest.approx(lp.item(), rel=1e-2)
+    lp.backward()
+    ll.backward()
+    gp, gl = plain.transformer.wte.weight.grad.float(), liger.transformer.wte.weight.grad.float()
+    assert (gl - gp).norm() / gp.norm() < 2e-2
+    assert gl[50257:].abs().max() == 0

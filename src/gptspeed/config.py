@@ -25,7 +25,9 @@ GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (tensor-core friendly; build-nanogpt)
 AUTO_BATCH_SIZE = 0  # how --batch-size auto is stored in the configuration
 SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the token ids of the training data
-LOSSES = ("auto", "fused", "plain")  # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere)
+# --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere); liger = Liger-Kernel's fused
+# linear + cross-entropy (CUDA only)
+LOSSES = ("auto", "fused", "plain", "liger")
 
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 DEVICES = ("auto", "cuda", "mps", "cpu")
@@ -63,7 +65,7 @@ class GPTConfig:
     n_head: int = 12  # H
     n_embd: int = 768  # C = H * Q
     attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
-    loss: str = "auto"  # "fused" (chunked linear + cross-entropy), "plain" (full logits), "auto" (loss.resolve_loss)
+    loss: str = "auto"  # "fused" (chunked linear + cross-entropy), "plain" (full logits), "liger" (Liger-Kernel, CUDA), "auto" (loss.resolve_loss)
     softmax: str = "full"  # "full": over the vocabulary; "data": over the token ids the training data holds
 
     def validate(self) -> None:
@@ -216,7 +218,8 @@ MODEL_FLAGS = {
     "block_size": ("--seq-len", "sequence length T (also the model's number of positions)"),
     "vocab_size": ("--vocab-size", "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default"),
     "attention": ("--attention", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual"),
-    "loss": ("--loss", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full logits) | plain"),
+    "loss": ("--loss", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full logits) | plain"
+                       " | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)"),
     "softmax": ("--softmax", "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
                 "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside it "
                 "have probability 0)"),

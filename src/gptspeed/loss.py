@@ -56,13 +56,45 @@ def resolve_loss(name: str, device_type: str) -> str:
     shows the chunked loss faster there; on the CPU it is ``fused``, which measured 2.13x
     faster at the nano shape and even (0.98x) at GPT-2 124M with B=4, T=64 on this project's
     2-core CPU (benchmarks/README.md, "Fused vs plain loss on the CPU").
-    ``fused`` and ``plain`` are returned as they are. GptspeedError for any other name.
+    ``fused``, ``plain`` and ``liger`` (:func:`liger_linear_cross_entropy`) are returned as they
+    are. GptspeedError for any other name.
     """
     if name not in LOSSES:
         raise GptspeedError(f"--loss must be one of {', '.join(LOSSES)}, got {name!r}")
     if name != "auto":
         return name
     return "fused" if device_type == "cpu" else "plain"
+
+
+def liger_problem(device_type: str) -> str | None:
+    """Why ``--loss liger`` cannot run on ``device_type`` (one line), or None: Liger-Kernel's kernels
+    are Triton kernels (CUDA only), and the package must be installed."""
+    if device_type != "cuda":
+        return f"--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU (not {device_type}): use --loss fused"
+    import importlib.util
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "--loss liger needs Liger-Kernel, which is not installed: pip install liger-kernel (or use --loss fused)"
+    return None
+
+
+def liger_linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int | None = None) -> Tensor:
+    """Mean cross-entropy of ``x @ weight[:valid_vocab_size].T`` against ``targets`` through
+    Liger-Kernel's fused linear + cross-entropy (Hsu et al. 2024, "Liger Kernel: Efficient Triton
+    Kernels for LLM Training", arXiv:2410.10989; ``liger_kernel.ops.fused_linear_cross_entropy``):
+    chunked like :func:`fused_linear_cross_entropy`, with the logits' gradient computed in the
+    forward so the ``(N, V)`` logits are never kept. ``x`` ``(N, C)``, ``weight`` ``(V, C)`` (the tied
+    embedding), ``targets`` ``(N,)`` int64; the padded vocabulary rows (``valid_vocab_size`` onwards)
+    are left out of the softmax by slicing the weight (a view: their gradient stays zero). Returns a
+    0-dim fp32 tensor. GptspeedError where :func:`liger_problem` says it cannot run."""
+    problem = liger_problem(x.device.type)
+    if problem:
+        raise GptspeedError(problem)
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+
+    if valid_vocab_size is not None and valid_vocab_size < weight.size(0):
+        weight = weight[:valid_vocab_size]
+    return LigerFusedLinearCrossEntropyFunction.apply(x, weight, targets)[0].float()  # (loss, z_loss, ...)
 
 
 def default_chunk_rows(vocab_size: int, device_type: str) -> int:

@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptspeed.config import GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
-from gptspeed.loss import fused_linear_cross_entropy, resolve_loss
+from gptspeed.loss import fused_linear_cross_entropy, liger_linear_cross_entropy, resolve_loss
 
 
 class KVCache:
@@ -260,10 +260,10 @@ class GPT(nn.Module):
             return self.logits(h if logits_at is None else h[logits_at]), None
         if self.config.softmax == "data":
             return None, self.data_softmax_loss(h, targets)
-        if resolve_loss(self.config.loss, h.device.type) == "fused":
-            loss = fused_linear_cross_entropy(
-                h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size
-            )
+        path = resolve_loss(self.config.loss, h.device.type)
+        if path in ("fused", "liger"):
+            lce = fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy
+            loss = lce(h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size)
             return None, loss
         logits = self.logits(h)  # (B, T, V)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
@@ -280,8 +280,9 @@ class GPT(nn.Module):
         outside = (ids[where] != t).any()
         weight = self.lm_head.weight[ids]  # (K, C)
         x = h.reshape(-1, h.size(-1))
-        if resolve_loss(self.config.loss, h.device.type) == "fused":
-            loss = fused_linear_cross_entropy(x, weight, where)
+        path = resolve_loss(self.config.loss, h.device.type)
+        if path in ("fused", "liger"):
+            loss = (fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy)(x, weight, where)
         else:
             loss = F.cross_entropy(F.linear(x, weight).float(), where)
         return torch.where(outside, torch.full_like(loss, float("inf")), loss)

@@ -28,6 +28,7 @@ import torch
 from gptspeed.config import RunConfig
 from gptspeed.distributed import grad_sync_control
 from gptspeed.errors import GptspeedError
+from gptspeed.loss import liger_problem
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer
@@ -204,6 +205,8 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
         from gptspeed.fp8 import check_fp8_device
 
         check_fp8_device(rt.device)
+    if cfg.model.loss == "liger" and (problem := liger_problem(rt.device_type)):
+        raise GptspeedError(problem)
     if cfg.optim.optimizer == "muon" and rt.use_grad_scaler:
         raise GptspeedError("--optimizer muon does not support float16 (loss scaling): use --dtype bfloat16")
     problem = compile_toolchain_problem(rt.device_type) if rt.compile else None

@@ -210,6 +210,15 @@ def test_a_huge_config_over_small_weights_is_refused_before_building_the_model(h
     huge = copy_hf(hf_folder, tmp_path / "huge", config={"n_layer": 10 ** 9})
     with pytest.raises(GptspeedError, match="lacks"):
         hf.load_hf_model(str(huge))
+    # train --init-from: the shape is checked against the file headers before the run builds its model
+    with pytest.raises(GptspeedError, match="lacks 11999999976 tensor"):
+        hf.shape_for_init_from(str(huge), preset("pico").model, {})
+    one = copy_hf(hf_folder, tmp_path / "one", config={"n_layer": 1})
+    with pytest.raises(GptspeedError, match=r"holds 12 tensor\(s\)"):
+        hf.shape_for_init_from(str(one), preset("pico").model, {})
+    wide = copy_hf(hf_folder, tmp_path / "wide", config={"vocab_size": 10 ** 12})  # wte has 50,257 rows
+    with pytest.raises(GptspeedError, match=r"wte.weight \(50257, 32\) not \(1000000000000, 32\)"):
+        hf.shape_for_init_from(str(wide), preset("pico").model, {})
 
 
 def test_init_from_fills_a_softmax_data_model(hf_folder):
@@ -242,7 +251,7 @@ def test_eval_of_a_diverged_checkpoint_prints_strict_json(tmp_path):
     out = strict_json(res.stdout)  # "val_loss": NaN was printed before
     assert out["val_loss"] is None and out["perplexity"] is None and out["tokens"] == 256
     assert "val_loss (nan)" in out["note"] and "diverged" in out["note"]
-    assert out["hellaswag"]["nonfinite_examples"] == 1 and "hellaswag" in out["note"]
+    assert out["hellaswag"]["nan_examples"] == 1 and "hellaswag" in out["note"]
     assert res.stderr.strip().splitlines() == [f"gptspeed eval: note: {out['note']}"]
 
 
@@ -266,7 +275,7 @@ def test_eval_perplexity_overflow_is_null_not_a_traceback(tmp_path, monkeypatch)
     res = run_main("eval", "--run", str(run), "--data", str(data), "--device", "cpu", "--dtype", "float32")
     assert res.returncode == 0, res.stderr
     out = strict_json(res.stdout)
-    assert out["val_loss"] == 750.0 and out["perplexity"] is None and "larger than a float" in out["note"]
+    assert out["val_loss"] == 750.0 and out["perplexity"] is None and "too large for a float" in out["note"]
 
 
 # -------------------------------------------------- 5. HF folders: one error path, one line

@@ -76,12 +76,17 @@ def json_safe(result: dict) -> dict:
 
     out = clean(result, "")
     loss = result.get("val_loss")
-    nonfinite = (result.get("hellaswag") or {}).get("nonfinite_examples")
-    if nonfinite:
-        bad.append(f"hellaswag ({nonfinite} example(s) scored with NaN or infinite losses)")
+    nan = (result.get("hellaswag") or {}).get("nan_examples")
+    if nan:
+        bad.append(f"hellaswag ({nan} example(s) scored with NaN losses)")
     if bad:
-        why = ("the model's weights have diverged or are corrupt" if (loss is not None and not math.isfinite(loss))
-               or nonfinite else "exp(val_loss) is larger than a float can hold")
+        if nan or (isinstance(loss, float) and math.isnan(loss)):
+            why = "the model's weights have diverged or are corrupt"
+        elif isinstance(loss, float) and math.isinf(loss):
+            why = ("the model gives a val token probability 0 (a --softmax data model evaluated on data with other "
+                   "tokens?) or its weights have diverged")
+        else:
+            why = "too large for a float (the perplexity is exp(val_loss))"
         out["note"] = f"not finite, shown as null: {', '.join(bad)}: {why}"
     return out
 

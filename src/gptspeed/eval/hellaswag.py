@@ -174,8 +174,9 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     when initialised) and the counts all-reduced; each rank batches ``batch_examples`` examples
     (4 rows each), longest first. Every rank must call this. Returns ``examples``, ``correct``,
     ``correct_norm``, ``acc`` (lowest total loss), ``acc_norm`` (lowest mean loss per token),
-    ``seconds`` (wall time, device synchronised), ``examples_per_s`` and ``nonfinite_examples``
-    (examples with a NaN or infinite ending loss: a diverged model, whose accuracy means nothing).
+    ``seconds`` (wall time, device synchronised), ``examples_per_s`` and ``nan_examples``
+    (examples with a NaN ending loss: a diverged model, whose accuracy means nothing; an infinite
+    loss is an ending a ``--softmax data`` model cannot produce, and simply ranks last).
     """
     import torch.distributed as dist
 
@@ -191,7 +192,7 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    stats = torch.zeros(4, dtype=torch.long, device=device)  # examples, correct, correct_norm, non-finite
+    stats = torch.zeros(4, dtype=torch.long, device=device)  # examples, correct, correct_norm, NaN
     for i in range(0, len(mine), batch_examples):
         batch = mine[i : i + batch_examples]
         with eager():
@@ -200,16 +201,16 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
         stats[0] += len(batch)
         stats[1] += (total.argmin(dim=1) == labels).sum()
         stats[2] += ((total / count.clamp(min=1)).argmin(dim=1) == labels).sum()
-        stats[3] += (~torch.isfinite(total)).any(dim=1).sum()  # a diverged model: its accuracy means nothing
+        stats[3] += total.isnan().any(dim=1).sum()  # a diverged model: its accuracy means nothing
     if distributed and world_size > 1:
         dist.all_reduce(stats)
     sync()
     seconds = time.perf_counter() - t0
     m.train(was_training)
-    n, correct, correct_norm, nonfinite = stats.tolist()
+    n, correct, correct_norm, nan = stats.tolist()
     return {"examples": n, "correct": correct, "correct_norm": correct_norm, "acc": correct / max(n, 1),
             "acc_norm": correct_norm / max(n, 1), "seconds": seconds, "examples_per_s": n / seconds if seconds else None,
-            "nonfinite_examples": nonfinite}
+            "nan_examples": nan}
 
 
 def hellaswag_hook(cfg, rt) -> Callable[[torch.nn.Module], dict[str, Any]] | None:

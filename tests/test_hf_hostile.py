@@ -149,6 +149,18 @@ def test_export_force_replaces_only_an_earlier_export(tmp_path):
     assert (tmp_path / "file").read_text() == "x" and (run / "ckpt_00000007.pt").is_file()
 
 
+def test_import_never_writes_into_the_source_or_a_users_folder(hf_folder, tmp_path):
+    """import-hf --out the HF folder itself overwrote its config.json (the folder stopped loading)."""
+    src = copy_hf(hf_folder, tmp_path / "model")
+    before = snapshot(src)
+    assert_user_error(run_main("import-hf", str(src), "--out", str(src)), "did not write", "model.safetensors")
+    data = write_data(tmp_path / "data")
+    assert_user_error(run_main("import-hf", str(src), "--out", str(data)), "data folder")
+    assert snapshot(src) == before and sorted(p.name for p in data.iterdir()) == [
+        "manifest.json", "train_000000.bin", "val_000000.bin"]
+    assert run_main("import-hf", str(src), "--out", str(tmp_path / "run")).returncode == 0
+
+
 # --------------------------------------------------- 2. non-finite weights and logits: one line
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_import_refuses_non_finite_weights_naming_the_tensor(hf_folder, tmp_path, value):

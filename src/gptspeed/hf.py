@@ -6,8 +6,9 @@ or one of OpenAI's released models by name (:data:`NAMED_MODELS`, fetched with
 ``huggingface_hub.snapshot_download``). ``gptspeed import-hf DIR --out RUN`` writes a run folder
 with a step-0 checkpoint; ``--init-from`` on train / sample / eval loads the weights directly.
 
-Out: ``gptspeed export-hf --run RUN --out DIR`` writes ``config.json``, ``model.safetensors`` and
-GPT-2's tokenizer files (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``), so
+Out: ``gptspeed export-hf --run RUN --out DIR`` writes ``config.json``, ``model.safetensors``,
+GPT-2's tokenizer files (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``) and a marker
+(:data:`EXPORT_MARKER`: what it wrote, so ``--force`` replaces an earlier export and nothing else), so
 ``GPT2LMHeadModel.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
 offline with the same logits (the vocabulary padding rows are removed).
 
@@ -516,12 +517,15 @@ def import_hf(source: str, out: str | Path) -> Path:
     Returns the checkpoint path.
 
     Raises:
-        GptspeedError: as :func:`load_hf_model`; ``out`` already holds checkpoints or is not writable.
+        GptspeedError: as :func:`load_hf_model`; ``out`` already holds checkpoints, holds files
+            gptspeed did not write (:func:`gptspeed.checkpoint.refuse_foreign_folder`: e.g. the
+            source folder itself) or is not writable.
     """
-    from gptspeed.checkpoint import refuse_checkpoints, save_checkpoint
+    from gptspeed.checkpoint import refuse_checkpoints, refuse_foreign_folder, save_checkpoint
 
     out = Path(out)
     refuse_checkpoints(out, "choose another --out")
+    refuse_foreign_folder(out)  # the source folder itself, a data folder, the user's files: never written into
     model, info = load_hf_model(source)
     cfg = run_config_for(model.config, out=str(out), init_from=str(source))
     try:

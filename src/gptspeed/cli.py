@@ -146,7 +146,8 @@ def _add_import_hf_args(s: argparse.ArgumentParser) -> None:
 def _add_export_hf_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--run", required=True, help="run folder")
     s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
-    s.add_argument("--force", action="store_true", help="replace --out if it exists")
+    s.add_argument("--force", action="store_true",
+                   help="replace --out if it is an earlier export (never a run or data folder, nor other files)")
 
 
 def _add_consolidate_args(s: argparse.ArgumentParser) -> None:

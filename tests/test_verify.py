@@ -10,6 +10,7 @@ Tests marked ``cuda`` run only on a GPU (``pytest -m cuda``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -133,7 +134,7 @@ REF = [10.8, 10.4, 10.0, 9.7]
 
 @pytest.mark.parametrize("off, code", [(1.0, 0), (1.03, 1)])
 def test_a_rung_with_a_wrong_loss_is_flagged_and_the_exit_is_nonzero(tmp_path, monkeypatch, capsys, off, code):
-    def fake_worker(spec, log_path, timeout=None):
+    def fake_worker(spec, log_path, timeout=None, **kw):
         if spec.name == "fused-ce":  # 3% off from step 2 on: a wrong result, far outside any tolerance
             return _fake(spec, [REF[0], REF[1], REF[2] * off, REF[3] * off])
         return _fake(spec, [x * (1 + 1e-7) for x in REF] if spec.name != "baseline" else REF)
@@ -153,6 +154,96 @@ def test_a_rung_with_a_wrong_loss_is_flagged_and_the_exit_is_nonzero(tmp_path, m
     assert not check["ok"] and check["at_step"] in (2, 3) and math.isclose(check["max_rel_diff"], 0.03, rel_tol=1e-6)
     assert rungs["fused-ce"]["problems"][0].startswith("loss 10.30000 vs baseline's 10.00000 at step 2: 3.0e-02 relative")
     assert "| fused-ce | " in stdout and "**FAILED**" in stdout
+
+
+def _on_a_simulated_h100(monkeypatch):
+    """``bench --verify --device cpu`` planned and reported as on an H100 (nothing runs on a GPU:
+    the workers are faked, the plan sees capability 9.0, the environment is the CPU's)."""
+    real_base_spec, real_env = verify_mod.base_spec, verify_mod.report.environment
+    monkeypatch.setattr(verify_mod, "base_spec", lambda cfg: dataclasses.replace(real_base_spec(cfg), device="cuda"))
+    monkeypatch.setattr(verify_mod.report, "environment", lambda device, command: real_env(torch.device("cpu"), command))
+
+
+def _fake_h100_worker(ran):
+    def fake_worker(spec, log_path, timeout=None, cache_dir=None):
+        ran.append((spec.name, cache_dir, cache_dir is not None and cache_dir.is_dir()))
+        if spec.name == "fp8":  # n_embd 128: torchao's rule converts no layer, and the worker says so
+            return {"status": "skipped", "reason": "refused: --fp8 would convert no layer at n_embd 128"}
+        losses = REF if spec.name.startswith("baseline") else [x * (1 + 1e-6) for x in REF]
+        return _fake(spec, losses)
+    return fake_worker
+
+
+def test_on_an_h100_the_default_rungs_run_and_the_verdict_is_verified(tmp_path, monkeypatch, capsys, h100):
+    """Issue 30: without --stages, verify runs the seeds' rungs (fp32 .. fused AdamW: train's default
+    switches one at a time); the others are skipped as outside the default set, the CUDA-graph modes
+    are refused by their rule -- none of it makes the verdict "not verified": exit 0."""
+    _on_a_simulated_h100(monkeypatch)
+    ran = []
+    monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
+    out = tmp_path / "v"
+    assert cli.main(["bench", "--verify", "--out", str(out), *TINY]) == 0
+    assert [name for name, _, _ in ran] == list(verify_mod.DEFAULT_RUNGS)
+    result = json.loads((out / "verify.json").read_text())
+    assert result["verdict"] == "verified" and result["ok"] and result["complete"]
+    assert result["not_verified"] == [] and result["failing"] == []
+    assert result["refused"] == ["max-autotune", "reduce-overhead"]
+    rungs = {r["name"]: r for r in result["rungs"]}
+    for name in verify_mod.DEFAULT_RUNGS[1:]:
+        assert rungs[name]["verdict"] == "verified", (name, rungs[name]["verdict_reason"])
+    for name in ("fused-ce", "batch-auto", "fp8", "muon", "sdpa-cudnn", "fp16"):
+        assert rungs[name]["verdict"] == "skipped" and "--stages all" in rungs[name]["reason"], name
+    md = (out / "verify.md").read_text()
+    assert "**VERIFIED: 6 verified, 0 not verified, 0 failing, 2 refused by a rule before they started" in md
+    assert "| reduce-overhead | — | refused |" in md
+
+
+def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_compared(tmp_path, monkeypatch,
+                                                                                         capsys, h100):
+    """--stages all on an H100 with 2 micro-steps: reduce-overhead / max-autotune refused up front,
+    fp8 refused by its worker at n_embd 128, batch-auto compared with its reference: every rung that
+    ran is within tolerance, so the verdict is VERIFIED and the exit 0 (it was "not verified", exit 3).
+    All rungs share one compile cache, fresh for this run and removed after it."""
+    _on_a_simulated_h100(monkeypatch)
+    ran = []
+    monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
+    out = tmp_path / "v"
+    assert cli.main(["bench", "--verify", "--out", str(out), "--stages", "all", *TINY, "--compile-backend", "inductor"]) == 0
+    result = json.loads((out / "verify.json").read_text())
+    assert result["verdict"] == "verified" and result["not_verified"] == []
+    assert result["refused"] == ["fp8", "max-autotune", "reduce-overhead"]
+    assert result["refusals"][0] == "fp8: --fp8 would convert no layer at n_embd 128"
+    rungs = {r["name"]: r for r in result["rungs"]}
+    assert rungs["batch-auto"]["verdict"] == "verified" and rungs["batch-auto"]["reference"] == "baseline"
+    names = [name for name, _, _ in ran]
+    assert names[:2] == ["baseline", "baseline-muon"] and "max-autotune-no-cudagraphs" in names and len(names) == 17
+    caches = {cache for _, cache, _ in ran}
+    assert len(caches) == 1 and all(existed for _, _, existed in ran)  # one cache, there while the rungs ran
+    assert not next(iter(caches)).exists()  # and removed afterwards
+    assert "Refused** (a rule of gptspeed's" in (out / "verify.md").read_text()
+
+
+def test_a_batch_auto_rung_trains_the_same_sequences_per_step_as_its_reference(monkeypatch):
+    """--batch-size auto in verify keeps the global batch (B x grad_accum sequences) and regroups
+    the same sequences into its micro-batch, so its losses match the fixed-batch rung's; a micro-batch
+    larger or smaller than the reference's alike."""
+    from gptspeed.bench import worker, verify_worker
+    from gptspeed.bench.worker import StageSpec
+
+    base = dict(n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu",
+                grad_accum=2, mode="verify", synthetic="phrases")
+    ref = verify_worker.verify_stage(StageSpec(name="ref", settings=Settings().to_dict(), **base))
+    for auto in (4, 1):
+        seen = []
+        monkeypatch.setattr(worker, "auto_batch_size",
+                            lambda cfg, rt, say, auto=auto: seen.append(cfg.train.total_batch_tokens) or auto)
+        got = verify_worker.verify_stage(StageSpec(name="batch-auto", settings=Settings(batch_auto=True).to_dict(),
+                                                   **base))
+        assert seen == [2 * 2 * 16]  # the probe divides the global batch, as train's --total-batch-tokens
+        assert (got["batch_size"], got["grad_accum"]) == (auto, 4 // auto)
+        assert got["tokens_per_step"] == ref["tokens_per_step"]
+        assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5), auto
+    assert len(set(ref["losses"])) == 3  # three different steps: the weights moved
 
 
 def test_compare_losses_stops_at_the_first_step_a_run_did_not_apply():
@@ -210,13 +301,14 @@ def h100(monkeypatch):
 def test_plan_on_a_gpu_refuses_cuda_graph_rungs_with_accumulation_before_they_run(h100):
     """With verify's default 2 micro-batches per step, the CUDA-graph compile modes are planned as
     refused (they would crash mid-rung: the second micro-step reads buffers the graph overwrote),
-    with train's own reason; a refused rung that could run here is not verified."""
+    with train's own reason; a refused rung is "refused (reason)": not a failure, not unverified."""
     plan = {r.name: r for r in plan_verify(torch.device("cuda"), None, "inductor")}
     for name in ("reduce-overhead", "max-autotune"):
         assert plan[name].settings is None and plan[name].applies_here
         assert plan[name].skip_reason.startswith("refused: --compile-tuning ") and "2 micro-steps" in plan[name].skip_reason
         row = {"name": name, "status": "skipped", "reason": plan[name].skip_reason, "applies_here": True, "problems": []}
-        assert verify_mod.rung_verdict(row)[0] == "not verified"
+        verdict, why = verify_mod.rung_verdict(row)
+        assert verdict == "refused" and why.startswith("--compile-tuning ") and "2 micro-steps" in why
     assert plan["max-autotune-no-cudagraphs"].skip_reason is None
 
 
@@ -229,9 +321,10 @@ def test_plan_on_a_gpu_compares_like_with_like(h100):
         assert plan[name].reference == "baseline", name
     for name in ("muon", "compile-blocks", "max-autotune"):
         assert plan[name].reference == "baseline-muon", name
-    # only the batch-auto rung picks its own micro-batch (and is not compared); later rungs keep B fixed
-    assert plan["batch-auto"].settings.batch_auto and plan["batch-auto"].reference is None
-    assert "--batch-size auto" in plan["batch-auto"].not_compared
+    # only the batch-auto rung picks its own micro-batch -- over the same sequences per step, so it is
+    # compared like the others; later rungs keep B fixed
+    assert plan["batch-auto"].settings.batch_auto and plan["batch-auto"].reference == "baseline"
+    assert plan["batch-auto"].not_compared is None
     assert not any(r.settings.batch_auto for n, r in plan.items() if n != "batch-auto")
     fused_ce = plan["fused-ce"].settings
     assert plan["fp16-fused-ce"].settings == Settings(**{**fused_ce.to_dict(), "dtype": "float16"})
@@ -254,11 +347,12 @@ def test_plan_on_a_cpu_skips_with_reasons():
 
 
 @pytest.mark.parametrize("row, verdict, why", [
-    (dict(status="skipped", reason="refused: --fp8 would convert no layer", applies_here=True), "not verified", "no layer"),
+    (dict(status="skipped", reason="refused: --fp8 would convert no layer", applies_here=True), "refused", "no layer"),
     (dict(status="skipped", reason="FP8 tensor cores need an NVIDIA GPU", applies_here=False), "skipped", "NVIDIA"),
     (dict(status="skipped", reason="not selected (--stages)", applies_here=True), "skipped", "not selected"),
-    (dict(status="ok", loss_check=None, not_compared="not compared: --batch-size auto trains on its own micro-batch"),
-     "not verified", "--batch-size auto"),
+    (dict(status="ok", loss_check=None, not_compared="not compared: the reference baseline did not run (failed)"),
+     "not verified", "did not run"),
+    (dict(status="pending", reason="pending: not run yet"), "pending", "not run yet"),
     (dict(status="ok", loss_check=dict(steps_compared=1, note="compared up to step 0, the first step not applied")),
      "not verified", "only 1 step(s) compared"),
     (dict(status="ok", loss_check=dict(steps_compared=5, note="")), "verified", ""),
@@ -354,7 +448,7 @@ def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_p
 
 def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path):
     """At a width where torchao's rule converts no Linear, the FP8 rung used to train in bf16 and pass
-    as "verified"; it is refused by the configuration's own rule (not verified)."""
+    as "verified"; it is refused by the configuration's own rule: "refused", not "verified"."""
     from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
@@ -365,7 +459,7 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "skipped" and result["reason"].startswith("refused: --fp8 would convert no layer")
     row = {"name": "fp8", "problems": [], "applies_here": True, **result}
-    assert verify_mod.rung_verdict(row)[0] == "not verified"
+    assert verify_mod.rung_verdict(row) == ("refused", result["reason"].removeprefix("refused: "))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -113,12 +113,15 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
 
 
 def _worker_env(cache_dir: Path) -> dict[str, str]:
+    """The worker's environment: this checkout's ``src`` first on PYTHONPATH, and TorchInductor's
+    and Triton's caches under ``cache_dir`` (the FX-graph cache on, as
+    :func:`gptspeed.parallelize.use_compile_cache` turns it on for ``train``)."""
     env = dict(os.environ)
     src = str(Path(gptspeed.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    # a fresh, empty compile cache for every row: no kernel compiled by an earlier row is reused
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
     env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+    env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
     return env
 
 
@@ -128,10 +131,16 @@ def _last_line(text: str) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
-def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None) -> dict[str, Any]:
+def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None,
+               cache_dir: Path | None = None) -> dict[str, Any]:
     """Run one row in a fresh ``python -m gptspeed.bench`` process; its output goes to
     ``log_path``. Returns the worker's result (``status`` ok or skipped) or ``{"status":
-    "failed", "reason": ...}`` with the last line it printed."""
+    "failed", "reason": ...}`` with the last line it printed.
+
+    ``cache_dir`` None: a fresh, empty compile cache for this row alone (the ladder: no kernel
+    compiled by an earlier row is reused, so its warm-up seconds are its own compile's); a folder:
+    that cache, shared with the other rows given it (``bench --verify``: a graph an earlier rung
+    compiled is loaded, not compiled again)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="gptspeed-bench-"))
     try:
@@ -140,7 +149,8 @@ def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None) ->
         with open(log_path, "w") as log:
             try:
                 proc = subprocess.run([sys.executable, "-m", "gptspeed.bench", str(spec_path), str(result_path)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=_worker_env(tmp), timeout=timeout)
+                                      stdout=log, stderr=subprocess.STDOUT, env=_worker_env(cache_dir or tmp),
+                                      timeout=timeout)
             except subprocess.TimeoutExpired:
                 return {"status": "failed", "reason": f"timed out after {timeout:g} s (--stage-timeout); log {log_path}"}
         if proc.returncode != 0 or not result_path.exists():
@@ -205,8 +215,10 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
 
 def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     """Run the ladder and write ``ladder.md``, ``ladder.json`` and ``ladder.png`` into ``cfg.out``;
-    print the Markdown table on stdout (progress on stderr). Returns the report (as in
-    ladder.json); ``report["ok"]`` is False when a row failed or its step-0 loss disagrees.
+    print the Markdown table on stdout (progress on stderr). ``ladder.md`` and ``ladder.json`` are
+    written after every row too (atomically; ``complete`` False and the rows to come ``pending``
+    until the last), so a command cut at its limit keeps every finished row. Returns the report (as
+    in ladder.json); ``report["ok"]`` is False when a row failed or its step-0 loss disagrees.
 
     Raises GptspeedError for bad flags (before anything runs).
     """
@@ -225,42 +237,49 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     env = report.environment(device, command)  # before the rows run: the date is the start
     n_runs = len(to_run) + int(cfg.peers)
     rows: list[dict[str, Any]] = []
-    i = 0
+    jobs: list[tuple[dict[str, Any], StageSpec]] = []
     for p in plan:
         row: dict[str, Any] = {"name": p.stage.name, "kind": "stage", "description": p.stage.description,
                                "source": p.stage.source, "settings": p.settings.to_dict() if p.settings else None}
         if p.skip_reason is not None:
             rows.append({**row, "status": "skipped", "reason": p.skip_reason})
             continue
-        i += 1
-        report.say(f"[{i}/{n_runs}] {p.stage.name}: {p.stage.description}")
-        spec = dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())
-        rows.append({**row, **run_worker(spec, out / "logs" / f"{p.stage.name}.log", cfg.stage_timeout)})
-        report.say("    " + report.progress_line(rows[-1]))
+        rows.append({**row, "status": "pending", "reason": "not run yet"})
+        jobs.append((rows[-1], dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())))
     if cfg.peers:
         last = to_run[-1].settings
         row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
-               "source": f"{PEER_SOURCE} {to_run[-1].stage.name}", "settings": peer_settings(last).to_dict()}
-        report.say(f"[{n_runs}/{n_runs}] {PEER_NAME}: {PEER_DESCRIPTION}")
-        spec = dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=row["settings"])
-        rows.append({**row, **run_worker(spec, out / "logs" / f"{PEER_NAME}.log", cfg.stage_timeout)})
-        report.say("    " + report.progress_line(rows[-1]))
-    check_rows(rows)
+               "source": f"{PEER_SOURCE} {to_run[-1].stage.name}", "settings": peer_settings(last).to_dict(),
+               "status": "pending", "reason": "not run yet"}
+        rows.append(row)
+        jobs.append((row, dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=row["settings"])))
 
-    problems = [f"{r['name']}: failed: {r['reason']}" for r in rows if r["status"] == "failed"]
-    problems += [f"{r['name']}: step-0 loss {r['loss_step0']:.6f} differs from {r['loss_check']['reference']}'s by "
-                 f"{r['loss_check']['rel_diff']:.2e} relative (tolerance {r['loss_check']['rtol']:.0e})"
-                 for r in rows if r["status"] == "ok" and not r["loss_check"]["ok"]]
-    result = {
-        "format": "gptspeed-ladder", "format_version": 1,
-        "environment": env,
-        "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
-                   ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data")},
-                   "device": spec0.device, "stage_order": list(STAGE_NAMES)},
-        "rows": rows, "ok": not problems, "problems": problems,
-    }
-    report.write_outputs(result, out)
-    return result
+    def result(complete: bool) -> dict[str, Any]:
+        done = [dict(r) for r in rows]
+        check_rows(done)
+        problems = [f"{r['name']}: failed: {r['reason']}" for r in done if r["status"] == "failed"]
+        problems += [f"{r['name']}: step-0 loss {r['loss_step0']:.6f} differs from {r['loss_check']['reference']}'s by "
+                     f"{r['loss_check']['rel_diff']:.2e} relative (tolerance {r['loss_check']['rtol']:.0e})"
+                     for r in done if r["status"] == "ok" and not r["loss_check"]["ok"]]
+        return {
+            "format": "gptspeed-ladder", "format_version": 1,
+            "environment": env,
+            "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
+                       ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data")},
+                       "device": spec0.device, "stage_order": list(STAGE_NAMES)},
+            "complete": complete, "rows": done, "ok": complete and not problems, "problems": problems,
+        }
+
+    report.write_partial(result(False), out)
+    for i, (row, spec) in enumerate(jobs, 1):
+        report.say(f"[{i}/{n_runs}] {row['name']}: {row['description']}")
+        del row["reason"]
+        row.update(run_worker(spec, out / "logs" / f"{row['name']}.log", cfg.stage_timeout))
+        report.say("    " + report.progress_line(row))
+        report.write_partial(result(False), out)
+    final = result(True)
+    report.write_outputs(final, out)
+    return final
 
 
 def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The ladder's outputs: a Markdown table (stdout and ``ladder.md``), ``ladder.json`` (every figure
-and the environment) and ``ladder.png`` (ms/step per row, speed-up on each bar; matplotlib)."""
+and the environment) and ``ladder.png`` (ms/step per row, speed-up on each bar; matplotlib).
+``ladder.md`` and ``ladder.json`` are written after every row (:func:`write_partial`), each
+atomically, so a command cut at its limit keeps every finished row."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ from typing import Any
 
 import torch
 
+from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment as base_environment
+
+__all__ = ["environment", "say", "make_out_dir", "fmt_bytes", "progress_line", "vs_prev", "markdown", "plot",
+           "write_partial", "write_outputs", "write_text_atomic"]
 
 
 def _version(package: str) -> str | None:
@@ -165,6 +171,10 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     if result["problems"]:
         lines += ["", "**Problems:** " + "; ".join(result["problems"])]
+    if not result.get("complete", True):
+        pending = [r["name"] for r in rows if r["status"] == "pending"]
+        lines += ["", f"**Incomplete**: written after each row; {len(pending)} row(s) not run yet"
+                      + (f" ({', '.join(pending)})" if pending else "") + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -208,15 +218,22 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     return None
 
 
-def write_outputs(result: dict[str, Any], out: Path) -> None:
-    """``ladder.md`` (also printed on stdout), ``ladder.png`` and ``ladder.json`` in ``out``."""
+def write_partial(result: dict[str, Any], out: Path) -> str:
+    """``ladder.md`` and ``ladder.json`` in ``out`` as they stand, each atomically (a temporary
+    file, then a rename: a reader sees the previous version or this one, never a part). Returns
+    the Markdown."""
     table = markdown(result)
-    (out / "ladder.md").write_text(table)
-    print(table, end="")
+    write_text_atomic(out / "ladder.md", table)
+    write_text_atomic(out / "ladder.json", json.dumps(result, indent=2) + "\n")
+    return table
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    """The finished ladder: ``ladder.md`` (also printed on stdout), ``ladder.png`` and ``ladder.json`` in ``out``."""
     skipped = plot(result, out / "ladder.png")
     result["plot"] = None if skipped else str(out / "ladder.png")
     if skipped:
         result["plot_skipped"] = skipped
         print(f"gptspeed bench: ladder.png not written: {skipped}", file=sys.stderr)
-    (out / "ladder.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(write_partial(result, out), end="")
 

@@ -248,6 +248,11 @@ STAGES: tuple[Stage, ...] = (
           {"compile_tuning": "max-autotune"}, _cuda_compile_tuning, source="torch.compile docs"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
+# The seeds' rungs: build-nanogpt's ladder, fp32 -> ... -> fused AdamW. The last one is what
+# ``gptspeed train`` runs on CUDA with no speed flag (bf16, compile, SDPA, vocabulary 50304, fused
+# AdamW, the plain loss), so these rungs are also "the default's switches", one at a time.
+SEED_STAGES = STAGE_NAMES[:STAGE_NAMES.index("fused-adamw") + 1]
+ALL_STAGES = "all"  # --stages all: every rung
 
 
 def _fp16(device: torch.device, compile_backend: str) -> str | None:
@@ -288,15 +293,15 @@ class PlannedRow:
 
 
 def parse_stage_list(text: str | None, allowed: tuple[str, ...] = STAGE_NAMES) -> list[str] | None:
-    """``"baseline,bf16"`` -> ``["baseline", "bf16"]``; None -> None (all). GptspeedError for
-    a name not in ``allowed`` or an empty one."""
-    if text is None:
+    """``"baseline,bf16"`` -> ``["baseline", "bf16"]``; None or ``"all"`` -> None (all). GptspeedError
+    for a name not in ``allowed`` or an empty one."""
+    if text is None or text.strip() == ALL_STAGES:
         return None
     names = [n.strip() for n in text.split(",")]
     bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise GptspeedError(f"unknown stage(s) {', '.join(repr(b) for b in bad) or repr(text)} in --stages: "
-                            f"choose from {', '.join(allowed)}")
+                            f"choose from {', '.join(allowed)} (or {ALL_STAGES})")
     return names
 
 

@@ -17,8 +17,23 @@ accumulation path that real training takes is exercised). Then, per rung:
 - tokens/s, MFU, peak memory, and which SDPA kernel ran.
 
 A rung that crashes or runs out of memory is recorded as failed with its reason and the others
-still run; a rung that cannot run on this device is skipped with the reason. Writes ``verify.md``
-(printed too) and ``verify.json`` (environment: device, driver, CUDA, torch, commit, command).
+still run; a rung that cannot run on this device is skipped with the reason; a rung a rule of
+gptspeed's refuses before it starts (the CUDA-graph compile modes with gradient accumulation, FP8
+at a width where no layer would convert) is *refused*, with the rule's reason -- not a failure, and
+not a gap in what was verified. The verdict is VERIFIED when every rung that ran is within its
+tolerance (and at least one was compared).
+
+Which rungs: by default the seeds' rungs (:data:`~gptspeed.bench.stages.SEED_STAGES`, fp32 ..
+fused AdamW, whose last rung is ``gptspeed train``'s default on CUDA: every switch of the default,
+one at a time) -- about 6 minutes on one H100 at GPT-2 124M, an estimate (docs/gpus.md); ``--stages
+all`` runs every rung, ``--stages a,b`` the ones named. The rungs of one run share one fresh
+TorchInductor / Triton cache (:func:`gptspeed.bench.ladder.run_worker`'s ``cache_dir``): a rung whose
+graphs match an earlier rung's (fused AdamW's model is vocab-pad's; Muon's is fused-ce's) loads them
+instead of compiling again, and kernels common to several graphs are compiled once.
+
+``verify.md`` and ``verify.json`` (environment: device, driver, CUDA, torch, commit, command) are
+written after every rung, each atomically (a temporary file, then a rename), so a run cut short
+keeps every finished rung (``complete`` false, the rest ``pending``); the table is printed at the end.
 """
 
 from __future__ import annotations
@@ -27,18 +42,33 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gptspeed.bench import report
 from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
-from gptspeed.bench.stages import (LOSS_RTOL, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES, VERIFY_EXTRAS, Settings,
-                                   loss_rtol, parse_stage_list, plan_ladder, switches)
+from gptspeed.bench.stages import (ALL_STAGES, LOSS_RTOL, SEED_STAGES, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES,
+                                   VERIFY_EXTRAS, Settings, loss_rtol, parse_stage_list, plan_ladder, switches)
 from gptspeed.errors import GptspeedError
 from gptspeed.parallelize import cuda_graphs_refusal
 
 REFERENCE = "baseline"
 DEFAULT_GRAD_ACCUM = 2
-BATCH_AUTO_NOT_COMPARED = "not compared: --batch-size auto trains on its own micro-batch, so on other batches"
+DEFAULT_RUNGS = SEED_STAGES  # without --stages: the seeds' rungs, i.e. train's default switches one at a time
+NOT_SELECTED = "not selected (--stages)"
+NOT_IN_DEFAULT = (f"not in the default rung set (the seeds' rungs, {DEFAULT_RUNGS[0]} .. {DEFAULT_RUNGS[-1]}); "
+                  f"--stages {ALL_STAGES} runs every rung")
+REFUSED = "refused: "  # how a refusal's reason starts (the plan's, and a verify worker's GptspeedError)
+PENDING = "pending: not run yet (the command was cut before this rung, or is still running)"
+
+
+def select_rungs(stages: str | None) -> tuple[list[str] | None, str]:
+    """``--stages`` of ``bench --verify``: ``(selected names or None for every rung, the reason the
+    others are not run)``. None: :data:`DEFAULT_RUNGS`; ``all``: every rung; else the names given.
+    GptspeedError for an unknown name."""
+    if stages is None:
+        return list(DEFAULT_RUNGS), NOT_IN_DEFAULT
+    return parse_stage_list(stages, STAGE_NAMES + VERIFY_EXTRA_NAMES), NOT_SELECTED
 
 
 @dataclass
@@ -65,11 +95,15 @@ def reference_settings(s: Settings) -> Settings:
 
 
 def plan_verify(device, selected: list[str] | None = None, compile_backend: str = "inductor",
-                grad_accum: int = DEFAULT_GRAD_ACCUM) -> list[Rung]:
+                grad_accum: int = DEFAULT_GRAD_ACCUM, unselected: str = NOT_SELECTED) -> list[Rung]:
     """Every ladder stage and every :data:`VERIFY_EXTRAS` rung, in order, with the settings it
     runs with on ``device`` (``batch_auto`` only on the ``batch-auto`` rung itself: the others
-    keep the fixed micro-batch so that they stay comparable), the references they need inserted
-    after ``baseline``, and a skip reason for each rung that does not apply or was not selected.
+    keep the fixed micro-batch), the references they need inserted after ``baseline``, and a skip
+    reason for each rung that does not apply or is not in ``selected`` (``unselected`` says why).
+
+    Every rung that runs is compared with its fp32 reference -- ``batch-auto`` too: it keeps the
+    global batch (B x ``grad_accum`` sequences per step) and regroups the same sequences into its
+    own micro-batch (:func:`gptspeed.bench.verify_worker.regroup`), so each step sees the same tokens.
 
     A rung gptspeed would refuse with ``grad_accum`` micro-batches per step -- the CUDA-graph
     compile modes (:func:`gptspeed.parallelize.cuda_graphs_refusal`) -- is planned as "refused: ..."
@@ -97,17 +131,14 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
         refusal = cuda_graphs_refusal(stages[r.name].delta.get("compile_tuning", "default"), grad_accum)
         if refusal:
             where = "" if r.applies_here else f" (and on {device.type} it does not apply: {r.skip_reason})"
-            r.settings, r.skip_reason = None, f"refused: {refusal}{where}"
+            r.settings, r.skip_reason = None, f"{REFUSED}{refusal}{where}"
 
     for r in rungs:
         if r.settings is not None and selected is not None and r.name not in selected:
-            r.skip_reason = "not selected (--stages)"
+            r.skip_reason = unselected
     refs: dict[str, Rung] = {}
     for r in rungs:
         if r.settings is None or r.skip_reason is not None or r.name == REFERENCE:
-            continue
-        if r.settings.batch_auto:
-            r.not_compared = BATCH_AUTO_NOT_COMPARED
             continue
         ref = reference_settings(r.settings)
         name = REFERENCE if ref == Settings() else f"{REFERENCE}-{r.settings.optimizer}"
@@ -187,16 +218,21 @@ MIN_STEPS_COMPARED = 2  # one step compares only the initial weights' forward: n
 def rung_verdict(row: dict[str, Any]) -> tuple[str, str]:
     """``(verdict, why)`` of one rung after :func:`rung_problems`: ``failed`` (a problem);
     ``verified`` (ran, its losses agreed with its reference over at least
-    :data:`MIN_STEPS_COMPARED` steps, no problem); ``not verified`` -- it could have run here but
-    what it does was not checked: refused up front, not compared (``--batch-size auto``'s own
-    batches, or a reference that did not run), or too few steps compared (a GradScaler skip at
-    step 0) -- with ``why``; ``reference`` (the fp32 rungs the others are compared with); ``skipped``
-    (does not apply to this device, or not selected)."""
+    :data:`MIN_STEPS_COMPARED` steps, no problem); ``refused`` (a rule of gptspeed's refused it
+    before it started -- the CUDA-graph modes with accumulation, FP8 with no layer to convert: not a
+    failure, and nothing ran to verify); ``not verified`` -- it ran but what it did was not checked:
+    not compared (its reference did not run), or too few steps compared (a GradScaler skip at step
+    0) -- with ``why``; ``reference`` (the fp32 rungs the others are compared with); ``skipped``
+    (does not apply to this device, or not selected); ``pending`` (not run yet: a run cut short)."""
     if row["problems"]:
         return "failed", "; ".join(row["problems"])
+    if row["status"] == "pending":
+        return "pending", row["reason"]
     if row["status"] == "skipped":
         reason = row["reason"]
-        if reason.startswith("not selected") or not row.get("applies_here", True):
+        if reason.startswith(REFUSED):
+            return "refused", reason.removeprefix(REFUSED)
+        if reason in (NOT_SELECTED, NOT_IN_DEFAULT) or not row.get("applies_here", True):
             return "skipped", reason
         return "not verified", reason
     check = row.get("loss_check")
@@ -210,43 +246,12 @@ def rung_verdict(row: dict[str, Any]) -> tuple[str, str]:
     return "verified", ""
 
 
-def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
-    """Run every rung of :func:`plan_verify` in its own process, compare, and write ``verify.md``
-    (also printed on stdout) and ``verify.json`` into ``cfg.out``. Returns the report (as in
-    verify.json): ``ok`` is False and ``failing`` names the rungs when any rung failed
-    verification.
-
-    Raises GptspeedError for bad flags, before anything runs.
-    """
-    import torch
-
-    accum = DEFAULT_GRAD_ACCUM if cfg.grad_accum is None else cfg.grad_accum
-    spec0 = dataclasses.replace(base_spec(cfg), mode="verify", grad_accum=accum, synthetic="phrases")
-    selected = parse_stage_list(cfg.stages, STAGE_NAMES + VERIFY_EXTRA_NAMES)
-    device = torch.device(spec0.device)
-    plan = plan_verify(device, selected, cfg.compile_backend, accum)
-    to_run = [r for r in plan if r.skip_reason is None]
-    if selected is not None and not any(r.name in selected for r in to_run):
-        reasons = "; ".join(f"{r.name}: {r.skip_reason}" for r in plan if r.name in selected)
-        raise GptspeedError(f"none of the selected rungs runs on {device.type} ({reasons})")
-    out = report.make_out_dir(cfg.out)
-
-    env = report.environment(device, command)
-    rows: dict[str, dict[str, Any]] = {}
-    for r in plan:
-        row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
-                               "settings": r.settings.to_dict() if r.settings else None,
-                               "switches": switches(r.settings) if r.settings else None, "reference": r.reference,
-                               "applies_here": r.applies_here}
-        if r.skip_reason is not None:
-            row.update(status="skipped", reason=r.skip_reason)
-        rows[r.name] = row
-    for i, r in enumerate(to_run, 1):
-        report.say(f"[{i}/{len(to_run)}] {r.name}: {switches(r.settings)}")
-        spec = dataclasses.replace(spec0, name=r.name, settings=r.settings.to_dict())
-        rows[r.name].update(run_worker(spec, out / "logs" / f"{r.name}.log", cfg.stage_timeout))
-        report.say("    " + _progress(rows[r.name]))
-
+def assess(plan: list[Rung], rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Compare every rung that ran with its reference and give each row its ``loss_check``,
+    ``problems``, ``verdict`` and ``verdict_reason`` (in place; rows still ``pending`` keep that
+    verdict). Returns the run's verdict: ``{"verdict", "ok", "failing", "not_verified", "refused",
+    "pending", "problems", "unverified"}``. ``verified`` when no rung failed, every rung that ran was
+    verified and at least one was; ``incomplete`` while rungs are pending and nothing failed."""
     for r in plan:
         row = rows[r.name]
         if row["status"] != "ok":
@@ -263,24 +268,94 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     for row in rows.values():
         row["problems"] = rung_problems(row)
         row["verdict"], row["verdict_reason"] = rung_verdict(row)
-    failing = [name for name, row in rows.items() if row["verdict"] == "failed"]
-    not_verified = [name for name, row in rows.items() if row["verdict"] == "not verified"]
-    verdict = "failed" if failing else "not verified" if not_verified else "verified"
-    result = {
-        "format": "gptspeed-verify", "format_version": 1, "environment": env,
-        "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
-                   ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")},
-                   "grad_accum": accum, "device": spec0.device},
-        "tolerances": LOSS_RTOL, "rungs": list(rows.values()), "verdict": verdict, "ok": verdict == "verified",
-        "failing": failing, "not_verified": not_verified,
-        "problems": [f"{name}: {p}" for name in failing for p in rows[name]["problems"]],
-        "unverified": [f"{name}: {rows[name]['verdict_reason']}" for name in not_verified],
-    }
-    table = verify_markdown(result)
-    (out / "verify.md").write_text(table)
-    (out / "verify.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(table, end="")
-    return result
+    named = lambda verdict: [name for name, row in rows.items() if row["verdict"] == verdict]  # noqa: E731
+    failing, not_verified, refused, pending = named("failed"), named("not verified"), named("refused"), named("pending")
+    if failing:
+        verdict = "failed"
+    elif pending:
+        verdict = "incomplete"
+    elif not_verified or not named("verified"):
+        verdict = "not verified"
+    else:
+        verdict = "verified"
+    return {"verdict": verdict, "ok": verdict == "verified", "failing": failing, "not_verified": not_verified,
+            "refused": refused, "pending": pending,
+            "problems": [f"{name}: {p}" for name in failing for p in rows[name]["problems"]],
+            "unverified": [f"{name}: {rows[name]['verdict_reason']}" for name in not_verified],
+            "refusals": [f"{name}: {rows[name]['verdict_reason']}" for name in refused]}
+
+
+def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
+    """Run every selected rung of :func:`plan_verify` (:func:`select_rungs`: by default the seeds'
+    rungs) in its own process, compare, and write ``verify.md`` and ``verify.json`` into
+    ``cfg.out`` after every rung (atomically; ``complete`` is False until the last), printing the
+    table at the end. The rungs share one fresh compile cache. Returns the report (as in
+    verify.json): ``ok`` is False and ``failing`` names the rungs when any rung failed
+    verification; ``refused`` names the rungs a rule refused (not failures).
+
+    Raises GptspeedError for bad flags, before anything runs.
+    """
+    import shutil
+    import tempfile
+
+    import torch
+
+    accum = DEFAULT_GRAD_ACCUM if cfg.grad_accum is None else cfg.grad_accum
+    spec0 = dataclasses.replace(base_spec(cfg), mode="verify", grad_accum=accum, synthetic="phrases")
+    selected, unselected = select_rungs(cfg.stages)
+    device = torch.device(spec0.device)
+    plan = plan_verify(device, selected, cfg.compile_backend, accum, unselected)
+    to_run = [r for r in plan if r.skip_reason is None]
+    if selected is not None and not any(r.name in selected for r in to_run):
+        reasons = "; ".join(f"{r.name}: {r.skip_reason}" for r in plan if r.name in selected)
+        raise GptspeedError(f"none of the selected rungs runs on {device.type} ({reasons})")
+    out = report.make_out_dir(cfg.out)
+
+    env = report.environment(device, command)
+    rows: dict[str, dict[str, Any]] = {}
+    for r in plan:
+        row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
+                               "settings": r.settings.to_dict() if r.settings else None,
+                               "switches": switches(r.settings) if r.settings else None, "reference": r.reference,
+                               "applies_here": r.applies_here}
+        if r.skip_reason is not None:
+            row.update(status="skipped", reason=r.skip_reason)
+        else:
+            row.update(status="pending", reason=PENDING)
+        rows[r.name] = row
+    config = {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
+              ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")},
+              "grad_accum": accum, "device": spec0.device,
+              "rungs": "the default set (the seeds' rungs)" if cfg.stages is None else cfg.stages,
+              "compile_cache": "one fresh TorchInductor/Triton cache shared by this run's rungs"}
+
+    def result(complete: bool) -> dict[str, Any]:
+        return {"format": "gptspeed-verify", "format_version": 2, "environment": env, "config": config,
+                "tolerances": LOSS_RTOL, "complete": complete, "rungs": list(rows.values()), **assess(plan, rows)}
+
+    def save(res: dict[str, Any]) -> str:
+        table = verify_markdown(res)
+        report.write_text_atomic(out / "verify.md", table)
+        report.write_text_atomic(out / "verify.json", json.dumps(res, indent=2) + "\n")
+        return table
+
+    cache = Path(tempfile.mkdtemp(prefix="gptspeed-verify-cache-"))
+    try:
+        save(result(False))
+        for i, r in enumerate(to_run, 1):
+            report.say(f"[{i}/{len(to_run)}] {r.name}: {switches(r.settings)}")
+            spec = dataclasses.replace(spec0, name=r.name, settings=r.settings.to_dict())
+            rows[r.name].update(reason=None)
+            rows[r.name].update(run_worker(spec, out / "logs" / f"{r.name}.log", cfg.stage_timeout, cache_dir=cache))
+            if rows[r.name]["reason"] is None:
+                del rows[r.name]["reason"]
+            report.say("    " + _progress(rows[r.name]))
+            save(result(False))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    final = result(True)
+    print(save(final), end="")
+    return final
 
 
 # ------------------------------------------------------------------------------------ bench --verify
@@ -289,7 +364,8 @@ def _cell(text: str) -> str:
 
 
 def _verdict(r: dict[str, Any]) -> str:
-    return {"failed": "**FAILED**", "not verified": "*not verified*"}.get(r["verdict"], r["verdict"])
+    return {"failed": "**FAILED**", "not verified": "*not verified*", "pending": "*pending*"}.get(r["verdict"],
+                                                                                                 r["verdict"])
 
 
 def _loss_cell(r: dict[str, Any]) -> str:
@@ -330,6 +406,8 @@ def _sdpa_cell(r: dict[str, Any]) -> str:
 
 
 def _verify_notes(r: dict[str, Any]) -> str:
+    if r["verdict"] in ("refused", "pending"):
+        return _cell(r["verdict_reason"])
     if r["status"] != "ok":
         return _cell(f"{r['status']}: {r['reason']}")
     notes = list(r["problems"])
@@ -341,7 +419,8 @@ def _verify_notes(r: dict[str, Any]) -> str:
     if r.get("grad_scaler") and any(r.get("skipped", [])):
         notes.append(f"GradScaler skipped {sum(r['skipped'])} step(s) (float16 overflow, by design)")
     if r.get("batch_size") is not None and (r.get("settings") or {}).get("batch_auto"):
-        notes.append(f"--batch-size auto chose B={r['batch_size']}")
+        notes.append(f"--batch-size auto chose B={r['batch_size']} ({r.get('grad_accum')} micro-batch(es) per step, "
+                     "the same sequences per step as its reference)")
     return _cell("; ".join(notes))
 
 
@@ -380,9 +459,12 @@ def verify_markdown(result: dict[str, Any]) -> str:
             f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |")
     count = {v: sum(1 for r in rungs if r["verdict"] == v) for v in ("verified", "not verified", "skipped")}
     lines += ["", f"**{result['verdict'].upper()}: {count['verified']} verified, {count['not verified']} not verified, "
-              f"{len(result['failing'])} failing, {count['skipped']} skipped (do not apply here or not selected).**"
+              f"{len(result['failing'])} failing, {len(result['refused'])} refused by a rule before they started, "
+              f"{count['skipped']} skipped (do not apply here or not selected)"
+              + (f", {len(result['pending'])} pending (not run yet)" if result["pending"] else "") + ".**"
               + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")
-              + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")]
+              + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")
+              + (f" Refused: {', '.join(result['refused'])}." if result["refused"] else "")]
     mfu_note = next((r["peak_flops_source"] for r in rungs if r["status"] == "ok" and r.get("mfu") is None), None)
     lines += [
         "",
@@ -402,6 +484,9 @@ def verify_markdown(result: dict[str, Any]) -> str:
         lines += ["", "**Problems:**", ""] + [f"- {p}" for p in result["problems"]]
     if result["unverified"]:
         lines += ["", "**Not verified:**", ""] + [f"- {p}" for p in result["unverified"]]
+    if result["refusals"]:
+        lines += ["", "**Refused** (a rule of gptspeed's, before the rung started; `gptspeed train` refuses the same "
+                      "settings in one line):", ""] + [f"- {p}" for p in result["refusals"]]
     return "\n".join(lines) + "\n"
 
 

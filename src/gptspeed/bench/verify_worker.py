@@ -7,6 +7,10 @@ the first step, so every rung sees identical tensors) and records every step's l
 CUDA, run under :class:`gptspeed.bench.checks.SyncCounter`. Compilation is watched from the first
 step (:class:`~gptspeed.bench.checks.CompileWatch`). One more step, after the trajectory, runs
 under ``torch.profiler`` to see which SDPA kernel ran (rungs with ``attention="sdpa"``).
+
+A ``--batch-size auto`` rung keeps the global batch: it reads the same micro-batches as every other
+rung and cuts each step's sequences into its own micro-batch size (:func:`regroup`), so its steps
+see the same tokens as its reference's and its losses are compared like any other rung's.
 """
 
 from __future__ import annotations
@@ -54,10 +58,13 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     """
     s = Settings(**spec.settings)
     rt = resolve_runtime(spec.device, s.dtype, s.compile)
-    spec = resolve_batch(spec, rt)  # resets the peak memory after probing
-    n_batches = (spec.warmup + spec.steps) * spec.grad_accum
-    loader = make_loader(spec, rt.device, n_batches=n_batches)
+    read = spec  # the micro-batches every rung reads
+    spec = resolve_batch(spec, rt, keep_global=True)  # resets the peak memory after probing
+    n_batches = (read.warmup + read.steps) * read.grad_accum
+    loader = make_loader(read, rt.device, n_batches=n_batches)
     batches = [loader.next_batch() for _ in range(n_batches)]  # the same tensors for every rung
+    if spec.batch_size != read.batch_size:
+        batches = regroup(batches, read.grad_accum, spec.batch_size)
     feed = iter(batches)
     reset_peak_memory(rt.device)  # the peak is the training's, not the batches' loading
     watch = CompileWatch() if rt.compile else None
@@ -103,6 +110,22 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
         "dtype": rt.dtype, "device": str(rt.device), "grad_scaler": rt.use_grad_scaler, "fused_adamw": train.skips_on_device,
         "params": sum(p.numel() for p in train.model.parameters()), "threads": torch.get_num_threads(),
     }
+
+
+def regroup(batches: list[tuple[torch.Tensor, torch.Tensor]], per_step: int,
+            micro_batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same sequences in other micro-batches: ``batches`` holds ``per_step`` micro-batches
+    ``(x, y)`` per optimizer step; each step's rows are concatenated, in order, and cut into
+    micro-batches of ``micro_batch`` rows (which must divide the step's rows). The mean loss and
+    the gradient of a step are unchanged (every micro-batch has the same number of tokens)."""
+    out = []
+    for i in range(0, len(batches), per_step):
+        step = batches[i:i + per_step]
+        x, y = torch.cat([b[0] for b in step]), torch.cat([b[1] for b in step])
+        if x.size(0) % micro_batch:
+            raise ValueError(f"a micro-batch of {micro_batch} does not divide the {x.size(0)} sequences of a step")
+        out += list(zip(x.split(micro_batch), y.split(micro_batch)))
+    return out
 
 
 def sync_report(counter: SyncCounter | None, budget: int, steps: int) -> dict[str, Any]:

@@ -220,15 +220,22 @@ def bench_step(step: TrainStep, next_batch) -> tuple[torch.Tensor, torch.Tensor]
     return loss, bad | ~torch.isfinite(grad_norm)
 
 
-def resolve_batch(spec: StageSpec, rt: Runtime) -> StageSpec:
+def resolve_batch(spec: StageSpec, rt: Runtime, keep_global: bool = False) -> StageSpec:
     """``spec`` with its micro-batch resolved: for a ``batch_auto`` row the one ``--batch-size
-    auto`` adapter of ``train`` (:func:`gptspeed.step.auto_batch_size`; no global batch to divide)
-    picks it; other rows keep theirs."""
+    auto`` adapter of ``train`` (:func:`gptspeed.step.auto_batch_size`) picks it; other rows keep
+    theirs. ``keep_global`` False (the ladder): no global batch to divide, one micro-batch per step.
+    True (``bench --verify``): the global batch stays ``batch_size x grad_accum`` sequences, as
+    ``train`` keeps ``--total-batch-tokens`` -- the micro-batch is the largest that fits and divides
+    it, and ``grad_accum`` becomes the sequences per step over it."""
     if not Settings(**spec.settings).batch_auto:
         return spec
     cfg = run_config(spec)
-    cfg.train.total_batch_tokens = None
-    return dataclasses.replace(spec, batch_size=auto_batch_size(cfg, rt, say=lambda m: print(m, file=sys.stderr)))
+    if not keep_global:
+        cfg.train.total_batch_tokens = None
+    b = auto_batch_size(cfg, rt, say=lambda m: print(m, file=sys.stderr))
+    if not keep_global:
+        return dataclasses.replace(spec, batch_size=b)
+    return dataclasses.replace(spec, batch_size=b, grad_accum=spec.batch_size * spec.grad_accum // b)
 
 
 def timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:

@@ -19,10 +19,17 @@ Rows (``--peers``, in run order):
   --dtype=bfloat16``; its model.py uses SDPA and, on CUDA, fused AdamW), ``--bias=True`` (GPT-2's
   biases, as gptspeed and llm.c have them); step time = its printed ``time X ms`` per iteration
   (wall time, ``loss.item()`` included at ``--log_interval=1``).
-- ``llmc``: llm.c's ``train_gpt2cu`` built here from the clone (``make train_gpt2cu NO_MULTI_GPU=1
-  NO_USE_MPI=1``: its own kernels, cuDNN attention off unless ``--llmc-make`` adds ``USE_CUDNN=1``),
-  ``-e d12`` (a fresh GPT-2 124M), its defaults otherwise (bf16, GeLU recompute ``-r 1``); step
-  time = its printed ``X ms`` per step (CUDA events around the step).
+- ``llmc``: llm.c's ``train_gpt2cu`` built here from the clone for the GPU it runs on
+  (:func:`gptspeed.llmc.llmc_cuda_make`: ``make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1
+  GPU_COMPUTE_CAPABILITY=90`` on an H100, the capability read from ``nvidia-smi``: llm.c's own
+  detection is dead -- its Makefile writes ``$(nvidia-smi ...)``, a make variable, not
+  ``$(shell ...)`` -- so without it nvcc builds for its default architecture), with cuDNN attention
+  (``USE_CUDNN=1``, what llm.c's reported 468k tokens/s per H100 runs) when cuDNN frontend's headers
+  are carried (``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``; ``--llmc-cudnn
+  auto|on|off``) -- if that build fails, again without it, and the row says so. The make line is
+  recorded with the row (``build`` in the JSON, under the tables in the Markdown). ``-e d12`` (a
+  fresh GPT-2 124M), its defaults otherwise (bf16, GeLU recompute ``-r 1``); step time = its
+  printed ``X ms`` per step (CUDA events around the step).
 - ``--variant 'NAME: FLAGS ENV=VALUE'``: more gptspeed rows, e.g. ``'cudnn: --sdpa-backend cudnn'``,
   ``'fused-ce: --loss fused'``, ``'fp8: --fp8'``, ``'muon: --optimizer muon'``, ``'B32: --batch-size 32
   --total-batch-tokens 65536'`` (flags after the shape's, so they override it); ``NAME=VALUE`` tokens
@@ -31,7 +38,8 @@ Rows (``--peers``, in run order):
 Reported per row: median ms/step (the median of the per-round medians), each round's median, the
 min-max step, tokens/s (tokens per step / median), and the speed against the first row, round by
 round. What each tool's time includes differs a little (above); ``wall_s`` (process start to the
-last timed step) is in the JSON.
+last timed step) is in the JSON. ``--json`` and ``--md`` are rewritten after every process, each
+atomically (``complete`` false until the last), so a command cut at its limit keeps every finished row.
 
     python benchmarks/peers_gpu.py --data DATA_DIR [--rounds 3] [--steps 20] [--warmup 8]
         [--batch-size 16] [--seq-len 1024] [--accum 4] [--peers gptspeed,nanogpt,llmc]
@@ -94,27 +102,65 @@ def parse_llmc_line(line: str) -> tuple[int, float, float, float] | None:
     return int(m.group(1)), float(m.group(3)), float(m.group(4)), float(m.group(5))
 
 
-def llmc_cuda_binary(work: Path, make_flags: list[str]) -> Path:
+CARRY = Path(__file__).resolve().parents[1] / ".carry"
+
+
+def llmc_cuda_binary(work: Path, make_flags: list[str], cudnn: str = "auto",
+                     timeout_s: float | None = None) -> tuple[Path, dict]:
     """llm.c's ``train_gpt2cu``, built once in a scratch copy of the clone (its Makefile writes
-    next to the sources). RuntimeError with make's output if the build fails -- then, and in every
-    later call on the same ``work`` folder, without building again."""
+    next to the sources) with :func:`gptspeed.llmc.llmc_cuda_make`'s line; returns ``(binary, build)``
+    where ``build`` (also ``llmc-build.json``) holds the make line, the compute capability and where
+    it came from, whether cuDNN attention is on and why, and the seconds. When a cuDNN build fails
+    under ``cudnn="auto"`` it builds again without cuDNN (``build["cudnn_note"]`` says why).
+    RuntimeError with make's output if the build fails -- then, and in every later call on the same
+    ``work`` folder, without building again."""
+    from gptspeed.llmc import llmc_cuda_make
+
     src = work / "llm.c"
     if not src.exists():
         shutil.copytree(pc.PEERS_DIR / "llm.c", src)
     binary = src / "train_gpt2cu"
-    failed = work / "llmc-build-failed.txt"
+    failed, record = work / "llmc-build-failed.txt", work / "llmc-build.json"
     if failed.exists():  # built and failed in an earlier round: not again
         raise RuntimeError(failed.read_text())
-    if not binary.exists():
-        cmd = ["make", "-C", str(src), "train_gpt2cu", "NO_MULTI_GPU=1", "NO_USE_MPI=1", *make_flags]
-        t0 = time.time()
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        (work / "llmc-build.log").write_text(done.stdout + done.stderr)
-        if done.returncode != 0 or not binary.exists():
-            failed.write_text(f"llm.c build failed ({shlex.join(cmd)}): {(done.stdout + done.stderr)[-600:]}")
-            raise RuntimeError(failed.read_text())
-        print(f"built {binary} in {time.time() - t0:.0f} s", flush=True)
-    return binary
+    if binary.exists() and record.exists():
+        return binary, json.loads(record.read_text())
+    build = llmc_cuda_make(src, work, make_flags, cudnn=cudnn, carry=CARRY)
+    t0 = time.time()
+    done = _make(build, work / "llmc-build.log", timeout_s)
+    if (done.returncode != 0 or not binary.exists()) and build["cudnn"] and cudnn == "auto" \
+            and "USE_CUDNN=" not in " ".join(make_flags):
+        why = f"the USE_CUDNN=1 build failed ({_tail(done, 300)}; llmc-build-cudnn.log)"
+        (work / "llmc-build.log").rename(work / "llmc-build-cudnn.log")
+        subprocess.run(["make", "-C", str(src), "clean"], capture_output=True, text=True)
+        build = {**llmc_cuda_make(src, work, make_flags, cudnn="off", carry=CARRY), "cudnn_note": why}
+        done = _make(build, work / "llmc-build.log", timeout_s)
+    if done.returncode != 0 or not binary.exists():
+        failed.write_text(f"llm.c build failed ({build['line']}): {_tail(done, 600)}")
+        raise RuntimeError(failed.read_text())
+    build["seconds"] = round(time.time() - t0, 1)
+    record.write_text(json.dumps(build, indent=1) + "\n")
+    print(f"built {binary} in {build['seconds']:.0f} s: {build['line']} (GPU_COMPUTE_CAPABILITY "
+          f"{build['compute_capability']} from {build['capability_source']}; cuDNN "
+          f"{'on' if build['cudnn'] else 'off'}: {build['cudnn_note']})", flush=True)
+    return binary, build
+
+
+def _make(build: dict, log: Path, timeout_s: float | None) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(build["command"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        done = subprocess.CompletedProcess(build["command"], 124, out, f"make timed out after {timeout_s:g} s")
+    log.write_text(f"$ {build['line']}\n" + done.stdout + done.stderr)
+    return done
+
+
+def _tail(done: subprocess.CompletedProcess, n: int) -> str:
+    """make's last output, on one line (its "Entering/Leaving directory" lines left out)."""
+    lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines()
+             if ln.strip() and "ing directory" not in ln]
+    return " | ".join(lines)[-n:]
 
 
 def llmc_data(work: Path, data: Path) -> tuple[str, str]:
@@ -133,9 +179,9 @@ def llmc_data(work: Path, data: Path) -> tuple[str, str]:
 
 
 def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps: int, make_flags: list[str],
-                  timeout_s: float) -> pc.Run:
+                  timeout_s: float, cudnn: str = "auto") -> pc.Run:
     try:
-        binary = llmc_cuda_binary(work, make_flags)
+        binary, build = llmc_cuda_binary(work, make_flags, cudnn, timeout_s)
     except RuntimeError as e:  # no nvcc, no cuBLAS headers, ...: the row says so, the other rows run
         return pc.Run([], error=str(e))
     train, val = llmc_data(work, data)
@@ -153,9 +199,10 @@ def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps
                 t_warm["t"] = time.perf_counter() - t_start
         return len(got) >= need
 
-    status, rss, wall, lines = pc.run_until(cmd, cwd=binary.parent, env={**os.environ}, on_line=on_line,
-                                            timeout_s=timeout_s)
-    info = {"command": f"cd {binary.parent} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t")}
+    status, rss, wall, lines = pc.run_until(cmd, cwd=binary.parent, env={**os.environ, **build["env"]},
+                                            on_line=on_line, timeout_s=timeout_s)
+    info = {"command": f"cd {binary.parent} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t"),
+            "build": build}
     if len(got) < need:
         return pc.Run([], error="llm.c stopped early: " + " | ".join(lines[-4:]), info=info)
     info["mfu_percent"] = [m for _, _, _, m in got[warmup:need]]
@@ -187,13 +234,14 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
             return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/peers_cpu.py runs llm.c's CPU "
                                     "trainer)")
         return run_llmc_cuda(shape, work, data, make_flags=shlex.split(args.llmc_make), timeout_s=args.row_timeout,
-                             **kw)
+                             cudnn=getattr(args, "llmc_cudnn", "auto"), **kw)
     raise SystemExit(f"unknown row {row!r}: choose from {', '.join(GPU_PEERS)} or a --variant name")
 
 
-def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
+def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict,
+            after_each=None) -> dict:
     """Every row, interleaved (:func:`peers_cpu.interleave`); a peer that fails to build or start
-    is that row's error, and the JSON is rewritten after every process."""
+    is that row's error. ``after_each(summary)`` gets the summary so far after every process."""
     def run_one(row: str, rnd: int) -> pc.Run:
         try:
             return run_row(row, args, shape, work, data, variants)
@@ -201,8 +249,8 @@ def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], vari
             return pc.Run([], error=f"{type(e).__name__}: {str(e)[:600]}")
 
     def save_partial(per_row: dict) -> None:  # what is measured so far survives a command cut off at its limit
-        if args.json:
-            Path(args.json).write_text(json.dumps({"partial": True, "rows": per_row}, indent=1) + "\n")
+        if after_each is not None:
+            after_each(pc.summarize(shape, per_row))
 
     return pc.summarize(shape, pc.interleave(rows, args.rounds, run_one, shape.name, save_partial))
 
@@ -225,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-head", type=int, default=12)
     ap.add_argument("--n-embd", type=int, default=768)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--llmc-make", default="", help="extra make variables for train_gpt2cu, e.g. 'USE_CUDNN=1'")
+    ap.add_argument("--llmc-make", default="", help="extra make variables for train_gpt2cu, e.g. 'PRECISION=FP16'")
+    ap.add_argument("--llmc-cudnn", default="auto", choices=("auto", "on", "off"),
+                    help="llm.c's cuDNN attention: auto (on when cuDNN frontend's headers are carried), on, off")
     ap.add_argument("--row-timeout", type=float, default=420.0, help="seconds one process may take")
     ap.add_argument("--work", default="/tmp/gptspeed-peers-gpu", help="scratch folder (peer copies, runs, builds)")
     ap.add_argument("--json", default=None)
@@ -243,21 +293,49 @@ def main(argv: list[str] | None = None) -> int:
     rows += [v for v in variants if v not in rows]
     shape = make_shape(args)
     env = gpu_environment(argv)
-    result = {"environment": env, "settings": vars(args), "shapes": [measure(args, shape, work, Path(args.data), rows,
-                                                                             variants)]}
     head = (f"{env.get('gpu', args.device)} ({env.get('nvidia_smi', '')}), torch {env['torch']} (CUDA {env['cuda']}), "
             f"commit {env['git_commit']}, {env['date']}; {shape.tokens:,} tokens per step\n`{env['command']}`\n")
-    emit(head + pc.markdown(result), result, args.md, args.json)
+
+    def report(summary: dict, complete: bool) -> tuple[str, dict]:
+        result = {"environment": env, "settings": vars(args), "complete": complete, "shapes": [summary]}
+        return head + pc.markdown(result) + build_lines(summary) + ("" if complete else INCOMPLETE), result
+
+    def partial(summary: dict) -> None:
+        write(*report(summary, False), args.md, args.json)
+
+    md, result = report(measure(args, shape, work, Path(args.data), rows, variants, partial), True)
+    print(md)
+    write(md, result, args.md, args.json)
     return 0
+
+
+INCOMPLETE = "\n**Incomplete**: written after each process; the rounds still to run are missing.\n"
+
+
+def build_lines(summary: dict) -> str:
+    """The make line each llm.c build used, under the tables (from the rows' ``build`` records)."""
+    builds = {json.dumps(e["build"], sort_keys=True): e["build"] for e in summary["runs"].get("llmc", [])
+              if e.get("build")}
+    return "".join(f"\nllm.c built with `{b['line']}` (GPU_COMPUTE_CAPABILITY {b['compute_capability'] or 'not set'}: "
+                   f"{b['capability_source']}; cuDNN attention {'on' if b['cudnn'] else 'off'}: {b['cudnn_note']})\n"
+                   for b in builds.values())
 
 
 def emit(md: str, result: dict, md_path: str | None, json_path: str | None) -> None:
     """Print the tables; write them to ``md_path`` and everything to ``json_path`` when given."""
     print(md)
+    write(md, result, md_path, json_path)
+
+
+def write(md: str, result: dict, md_path: str | None, json_path: str | None) -> None:
+    """Write the tables to ``md_path`` and everything to ``json_path`` when given, each atomically
+    (a temporary file, then a rename: a reader sees the previous version or this one)."""
+    from gptspeed.fileio import write_text_atomic
+
     if md_path:
-        Path(md_path).write_text(md)
+        write_text_atomic(md_path, md)
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1) + "\n")
+        write_text_atomic(json_path, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -137,3 +137,110 @@ def test_losses_agree_with_llmc_over_20_steps(tmp_path, llmc_binary, monkeypatch
     # the initial weights are the same: the val loss before any step agrees too (llm.c evaluates
     # its one-batch val shard 5 times and averages; gptspeed evaluates the same batch once)
     assert abs(records[0]["val_loss"] - result["val_losses"][0]) <= 1e-4
+
+
+# ------------------------------------------------------------------- llm.c's GPU build line (issue 30)
+FAKE_NVCC = '#!/bin/sh\necho "fake nvcc $*"\n'
+
+
+def fake_gpu_tools(tmp_path, monkeypatch, capability="9.0"):
+    """A fake ``nvidia-smi`` (answering ``capability``) and ``nvcc`` first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s\\n' {capability}\n")  # one line per GPU
+    (bin_dir / "nvcc").write_text(FAKE_NVCC)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDNN_FRONTEND_PATH", raising=False)
+
+
+def fake_cudnn(tmp_path) -> tuple[Path, Path]:
+    """A carried cuDNN-frontend wheel (its include/ folder) and a cuDNN wheel's folder as PyTorch's
+    nvidia-cudnn-cu13 lays it out (libcudnn.so.9 only, no bare libcudnn.so)."""
+    import zipfile
+
+    carry, site = tmp_path / "carry", tmp_path / "site"
+    (carry / "whl").mkdir(parents=True)
+    with zipfile.ZipFile(carry / "whl" / "nvidia_cudnn_frontend-1.32.0-cp312-cp312-manylinux_2_28_x86_64.whl", "w") as z:
+        z.writestr("include/cudnn_frontend.h", "// header-only\n")
+        z.writestr("cudnn/__init__.py", "")
+    for d, f in (("include", "cudnn.h"), ("lib", "libcudnn.so.9")):
+        (site / "nvidia" / "cudnn" / d).mkdir(parents=True)
+        (site / "nvidia" / "cudnn" / d / f).write_text("")
+    return carry, site
+
+
+def dry_run(build: dict) -> str:
+    """What llm.c's own Makefile would run for this make line (``make -n``, the fake nvcc found)."""
+    import subprocess
+
+    cmd = build["command"]
+    proc = subprocess.run([cmd[0], "-n", *cmd[1:]], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.skipif(not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
+                    reason="needs llm.c's clone in ../shared/peers and make")
+@pytest.mark.parametrize("capability, arch", [("9.0", "90"), ("9.0 8.0", "80")])
+def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability, arch):
+    """The make line names GPU_COMPUTE_CAPABILITY from nvidia-smi (the lowest of the GPUs), and llm.c's
+    Makefile then compiles for that architecture; its own detection, ``$(nvidia-smi ...)`` as a make
+    variable, finds nothing: without the flag the nvcc line names no architecture."""
+    import shutil
+
+    from gptspeed.llmc import llmc_cuda_make
+
+    fake_gpu_tools(tmp_path, monkeypatch, capability)
+    src = tmp_path / "llm.c"
+    shutil.copytree(LLMC_DIR, src)
+    build = llmc_cuda_make(src, tmp_path / "work", search=[])
+    assert build["command"][:7] == ["make", "-C", str(src), "train_gpt2cu", "NO_MULTI_GPU=1", "NO_USE_MPI=1",
+                                    f"GPU_COMPUTE_CAPABILITY={arch}"]
+    assert build["compute_capability"] == arch and "nvidia-smi" in build["capability_source"]
+    assert build["cudnn"] is False and "nvidia-cudnn-frontend" in build["cudnn_note"]
+    nvcc = [line for line in dry_run(build).splitlines() if "fake" not in line and "train_gpt2.cu" in line]
+    assert len(nvcc) == 1 and f"--generate-code arch=compute_{arch},code=[compute_{arch},sm_{arch}]" in nvcc[0]
+    assert "ENABLE_CUDNN" not in nvcc[0]
+    bare = dry_run({"command": build["command"][:6]})  # what peers_gpu.py ran before: no architecture at all
+    assert "--generate-code" not in bare and "train_gpt2.cu" in bare
+
+
+@pytest.mark.skipif(not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
+                    reason="needs llm.c's clone in ../shared/peers and make")
+def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_path, monkeypatch):
+    """With cuDNN frontend's headers carried (the wheel in .carry/whl) and cuDNN's wheel installed,
+    the line turns on USE_CUDNN=1 and names both include folders, the library folder (a bare
+    libcudnn.so link beside the wheel's .so.9) with an rpath; llm.c's Makefile accepts it (its
+    check for ./cudnn-frontend/include passes) and compiles cudnn_att.cpp into the binary."""
+    import shutil
+
+    from gptspeed.errors import GptspeedError
+    from gptspeed.llmc import llmc_cuda_make
+
+    fake_gpu_tools(tmp_path, monkeypatch)
+    carry, site = fake_cudnn(tmp_path)
+    src, work = tmp_path / "llm.c", tmp_path / "work"
+    shutil.copytree(LLMC_DIR, src)
+    build = llmc_cuda_make(src, work, carry=carry, search=[str(site)])
+    headers, lib = work / "cudnn-frontend" / "include", site / "nvidia" / "cudnn" / "lib"
+    assert (headers / "cudnn_frontend.h").exists()  # unpacked from the carried wheel
+    assert build["cudnn"] is True and "nvidia_cudnn_frontend-1.32.0" in build["cudnn_note"]
+    assert build["command"][6:] == [
+        "GPU_COMPUTE_CAPABILITY=90", "USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}",
+        f"NVCC_INCLUDES=-I{headers.resolve()} -I{site / 'nvidia' / 'cudnn' / 'include'}",
+        f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -Xlinker -rpath={lib}"]
+    assert (work / "cudnn-lib" / "libcudnn.so").resolve() == (lib / "libcudnn.so.9").resolve()
+    assert build["env"]["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(lib)
+    out = dry_run(build)
+    assert "cuDNN found" in out
+    compiled = [line for line in out.splitlines() if "cudnn_att.cpp" in line or "train_gpt2.cu" in line]
+    assert len(compiled) == 2 and all("-DENABLE_CUDNN" in line and "arch=compute_90" in line for line in compiled)
+    assert f"-I{headers.resolve()}" in compiled[0] and "build/cudnn_att.o" in compiled[1]
+    assert "-lcudnn" in compiled[1] and f"-L{work / 'cudnn-lib'}" in compiled[1]
+    # asked for explicitly without the headers: one line saying what to carry
+    with pytest.raises(GptspeedError, match="carry.sh nvidia-cudnn-frontend"):
+        llmc_cuda_make(src, work / "other", cudnn="on", search=[])
+    off = llmc_cuda_make(src, work, cudnn="off", carry=carry, search=[str(site)])
+    assert off["cudnn"] is False and not any(c.startswith("USE_CUDNN") for c in off["command"])

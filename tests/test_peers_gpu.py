@@ -120,3 +120,50 @@ def test_llmc_reads_the_prepared_shards_and_a_failed_build_is_one_row_error(shak
     again = peers_gpu.run_row("llmc", args, peers_gpu.make_shape(peers_gpu.argparse.Namespace(
         seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)), tmp_path / "work", shakespeare_data, {})
     assert again.error == run.error and not (tmp_path / "work" / "llm.c" / "built-again").exists()
+
+
+FAKE_LLMC_MAKEFILE = """train_gpt2cu:
+\t@if [ "$(USE_CUDNN)" = "1" ]; then echo 'cudnn_att.cpp: error: no member named SDPA_attributes' && false; fi
+\tcp fake_train train_gpt2cu && chmod +x train_gpt2cu
+clean:
+\trm -f train_gpt2cu
+"""
+# train_gpt2cu's step line for steps 1..12, as its printf writes it
+FAKE_LLMC_TRAIN = "#!/bin/sh\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n" + \
+    "  printf 'step %4d/12 | loss 7.000000 (+nanz)| norm 1.0000 (+nanz)| lr 6.00e-04 | 50.00 ms | 40.0%% bf16 MFU " \
+    "| 300000 tok/s\\n' $i\ndone\n"
+
+
+def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_build(
+        shakespeare_data, tmp_path, monkeypatch):
+    """The llm.c row is built for the GPU nvidia-smi reports (GPU_COMPUTE_CAPABILITY=90) with cuDNN
+    attention when its headers are carried; when that build fails, it is built again without cuDNN,
+    and the row (JSON and Markdown) carries the make line that was used and why cuDNN is off."""
+    from test_llmc import fake_cudnn, fake_gpu_tools
+
+    fake_gpu_tools(tmp_path, monkeypatch)
+    carry, site = fake_cudnn(tmp_path)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(peers_gpu, "CARRY", carry)
+    fake = tmp_path / "peers" / "llm.c"
+    fake.mkdir(parents=True)
+    (fake / "Makefile").write_text(FAKE_LLMC_MAKEFILE)
+    (fake / "fake_train").write_text(FAKE_LLMC_TRAIN)
+    monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
+    args = peers_gpu.argparse.Namespace(device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn="auto",
+                                        row_timeout=60)
+    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12,
+                                                              n_head=12, n_embd=768))
+    run = peers_gpu.run_row("llmc", args, shape, tmp_path / "work", shakespeare_data, {})
+    assert run.error is None and run.step_ms == [50.0] * 3
+    build = run.info["build"]
+    assert "GPU_COMPUTE_CAPABILITY=90" in build["line"] and "USE_CUDNN" not in build["line"]
+    assert build["cudnn"] is False and "the USE_CUDNN=1 build failed" in build["cudnn_note"]
+    assert "SDPA_attributes" in build["cudnn_note"]
+    assert (tmp_path / "work" / "llmc-build-cudnn.log").read_text().startswith("$ make -C ")
+    summary = peers_gpu.pc.summarize(shape, {"llmc": [{"round": 0, "step_ms": run.step_ms, "losses": run.losses,
+                                                       "peak_rss_bytes": 0, "error": None, "median_ms": 50.0,
+                                                       **run.info}]})
+    line = peers_gpu.build_lines(summary)
+    assert f"llm.c built with `{build['line']}` (GPU_COMPUTE_CAPABILITY 90: nvidia-smi" in line
+    assert "cuDNN attention off: cuDNN attention off: the USE_CUDNN=1 build failed" not in line

@@ -272,3 +272,183 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
                             + " | ".join(lines[-5:]).strip())
     return {"losses": losses, "step_ms": step_ms, "val_losses": val_losses,
             "peak_rss_bytes": rusage.ru_maxrss * 1024, "wall_s": time.perf_counter() - t0, "stdout": "\n".join(lines)}
+
+
+# ------------------------------------------------------------------- building llm.c's GPU trainer
+#: what ``make -C llm.c train_gpt2cu`` is always given here: one GPU, no MPI
+LLMC_CUDA_BASE = ("train_gpt2cu", "NO_MULTI_GPU=1", "NO_USE_MPI=1")
+CUDNN_CHOICES = ("auto", "on", "off")
+#: where a system-wide cuDNN puts its header and library (no -I / -L needed for these)
+_SYSTEM_INCLUDES = ("/usr/include", "/usr/include/x86_64-linux-gnu", "/usr/local/cuda/include")
+_SYSTEM_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/cuda/lib64")
+
+
+def gpu_compute_capability(smi: str = "nvidia-smi") -> tuple[str | None, str]:
+    """The compute capability to build llm.c for, as its Makefile writes it (``"90"`` on an H100):
+    ``(value or None, where it came from)``. From ``nvidia-smi --query-gpu=compute_cap
+    --format=csv,noheader`` -- the lowest over the GPUs, which is what llm.c's Makefile means to do
+    (its ``$(nvidia-smi ...)`` is a make variable reference, not ``$(shell ...)``, so on its own it
+    finds nothing) -- else PyTorch's ``torch.cuda.get_device_capability()``, else None."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which(smi)
+    if exe:
+        try:
+            out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30)
+            caps = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+            values = sorted(int(c.replace(".", "")) for c in caps if c.replace(".", "").isdigit())
+            if out.returncode == 0 and values:
+                return str(values[0]), f"{smi} --query-gpu=compute_cap ({', '.join(caps)})"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        return f"{major}{minor}", "torch.cuda.get_device_capability()"
+    return None, "no nvidia-smi answered and PyTorch sees no CUDA GPU"
+
+
+def _search_paths(search: list[str] | None) -> list[Path]:
+    import sys
+
+    return [Path(p) for p in (search if search is not None else sys.path) if p and Path(p).is_dir()]
+
+
+def find_cudnn_frontend(work: str | os.PathLike, carry: str | os.PathLike | None = None,
+                        search: list[str] | None = None) -> tuple[Path | None, str]:
+    """The folder holding cuDNN frontend's headers (``cudnn_frontend.h``; a header-only C++
+    library llm.c's ``USE_CUDNN=1`` build needs), and where it was found; ``(None, why)`` if
+    nowhere. Looked for in ``$CUDNN_FRONTEND_PATH``; ``<carry>/cudnn-frontend/include``; the
+    carried wheel ``<carry>/whl/nvidia_cudnn_frontend-*.whl`` (its ``include/`` unpacked into
+    ``<work>/cudnn-frontend/include``; ``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``
+    packs it); ``<p>/include`` for each ``p`` of ``search`` (default ``sys.path``: ``.carry/setup.sh``
+    installs the carried wheels into ``/tmp/site``, which is on it); ``~/cudnn-frontend/include``
+    (llm.c's README)."""
+    import zipfile
+
+    def has(d: Path) -> bool:
+        return (d / "cudnn_frontend.h").is_file()
+
+    env = os.environ.get("CUDNN_FRONTEND_PATH")
+    if env and has(Path(env)):
+        return Path(env), "$CUDNN_FRONTEND_PATH"
+    if carry is not None:
+        carry = Path(carry)
+        if has(carry / "cudnn-frontend" / "include"):
+            return carry / "cudnn-frontend" / "include", str(carry / "cudnn-frontend" / "include")
+        wheels = sorted((carry / "whl").glob("nvidia_cudnn_frontend-*.whl"))
+        if wheels:
+            dest = Path(work) / "cudnn-frontend"
+            with zipfile.ZipFile(wheels[-1]) as z:
+                names = [n for n in z.namelist() if n.startswith("include/") and not n.endswith("/")]
+                z.extractall(dest, names)
+            if has(dest / "include"):
+                return dest / "include", f"the carried wheel {wheels[-1].name}"
+    for p in _search_paths(search):
+        if has(p / "include"):
+            return p / "include", f"{p / 'include'} (an installed nvidia-cudnn-frontend wheel)"
+    home = Path.home() / "cudnn-frontend" / "include"
+    if has(home):
+        return home, str(home)
+    return None, ("cuDNN frontend's headers not found: carry them with `bash ../shared/device/carry.sh "
+                  "nvidia-cudnn-frontend==1.32.0` (or set CUDNN_FRONTEND_PATH)")
+
+
+def find_cudnn(search: list[str] | None = None) -> tuple[Path | None, Path | None, str]:
+    """cuDNN itself for llm.c's ``USE_CUDNN=1`` build: ``(folder of cudnn.h, folder of libcudnn.so*,
+    where)``, or ``(None, None, why)``. Looked for in the ``nvidia-cudnn-cu1x`` wheel PyTorch
+    depends on (``nvidia/<name>/include/cudnn.h`` and ``nvidia/<name>/lib/libcudnn.so*`` under each
+    ``p`` of ``search``, default ``sys.path``), then the system's folders."""
+    for p in _search_paths(search):
+        for inc in sorted((p / "nvidia").glob("*/include/cudnn.h")):
+            libs = sorted(inc.parent.parent.glob("lib/libcudnn.so*"))
+            if libs:
+                return inc.parent, libs[0].parent, f"the {inc.parent.parent.name} wheel in {p}"
+    inc = next((Path(d) for d in _SYSTEM_INCLUDES if (Path(d) / "cudnn.h").is_file()), None)
+    lib = next((Path(d) for d in _SYSTEM_LIBS if list(Path(d).glob("libcudnn.so*"))), None)
+    if inc and lib:
+        return inc, lib, "the system's cuDNN"
+    return None, None, "cuDNN (cudnn.h and libcudnn.so) not found"
+
+
+def _make_var(flags: list[str], name: str) -> str | None:
+    for f in flags:
+        if f.startswith(name + "="):
+            return f.split("=", 1)[1]
+    return None
+
+
+def llmc_cuda_make(src: str | os.PathLike, work: str | os.PathLike, extra: list[str] | tuple[str, ...] = (),
+                   cudnn: str = "auto", carry: str | os.PathLike | None = None, search: list[str] | None = None,
+                   smi: str = "nvidia-smi") -> dict:
+    """The ``make`` command that builds llm.c's ``train_gpt2cu`` in ``src`` (a scratch copy of the
+    clone) for the GPU it will run on, and what it rests on. Returns ``{"command": [...],
+    "line": shell line, "env": variables the binary needs at run time, "compute_capability",
+    "capability_source", "cudnn": bool, "cudnn_note"}``.
+
+    - ``GPU_COMPUTE_CAPABILITY`` from the device (:func:`gpu_compute_capability`; ``90`` on an
+      H100) unless ``extra`` sets it: llm.c's Makefile then adds ``--generate-code
+      arch=compute_90,code=[compute_90,sm_90]``. Without it nvcc builds for its default architecture
+      (llm.c's slow ``__CUDA_ARCH__ < 800`` paths and a PTX JIT at start, or errors).
+    - cuDNN attention (``USE_CUDNN=1``) with ``cudnn="on"``, or ``"auto"`` when both cuDNN
+      frontend's headers (:func:`find_cudnn_frontend`) and cuDNN (:func:`find_cudnn`) are found;
+      ``"off"`` or ``USE_CUDNN=`` in ``extra``: as given. Its Makefile accepts the headers only at
+      ``$HOME/cudnn-frontend/include`` or ``./cudnn-frontend/include``, so ``src/cudnn-frontend/include``
+      is linked to them; ``NVCC_INCLUDES`` names them and cudnn.h, ``NVCC_LDLIBS`` the folder of
+      libcudnn (a ``libcudnn.so`` link made in ``work`` when the wheel ships only ``libcudnn.so.9``)
+      with an rpath.
+
+    GptspeedError for ``cudnn="on"`` when cuDNN or its frontend is missing, or an unknown ``cudnn``."""
+    if cudnn not in CUDNN_CHOICES:
+        raise GptspeedError(f"llm.c cuDNN must be one of {', '.join(CUDNN_CHOICES)}, got {cudnn!r}")
+    src, work, extra = Path(src), Path(work), list(extra)
+    cmd = ["make", "-C", str(src), *LLMC_CUDA_BASE]
+    given = _make_var(extra, "GPU_COMPUTE_CAPABILITY")
+    if given is not None:
+        cap, cap_source = given or None, "given (--llmc-make)"
+    else:
+        cap, cap_source = gpu_compute_capability(smi)
+        if cap:
+            cmd.append(f"GPU_COMPUTE_CAPABILITY={cap}")
+    env: dict[str, str] = {}
+    use = _make_var(extra, "USE_CUDNN")
+    if use is not None:  # the caller's own cuDNN setup (e.g. headers in ~/cudnn-frontend/include)
+        on, note = use == "1", "USE_CUDNN as given (--llmc-make)"
+    elif cudnn == "off":
+        on, note = False, "off (asked)"
+    else:
+        headers, where_h = find_cudnn_frontend(work, carry, search)
+        inc, lib, where_c = find_cudnn(search)
+        on = headers is not None and inc is not None
+        if not on:
+            note = "; ".join(w for w, ok in ((where_h, headers), (where_c, inc)) if ok is None)
+            if cudnn == "on":
+                raise GptspeedError(f"llm.c with cuDNN attention: {note}")
+        else:
+            note = f"frontend headers from {where_h}; cuDNN from {where_c}"
+            link = src / "cudnn-frontend"
+            link.mkdir(exist_ok=True)
+            if (link / "include").is_symlink() or (link / "include").exists():
+                (link / "include").unlink()
+            (link / "include").symlink_to(headers.resolve(), target_is_directory=True)
+            includes = [f"-I{headers.resolve()}"] + ([] if str(inc) in _SYSTEM_INCLUDES else [f"-I{inc}"])
+            libdir = lib
+            if not (lib / "libcudnn.so").exists():  # the wheels ship libcudnn.so.9 only: -lcudnn needs the bare name
+                versioned = sorted(lib.glob("libcudnn.so.*"))[0]
+                libdir = work / "cudnn-lib"
+                libdir.mkdir(parents=True, exist_ok=True)
+                (libdir / "libcudnn.so").unlink(missing_ok=True)
+                (libdir / "libcudnn.so").symlink_to(versioned)
+            ldlibs = [] if str(lib) in _SYSTEM_LIBS else [f"-L{libdir}", f"-Xlinker -rpath={lib}"]
+            cmd += ["USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}", "NVCC_INCLUDES=" + " ".join(includes)]
+            if ldlibs:
+                cmd.append("NVCC_LDLIBS=" + " ".join(ldlibs))
+                env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))
+    cmd += extra
+    import shlex
+
+    if not cap:
+        cap_source += ": nvcc builds for its default architecture"
+    return {"command": cmd, "line": shlex.join(cmd), "env": env, "compute_capability": cap,
+            "capability_source": cap_source, "cudnn": on, "cudnn_note": note}

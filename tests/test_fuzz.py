@@ -65,3 +65,33 @@ def test_fuzz_config_file(tmp_path_factory, text):
         preset("pico").apply_file(str(path)).validate()
     except GptspeedError as e:
         assert "\n" not in str(e).strip()
+
+
+metrics_lines = st.one_of(
+    st.builds(lambda step, loss: json.dumps({"step": step, "train_loss": loss}), st.integers(-5, 50), st.floats()),
+    json_values.map(json.dumps),  # any JSON: lists, strings, objects whose step is not an integer
+    st.text(max_size=30).filter(lambda t: "\n" not in t),  # not JSON, or a torn line (U+2028, \r... included)
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(metrics_lines, max_size=12), step=st.integers(-1, 40), end=st.sampled_from(["\n", ""]))
+def test_fuzz_metrics_truncate_after(tmp_path_factory, lines, step, end):
+    """Whatever metrics.jsonl holds, --resume's truncate_after never raises: it keeps exactly the
+    records (objects with an integer step) up to ``step``, in order, each a whole line."""
+    from gptspeed.metrics import RunLog
+
+    path = tmp_path_factory.mktemp("log") / "metrics.jsonl"
+    path.write_text("\n".join(lines) + end, encoding="utf-8")
+    expected = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and type(r.get("step")) is int and r["step"] <= step:
+            expected.append(line)
+    RunLog(path, echo=False).truncate_after(step)
+    assert path.read_text(encoding="utf-8") == "".join(e + "\n" for e in expected)
+    assert all(isinstance(json.loads(x)["step"], int) for x in expected)
+

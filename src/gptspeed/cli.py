@@ -13,6 +13,7 @@ import json
 import sys
 
 from gptspeed.compat import check_torch
+from gptspeed.config import parse_seed
 from gptspeed.errors import GptspeedError
 
 
@@ -83,7 +84,7 @@ PREPARE_FLAGS = {  # gptspeed.data.prepare.prepare
                       help="tokenizing threads (the shards do not depend on it); 0 = one per usable CPU (default)"),
     "--text-field": dict(dest="text_field", default="text",
                          help="JSON field / parquet column / dataset feature with the text"),
-    "--shuffle-seed": dict(dest="shuffle_seed", type=int, default=None,
+    "--shuffle-seed": dict(dest="shuffle_seed", type=parse_seed, default=None,
                            help="write the documents in a global random order fixed by this seed (val is then a "
                                 "random share of documents); default: keep the source order"),
     "--skip-bad": dict(dest="skip_bad", action="store_true", help="skip and count bad records instead of stopping"),
@@ -99,7 +100,7 @@ SAMPLE_FLAGS = {  # gptspeed.sample.sample_text
     "--temperature": dict(dest="temperature", type=float, default=0.8, help="0 = greedy"),
     "--top-k": dict(dest="top_k", type=int, default=200, help="sample from the k most likely tokens (0 = all)"),
     "--num-samples": dict(dest="num_samples", type=int, default=1, help="samples per prompt"),
-    "--seed": dict(dest="seed", type=int, default=1337, help="sampling seed (the same seed draws the same tokens)"),
+    "--seed": dict(dest="seed", type=parse_seed, default=1337, help="sampling seed (the same seed draws the same tokens)"),
     "--no-kv-cache": dict(dest="kv_cache", action="store_false",  # %(default).0s: prints nothing, and keeps
                           # argparse from adding "(default: True)", the value of kv_cache, not of this flag
                           help="recompute every position each step (the reference path)%(default).0s"),
@@ -233,7 +234,7 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--stages", help="comma-separated stages to run (default all; with --verify also the rungs named "
                                     "above); the others are listed as skipped")
     s.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers GPT-2 row")
-    s.add_argument("--seed", type=int, default=1337, help="initialisation and synthetic-data seed")
+    s.add_argument("--seed", type=parse_seed, default=1337, help="initialisation and synthetic-data seed")
     s.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,
                    help="torch.compile backend (default inductor; eager/aot_eager check tracing, not speed)")
     s.add_argument("--peak-tflops", type=float, help="device peak TFLOPS for MFU (default: the built-in GPU table)")

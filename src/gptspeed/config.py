@@ -649,6 +649,19 @@ def parse_batch_size(text: str) -> int:
     return value
 
 
+def parse_seed(text: str) -> int:
+    """CLI type of every seed flag (``sample --seed``, ``prepare --shuffle-seed``, ``bench --seed``):
+    an integer from 0 to :data:`MAX_SEED` (:func:`check_seed`); ``argparse.ArgumentTypeError`` (argparse's
+    one-line usage error) for anything else. ``train --seed`` is checked by :meth:`RunConfig.validate`."""
+    import argparse
+
+    try:
+        return check_seed(int(text))
+    except (ValueError, GptspeedError):
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEED:,} (2**63 - 1), got "
+                                         f"{text[:40]!r}") from None
+
+
 def run_defining_diff(a: RunConfig, b: RunConfig) -> list[str]:
     """Names of the run-defining fields (see :data:`RUN_DEFINING`) that differ between a and b."""
     da, db = a.to_dict(), b.to_dict()

@@ -299,7 +299,7 @@ class RunLog:
             return 0
         text = read_user_text(self.path, "metrics log", max_bytes=METRICS_MAX_BYTES)
         kept, junk, first_junk = [], 0, None
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(text.split("\n"), 1):  # JSON lines end at "\n" only (not at U+2028)
             r = _record(line)
             if r is None:
                 if line.strip():

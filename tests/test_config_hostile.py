@@ -291,3 +291,33 @@ def test_durations_survive_a_wall_clock_jump(shakespeare_data, tmp_path, monkeyp
     assert times and all(0 <= t < 600 for t in times) and times == sorted(times)
     done = [line for line in proc.stdout.splitlines() if line.startswith("done:")]
     assert done and "h" not in done[0].split(" in ")[1].split(";")[0]
+
+
+def test_the_batch_size_probe_takes_the_size_check_as_does_not_fit(monkeypatch):
+    """--batch-size auto probes micro-batches until one runs out of memory: the size check's verdict on
+    a micro-batch is the probe's "does not fit" (torch.cuda.OutOfMemoryError), not the end of the run;
+    a model that cannot train even at micro-batch 1 is said in one line before any probe. (The probe
+    needs CUDA; its fits() is replaced here to run the adapter on the CPU.)"""
+    import torch
+
+    import gptspeed.batchsize as batchsize
+    import gptspeed.step as step
+    from gptspeed.runtime import resolve_runtime
+
+    rt = resolve_runtime("cpu", "float32", False)
+    cfg = build_train_config("pico", {"batch_size": 8})
+    monkeypatch.setattr(step, "host_memory_available", lambda: 64 << 20)  # the pico model's state fits in 64 MiB
+    seen = {}
+
+    def probe(device, settings, sequences, make_step, **kw):
+        make_step(1)()  # micro-batch 1 fits and steps
+        with pytest.raises(torch.cuda.OutOfMemoryError, match="for activations at --batch-size 65536"):
+            make_step(65536)  # 2 x 65536 x 64 x 64 x 2 bytes of activations: 1 GiB
+        seen["probed"] = True
+        return 1
+
+    monkeypatch.setattr(batchsize, "resolve_auto_batch", probe)
+    assert step.auto_batch_size(cfg, rt) == 1 and seen["probed"]
+    cfg.model.n_layer = 100  # its fp32 weights fit in the 64 MiB, not with gradients and AdamW state
+    with pytest.raises(step.ModelTooLarge, match="needs at least"):
+        step.auto_batch_size(cfg, rt)

@@ -126,15 +126,21 @@ def device_memory_available(device: torch.device) -> tuple[int | None, str]:
     when unknown."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return free, f"free on {torch.cuda.get_device_name(device)}"
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # PyTorch's, reusable
+        return free + cached, f"free on {torch.cuda.get_device_name(device)}"
     if device.type == "mps":
         recommended = getattr(torch.mps, "recommended_max_memory", None)
         return (recommended() if recommended else None), "the MPS device can use"
     return host_memory_available(), "of RAM available"
 
 
+class ModelTooLarge(GptspeedError):
+    """:func:`check_model_fits`' refusal (a GptspeedError: one line); the ``--batch-size auto``
+    probe takes it as a micro-batch that does not fit."""
+
+
 def check_model_fits(cfg: RunConfig, rt: Runtime | None = None) -> None:
-    """GptspeedError (one line: the estimate and the memory) when the model of ``cfg`` cannot fit,
+    """:class:`ModelTooLarge` (one line: the estimate and the memory) when the model of ``cfg`` cannot fit,
     checked from its shape alone (:meth:`~gptspeed.config.GPTConfig.num_params`), before it is built.
 
     Training on ``rt``'s device needs at least :data:`TRAINING_BYTES_PER_PARAM` bytes a parameter
@@ -152,7 +158,7 @@ def check_model_fits(cfg: RunConfig, rt: Runtime | None = None) -> None:
     weights = 4 * params + m.buffer_bytes()
     host = host_memory_available()
     if host is not None and weights > host:
-        raise GptspeedError(f"the model ({shape}) needs {format_bytes(weights)} of RAM for its fp32 weights alone, "
+        raise ModelTooLarge(f"the model ({shape}) needs {format_bytes(weights)} of RAM for its fp32 weights alone, "
                             f"more than the {format_bytes(host)} of RAM available: {fix}")
     if rt is None:
         return
@@ -162,7 +168,7 @@ def check_model_fits(cfg: RunConfig, rt: Runtime | None = None) -> None:
     available, what = device_memory_available(rt.device)
     if available is not None and state + activations > available:
         sharded = f", sharded over {shards} ranks" if shards > 1 else ""
-        raise GptspeedError(
+        raise ModelTooLarge(
             f"the model ({shape}) needs at least {format_bytes(state + activations)} on {rt.device.type} to train: "
             f"{format_bytes(state)} for its weights, gradients and optimizer state ({TRAINING_BYTES_PER_PARAM} bytes a "
             f"parameter{sharded}) and {format_bytes(activations)} for activations at --batch-size "
@@ -362,6 +368,9 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
     not the probe's. GptspeedError off CUDA."""
     from gptspeed.batchsize import resolve_auto_batch
 
+    one = copy.deepcopy(cfg)
+    one.train.batch_size = 1
+    check_model_fits(one, rt)  # a model that cannot train even at micro-batch 1 is said as such, not probed
     T = cfg.model.block_size
     sequences = cfg.train.total_batch_tokens // T if cfg.train.total_batch_tokens else None
     probe_rt = dataclasses.replace(rt, compile=False)
@@ -372,7 +381,10 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
         probe_cfg = copy.deepcopy(cfg)
         probe_cfg.train.batch_size = b
         probe_cfg.train.total_batch_tokens = None
-        step = TrainStep(probe_cfg, probe_rt)
+        try:
+            step = TrainStep(probe_cfg, probe_rt)
+        except ModelTooLarge as e:  # the size check's verdict on b: the probe's "does not fit"
+            raise torch.cuda.OutOfMemoryError(str(e)) from None
         x = torch.randint(0, cfg.model.valid_vocab_size, (b, T + 1), device=rt.device)
         return lambda: step(lambda: (x[:, :-1], x[:, 1:]))
 

@@ -125,6 +125,8 @@ def device_memory_available(device: torch.device) -> tuple[int | None, str]:
     available on a CPU (:func:`host_memory_available`) -- and how to name it. ``bytes`` is None
     when unknown."""
     if device.type == "cuda":
+        if not torch.cuda.is_available():  # (a runtime that names CUDA where there is none: nothing to measure)
+            return None, "free on the GPU"
         free, _total = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # PyTorch's, reusable
         return free + cached, f"free on {torch.cuda.get_device_name(device)}"

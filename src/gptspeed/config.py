@@ -171,7 +171,7 @@ class TrainConfig:
     sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
                        "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"))
     loader_workers: int = _f(-1, "background threads preparing batches ahead into pinned memory (0 = in the "
-                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere); the batches do not depend on it")
+                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere; at most 64); the batches do not depend on it")
     log_to: str = _f("jsonl", "where metrics records go, comma-separated: jsonl (RUN_DIR/metrics.jsonl, always on), "
                      "tensorboard (RUN_DIR/tensorboard; pip install 'gptspeed[tensorboard]'), wandb (Weights & Biases; "
                      "pip install 'gptspeed[wandb]'; WANDB_MODE=offline needs no account)")

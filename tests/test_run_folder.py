@@ -197,3 +197,33 @@ def test_a_run_folder_deleted_mid_run_is_one_line(shakespeare_data, tmp_path):
         mp.setattr(Trainer, "train_step", delete_at_step_2)
         with pytest.raises(GptspeedError, match=str(run)):
             train(shakespeare_data, run, max_steps=4)
+
+
+def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_one_line_on_sample(shakespeare_data, tmp_path):
+    """The seal vouches for the bytes, not for the configuration inside: tensors of another shape
+    under a checkpoint's config used to end in load_state_dict's RuntimeError."""
+    run = tmp_path / "run"
+    train(shakespeare_data, run, max_steps=1)
+    path = run / "ckpt_00000001.pt"
+    state = load_checkpoint(path)
+    state["model"] = {k: (v[:, :16] if v.dim() == 2 and k.endswith("c_fc.weight") else v) for k, v in state["model"].items()}
+    write_checkpoint_file(path, {k: v for k, v in state.items() if k not in ("format", "format_version")})
+    proc = run_main("sample", "--run", str(run), "--max-new-tokens", "2")
+    assert_user_error(proc, "checkpoint ckpt_00000001.pt: its model state does not fit this run", "c_fc.weight")
+
+
+def test_plot_and_prepare_refuse_what_would_hang_or_crash(tmp_path):
+    import os
+
+    from gptspeed.data.prepare import prepare
+    from gptspeed.plot import read_metrics
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "metrics.jsonl")
+    with pytest.raises(GptspeedError, match="not a regular file"):  # a FIFO used to block `gptspeed plot` forever
+        read_metrics(run)
+    (tmp_path / "a.txt").write_text("some text " * 100)
+    with pytest.raises(GptspeedError, match="--shuffle-seed must be an integer from 0"):  # used to raise in numpy
+        prepare(str(tmp_path / "a.txt"), tmp_path / "d", shuffle_seed=-1, progress=False)
+    assert not (tmp_path / "d").exists()

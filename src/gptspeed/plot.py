@@ -32,13 +32,15 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).is_dir():
         raise GptspeedError(f"run folder {run_dir} does not exist")
-    if not path.is_file():
+    if not path.exists():
         raise GptspeedError(f"{run_dir} has no metrics.jsonl: train it first (`gptspeed train --out {run_dir}`)")
+    from gptspeed.fileio import read_user_text
+
     records, offset, last = [], 0.0, 0.0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_user_text(path, "metrics log", max_bytes=1 << 30).splitlines():  # a FIFO or a folder: one line
         try:
             r = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # a line cut short by a crash, or one that is not a record
             continue
         if not isinstance(r, dict):
             continue

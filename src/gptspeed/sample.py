@@ -35,8 +35,12 @@ def load_model(run_dir: str | Path, rt: Runtime) -> tuple[GPT, dict]:
     """The model of the newest checkpoint in ``run_dir``, on ``rt.device``, in eval mode.
     Returns ``(model, checkpoint)``; GptspeedError if there is none."""
     ckpt, cfg = load_latest_run(Path(run_dir))
+    from gptspeed.checkpoint import checkpoint_path, load_part
+    from gptspeed.step import check_model_fits
+
+    check_model_fits(cfg)  # a checkpoint's configuration is input too: a shape that cannot fit is one line
     model = GPT(cfg.model)
-    model.load_state_dict(ckpt["model"])
+    load_part(checkpoint_path(Path(run_dir), int(ckpt["step"])), "model", model, ckpt["model"])
     model.to(rt.device).eval()
     return model, ckpt
 

@@ -668,6 +668,10 @@ def prepare(
     """
     out = Path(os.path.expanduser(out_dir))  # os.path's leaves an unknown ~user as it is (Path's raises)
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out)
+    if shuffle_seed is not None:
+        from gptspeed.config import check_seed
+
+        check_seed(shuffle_seed, "--shuffle-seed")  # numpy's generators take non-negative seeds only
     inp = _resolve_input(source, hf_name, split, progress)
     settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
                 "max_tokens": max_tokens, "dataset": inp.dataset, "hf_name": inp.hf_name, "split": inp.split}

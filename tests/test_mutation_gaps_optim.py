@@ -1,0 +1,143 @@
+"""gptspeed.optim where the mutation check (tools/mutation/README.md) found it unguarded: Muon+AdamW
+against torch's own optimizers built from the documented settings, its state round trip, its
+zero_grad, and frozen parameters. Tiny models, no subprocess."""
+
+import copy
+
+import pytest
+import torch
+
+from gptspeed.config import OptimConfig
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPT, GPTConfig
+from gptspeed.optim import MuonWithAdamW, build_optimizer, muon_params
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# every setting away from torch's defaults (Muon: lr 1e-3, momentum 0.95, weight decay 0.1; AdamW:
+# betas (0.9, 0.999), eps 1e-8), so a setting that is not passed on shows
+CFG = OptimConfig(lr=3e-3, muon_lr=0.03, muon_momentum=0.8, weight_decay=0.05, beta1=0.7, beta2=0.9, eps=1e-6,
+                  optimizer="muon")
+
+
+def tiny() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16))
+
+
+def fill_grads(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def reference(model: GPT, cfg: OptimConfig):
+    """torch.optim.Muon and AdamW built from MuonWithAdamW's docstring: Muon (Nesterov, lr
+    ``muon_lr``, momentum ``muon_momentum``, decoupled decay ``weight_decay``, adjust_lr_fn
+    "original") on the blocks' 2-D weights; AdamW (lr, betas, eps) on the rest, decay on 2-D only."""
+    names = dict(model.named_parameters())
+    hidden = [p for n, p in names.items() if p.dim() == 2 and n.startswith("transformer.h.")]
+    rest = [p for n, p in names.items() if not (p.dim() == 2 and n.startswith("transformer.h."))]
+    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                            nesterov=True, adjust_lr_fn="original")
+    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    return muon, adamw
+
+
+def test_muon_with_adamw_steps_like_torchs_optimizers_built_from_its_settings():
+    """Every hyperparameter reaches the optimizer that uses it: two steps of MuonWithAdamW equal two
+    steps of torch.optim.Muon + AdamW built directly from the documented settings."""
+    model = tiny()
+    ref_model = copy.deepcopy(model)
+    opt = MuonWithAdamW(model, CFG, fused=False)
+    muon, adamw = reference(ref_model, CFG)
+    for seed in (1, 2):
+        fill_grads(model, seed)
+        fill_grads(ref_model, seed)
+        opt.step()
+        muon.step()
+        adamw.step()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    # the settings torch's defaults could silently replace: Nesterov and the "original" lr rule
+    for g in opt.muon.param_groups:
+        assert g["nesterov"] is True and g["adjust_lr_fn"] == "original"
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_muon_with_adamw_uses_the_fused_adamw_it_is_given(fused):
+    opt = MuonWithAdamW(tiny(), CFG, fused=fused)
+    assert bool(opt.adamw.defaults["fused"]) is fused
+    opt, reported = build_optimizer(tiny(), CFG, "cpu")
+    assert reported is False and opt.adamw.defaults["fused"] is True  # chosen where available, reported False
+
+
+def test_lr_mult_makes_the_schedule_scale_both_optimizers_to_their_peaks():
+    """The trainer sets ``group["lr"] = lr * group["lr_mult"]``: at the schedule's peak (``cfg.lr``)
+    Muon's groups must get ``muon_lr`` and AdamW's ``lr``."""
+    opt = MuonWithAdamW(tiny(), CFG, fused=False)
+    for g in opt.param_groups:
+        g["lr"] = CFG.lr * g["lr_mult"]
+    assert [g["lr"] for g in opt.adamw.param_groups] == [CFG.lr, CFG.lr]
+    assert [g["lr"] for g in opt.muon.param_groups] == pytest.approx([CFG.muon_lr])
+    assert opt.param_groups == opt.adamw.param_groups + opt.muon.param_groups
+
+
+def test_muon_state_round_trip_continues_the_same_trajectory():
+    """state_dict -> load_state_dict into a fresh MuonWithAdamW: the next step is the one the
+    original takes (momentum buffers and AdamW moments restored, both optimizers)."""
+    a_model = tiny()
+    a = MuonWithAdamW(a_model, CFG, fused=False)
+    fill_grads(a_model, 1)
+    a.step()
+    b_model = copy.deepcopy(a_model)
+    b = MuonWithAdamW(b_model, CFG, fused=False)
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    assert set(a.state_dict()) == {"adamw", "muon"}
+    fill_grads(a_model, 2)
+    fill_grads(b_model, 2)
+    a.step()
+    b.step()
+    for p, q in zip(a_model.parameters(), b_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    # a fresh optimizer (no state loaded) takes another step: the test can tell
+    c_model = copy.deepcopy(b_model)
+    fill_grads(c_model, 2)
+    MuonWithAdamW(c_model, CFG, fused=False).step()
+    assert any(not torch.equal(p, q) for p, q in zip(c_model.parameters(), b_model.parameters()))
+
+
+@pytest.mark.parametrize("state", [{"state": {}, "param_groups": []}, {"adamw": {}}, {"adamw": {}, "muon": {}, "x": 1}])
+def test_muon_refuses_an_optimizer_state_that_is_not_muon_and_adamw(state):
+    opt = MuonWithAdamW(tiny(), CFG, fused=False)
+    with pytest.raises(GptspeedError, match=r"^the checkpoint's optimizer state is not Muon\+AdamW: resume with its "
+                                            r"--optimizer$"):
+        opt.load_state_dict(state)
+
+
+def test_muon_zero_grad_drops_the_gradients_of_both_optimizers():
+    model = tiny()
+    opt = MuonWithAdamW(model, CFG, fused=False)
+    fill_grads(model, 1)
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    fill_grads(model, 1)
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_frozen_parameters_are_left_to_no_optimizer():
+    """A parameter with requires_grad False goes to neither Muon nor AdamW, wherever it comes in
+    the model (here the first, the token embedding, and one in the middle)."""
+    model = tiny()
+    frozen = [model.transformer.wte.weight, model.transformer.h[0].attn.c_attn.weight]
+    for p in frozen:
+        p.requires_grad_(False)
+    hidden, rest = muon_params(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    want = [p for p in model.parameters() if p.requires_grad]
+    assert {id(p) for p in hidden + rest} == {id(p) for p in want} and len(hidden + rest) == len(want)
+    assert all(names[id(p)].startswith("transformer.h.") and p.dim() == 2 for p in hidden)
+    assert not any(p is f for p in hidden + rest for f in frozen)

@@ -1,0 +1,340 @@
+#!/usr/bin/env python
+"""The mutation check of the core modules (issue 33): mutmut over model, loss, step, optim, the
+loader, checkpoint, sample and eval, each mutant run against the core tests that reach its function.
+
+    pip install -e '.[test,mutation]'        # this script installs nothing
+    python tools/mutation/run.py              # all core modules, from HEAD (1-2 h on 2 cores)
+    python tools/mutation/run.py sample loss  # some of them
+    python tools/mutation/run.py --worktree --resume --survivors   # retest last run's survivors
+                                              # against the working tree's tests (minutes)
+
+It works in a snapshot (``.mutation/``, git-ignored): HEAD's ``src tests docs README.md
+pyproject.toml`` (``--worktree``: the working tree's, committed or not), in which the decorators
+mutmut 3 refuses to look under (``@torch.no_grad()``, ``@torch.library.custom_op(...)``) are moved to
+an assignment after the function -- the same object, so ``evaluate``, ``generate`` and the fused loss
+op are mutated too. Then ``mutmut run`` there (configuration: ``[tool.mutmut]`` in pyproject.toml),
+and the result goes to tools/mutation/last_run.md and last_run.json (only for a run of every module
+from HEAD, unless ``--record``; otherwise to .mutation/last_run.*). Survivors are matched against
+the hand-kept explanations in tools/mutation/survivors.txt. tools/mutation/README.md says more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "tools" / "mutation"
+WORK = REPO / ".mutation"
+SNAPSHOT = ("src", "tests", "docs", "README.md", "pyproject.toml")
+#: the core modules: name on the command line -> (file, mutant-name prefix)
+MODULES = {
+    "model": ("src/gptspeed/model.py", "gptspeed.model."),
+    "loss": ("src/gptspeed/loss.py", "gptspeed.loss."),
+    "step": ("src/gptspeed/step.py", "gptspeed.step."),
+    "optim": ("src/gptspeed/optim.py", "gptspeed.optim."),
+    "loader": ("src/gptspeed/data/loader.py", "gptspeed.data.loader."),
+    "sample": ("src/gptspeed/sample.py", "gptspeed.sample."),
+    "val_loss": ("src/gptspeed/eval/val_loss.py", "gptspeed.eval.val_loss."),
+    "hellaswag": ("src/gptspeed/eval/hellaswag.py", "gptspeed.eval.hellaswag."),
+    "checkpoint": ("src/gptspeed/checkpoint.py", "gptspeed.checkpoint."),
+}
+#: decorators that only wrap the function object (no registration by name, no class magic): moved
+#: below the function in the snapshot so that mutmut mutates its body
+MOVABLE_DECORATORS = ("torch.no_grad(", "torch.library.custom_op(")
+#: mutmut's exit-code -> status table (mutmut.stats.status_by_exit_code), kept here so the report
+#: does not depend on mutmut internals beyond the .meta files
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 2: "interrupted",
+          None: "not checked", 34: "skipped", 35: "suspicious", 36: "timeout", 37: "type check",
+          -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
+
+
+def move_decorators(source: str) -> str:
+    """``@torch.no_grad()\\ndef f(...): ...`` -> ``def f(...): ...\\nf = torch.no_grad()(f)`` for
+    module-level functions whose decorators are all in :data:`MOVABLE_DECORATORS`; the same
+    function object results, and mutmut 3 (which skips decorated functions) mutates it."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits = []  # (first line of decorators, last line of decorators, end of function, new lines)
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or not node.decorator_list:
+            continue
+        texts = [ast.get_source_segment(source, d) for d in node.decorator_list]
+        if not all(t.startswith(MOVABLE_DECORATORS) for t in texts):
+            continue
+        first = node.decorator_list[0].lineno - 1  # the "@" line (0-based)
+        last = node.decorator_list[-1].end_lineno - 1
+        if not lines[first].lstrip().startswith("@") or node.lineno - 1 != last + 1:
+            continue  # decorators not on lines of their own: leave it
+        # mutmut's trampoline (functools.wraps) keeps the string annotations of ``from __future__
+        # import annotations`` but not the module they resolve in: resolve them here (custom_op
+        # reads them to infer the op's schema)
+        f = node.name
+        assign = (f"import typing as _t; _w = getattr({f}, '__wrapped__', {f}); "
+                  f"_w.__annotations__ = _t.get_type_hints(_w)  # moved by tools/mutation/run.py\n")
+        assign += "".join(f"{f} = {t}({f})  # moved by tools/mutation/run.py\n" for t in reversed(texts))
+        edits.append((first, last, node.end_lineno, assign))
+    for first, last, end, assign in reversed(edits):
+        lines[end:end] = [assign]
+        del lines[first:last + 1]
+    return "".join(lines)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True).stdout
+
+
+def snapshot_files(worktree: bool) -> dict[str, bytes]:
+    """Path -> content of the snapshot: HEAD's tracked files, or the working tree's (tracked and
+    untracked, not ignored)."""
+    files = {}
+    if worktree:
+        for rel in git("ls-files", "-co", "--exclude-standard", "-z", "--", *SNAPSHOT).split("\0"):
+            if rel and (REPO / rel).is_file():
+                files[rel] = (REPO / rel).read_bytes()
+    else:
+        import tarfile
+        import io
+
+        tar = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", *SNAPSHOT], cwd=REPO,
+                             check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+            for m in t.getmembers():
+                if m.isfile():
+                    files[m.name] = t.extractfile(m).read()
+    for rel, _ in MODULES.values():
+        if rel in files:
+            files[rel] = move_decorators(files[rel].decode()).encode()
+    return files
+
+
+def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
+    """Write the snapshot to .mutation/; on --resume only files whose content changed are
+    rewritten (mutmut regenerates the mutants of a source file it sees changed), and files gone
+    from the snapshot are removed."""
+    if fresh and WORK.exists():
+        shutil.rmtree(WORK)
+    WORK.mkdir(exist_ok=True)
+    (WORK / ".gitignore").write_text("*\n")
+    for rel, data in files.items():
+        p = WORK / rel
+        if p.is_file() and p.read_bytes() == data:
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)  # newer than mutants/<rel>: mutmut mutates it again, keeping the
+        # results of the functions whose text did not change
+    for top in SNAPSHOT:
+        root = WORK / top
+        for p in ([root] if root.is_file() else root.rglob("*") if root.is_dir() else []):
+            if p.is_file() and str(p.relative_to(WORK)) not in files and "__pycache__" not in p.parts:
+                p.unlink()
+
+
+def load_results(prefixes: list[str]) -> dict[str, str]:
+    """Mutant name -> status, from the .meta files mutmut writes beside each mutated file."""
+    out = {}
+    for meta in (WORK / "mutants" / "src").rglob("*.py.meta"):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in codes.items():
+            if name.startswith(tuple(prefixes)):
+                out[name] = STATUS.get(code, "suspicious")
+    return out
+
+
+def load_explanations() -> dict[str, tuple[str, str]]:
+    """tools/mutation/survivors.txt: ``<mutant name> <equivalent|gap> <why>`` a line, # comments."""
+    out = {}
+    path = HERE / "survivors.txt"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, kind, why = line.split(None, 2)
+            assert kind in ("equivalent", "gap"), line
+            out[name] = (kind, why)
+    return out
+
+
+def diffs(names: list[str]) -> dict[str, str]:
+    """The diff of each mutant (mutmut show), read in the snapshot."""
+    if not names:
+        return {}
+    code = ("import json, sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
+            "out = {}\nfor n in json.load(sys.stdin):\n"
+            "    try: out[n] = get_diff_for_mutant(n)\n"
+            "    except Exception as e: out[n] = f'(no diff: {e})'\nprint(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=WORK, input=json.dumps(names), capture_output=True,
+                       text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def short_diff(diff: str) -> str:
+    """The changed lines of a mutant's diff, without the file header."""
+    keep = [l for l in diff.splitlines() if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+    return "\n".join(keep)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+
+
+def report(modules: list[str], results: dict[str, str], wall_s: float, args, out_dir: Path) -> dict:
+    import importlib.metadata as md
+
+    expl = load_explanations()
+    survivors = sorted(n for n, s in results.items() if s == "survived")
+    d = diffs(survivors)
+    counts = {}
+    for n, s in results.items():
+        counts[s] = counts.get(s, 0) + 1
+    per_module = {}
+    for m in modules:
+        prefix = MODULES[m][1]
+        mine = [s for n, s in results.items() if n.startswith(prefix)]
+        per_module[m] = {k: mine.count(k) for k in sorted(set(mine))} | {"mutants": len(mine)}
+    total = len(results)
+    killed = counts.get("killed", 0)
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD").strip(),
+        "source": "working tree" if args.worktree else "HEAD",
+        "library": f"mutmut {md.version('mutmut')}",
+        "command": "python tools/mutation/run.py " + " ".join(sys.argv[1:]),
+        "modules": {m: MODULES[m][0] for m in modules},
+        "mutants": total,
+        "killed": killed,
+        "survived": counts.get("survived", 0),
+        "timeouts": counts.get("timeout", 0),
+        "no_tests": counts.get("no tests", 0),
+        "skipped": counts.get("skipped", 0),
+        "other": {k: v for k, v in counts.items() if k not in ("killed", "survived", "timeout", "no tests", "skipped")},
+        "killed_pct": round(100 * killed / total, 2) if total else None,
+        "detected_pct": round(100 * (killed + counts.get("timeout", 0)) / total, 2) if total else None,
+        "wall_s": round(wall_s),
+        "max_children": args.max_children,
+        "machine": machine(),
+        "per_module": per_module,
+        "survivors": [{"name": n, "status": "survived", "explained_as": expl.get(n, ("unexplained", ""))[0],
+                       "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, ""))} for n in survivors],
+        "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived")),
+        "explained_but_not_surviving": sorted(n for n in expl if n in results and results[n] != "survived"),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "last_run.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    (out_dir / "last_run.md").write_text(markdown(record))
+    return record
+
+
+def markdown(r: dict) -> str:
+    lines = [
+        "# Mutation check: last recorded run", "",
+        f"Written by `{r['command']}` (tools/mutation/README.md says how to read it).", "",
+        f"- date: {r['date']}, commit {r['git_commit'][:12]} ({r['source']})",
+        f"- library: {r['library']}, {r['max_children']} workers",
+        f"- machine: {r['machine']}",
+        f"- wall time: {r['wall_s'] / 60:.0f} min ({r['wall_s']} s)",
+        f"- mutants: {r['mutants']}; killed {r['killed']} ({r['killed_pct']}%); survived {r['survived']}; "
+        f"timeouts {r['timeouts']}; no tests {r['no_tests']}; skipped {r['skipped']}"
+        + (f"; other {r['other']}" if r["other"] else ""),
+        f"- killed or timed out: {r['detected_pct']}%", "",
+        "| module | mutants | killed | survived | timeout | no tests |", "|---|---:|---:|---:|---:|---:|",
+    ]
+    for m, c in r["per_module"].items():
+        lines.append(f"| {m} | {c['mutants']} | {c.get('killed', 0)} | {c.get('survived', 0)} | "
+                     f"{c.get('timeout', 0)} | {c.get('no tests', 0)} |")
+    lines += ["", f"## Survivors ({len(r['survivors'])})", ""]
+    for s in r["survivors"]:
+        lines.append(f"- `{s['name']}` -- **{s['explained_as']}**" + (f": {s['why']}" if s["why"] else ""))
+        if s["diff"]:
+            lines += ["  ```diff"] + ["  " + l for l in s["diff"].splitlines()] + ["  ```"]
+    if r["not_killed_other"]:
+        lines += ["", "## Neither killed nor survived", ""] + [f"- `{n}`" for n in r["not_killed_other"]]
+    if r["explained_but_not_surviving"]:
+        lines += ["", "## Explained in survivors.txt but no longer surviving (remove them there)", ""]
+        lines += [f"- `{n}`" for n in r["explained_but_not_surviving"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    global WORK
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("modules", nargs="*", metavar="MODULE",
+                    help=f"core modules to mutate (default: all): {', '.join(MODULES)}")
+    ap.add_argument("--worktree", action="store_true", help="snapshot the working tree instead of HEAD")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep .mutation/ (mutmut's cache of mutants and results) and refresh only changed files")
+    ap.add_argument("--survivors", action="store_true",
+                    help="retest only the survivors of the run kept in .mutation/ (implies --resume)")
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once")
+    ap.add_argument("--record", action="store_true",
+                    help="write tools/mutation/last_run.* even for a partial or working-tree run")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from .mutation/ and exit")
+    ap.add_argument("--workdir", type=Path, default=WORK, help="where the snapshot and mutmut's cache live")
+    args = ap.parse_args()
+    WORK = args.workdir.resolve()
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        ap.error(f"unknown module(s) {', '.join(unknown)}; the core modules: {', '.join(MODULES)}")
+    modules = args.modules or list(MODULES)
+    prefixes = [MODULES[m][1] for m in modules]
+    full = not args.modules and not args.worktree and not args.survivors
+    out_dir = HERE if (full or args.record) else WORK
+    if args.survivors:
+        args.resume = True
+    if shutil.which("mutmut") is None:
+        print("mutmut is not installed: pip install -e '.[test,mutation]'", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    if not args.report_only:
+        write_snapshot(snapshot_files(args.worktree), fresh=not args.resume)
+        if args.survivors:
+            names = [n for n, s in load_results(prefixes).items() if s == "survived"]
+            if not names:
+                print("no survivors in .mutation/ to retest")
+                return 0
+        else:
+            names = [p + "*" for p in prefixes]
+        env = dict(os.environ)
+        # conftest.py finds the corpora beside the checkout (../shared/data); the snapshot is elsewhere
+        env.setdefault("GPTSPEED_DATA_MIRROR", str(REPO.parent / "shared" / "data"))
+        # each mutant runs in its own worker process: one thread each, as pytest -n does
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MKL_CBWR="AUTO", MKL_DYNAMIC="FALSE")
+        log = WORK / "mutmut.log"
+        print(f"mutmut run in {WORK} ({len(names)} name patterns), log: {log}", flush=True)
+        with open(log, "w") as f:
+            rc = subprocess.run(["mutmut", "run", "--max-children", str(args.max_children), *names],
+                                cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            tail = log.read_text(errors="replace").splitlines()[-30:]
+            print("\n".join(l for l in tail if "DEBUG" not in l), file=sys.stderr)
+            print(f"mutmut run failed (exit {rc}); see {log}", file=sys.stderr)
+            return rc
+    wall = time.monotonic() - t0
+    results = load_results(prefixes)
+    r = report(modules, results, wall, args, out_dir)
+    unexplained = [s["name"] for s in r["survivors"] if s["explained_as"] == "unexplained"]
+    print(f"{r['mutants']} mutants: {r['killed']} killed ({r['killed_pct']}%), {r['survived']} survived "
+          f"({len(unexplained)} unexplained), {r['timeouts']} timeouts, {r['no_tests']} without tests; "
+          f"{wall / 60:.0f} min; report: {out_dir / 'last_run.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

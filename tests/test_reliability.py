@@ -196,7 +196,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where)
     """A full disk while saving is one line naming the step and the intact checkpoint. Inside
     torch.save's zip writer the OSError used to be hidden behind "[enforce fail at
     inline_container.cc] unexpected pos" (a RuntimeError: a traceback, not a user error)."""
-    import gptspeed.checkpoint as ck
+    import gptspeed.checkpoint.formats as ck
 
     first = save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3)})
 
@@ -229,7 +229,8 @@ def test_a_checkpoint_never_stands_under_its_name_unsealed(tmp_path, monkeypatch
     the only one of a run killed during its first save, and --resume refused the folder."""
     import os
 
-    import gptspeed.checkpoint as ck
+    import gptspeed.checkpoint.formats as ck
+    from gptspeed.checkpoint import RunFolder
     import gptspeed.fileio as fio
 
     run = tmp_path / "run"
@@ -258,7 +259,7 @@ def test_a_checkpoint_never_stands_under_its_name_unsealed(tmp_path, monkeypatch
             ck.seal_sharded(partial, {"step": 1}, final=ck.checkpoint_path(run, 1, sharded=True))
     monkeypatch.setattr(ck.os, "replace", real_replace)
     found = list_checkpoints(run)
-    ck.RunFolder(run, is_main=True).open()  # the next start removes what the killed save left under a hidden name
+    RunFolder(run, is_main=True).open()  # the next start removes what the killed save left under a hidden name
     assert not list(run.glob(".*.tmp"))
     if when == "before":
         assert found == []

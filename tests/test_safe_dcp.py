@@ -1,5 +1,5 @@
 """Sharded (torch.distributed.checkpoint) checkpoints are read without running pickled code
-(gptspeed.safe_dcp; issue 28, "Security"), and ``consolidate`` never writes over what is not its
+(gptspeed.checkpoint.dcp_reader; issue 28, "Security"), and ``consolidate`` never writes over what is not its
 own (issue 28, "Lost work or files").
 
 The sharded checkpoint is written by gptspeed's own :class:`~gptspeed.checkpoint.Checkpointer`
@@ -26,7 +26,7 @@ from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGSt
                                  load_checkpoint)
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import sha256_file
-from gptspeed.safe_dcp import ALLOWED_GLOBALS, load_full, read_metadata
+from gptspeed.checkpoint.dcp_reader import ALLOWED_GLOBALS, load_full, read_metadata
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -366,7 +366,7 @@ class _Input:
 
 
 def _check_arguments(val_fraction: float, shard_tokens: int, workers: int, max_tokens: int | None,
-                     out: Path) -> int:
+                     out: Path, shuffle_seed: int | None = None) -> int:
     """GptspeedError for a bad argument of :func:`prepare`; returns the tokenizing threads to use."""
     if not 0.0 < val_fraction < 1.0:
         raise GptspeedError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
@@ -380,6 +380,10 @@ def _check_arguments(val_fraction: float, shard_tokens: int, workers: int, max_t
         raise GptspeedError(f"workers must be 0 (one per CPU) or a positive integer, got {workers!r}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
         raise GptspeedError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
+    if shuffle_seed is not None:
+        from gptspeed.config import check_seed
+
+        check_seed(shuffle_seed, "--shuffle-seed")  # numpy's generators take non-negative seeds only
     _check_out(out)
     return workers or default_workers()
 
@@ -667,11 +671,7 @@ def prepare(
             full disk: naming the folder; the same command resumes once there is room).
     """
     out = Path(os.path.expanduser(out_dir))  # os.path's leaves an unknown ~user as it is (Path's raises)
-    workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out)
-    if shuffle_seed is not None:
-        from gptspeed.config import check_seed
-
-        check_seed(shuffle_seed, "--shuffle-seed")  # numpy's generators take non-negative seeds only
+    workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out, shuffle_seed)
     inp = _resolve_input(source, hf_name, split, progress)
     settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
                 "max_tokens": max_tokens, "dataset": inp.dataset, "hf_name": inp.hf_name, "split": inp.split}

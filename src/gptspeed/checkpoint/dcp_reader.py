@@ -51,7 +51,9 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 
 from gptspeed.errors import GptspeedError
 
+
 METADATA_NAME = ".metadata"
+
 
 _DCP = "torch.distributed.checkpoint"
 #: Every global a DCP ``.metadata`` pickle may name: DCP's metadata dataclasses and the storage
@@ -60,6 +62,8 @@ _DCP = "torch.distributed.checkpoint"
 #: (pickled through ``torch.serialization._get_layout(name)``); the memory-format encoding
 #: (``TensorProperties`` pickles an enum for it); and the folder the checkpoint was written to
 #: (``StorageMeta.checkpoint_id``, a ``PosixPath``; ``pathlib._local`` from Python 3.13).
+
+
 ALLOWED_GLOBALS = frozenset({
     f"{_DCP}.metadata.Metadata", f"{_DCP}.metadata.StorageMeta", f"{_DCP}.metadata.MetadataIndex",
     f"{_DCP}.metadata.TensorStorageMetadata", f"{_DCP}.metadata.BytesStorageMetadata",
@@ -71,6 +75,8 @@ ALLOWED_GLOBALS = frozenset({
     "pathlib.PosixPath", "pathlib._local.PosixPath",
 })
 # The only types whose state a .metadata pickle may set (BUILD): fresh instances of these.
+
+
 _BUILDABLE = (Metadata, StorageMeta, MetadataIndex, TensorStorageMetadata, BytesStorageMetadata,
               ChunkStorageMetadata, TensorProperties, _StorageInfo)
 
@@ -206,6 +212,8 @@ def _check_metadata(md: Any, folder: Path) -> str | None:
 
 # torch.load(weights_only=True)'s refusal: "Unsupported global: GLOBAL os.system was not an allowed
 # global" (torch 2.4-2.5), "Trying to load unsupported GLOBAL posix.system whose module ..." (later)
+
+
 _UNSUPPORTED_GLOBAL = re.compile(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)")
 
 

@@ -1,0 +1,186 @@
+"""The run folder: one writer at a time (:class:`RunLock`), gptspeed's own or refused
+(:func:`refuse_foreign_folder`), created and -- when a new run fails before its first step -- left
+as it was found (:class:`RunFolder`); and the room a checkpoint needs there."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from gptspeed.checkpoint.paths import LOCK_NAME, OWN_NAMES, STALE_NAMES, list_checkpoints
+from gptspeed.errors import GptspeedError
+
+
+def estimate_checkpoint_bytes(model, optimizer_states: int = 2) -> int:
+    """Bytes a checkpoint of ``model`` takes: weights plus ``optimizer_states`` fp32 tensors per
+    parameter (AdamW's two moments), plus 1 MiB for the rest."""
+    n = sum(p.numel() * p.element_size() + optimizer_states * p.numel() * 4 for p in model.parameters())
+    return n + (1 << 20)
+
+
+def check_free_space(run_dir: Path, need_bytes: int) -> None:
+    """GptspeedError if ``run_dir``'s file system has less than ``need_bytes`` free."""
+    free = shutil.disk_usage(run_dir).free
+    if free < need_bytes:
+        raise GptspeedError(f"{run_dir} has {free / 2**30:.2f} GiB free but a checkpoint needs about "
+                            f"{need_bytes / 2**30:.2f} GiB: free some space or choose another --out")
+
+
+class RunLock:
+    """One writer per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.gptspeed.lock``,
+    which holds the owner's pid and host. The kernel drops the lock when its process dies (even
+    by SIGKILL), so a stale lock file never blocks ``--resume``. Raises GptspeedError naming the
+    holder when another live process has it."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise GptspeedError(f"{self.path.parent} is being written by {holder} (another `gptspeed train`): "
+                                "wait for it to finish or stop it, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+def _is_own_config(path: Path) -> bool:
+    """Whether ``path`` is a config.json gptspeed wrote (a run's, or an imported model's): a JSON
+    object with the ``model`` and ``train`` groups of a RunConfig."""
+    from gptspeed.fileio import read_user_json
+
+    try:
+        doc = read_user_json(path, "config", max_bytes=1 << 20)
+    except GptspeedError:
+        return False
+    return isinstance(doc.get("model"), dict) and isinstance(doc.get("train"), dict)
+
+
+def _is_own_metrics(path: Path) -> bool:
+    """Whether ``path`` is a metrics.jsonl gptspeed wrote: a regular file whose first line is a
+    JSON record with an integer ``step`` (an empty file counts: a run killed before its first record)."""
+    import stat
+
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16)
+        if not first.strip():
+            return True
+        record = json.loads(first)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and type(record.get("step")) is int
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The entries of ``folder`` that gptspeed does not write in a run folder (:data:`OWN_NAMES`,
+    :data:`STALE_NAMES`, a ``config.json`` / ``metrics.jsonl`` of gptspeed's own form), sorted.
+    An unreadable folder counts as foreign."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as e:
+        return [f"(unreadable: {e.strerror or e})"]
+    out = [n for n in names if not (OWN_NAMES.match(n) or STALE_NAMES.match(n))]
+    if "config.json" in names and not _is_own_config(folder / "config.json"):
+        out.append("config.json")
+    if "metrics.jsonl" in names and not _is_own_metrics(folder / "metrics.jsonl"):
+        out.append("metrics.jsonl")
+    return sorted(out)
+
+
+def refuse_foreign_folder(folder: Path, what: str = "--out") -> None:
+    """GptspeedError when ``folder`` exists, holds no checkpoint and holds entries gptspeed did
+    not write (:func:`foreign_entries`): a new run, import or consolidation never writes into the
+    user's folder (``/``, a home folder, a data folder, a Hugging Face model folder). A folder
+    with checkpoints is a run folder; extra files there (notes, plots) are left alone."""
+    folder = Path(folder)
+    if not folder.is_dir() or list_checkpoints(folder):
+        return
+    foreign = foreign_entries(folder)
+    if not foreign:
+        return
+    from gptspeed.paths import kind
+
+    if kind(folder) == "data folder":
+        raise GptspeedError(f"{what} {folder} is a prepared data folder (token shards): a run needs a folder of its own; "
+                            f"choose another {what} (e.g. runs/NAME)")
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    raise GptspeedError(f"{what} {folder} already holds files gptspeed did not write ({shown}): a run folder must be new, "
+                        f"empty or a gptspeed run's; choose another {what}")
+
+
+class RunFolder:
+    """The run folder of one writer: created if new, refused if it holds files gptspeed did not
+    write (:func:`refuse_foreign_folder`), locked (:class:`RunLock`) by rank 0 for the whole run,
+    and -- when a new run fails before its first step -- left as it was found: only the files
+    this run created are removed, and only gptspeed's own stale temporary names are cleaned."""
+
+    def __init__(self, path: Path, is_main: bool):
+        self.path, self.is_main = Path(path), is_main
+        self.created = self.opened = False
+        self.written: set[str] = set()  # files this run wrote (abandon removes those it created)
+        self.existing: set[str] = set()  # names in the folder when it was opened (abandon keeps them)
+        self.lock: RunLock | None = None
+
+    def open(self) -> None:
+        if not self.is_main:
+            return
+        refuse_foreign_folder(self.path)  # before anything is written into it
+        try:
+            self.created = not self.path.exists()
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as e:
+            raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
+        self.lock = RunLock(self.path).acquire()
+        self.opened = True
+        self.existing = {p.name for p in self.path.iterdir()} - {LOCK_NAME}
+        for stale in self.path.iterdir():  # left by a gptspeed process killed while writing (a file, or a .dcp folder)
+            if not STALE_NAMES.match(stale.name):
+                continue
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """A new run failed before its first checkpoint: remove the files it created (config.json,
+        metrics.jsonl, the lock; never one that was there before it started) and the folder itself
+        if this run created it and it is now empty."""
+        if not self.opened or list_checkpoints(self.path):
+            return
+        for name in self.written - self.existing:
+            p = self.path / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        self.close()
+        (self.path / LOCK_NAME).unlink(missing_ok=True)
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

@@ -1,0 +1,153 @@
+"""Resolve, then freeze: the configuration a run trains with, and the checkpoint it continues.
+
+:func:`resolve_run` turns what the user gave -- a configuration built from preset, file and flags
+(:func:`gptspeed.configure.build_train_config`), the world size, the run folder's checkpoints and,
+for ``--batch-size auto``, a probe on the device -- into the final :class:`~gptspeed.config.RunConfig`
+and a :class:`ResumePoint`, *before* the trainer and its checkpointer exist. The checkpointer
+stores that configuration once; nothing rewrites it afterwards. The policies live here, not in the
+training loop: which checkpoint a ``--resume`` takes (:func:`find_resume_point`), whether it may
+(:func:`check_resume`: the same run, the same data, the right format), and the global batch a run
+keeps when resumed with another number of processes (:func:`keep_global_batch`).
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gptspeed.checkpoint import (data_changed, is_sharded, latest_valid_checkpoint, list_checkpoints, read_seal,
+                                 refuse_checkpoints)
+from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff
+from gptspeed.errors import GptspeedError
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts. ``path``: the checkpoint to load (None: a new run); ``kind``: ``full``
+    (a training checkpoint) or ``weights`` (``gptspeed import-hf``'s: the model only, training
+    starts at step 0); ``world_size``: the processes it was written by; ``run_id``: the run's id
+    (a resumed run keeps its own; a new run draws one)."""
+
+    path: Path | None
+    kind: str | None
+    world_size: int | None
+    run_id: str
+
+    @property
+    def continues(self) -> bool:
+        """Whether the run continues a training checkpoint (not a new run, not imported weights)."""
+        return self.kind == "full"
+
+
+def resolve_run(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
+                say: Callable[..., None] = print) -> tuple[RunConfig, ResumePoint]:
+    """The final configuration (a copy: ``cfg`` is not changed) and resume point of a run on the
+    resolved runtime ``rt``, whose folder is locked already. ``data_identity``: the training data's
+    (:attr:`gptspeed.data.train_data.TrainData.identity`), compared with a checkpoint's.
+
+    In order: the resume point (refusing a changed run, :func:`find_resume_point`); the global
+    batch kept (:func:`keep_global_batch`); ``--batch-size auto`` probed on the device
+    (:func:`gptspeed.step.auto_batch_size`) and the result validated (the FP8 shape rule needs B).
+    Raises GptspeedError for anything the user can fix."""
+    cfg = copy.deepcopy(cfg)
+    point = find_resume_point(cfg, rt, data_identity, say=say)
+    keep_global_batch(cfg, point, rt.world_size)
+    if cfg.train.batch_size == AUTO_BATCH_SIZE:
+        from gptspeed.step import auto_batch_size
+
+        cfg.train.batch_size = auto_batch_size(cfg, rt, say)
+        cfg.validate(rt.world_size)
+    return cfg, point
+
+
+def find_resume_point(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
+                      say: Callable[..., None] = print) -> ResumePoint:
+    """Without ``--resume``: a new run, refusing a folder that already holds checkpoints. With it:
+    the newest valid checkpoint of the run folder (saying which newer ones were skipped, and why),
+    checked to continue this run (:func:`check_resume`); a new run when there is none -- unless
+    the folder holds checkpoints that cannot be verified, which are never written over."""
+    t = cfg.train
+    run_dir = Path(t.out)
+    new = ResumePoint(None, None, None, uuid.uuid4().hex)
+    if not t.resume:
+        refuse_checkpoints(run_dir, "pass --resume to continue it, or choose another --out")
+        return new
+    path, skipped = latest_valid_checkpoint(run_dir)
+    for bad_path, reason in skipped:
+        say(f"skipping {bad_path.name}: {reason}")
+    if path is None:
+        found = [p.name for p in list_checkpoints(run_dir)]
+        if found and (run_dir / "metrics.jsonl").is_file():
+            found.append("metrics.jsonl")
+        # never write over checkpoints that cannot be verified; a run killed before its first save
+        # (a metrics.jsonl, no checkpoint) is started again, as resuming it means
+        if found:
+            raise GptspeedError(f"--resume: {run_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} "
+                                "but no checkpoint that can be verified (each is unsealed or damaged): refusing to "
+                                "write over them; move them away, or choose another --out")
+        say(f"--resume: no checkpoint in {run_dir}, starting a new run")
+        return new
+    seal = check_resume(path, cfg, data_identity, sharded=rt.parallel == "fsdp", world_size=rt.world_size,
+                        force=t.force_resume, say=say)
+    kind = seal.get("kind", "full")
+    run_id = seal.get("run_id") if kind == "full" and isinstance(seal.get("run_id"), str) else new.run_id
+    return ResumePoint(path, kind, int(seal.get("world_size", 1)), run_id)
+
+
+def check_resume(path: Path, cfg: RunConfig, data_identity: dict[str, Any] | None, *, sharded: bool,
+                 world_size: int, force: bool, say: Callable[..., None] = print) -> dict[str, Any]:
+    """Refuse (GptspeedError) to resume ``path`` when it would not continue the same run: a
+    run-defining setting changed (:func:`gptspeed.config.run_defining_diff`), other data, or the
+    other format (a sharded checkpoint needs ``--parallel fsdp``, a single file needs it off). A
+    weights-only checkpoint need only match the model shape. With ``force`` the changes are said
+    instead. Reads the seal only. Returns it."""
+    seal = read_seal(path) or {}
+    if not isinstance(seal.get("config"), dict):
+        raise GptspeedError(f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
+                            "resume it with the gptspeed that wrote it")
+    full = seal.get("kind") == "full"
+    if full:
+        if sharded and not is_sharded(path):
+            raise GptspeedError(f"cannot resume the single-file checkpoint {path.name} with --parallel fsdp: "
+                                "resume it with --parallel ddp (or one process), or start a new --out")
+        if not sharded and is_sharded(path):
+            raise GptspeedError(f"{path.name} is a sharded (FSDP) checkpoint: resume with --parallel fsdp, or make a "
+                                f"single file with `gptspeed consolidate --run {path.parent} --out NEW_RUN`")
+        if seal.get("world_size", 1) != world_size:  # the loader re-shards its position or refuses (naming both)
+            say(f"resuming {path.name} (world size {seal.get('world_size', 1)}) with world size {world_size}")
+    changed = run_defining_diff(RunConfig.from_dict(seal["config"], f"checkpoint {path}"), cfg)
+    if not full:  # weights only: only the model must match
+        changed = [c for c in changed if c.startswith("model.")]
+    elif data_changed(seal.get("data"), data_identity):
+        changed.append("data")
+    if changed and not force:
+        raise GptspeedError(f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
+                            "use the original settings, a new --out, or --force-resume")
+    if changed:
+        say(f"--force-resume: continuing {path.name} with changed {', '.join(changed)}")
+    return seal
+
+
+def keep_global_batch(cfg: RunConfig, point: ResumePoint, world_size: int) -> None:
+    """Record in ``cfg`` the global batch a run starts with (``--total-batch-tokens`` left unset:
+    B x T x the world size the run started with), so that a resume with another number of processes
+    keeps it by adjusting the gradient accumulation -- or is refused in one line when it cannot."""
+    t = cfg.train
+    if t.batch_size == AUTO_BATCH_SIZE:
+        return
+    if t.total_batch_tokens is None:
+        t.total_batch_tokens = t.batch_size * cfg.model.block_size * (point.world_size or world_size)
+    try:
+        cfg.grad_accum_steps(world_size)
+    except GptspeedError:
+        if point.path is None:
+            raise
+        per = t.batch_size * cfg.model.block_size * world_size
+        raise GptspeedError(
+            f"cannot resume {point.path.name} with {world_size} process(es): its global batch of "
+            f"{t.total_batch_tokens:,} tokens is not a multiple of --batch-size x --seq-len x processes = {per:,}; "
+            f"resume with {point.world_size or 1} process(es), or with --force-resume and a --batch-size or "
+            "--total-batch-tokens that fits (the run then changes)") from None

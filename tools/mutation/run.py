@@ -47,7 +47,7 @@ MODULES = {
     "sample": ("src/gptspeed/sample.py", "gptspeed.sample."),
     "val_loss": ("src/gptspeed/eval/val_loss.py", "gptspeed.eval.val_loss."),
     "hellaswag": ("src/gptspeed/eval/hellaswag.py", "gptspeed.eval.hellaswag."),
-    "checkpoint": ("src/gptspeed/checkpoint.py", "gptspeed.checkpoint."),
+    "checkpoint": ("src/gptspeed/checkpoint/", "gptspeed.checkpoint."),  # a package
 }
 #: decorators that only wrap the function object (no registration by name, no class magic): moved
 #: below the function in the snapshot so that mutmut mutates its body
@@ -112,8 +112,8 @@ def snapshot_files(worktree: bool) -> dict[str, bytes]:
             for m in t.getmembers():
                 if m.isfile():
                     files[m.name] = t.extractfile(m).read()
-    for rel, _ in MODULES.values():
-        if rel in files:
+    for rel in files:
+        if rel.endswith(".py") and any(rel == p or (p.endswith("/") and rel.startswith(p)) for p, _ in MODULES.values()):
             files[rel] = move_decorators(files[rel].decode()).encode()
     return files
 

@@ -1,0 +1,176 @@
+"""gptspeed.data.loader where the mutation check (tools/mutation/README.md) found it unguarded: a
+position re-sharded to another world size (and where that is refused), states from before the
+batch counter and the world-size field, the evaluation batch count per rank, and the small helpers.
+Each resumed stream is compared with the stream of a loader that never stopped. No subprocess: the
+ranks of a job are loaders built side by side."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from gptspeed.data.loader import TokenLoader, eval_batches_per_rank, iter_eval_batches, to_device
+from gptspeed.data.shards import write_shard
+from gptspeed.errors import GptspeedError
+from gptspeed.tokenizer import EOT_TOKEN
+
+B, T = 2, 8  # one rank's micro-batch: 16 tokens (+1)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """1010 tokens (63 windows of 16, 31 of 32: a world of 2 skips a tail a world of 1 reads), a
+    shard too short for anything, and 700 tokens."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, n in enumerate((1010, 30, 700)):
+        toks = rng.integers(0, 50000, n)
+        toks[::97] = EOT_TOKEN
+        paths.append(tmp_path / f"train_{i:06d}.bin")
+        write_shard(paths[-1], toks)
+    return paths
+
+
+def advanced(loader: TokenLoader, n: int) -> TokenLoader:
+    for _ in range(n):
+        loader.next_batch()
+    return loader
+
+
+def job_batch(ranks: list[TokenLoader]) -> torch.Tensor:
+    """The next global micro-batch of a job: its ranks' batches, rank order."""
+    return torch.cat([r.next_batch()[0] for r in ranks])
+
+
+# ------------------------------------------------------------------------------ world size changes
+def test_one_process_position_resumes_on_two_ranks_at_a_global_batch_boundary(shards):
+    """1 process after 20 batches (320 tokens) -> 2 ranks: each global batch of the pair is two
+    consecutive batches of the single process, to the end of the shard."""
+    single = advanced(TokenLoader(shards, B, T), 20)
+    state = single.state_dict()
+    ranks = [TokenLoader(shards, B, T, rank=r, world_size=2) for r in (0, 1)]
+    for r in ranks:
+        r.load_state_dict(dict(state))
+    for _ in range(10):  # global batches 10 .. 19 of the pair's epoch, shard 0
+        want = torch.cat([single.next_batch()[0], single.next_batch()[0]])
+        assert torch.equal(job_batch(ranks), want)
+    assert ranks[0].batches == ranks[1].batches == 20  # counted in the pair's global batches
+    assert ranks[0].documents == ranks[1].documents
+
+
+def test_two_ranks_position_resumes_in_one_process(shards):
+    """2 ranks after 7 global batches -> 1 process: it reads on from token 7 x 32."""
+    pair = [TokenLoader(shards, B, T, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(7):
+        job_batch(pair)
+    state = pair[0].state_dict()
+    single = TokenLoader(shards, B, T)
+    single.load_state_dict(state)
+    ref = advanced(TokenLoader(shards, B, T), 14)
+    for _ in range(12):
+        assert torch.equal(single.next_batch()[0], ref.next_batch()[0])
+    assert single.documents == ref.documents
+
+
+def test_a_state_without_its_world_size_field_is_read_from_its_global_tokens(shards):
+    """States saved before ``world_size`` was recorded: the world size is global tokens / (B x T)."""
+    pair = [TokenLoader(shards, B, T, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(3):
+        job_batch(pair)
+    state = {k: v for k, v in pair[0].state_dict().items() if k != "world_size"}
+    single = TokenLoader(shards, B, T)
+    single.load_state_dict(state)
+    ref = advanced(TokenLoader(shards, B, T), 6)
+    assert torch.equal(single.next_batch()[0], ref.next_batch()[0])
+    same = TokenLoader(shards, B, T, rank=1, world_size=2)  # and the same world size needs no re-sharding
+    same.load_state_dict(state)
+    assert torch.equal(same.next_batch()[0], pair[1].next_batch()[0])
+    one = {k: v for k, v in advanced(TokenLoader(shards, B, T), 5).state_dict().items() if k != "world_size"}
+    again = TokenLoader(shards, B, T)
+    again.load_state_dict(one)
+    assert again.batches == 5
+
+
+@pytest.mark.parametrize("batches", [21, 62])
+def test_a_position_off_the_new_world_sizes_batches_is_refused_naming_both(shards, batches):
+    """21 batches of 16 tokens end mid-way through a batch of 32; after 62 the position is in the
+    tail a world of 2 skips (31 windows of 32 in 1010 tokens)."""
+    state = advanced(TokenLoader(shards, B, T), batches).state_dict()
+    assert state["shard_index"] == 0
+    with pytest.raises(GptspeedError) as e:
+        TokenLoader(shards, B, T, rank=0, world_size=2).load_state_dict(state)
+    assert str(e.value) == ("the checkpoint's data position was saved with world size 1 and does not fall on a batch "
+                            "boundary for world size 2: resume with 1 process(es)")
+
+
+def test_random_sampling_is_never_re_sharded(shards):
+    state = advanced(TokenLoader(shards, B, T, sampling="random", seed=3), 20).state_dict()
+    with pytest.raises(GptspeedError, match="world size 1 and does not fall on a batch boundary for world size 2"):
+        TokenLoader(shards, B, T, rank=0, world_size=2, sampling="random", seed=3).load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------ older states
+def test_a_state_from_before_the_batch_counter_resumes_from_epoch_shard_and_position(shards):
+    a = advanced(TokenLoader(shards, B, T), 180)  # epochs of 63 + 43 batches: the second, in the last shard
+    state = {k: v for k, v in a.state_dict().items() if k != "batches"}
+    assert state["epoch"] == 1 and state["shard_index"] == 2
+    b = TokenLoader(shards, B, T)
+    b.load_state_dict(state)
+    assert b.batches == 180 and b.documents == a.documents
+    for _ in range(5):
+        assert torch.equal(a.next_batch()[0], b.next_batch()[0])
+
+
+def test_a_state_without_its_sampling_field_is_sequential(shards):
+    state = {k: v for k, v in advanced(TokenLoader(shards, B, T), 4).state_dict().items() if k != "sampling"}
+    b = TokenLoader(shards, B, T)
+    b.load_state_dict(state)
+    assert b.batches == 4
+    with pytest.raises(GptspeedError, match="^the checkpoint's data position does not fit this data folder or batch "
+                                            r"shape \(different shards, batch size, sequence length, world size, "
+                                            r"sampling or seed\)$"):
+        TokenLoader(shards, B, T, sampling="random").load_state_dict(state)
+
+
+def test_the_seed_matters_to_random_sampling_only(shards):
+    state = advanced(TokenLoader(shards, B, T, seed=1), 4).state_dict()
+    b = TokenLoader(shards, B, T, seed=2)  # sequential: the seed draws nothing
+    b.load_state_dict(state)
+    assert b.batches == 4
+
+
+# ------------------------------------------------------------------------------ evaluation batches
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("max_tokens", [0, 100, 333])
+def test_eval_batches_per_rank_is_the_most_any_rank_gets(shards, world, max_tokens):
+    got = [len(list(iter_eval_batches(shards, 4, 10, max_tokens, rank=r, world_size=world))) for r in range(world)]
+    assert eval_batches_per_rank(shards, 4, 10, max_tokens, world) == max(got)
+    if world == 1 and max_tokens == 0:  # the defaults: the whole split, one process
+        assert eval_batches_per_rank(shards, 4, 10) == max(got)
+
+
+# ------------------------------------------------------------------------------ helpers
+def test_to_device_copies_to_a_device_that_is_not_the_cpu():
+    buf = np.arange(5, dtype=np.int64)
+    t = to_device(buf, torch.device("cpu"))
+    assert t.dtype == torch.int64 and t.tolist() == [0, 1, 2, 3, 4]
+    m = to_device(buf, torch.device("meta"))  # meta: no data, but it shows where the tensor went
+    assert m.device.type == "meta" and m.shape == (5,) and m.dtype == torch.int64
+
+
+def test_epoch_progress_is_the_consumed_fraction_of_this_epoch(shards):
+    loader = TokenLoader(shards, B, T)
+    per_epoch = loader.batches_per_epoch
+    for n in (0, 1, per_epoch // 2, per_epoch - 1, per_epoch, per_epoch + 3):
+        loader.batches = n
+        assert loader.epoch_progress() == pytest.approx((n % per_epoch) / per_epoch)
+        assert 0 <= loader.epoch_progress() < 1
+
+
+def test_prefetch_threads_are_named_for_the_loader(shards):
+    loader = TokenLoader(shards, B, T, workers=2)
+    loader.next_batch()
+    names = {t.name for t in threading.enumerate()}
+    assert {"gptspeed-loader-0", "gptspeed-loader-1"} <= names
+    loader.close()

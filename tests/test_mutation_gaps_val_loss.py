@@ -1,0 +1,176 @@
+"""gptspeed.eval.val_loss where the mutation check (tools/mutation/README.md) found it unguarded:
+the float64 token-weighted mean against the batches' own losses, ``max_tokens`` / ``max_token_id``
+passed on, the early stop, the eager partial batch, and the several-rank path (the ranks' sums
+added, FSDP's dummy forwards, the reshard) with torch.distributed's all-reduce played by the test.
+No subprocess, no process group."""
+
+import contextlib
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import gptspeed.eval.val_loss as val_loss
+from gptspeed.data.loader import iter_eval_batches
+from gptspeed.data.shards import write_shard
+from gptspeed.errors import GptspeedError
+from gptspeed.eval.val_loss import evaluate
+from gptspeed.model import GPT, GPTConfig
+from gptspeed.runtime import Runtime
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+B, T = 3, 16
+CPU = Runtime(device=torch.device("cpu"), dtype="float32", autocast_dtype=None, compile=False)
+
+
+@pytest.fixture
+def split(tmp_path):
+    """Two val shards: 7 windows (batches of 3, 3, 1) and 4 windows (3, 1)."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, windows in enumerate((7, 4)):
+        paths.append(tmp_path / f"val_{i:06d}.bin")
+        write_shard(paths[-1], rng.integers(0, 1000, windows * T + 1 + 5, dtype=np.uint16))
+    return paths
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=T))
+    with torch.no_grad():
+        m.transformer.wte.weight.mul_(20.0)  # losses that differ from batch to batch
+    return m
+
+
+def batch_losses(model, shards, rank=0, world=1, max_tokens=0):
+    """Each of this rank's batches' (mean loss, tokens), from the model called on the batches."""
+    out = []
+    with torch.no_grad():
+        for x, y in iter_eval_batches(shards, B, T, max_tokens, rank=rank, world_size=world):
+            out.append((model(x, y)[1], y.numel()))
+    return out
+
+
+def test_the_mean_is_token_weighted_and_summed_in_float64(model, split):
+    """Exactly sum(loss_b * tokens_b) / tokens in float64 over the batches, in order."""
+    ref = batch_losses(model, split)
+    total = 0.0
+    for loss, n in ref:
+        total += float(loss.double()) * n
+    tokens = sum(n for _, n in ref)
+    got, n = evaluate(model, CPU, split, B, T)
+    assert n == tokens == 11 * T
+    assert got == total / tokens
+
+
+def test_max_tokens_and_max_token_id_reach_the_batches(model, split):
+    got, n = evaluate(model, CPU, split, B, T, max_tokens=4 * T)
+    ref = batch_losses(model, split, max_tokens=4 * T)
+    assert n == 4 * T and got == pytest.approx(sum(float(l) * k for l, k in ref) / n, rel=1e-12)
+    with pytest.raises(GptspeedError, match="is not below the vocabulary size 500"):
+        evaluate(model, CPU, split, B, T, max_token_id=500)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_stop_abandons_the_evaluation_and_restores_the_mode(model, split, training):
+    model.train(training)
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) > 2  # two batches, then stop
+
+    assert evaluate(model, CPU, split, B, T, stop=stop) == (None, 2 * B * T)
+    assert model.training is training
+    evaluate(model, CPU, split, B, T)
+    assert model.training is training
+
+
+def test_only_the_partial_batches_run_eagerly(model, split, monkeypatch):
+    rows = []
+
+    @contextlib.contextmanager
+    def eager():
+        rows.append("eager")
+        yield
+
+    monkeypatch.setattr(val_loss, "eager", eager)
+    real_forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda x, y=None, **k: rows.append(x.size(0)) or real_forward(x, y, **k))
+    evaluate(model, CPU, split, B, T)
+    assert rows == [3, 3, "eager", 1, 3, "eager", 1]
+
+
+# ------------------------------------------------------------------------------ several ranks
+class FakeAllReduce:
+    """torch.distributed.all_reduce for ranks run one after another: it records what each rank
+    hands in and, for the last rank, sums in what the earlier ones handed in."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, t, op=None):
+        assert op is None  # a sum
+        self.seen.append(t.clone())
+        for s in self.seen[:-1]:
+            t += s
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_ranks_sums_and_token_counts_add_up_to_the_one_process_mean(model, split, monkeypatch, parallel):
+    fake = FakeAllReduce()
+    monkeypatch.setattr(torch.distributed, "all_reduce", fake)
+    resharded, shapes = [], {0: [], 1: []}
+    monkeypatch.setattr(val_loss, "reshard", lambda m: resharded.append(m))
+    real_forward = model.forward
+    results = {}
+    for rank in (1, 0):  # rank 0 last: it gets the sum of both
+        monkeypatch.setattr(model, "forward", lambda x, y=None, _r=rank, **k: shapes[_r].append(
+            (tuple(x.shape), x.dtype, bool(x.any()), y is not None and tuple(y.shape))) or real_forward(x, y, **k))
+        rt = dataclasses.replace(CPU, rank=rank, world_size=2, parallel=parallel)
+        results[rank] = evaluate(model, rt, split, B, T)
+    monkeypatch.setattr(model, "forward", real_forward)
+    one, n = evaluate(model, CPU, split, B, T)
+    assert results[0][1] == n and results[0][0] == pytest.approx(one, rel=1e-12)
+    # what each rank handed in: its own (sum of loss x tokens, tokens) in float64
+    for rank, handed in zip((1, 0), fake.seen):
+        mine = batch_losses(model, split, rank=rank, world=2)
+        assert handed.dtype == torch.float64 and handed.shape == (2,)
+        assert float(handed[1]) == sum(k for _, k in mine)
+        assert float(handed[0]) == pytest.approx(sum(float(l) * k for l, k in mine), rel=1e-12)
+    # 5 batches dealt round-robin: rank 0 gets 3, rank 1 gets 2; under FSDP rank 1 joins rank 0's
+    # third forward with a full-size dummy batch of zeros
+    real = {r: [s for s in shapes[r] if s[2]] for r in (0, 1)}
+    assert [s[0][0] for s in real[0]] == [3, 1, 1] and [s[0][0] for s in real[1]] == [3, 3]
+    dummies = [s for s in shapes[1] if not s[2]]
+    assert dummies == ([((B, T), torch.int64, False, (B, T))] if parallel == "fsdp" else [])
+    assert not [s for s in shapes[0] if not s[2]]
+    assert len(resharded) == (2 if parallel == "fsdp" else 0)
+
+
+def test_reshard_reshards_every_fsdp_module_and_nothing_else(monkeypatch):
+    import torch.distributed.fsdp as fsdp
+
+    class Fake(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def reshard(self):
+            self.calls += 1
+
+    class Other(torch.nn.Linear):
+        calls = 0
+
+        def reshard(self):
+            raise AssertionError("not an FSDP module")
+
+    monkeypatch.setattr(fsdp, "FSDPModule", Fake)
+    root = Fake()
+    root.inner = Fake()
+    root.other = Other(2, 2)
+    val_loss.reshard(root)
+    assert root.calls == root.inner.calls == 1

@@ -48,15 +48,15 @@ def test_whitespace_only_corpus_and_tiny_shards_are_refused(tmp_path):
     (["--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 9,223,372,036,854,775,807"),
     (["--seed", "-1", "--sampling", "random"], "--seed must be an integer from 0 to"),
     # counts and sizes with no upper bound: hung, or reached a tensor / timer out of range
-    (["--loader-workers", "100000"], "--loader-workers 100000 is more than the 64"),
+    (["--loader-workers", "100000"], "--loader-workers must be at most 64 (each keeps 4 batches ready"),
     (["--total-batch-tokens", str(2**40)], "more than 65,536: lower --total-batch-tokens or raise --batch-size"),
     (["--max-steps", str(10**30)], "--max-steps must be at most 9,007,199,254,740,992 (2**53)"),
     (["--eval-tokens", str(2**60)], "--eval-tokens must be at most"),
     (["--log-every", str(10**20)], "--log-every must be at most"),
     (["--keep-checkpoints", str(10**20)], "--keep-checkpoints must be at most"),
     (["--batch-size", str(10**20)], "--batch-size must be at most"),
-    (["--n-layer", str(10**20)], "n_layer must be at most"),
-    (["--seq-len", str(10**20)], "block_size must be at most"),
+    (["--n-layer", str(10**20)], "--n-layer must be at most"),
+    (["--seq-len", str(10**20)], "--seq-len must be at most"),
     (["--dist-timeout-s", "1e300"], "--dist-timeout-s must be at most 2,592,000 (30 days)"),
     (["--optimizer", "muon", "--muon-lr", "inf"], "--muon-lr must be a finite number"),
     (["--muon-lr", "nan"], "--muon-lr must be a finite number"),  # every float, in use (muon) or not (adamw)

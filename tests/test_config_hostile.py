@@ -46,7 +46,7 @@ def _billion_laughs() -> str:
     ("digits.yaml", b"seed: " + b"9" * 5000 + b"\n", ["is not valid YAML", "digits"]),
     ("laughs.yaml", _billion_laughs().encode(), ["lr must be float, got [[[", "...]"]),
     ("seed.yaml", b"seed: 99999999999999999999999\n", ["--seed must be an integer from 0 to"]),
-    ("big.yaml", b"model:\n  n_layer: 100000000000000000000\n", ["n_layer must be at most"]),
+    ("big.yaml", b"model:\n  n_layer: 100000000000000000000\n", ["--n-layer must be at most"]),
 ])
 def test_unreadable_config_files_are_one_line(tmp_path, name, content, fragments):
     """Each used to be a traceback (UnicodeDecodeError from a folder, RecursionError, ValueError

@@ -43,8 +43,9 @@ def make_config(preset: str | None = None, *, config_file: str | Path | None = N
 
 def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
     """Train as ``config`` says -- what ``gptspeed train`` runs: the data is checked, then
-    :func:`gptspeed.trainer.fit`. ``config`` is validated where it was built (:func:`make_config`);
-    after changing its fields, call ``config.validate()``. Console lines are printed when ``echo``.
+    :func:`gptspeed.trainer.fit`. ``config`` is validated again here, before anything else: a field
+    changed after :func:`make_config` (``cfg.optim.optimizer = "lion"``) is refused in one line as
+    a flag would be. Console lines are printed when ``echo``.
 
     Returns the summary: ``step`` (optimizer steps done), ``last_train_loss`` and
     ``last_val_loss`` (nats/token, None when not measured), ``skipped_steps``, ``interrupted``
@@ -58,7 +59,8 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
 
     if not isinstance(config, RunConfig):
         raise GptspeedError(f"train() takes a RunConfig (gptspeed.make_config(...)), got {type(config).__name__}")
-    t = config.train  # validated where it was built (make_config); the data is checked before importing torch
+    config.validate()  # fields may have been changed since make_config; the data is checked before importing torch
+    t = config.train
     if t.data:
         find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
     from gptspeed.trainer import fit

@@ -29,30 +29,28 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    from gptspeed.config import (LOSSES, MODEL_FLAGS, SOFTMAXES, GPTConfig, OptimConfig, RuntimeConfig, TrainConfig,
-                                 field_type, parse_batch_size)
+    """Every setting of the configuration dataclasses as a flag, from what its field declares
+    (:func:`gptspeed.config._f`: flag, help, choices, kind), one argument group per dataclass."""
+    from gptspeed.config import GROUPS, field_type, parse_batch_size, setting_flag
 
-    MODEL_CHOICES = {"attention": ("sdpa", "manual"), "loss": LOSSES, "softmax": SOFTMAXES}
-
-    g = p.add_argument_group("model (override the preset)")
-    for name, (flag, help_) in MODEL_FLAGS.items():
-        extra = {"choices": MODEL_CHOICES[name]} if name in MODEL_CHOICES else {}
-        g.add_argument(flag, dest=name, type=field_type(GPTConfig, name), help=help_, default=argparse.SUPPRESS, **extra)
-    for title, cls in (("optimizer", OptimConfig), ("training", TrainConfig), ("runtime", RuntimeConfig)):
-        g = p.add_argument_group(title)
+    titles = {"model": "model (override the preset)", "optim": "optimizer", "train": "training", "runtime": "runtime"}
+    for group, cls in GROUPS.items():
+        g = p.add_argument_group(titles[group])
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            kind = f.metadata.get("kind")
-            shown = "" if f.default in (None, "", False) else f" (default: {f.default})"
-            kw = dict(dest=f.name, help=f.metadata["help"] + shown, default=argparse.SUPPRESS)
+            meta = f.metadata
+            if not meta.get("cli", True):
+                continue
+            kind = meta.get("kind")
+            shown = "" if f.default in (None, "", False) or group == "model" else f" (default: {f.default})"
+            kw = dict(dest=f.name, help=meta["help"] + shown, default=argparse.SUPPRESS)
             if kind == "flag":
-                g.add_argument(flag, action="store_true", **kw)
+                g.add_argument(setting_flag(f.name), action="store_true", **kw)
             elif kind == "bool":
-                g.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            elif f.metadata.get("parse") == "batch_size":
-                g.add_argument(flag, type=parse_batch_size, **kw)
+                g.add_argument(setting_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
+            elif meta.get("parse") == "batch_size":
+                g.add_argument(setting_flag(f.name), type=parse_batch_size, **kw)
             else:
-                g.add_argument(flag, type=field_type(cls, f.name), choices=f.metadata.get("choices"), **kw)
+                g.add_argument(setting_flag(f.name), type=field_type(cls, f.name), choices=meta.get("choices"), **kw)
 
 
 def _add(s: argparse.ArgumentParser, flags: dict[str, dict]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -24,11 +23,15 @@ from gptspeed.errors import GptspeedError
 GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (tensor-core friendly; build-nanogpt)
 AUTO_BATCH_SIZE = 0  # how --batch-size auto is stored in the configuration
+ATTENTIONS = ("sdpa", "manual")  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
 SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the token ids of the training data
 # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere); liger = Liger-Kernel's fused
 # linear + cross-entropy (CUDA only)
 LOSSES = ("auto", "fused", "plain", "liger")
 
+# --optimizer: the names of gptspeed.optim.OPTIMIZERS (each entry there says how it is built, whether it skips a
+# non-finite step on the device, whether it takes a GradScaler, its verify tolerance)
+OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 COMPILE_MODES = ("model", "blocks")
@@ -48,6 +51,24 @@ MAX_GRAD_ACCUM = 1 << 16  # micro-batches per optimizer step: 65,536 (the gpt2 p
 MAX_DIST_TIMEOUT_S = 30 * 86400.0  # --dist-timeout-s: 30 days (torch converts it to int64 milliseconds)
 
 
+def _f(default, help: str, *, flag: str | None = None, choices: tuple | None = None, min: float | None = None,
+       max: float | None = None, min_open: bool = False, finite: bool = False, text: str | None = None,
+       max_note: str | None = None, run_defining: bool = False, cli: bool = True, **meta):
+    """A setting, declared once: its default and ``--help`` text, and everything derived from it --
+    the flag (``flag``, default ``--`` + the name with dashes; ``cli=False``: none), the allowed
+    ``choices``, the range (``min`` (exclusive with ``min_open``), ``max``; ``finite``: also no
+    inf/nan below the range check; ``text``: what the error line says it must be, e.g. ``in [0,
+    1)``; ``max_note``: the reason shown after "at most N"), and whether it defines the run
+    (``run_defining``: a resume that changes it is refused, :func:`run_defining_diff`). Other
+    ``meta``: ``kind`` (``flag``: store_true; ``bool``: --x/--no-x), ``parse`` (``batch_size``:
+    a number or ``auto``), ``path=True`` (a file or folder: ``~`` expanded, :func:`expand_path_setting`).
+    The CLI (gptspeed.cli), YAML and JSON files, :func:`gptspeed.api.make_config`, ``--print-config``,
+    the resume check and the bench's rungs all read these; :meth:`RunConfig.validate` enforces them."""
+    rules = dict(choices=choices, min=min, max=max, min_open=min_open, finite=finite, text=text, max_note=max_note)
+    return field(default=default, metadata={"help": help, "flag": flag, "run_defining": run_defining, "cli": cli,
+                                            **{k: v for k, v in rules.items() if v is not None and v is not False}, **meta})
+
+
 @dataclass
 class GPTConfig:
     """Shape of a GPT-2 model.
@@ -58,24 +79,29 @@ class GPTConfig:
     so they are never predicted or sampled and receive no gradient.
     """
 
-    block_size: int = 1024  # maximum sequence length (positions), T
-    vocab_size: int = PADDED_VOCAB_SIZE  # rows of wte / lm_head, padded
-    valid_vocab_size: int = GPT2_VOCAB_SIZE
-    n_layer: int = 12  # L
-    n_head: int = 12  # H
-    n_embd: int = 768  # C = H * Q
-    attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "manual" (masked softmax)
-    loss: str = "auto"  # "fused" (chunked linear + cross-entropy), "plain" (full logits), "liger" (Liger-Kernel, CUDA), "auto" (loss.resolve_loss)
-    softmax: str = "full"  # "full": over the vocabulary; "data": over the token ids the training data holds
+    block_size: int = _f(1024, "sequence length T (also the model's number of positions)", flag="--seq-len", min=1,
+                         run_defining=True)
+    vocab_size: int = _f(PADDED_VOCAB_SIZE, "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default",
+                         min=1, run_defining=True)
+    valid_vocab_size: int = _f(GPT2_VOCAB_SIZE, "token ids the tokenizer emits (GPT-2's 50,257)", min=1,
+                               run_defining=True, cli=False)
+    n_layer: int = _f(12, "transformer blocks L", min=1, run_defining=True)
+    n_head: int = _f(12, "attention heads H", min=1, run_defining=True)
+    n_embd: int = _f(768, "embedding width C (divisible by n_head)", min=1, run_defining=True)
+    attention: str = _f("sdpa", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual",
+                        choices=ATTENTIONS)
+    loss: str = _f("auto", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full "
+                   "logits) | plain | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)",
+                   choices=LOSSES)
+    softmax: str = _f("full", "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
+                      "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
+                      "it have probability 0)", choices=SOFTMAXES, run_defining=True)
 
     def validate(self) -> None:
-        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT. Whether the model
-        fits in memory is checked where it is built, on its device (:func:`gptspeed.step.build_model`)."""
-        for name in ("block_size", "n_layer", "n_head", "n_embd", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise GptspeedError(f"{name} must be a positive integer, got {_show(getattr(self, name))}")
-            if getattr(self, name) > MAX_COUNT:
-                raise GptspeedError(f"{name} must be at most {MAX_COUNT:,} (2**53), got {_show(getattr(self, name))}")
+        """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT: every field's
+        declared rule (:func:`check_fields`), then the rules between fields. Whether the model fits
+        in memory is checked where it is built, on its device (:func:`gptspeed.step.build_model`)."""
+        check_fields(self)
         if self.n_embd % self.n_head != 0:
             raise GptspeedError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
@@ -86,12 +112,6 @@ class GPTConfig:
                 f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
                 f"{self.valid_vocab_size} tokens; use {self.valid_vocab_size} or more (50304 pads to a multiple of 64)"
             )
-        if self.attention not in ("sdpa", "manual"):
-            raise GptspeedError(f"attention must be 'sdpa' or 'manual', got {self.attention!r}")
-        if self.loss not in LOSSES:
-            raise GptspeedError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if self.softmax not in SOFTMAXES:
-            raise GptspeedError(f"softmax must be one of {', '.join(SOFTMAXES)}, got {self.softmax!r}")
 
     def num_params(self) -> int:
         """Parameters of the model of this shape (:class:`gptspeed.model.GPT`, whose LM head shares
@@ -108,31 +128,31 @@ class GPTConfig:
         return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0)
 
 
-def _f(default, help: str, **meta):
-    """A setting: its default, its ``--help`` text, and ``meta`` (``kind``: flag | bool; ``choices``;
-    ``parse``; ``path=True``: a file or folder, ``~`` expanded, :func:`expand_path_setting`)."""
-    return field(default=default, metadata={"help": help, **meta})
-
-
 @dataclass
 class OptimConfig:
     """AdamW with linear warm-up then cosine decay (GPT-3 paper, appendix B)."""
 
-    lr: float = _f(6e-4, "peak learning rate")
-    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine decay target)")
-    warmup_steps: int = _f(715, "linear warm-up steps")
+    lr: float = _f(6e-4, "peak learning rate", min=0, min_open=True, finite=True, text="a positive finite number",
+                   run_defining=True)
+    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine decay target)", min=0, max=1,
+                             text="in [0, 1]", run_defining=True)
+    warmup_steps: int = _f(715, "linear warm-up steps", min=0, run_defining=True)
     warmup_ratio: float | None = _f(None, "linear warm-up as a fraction of --max-steps (e.g. 0.05); replaces "
-                                    "--warmup-steps when given")
-    weight_decay: float = _f(0.1, "AdamW weight decay, applied to tensors with 2 or more dims only")
-    beta1: float = _f(0.9, "AdamW beta1")
-    beta2: float = _f(0.95, "AdamW beta2")
-    eps: float = _f(1e-8, "AdamW epsilon")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)")
+                                    "--warmup-steps when given", min=0, max=1, max_note=None, text="in [0, 1)",
+                                    run_defining=True)
+    weight_decay: float = _f(0.1, "AdamW weight decay, applied to tensors with 2 or more dims only", min=0,
+                             run_defining=True)
+    beta1: float = _f(0.9, "AdamW beta1", min=0, max=1, text="in [0, 1)", run_defining=True)
+    beta2: float = _f(0.95, "AdamW beta2", min=0, max=1, text="in [0, 1)", run_defining=True)
+    eps: float = _f(1e-8, "AdamW epsilon", min=0, min_open=True, finite=True, text="a positive finite number",
+                    run_defining=True)
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)", min=0, run_defining=True)
     fused_adamw: bool | None = _f(None, "fused AdamW kernel (default: where the device supports it)", kind="bool")
     optimizer: str = _f("adamw", "adamw | muon (Muon for the blocks' 2-D weights at --muon-lr, AdamW at --lr for "
-                        "embeddings, head, gains and biases)", choices=("adamw", "muon"))
-    muon_lr: float = _f(0.02, "Muon peak learning rate (scaled by sqrt(max(1, rows/cols)); same schedule as --lr)")
-    muon_momentum: float = _f(0.95, "Muon (Nesterov) momentum")
+                        "embeddings, head, gains and biases)", choices=OPTIMIZERS, run_defining=True)
+    muon_lr: float = _f(0.02, "Muon peak learning rate (scaled by sqrt(max(1, rows/cols)); same schedule as --lr)",
+                        min=0, min_open=True, text="positive", run_defining=True)
+    muon_momentum: float = _f(0.95, "Muon (Nesterov) momentum", min=0, max=1, text="in [0, 1)", run_defining=True)
 
 
 @dataclass
@@ -142,36 +162,42 @@ class TrainConfig:
     data: str = _f("", "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
                    "from a document stream (tokenized while training; no val split); default: tiny Shakespeare, "
                    "shipped with gptspeed and prepared into the cache on first use", path=True)
-    text_field: str = _f("text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text")
-    hf_name: str | None = _f(None, "hf: streams: the dataset configuration (e.g. sample-10BT)")
-    split: str = _f("train", "hf: streams: the dataset split")
+    text_field: str = _f("text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text",
+                          run_defining=True)
+    hf_name: str | None = _f(None, "hf: streams: the dataset configuration (e.g. sample-10BT)", run_defining=True)
+    split: str = _f("train", "hf: streams: the dataset split", run_defining=True)
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json", path=True)
     batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
                          "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
-                         parse="batch_size")
+                         parse="batch_size", min=1, run_defining=True)
     total_batch_tokens: int | None = _f(
-        None, "tokens per optimizer step; gradient accumulation = this / (B * T * world size) (default B*T)"
-    )
-    max_steps: int = _f(19073, "optimizer steps to train for")
-    log_every: int = _f(10, "log a record every N steps")
-    eval_every: int = _f(250, "evaluate val loss every N steps (0 = only at start and end)")
-    eval_tokens: int = _f(1 << 20, "val tokens per evaluation (0 = the whole val split)")
-    save_every: int = _f(1000, "write a checkpoint every N steps (0 = only at the end and on interrupt)")
-    keep_checkpoints: int = _f(2, "keep the newest K checkpoints")
+        None, "tokens per optimizer step; gradient accumulation = this / (B * T * world size) (default B*T)", min=1,
+        text="positive", run_defining=True)
+    max_steps: int = _f(19073, "optimizer steps to train for", min=1)
+    log_every: int = _f(10, "log a record every N steps", min=1)
+    eval_every: int = _f(250, "evaluate val loss every N steps (0 = only at start and end)", min=0)
+    eval_tokens: int = _f(1 << 20, "val tokens per evaluation (0 = the whole val split)", min=0)
+    save_every: int = _f(1000, "write a checkpoint every N steps (0 = only at the end and on interrupt)", min=0)
+    keep_checkpoints: int = _f(2, "keep the newest K checkpoints", min=1)
     resume: bool = _f(False, "continue from the newest valid checkpoint in --out", kind="flag")
     force_resume: bool = _f(False, "resume even if the configuration or data changed (the run is then no longer exact)",
                             kind="flag")
     on_nan: str = _f("stop", "a step with a non-finite loss or gradient never updates the weights; then "
-                     "stop (keep the last good checkpoint) or skip (count it and go on)", choices=("stop", "skip"))
+                     "stop (keep the last good checkpoint) or skip (count it and go on; a run that skips half its steps "
+                     "stops)", choices=("stop", "skip"))
     init_from: str = _f("", "start from a Hugging Face GPT-2's weights (a folder, or gpt2 | gpt2-medium | gpt2-large "
                             "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0",
                        path=True)
-    hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)")
-    hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)")
+    hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)", min=0)
+    hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)",
+                                 min=0)
     sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
-                       "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"))
+                       "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"),
+                       run_defining=True)
     loader_workers: int = _f(-1, "background threads preparing batches ahead into pinned memory (0 = in the "
-                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere; at most 64); the batches do not depend on it")
+                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere; at most 64); the batches do not depend on it",
+                             min=-1, text="-1 (auto), 0 or more", max=MAX_LOADER_WORKERS,
+                             max_note="each keeps 4 batches ready; one keeps up with a GPU")
     log_to: str = _f("jsonl", "where metrics records go, comma-separated: jsonl (RUN_DIR/metrics.jsonl, always on), "
                      "tensorboard (RUN_DIR/tensorboard; pip install 'gptspeed[tensorboard]'), wandb (Weights & Biases; "
                      "pip install 'gptspeed[wandb]'; WANDB_MODE=offline needs no account)")
@@ -187,8 +213,10 @@ class RuntimeConfig:
     device: str = _f("auto", "auto | cuda | mps | cpu", choices=DEVICES)
     dtype: str = _f("auto", "auto | float32 | tf32 | bfloat16 | float16 (auto: bf16 where supported)", choices=DTYPES)
     compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
-    seed: int = _f(1337, "random seed for initialisation and --sampling random (0 to 2**63-1)")
-    peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)")
+    seed: int = _f(1337, "random seed for initialisation and --sampling random (0 to 2**63-1)", min=0, max=MAX_SEED,
+                   text=f"an integer from 0 to {MAX_SEED:,} (2**63 - 1)", run_defining=True)
+    peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)", min=0,
+                                   min_open=True, finite=True, text="positive")
     compile_mode: str = _f("model", "what torch.compile compiles: model (one graph) | blocks (each transformer block "
                            "separately: identical blocks compile once, much faster compile)", choices=COMPILE_MODES)
     compile_tuning: str = _f("default", "torch.compile mode: default | max-autotune (searches matmul configs; "
@@ -207,31 +235,16 @@ class RuntimeConfig:
                                         "device)", kind="bool")
     parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
                        "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
-    dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)")
+    dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)", min=0,
+                               min_open=True, finite=True, text="a positive number of seconds", max=MAX_DIST_TIMEOUT_S,
+                               max_note="30 days")
 
 
-# Flags for the model shape; GPTConfig lives in model.py with no CLI knowledge.
-MODEL_FLAGS = {
-    "n_layer": ("--n-layer", "transformer blocks L"),
-    "n_head": ("--n-head", "attention heads H"),
-    "n_embd": ("--n-embd", "embedding width C (divisible by n_head)"),
-    "block_size": ("--seq-len", "sequence length T (also the model's number of positions)"),
-    "vocab_size": ("--vocab-size", "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default"),
-    "attention": ("--attention", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual"),
-    "loss": ("--loss", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full logits) | plain"
-                       " | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)"),
-    "softmax": ("--softmax", "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
-                "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside it "
-                "have probability 0)"),
-}
+GROUPS = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
+#: every setting by name -> its dataclass field (names are unique across the groups)
+FIELDS = {f.name: f for cls in GROUPS.values() for f in dataclasses.fields(cls)}
 # Settings that name a file or folder (``path=True``): expand_path_setting expands their ``~``
-PATH_SETTINGS = frozenset(f.name for cls in (OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)
-                          if f.metadata.get("path"))
-# Fields that define the run: resuming with any of them changed would not continue the same run.
-RUN_DEFINING = ("model", "batch_size", "total_batch_tokens", "sampling", "seed", "lr", "min_lr_ratio", "warmup_steps",
-                "warmup_ratio", "text_field", "hf_name", "split",
-                "weight_decay", "beta1", "beta2", "eps", "grad_clip", "optimizer", "muon_lr",
-                "muon_momentum")
+PATH_SETTINGS = frozenset(name for name, f in FIELDS.items() if f.metadata.get("path"))
 
 
 @dataclass
@@ -327,67 +340,28 @@ class RunConfig:
 
     def validate(self, world_size: int | None = None) -> None:
         """Check everything that can be checked before touching data or devices, for ``world_size``
-        processes (None: as torchrun's environment says, :func:`world_from_env`). Called where a
-        configuration is built (:func:`gptspeed.configure.build_train_config`), and again by the
-        trainer only once ``--batch-size auto`` has chosen B. GptspeedError naming the setting."""
+        processes (None: as torchrun's environment says, :func:`world_from_env`): every field's
+        declared type, choices and range (:func:`check_fields`), then the rules between fields.
+        Called where a configuration is built (:func:`gptspeed.configure.build_train_config`) and
+        where it is trained (:func:`gptspeed.resume.resolve_run`: a configuration changed after it
+        was made is checked too). GptspeedError naming the setting."""
         if world_size is None:
             world_size = world_from_env()[1]
         self.model.validate()
-        self._check_sizes()
-        t, o = self.train, self.optim
+        for group in (self.optim, self.train, self.runtime):
+            check_fields(group)
+        t, o, r = self.train, self.optim, self.runtime
         if self.runtime.fp8:
             from gptspeed.fp8 import check_fp8_shapes  # imports torch: only when --fp8 is asked for
 
             check_fp8_shapes(t.batch_size, self.model.block_size, self.model)
-        if t.batch_size == 0:  # --batch-size auto, resolved by the trainer on the device
-            positive = {}
-        else:
-            positive = {"batch_size": t.batch_size}
-        positive |= {"max_steps": t.max_steps, "log_every": t.log_every,
-                    "keep_checkpoints": t.keep_checkpoints}
-        for name, v in positive.items():
-            if v < 1:
-                raise GptspeedError(f"--{name.replace('_', '-')} must be at least 1, got {_show(v)}")
-        non_negative = {"eval_every": t.eval_every, "eval_tokens": t.eval_tokens, "save_every": t.save_every,
-                        "hellaswag_every": t.hellaswag_every, "hellaswag_examples": t.hellaswag_examples,
-                        "warmup_steps": o.warmup_steps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip}
-        for name, v in non_negative.items():
-            if v < 0:
-                raise GptspeedError(f"--{name.replace('_', '-')} must be 0 or more, got {_show(v)}")
-        if t.total_batch_tokens is not None and t.total_batch_tokens < 1:
-            raise GptspeedError(f"--total-batch-tokens must be positive, got {_show(t.total_batch_tokens)}")
-        if not (o.lr > 0 and math.isfinite(o.lr)):
-            raise GptspeedError(f"--lr must be a positive finite number, got {o.lr}")
-        for name, v in (("beta1", o.beta1), ("beta2", o.beta2)):
-            if not 0 <= v < 1:
-                raise GptspeedError(f"--{name} must be in [0, 1), got {v}")
-        if not (o.eps > 0 and math.isfinite(o.eps)):
-            raise GptspeedError(f"--eps must be a positive finite number, got {o.eps}")
-        for name, v in (("weight_decay", o.weight_decay), ("grad_clip", o.grad_clip)):
-            if not math.isfinite(v):
-                raise GptspeedError(f"--{name.replace('_', '-')} must be finite, got {v}")
-        r = self.runtime
-        self._check_runtime()
-        if o.warmup_ratio is not None and not 0 <= o.warmup_ratio < 1:
-            raise GptspeedError(f"--warmup-ratio must be in [0, 1), got {o.warmup_ratio}")
-        if not 0 <= o.min_lr_ratio <= 1:
-            raise GptspeedError(f"--min-lr-ratio must be in [0, 1], got {o.min_lr_ratio}")
-        if self.runtime.device not in DEVICES:
-            raise GptspeedError(f"--device must be one of {', '.join(DEVICES)}, got {self.runtime.device!r}")
-        if self.runtime.dtype not in DTYPES:
-            raise GptspeedError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.runtime.dtype!r}")
-        if o.optimizer == "muon" and not (o.muon_lr > 0 and 0 <= o.muon_momentum < 1):
-            raise GptspeedError(f"--muon-lr must be positive and --muon-momentum in [0, 1), got {o.muon_lr}, "
-                                f"{o.muon_momentum}")
         parse_log_to(t.log_to)
-        if r.sdpa_backend not in SDPA_BACKENDS:
-            raise GptspeedError(f"--sdpa-backend must be one of {', '.join(SDPA_BACKENDS)}, got {r.sdpa_backend!r}")
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
                                 f"has --attention {self.model.attention}")
-        if o.optimizer == "muon" and self.runtime.dtype == "float16":
+        if o.optimizer == "muon" and r.dtype == "float16":
             raise GptspeedError("--optimizer muon does not support --dtype float16 (loss scaling): use bfloat16")
-        if t.batch_size == 0:
+        if t.batch_size == AUTO_BATCH_SIZE:
             if t.total_batch_tokens is None:
                 raise GptspeedError("--batch-size auto needs --total-batch-tokens (the global batch to keep)")
             if t.total_batch_tokens % (self.model.block_size * world_size):
@@ -395,50 +369,57 @@ class RunConfig:
                                     f"world_size = {self.model.block_size * world_size}")
         else:
             self.grad_accum_steps(world_size)
-        for name, v in self._numbers():  # the catch-all, after each setting's own rule
-            if isinstance(v, float) and not math.isfinite(v):
-                raise GptspeedError(f"{setting_flag(name)} must be a finite number, got {v}")
 
-    def _check_runtime(self) -> None:
-        """:meth:`validate`'s rules for where and how the run executes: timeouts, peaks, loader
-        threads, the seed."""
-        r, t = self.runtime, self.train
-        if not (r.dist_timeout_s > 0 and math.isfinite(r.dist_timeout_s)):
-            raise GptspeedError(f"--dist-timeout-s must be a positive number of seconds, got {r.dist_timeout_s}")
-        if r.dist_timeout_s > MAX_DIST_TIMEOUT_S:
-            raise GptspeedError(f"--dist-timeout-s must be at most {MAX_DIST_TIMEOUT_S:,.0f} (30 days), got "
-                                f"{r.dist_timeout_s:g}")
-        if r.peak_tflops is not None and not (r.peak_tflops > 0 and math.isfinite(r.peak_tflops)):
-            raise GptspeedError(f"--peak-tflops must be positive, got {r.peak_tflops}")
-        if t.loader_workers < -1:
-            raise GptspeedError(f"--loader-workers must be -1 (auto), 0 or more, got {_show(t.loader_workers)}")
-        if t.loader_workers > MAX_LOADER_WORKERS:
-            raise GptspeedError(f"--loader-workers {_show(t.loader_workers)} is more than the {MAX_LOADER_WORKERS} "
-                                "gptspeed allows (each keeps 4 batches ready; one keeps up with a GPU): use 1 to "
-                                f"{min(8, MAX_LOADER_WORKERS)}, or -1 (auto)")
-        check_seed(r.seed, "--seed")
+    def run_defining(self) -> dict[str, Any]:
+        """The settings that define the run (declared ``run_defining``), by name: a resume that
+        changes one of them would not continue the same run (:func:`run_defining_diff`)."""
+        return {name: getattr(group, name) for group in self.groups().values() for name, f in
+                {f.name: f for f in dataclasses.fields(group)}.items() if f.metadata.get("run_defining")}
 
-    def _numbers(self):
-        """``(name, value)`` of every int and float setting of the optimizer, training and runtime
-        groups (the model's shape checks its own, :meth:`GPTConfig.validate`)."""
-        for group in (self.optim, self.train, self.runtime):
-            for f in dataclasses.fields(group):
-                v = getattr(group, f.name)
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    yield f.name, v
 
-    def _check_sizes(self) -> None:
-        """First of :meth:`validate`'s rules: every integer setting but the seed (bounded by
-        :func:`check_seed`) is at most :data:`MAX_COUNT`, so no count reaches a tensor, a timer, an
-        allocation or an error message out of range; each setting's own rules follow."""
-        for name, v in self._numbers():
-            if isinstance(v, int) and v > MAX_COUNT and name != "seed":
-                raise GptspeedError(f"{setting_flag(name)} must be at most {MAX_COUNT:,} (2**53), got {_show(v)}")
+def check_fields(group: Any) -> None:
+    """Every field of one configuration group (``GPTConfig``, ``OptimConfig``, ...) against what it
+    declares (:func:`_f`): its type and choices (:func:`_typed`), then, for a number, the range --
+    an integer without a range of its own at most :data:`MAX_COUNT` and every float finite, so no
+    count reaches a tensor, a timer, an allocation or an error message out of range. GptspeedError,
+    one line naming the flag."""
+    for f in dataclasses.fields(group):
+        value = getattr(group, f.name)
+        if value is None and _accepts_none(type(group), f.name):
+            continue
+        if value == AUTO_BATCH_SIZE and f.metadata.get("parse") == "batch_size":
+            continue  # --batch-size auto: resolved on the device before training
+        flag = setting_flag(f.name)
+        _typed(type(group), f.name, value, flag, context=False)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        meta = f.metadata
+        if isinstance(value, int) and "max" not in meta and value > MAX_COUNT:
+            raise GptspeedError(f"{flag} must be at most {MAX_COUNT:,} (2**53), got {_show(value)}")
+        _check_range(flag, value, meta)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise GptspeedError(f"{flag} must be a finite number, got {value}")
+
+
+def _check_range(flag: str, value: float, meta: Any) -> None:
+    """GptspeedError when ``value`` is outside the range a field declares (``min``, ``min_open``,
+    ``finite``, ``max``; ``text`` says what it must be, ``max_note`` why the maximum)."""
+    lo, hi = meta.get("min"), meta.get("max")
+    low = lo is not None and (value <= lo if meta.get("min_open") else value < lo)
+    if low or (meta.get("finite") and not math.isfinite(value)):
+        default = "at least 1" if lo == 1 else "0 or more" if lo == 0 else f"at least {lo}"
+        raise GptspeedError(f"{flag} must be {meta.get('text') or default}, got {_show(value)}")
+    if hi is not None and (value >= hi if meta.get("text", "").endswith(")") else value > hi):
+        if meta.get("max_note") or not meta.get("text"):
+            note = f" ({meta['max_note']})" if meta.get("max_note") else ""
+            raise GptspeedError(f"{flag} must be at most {hi:,.0f}{note}, got {_show(value)}")
+        raise GptspeedError(f"{flag} must be {meta['text']}, got {_show(value)}")
 
 
 def setting_flag(name: str) -> str:
     """The command-line flag of setting ``name`` (``block_size`` -> ``--seq-len``, ``max_steps`` -> ``--max-steps``)."""
-    return MODEL_FLAGS[name][0] if name in MODEL_FLAGS else "--" + name.replace("_", "-")
+    f = FIELDS.get(name)
+    return (f.metadata.get("flag") if f is not None else None) or "--" + name.replace("_", "-")
 
 
 def _show(value: Any) -> str:
@@ -494,8 +475,10 @@ def _accepts_none(cls, name: str) -> bool:
     return "None" in (ann if isinstance(ann, str) else str(ann))
 
 
-def _typed(cls, name: str, value: Any, source: str) -> Any:
-    """``value`` checked against the annotation of field ``name`` of dataclass ``cls``."""
+def _typed(cls, name: str, value: Any, source: str, context: bool = True) -> Any:
+    """``value`` checked against the annotation and the ``choices`` of field ``name`` of dataclass
+    ``cls``; GptspeedError "SOURCE: NAME must be ..." (with ``context=False``: "SOURCE must be ...",
+    ``source`` being the flag, and a float's range left to :func:`check_fields`)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
         raise GptspeedError(f"{source}: unknown setting {_show(name)}{did_you_mean(str(name)[:100])}"[:300])
@@ -503,20 +486,21 @@ def _typed(cls, name: str, value: Any, source: str) -> Any:
         return None
     if value == "auto" and fields[name].metadata.get("parse") == "batch_size":
         return AUTO_BATCH_SIZE
+    what = f"{source}: {name}" if context else source
     base = field_type(cls, name)
     ok = {int: isinstance(value, int) and not isinstance(value, bool),
           float: isinstance(value, (int, float)) and not isinstance(value, bool),
           str: isinstance(value, str),
           bool: isinstance(value, bool)}[base]
     if not ok:
-        raise GptspeedError(f"{source}: {name} must be {base.__name__}, got {_show(value)}"[:300])
+        raise GptspeedError(f"{what} must be {base.__name__}, got {_show(value)}"[:300])
     if base is float:
         value = float(value)
-        if value != value or value in (float("inf"), float("-inf")):
-            raise GptspeedError(f"{source}: {name} must be a finite number, got {value}")
+        if context and not math.isfinite(value):
+            raise GptspeedError(f"{what} must be a finite number, got {value}")
     choices = fields[name].metadata.get("choices")
     if choices and value not in choices:
-        raise GptspeedError(f"{source}: {name} must be one of {', '.join(choices)}, got {_show(value)}"[:300])
+        raise GptspeedError(f"{what} must be one of {', '.join(choices)}, got {_show(value)}"[:300])
     return value
 
 
@@ -527,11 +511,10 @@ def did_you_mean(name: str, candidates: tuple[str, ...] | list[str] | None = Non
     import difflib
 
     if candidates is None:
-        aliases = {flag[2:].replace("-", "_"): field for field, (flag, _) in MODEL_FLAGS.items()}
+        aliases = {f.metadata["flag"][2:].replace("-", "_"): n for n, f in FIELDS.items() if f.metadata.get("flag")}
         if aliases.get(name, name) != name:
             return f" (did you mean {aliases[name]!r}?)"
-        candidates = [f.name for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig)
-                      for f in dataclasses.fields(cls)]
+        candidates = list(FIELDS)
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -663,13 +646,11 @@ def parse_seed(text: str) -> int:
 
 
 def run_defining_diff(a: RunConfig, b: RunConfig) -> list[str]:
-    """Names of the run-defining fields (see :data:`RUN_DEFINING`) that differ between a and b."""
-    da, db = a.to_dict(), b.to_dict()
-    flat_a = {**da["optim"], **da["train"], **da["runtime"]}
-    flat_b = {**db["optim"], **db["train"], **db["runtime"]}
-    diff = [f"model.{k}" for k in da["model"] if da["model"][k] != db["model"][k] and k != "attention" and k != "loss"]
-    diff += [k for k in RUN_DEFINING if k != "model" and flat_a.get(k) != flat_b.get(k)]
-    return diff
+    """Names of the run-defining settings (declared ``run_defining=True``, :meth:`RunConfig.run_defining`)
+    that differ between ``a`` and ``b``; a model setting is named ``model.NAME``."""
+    ra, rb = a.run_defining(), b.run_defining()
+    model = {f.name for f in dataclasses.fields(GPTConfig)}
+    return [f"model.{k}" if k in model else k for k in ra if ra[k] != rb[k]]
 
 
 def world_from_env() -> tuple[int, int]:

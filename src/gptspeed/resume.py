@@ -48,11 +48,13 @@ def resolve_run(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
     resolved runtime ``rt``, whose folder is locked already. ``data_identity``: the training data's
     (:attr:`gptspeed.data.train_data.TrainData.identity`), compared with a checkpoint's.
 
-    In order: the resume point (refusing a changed run, :func:`find_resume_point`); the global
+    In order: every setting checked again (:meth:`RunConfig.validate`: a configuration changed
+    after :func:`gptspeed.api.make_config` made it is refused like a flag); the resume point (refusing a changed run, :func:`find_resume_point`); the global
     batch kept (:func:`keep_global_batch`); ``--batch-size auto`` probed on the device
     (:func:`gptspeed.step.auto_batch_size`) and the result validated (the FP8 shape rule needs B).
     Raises GptspeedError for anything the user can fix."""
     cfg = copy.deepcopy(cfg)
+    cfg.validate(rt.world_size)  # again: a configuration may have been changed after it was made (a notebook)
     point = find_resume_point(cfg, rt, data_identity, say=say)
     keep_global_batch(cfg, point, rt.world_size)
     if cfg.train.batch_size == AUTO_BATCH_SIZE:

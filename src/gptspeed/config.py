@@ -29,9 +29,9 @@ SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the tok
 # linear + cross-entropy (CUDA only)
 LOSSES = ("auto", "fused", "plain", "liger")
 
-# --optimizer: the names of gptspeed.optim.OPTIMIZERS (each entry there says how it is built, whether it skips a
-# non-finite step on the device, whether it takes a GradScaler, its verify tolerance)
-OPTIMIZERS = ("adamw", "muon")
+# --optimizer: the names of gptspeed.optim.OPTIMIZERS, whose register_optimizer appends here (each entry there
+# says how it is built, whether it skips a non-finite step on the device, takes a GradScaler, its verify tolerance)
+OPTIMIZERS: list[str] = ["adamw", "muon"]
 DTYPES = ("auto", "float32", "tf32", "bfloat16", "float16")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 COMPILE_MODES = ("model", "blocks")
@@ -350,7 +350,7 @@ class RunConfig:
         self.model.validate()
         for group in (self.optim, self.train, self.runtime):
             check_fields(group)
-        t, o, r = self.train, self.optim, self.runtime
+        t, r = self.train, self.runtime
         if self.runtime.fp8:
             from gptspeed.fp8 import check_fp8_shapes  # imports torch: only when --fp8 is asked for
 
@@ -359,8 +359,6 @@ class RunConfig:
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
                                 f"has --attention {self.model.attention}")
-        if o.optimizer == "muon" and r.dtype == "float16":
-            raise GptspeedError("--optimizer muon does not support --dtype float16 (loss scaling): use bfloat16")
         if t.batch_size == AUTO_BATCH_SIZE:
             if t.total_batch_tokens is None:
                 raise GptspeedError("--batch-size auto needs --total-batch-tokens (the global batch to keep)")

@@ -8,10 +8,14 @@ schedule is a pure function of the step, so resuming needs no scheduler state.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
+from gptspeed.config import OPTIMIZERS as CONFIG_OPTIMIZERS
 from gptspeed.config import OptimConfig
+from gptspeed.errors import GptspeedError
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -29,33 +33,68 @@ def fused_adamw_available(device_type: str) -> bool:
     return device_type in ("cuda", "cpu", "mps")
 
 
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What gptspeed needs to know of an optimizer, in one place (its entry in :data:`OPTIMIZERS`).
+
+    ``build(model, cfg, device_type) -> (optimizer, skips_on_device)``: the optimizer over the
+    model's parameters (each param group carrying ``lr_mult``: the trainer sets ``group["lr"] = lr
+    * lr_mult`` every step), and whether it skips a non-finite step on the device by itself
+    (AdamW's ``found_inf`` argument, which :meth:`gptspeed.step.TrainStep.optimizer_step` sets:
+    no host-device sync; otherwise the step reads the flag, one sync a step). ``grad_scaler``:
+    whether it works under float16's GradScaler (``scaler.step`` unscales and skips). ``verify_rtol``:
+    the least relative loss tolerance of its ``bench --verify`` rungs (None: the dtype's)."""
+
+    name: str
+    build: Callable[[torch.nn.Module, OptimConfig, str], tuple[Any, bool]]
+    grad_scaler: bool = True
+    verify_rtol: float | None = None
+    doc: str = ""
+
+
+#: the optimizers ``--optimizer`` names, by name (:func:`register_optimizer` adds one)
+OPTIMIZERS: dict[str, OptimizerSpec] = {}
+
+
+def register_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
+    """Make ``spec`` an ``--optimizer`` choice: adding an optimizer is this one call (and its
+    builder). Its name joins the setting's declared choices (:data:`gptspeed.config.OPTIMIZERS`)."""
+    OPTIMIZERS[spec.name] = spec
+    if spec.name not in CONFIG_OPTIMIZERS:
+        CONFIG_OPTIMIZERS.append(spec.name)
+    return spec
+
+
+def optimizer_spec(name: str) -> OptimizerSpec:
+    """The registered optimizer ``name``; GptspeedError naming the choices for another."""
+    if name not in OPTIMIZERS:
+        raise GptspeedError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    return OPTIMIZERS[name]
+
+
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
-    """The optimizer ``cfg.optimizer`` names; returns ``(optimizer, fused)``.
+    """The optimizer ``cfg.optimizer`` names (:data:`OPTIMIZERS`); returns ``(optimizer,
+    skips_on_device)`` (see :class:`OptimizerSpec`)."""
+    return optimizer_spec(cfg.optimizer).build(model, cfg, device_type)
 
-    ``adamw``: AdamW over :func:`param_groups`. ``muon``: a :class:`MuonWithAdamW` (Muon for the
-    blocks' 2-D weights, AdamW for the rest). ``fused`` is True only when the whole step can skip
-    a non-finite step on the device (AdamW's ``found_inf``); Muon has no such argument, so for
-    ``muon`` it is False and :meth:`gptspeed.trainer.Trainer.optimizer_step` reads the non-finite flag (one
-    host-device sync per step) before stepping.
 
-    ``cfg.fused_adamw``: None picks the fused kernel where available; True demands it
-    (ValueError from torch if the device has none); False uses PyTorch's default implementation.
-    Every param group carries ``lr_mult``: the trainer sets ``group["lr"] = lr * lr_mult``.
-    """
+def build_adamw(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
+    """AdamW over :func:`param_groups`. ``cfg.fused_adamw``: None picks the fused kernel where
+    available (then a non-finite step is skipped on the device); True demands it (ValueError from
+    torch if the device has none); False uses PyTorch's default implementation."""
     fused = fused_adamw_available(device_type) if cfg.fused_adamw is None else cfg.fused_adamw
-    if getattr(cfg, "optimizer", "adamw") == "muon":
-        opt = MuonWithAdamW(model, cfg, fused)
-        return opt, False
-    opt = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=fused or None,
-    )
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                            eps=cfg.eps, fused=fused or None)
     for g in opt.param_groups:
         g["lr_mult"] = 1.0
     return opt, fused
+
+
+def build_muon(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
+    """A :class:`MuonWithAdamW` (Muon for the blocks' 2-D weights, AdamW -- fused where available --
+    for the rest). Muon has no ``found_inf`` argument: the step reads the non-finite flag."""
+    fused = fused_adamw_available(device_type) if cfg.fused_adamw is None else cfg.fused_adamw
+    return MuonWithAdamW(model, cfg, fused), False
 
 
 def muon_params(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
@@ -131,11 +170,16 @@ class MuonWithAdamW:
     def load_state_dict(self, state: dict) -> None:
         """Load :meth:`state_dict` output; GptspeedError for a plain AdamW checkpoint."""
         if not isinstance(state, dict) or set(state) != {"adamw", "muon"}:
-            from gptspeed.errors import GptspeedError
-
             raise GptspeedError("the checkpoint's optimizer state is not Muon+AdamW: resume with its --optimizer")
         self.adamw.load_state_dict(state["adamw"])
         self.muon.load_state_dict(state["muon"])
+
+
+register_optimizer(OptimizerSpec(
+    "adamw", build_adamw, doc="AdamW (Loshchilov & Hutter 2019), decay on matrices and embeddings only"))
+register_optimizer(OptimizerSpec(
+    "muon", build_muon, grad_scaler=False, verify_rtol=1e-2,  # its Newton-Schulz runs in bf16: bf16's tolerance
+    doc="Muon for the blocks' 2-D weights, AdamW for the rest (Jordan et al. 2024)"))
 
 
 def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:

@@ -31,7 +31,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.loss import liger_problem
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
-from gptspeed.optim import build_optimizer
+from gptspeed.optim import build_optimizer, optimizer_spec
 from gptspeed.parallelize import check_cuda_graphs, parallelize, uses_cuda_graphs
 from gptspeed.runtime import Runtime, sdpa_backend_problem, sdpa_backend_scope
 
@@ -215,8 +215,9 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
         check_fp8_device(rt.device)
     if cfg.model.loss == "liger" and (problem := liger_problem(rt.device_type)):
         raise GptspeedError(problem)
-    if cfg.optim.optimizer == "muon" and rt.use_grad_scaler:
-        raise GptspeedError("--optimizer muon does not support float16 (loss scaling): use --dtype bfloat16")
+    if rt.use_grad_scaler and not optimizer_spec(cfg.optim.optimizer).grad_scaler:
+        raise GptspeedError(f"--optimizer {cfg.optim.optimizer} does not support float16 (loss scaling): "
+                            "use --dtype bfloat16")
     problem = compile_toolchain_problem(rt.device_type) if rt.compile else None
     if problem:
         raise GptspeedError(problem)

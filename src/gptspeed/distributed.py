@@ -92,6 +92,14 @@ def peer_lost(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(m in str(e) for m in PEER_LOST)
 
 
+def lost_peer_error(rt, step: int, e: BaseException) -> GptspeedError:
+    """The one line for a rank that lost contact with another (:func:`peer_lost`) after ``step``."""
+    return GptspeedError(
+        f"rank {rt.rank} of {rt.world_size}: lost contact with another rank after step {step} "
+        f"({str(e).splitlines()[0][:160]}): a process of the job died or was killed. The newest sealed "
+        "checkpoint is intact; torchrun --max-restarts restarts the group, which resumes from it")
+
+
 def shutdown_distributed() -> None:
     """Leave the process group if this process is in one (end of training)."""
     import torch.distributed as dist

@@ -191,3 +191,15 @@ def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, max_ste
         return min_lr
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def set_lr(optimizer, cfg, step: int) -> float:
+    """Set the learning rate of ``step`` (warm-up then cosine, :func:`lr_at`, by ``cfg``'s optimizer
+    settings, warm-up and ``--max-steps``) into every param group of ``optimizer``, times the
+    group's ``lr_mult``. Returns the base learning rate."""
+    o = cfg.optim
+    lr = lr_at(step, max_lr=o.lr, min_lr=o.lr * o.min_lr_ratio, warmup_steps=cfg.warmup_steps(),
+               max_steps=cfg.train.max_steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_mult", 1.0)
+    return lr

@@ -23,6 +23,20 @@ def write_run_config(run_dir: Path, cfg: RunConfig, rt: Runtime, derived: dict[s
     write_text_atomic(Path(run_dir) / "config.json", json.dumps(doc, indent=2) + "\n")
 
 
+def run_derived(trainer) -> dict[str, Any]:
+    """What config.json records besides the settings, from a built :class:`gptspeed.trainer.Trainer`:
+    gradient accumulation, tokens per step, parameters, FLOPs per token, the device's peak, the
+    data's identity and the run id."""
+    t, cfg, rt = trainer, trainer.cfg, trainer.rt
+    return {"grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step,
+            "params": t.model.num_params(False), "params_non_embedding": t.model.num_params(),
+            "flops_per_token": t.flops_per_token, "fused_adamw": t.skips_on_device, "dtype": rt.dtype,
+            "compile": rt.compile, "device": str(rt.device), "world_size": rt.world_size,
+            "parallel": rt.parallel, "warmup_steps": cfg.warmup_steps(), "peak_flops": t.peak,
+            "peak_flops_source": t.peak_source, "train_tokens_per_epoch": t.loader.tokens_per_epoch,
+            "data": t.data.identity, "run_id": t.resume.run_id}
+
+
 def banner(cfg: RunConfig, rt: Runtime, derived: dict[str, Any], *, malloc_reason: str, step: int) -> list[str]:
     """The lines a run prints before its first step: what runs (size, device, dtype, compile,
     optimizer, batch), why (the choices ``auto`` made), and warnings."""

@@ -46,3 +46,16 @@ class StopFlag:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def agree_on_stop(stop: StopFlag, rt) -> int | None:
+    """The signal that stops the run, agreed by all ranks of ``rt`` (one all-reduce; the trainer
+    asks at log steps only); ``stop.signum`` in one process."""
+    if not rt.distributed:
+        return stop.signum
+    import torch
+    import torch.distributed as dist
+
+    sig = torch.tensor([stop.signum or 0], device=rt.device)
+    dist.all_reduce(sig, op=dist.ReduceOp.MAX)
+    return int(sig.item()) or None

@@ -38,16 +38,17 @@ from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported b
 from gptspeed.cpu import keep_freed_memory
 from gptspeed.data.shards import ShardError
 from gptspeed.data.train_data import TrainData, find_train_data
-from gptspeed.distributed import init_distributed, peer_lost, shutdown_distributed
+from gptspeed.distributed import init_distributed, lost_peer_error, peer_lost, shutdown_distributed
 from gptspeed.divergence import DivergencePolicy
 from gptspeed.errors import GptspeedError
+from gptspeed.eval.during import RunEvaluator
 from gptspeed.metrics import RunLog, Throughput, format_duration, memory_stats, peak_flops
-from gptspeed.optim import lr_at
+from gptspeed.optim import set_lr
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
-from gptspeed.runinfo import banner, resume_command, write_run_config
+from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
 from gptspeed.runtime import Runtime, resolve_runtime
-from gptspeed.signals import StopFlag
+from gptspeed.signals import StopFlag, agree_on_stop
 from gptspeed.step import TrainStep, build_model
 
 __all__ = ["Trainer", "TrainState", "fit", "build_train_config", "resume_command"]
@@ -61,6 +62,18 @@ class Due:
     eval: bool
     save: bool
     hellaswag: bool
+
+
+def due_at(step: int, first_interval: bool, cfg: RunConfig, save: bool, hellaswag: bool) -> Due:
+    """What ``step`` is due for: evaluation every ``--eval-every`` steps and at the last, HellaSwag
+    likewise (when on), ``save`` as the checkpointer says, and a log record at all of them, every
+    ``--log-every`` steps and at the first step after a (re)start."""
+    t = cfg.train
+    last = step == t.max_steps
+    d = Due(log=False, eval=last or (t.eval_every > 0 and step % t.eval_every == 0), save=save,
+            hellaswag=hellaswag and (last or step % t.hellaswag_every == 0))
+    d.log = first_interval or d.eval or d.save or d.hellaswag or step % t.log_every == 0
+    return d
 
 
 @dataclasses.dataclass
@@ -127,10 +140,8 @@ class Trainer:
         keep = cfg.runtime.keep_freed_memory
         self.malloc_reason = (keep_freed_memory()[1] if (rt.device_type == "cpu" if keep is None else keep)
                               else "the system malloc as it is (off)")
-        from gptspeed.eval.hellaswag import hellaswag_hook
-
-        self.hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every; loads its data now
         self._build_step()
+        self.evals = RunEvaluator(cfg, rt, self.data, self.stepper)  # loads HellaSwag's examples now, if asked for
         check_free_space(self.run_dir, estimate_checkpoint_bytes(self.model))
         self.checkpointer = Checkpointer(
             self.run_dir, sharded=rt.parallel == "fsdp", is_main=rt.is_main, barrier=self.barrier,
@@ -196,17 +207,6 @@ class Trainer:
         c.register("rng", RNGState(self.rt.device))
         c.register("trainer", self.state)
 
-    def derived(self) -> dict[str, Any]:
-        """What config.json records besides the settings: what was derived from them, and the run id."""
-        cfg, rt = self.cfg, self.rt
-        return {"grad_accum_steps": self.accum, "tokens_per_step": self.tokens_per_step,
-                "params": self.model.num_params(False), "params_non_embedding": self.model.num_params(),
-                "flops_per_token": self.flops_per_token, "fused_adamw": self.skips_on_device, "dtype": rt.dtype,
-                "compile": rt.compile, "device": str(rt.device), "world_size": rt.world_size,
-                "parallel": rt.parallel, "warmup_steps": cfg.warmup_steps(), "peak_flops": self.peak,
-                "peak_flops_source": self.peak_source, "train_tokens_per_epoch": self.loader.tokens_per_epoch,
-                "data": self.data.identity, "run_id": self.resume.run_id}
-
     # ----------------------------------------------------------------------------- stepping
     def barrier(self) -> None:
         if self.rt.distributed:
@@ -218,41 +218,12 @@ class Trainer:
         """One optimizer step over the loader's next micro-batches (:class:`gptspeed.step.TrainStep`).
         Returns device tensors ``(loss, grad_norm, bad)``. A shard that went bad under the run
         (:class:`gptspeed.data.shards.ShardError`) raises GptspeedError naming it, after saving the
-        steps done since the last checkpoint when it can (:meth:`save_before_data_error`)."""
+        steps done since the last checkpoint when it can (:func:`save_before_data_error`)."""
         at = self.loader.mark()  # a few ints: where a failed step rewinds to
         try:
             return self.stepper(self.loader.next_batch)
         except ShardError as e:
-            raise GptspeedError(f"{e}. {self.save_before_data_error(at)}") from None
-
-    def save_before_data_error(self, at: Any) -> str:
-        """Save the checkpoint of the last finished step after the loader failed mid-step (its
-        position rewound to the step's start with ``at``; the weights and optimizer are untouched
-        until the last micro-batch is in). One process only: with several, the others wait in a
-        collective. Returns what was done, for the error line."""
-        if self.step == 0:
-            return "No step was done"
-        if self.rt.distributed:
-            return "The steps since the last checkpoint are lost"
-        if checkpoint_path(self.run_dir, self.step).exists():
-            return f"The checkpoint of step {self.step} is intact"
-        self.loader.rewind(at)
-        try:
-            self.checkpointer.save(self.step)
-        except GptspeedError as e:
-            return f"Saving step {self.step} failed too: {e}"
-        return (f"Trained {self.step:,} steps ({self.tokens:,} tokens); the checkpoint of step {self.step} was saved: "
-                f"fix the {'data' if self.data.is_stream else 'shard'}, then --resume")
-
-    def set_lr(self) -> float:
-        """The learning rate of this step (warm-up then cosine, :func:`gptspeed.optim.lr_at`) into
-        every param group, times the group's ``lr_mult``."""
-        o = self.cfg.optim
-        lr = lr_at(self.step, max_lr=o.lr, min_lr=o.lr * o.min_lr_ratio, warmup_steps=self.cfg.warmup_steps(),
-                   max_steps=self.cfg.train.max_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_mult", 1.0)
-        return lr
+            raise GptspeedError(f"{e}. {save_before_data_error(self, at)}") from None
 
     def check_divergence(self) -> None:
         """The ``--on-nan`` policy at a log step (:class:`gptspeed.divergence.DivergencePolicy`)."""
@@ -261,36 +232,9 @@ class Trainer:
 
         self.state.skipped_steps += self.divergence.check(self.state.skipped_steps, self.step, good, self.say)
 
-    def due(self, step: int, first_interval: bool) -> Due:
-        t = self.cfg.train
-        last = step == t.max_steps
-        d = Due(log=False, eval=last or (t.eval_every > 0 and step % t.eval_every == 0),
-                save=self.checkpointer.due(step),
-                hellaswag=self.hellaswag is not None and (last or step % t.hellaswag_every == 0))
-        d.log = first_interval or d.eval or d.save or d.hellaswag or step % t.log_every == 0
-        return d
-
-    def agree_on_stop(self, stop: StopFlag) -> int | None:
-        """The signal that stops the run, agreed by all ranks (one all-reduce; at log steps only)."""
-        if not self.rt.distributed:
-            return stop.signum
-        import torch.distributed as dist
-
-        sig = torch.tensor([stop.signum or 0], device=self.rt.device)
-        dist.all_reduce(sig, op=dist.ReduceOp.MAX)
-        return int(sig.item()) or None
-
     def evaluate(self, stop: Callable[[], bool] | None = None) -> float | None:
-        """Val loss over ``--eval-tokens`` (None without a val split, as for a stream, or when
-        ``stop`` interrupted it)."""
-        if not self.data.has_val:
-            return None
-        from gptspeed.eval.val_loss import evaluate
-
-        t = self.cfg.train
-        with self.stepper.attention():
-            return evaluate(self.train_model, self.rt, self.data.val_shards, t.batch_size, self.cfg.model.block_size,
-                            t.eval_tokens, self.cfg.model.valid_vocab_size, stop=stop)[0]
+        """The val loss now (:meth:`gptspeed.eval.during.RunEvaluator.val_loss`)."""
+        return self.evals.val_loss(stop)
 
     def record(self, step: int, **fields) -> None:
         """Write one metrics record (rank 0): progress counters plus ``fields``."""
@@ -323,12 +267,7 @@ class Trainer:
         if due.eval:
             fields["val_loss"] = self.evaluate(stop)
         if due.hellaswag:
-            with self.stepper.attention():
-                fields.update(self.hellaswag(self.model))  # every rank: FSDP2 forwards are collectives
-            if self.rt.parallel == "fsdp":
-                from gptspeed.eval.val_loss import reshard
-
-                reshard(self.model)
+            fields.update(self.evals.hellaswag())
         self.record(self.step, **fields)
         self.throughput.restart(self.loader.wait_s)
         return fields
@@ -368,11 +307,11 @@ class Trainer:
         t = self.cfg.train
         if self.rt.is_main:
             self.folder.written.add("config.json")
-            write_run_config(self.run_dir, self.cfg, self.rt, self.derived())
+            write_run_config(self.run_dir, self.cfg, self.rt, run_derived(self))
         if self.log is not None:
             self.folder.written.add(self.log.path.name)
             self.log.truncate_after(self.step if self.resume.path is not None else -1)
-        for line in banner(self.cfg, self.rt, self.derived(), malloc_reason=self.malloc_reason, step=self.step):
+        for line in banner(self.cfg, self.rt, run_derived(self), malloc_reason=self.malloc_reason, step=self.step):
             self.say(line)
         stopping = None
         if not self.resume.continues and self.data.has_val:
@@ -383,7 +322,7 @@ class Trainer:
             with eager() if self.rt.compile else contextlib.nullcontext():
                 summary["last_val_loss"] = self.evaluate(stop)
             if stop():
-                stopping = self.agree_on_stop(stop)
+                stopping = agree_on_stop(stop, self.rt)
             else:
                 self.record(0, val_loss=summary["last_val_loss"])
         self.throughput.restart(self.loader.wait_s)
@@ -393,17 +332,17 @@ class Trainer:
         """Steps until ``--max-steps`` or a signal; returns the signal that stopped it, or None."""
         stopping, first_interval = None, True
         while self.step < self.cfg.train.max_steps and stopping is None:
-            lr = self.set_lr()
+            lr = set_lr(self.optimizer, self.cfg, self.step)
             loss, grad_norm, bad = self.train_step()
             self.state.step += 1
             self.state.tokens += self.tokens_per_step
             self.throughput.step_done()
             self.divergence.note(bad, self.step)
-            due = self.due(self.step, first_interval)
+            due = due_at(self.step, first_interval, self.cfg, self.checkpointer.due(self.step), self.evals.hellaswag_on)
             if not self.rt.distributed:
                 stopping = stop.signum
             if due.log or stopping:  # ranks agree on stopping at log steps only (no per-step collective)
-                stopping = self.agree_on_stop(stop)
+                stopping = agree_on_stop(stop, self.rt)
                 fields = self.log_step(loss, grad_norm, lr, due, stop)
                 first_interval = False
                 summary["last_train_loss"] = fields["train_loss"]
@@ -418,10 +357,7 @@ class Trainer:
         if not self.resume.continues and self.step == first_step:
             self.folder.abandon()
         if self.rt.distributed and peer_lost(e):
-            raise GptspeedError(
-                f"rank {self.rt.rank} of {self.rt.world_size}: lost contact with another rank after step {self.step} "
-                f"({str(e).splitlines()[0][:160]}): a process of the job died or was killed. The newest sealed "
-                "checkpoint is intact; torchrun --max-restarts restarts the group, which resumes from it") from None
+            raise lost_peer_error(self.rt, self.step, e) from None
 
     def _finish(self, summary: dict[str, Any], stopping: int | None, first_step: int) -> dict[str, Any]:
         summary.update(step=self.step, skipped_steps=self.skipped_steps, interrupted=stopping)
@@ -444,6 +380,26 @@ class Trainer:
         if self.log is not None:
             self.log.close()
         self.folder.close()
+
+
+def save_before_data_error(trainer: "Trainer", at: Any) -> str:
+    """The data-error rescue: save the checkpoint of ``trainer``'s last finished step after its
+    loader failed mid-step (its position rewound to the step's start with ``at``; the weights and
+    optimizer are untouched until the last micro-batch is in). One process only: with several, the others wait in a
+    collective. Returns what was done, for the error line."""
+    if trainer.step == 0:
+        return "No step was done"
+    if trainer.rt.distributed:
+        return "The steps since the last checkpoint are lost"
+    if checkpoint_path(trainer.run_dir, trainer.step).exists():
+        return f"The checkpoint of step {trainer.step} is intact"
+    trainer.loader.rewind(at)
+    try:
+        trainer.checkpointer.save(trainer.step)
+    except GptspeedError as e:
+        return f"Saving step {trainer.step} failed too: {e}"
+    return (f"Trained {trainer.step:,} steps ({trainer.tokens:,} tokens); the checkpoint of step {trainer.step} was saved: "
+            f"fix the {'data' if trainer.data.is_stream else 'shard'}, then --resume")
 
 
 def _finite(x: float | None) -> float | None:

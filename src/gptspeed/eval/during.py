@@ -1,0 +1,45 @@
+"""The evaluations a run makes while it trains: the val loss over ``--eval-tokens`` and, with
+``--hellaswag-every``, HellaSwag -- each under the run's ``--sdpa-backend``, on every rank (FSDP2
+forwards are collectives)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class RunEvaluator:
+    """Built once by the trainer, after its step: ``stepper`` is the run's
+    :class:`gptspeed.step.TrainStep`, ``data`` its :class:`gptspeed.data.train_data.TrainData`. The
+    HellaSwag examples are loaded and tokenized here, so a missing file fails before the first step."""
+
+    def __init__(self, cfg, rt, data, stepper):
+        from gptspeed.eval.hellaswag import hellaswag_hook
+
+        self.cfg, self.rt, self.data, self.stepper = cfg, rt, data, stepper
+        self._hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every
+
+    @property
+    def hellaswag_on(self) -> bool:
+        return self._hellaswag is not None
+
+    def val_loss(self, stop: Callable[[], bool] | None = None) -> float | None:
+        """Val loss (nats/token) over ``--eval-tokens``; None without a val split (a stream) or when
+        ``stop`` interrupted it (:func:`gptspeed.eval.val_loss.evaluate`)."""
+        if not self.data.has_val:
+            return None
+        from gptspeed.eval.val_loss import evaluate
+
+        t, m = self.cfg.train, self.cfg.model
+        with self.stepper.attention():
+            return evaluate(self.stepper.train_model, self.rt, self.data.val_shards, t.batch_size, m.block_size,
+                            t.eval_tokens, m.valid_vocab_size, stop=stop)[0]
+
+    def hellaswag(self) -> dict[str, Any]:
+        """``hellaswag_acc_norm``, ``hellaswag_acc``, ``hellaswag_examples`` of the model now."""
+        with self.stepper.attention():
+            fields = self._hellaswag(self.stepper.model)
+        if self.rt.parallel == "fsdp":
+            from gptspeed.eval.val_loss import reshard
+
+            reshard(self.stepper.model)
+        return fields

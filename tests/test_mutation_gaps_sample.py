@@ -205,3 +205,21 @@ def test_sample_text_without_kv_cache_needs_equal_prompt_lengths():
                                             r"mask\)$"):
         sample_text(loaded=loaded(), prompts=prompts, kv_cache=False, device="cpu", dtype="float32",
                     out=io.StringIO())
+
+
+def test_every_tensor_goes_to_the_device_asked_for_not_the_default_one():
+    """With the default device set elsewhere (meta: no data), sampling draws the same tokens: each
+    tensor it makes is put on the model's / the runtime's device explicitly."""
+    model, info = loaded()
+    kw = dict(loaded=(model, info), prompts=["ab", "a b c"], max_new_tokens=5, device="cpu", dtype="float32")
+    ref = sample_text(**kw, out=io.StringIO())
+    idx, pad = left_pad([[1, 2, 3], [4]])
+    want = [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=pad)]
+    with torch.device("meta"):
+        assert sample_text(**kw, out=io.StringIO()) == ref
+        assert [t.tolist() for t in generate_cached(model, idx, 4, temperature=0)] == \
+               [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=torch.zeros(2, dtype=torch.long,
+                                                                                                  device="cpu"))]
+        assert [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=pad)] == want
+        pos, mask = _window_inputs(pad, 1, 2)
+        assert pos.device.type == mask.device.type == "cpu"

@@ -174,3 +174,11 @@ def test_reshard_reshards_every_fsdp_module_and_nothing_else(monkeypatch):
     root.other = Other(2, 2)
     val_loss.reshard(root)
     assert root.calls == root.inner.calls == 1
+
+
+def test_every_tensor_goes_to_the_runtimes_device_not_the_default_one(model, split):
+    """With the default device set elsewhere (meta: no data) the figure is the same: the sums live
+    on ``rt.device``, asked for explicitly."""
+    want = evaluate(model, CPU, split, B, T)
+    with torch.device("meta"):
+        assert evaluate(model, CPU, split, B, T) == want

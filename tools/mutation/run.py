@@ -140,6 +140,30 @@ def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
                 p.unlink()
 
 
+def precheck(env: dict[str, str]) -> list[str]:
+    """Run mutmut's test selection once on the unmutated snapshot; the node ids that fail (mutmut
+    needs every selected test to pass before it mutates anything) are deselected in the snapshot's
+    pyproject.toml and named in the report."""
+    import tomllib
+
+    cfg = tomllib.loads((WORK / "pyproject.toml").read_text())["tool"]["mutmut"]
+    cmd = [sys.executable, "-m", "pytest", *cfg.get("pytest_add_cli_args", []),
+           *cfg.get("pytest_add_cli_args_test_selection", []), "-q", "-rfE", "--tb=no"]
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(WORK / "src"), env.get("PYTHONPATH")) if p)}
+    print("checking that the selected tests pass on the unmutated code ...", flush=True)
+    out = subprocess.run(cmd, cwd=WORK, env=env, capture_output=True, text=True).stdout
+    failing = sorted({line.split(" ", 1)[1].split(" - ", 1)[0] for line in out.splitlines()
+                      if line.startswith(("FAILED ", "ERROR "))})
+    if failing:
+        text = (WORK / "pyproject.toml").read_text()
+        anchor = "pytest_add_cli_args = [\n"
+        assert anchor in text, "pyproject.toml: [tool.mutmut] pytest_add_cli_args not found"
+        extra = "".join(f'    "--deselect", {json.dumps(n)},  # fails on the unmutated code\n' for n in failing)
+        (WORK / "pyproject.toml").write_text(text.replace(anchor, anchor + extra, 1))
+        print(f"left out, failing on the unmutated code: {', '.join(failing)}", file=sys.stderr)
+    return failing
+
+
 def load_results(prefixes: list[str]) -> dict[str, str]:
     """Mutant name -> status, from the .meta files mutmut writes beside each mutated file."""
     out = {}
@@ -235,6 +259,8 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
                        "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, ""))} for n in survivors],
         "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived")),
         "explained_but_not_surviving": sorted(n for n in expl if n in results and results[n] != "survived"),
+        "tests_failing_unmutated": json.loads((WORK / "failing_tests.json").read_text())
+        if (WORK / "failing_tests.json").exists() else [],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "last_run.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
@@ -259,6 +285,9 @@ def markdown(r: dict) -> str:
     for m, c in r["per_module"].items():
         lines.append(f"| {m} | {c['mutants']} | {c.get('killed', 0)} | {c.get('survived', 0)} | "
                      f"{c.get('timeout', 0)} | {c.get('no tests', 0)} |")
+    if r["tests_failing_unmutated"]:
+        lines += ["", "Left out of this run, failing on the unmutated code: "
+                  + ", ".join(f"`{t}`" for t in r["tests_failing_unmutated"])]
     lines += ["", f"## Survivors ({len(r['survivors'])})", ""]
     for s in r["survivors"]:
         lines.append(f"- `{s['name']}` -- **{s['explained_as']}**" + (f": {s['why']}" if s["why"] else ""))
@@ -287,6 +316,8 @@ def main() -> int:
                     help="write tools/mutation/last_run.* even for a partial or working-tree run")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from .mutation/ and exit")
     ap.add_argument("--workdir", type=Path, default=WORK, help="where the snapshot and mutmut's cache live")
+    ap.add_argument("--no-precheck", action="store_true",
+                    help="skip the run of the selected tests on the unmutated code (which deselects the failing ones)")
     args = ap.parse_args()
     WORK = args.workdir.resolve()
     unknown = [m for m in args.modules if m not in MODULES]
@@ -316,6 +347,8 @@ def main() -> int:
         env.setdefault("GPTSPEED_DATA_MIRROR", str(REPO.parent / "shared" / "data"))
         # each mutant runs in its own worker process: one thread each, as pytest -n does
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MKL_CBWR="AUTO", MKL_DYNAMIC="FALSE")
+        failing = [] if args.no_precheck else precheck(env)
+        (WORK / "failing_tests.json").write_text(json.dumps(failing))
         log = WORK / "mutmut.log"
         print(f"mutmut run in {WORK} ({len(names)} name patterns), log: {log}", flush=True)
         with open(log, "w") as f:
@@ -326,7 +359,12 @@ def main() -> int:
             print("\n".join(l for l in tail if "DEBUG" not in l), file=sys.stderr)
             print(f"mutmut run failed (exit {rc}); see {log}", file=sys.stderr)
             return rc
-    wall = time.monotonic() - t0
+    info = WORK / "run_info.json"
+    if args.report_only:
+        wall = json.loads(info.read_text())["wall_s"] if info.exists() else float("nan")
+    else:
+        wall = time.monotonic() - t0
+        info.write_text(json.dumps({"wall_s": wall, "argv": sys.argv[1:]}))
     results = load_results(prefixes)
     r = report(modules, results, wall, args, out_dir)
     unexplained = [s["name"] for s in r["survivors"] if s["explained_as"] == "unexplained"]

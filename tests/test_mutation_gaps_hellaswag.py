@@ -1,0 +1,297 @@
+"""gptspeed.eval.hellaswag where the mutation check (tools/mutation/README.md) found it unguarded: the
+counts and accuracies against endings scored one at a time by the model itself, the batching
+(order, size, several ranks with a played all-reduce), autocast, NaN counting, the timing fields,
+the file checks (mirror, cache, download) and the reader's refusals. Tiny model, no network, no
+subprocess."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import gptspeed.data.corpora as corpora
+from gptspeed.errors import GptspeedError
+from gptspeed.eval import hellaswag as hs
+from gptspeed.eval.hellaswag import HellaSwagItem, evaluate_hellaswag, score_items
+from gptspeed.model import GPT, GPTConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+S = 24  # block size
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=S)).eval()
+
+
+def random_items(n: int, seed: int, label=None) -> list[HellaSwagItem]:
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for _ in range(n):
+        ctx = tuple(torch.randint(0, 50000, (int(torch.randint(1, 8, (1,), generator=g)),), generator=g).tolist())
+        endings = tuple(tuple(torch.randint(0, 50000, (int(torch.randint(1, 6, (1,), generator=g)),),
+                                            generator=g).tolist()) for _ in range(4))
+        items.append(HellaSwagItem(ctx=ctx, endings=endings, label=0 if label is None else label))
+    return items
+
+
+def ending_losses(model, item: HellaSwagItem, autocast=None) -> list[tuple[float, int]]:
+    """(summed cross-entropy, tokens) of each ending: the model run on ctx + ending alone, every
+    ending token predicted from all before it (ctx cropped from the left to the block size)."""
+    out = []
+    for end in item.endings:
+        toks = list(item.ctx) + list(end)
+        drop = max(0, len(toks) - S)
+        toks = toks[drop:]
+        start = max(len(item.ctx) - drop, 1)
+        with torch.no_grad(), autocast if autocast is not None else torch.autocast("cpu", enabled=False):
+            logits = model(torch.tensor([toks]))[0][0].float()
+        ce = F.cross_entropy(logits[start - 1:len(toks) - 1], torch.tensor(toks[start:]), reduction="sum")
+        out.append((float(ce), len(toks) - start))
+    return out
+
+
+def labelled(model, items, norm: bool) -> list[HellaSwagItem]:
+    """``items`` with the label the model's own losses make right (lowest total, or lowest mean)."""
+    out = []
+    for it in items:
+        losses = ending_losses(model, it)
+        key = [t / n if norm else t for t, n in losses]
+        out.append(HellaSwagItem(it.ctx, it.endings, key.index(min(key))))
+    return out
+
+
+# ------------------------------------------------------------------------------ scoring
+def test_score_items_is_each_ending_scored_alone(model):
+    items = random_items(5, 1) + [HellaSwagItem(ctx=(7,), endings=((1, 2), (3,), (4, 5, 6), (8,)), label=0)]
+    total, count = score_items(model, items, "cpu")
+    for i, it in enumerate(items):
+        for j, (t, n) in enumerate(ending_losses(model, it)):
+            assert int(count[i, j]) == n
+            assert float(total[i, j]) == pytest.approx(t, rel=1e-4, abs=1e-4)
+    assert count[-1].tolist() == [2, 1, 3, 1]  # a one-token context: every ending token is scored
+
+
+def test_score_items_under_autocast_scores_in_the_autocast_dtype(model):
+    items = random_items(3, 2)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    total, _ = score_items(model, items, "cpu", bf16)
+    total32, _ = score_items(model, items, "cpu")
+    ref = torch.tensor([[t for t, _ in ending_losses(model, it, torch.autocast("cpu", dtype=torch.bfloat16))]
+                        for it in items])
+    assert torch.allclose(total, ref, rtol=1e-3, atol=1e-3) and not torch.equal(total, total32)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 16])
+def test_accuracies_count_the_models_own_best_endings(model, batch):
+    """Labels set to the model's own lowest total loss: every example right by ``acc``; set to
+    the lowest mean: right by ``acc_norm``; at any batch size, counted over all batches."""
+    items = random_items(7, 3)
+    by_total, by_mean = labelled(model, items, False), labelled(model, items, True)
+    r = evaluate_hellaswag(model, by_total, device="cpu", batch_examples=batch)
+    assert (r["examples"], r["correct"], r["acc"], r["nan_examples"]) == (7, 7, 1.0, 0)
+    assert type(r["examples"]) is int and type(r["correct"]) is int
+    r = evaluate_hellaswag(model, by_mean, device="cpu", batch_examples=batch)
+    assert (r["correct_norm"], r["acc_norm"]) == (7, 1.0)
+    differ = sum(a.label != b.label for a, b in zip(by_total, by_mean))
+    assert r["correct"] == 7 - differ and r["acc"] == pytest.approx((7 - differ) / 7)
+
+
+def test_the_mean_divides_by_the_scored_tokens_one_token_endings_included(model):
+    """Endings of 1 token next to longer ones: the mean of a 1-token ending is its loss itself."""
+    items = [HellaSwagItem(ctx=c, endings=((11,), (12, 13, 14), (15,), (16, 17)), label=0)
+             for c in ((1, 2, 3), (4, 5), (6,), (9, 8, 7, 6))]
+    by_mean = labelled(model, items, True)
+    assert evaluate_hellaswag(model, by_mean, device="cpu", batch_examples=2)["correct_norm"] == 4
+
+
+def test_one_example_accuracy_is_its_own_count(model):
+    item = labelled(model, random_items(1, 4), False)
+    r = evaluate_hellaswag(model, item, device="cpu")
+    assert r["acc"] == 1.0 and r["examples"] == 1
+    assert evaluate_hellaswag(model, [], device="cpu")["acc"] == 0.0
+
+
+def test_batches_go_longest_first_and_batch_size_one_is_allowed(model, monkeypatch):
+    items = random_items(6, 5)
+    seen = []
+    real = hs.score_items
+    monkeypatch.setattr(hs, "score_items", lambda m, batch, *a: seen.append([max(len(it.ctx) + len(e) for e in it.endings)
+                                                                         for it in batch]) or real(m, batch, *a))
+    evaluate_hellaswag(model, items, device="cpu", batch_examples=1)
+    lengths = [s[0] for s in seen]
+    assert len(seen) == 6 and lengths == sorted(lengths, reverse=True)
+    with pytest.raises(GptspeedError, match="^HellaSwag batch must be at least 1 example, got 0$"):
+        evaluate_hellaswag(model, items, device="cpu", batch_examples=0)
+
+
+def test_a_diverged_model_counts_its_nan_examples_over_every_batch(model):
+    import copy
+
+    bad = copy.deepcopy(model)
+    with torch.no_grad():
+        bad.transformer.ln_f.weight.fill_(float("nan"))
+    r = evaluate_hellaswag(bad, random_items(5, 6), device="cpu", batch_examples=2)
+    assert r["nan_examples"] == 5
+
+
+def test_the_mode_is_restored_and_the_timing_is_the_calls(model, monkeypatch):
+    import time
+
+    model.train()
+    t0 = time.perf_counter()
+    r = evaluate_hellaswag(model, random_items(3, 7), device="cpu")
+    wall = time.perf_counter() - t0
+    assert model.training
+    model.eval()
+    assert 0 < r["seconds"] <= wall and r["examples_per_s"] == pytest.approx(3 / r["seconds"])
+    assert set(r) == {"examples", "correct", "correct_norm", "acc", "acc_norm", "seconds", "examples_per_s",
+                      "nan_examples"}
+    monkeypatch.setattr(hs.time, "perf_counter", lambda: 5.0)  # a clock that did not move: no rate
+    r = evaluate_hellaswag(model, random_items(2, 7), device="cpu")
+    assert r["seconds"] == 0 and r["examples_per_s"] is None
+
+
+class FakeDist:
+    """torch.distributed for one rank of ``world`` whose peers' counts are ``others``."""
+
+    def __init__(self, rank, world, others):
+        self.rank, self.world, self.others, self.reduced = rank, world, others, []
+
+    def install(self, monkeypatch):
+        import torch.distributed as dist
+
+        monkeypatch.setattr(dist, "is_available", lambda: True)
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist, "get_rank", lambda: self.rank)
+        monkeypatch.setattr(dist, "get_world_size", lambda: self.world)
+        monkeypatch.setattr(dist, "all_reduce", self.all_reduce)
+
+    def all_reduce(self, t, op=None):
+        self.reduced.append(t.clone())
+        t += self.others
+
+
+def test_ranks_take_every_world_size_th_example_and_sum_their_counts(model, monkeypatch):
+    items = labelled(model, random_items(7, 8), False)
+    alone = [evaluate_hellaswag(model, items[r::2], device="cpu") for r in (0, 1)]
+    fake = FakeDist(rank=1, world=2, others=torch.tensor([alone[0]["examples"], alone[0]["correct"],
+                                                          alone[0]["correct_norm"], 0]))
+    fake.install(monkeypatch)
+    r = evaluate_hellaswag(model, items, device="cpu")  # rank and world size from torch.distributed
+    assert len(fake.reduced) == 1 and fake.reduced[0].tolist() == [3, 3, alone[1]["correct_norm"], 0]
+    assert (r["examples"], r["correct"]) == (7, 7)
+    fake.reduced.clear()
+    r = evaluate_hellaswag(model, items, device="cpu", rank=0, world_size=1)  # given: no peers to add
+    assert fake.reduced == [] and r["examples"] == 7
+
+
+def test_no_all_reduce_without_torch_distributed(model, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: pytest.fail("all_reduce in one process"))
+    assert evaluate_hellaswag(model, random_items(3, 9), device="cpu", rank=0, world_size=3)["examples"] == 1
+
+
+def test_the_training_hook_scores_under_the_runs_autocast(model, monkeypatch):
+    from gptspeed.config import preset
+    from gptspeed.runtime import Runtime
+
+    seen = []
+    monkeypatch.setattr(hs, "load_hellaswag", lambda max_examples: random_items(2, 10))
+    monkeypatch.setattr(hs, "evaluate_hellaswag", lambda m, items, **kw: seen.append(kw) or
+                        {"acc_norm": 0.5, "acc": 0.25, "examples": 2})
+    cfg = preset("pico").override(dict(hellaswag_every=5, hellaswag_examples=2))
+    rt = Runtime(device=torch.device("cpu"), dtype="bfloat16", autocast_dtype=torch.bfloat16, compile=False)
+    out = hs.hellaswag_hook(cfg, rt)(model)
+    assert out == {"hellaswag_acc_norm": 0.5, "hellaswag_acc": 0.25, "hellaswag_examples": 2}
+    (kw,) = seen
+    assert kw["device"] == rt.device and isinstance(kw["autocast"], torch.autocast)
+    assert kw["autocast"].fast_dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------ the file
+def write_jsonl(path, lines):
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    return path
+
+
+EX = {"ctx": "A man sits.", "endings": ["a", "b", "c", "d"], "label": 2}
+
+
+def test_read_examples_skips_blank_lines_and_stops_at_max_examples(tmp_path):
+    path = write_jsonl(tmp_path / "h.jsonl", [EX, "", "   ", dict(EX, label="1"), EX])
+    assert [e["label"] for e in hs.read_examples(path)] == [2, "1", 2]
+    assert len(hs.read_examples(path, max_examples=2)) == 2
+
+
+@pytest.mark.parametrize("bad", [dict(EX, label=4), dict(EX, label=-1), dict(EX, endings=["a"] * 3), "{not json",
+                                 dict(EX, ctx=3), {"ctx": "x"}])
+def test_read_examples_names_the_line_that_is_not_an_example(tmp_path, bad):
+    path = write_jsonl(tmp_path / "h.jsonl", [EX, bad])
+    with pytest.raises(GptspeedError, match=rf"^{path}:2 is not a HellaSwag example \(ctx, 4 endings, label 0-3\)$"):
+        hs.read_examples(path)
+
+
+def test_read_examples_of_a_file_it_cannot_read_or_that_holds_nothing(tmp_path):
+    with pytest.raises(GptspeedError, match=rf"^cannot read HellaSwag file {tmp_path}: Is a directory$"):
+        hs.read_examples(tmp_path)
+    (tmp_path / "latin.jsonl").write_bytes(b'{"ctx": "caf\xe9"}\n')
+    with pytest.raises(GptspeedError, match=rf"^cannot read HellaSwag file {tmp_path / 'latin.jsonl'}: 'utf-8' codec"):
+        hs.read_examples(tmp_path / "latin.jsonl")
+    with pytest.raises(GptspeedError, match=rf"^{tmp_path / 'empty.jsonl'} holds no HellaSwag examples$"):
+        hs.read_examples(write_jsonl(tmp_path / "empty.jsonl", [""]))
+
+
+@pytest.fixture
+def official(tmp_path, monkeypatch):
+    """A small file made the official one (its sha256 patched in), a mirror and a cache folder."""
+    path = write_jsonl(tmp_path / "file.jsonl", [EX, EX])
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setattr(hs, "HELLASWAG_VAL_SHA256", sha)
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "mirror"))
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
+    downloads = []
+    monkeypatch.setattr(corpora, "_download", lambda *a: downloads.append(a))
+    return path, sha, downloads
+
+
+def test_the_mirrors_file_is_used_when_its_hash_is_right(official, tmp_path):
+    path, sha, downloads = official
+    (tmp_path / "mirror" / "hellaswag").mkdir(parents=True)
+    good = tmp_path / "mirror" / "hellaswag" / "hellaswag_val.jsonl"
+    good.write_bytes(path.read_bytes())
+    assert hs.hellaswag_file() == good and downloads == []
+    good.write_text("tampered\n")
+    actual = hashlib.sha256(b"tampered\n").hexdigest()
+    with pytest.raises(GptspeedError) as e:
+        hs.hellaswag_file()
+    assert str(e.value) == (f"{good} has sha256 {actual}, expected {sha}: replace it with the official file or "
+                            "unset GPTSPEED_DATA_MIRROR")
+
+
+def test_the_cache_is_used_when_its_hash_is_right_else_downloaded_again(official, tmp_path):
+    path, sha, downloads = official
+    cached = tmp_path / "cache" / "hellaswag" / "hellaswag_val.jsonl"
+    assert hs.hellaswag_file() == cached
+    assert downloads == [((hs.HELLASWAG_VAL_URL,), cached, sha, "hellaswag/hellaswag_val.jsonl", True)]
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(path.read_bytes())
+    downloads.clear()
+    assert hs.hellaswag_file(progress=False) == cached and downloads == []
+    cached.write_text("stale\n")
+    hs.hellaswag_file(progress=False)
+    assert downloads == [((hs.HELLASWAG_VAL_URL,), cached, sha, "hellaswag/hellaswag_val.jsonl", False)]
+
+
+def test_load_hellaswag_reads_the_official_file_with_progress_by_default(official, monkeypatch):
+    path, _, _ = official
+    asked = []
+    monkeypatch.setattr(hs, "hellaswag_file", lambda progress: asked.append(progress) or path)
+    items = hs.load_hellaswag()
+    assert asked == [True] and len(items) == 2 and items[0].label == 2
+    assert len(hs.load_hellaswag(max_examples=1, progress=False)) == 1 and asked == [True, False]

@@ -1,0 +1,87 @@
+"""gptspeed.loss where the mutation check (tools/mutation/README.md) found it unguarded: the dtype the
+LM-head matmuls run in, the gradient's dtype for inputs of mixed dtypes, and Liger's refusals off
+CUDA. No subprocess, no GPU."""
+
+import importlib.util
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import gptspeed.loss as loss_mod
+from gptspeed.errors import GptspeedError
+from gptspeed.loss import compute_dtype_for, fused_linear_cross_entropy, liger_linear_cross_entropy, liger_problem
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_matmuls_run_in_the_autocast_dtype_where_autocast_is_on_else_in_the_inputs():
+    x = torch.randn(2, 3)
+    assert compute_dtype_for(x) == torch.float32
+    assert compute_dtype_for(x.double()) == torch.float64
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compute_dtype_for(x) == torch.bfloat16
+        assert compute_dtype_for(torch.randn(2, 3, device="meta")) == torch.float32  # no autocast on meta
+
+
+def test_under_autocast_the_fused_loss_computes_in_the_autocast_dtype(monkeypatch):
+    """The op is handed the autocast dtype (bf16): its loss is the bf16 matmul's, not fp32's."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(64, 32), torch.randn(300, 32), torch.randint(0, 300, (64,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fused_linear_cross_entropy(x, w, t)
+    want = F.cross_entropy((x.bfloat16() @ w.bfloat16().t()).float(), t)
+    fp32 = F.cross_entropy(x @ w.t(), t)
+    assert abs(float(got) - float(want)) < 1e-5 < abs(float(got) - float(fp32))
+
+
+def test_gradients_keep_each_inputs_dtype_when_the_two_differ():
+    """bf16 hidden states against an fp32 weight (no autocast): the loss is fp32 and each gradient
+    has its input's dtype, close to the gradient of F.cross_entropy on the same bf16 products."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 16).bfloat16().requires_grad_()
+    w = torch.randn(70, 16).requires_grad_()
+    t = torch.randint(0, 70, (40,))
+    got = fused_linear_cross_entropy(x, w, t, chunk_rows=16)
+    gx, gw = torch.autograd.grad(got, (x, w))
+    assert got.dtype == torch.float32 and gx.dtype == torch.bfloat16 and gw.dtype == torch.float32
+    xr, wr = x.detach().float().requires_grad_(), w.detach().bfloat16().float().requires_grad_()
+    ref = F.cross_entropy(xr @ wr.t(), t)
+    rx, rw = torch.autograd.grad(ref, (xr, wr))
+    assert float(got.detach()) == pytest.approx(float(ref.detach()), rel=1e-2)
+    assert ((gx.float() - rx).norm() / rx.norm()) < 2e-2 and ((gw - rw).norm() / rw.norm()) < 2e-2
+
+
+def test_liger_is_refused_off_cuda_naming_the_device():
+    x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.randint(0, 10, (4,))
+    with pytest.raises(GptspeedError, match=r"^--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU "
+                                            r"\(not cpu\): use --loss fused$"):
+        liger_linear_cross_entropy(x, w, t)
+    assert liger_problem("mps").endswith("(not mps): use --loss fused")
+
+
+def test_liger_on_cuda_needs_the_package(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    assert liger_problem("cuda") == ("--loss liger needs Liger-Kernel, which is not installed: pip install "
+                                     "liger-kernel (or use --loss fused)")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real(name, *a))
+    assert liger_problem("cuda") is None
+
+
+def test_the_loss_of_a_model_whose_config_asks_for_it_goes_through_the_fused_op(monkeypatch):
+    """``--loss fused`` (and auto on a CPU) computes the loss with fused_linear_cross_entropy."""
+    from gptspeed.model import GPT, GPTConfig
+
+    calls = []
+    real = loss_mod.fused_linear_cross_entropy
+    import gptspeed.model as model_mod
+
+    monkeypatch.setattr(model_mod, "fused_linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    idx = torch.randint(0, 50257, (2, 8))
+    for loss, softmax, fused in (("fused", "full", True), ("auto", "full", True), ("plain", "full", False),
+                                 ("fused", "data", True), ("auto", "data", True), ("plain", "data", False)):
+        calls.clear()
+        torch.manual_seed(0)
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, loss=loss, softmax=softmax))(idx, idx)
+        assert bool(calls) is fused, (loss, softmax)

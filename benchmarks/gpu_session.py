@@ -1,43 +1,51 @@
-"""Issue 20 on a lent GPU machine: every step of the issue as phases that fit 10-minute device commands.
+"""Issues 20 and 30 on a lent GPU machine: the GPU work as phases that each end within one device command.
 
 A lent machine gives a session about 30 minutes of device time, at most 10 per command, and no
 network. Each phase runs its parts one after another, each part under a timeout cut to what is left
 of the command's budget (``--budget-s``, default 560 s, shared by the phases named in one command),
-and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``),
-so a command stopped at its limit still brings back what it measured; ``summary.json`` in each archive
-lists the parts, their commands, status and seconds. Run from the project root, after ``bash
-../shared/device/carry.sh liger-kernel==0.8.5`` here, as ``source .carry/setup.sh && python3
-benchmarks/gpu_session.py PHASE [PHASE ...]``:
+and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``);
+the benches and the peers write their JSON and Markdown after every row, so a command stopped at
+its limit -- or a part stopped at its timeout -- still brings back every finished row;
+``summary.json`` in each archive lists the parts, their commands, status and seconds. Run from the
+project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5 nvidia-cudnn-frontend==1.32.0``
+here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py PHASE [PHASE ...]``.
+
+The documented commands (:data:`COMMANDS`), in order of value -- the default's speed and the peers
+first -- each planned to end within ~8 minutes by :data:`ESTIMATES` (``--plan`` prints them):
 
 ==========  ==============================================================================================
-phase       what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg prepared from .carry)
+command     what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg prepared from .carry)
 ==========  ==============================================================================================
+peers       ``benchmarks/peers_gpu.py``: gptspeed's default ``train`` vs nanoGPT (compile) vs llm.c's
+            ``train_gpt2cu`` (built for this GPU, cuDNN attention when carried), 2 interleaved rounds,
+            65,536 tokens per step
+verify      ``gptspeed bench --verify``: the default rung set (the seeds' rungs, fp32 .. fused AdamW:
+            ``train``'s default switches one at a time), 2 micro-batches per step
 first       the machine (nvidia-smi, gcc, Python.h, versions); ``gptspeed train --preset gpt2`` for 50 steps
             with an eval and a checkpoint every 25; the same run stopped by SIGINT after step 30 and
-            ``--resume``-d to 50 (its losses against the uninterrupted run's); ``gptspeed sample`` from
-            the checkpoint; then ``python -m pytest -m cuda`` with the time left
-cudatests   ``python -m pytest -m cuda`` alone (when ``first`` ran out of time for it)
-peers       ``benchmarks/peers_gpu.py``: gptspeed's default ``train`` vs nanoGPT (compile) vs llm.c's
-            ``train_gpt2cu``, 3 interleaved rounds, 65,536 tokens per step (~6 min estimated)
+            ``--resume``-d to 50 (its losses against the uninterrupted run's); ``gptspeed sample``
 ladder      ``gptspeed bench --ladder`` of the seeds' rows at B=16: fp32 -> TF32 -> bf16 -> compile ->
-            flash -> vocab 50304 -> fused AdamW
+            flash -> vocab 50304 -> fused AdamW (a fresh compile cache per row: warm-up = its compile)
+cudatests   ``pytest -m cuda`` in three parts: the one-GPU NCCL DDP step first, then every other
+            ``cuda`` test but the verify one, then ``bench --verify`` on CUDA at a small shape
 profile     ``benchmarks/loss_gpu.py`` (the LM-head loss alone: plain, compiled, gptspeed's fused,
-            Liger-Kernel's when carried), then ``gptspeed bench --profile fused-adamw`` (the default
-            configuration): its top kernels
-verify      ``gptspeed bench --verify --preset gpt2 --device cuda``: fp32 .. fused AdamW, fp16, cuDNN attention
-verify2     the same: fused loss, ``--batch-size auto``, FP8, Muon
-verify3     the same: per-block compile, fp16 + fused loss, the CUDA-graph and max-autotune compile modes
+            Liger-Kernel's when carried), then ``gptspeed bench --profile fused-adamw`` (the default)
+verify2     ``bench --verify`` of the rungs beyond the default: fused loss, ``--batch-size auto``, FP8, Muon
+verify3     the same: per-block compile, fp16, fp16 + fused loss, cuDNN attention
+verify4     the same: ``max-autotune-no-cudagraphs`` (inductor's matmul search: the longest compile)
+verify5     the same with ``--grad-accum 1``: the CUDA-graph modes ``reduce-overhead`` and ``max-autotune``
+            (refused with accumulation)
 beyond      ``benchmarks/peers_gpu.py --peers gptspeed`` with one switch each from the default, 2 rounds:
-            cuDNN attention, the fused loss, the largest micro-batch (``--batch-size auto``)
-beyond2     the same: FP8, Muon, per-block compile
-beyond3     the same: inductor's coordinate-descent tuning, max-autotune (no CUDA graphs), and cuDNN
-            attention with the largest micro-batch together
+            cuDNN attention, the fused loss
+beyond2     the same: the largest micro-batch (``--batch-size auto``), FP8
+beyond3     the same: Muon, per-block compile
+beyond4     the same: inductor's coordinate-descent tuning, cuDNN attention with the largest micro-batch
 ==========  ==============================================================================================
 
-The phases are listed in the order the issue's "Done when" needs them; one lease holds about three
-commands (e.g. ``first``; ``peers ladder``; ``profile verify``). The minutes are estimates until a
-GPU has run them. ``--smoke`` runs a phase on the CPU at the pico shape, for the tests: it checks
-the orchestration, not the GPU.
+One lease holds about three commands (``peers``; ``verify``; ``first``), the next ``ladder``;
+``cudatests``; ``profile``, and so on down the list. The minutes are estimates until a GPU has run
+them. ``--smoke`` runs a phase on the CPU at the pico shape, for the tests: it checks the
+orchestration, not the GPU.
 """
 
 from __future__ import annotations
@@ -57,24 +65,122 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # gptspeed's own helpers, from this checkout
 CARRY = ROOT / ".carry"
-# bench --verify's rungs in three groups that each fit one command (each group also runs its fp32 reference)
+# bench --verify's rungs in groups that each fit one command (each group also runs its fp32 references):
+# (--stages, extra flags, seconds one rung may take). None: verify's own default set (the seeds' rungs).
 VERIFY_GROUPS = {
-    "verify": "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw,fp16,sdpa-cudnn",
-    "verify2": "fused-ce,batch-auto,fp8,muon",
-    "verify3": "compile-blocks,fp16-fused-ce,reduce-overhead,max-autotune,max-autotune-no-cudagraphs",
+    "verify": (None, [], 240),
+    "verify2": ("fused-ce,batch-auto,fp8,muon", [], 240),
+    "verify3": ("compile-blocks,fp16,fp16-fused-ce,sdpa-cudnn", [], 240),
+    "verify4": ("max-autotune-no-cudagraphs", [], 420),
+    "verify5": ("reduce-overhead,max-autotune", ["--grad-accum", "1"], 300),
 }
 SEEDS = "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw"
 # one switch each from gptspeed train's default, interleaved with the default, 65,536 tokens per step
 BEYOND_GROUPS = {
-    "beyond": ["cudnn: --sdpa-backend cudnn", "fused-ce: --loss fused",
-               "B-auto: --batch-size auto --total-batch-tokens 65536"],
-    "beyond2": ["fp8: --fp8", "muon: --optimizer muon", "blocks: --compile-mode blocks"],
-    # what else might close a gap to llm.c: inductor's own tuning knobs, and the measured wins together
-    "beyond3": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1",
-                "autotune: --compile-tuning max-autotune-no-cudagraphs",
+    "beyond": ["cudnn: --sdpa-backend cudnn", "fused-ce: --loss fused"],
+    "beyond2": ["B-auto: --batch-size auto --total-batch-tokens 65536", "fp8: --fp8"],
+    "beyond3": ["muon: --optimizer muon", "blocks: --compile-mode blocks"],
+    # what else might close a gap to llm.c: inductor's own tuning knob, and the measured wins together
+    # (max-autotune-no-cudagraphs's speed: verify4's tokens/s; its compile alone is ~5 minutes)
+    "beyond4": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1",
                 "cudnn-B-auto: --sdpa-backend cudnn --batch-size auto --total-batch-tokens 65536"],
 }
-PHASES = ("first", "cudatests", "peers", "ladder", "profile", *VERIFY_GROUPS, *BEYOND_GROUPS)
+PEER_ROUNDS = 2
+PHASES = ("peers", "verify", "first", "ladder", "cudatests", "profile", *list(VERIFY_GROUPS)[1:], *BEYOND_GROUPS)
+# The documented device commands, in order of value: each one `gpu_session.py PHASE ...` command.
+COMMANDS = (("peers",), ("verify",), ("first",), ("ladder",), ("cudatests",), ("profile",), ("verify2",),
+            ("verify3",), ("verify4",), ("verify5",), ("beyond",), ("beyond2",), ("beyond3",), ("beyond4",))
+COMMAND_TARGET_S = 480  # each documented command should end within ~8 minutes by the estimates ...
+BUDGET_S = 560.0  # ... and within its budget (one device command: at most 600 s) at their upper end
+
+# ------------------------------------------------------------------ the estimates the plan rests on
+# None of these was measured (no GPU has run gptspeed yet); each is an estimate for one H100 at
+# GPT-2 124M, T=1024, B=16, and says what it rests on. Replace them with the seconds summary.json
+# records once a GPU has run the phases.
+START = 10  # a fresh Python process: import torch, initialise CUDA, build the model (estimate)
+COLD = (75, 90)  # a cold torch.compile of GPT-2 124M (train's graph): 60-90 s on a GPU (issue 30), planned at
+#                  75 (the middle), 90 at the upper end
+WARM = 20  # the same graph again from the FX-graph cache: dynamo's trace + loading (estimate)
+COLD_SMALL = 30  # a cold compile of a 2-layer, 128-wide GPT (the cuda tests' verify shape): fewer kernels (estimate)
+BLOCK_COLD = 35  # --compile-mode blocks: one transformer block compiled once (estimate)
+AUTOTUNE = 300  # max-autotune(-no-cudagraphs): inductor benchmarks Triton matmul configs for every GEMM (estimate;
+#                 the least certain figure here)
+PREPARE = 30  # gptspeed prepare shakespeare-gutenberg (GPT-2 BPE of a few MB), once per machine (estimate)
+LLMC_BUILD = 90  # nvcc of train_gpt2.cu: seconds without cuDNN, "~a minute" more with it (llm.c's Makefile) (estimate)
+# ms per micro-batch of 16,384 tokens: bf16 compiled ~40 (llm.c reports 468k tokens/s per H100: 35 ms), bf16
+# eager ~70, TF32 ~120, fp32 eager with manual attention ~400 (~6 x 124M x 16,384 FLOP at a few tens of TFLOP/s)
+MS = {"bf16": 40, "eager": 70, "tf32": 120, "fp32": 400}
+
+
+def _steps(n: int, micro: int, kind: str) -> float:
+    return n * micro * MS[kind] / 1000
+
+
+def _verify_rung(kind: str, compile_s: float = 0.0, micro: int = 2) -> float:
+    """One verify rung: a process, its compile, 15 + 5 steps of ``micro`` micro-batches and a profiled step."""
+    return START + compile_s + _steps(21, micro, kind)
+
+
+def _estimates(cold: float) -> dict[str, tuple[float, str]]:
+    fp32, tf32, bf16 = _verify_rung("fp32"), _verify_rung("tf32"), _verify_rung("eager")
+    comp, warm = _verify_rung("bf16", cold), _verify_rung("bf16", WARM)
+    gpt = START + cold + _steps(28, 4, "bf16")  # a peer row: 8 + 20 steps of 4 micro-batches
+    gpt_warm = START + WARM + _steps(28, 4, "bf16")
+    llmc = START + _steps(28, 4, "bf16")
+    ladder_c = START + cold + _steps(38, 1, "bf16")  # 8 + 30 steps of 1 micro-batch, its own cold cache
+    beyond = PREPARE + 3 * gpt + 3 * gpt_warm  # the default and 2 variants, 2 rounds
+    return {
+        "peers": (PREPARE + LLMC_BUILD + (2 * gpt + llmc) + (PEER_ROUNDS - 1) * (2 * gpt_warm + llmc),
+                  "prepare; llm.c's build; round 1 compiles gptspeed and nanoGPT cold, later rounds load them "
+                  "from their compile caches; llm.c compiles nothing at run time"),
+        "verify": (PREPARE + fp32 + tf32 + bf16 + 3 * comp + warm,
+                   "fp32, TF32, bf16 eager; compile, flash, vocab-pad cold; fused-adamw's model is vocab-pad's "
+                   "graph, loaded from the shared cache"),
+        "first": (5 + PREPARE + (START + cold + 50 * _steps(1, 32, "bf16") + 15)
+                  + (START + WARM + 30 * _steps(1, 32, "bf16") + 5) + (START + WARM + 20 * _steps(1, 32, "bf16") + 10)
+                  + START + 10,
+                  "50 steps of 32 micro-batches (524,288 tokens) with a cold compile, 2 evals and checkpoints; 30 "
+                  "steps and 20 resumed steps from the compile cache; a sample"),
+        "ladder": (PREPARE + START + _steps(38, 1, "fp32") + START + _steps(38, 1, "tf32") + START
+                   + _steps(38, 1, "eager") + 4 * ladder_c,
+                   "3 eager rows, then 4 compiled rows each with its own cold cache (the warm-up is the compile)"),
+        "cudatests": (20 + 90 + 7 * START + 3 * COLD_SMALL + 10 + 30,
+                      "the NCCL step (~20 s); the other cuda tests but verify (~90 s: eager steps at GPT-2's width, "
+                      "FP8's 20 steps, the 16k-token loss, the batch probe); verify at 2 layers x 128: 7 rungs, "
+                      "3 cold small compiles"),
+        "profile": (PREPARE + 60 + START + cold + _steps(11, 1, "bf16") + 30,
+                    "the loss benchmark (~60 s, one small compile); one cold compile, 11 steps, the trace export"),
+        "verify2": (PREPARE + 2 * fp32 + comp + (comp + 25) + comp + warm,
+                    "2 fp32 references (AdamW, Muon); fused-ce, batch-auto (its probe ~25 s, another B: cold) and "
+                    "FP8 cold; Muon's model is fused-ce's graph, loaded from the cache"),
+        "verify3": (PREPARE + 2 * fp32 + _verify_rung("bf16", BLOCK_COLD) + bf16 + 2 * comp,
+                    "2 fp32 references; per-block compile (one block); fp16 eager; fp16 + fused loss and cuDNN "
+                    "attention cold"),
+        "verify4": (PREPARE + fp32 + _verify_rung("bf16", AUTOTUNE),
+                    "the reference; max-autotune-no-cudagraphs's matmul search"),
+        "verify5": (PREPARE + 2 * _verify_rung("fp32", micro=1) + _verify_rung("bf16", cold + 5, micro=1)
+                    + _verify_rung("bf16", AUTOTUNE / 2, micro=1),
+                    "2 fp32 references at 1 micro-batch; reduce-overhead cold (+5 s of CUDA-graph capture); "
+                    "max-autotune on per-block graphs (one block's search: half the whole model's, estimate)"),
+        **{name: (beyond, "the default and 2 variants, each cold in round 1 and from its cache in round 2")
+           for name in BEYOND_GROUPS},
+    }
+
+
+def estimate(phase: str) -> tuple[float, float, str]:
+    """``(seconds planned, seconds at the upper end, what they rest on)`` for ``phase`` on one H100."""
+    (mid, why), (high, _) = _estimates(COLD[0])[phase], _estimates(COLD[1])[phase]
+    return round(mid), round(high), why
+
+
+def plan_lines() -> list[str]:
+    """The documented commands with their estimates (``--plan``)."""
+    out = []
+    for cmd in COMMANDS:
+        mid, high = (sum(estimate(p)[i] for p in cmd) for i in (0, 1))
+        out.append(f"gpu_session.py {' '.join(cmd)}: ~{mid / 60:.1f} min (up to {high / 60:.1f}) -- "
+                   + "; ".join(f"{p}: {estimate(p)[2]}" for p in cmd))
+    return out
 
 
 class Session:
@@ -234,16 +340,26 @@ def phase_first(s: Session) -> None:
     sample_device = ["--device", "cpu"] if s.smoke else ["--device", "cuda"]
     s.run("sample", gptspeed("sample", "--run", str(ref), "--prompt", "ROMEO:", "--max-new-tokens", "64",
                              *sample_device), 120)
-    cuda_tests(s)
+
+
+NCCL_TEST = "tests/test_verify.py::test_one_process_ddp_step[nccl-cuda]"
+CUDA_VERIFY_TEST = "tests/test_verify.py::test_verify_on_cuda_at_a_small_shape_passes"
+# pytest -m cuda in parts, the NCCL check first (the only one of NCCL DDP), the verify run last (the longest):
+# (part, what it selects, seconds it may take)
+CUDA_TEST_PARTS = (("pytest-nccl", [NCCL_TEST], 120),
+                   ("pytest-cuda", ["tests", "--deselect", NCCL_TEST, "--deselect", CUDA_VERIFY_TEST], 240),
+                   ("pytest-cuda-verify", [CUDA_VERIFY_TEST], 300))
 
 
 def cuda_tests(s: Session) -> None:
-    if s.smoke:
-        s.run("pytest-cuda", [sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q",
-                              "-p", "no:cacheprovider"], 120)
-    else:
-        s.run("pytest-cuda", [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-rs",
-                              "--junitxml", str(s.dir / "pytest-cuda.xml")], 420)
+    """``pytest -m cuda`` in :data:`CUDA_TEST_PARTS`, each with its own timeout and junit file (with
+    ``--smoke``: each part's selection collected, not run)."""
+    for name, select, cap in CUDA_TEST_PARTS:
+        cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", *select]
+        if s.smoke:
+            s.run(name, [*cmd, "--collect-only"], 120)
+        else:
+            s.run(name, [*cmd, "-rs", "--durations=0", "--junitxml", str(s.dir / f"{name}.xml")], cap)
 
 
 def compare_losses(ref: Path, resumed: Path) -> dict:
@@ -271,21 +387,22 @@ def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> 
 
 
 def phase_verify(s: Session) -> None:
+    stages, extra, rung_s = VERIFY_GROUPS[s.phase]
     steps = ["--steps", "3", "--warmup", "2"] if s.smoke else ["--steps", "15", "--warmup", "5"]
-    stages = VERIFY_GROUPS[s.phase] if not s.smoke else "baseline,compile"
-    bench(s, "verify", ["--verify", "--stages", stages], 560, *steps, "--stage-timeout", "150")
+    select = (["--stages", stages] if stages else []) if not s.smoke else ["--stages", "baseline,compile"]
+    bench(s, "verify", ["--verify", *select, *extra], 560, *steps, "--stage-timeout", str(rung_s))
 
 
 def phase_ladder(s: Session) -> None:
     steps = ["--steps", "3", "--warmup", "1"] if s.smoke else ["--steps", "30", "--warmup", "8", "--batch-size", "16"]
     bench(s, "ladder-B16", ["--ladder", "--stages", SEEDS if not s.smoke else "baseline,compile", "--no-peers"], 560,
-          *steps, "--stage-timeout", "150")
+          *steps, "--stage-timeout", "240")
 
 
 def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int) -> None:
     data = data_dir(s)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "peers_gpu.py"), "--data", str(data), "--peers", rows,
-           "--rounds", str(rounds), "--work", "/tmp/gptspeed-peers-gpu", "--json", str(s.dir / f"{name}.json"),
+           "--rounds", str(rounds), "--work", str(s.work / "peers-gpu"), "--json", str(s.dir / f"{name}.json"),
            "--md", str(s.dir / f"{name}.md")]
     if s.smoke:
         cmd += ["--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
@@ -317,22 +434,28 @@ def run_phase(s: Session) -> None:
     elif s.phase == "ladder":
         phase_ladder(s)
     elif s.phase == "peers":
-        peers(s, "peers", "gptspeed,nanogpt,llmc", [], 3)
+        peers(s, "peers", "gptspeed,nanogpt,llmc", [], PEER_ROUNDS)
     elif s.phase in BEYOND_GROUPS:
         variants = BEYOND_GROUPS[s.phase]
-        peers(s, s.phase, "gptspeed", variants if not s.smoke else variants[:1], 2)
+        peers(s, s.phase, "gptspeed", variants if not s.smoke else variants[:1], PEER_ROUNDS)
     elif s.phase == "profile":
         phase_profile(s)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("phases", nargs="+", choices=PHASES, metavar="PHASE", help=", ".join(PHASES))
+    ap.add_argument("phases", nargs="*", metavar="PHASE", help=", ".join(PHASES))
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-session-out"), help="where <phase>.tgz goes ($OUT)")
-    ap.add_argument("--budget-s", type=float, default=560.0,
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
                     help="seconds all the phases together may take (one device command: at most 600)")
     ap.add_argument("--smoke", action="store_true", help="run the phase on the CPU at the pico shape (tests)")
+    ap.add_argument("--plan", action="store_true", help="print the documented commands and their estimates")
     args = ap.parse_args(argv)
+    if args.plan:
+        print("\n".join(plan_lines()))
+        return 0
+    if not args.phases or set(args.phases) - set(PHASES):
+        ap.error(f"name PHASEs from {', '.join(PHASES)} (or --plan); got {' '.join(args.phases) or 'none'}")
     out = Path(args.out)
     t0, failed = time.monotonic(), []
     for phase in args.phases:  # one budget for all: each phase gets what the ones before it left
@@ -341,8 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         s.pack()
         bad = [p["part"] for p in s.summary if p.get("status") not in (None, "ok")]
         failed += [f"{phase}/{b}" for b in bad]
+        mid, high, _ = estimate(phase)
         print(f"== {phase}: {len(s.summary)} parts, {'failed or cut: ' + ', '.join(bad) if bad else 'all ok'}; "
-              f"{time.monotonic() - s.t0:.0f} s; results in {out / (phase + '.tgz')}", flush=True)
+              f"{time.monotonic() - s.t0:.0f} s (estimated on an H100: {mid} s, up to {high}); results in "
+              f"{out / (phase + '.tgz')}", flush=True)
     return 1 if failed else 0
 
 

@@ -468,8 +468,9 @@ def interleave(rows: list[str], rounds: int, run_one: Callable[[str, int], Run],
     return per_row
 
 
-def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict) -> dict:
-    """All rows of one shape, interleaved (:func:`interleave`)."""
+def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict, after_each=None) -> dict:
+    """All rows of one shape, interleaved (:func:`interleave`); ``after_each(summary)`` gets the
+    summary so far (:func:`summarize`) after every process."""
     def run_one(row: str, rnd: int) -> Run:
         kw = dict(warmup=args.warmup, steps=args.steps, threads=args.threads)
         if row == "gptspeed":
@@ -492,7 +493,16 @@ def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variant
             return run_llmc(shape, work, data, **kw)
         raise SystemExit(f"unknown row {row!r}")
 
-    return summarize(shape, interleave(rows, args.rounds, run_one, shape.name))
+    partial = None if after_each is None else (lambda per_row: after_each(summarize(shape, per_row)))
+    return summarize(shape, interleave(rows, args.rounds, run_one, shape.name, partial))
+
+
+def write_atomic_text(path: str, text: str) -> None:
+    """``text`` into ``path`` through a temporary file and a rename: a reader (or a command cut at
+    its limit) sees the previous version or this one, never a part."""
+    from gptspeed.fileio import write_text_atomic
+
+    write_text_atomic(path, text)
 
 
 def _median(xs):
@@ -650,18 +660,29 @@ def main(argv: list[str] | None = None) -> int:
             variants[name] = (flags, env)
         rows = args.peers.split(",")
         rows += [v for v in variants if v not in rows]
-        result["shapes"] = [measure(args, s, work, data, rows, variants) for s in shapes]
-        result["environment"]["loadavg_end"] = loadavg()
-        md = markdown(result)
         head = (f"{result['environment']['cpu']} ({result['environment']['nproc']} CPUs), torch "
                 f"{result['environment']['torch']}, {args.threads} threads, commit {result['environment']['git_commit']}"
                 f"{' (dirty)' if result['environment']['git_dirty'] else ''}, {result['environment']['date']}\n"
                 f"`{result['environment']['command']}`\n")
+        done: list[dict] = []
+
+        def partial(summary: dict) -> None:  # after every process: a command cut short keeps its rows
+            part = {**result, "complete": False, "shapes": [*done, summary]}
+            if args.md:
+                write_atomic_text(args.md, head + markdown(part) + "\n**Incomplete**: written after each process.\n")
+            if args.json:
+                write_atomic_text(args.json, json.dumps(part, indent=1) + "\n")
+
+        for s in shapes:
+            done.append(measure(args, s, work, data, rows, variants, partial))
+        result.update(complete=True, shapes=done)
+        result["environment"]["loadavg_end"] = loadavg()
+        md = markdown(result)
         print(head + md)
         if args.md:
-            Path(args.md).write_text(head + md)
+            write_atomic_text(args.md, head + md)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_atomic_text(args.json, json.dumps(result, indent=1) + "\n")
     return 0
 
 

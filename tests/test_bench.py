@@ -397,3 +397,30 @@ def test_rows_that_need_torchao_are_refused_before_they_start_naming_the_package
     rows = {p.stage.name: p for p in plan_ladder(torch.device("cuda"), None, "inductor")}
     assert rows["fp8"].settings is None and "pip install 'gptspeed[fp8]'" in rows["fp8"].skip_reason
     assert not any(p.settings.fp8 for p in rows.values() if p.settings is not None)  # the rows after it run without
+
+
+# ------------------------------------------------------------------------------------ cut short
+@pytest.mark.parametrize("mode, file, key", [("--ladder", "ladder", "rows")])
+def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_path, mode, file, key):
+    """Issue 30: a GPU command is killed at its limit. The ladder (and verify: tests/test_gpu_session.py)
+    writes its JSON and Markdown after every row (atomically), so killing the command while a row runs
+    -- here one that sleeps -- leaves a valid JSON with every finished row, the row in progress pending."""
+    from cut_short import run_until_line, sleeper_env
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "gptspeed", "bench", mode, "--out", str(out), "--stages", "baseline,compile,flash",
+           *TINY, *(["--no-peers"] if mode == "--ladder" else [])]
+    # killed once the sleeping row has started (its worker's output goes to its log)
+    run_until_line(cmd, sleeper_env(tmp_path, "flash"), r"^\[3/3\] flash: ", timeout=120)
+    result = json.loads((out / f"{file}.json").read_text())
+    rows = {r["name"]: r for r in result[key]}
+    assert result["complete"] is False
+    assert rows["baseline"]["status"] == rows["compile"]["status"] == "ok"
+    assert len(rows["compile"]["losses" if mode == "--verify" else "ms_steps"]) >= 2
+    assert rows["flash"]["status"] == "pending"
+    assert rows["tf32"]["status"] == "skipped"  # the plan is all there: what did not apply says why
+    md = (out / f"{file}.md").read_text()
+    assert "| compile |" in md and ("pending" in md)
+    if mode == "--verify":
+        assert result["verdict"] == "incomplete" and rows["compile"]["verdict"] == "verified"
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind

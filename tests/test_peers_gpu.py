@@ -167,3 +167,26 @@ def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_
     line = peers_gpu.build_lines(summary)
     assert f"llm.c built with `{build['line']}` (GPU_COMPUTE_CAPABILITY 90: nvidia-smi" in line
     assert "cuDNN attention off: cuDNN attention off: the USE_CUDNN=1 build failed" not in line
+
+
+def test_peers_killed_mid_row_leave_valid_json_and_markdown_with_the_finished_rows(shakespeare_data, tmp_path):
+    """The peers write their JSON and Markdown after every process (atomically): killed while a row
+    runs -- a variant whose gptspeed train sleeps -- they keep the rows that finished."""
+    from cut_short import run_until_true, sleeper_env
+
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers_gpu.py"), "--data", str(shakespeare_data), "--device",
+           "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
+           "--accum", "1", "--rounds", "1", "--steps", "2", "--warmup", "1", "--work", str(tmp_path / "work"),
+           "--peers", "gptspeed,slow", "--variant", "slow: GPTSPEED_TEST_SLEEP=*", "--json", str(out), "--md", str(md)]
+
+    def first_row_written() -> bool:
+        return out.exists() and "median_ms" in json.loads(out.read_text())["shapes"][0]["rows"].get("gptspeed", {})
+
+    run_until_true(cmd, sleeper_env(tmp_path, None), first_row_written, timeout=180)
+    result = json.loads(out.read_text())
+    rows = result["shapes"][0]["rows"]
+    assert result["complete"] is False and list(rows) == ["gptspeed", "slow"]
+    assert rows["gptspeed"]["median_ms"] > 0 and rows["slow"] == {"error": "not run"}
+    text = md.read_text()
+    assert "| gptspeed | " in text and "**Incomplete**" in text

@@ -476,13 +476,19 @@ def test_verify_bad_flags_one_line(tmp_path, capsys, args, message):
 # ------------------------------------------------------------------------------------ GPU only
 @pytest.mark.cuda
 def test_verify_on_cuda_at_a_small_shape_passes(tmp_path, monkeypatch, capsys):
+    """``bench --verify`` on CUDA exits 0 (it could not: refused rungs made it "not verified", exit 3).
+    The default rung set at 2 layers x 128: ~7 processes and 3 small cold compiles, ~3 minutes by the
+    estimate (gpu_session.py's cudatests phase runs it as its own part, last)."""
     out = tmp_path / "verify"
     argv = ["bench", "--verify", "--out", str(out), "--n-layer", "2", "--n-head", "2", "--n-embd", "128",
             "--seq-len", "256", "--batch-size", "4", "--steps", "3", "--warmup", "3", "--synthetic", "--device", "cuda"]
     code = cli.main(argv)
     result = json.loads((out / "verify.json").read_text())
-    assert code == 0, result["problems"]
+    assert code == 0, result["problems"] + result["unverified"]
     rungs = {r["name"]: r for r in result["rungs"]}
+    # the default rungs (the seeds': train's default switches one at a time) all ran and agree with fp32
+    assert result["verdict"] == "verified" and result["complete"]
+    assert all(rungs[name]["verdict"] == "verified" for name in verify_mod.DEFAULT_RUNGS[1:])
     assert rungs["fused-adamw"]["syncs"]["counted"] and rungs["fused-adamw"]["syncs"]["per_step"] == 0
     assert rungs["flash"]["sdpa"]["backend"] is not None
 

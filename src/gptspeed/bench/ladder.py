@@ -213,6 +213,29 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
         prev = r
 
 
+def _planned_rows(plan, spec0: StageSpec, peers: bool) -> tuple[list[dict[str, Any]], list[tuple[dict, StageSpec]]]:
+    """The ladder's rows before they run (``skipped`` with the reason, or ``pending``), and the
+    ``(row, spec)`` of each one to run, the peer row last when ``peers``."""
+    rows: list[dict[str, Any]] = []
+    jobs: list[tuple[dict[str, Any], StageSpec]] = []
+    for p in plan:
+        row: dict[str, Any] = {"name": p.stage.name, "kind": "stage", "description": p.stage.description,
+                               "source": p.stage.source, "settings": p.settings.to_dict() if p.settings else None}
+        if p.skip_reason is not None:
+            rows.append({**row, "status": "skipped", "reason": p.skip_reason})
+            continue
+        rows.append({**row, "status": "pending", "reason": "not run yet"})
+        jobs.append((rows[-1], dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())))
+    if peers:
+        last = [p for p in plan if p.skip_reason is None][-1]
+        row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
+               "source": f"{PEER_SOURCE} {last.stage.name}", "settings": peer_settings(last.settings).to_dict(),
+               "status": "pending", "reason": "not run yet"}
+        rows.append(row)
+        jobs.append((row, dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=row["settings"])))
+    return rows, jobs
+
+
 def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     """Run the ladder and write ``ladder.md``, ``ladder.json`` and ``ladder.png`` into ``cfg.out``;
     print the Markdown table on stdout (progress on stderr). ``ladder.md`` and ``ladder.json`` are
@@ -236,23 +259,7 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
 
     env = report.environment(device, command)  # before the rows run: the date is the start
     n_runs = len(to_run) + int(cfg.peers)
-    rows: list[dict[str, Any]] = []
-    jobs: list[tuple[dict[str, Any], StageSpec]] = []
-    for p in plan:
-        row: dict[str, Any] = {"name": p.stage.name, "kind": "stage", "description": p.stage.description,
-                               "source": p.stage.source, "settings": p.settings.to_dict() if p.settings else None}
-        if p.skip_reason is not None:
-            rows.append({**row, "status": "skipped", "reason": p.skip_reason})
-            continue
-        rows.append({**row, "status": "pending", "reason": "not run yet"})
-        jobs.append((rows[-1], dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())))
-    if cfg.peers:
-        last = to_run[-1].settings
-        row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
-               "source": f"{PEER_SOURCE} {to_run[-1].stage.name}", "settings": peer_settings(last).to_dict(),
-               "status": "pending", "reason": "not run yet"}
-        rows.append(row)
-        jobs.append((row, dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=row["settings"])))
+    rows, jobs = _planned_rows(plan, spec0, cfg.peers)
 
     def result(complete: bool) -> dict[str, Any]:
         done = [dict(r) for r in rows]

@@ -285,6 +285,17 @@ def assess(plan: list[Rung], rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "refusals": [f"{name}: {rows[name]['verdict_reason']}" for name in refused]}
 
 
+def _planned_row(r: Rung) -> dict[str, Any]:
+    """A rung's row before it runs: ``skipped`` with its reason, or ``pending``."""
+    row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
+                           "settings": r.settings.to_dict() if r.settings else None,
+                           "switches": switches(r.settings) if r.settings else None, "reference": r.reference,
+                           "applies_here": r.applies_here}
+    if r.skip_reason is not None:
+        return {**row, "status": "skipped", "reason": r.skip_reason}
+    return {**row, "status": "pending", "reason": PENDING}
+
+
 def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     """Run every selected rung of :func:`plan_verify` (:func:`select_rungs`: by default the seeds'
     rungs) in its own process, compare, and write ``verify.md`` and ``verify.json`` into
@@ -312,17 +323,7 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     out = report.make_out_dir(cfg.out)
 
     env = report.environment(device, command)
-    rows: dict[str, dict[str, Any]] = {}
-    for r in plan:
-        row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
-                               "settings": r.settings.to_dict() if r.settings else None,
-                               "switches": switches(r.settings) if r.settings else None, "reference": r.reference,
-                               "applies_here": r.applies_here}
-        if r.skip_reason is not None:
-            row.update(status="skipped", reason=r.skip_reason)
-        else:
-            row.update(status="pending", reason=PENDING)
-        rows[r.name] = row
+    rows = {r.name: _planned_row(r) for r in plan}
     config = {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
               ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")},
               "grad_accum": accum, "device": spec0.device,
@@ -424,6 +425,18 @@ def _verify_notes(r: dict[str, Any]) -> str:
     return _cell("; ".join(notes))
 
 
+def _summary_line(result: dict[str, Any]) -> str:
+    """The verdict and the count of each kind of rung, in bold, naming the failing, unverified and refused ones."""
+    count = {v: sum(1 for r in result["rungs"] if r["verdict"] == v) for v in ("verified", "not verified", "skipped")}
+    return (f"**{result['verdict'].upper()}: {count['verified']} verified, {count['not verified']} not verified, "
+            f"{len(result['failing'])} failing, {len(result['refused'])} refused by a rule before they started, "
+            f"{count['skipped']} skipped (do not apply here or not selected)"
+            + (f", {len(result['pending'])} pending (not run yet)" if result["pending"] else "") + ".**"
+            + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")
+            + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")
+            + (f" Refused: {', '.join(result['refused'])}." if result["refused"] else ""))
+
+
 def verify_markdown(result: dict[str, Any]) -> str:
     """``bench --verify``'s report as Markdown: environment and command, one row per rung (verdict,
     switches, loss agreement with the fp32 reference, syncs per step, graph breaks / recompiles,
@@ -457,14 +470,7 @@ def verify_markdown(result: dict[str, Any]) -> str:
             f"| {r['name']} | {r.get('switches') or '—'} | {_verdict(r)} | {_cell(_loss_cell(r))} | {_sync_cell(r)} "
             f"| {_compile_cell(r)} | {_sdpa_cell(r)} | {tps} | {mfu} "
             f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |")
-    count = {v: sum(1 for r in rungs if r["verdict"] == v) for v in ("verified", "not verified", "skipped")}
-    lines += ["", f"**{result['verdict'].upper()}: {count['verified']} verified, {count['not verified']} not verified, "
-              f"{len(result['failing'])} failing, {len(result['refused'])} refused by a rule before they started, "
-              f"{count['skipped']} skipped (do not apply here or not selected)"
-              + (f", {len(result['pending'])} pending (not run yet)" if result["pending"] else "") + ".**"
-              + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")
-              + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")
-              + (f" Refused: {', '.join(result['refused'])}." if result["refused"] else "")]
+    lines += ["", _summary_line(result)]
     mfu_note = next((r["peak_flops_source"] for r in rungs if r["status"] == "ok" and r.get("mfu") is None), None)
     lines += [
         "",

@@ -212,9 +212,10 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     what.add_argument("--ladder", action="store_true", help="run every stage; write ladder.md/.json/.png to --out")
     what.add_argument("--profile", metavar="STAGE", help=f"torch.profiler trace of one stage ({', '.join(STAGE_NAMES)}, {PEER_NAME})")
     what.add_argument("--verify", action="store_true",
-                      help="train every rung (also " + ", ".join(VERIFY_EXTRA_NAMES) + ") from the same weights on "
-                           "the same batches and check it against the fp32 rung; write verify.md/.json to --out; "
-                           "exit 1 naming each failing rung, 3 naming each rung that could run here but was not verified")
+                      help="train the seeds' rungs (fp32 .. fused AdamW; --stages all: also " + ", ".join(VERIFY_EXTRA_NAMES)
+                           + ") from the same weights on the same batches and check each against the fp32 rung; write "
+                           "verify.md/.json to --out after every rung; exit 1 naming each failing rung, 3 naming each "
+                           "rung that ran but was not verified (a rung refused by a rule before it starts is neither)")
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--preset", choices=list(PRESETS), default="gpt2", help="model shape and batch size (default gpt2)")
     s.add_argument("--n-layer", type=int, help="transformer blocks L (default: the preset's)")
@@ -229,8 +230,9 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     data.add_argument("--data", help="prepared data folder (its train shards feed every stage)")
     data.add_argument("--synthetic", action="store_true",
                       help="random tokens instead of --data (with --verify: learnable random phrases)")
-    s.add_argument("--stages", help="comma-separated stages to run (default all; with --verify also the rungs named "
-                                    "above); the others are listed as skipped")
+    s.add_argument("--stages", help="comma-separated stages to run, or all (default: every ladder stage; with "
+                                    "--verify the seeds' rungs, all adding the rungs named above); the others are "
+                                    "listed as skipped")
     s.add_argument("--no-peers", dest="peers", action="store_false", help="leave out the transformers GPT-2 row")
     s.add_argument("--seed", type=parse_seed, default=1337, help="initialisation and synthetic-data seed")
     s.add_argument("--compile-backend", default="inductor", choices=COMPILE_BACKENDS,

@@ -87,7 +87,7 @@ def test_logits_match_huggingface(attention):
 @pytest.mark.parametrize("kw,msg", [
     (dict(n_embd=65, n_head=4), "divisible"),
     (dict(vocab_size=50000), "smaller than"),
-    (dict(n_layer=0), "n_layer"),
+    (dict(n_layer=0), "--n-layer must be at least 1"),
     (dict(attention="flash3"), "attention"),
 ])
 def test_invalid_shapes_are_user_errors(kw, msg):

@@ -23,7 +23,11 @@ from gptspeed.errors import GptspeedError
 GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (tensor-core friendly; build-nanogpt)
 AUTO_BATCH_SIZE = 0  # how --batch-size auto is stored in the configuration
-ATTENTIONS = ("sdpa", "manual")  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
+ATTENTIONS = ("sdpa", "manual")
+POS_EMBS = ("learned", "rope")  # --pos-emb: GPT-2's learned position embeddings, or rotary (Su et al. 2021)
+MLPS = ("gelu", "relu2")  # --mlp: GPT-2's GELU (tanh approximation), or ReLU squared (So et al. 2021)
+NORMS = ("layernorm", "rmsnorm")  # --norm: GPT-2's LayerNorm, or RMSNorm (Zhang & Sennrich 2019)
+LR_SCHEDULES = ("cosine", "wsd")  # --lr-schedule: warm-up then cosine; or warm-up, stable, decay (Hagele et al. 2024)  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
 SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the token ids of the training data
 # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere); liger = Liger-Kernel's fused
 # linear + cross-entropy (CUDA only)
@@ -96,6 +100,27 @@ class GPTConfig:
     softmax: str = _f("full", "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
                       "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
                       "it have probability 0)", choices=SOFTMAXES, run_defining=True)
+    # the modern-GPT switches (issue 32); the defaults are GPT-2's, and a run with any other value cannot be
+    # exported to transformers' GPT-2 format (non_gpt2_switches)
+    pos_emb: str = _f("learned", "learned (GPT-2's position embeddings) | rope (rotary embeddings of queries and keys; "
+                      "Su et al. 2021, RoFormer)", choices=POS_EMBS, run_defining=True)
+    rope_theta: float = _f(10000.0, "--pos-emb rope: the base of the rotary frequencies", min=0, min_open=True,
+                           finite=True, text="a positive finite number", run_defining=True)
+    qk_norm: bool = _f(False, "RMS-normalise queries and keys per head before attention (Dehghani et al. 2023)",
+                       kind="bool", run_defining=True)
+    mlp: str = _f("gelu", "gelu (GPT-2's, tanh approximation) | relu2 (ReLU squared; So et al. 2021, Primer)",
+                  choices=MLPS, run_defining=True)
+    norm: str = _f("layernorm", "layernorm (GPT-2's) | rmsnorm (Zhang & Sennrich 2019; no bias, no mean)",
+                   choices=NORMS, run_defining=True)
+    tie_embeddings: bool = _f(True, "the LM head shares the token embedding's weights (GPT-2; Press & Wolf 2017); "
+                              "--no-tie-embeddings: an LM head of its own", kind="bool", run_defining=True)
+    zero_init_proj: bool = _f(False, "initialise the blocks' output projections (and an untied LM head) to zero, as "
+                              "the modded-nanogpt speedrun does", kind="bool", run_defining=True)
+    logit_softcap: float = _f(0.0, "tanh soft-capping of the logits at this value, cap * tanh(logits / cap) "
+                              "(Gemma 2; 0 = off)", min=0, run_defining=True)
+    doc_mask: bool = _f(False, "attention never crosses <|endoftext|>: each document of a packed window attends only "
+                        "to itself (FlexAttention's block mask on CUDA, an equivalent masked SDPA elsewhere)",
+                        kind="bool", run_defining=True)
 
     def validate(self) -> None:
         """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT: every field's
@@ -114,12 +139,23 @@ class GPTConfig:
             )
 
     def num_params(self) -> int:
-        """Parameters of the model of this shape (:class:`gptspeed.model.GPT`, whose LM head shares
-        the token embedding), counted without building it: the size check before building uses it."""
+        """Parameters of the model of this shape (:class:`gptspeed.model.GPT`), counted without
+        building it: the size check before building uses it."""
         C = self.n_embd
-        # per block: ln_1 (2C), c_attn (3C^2 + 3C), attn c_proj (C^2 + C), ln_2 (2C), c_fc (4C^2 + 4C), mlp c_proj (4C^2 + C)
-        per_block = 12 * C * C + 13 * C
-        return self.vocab_size * C + self.block_size * C + self.n_layer * per_block + 2 * C  # + ln_f
+        norm = 2 * C if self.norm == "layernorm" else C  # a gain, and LayerNorm's bias
+        # per block: ln_1, c_attn (3C^2 + 3C), attn c_proj (C^2 + C), ln_2, c_fc (4C^2 + 4C), mlp c_proj (4C^2 + C)
+        per_block = 12 * C * C + 9 * C + 2 * norm
+        embeddings = self.vocab_size * C * (1 if self.tie_embeddings else 2) + (
+            self.block_size * C if self.pos_emb == "learned" else 0)
+        return embeddings + self.n_layer * per_block + norm  # + ln_f
+
+    def non_gpt2_switches(self) -> list[str]:
+        """The flags of the switches by which this model is not GPT-2's architecture (what
+        transformers' ``GPT2LMHeadModel`` cannot load): empty for GPT-2. ``--zero-init-proj`` only
+        changes the initial weights, so it is not among them."""
+        gpt2 = GPTConfig()
+        names = ("pos_emb", "qk_norm", "mlp", "norm", "tie_embeddings", "logit_softcap", "doc_mask")
+        return [f"{setting_flag(n)} {getattr(self, n)}" for n in names if getattr(self, n) != getattr(gpt2, n)]
 
     def buffer_bytes(self) -> int:
         """Bytes of the model's buffers: ``--attention manual``'s causal mask (T x T bools per block),
@@ -140,6 +176,11 @@ class OptimConfig:
     warmup_ratio: float | None = _f(None, "linear warm-up as a fraction of --max-steps (e.g. 0.05); replaces "
                                     "--warmup-steps when given", min=0, max=1, max_note=None, text="in [0, 1)",
                                     run_defining=True)
+    lr_schedule: str = _f("cosine", "cosine (warm-up, then cosine decay to --min-lr-ratio; GPT-3) | wsd (warm-up, "
+                          "stable at --lr, then linear decay over the last --decay-ratio of the steps; Hagele et al. "
+                          "2024)", choices=LR_SCHEDULES, run_defining=True)
+    decay_ratio: float = _f(0.2, "--lr-schedule wsd: the share of --max-steps that decays (the cooldown)", min=0,
+                            max=1, text="in [0, 1]", run_defining=True)
     weight_decay: float = _f(0.1, "AdamW weight decay, applied to tensors with 2 or more dims only", min=0,
                              run_defining=True)
     beta1: float = _f(0.9, "AdamW beta1", min=0, max=1, text="in [0, 1)", run_defining=True)

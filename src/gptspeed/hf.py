@@ -710,6 +710,9 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     check_export_target(run, out, force)
     ckpt, run_config = load_latest_run(run)
     config = run_config.model
+    if config.non_gpt2_switches():
+        raise GptspeedError(f"{run} is not GPT-2's architecture ({', '.join(config.non_gpt2_switches())}): "
+                            "transformers' GPT2LMHeadModel cannot hold it; sample and eval it with gptspeed")
     if config.softmax == "data":
         raise GptspeedError(f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
                             "data); transformers' GPT-2 has no such restriction, so it cannot be exported faithfully")

@@ -78,15 +78,16 @@ def liger_problem(device_type: str) -> str | None:
     return None
 
 
-def liger_linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int | None = None) -> Tensor:
+def liger_linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int | None = None,
+                               softcap: float = 0.0) -> Tensor:
     """Mean cross-entropy of ``x @ weight[:valid_vocab_size].T`` against ``targets`` through
     Liger-Kernel's fused linear + cross-entropy (Hsu et al. 2024, "Liger Kernel: Efficient Triton
     Kernels for LLM Training", arXiv:2410.10989; ``liger_kernel.ops.fused_linear_cross_entropy``):
     chunked like :func:`fused_linear_cross_entropy`, with the logits' gradient computed in the
     forward so the ``(N, V)`` logits are never kept. ``x`` ``(N, C)``, ``weight`` ``(V, C)`` (the tied
     embedding), ``targets`` ``(N,)`` int64; the padded vocabulary rows (``valid_vocab_size`` onwards)
-    are left out of the softmax by slicing the weight (a view: their gradient stays zero). Returns a
-    0-dim fp32 tensor. GptspeedError where :func:`liger_problem` says it cannot run."""
+    are left out of the softmax by slicing the weight (a view: their gradient stays zero); ``softcap``:
+    Liger's own tanh soft-capping (0 = off). Returns a 0-dim fp32 tensor. GptspeedError where :func:`liger_problem` says it cannot run."""
     problem = liger_problem(x.device.type)
     if problem:
         raise GptspeedError(problem)
@@ -94,6 +95,9 @@ def liger_linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, valid
 
     if valid_vocab_size is not None and valid_vocab_size < weight.size(0):
         weight = weight[:valid_vocab_size]
+    if softcap:  # positional: bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap
+        return LigerFusedLinearCrossEntropyFunction.apply(x, weight, targets, None, None, -100, 0.0, 0.0, "mean",
+                                                          float(softcap))[0].float()
     return LigerFusedLinearCrossEntropyFunction.apply(x, weight, targets)[0].float()  # (loss, z_loss, ...)
 
 
@@ -136,10 +140,12 @@ def _accumulate_fp32(acc: Tensor, a: Tensor, b: Tensor, scratch: Tensor) -> None
 
 @torch.library.custom_op("gptspeed::fused_linear_cross_entropy", mutates_args=())
 def _fused_lce(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int, chunk_rows: int,
-               compute_dtype: torch.dtype, need_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+               compute_dtype: torch.dtype, need_grad: bool, softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     """Sum over rows of ``logsumexp(logits) - logits[target]`` and, with ``need_grad``, its
     gradients: ``(loss_sum, grad_x, grad_w)`` = fp32 0-dim, ``(N, C)`` in ``x.dtype``, ``(V, C)``
-    fp32; without ``need_grad`` the two gradients are empty and no gradient matmul runs."""
+    fp32; without ``need_grad`` the two gradients are empty and no gradient matmul runs. With
+    ``softcap`` c > 0 the logits are ``c * tanh(x @ w.T / c)`` (Gemma 2), and the chain rule's
+    ``1 - tanh^2`` multiplies the logits' gradient."""
     N, V = x.shape[0], weight.shape[0]
     with torch.autocast(x.device.type, enabled=False):
         xs = x.to(compute_dtype)
@@ -151,6 +157,9 @@ def _fused_lce(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int
             xc = xs[start : start + chunk_rows]  # (n, C)
             tc = targets[start : start + chunk_rows]  # (n,)
             logits = (xc @ w.t()).float()  # (n, V) fp32 (a fresh buffer: the matmul's own in fp32)
+            if softcap > 0:
+                capped = logits.div_(softcap).tanh_()  # in place: tanh(u / c), kept for the gradient
+                logits = capped * softcap
             if V > valid_vocab_size:
                 logits[:, valid_vocab_size:] = float("-inf")  # padding: never predicted
             target_logit = logits.gather(1, tc.unsqueeze(1)).squeeze(1)  # (n,)
@@ -164,6 +173,8 @@ def _fused_lce(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int
             loss += (m.squeeze(1) + s.log().squeeze(1) - target_logit).sum()
             probs.div_(s)
             probs[torch.arange(tc.numel(), device=tc.device), tc] -= 1.0  # dlogits = softmax - onehot
+            if softcap > 0:
+                probs.mul_(1.0 - capped.square_())  # d(c tanh(u/c))/du = 1 - tanh^2(u/c)
             if compute_dtype == torch.float32:
                 torch.mm(probs, w, out=grad_x[start : start + chunk_rows])  # (n, C)
                 grad_w.addmm_(probs.t(), xc)  # (V, C), accumulated in place: no temporary
@@ -175,7 +186,7 @@ def _fused_lce(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int
 
 
 @_fused_lce.register_fake
-def _(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype, need_grad):
+def _(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype, need_grad, softcap=0.0):
     loss = x.new_empty((), dtype=torch.float32)
     if not need_grad:
         return loss, x.new_empty(0), x.new_empty(0)
@@ -200,7 +211,7 @@ def _backward(ctx, grad_loss, _grad_grad_x, _grad_grad_w):
     g = grad_loss.float()  # carries 1/N and any loss scale: applied in fp32
     dx = grad_x * g if grad_x.dtype == torch.float32 else (grad_x.float() * g).to(x_dtype)
     dw = (grad_w * g).to(w_dtype)
-    return dx, dw, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None
 
 
 _fused_lce.register_autograd(_backward, setup_context=_setup_context)
@@ -220,6 +231,7 @@ def fused_linear_cross_entropy(
     targets: Tensor,
     valid_vocab_size: int | None = None,
     chunk_rows: int | None = None,
+    softcap: float = 0.0,
 ) -> Tensor:
     """Mean cross-entropy of ``softmax(x @ weight.T)`` against ``targets``, computed in chunks.
 
@@ -232,6 +244,8 @@ def fused_linear_cross_entropy(
         valid_vocab_size: columns at and beyond it are vocabulary padding, excluded from the
             softmax (default: all ``V``).
         chunk_rows: rows per chunk (default: :func:`default_chunk_rows`, a multiple of 128).
+        softcap: tanh soft-capping of the logits at this value (``c * tanh(logits / c)``; Gemma 2,
+            Team et al. 2024); 0 = off.
 
     Returns:
         0-dim fp32 tensor, the mean loss in nats/token. Gradients for ``x`` and ``weight`` equal
@@ -246,5 +260,6 @@ def fused_linear_cross_entropy(
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(V, x.device.type)
     need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    loss_sum, _, _ = _fused_lce(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype_for(x), need_grad)
+    loss_sum, _, _ = _fused_lce(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype_for(x), need_grad,
+                                float(softcap))
     return loss_sum / N

@@ -1,10 +1,17 @@
-"""GPT-2, as OpenAI released it, in one file.
+"""GPT-2, as OpenAI released it, in one file -- and the modern switches, each off by default.
 
 Pre-LayerNorm transformer blocks, GELU with the tanh approximation, learned position embeddings,
 the LM head tied to the token embedding, and GPT-2's initialisation (N(0, 0.02), residual
 projections scaled by 1/sqrt(2 * n_layer)). Parameter names follow Hugging Face's
 ``GPT2LMHeadModel`` (``transformer.h.0.attn.c_attn.weight`` ...), so weights map one to one
 (HF stores Conv1D weights transposed: ``[in, out]`` where ``nn.Linear`` has ``[out, in]``).
+
+The switches of :class:`GPTConfig` the modded-nanogpt speedrun and its kin use, each a flag:
+rotary position embeddings (``pos_emb="rope"``; Su et al. 2021), RMS-normalised queries and keys
+(``qk_norm``; Dehghani et al. 2023), ReLU² (``mlp="relu2"``; So et al. 2021), RMSNorm
+(``norm="rmsnorm"``; Zhang & Sennrich 2019), an untied LM head, zero-initialised output
+projections, tanh logit soft-capping (``logit_softcap``; Gemma 2) and attention that never crosses
+``<|endoftext|>`` (``doc_mask``).
 
 Sources: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", and OpenAI's
 ``gpt-2/src/model.py``; layout as in nanoGPT. This module knows nothing of devices, precision,
@@ -21,6 +28,29 @@ from torch.nn import functional as F
 
 from gptspeed.config import GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
 from gptspeed.loss import fused_linear_cross_entropy, liger_linear_cross_entropy, resolve_loss
+from gptspeed.tokenizer import EOT_TOKEN
+
+
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding tables for positions ``pos`` (``(T,)`` or ``(B, T)`` int64): ``cos``, ``sin``
+    of ``pos * theta ** (-2i / head_dim)`` for ``i < head_dim / 2``, fp32, shaped to broadcast over
+    ``(B, H, T, head_dim / 2)``: ``(1, 1, T, Q/2)`` or ``(B, 1, T, Q/2)``. Su et al. 2021, RoFormer."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
+    angles = pos.to(torch.float32)[..., None] * inv_freq  # (..., T, Q/2)
+    angles = angles[None, None] if angles.dim() == 2 else angles[:, None]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the channel pairs ``(x[..., i], x[..., i + Q/2])`` of ``x`` ``(B, H, T, Q)`` by the
+    angles of :func:`rope_cos_sin` (the GPT-NeoX / Llama "rotate half" layout); same shape and dtype."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    """The block's normalisation: ``nn.LayerNorm`` (GPT-2's) or ``nn.RMSNorm`` (a gain, no bias)."""
+    return nn.LayerNorm(config.n_embd) if config.norm == "layernorm" else nn.RMSNorm(config.n_embd)
 
 
 class KVCache:
@@ -41,6 +71,19 @@ class KVCache:
         self.mask: torch.Tensor | None = None
         self.k: list[torch.Tensor | None] = [None] * n_layer
         self.v: list[torch.Tensor | None] = [None] * n_layer
+        self.seg: torch.Tensor | None = None  # (B, size) document ids of the filled columns (doc_mask only)
+
+    def segments(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``doc_mask``: the document ids of the new tokens ``idx`` ``(B, T)`` (continuing those of
+        the filled columns: :func:`document_ids`) stored at ``start .. start+T-1``; returns them and
+        the ids of columns ``0 .. start+T-1``."""
+        B, T = idx.shape
+        if self.seg is None:
+            self.seg = torch.zeros(B, self.size, dtype=torch.long, device=idx.device)
+        before = self.seg[:, self.start - 1:self.start] if self.start else 0
+        new = before + document_ids(idx)
+        self.seg[:, self.start:self.start + T] = new
+        return new, self.seg[:, :self.start + T]
 
     def update(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer ``i``'s new ``k``, ``v`` ``(B, H, T, Q)`` at columns ``start .. start+T-1``;
@@ -55,6 +98,33 @@ class KVCache:
         return self.k[i][:, :, :end], self.v[i][:, :, :end]
 
 
+def document_ids(idx: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` int64: which document of its row each token belongs to, counting from 0. A
+    document starts at its ``<|endoftext|>`` (gptspeed writes each as ``[EOT, *text]``); tokens
+    before a row's first EOT are the tail of an earlier document (id 0)."""
+    return (idx == EOT_TOKEN).long().cumsum(dim=1)
+
+
+def document_mask(idx: torch.Tensor, kv: "KVCache | None" = None) -> torch.Tensor:
+    """``doc_mask``'s attention mask for token ids ``idx`` ``(B, T)``: bool ``(B, 1, T, S)``, True
+    where query ``t`` may attend key ``s`` -- causal, within the same document, and (with a
+    :class:`KVCache`) among the columns its ``mask`` allows; ``S`` is ``T``, or the filled columns."""
+    if kv is None:
+        seg = document_ids(idx)
+        seg_q = seg_k = seg
+        start = 0
+    else:
+        seg_q, seg_k = kv.segments(idx)
+        start = kv.start
+    T, S = idx.size(1), seg_k.size(1)
+    causal = torch.arange(S, device=idx.device)[None, :] <= torch.arange(start, start + T, device=idx.device)[:, None]
+    allowed = (seg_q[:, :, None] == seg_k[:, None, :]) & causal  # (B, T, S)
+    allowed = allowed[:, None]  # (B, 1, T, S)
+    if kv is not None and kv.mask is not None:
+        allowed = allowed & kv.mask
+    return allowed
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``; with a :class:`KVCache`, the
     new positions attend to the cached ones too."""
@@ -64,6 +134,7 @@ class CausalSelfAttention(nn.Module):
         self.layer = layer
         self.n_head = config.n_head
         self.attention = config.attention
+        self.qk_norm = config.qk_norm
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v projections, fused
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
@@ -71,56 +142,80 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
 
-    def forward(self, x: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``rope``: :func:`rope_cos_sin`'s tables; ``mask``: a bool ``(B, 1, T, S)`` (True: may
+        attend) or a FlexAttention ``BlockMask`` (``doc_mask``), replacing the causal mask."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
+        if self.qk_norm:  # Dehghani et al. 2023: bounded attention logits
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv is not None:  # generation: attend to the cached columns as well
             k, v = kv.update(self.layer, k, v)  # (B, H, start+T, Q)
-            if kv.mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # prefill from column 0, or 1 token
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=kv.mask)
-        elif self.attention == "sdpa":
-            # Flash / memory-efficient kernels where the device has them (Dao et al. 2022).
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, Q)
-        else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, H, T, T)
-            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
-            att = F.softmax(att, dim=-1)
-            y = att @ v  # (B, H, T, Q)
+        y = self._attend(q, k, v, kv, mask)  # (B, H, T, Q)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
+    def _attend(self, q, k, v, kv: KVCache | None, mask) -> torch.Tensor:
+        T = q.size(2)
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a FlexAttention BlockMask (CUDA)
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, k, v, block_mask=mask)
+        if kv is not None and mask is None:
+            if kv.mask is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # prefill from column 0, or 1 token
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=kv.mask)
+        if self.attention == "sdpa":
+            # Flash / memory-efficient kernels where the device has them (Dao et al. 2022); a mask: the others
+            if mask is not None:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, H, T, S)
+        allowed = mask if mask is not None else self.causal_mask[:, :, :T, :T]
+        att = att.masked_fill(~allowed, float("-inf"))
+        return F.softmax(att, dim=-1) @ v  # (B, H, T, Q)
+
+
+class ReLUSquared(nn.Module):
+    """``relu(x) ** 2`` (So et al. 2021, "Primer"; the modded-nanogpt speedrun's MLP activation)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: ``(B, T, C) -> (B, T, 4C) -> (B, T, C)``, GELU (tanh)."""
+    """Position-wise feed-forward: ``(B, T, C) -> (B, T, 4C) -> (B, T, C)``, GELU (tanh) or ReLU²."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")
+        self.act = nn.GELU(approximate="tanh") if config.mlp == "gelu" else ReLUSquared()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.c_proj(self.act(self.c_fc(x)))
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
+    """Pre-norm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``."""
 
     def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv)
+    def forward(self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv, rope, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -154,19 +249,23 @@ class GPT(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd),
-            )
-        )
+        parts = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos_emb == "learned":
+            parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        parts.update(h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]), ln_f=make_norm(config))
+        self.transformer = nn.ModuleDict(parts)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017)
         if config.softmax == "data":  # the token ids the softmax covers: all until set_softmax_ids (or a checkpoint)
             self.register_buffer("softmax_ids", torch.arange(config.valid_vocab_size))
         self.apply(self._init_weights)
+        if config.zero_init_proj:  # the speedrun's: each block starts as the identity, the head predicting uniform
+            for module in self.modules():
+                if getattr(module, "RESIDUAL_SCALE_INIT", False):
+                    torch.nn.init.zeros_(module.weight)
+            if not config.tie_embeddings:
+                torch.nn.init.zeros_(self.lm_head.weight)
 
     def set_softmax_ids(self, ids) -> None:
         """``--softmax data``: the token ids (sorted, unique, ``< valid_vocab_size``; int64 ``(K,)``)
@@ -198,17 +297,18 @@ class GPT(nn.Module):
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            std = 0.01 if module is self.transformer.wpe else 0.02
+            std = 0.01 if "wpe" in self.transformer and module is self.transformer.wpe else 0.02
             torch.nn.init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
             torch.nn.init.ones_(module.weight)
-            torch.nn.init.zeros_(module.bias)
+            if getattr(module, "bias", None) is not None:
+                torch.nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; with ``non_embedding`` the position embeddings are excluded (the token
-        embedding stays: it is also the LM head's weight). This is the N of MFU's 6N."""
+        """Parameter count; with ``non_embedding`` the learned position embeddings are excluded (the
+        token embedding stays: tied, it is also the LM head's weight). This is the N of MFU's 6N."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -217,7 +317,7 @@ class GPT(nn.Module):
         c = self.config
         T = seq_len or c.block_size
         n = self.num_params()
-        if c.softmax == "data":  # the LM head multiplies by K rows of the tied embedding, not vocab_size
+        if c.softmax == "data":  # the LM head multiplies by K of its vocab_size rows
             n -= (c.vocab_size - self.softmax_ids.numel()) * c.n_embd
         return 6 * n + 12 * c.n_layer * c.n_embd * T
 
@@ -226,27 +326,53 @@ class GPT(nn.Module):
         """Final-LayerNorm output ``(B, T, C)`` for token ids ``idx`` ``(B, T)`` at positions ``pos``
         (``(B, T)`` or ``(T,)``, default ``0 .. T-1``), through the cache ``kv`` if given. Called
         by :meth:`forward`; call it directly only on an unwrapped model."""
+        c = self.config
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        if T > c.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {c.block_size}")
         if pos is None:
             pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if c.pos_emb == "learned":
+            x = x + self.transformer.wpe(pos)
+        rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta) if c.pos_emb == "rope" else None
+        mask = self.attention_mask(idx, kv) if c.doc_mask else None
+        extra = (kv, rope, mask) if (kv, rope, mask) != (None, None, None) else ()
         for block in self.transformer.h:
-            x = block(x, kv) if kv is not None else block(x)
+            x = block(x, *extra)
         return self.transformer.ln_f(x)  # (B, T, C)
 
+    def attention_mask(self, idx: torch.Tensor, kv: KVCache | None = None):
+        """``doc_mask``: FlexAttention's block mask for a training window on CUDA (the documents'
+        blocks only are computed), else :func:`document_mask`'s bool mask (masked SDPA)."""
+        if kv is None and idx.is_cuda:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            seg = document_ids(idx)
+
+            def same_document(b, h, q, k):
+                return (k <= q) & (seg[b, q] == seg[b, k])
+
+            return create_block_mask(same_document, idx.size(0), None, idx.size(1), idx.size(1), device=idx.device)
+        return document_mask(idx, kv)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, padded columns -inf (and,
-        with ``softmax="data"``, every column outside :meth:`set_softmax_ids`' ids)."""
+        """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, soft-capped with
+        ``logit_softcap``, padded columns -inf (and, with ``softmax="data"``, every column outside
+        :meth:`set_softmax_ids`' ids)."""
+        cap = self.config.logit_softcap
         if self.config.softmax == "data":
             part = F.linear(h, self.lm_head.weight[self.softmax_ids])  # (..., K), the compute dtype
+            if cap:
+                part = cap * torch.tanh(part / cap)
             # The full row takes the matmul's dtype: under autocast ``h`` (a LayerNorm output) is fp32
             # while the matmul gives bf16/fp16, and index_put needs the two to agree.
             full = part.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
             full[..., self.softmax_ids] = part
             return full
         logits = self.lm_head(h)
+        if cap:  # Gemma 2's soft cap, before the padding is masked (tanh(-inf) would be -1, not -inf)
+            logits = cap * torch.tanh(logits / cap)
         if self.config.vocab_size > self.config.valid_vocab_size:
             # In-place on the matmul output: costs a write of the padded columns only
             # (B*T*47 elements at 50304), and the matmul's backward does not need its output.
@@ -263,7 +389,8 @@ class GPT(nn.Module):
         path = resolve_loss(self.config.loss, h.device.type)
         if path in ("fused", "liger"):
             lce = fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy
-            loss = lce(h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size)
+            loss = lce(h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size,
+                       softcap=self.config.logit_softcap)
             return None, loss
         logits = self.logits(h)  # (B, T, V)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
@@ -281,8 +408,11 @@ class GPT(nn.Module):
         weight = self.lm_head.weight[ids]  # (K, C)
         x = h.reshape(-1, h.size(-1))
         path = resolve_loss(self.config.loss, h.device.type)
+        cap = self.config.logit_softcap
         if path in ("fused", "liger"):
-            loss = (fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy)(x, weight, where)
+            lce = fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy
+            loss = lce(x, weight, where, softcap=cap)
         else:
-            loss = F.cross_entropy(F.linear(x, weight).float(), where)
+            logits = F.linear(x, weight).float()
+            loss = F.cross_entropy(cap * torch.tanh(logits / cap) if cap else logits, where)
         return torch.where(outside, torch.full_like(loss, float("inf")), loss)

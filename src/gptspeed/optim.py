@@ -182,24 +182,35 @@ register_optimizer(OptimizerSpec(
     doc="Muon for the blocks' 2-D weights, AdamW for the rest (Jordan et al. 2024)"))
 
 
-def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
+def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int,
+          schedule: str = "cosine", decay_ratio: float = 0.2) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warm-up from ``max_lr/warmup``
-    to ``max_lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
+    to ``max_lr`` over ``warmup_steps``; then, ``cosine``, cosine decay to ``min_lr`` at
+    ``max_steps`` (GPT-3, Brown et al. 2020, appendix B); or ``wsd`` (warm-up, stable, decay:
+    Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+    Durations"), ``max_lr`` until the last ``decay_ratio`` of the steps, then a linear decay to
+    ``min_lr`` at ``max_steps`` (the trapezoid the modded-nanogpt speedrun uses)."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:
         return min_lr
+    if schedule == "wsd":
+        decay_steps = decay_ratio * max_steps
+        decay_start = max(warmup_steps, max_steps - decay_steps)
+        if step < decay_start or decay_steps <= 0:
+            return max_lr
+        return min_lr + (max_lr - min_lr) * (max_steps - step) / (max_steps - decay_start)
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
 def set_lr(optimizer, cfg, step: int) -> float:
-    """Set the learning rate of ``step`` (warm-up then cosine, :func:`lr_at`, by ``cfg``'s optimizer
+    """Set the learning rate of ``step`` (``--lr-schedule``, :func:`lr_at`, by ``cfg``'s optimizer
     settings, warm-up and ``--max-steps``) into every param group of ``optimizer``, times the
     group's ``lr_mult``. Returns the base learning rate."""
     o = cfg.optim
     lr = lr_at(step, max_lr=o.lr, min_lr=o.lr * o.min_lr_ratio, warmup_steps=cfg.warmup_steps(),
-               max_steps=cfg.train.max_steps)
+               max_steps=cfg.train.max_steps, schedule=o.lr_schedule, decay_ratio=o.decay_ratio)
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
     return lr

@@ -295,3 +295,18 @@ def test_load_hellaswag_reads_the_official_file_with_progress_by_default(officia
     items = hs.load_hellaswag()
     assert asked == [True] and len(items) == 2 and items[0].label == 2
     assert len(hs.load_hellaswag(max_examples=1, progress=False)) == 1 and asked == [True, False]
+
+
+def test_the_autocast_given_is_the_one_every_batch_is_scored_under(model, monkeypatch):
+    seen = []
+    real = hs.score_items
+    monkeypatch.setattr(hs, "score_items", lambda m, batch, device, autocast: seen.append((device, autocast))
+                        or real(m, batch, device, autocast))
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    evaluate_hellaswag(model, random_items(3, 11), device="cpu", autocast=bf16, batch_examples=2)
+    assert seen == [("cpu", bf16), ("cpu", bf16)]
+
+
+def test_one_example_right_by_its_mean_is_all_right(model):
+    item = labelled(model, random_items(1, 12), True)
+    assert evaluate_hellaswag(model, item, device="cpu")["acc_norm"] == 1.0

@@ -174,3 +174,20 @@ def test_prefetch_threads_are_named_for_the_loader(shards):
     names = {t.name for t in threading.enumerate()}
     assert {"gptspeed-loader-0", "gptspeed-loader-1"} <= names
     loader.close()
+
+
+def test_a_state_of_another_batch_split_is_refused_even_with_the_same_global_batch(shards):
+    """2 ranks of B=2 and 1 process of B=4 read 32 tokens a step, but not the same batches: the
+    recorded world size tells them apart (and, when not recorded, global tokens / (B x T) does)."""
+    pair = [TokenLoader(shards, B, T, rank=r, world_size=2) for r in (0, 1)]
+    job_batch(pair)
+    state = pair[0].state_dict()
+    with pytest.raises(GptspeedError, match="does not fit this data folder or batch shape"):
+        TokenLoader(shards, 2 * B, T).load_state_dict(state)
+
+
+def test_an_unrecorded_world_size_is_named_as_a_whole_number(shards):
+    state = {k: v for k, v in advanced(TokenLoader(shards, B, T), 21).state_dict().items() if k != "world_size"}
+    with pytest.raises(GptspeedError, match="^the checkpoint's data position was saved with world size 1 and does not "
+                                            "fall on a batch boundary for world size 2: resume with 1 process"):
+        TokenLoader(shards, B, T, rank=0, world_size=2).load_state_dict(state)

@@ -141,3 +141,23 @@ def test_frozen_parameters_are_left_to_no_optimizer():
     assert {id(p) for p in hidden + rest} == {id(p) for p in want} and len(hidden + rest) == len(want)
     assert all(names[id(p)].startswith("transformer.h.") and p.dim() == 2 for p in hidden)
     assert not any(p is f for p in hidden + rest for f in frozen)
+
+
+def test_muon_takes_the_fused_adamw_setting_as_given():
+    """``fused_adamw`` False is kept (the fused kernel is picked only when the setting is None)."""
+    cfg = OptimConfig(**{**CFG.__dict__, "fused_adamw": False})
+    opt, _ = build_optimizer(tiny(), cfg, "cpu")
+    assert not opt.adamw.defaults["fused"]
+
+
+def test_registering_an_optimizer_makes_it_a_choice_once(monkeypatch):
+    from gptspeed import config as config_mod
+    from gptspeed import optim as optim_mod
+
+    monkeypatch.setattr(optim_mod, "OPTIMIZERS", dict(optim_mod.OPTIMIZERS))
+    monkeypatch.setattr(optim_mod, "CONFIG_OPTIMIZERS", list(config_mod.OPTIMIZERS))
+    spec = optim_mod.OptimizerSpec(name="toy", build=lambda model, cfg, device_type: (None, False))
+    assert optim_mod.register_optimizer(spec) is spec
+    assert optim_mod.OPTIMIZERS["toy"] is spec and optim_mod.optimizer_spec("toy") is spec
+    optim_mod.register_optimizer(spec)
+    assert optim_mod.CONFIG_OPTIMIZERS.count("toy") == 1 and optim_mod.CONFIG_OPTIMIZERS[:-1] == list(config_mod.OPTIMIZERS)

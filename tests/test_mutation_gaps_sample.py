@@ -20,8 +20,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(block_size: int = 64) -> GPT:
+    """A tiny GPT whose next-token distributions are far from uniform (a fresh one's are nearly
+    uniform over 50k tokens, where temperature and top-k barely change a seeded draw)."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=block_size, n_layer=1, n_head=2, n_embd=32)).eval()
+    model = GPT(GPTConfig(block_size=block_size, n_layer=1, n_head=2, n_embd=32)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)
+    return model
 
 
 def reference_tokens(model: GPT, prompt: list[int], n: int, temperature: float, top_k, seed: int,
@@ -35,7 +40,7 @@ def reference_tokens(model: GPT, prompt: list[int], n: int, temperature: float, 
         for _ in range(n):
             ctx = torch.tensor([seq[-model.config.block_size:]])
             with autocast if autocast is not None else torch.autocast("cpu", enabled=False):
-                logits = model(ctx)[0][0, -1].float()
+                logits = model(ctx, logits_at=(slice(None), -1))[0][0].float()  # the last position's only
             logits = logits / temperature
             if top_k is not None and top_k < logits.numel():
                 values, indices = torch.topk(logits, top_k)
@@ -87,7 +92,8 @@ def test_sample_next_refuses_a_row_without_a_finite_logit_among_finite_rows():
     """A row of -inf only (no possible token) next to healthy rows: the error, not a draw."""
     logits = torch.randn(3, 10)
     logits[1] = float("-inf")
-    with pytest.raises(GptspeedError, match="not finite"):
+    with pytest.raises(GptspeedError, match="^the model's logits are not finite \\(NaN or infinite\\): its weights have "
+                                            "diverged or are corrupt; sample from an earlier checkpoint or a healthy model$"):
         sample_next(logits, 1.0, None, torch.Generator().manual_seed(0))
     with pytest.raises(GptspeedError, match="not finite"):
         sample_next(logits, 0.0, None, None)
@@ -223,3 +229,107 @@ def test_every_tensor_goes_to_the_device_asked_for_not_the_default_one():
         assert [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=pad)] == want
         pos, mask = _window_inputs(pad, 1, 2)
         assert pos.device.type == mask.device.type == "cpu"
+
+
+# ------------------------------------------------------------------------------ what sample_text asks for
+class Recorder:
+    """generate / generate_cached replaced by a recorder of their arguments that yields ``tokens``."""
+
+    def __init__(self, monkeypatch, tokens=(464, 318)):
+        self.calls = []
+        for name in ("generate", "generate_cached"):
+            monkeypatch.setattr(sample_mod, name, self.fake(name))
+        self.tokens = tokens
+
+    def fake(self, name):
+        def gen(model, idx, n, **kw):
+            self.calls.append((name, idx.clone(), n, kw))
+            for t in self.tokens[:n]:
+                yield torch.full((idx.size(0),), t)
+        return gen
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_sample_text_hands_the_sampler_the_runs_settings(monkeypatch, kv_cache):
+    rec = Recorder(monkeypatch)
+    prompts = ["Hello", "Hello world"] if kv_cache else ["Hello"]
+    sample_text(loaded=loaded(), prompts=prompts, max_new_tokens=2, temperature=0.7, top_k=5, seed=9, device="cpu",
+                dtype="bfloat16", kv_cache=kv_cache, out=io.StringIO())
+    ((name, idx, n, kw),) = rec.calls
+    want_idx, want_pad = left_pad([encode(p) for p in prompts])
+    assert name == ("generate_cached" if kv_cache else "generate") and n == 2 and torch.equal(idx, want_idx)
+    assert kw["temperature"] == 0.7 and kw["top_k"] == 5
+    assert isinstance(kw["autocast"], torch.autocast) and kw["autocast"].fast_dtype == torch.bfloat16
+    assert torch.equal(kw["generator"].get_state(), torch.Generator().manual_seed(9).get_state())
+    if kv_cache:
+        assert torch.equal(kw["pad"], want_pad) and kw["compile"] is False
+
+
+def test_sample_text_compiles_the_cached_sampler_when_asked(monkeypatch):
+    rec = Recorder(monkeypatch)
+    sample_text(loaded=loaded(), prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", compile=True,
+                out=io.StringIO())
+    assert rec.calls[0][3]["compile"] is True
+
+
+def test_sample_text_loads_the_run_or_model_it_is_given(monkeypatch):
+    asked = []
+    model, info = loaded()
+    monkeypatch.setattr(sample_mod, "load_any_model", lambda rt, run, init_from: asked.append((run, init_from)) or (model, info))
+    sample_text(run="some/run", prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", out=io.StringIO())
+    sample_text(init_from="gpt2", prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", out=io.StringIO())
+    assert asked == [("some/run", None), (None, "gpt2")]
+
+
+def test_load_any_model_of_a_run_says_which_run_and_step(tmp_path):
+    from gptspeed.checkpoint import save_checkpoint
+    from gptspeed.config import preset
+    from gptspeed.runtime import resolve_runtime
+
+    cfg = preset("pico")
+    cfg.model = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
+    torch.manual_seed(0)
+    weights = GPT(cfg.model).state_dict()
+    save_checkpoint(tmp_path, {"step": 7, "model": weights, "config": cfg.to_dict()})
+    model, info = sample_mod.load_any_model(resolve_runtime("cpu", "float32", False), run=tmp_path)
+    assert info == {"run": str(tmp_path), "step": 7} and not model.training
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), weights.values()))
+
+
+def byte_tokens(text: str) -> list[int]:
+    """``text`` as GPT-2's single-byte tokens: a multi-byte character spans several tokens."""
+    from gptspeed.tokenizer import get_encoding
+
+    enc = get_encoding()
+    return [enc.encode_single_token(bytes([b])) for b in text.encode()]
+
+
+def test_one_row_streams_whole_characters_as_they_come(monkeypatch):
+    """Each write of the stream is whole characters (never a cut U+FFFD), and it writes as tokens
+    arrive, not all at the end."""
+    tokens = byte_tokens("ab\u00e9c\u4e2dd")  # é: 2 bytes, 中: 3 bytes
+    Recorder(monkeypatch, tokens)
+    writes = []
+
+    class Out(io.StringIO):
+        def write(self, s):
+            writes.append(s)
+            return super().write(s)
+
+    out = Out()
+    texts = sample_text(loaded=loaded(), prompts=["x"], max_new_tokens=len(tokens), device="cpu", dtype="float32",
+                        out=out)
+    assert texts == ["ab\u00e9c\u4e2dd"] and out.getvalue() == "x" + texts[0] + "\n"
+    assert not any("\ufffd" in w for w in writes)
+    assert writes[:5] == ["x", "a", "b", "\u00e9", "c"]
+
+
+@pytest.mark.parametrize("info, where", [({"run": "r", "step": 5}, "step 5"), ({"init_from": "gpt2", "step": None}, "gpt2"),
+                                         ({"step": None}, "")])
+def test_several_rows_are_printed_under_numbered_headers_naming_the_source(monkeypatch, info, where):
+    Recorder(monkeypatch, (464, 318))
+    out = io.StringIO()
+    texts = sample_text(loaded=(loaded()[0], info), prompts=["A", "B"], max_new_tokens=2, device="cpu", dtype="float32",
+                        out=out)
+    assert out.getvalue() == "".join(f"--- sample {i} ({where}) ---\n{p}{t}\n" for i, (p, t) in
+                                     enumerate(zip(["A", "B"], texts), 1))

@@ -219,6 +219,24 @@ def test_any_of_cc_gcc_clang_is_a_c_compiler(gpu_toolchain, compiler):
     assert step_mod.compile_toolchain_problem("cuda", env={}) is None
 
 
+def test_each_missing_piece_of_the_gpu_toolchain_is_named_with_its_fix(gpu_toolchain, monkeypatch, tmp_path):
+    import importlib.util
+    import sysconfig
+
+    fix = "; or run with --no-compile"
+    assert step_mod.compile_toolchain_problem("cuda", env={}) == (
+        "torch.compile on a GPU needs a C compiler for Triton's launcher (none of $CC, cc, gcc, clang is on PATH): "
+        "install one, e.g. apt-get install gcc" + fix)
+    gpu_toolchain.add("gcc")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"include": str(tmp_path / "none")})
+    assert step_mod.compile_toolchain_problem("cuda", env={}) == (
+        f"torch.compile on a GPU needs Python's headers for Triton's launcher ({tmp_path / 'none' / 'Python.h'} is "
+        "missing): install them, e.g. apt-get install python3-dev" + fix)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert step_mod.compile_toolchain_problem("cuda", env={}) == (
+        "torch.compile on a GPU needs triton (it ships with PyTorch's CUDA wheels: pip install triton)" + fix)
+
+
 def test_the_compiler_named_by_cc_in_the_given_environment_counts(gpu_toolchain, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
     gpu_toolchain.add("my-cc")

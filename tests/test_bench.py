@@ -23,7 +23,7 @@ from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
 from gptspeed.bench.ladder import PEER_NAME, check_rows
 from gptspeed.bench.report import markdown
-from gptspeed.bench.stages import STAGE_NAMES, STAGES, Settings, plan_ladder, switches
+from gptspeed.bench.stages import BASELINE, STAGE_NAMES, STAGES, baseline_with, plan_ladder, record, switches
 from gptspeed.bench.worker import init_gpt
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -98,7 +98,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     assert rows["fused-ce"]["switches"] == ("bf16+" if bf16 else "fp32+") + "compile+sdpa+vocab50304+fused-adamw+fused-ce"
     assert rows["fused-ce"]["speedup_prev"] is None
     assert rows["fused-ce"]["speedup_prev_na"].startswith("n/a (differs from the previous row by: ")
-    assert "compile, attention, vocab, fused-adamw, loss" in rows["fused-ce"]["speedup_prev_na"]
+    assert "compile, attention, vocab-size, fused-adamw, loss" in rows["fused-ce"]["speedup_prev_na"]
 
     ran = [r for r in result["rows"] if r["status"] == "ok"]
     for r in ran:
@@ -152,10 +152,9 @@ def test_every_row_of_the_default_ladder_trains_here_the_peer_row_too():
     spec0 = base_spec(cfg)
     plan = [p for p in plan_ladder(torch.device("cpu"), None, "eager") if p.settings is not None]
     assert {"baseline", "compile", "fused-ce", "muon", "compile-blocks"} <= {p.stage.name for p in plan}
-    specs = [spec0.__class__(**{**spec0.to_dict(), "name": p.stage.name, "settings": p.settings.to_dict()})
-             for p in plan]
+    specs = [spec0.__class__(**{**spec0.to_dict(), "name": p.stage.name, "settings": p.settings}) for p in plan]
     specs.append(spec0.__class__(**{**spec0.to_dict(), "name": PEER_NAME, "kind": PEER_KIND,
-                                    "settings": peer_settings(plan[-1].settings).to_dict()}))
+                                    "settings": peer_settings(plan[-1].settings)}))
     for spec in specs:
         torch._dynamo.reset()
         result = run_stage(spec)
@@ -241,12 +240,12 @@ def test_every_stage_defined_once_and_cumulative():
 
     assert len(set(STAGE_NAMES)) == len(STAGES) and STAGE_NAMES[0] == "baseline"
     plan = plan_ladder(torch.device("cpu"), ["baseline", "fused-ce"])
-    assert plan[0].settings == Settings()
+    assert plan[0].settings == BASELINE
     assert plan[1].settings is None  # tf32 on a CPU
     assert [p.skip_reason for p in plan if p.stage.name in ("baseline", "fused-ce")] == [None, None]
     assert all(p.skip_reason for p in plan if p.stage.name not in ("baseline", "fused-ce"))
     last = [p.settings for p in plan if p.settings is not None][-1]  # later rungs (issue 7) skip on a CPU
-    assert (last.attention, last.vocab_size, last.loss) == ("sdpa", 50304, "fused")
+    assert (last["attention"], last["vocab_size"], last["loss"]) == ("sdpa", 50304, "fused")
 
 
 def test_init_is_the_same_function_for_both_vocab_sizes():
@@ -263,16 +262,16 @@ def test_init_is_the_same_function_for_both_vocab_sizes():
     assert torch.equal(small.transformer.h[0].mlp.c_fc.weight, padded.transformer.h[0].mlp.c_fc.weight)
 
 
-def _row(name, ms, loss0, settings: Settings, kind="stage", q=(None, None)):
+def _row(name, ms, loss0, settings: dict, kind="stage", q=(None, None)):
     """A row as a worker returns it, built here: no timing involved."""
     return {"name": name, "kind": kind, "status": "ok", "ms_median": ms, "ms_min": ms, "ms_max": ms, "ms_q25": q[0],
-            "ms_q75": q[1], "loss_step0": loss0, "dtype": settings.dtype, "settings": settings.to_dict()}
+            "ms_q75": q[1], "loss_step0": loss0, "dtype": settings["dtype"], "settings": record(settings)}
 
 
-FP32 = Settings()
-BF16 = Settings(dtype="bfloat16")
-COMPILE = Settings(dtype="bfloat16", compile=True)
-VOCAB = Settings(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304)
+FP32 = baseline_with()
+BF16 = baseline_with(dtype="bfloat16")
+COMPILE = baseline_with(dtype="bfloat16", compile=True)
+VOCAB = baseline_with(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304)
 
 
 def test_guard_flags_a_disagreeing_stage():
@@ -281,7 +280,7 @@ def test_guard_flags_a_disagreeing_stage():
     check_rows(rows)
     # bf16 rows: 1e-2 relative; 10.2 is 2e-2 off
     assert [r.get("loss_check", {}).get("ok") for r in rows] == [True, None, True, False, True]
-    bad = [_row("baseline", 100.0, 10.0, FP32), _row("compile", 50.0, 10.01, Settings(compile=True))]
+    bad = [_row("baseline", 100.0, 10.0, FP32), _row("compile", 50.0, 10.01, baseline_with(compile=True))]
     check_rows(bad)  # fp32: 1e-3 > 1e-4
     assert not bad[1]["loss_check"]["ok"]
 
@@ -297,7 +296,7 @@ def test_rows_state_their_switches_and_a_speedup_is_credited_to_one_switch_only(
     assert rows[1]["speedup_prev"] == 2.0 and rows[1]["credited_to"] == "dtype"
     assert rows[2]["speedup_prev"] == 2.0 and rows[2]["credited_to"] == "compile"
     assert rows[4]["speedup_prev"] is None and rows[4]["credited_to"] is None
-    assert rows[4]["speedup_prev_na"] == "n/a (differs from the previous row by: attention, vocab)"
+    assert rows[4]["speedup_prev_na"] == "n/a (differs from the previous row by: attention, vocab-size)"
     assert rows[4]["speedup_baseline"] == 5.0  # all of its switches together, against the first row
 
     md = markdown({"environment": {"device": "cpu", "device_type": "cpu", "torch": "x", "gptspeed": "x",
@@ -308,7 +307,7 @@ def test_rows_state_their_switches_and_a_speedup_is_credited_to_one_switch_only(
                              "warmup_s": 0.0, "loss_last": 1.0, "peak_flops_source": "none", "params": 1000} if r["status"] == "ok"
                             else r for r in rows], "problems": []})
     assert "| vocab-pad | bf16+compile+sdpa+vocab50304 |" in md
-    assert "n/a (differs from the previous row by: attention, vocab)" in md
+    assert "n/a (differs from the previous row by: attention, vocab-size)" in md
     assert "| 2.00× (compile) |" in md
 
 
@@ -328,12 +327,33 @@ def test_a_spread_wider_than_the_gap_is_flagged_as_noise():
 
 
 def test_switches_name_every_setting_that_is_on():
-    assert switches(Settings()) == "fp32"
-    everything = Settings(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304, fused_adamw=True,
-                          loss="fused", batch_auto=True, fp8=True, optimizer="muon", compile_mode="blocks",
-                          compile_tuning="max-autotune")
-    assert switches(everything) == ("bf16+compile+compile-blocks+max-autotune+sdpa+vocab50304+fused-adamw+batch-auto"
-                                    "+fp8+fused-ce+muon")
+    assert switches(record(BASELINE)) == "fp32"
+    everything = baseline_with(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304, fused_adamw=True,
+                               loss="fused", batch_size="auto", fp8=True, optimizer="muon", compile_mode="blocks",
+                               compile_tuning="max-autotune", sdpa_backend="cudnn")
+    # in the order the ladder's rungs turn them on; each by its rung's name for it
+    assert switches(record(everything)) == ("bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce+batch-auto+fp8+muon"
+                                            "+compile-blocks+max-autotune+sdpa-cudnn")
+    # a setting no rung changes is named by its flag
+    assert switches(record(baseline_with(loss="liger", compile_tuning="reduce-overhead"))) == \
+        "fp32+loss-liger+reduce-overhead"
+
+
+def test_a_rung_is_a_change_of_settings_checked_as_a_config_files_are():
+    """Every rung is a name and settings of the run configuration: a wrong name or value is one line
+    where the rung is declared, and every row records the same settings, ``--batch-size auto`` as
+    ``batch_auto``."""
+    from gptspeed.bench.stages import Stage
+    from gptspeed.errors import GptspeedError
+
+    with pytest.raises(GptspeedError, match="bench stage 'warp': unknown setting 'warp_drive'"):
+        Stage("warp", "", {"warp_drive": True})
+    with pytest.raises(GptspeedError, match="loss must be one of"):
+        Stage("warp", "", {"loss": "warp"})
+    assert next(st for st in STAGES if st.name == "batch-auto").delta == {"batch_size": 0}  # --batch-size auto
+    assert record(baseline_with(batch_size="auto"))["batch_auto"] is True and record(BASELINE)["batch_auto"] is False
+    assert list(record(BASELINE)) == ["dtype", "compile", "attention", "vocab_size", "fused_adamw", "loss", "batch_auto",
+                                      "fp8", "optimizer", "compile_mode", "compile_tuning", "sdpa_backend"]
 
 
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):
@@ -346,7 +366,7 @@ def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
 
     monkeypatch.setattr(entry, "run_stage", oom)
-    spec = StageSpec(name="baseline", settings=Settings().to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=1024,
+    spec = StageSpec(name="baseline", settings=dict(BASELINE), n_layer=1, n_head=2, n_embd=16, seq_len=1024,
                      batch_size=64, steps=1, warmup=1, device="cpu")
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
@@ -396,7 +416,7 @@ def test_rows_that_need_torchao_are_refused_before_they_start_naming_the_package
                         lambda name, *a: None if name == "torchao" else object() if name == "triton" else real(name, *a))
     rows = {p.stage.name: p for p in plan_ladder(torch.device("cuda"), None, "inductor")}
     assert rows["fp8"].settings is None and "pip install 'gptspeed[fp8]'" in rows["fp8"].skip_reason
-    assert not any(p.settings.fp8 for p in rows.values() if p.settings is not None)  # the rows after it run without
+    assert not any(p.settings.get("fp8") for p in rows.values() if p.settings is not None)  # the rows after it run without
 
 
 # ------------------------------------------------------------------------------------ cut short

@@ -25,8 +25,9 @@ from conftest import TINY_MODEL, flags
 from gptspeed import cli
 from gptspeed.bench import verify as verify_mod
 from gptspeed.bench.checks import SYNC_MESSAGE, CompileWatch, SyncCounter, sdpa_backend
-from gptspeed.bench.stages import STAGE_NAMES, VERIFY_EXTRA_NAMES, Settings
+from gptspeed.bench.stages import BASELINE, STAGE_NAMES, VERIFY_EXTRA_NAMES, baseline_with
 from gptspeed.bench.verify import compare_losses, plan_verify, rung_problems
+from gptspeed.config import AUTO_BATCH_SIZE
 
 TINY = [*flags(dict(TINY_MODEL, batch_size=2)), "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu",
         "--compile-backend", "eager"]
@@ -232,12 +233,12 @@ def test_a_batch_auto_rung_trains_the_same_sequences_per_step_as_its_reference(m
 
     base = dict(n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu",
                 grad_accum=2, mode="verify", synthetic="phrases")
-    ref = verify_worker.verify_stage(StageSpec(name="ref", settings=Settings().to_dict(), **base))
+    ref = verify_worker.verify_stage(StageSpec(name="ref", settings=dict(BASELINE), **base))
     for auto in (4, 1):
         seen = []
         monkeypatch.setattr(worker, "auto_batch_size",
                             lambda cfg, rt, say, auto=auto: seen.append(cfg.train.total_batch_tokens) or auto)
-        got = verify_worker.verify_stage(StageSpec(name="batch-auto", settings=Settings(batch_auto=True).to_dict(),
+        got = verify_worker.verify_stage(StageSpec(name="batch-auto", settings=baseline_with(batch_size="auto"),
                                                    **base))
         assert seen == [2 * 2 * 16]  # the probe divides the global batch, as train's --total-batch-tokens
         assert (got["batch_size"], got["grad_accum"]) == (auto, 4 // auto)
@@ -259,14 +260,19 @@ def test_compare_losses_stops_at_the_first_step_a_run_did_not_apply():
     assert flat["ok"] and "agreement says little" in flat["note"]
 
 
-def test_loss_tolerance_is_that_of_the_least_precise_format():
+def test_loss_tolerance_is_that_of_the_least_precise_format(monkeypatch):
+    from gptspeed import optim
     from gptspeed.bench.stages import loss_rtol
 
-    assert loss_rtol(Settings(compile=True, attention="sdpa", loss="fused")) == 1e-4  # fp32: summation order only
-    assert loss_rtol(Settings(dtype="tf32")) == 2e-3
-    assert loss_rtol(Settings(dtype="bfloat16")) == loss_rtol(Settings(dtype="float16")) == 1e-2
-    assert loss_rtol(Settings(dtype="bfloat16", fp8=True)) == 2e-2
-    assert loss_rtol(Settings(optimizer="muon")) == 1e-2  # Newton-Schulz in bf16, even in an fp32 rung
+    assert loss_rtol(baseline_with(compile=True, attention="sdpa", loss="fused")) == 1e-4  # fp32: summation order only
+    assert loss_rtol(baseline_with(dtype="tf32")) == 2e-3
+    assert loss_rtol(baseline_with(dtype="bfloat16")) == loss_rtol(baseline_with(dtype="float16")) == 1e-2
+    assert loss_rtol(baseline_with(dtype="bfloat16", fp8=True)) == 2e-2
+    assert loss_rtol(baseline_with(optimizer="muon")) == 1e-2  # Newton-Schulz in bf16, even in an fp32 rung
+    assert loss_rtol(baseline_with(optimizer="muon"), updates=False) == 1e-4  # step 0: before any update
+    # the optimizer's own tolerance is its registry entry's: a new optimizer declares it there
+    monkeypatch.setitem(optim.OPTIMIZERS, "muon", dataclasses.replace(optim.OPTIMIZERS["muon"], verify_rtol=5e-2))
+    assert loss_rtol(baseline_with(optimizer="muon")) == 5e-2 and loss_rtol(baseline_with(dtype="bfloat16")) == 1e-2
 
 
 def test_verdicts_name_each_broken_contract():
@@ -316,22 +322,22 @@ def test_plan_on_a_gpu_compares_like_with_like(h100):
     plan = {r.name: r for r in plan_verify(torch.device("cuda"), None, "inductor", grad_accum=1)}
     assert list(plan)[:2] == ["baseline", "baseline-muon"]
     assert all(r.skip_reason is None for r in plan.values()), {n: r.skip_reason for n, r in plan.items() if r.skip_reason}
-    assert plan["baseline-muon"].settings == Settings(optimizer="muon")
+    assert plan["baseline-muon"].settings == baseline_with(optimizer="muon")
     for name in ("tf32", "bf16", "compile", "fused-ce", "fp8", "fp16", "fp16-fused-ce", "reduce-overhead", "sdpa-cudnn"):
         assert plan[name].reference == "baseline", name
     for name in ("muon", "compile-blocks", "max-autotune"):
         assert plan[name].reference == "baseline-muon", name
     # only the batch-auto rung picks its own micro-batch -- over the same sequences per step, so it is
     # compared like the others; later rungs keep B fixed
-    assert plan["batch-auto"].settings.batch_auto and plan["batch-auto"].reference == "baseline"
+    auto = [n for n, r in plan.items() if r.settings.get("batch_size") == AUTO_BATCH_SIZE]  # --batch-size auto
+    assert auto == ["batch-auto"] and plan["batch-auto"].reference == "baseline"
     assert plan["batch-auto"].not_compared is None
-    assert not any(r.settings.batch_auto for n, r in plan.items() if n != "batch-auto")
     fused_ce = plan["fused-ce"].settings
-    assert plan["fp16-fused-ce"].settings == Settings(**{**fused_ce.to_dict(), "dtype": "float16"})
-    assert plan["fp16"].settings == Settings(dtype="float16")
-    assert plan["reduce-overhead"].settings == Settings(**{**fused_ce.to_dict(), "compile_tuning": "reduce-overhead"})
+    assert plan["fp16-fused-ce"].settings == {**fused_ce, "dtype": "float16"}
+    assert plan["fp16"].settings == baseline_with(dtype="float16")
+    assert plan["reduce-overhead"].settings == {**fused_ce, "compile": True, "compile_tuning": "reduce-overhead"}
     # cuDNN attention against CUDA's default configuration (the seeds' last rung), one switch apart
-    assert plan["sdpa-cudnn"].settings == Settings(**{**plan["fused-adamw"].settings.to_dict(), "sdpa_backend": "cudnn"})
+    assert plan["sdpa-cudnn"].settings == {**plan["fused-adamw"].settings, "sdpa_backend": "cudnn"}
     assert plan["sdpa-cudnn"].reference == "baseline"
 
 
@@ -416,7 +422,7 @@ def test_bench_step_reports_a_step_it_did_not_apply():
     from gptspeed.bench.worker import StageSpec, bench_step, build_row
     from gptspeed.runtime import resolve_runtime
 
-    spec = StageSpec(name="t", settings=Settings().to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=8, batch_size=1,
+    spec = StageSpec(name="t", settings=dict(BASELINE), n_layer=1, n_head=2, n_embd=16, seq_len=8, batch_size=1,
                      steps=1, warmup=1, device="cpu", grad_accum=2)
     rt = resolve_runtime("cpu", "float32", False)
     step, _ = build_row(spec, rt)
@@ -437,7 +443,7 @@ def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_p
     from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(name="fp16", settings=Settings(dtype="float16").to_dict(), n_layer=1, n_head=2, n_embd=16,
+    spec = StageSpec(name="fp16", settings=baseline_with(dtype="float16"), n_layer=1, n_head=2, n_embd=16,
                      seq_len=8, batch_size=1, steps=1, warmup=1, device="cpu", mode="verify")
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
@@ -452,7 +458,7 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(name="fp8", settings=Settings(fp8=True).to_dict(), n_layer=1, n_head=2, n_embd=16, seq_len=8,
+    spec = StageSpec(name="fp8", settings=baseline_with(fp8=True), n_layer=1, n_head=2, n_embd=16, seq_len=8,
                      batch_size=2, steps=1, warmup=1, device="cpu", mode="verify")
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
@@ -527,7 +533,7 @@ def test_one_process_ddp_step(tmp_path, backend, device):
     try:
         dtype = "bfloat16" if device == "cuda" else "float32"
         rt = dataclasses.replace(resolve_runtime(device, dtype, False), parallel="ddp")
-        spec = StageSpec(name="ddp", settings=Settings(dtype=dtype, attention="sdpa").to_dict(), n_layer=1,
+        spec = StageSpec(name="ddp", settings=baseline_with(dtype=dtype, attention="sdpa"), n_layer=1,
                          n_head=2, n_embd=16, seq_len=16, batch_size=2, steps=1, warmup=1, device=device, grad_accum=2)
         step, _ = build_row(spec, rt)
         assert isinstance(step.train_model, torch.nn.parallel.DistributedDataParallel)

@@ -1,7 +1,7 @@
 """``gptspeed bench``: the optimization ladder, measured on the user's own hardware, peers beside it.
 
-- :mod:`.stages`: the rungs (one :class:`~gptspeed.bench.stages.Stage` entry per technique) and
-  the switches / tolerances that describe them;
+- :mod:`.stages`: the rungs (one :class:`~gptspeed.bench.stages.Stage` entry per technique: a
+  name and the run-configuration settings it changes) and the labels / tolerances derived from them;
 - :mod:`.worker`: one row measured in a fresh process (:mod:`.entry`), built as ``train`` builds its step;
 - :mod:`.ladder`: running all rows, the correctness guard, honest speed-ups, profiling one row;
 - :mod:`.report`: Markdown table, JSON, bar chart;
@@ -10,8 +10,8 @@
 """
 
 
-_LAZY = {"BenchConfig": "ladder", "profile_stage": "ladder", "run_ladder": "ladder", "STAGE_NAMES": "stages",
-         "STAGES": "stages", "Settings": "stages", "Stage": "stages", "run_verify": "verify"}
+_LAZY = {"BenchConfig": "ladder", "profile_stage": "ladder", "run_ladder": "ladder", "BASELINE": "stages",
+         "STAGE_NAMES": "stages", "STAGES": "stages", "Stage": "stages", "run_verify": "verify"}
 __all__ = sorted(_LAZY)
 
 

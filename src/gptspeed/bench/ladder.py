@@ -23,8 +23,8 @@ from typing import Any
 
 import gptspeed
 from gptspeed.bench import report
-from gptspeed.bench.stages import (STAGE_NAMES, Settings, differences, loss_rtol, parse_stage_list,
-                                   plan_ladder, stage_settings, switches)
+from gptspeed.bench.stages import (BASELINE, STAGE_NAMES, differences, loss_rtol, parse_stage_list, plan_ladder,
+                                   record, stage_settings, switches)
 from gptspeed.bench.worker import PEER_KIND, StageSpec
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
@@ -36,14 +36,14 @@ PEER_SOURCE = "the baseline's optimizer (AdamW) and model; dtype, compile and fu
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
-def peer_settings(last: Settings) -> Settings:
+def peer_settings(last: dict[str, Any]) -> dict[str, Any]:
     """The peer row's settings: the baseline's (its optimizer, eager per-model compile, no FP8, the
-    given micro-batch) with the dtype, compile and fused-AdamW switches of ``last`` (the last row
-    that runs), and what transformers' GPT-2 is (SDPA attention, vocabulary 50257, its own loss).
-    Only switches that apply to any model carry over: Muon's parameter groups, FP8's layer filter
-    and per-block compile are written for gptspeed's module names."""
-    return Settings(dtype=last.dtype, compile=last.compile, fused_adamw=last.fused_adamw, attention="sdpa",
-                    vocab_size=50257, loss="plain")
+    given micro-batch, vocabulary 50257 and the plain loss, as transformers' GPT-2 has them) with the
+    dtype, compile and fused-AdamW settings of ``last`` (the last row that runs) and SDPA attention
+    (transformers' ``attn_implementation="sdpa"``). Only switches that apply to any model carry over:
+    Muon's parameter groups, FP8's layer filter and per-block compile are written for gptspeed's
+    module names."""
+    return {**BASELINE, **{k: last[k] for k in ("dtype", "compile", "fused_adamw")}, "attention": "sdpa"}
 
 
 @dataclass
@@ -106,7 +106,7 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
         TokenLoader(find_shards(cfg.data, "train"), batch, shape.block_size)  # GptspeedError if too small
         data = str(Path(cfg.data).resolve())
     device = resolve_device(cfg.device)
-    return StageSpec(name="", settings=Settings().to_dict(), n_layer=shape.n_layer, n_head=shape.n_head,
+    return StageSpec(name="", settings=dict(BASELINE), n_layer=shape.n_layer, n_head=shape.n_head,
                      n_embd=shape.n_embd, seq_len=shape.block_size, batch_size=batch, steps=cfg.steps,
                      warmup=cfg.warmup, device=device.type, seed=cfg.seed, lr=p.optim.lr, data=data,
                      compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops, grad_accum=cfg.grad_accum or 1)
@@ -173,7 +173,8 @@ def spread_ms(row: dict[str, Any]) -> float:
 def check_rows(rows: list[dict[str, Any]]) -> None:
     """Add switches, speed-ups, noise flags and the step-0 loss check to the rows that ran, in place.
 
-    ``switches``: every switch the row ran with (:func:`gptspeed.bench.stages.switches`).
+    ``switches``: every switch the row ran with (:func:`gptspeed.bench.stages.switches` of its
+    recorded ``settings``).
     ``speedup_prev``: ms/step of the previous row that ran / this row's -- only when the two rows
     differ by exactly one switch (``credited_to`` names it); otherwise None and ``speedup_prev_na``
     says by what they differ (rows are cumulative: with stages deselected or skipped, or for the peer
@@ -182,7 +183,8 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
     -- the speed-up is then within noise -- else None. ``speedup_baseline``: the first row that ran
     (baseline unless deselected) / this row's, i.e. every switch of this row together.
     ``loss_check``: this row's step-0 loss against the first row's, relative, within the looser
-    tolerance of the two rows (:func:`gptspeed.bench.stages.loss_rtol`).
+    tolerance of the two rows (:func:`gptspeed.bench.stages.loss_rtol`; step 0 comes before any
+    optimizer step, so the optimizer's own tolerance plays no part).
     """
     ran = [r for r in rows if r["status"] == "ok"]
     if not ran:
@@ -204,8 +206,7 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
             else:
                 r["speedup_prev_na"] = f"n/a (differs from the previous row by: {', '.join(diff) or 'nothing'})"
         r["speedup_baseline"] = ref["ms_median"] / r["ms_median"]
-        # step 0 comes before any optimizer step: the optimizer's own precision (Muon's bf16) plays no part
-        rtol = max(loss_rtol({**(row.get("settings") or {"dtype": row.get("dtype", "float32")}), "optimizer": "adamw"})
+        rtol = max(loss_rtol(row.get("settings") or {"dtype": row.get("dtype", "float32")}, updates=False)
                    for row in (r, ref))
         l0, l_ref = r["loss_step0"], ref["loss_step0"]
         rel = abs(l0 - l_ref) / abs(l_ref) if math.isfinite(l0) and math.isfinite(l_ref) else math.inf
@@ -220,19 +221,20 @@ def _planned_rows(plan, spec0: StageSpec, peers: bool) -> tuple[list[dict[str, A
     jobs: list[tuple[dict[str, Any], StageSpec]] = []
     for p in plan:
         row: dict[str, Any] = {"name": p.stage.name, "kind": "stage", "description": p.stage.description,
-                               "source": p.stage.source, "settings": p.settings.to_dict() if p.settings else None}
+                               "source": p.stage.source, "settings": record(p.settings) if p.settings else None}
         if p.skip_reason is not None:
             rows.append({**row, "status": "skipped", "reason": p.skip_reason})
             continue
         rows.append({**row, "status": "pending", "reason": "not run yet"})
-        jobs.append((rows[-1], dataclasses.replace(spec0, name=p.stage.name, settings=p.settings.to_dict())))
+        jobs.append((rows[-1], dataclasses.replace(spec0, name=p.stage.name, settings=p.settings)))
     if peers:
         last = [p for p in plan if p.skip_reason is None][-1]
+        settings = peer_settings(last.settings)
         row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
-               "source": f"{PEER_SOURCE} {last.stage.name}", "settings": peer_settings(last.settings).to_dict(),
+               "source": f"{PEER_SOURCE} {last.stage.name}", "settings": record(settings),
                "status": "pending", "reason": "not run yet"}
         rows.append(row)
-        jobs.append((row, dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=row["settings"])))
+        jobs.append((row, dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=settings)))
     return rows, jobs
 
 
@@ -308,7 +310,7 @@ def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
     else:
         raise GptspeedError(f"unknown --profile stage {name!r}: choose from {', '.join(STAGE_NAMES + (PEER_NAME,))}")
     out = Path(cfg.out)
-    spec = dataclasses.replace(spec0, name=name, kind=kind, settings=settings.to_dict(), profile_dir=str(out.resolve()))
+    spec = dataclasses.replace(spec0, name=name, kind=kind, settings=settings, profile_dir=str(out.resolve()))
     report.say(f"profiling {name} ({spec.warmup} warm-up + {spec.steps} traced steps) on {device.type}")
     result = run_worker(spec, out / "logs" / f"profile-{name}.log", cfg.stage_timeout)
     if result["status"] != "ok":

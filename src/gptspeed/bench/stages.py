@@ -1,10 +1,16 @@
-"""The optimization ladder: one entry per technique, applied cumulatively.
+"""The optimization ladder: one rung per technique, each a change to the run configuration.
 
-Each :class:`Stage` names the settings it changes (``delta``) and says whether it applies to a
-device (``applies`` returns None, or the reason it is skipped). A stage's row runs with the
-baseline :class:`Settings` plus the deltas of every *applicable* stage up to and including it,
-so adding a technique is one entry in :data:`STAGES`, and a row means the same thing whichever
-rows ``--stages`` selects.
+A rung (:class:`Stage`) is a name and ``delta``: settings of :class:`gptspeed.config.RunConfig`
+by name (``{"dtype": "tf32"}``, ``{"batch_size": "auto"}``), checked where the rung is declared as
+a config file's settings are (:func:`gptspeed.config.check_settings`: the name, the type, the
+choices) and, with the rest of the configuration, by :meth:`RunConfig.validate` where it runs
+(:func:`gptspeed.bench.worker.run_config`). ``applies(device, compile_backend)`` returns None, or
+the reason the rung is skipped. A row runs with :data:`BASELINE` plus the deltas of every
+*applicable* rung up to and including it, so adding a technique is one entry in :data:`STAGES`,
+and a row means the same thing whichever rows ``--stages`` selects. What a row records
+(:func:`record`), its label (:func:`switches`) and the settings two rows differ by
+(:func:`differences`) are derived from these settings and the flags :mod:`gptspeed.config`
+declares for them.
 
 The first seven rungs are Karpathy's build-nanogpt ladder (video "Let's reproduce GPT-2 (124M)",
 2024; repository karpathy/build-nanogpt): fp32 -> TF32 -> bf16 autocast -> torch.compile -> flash
@@ -16,7 +22,6 @@ Muon changes the optimizer, not the step's speed much: its row is there to show 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import shutil
@@ -25,41 +30,30 @@ from typing import Any, Callable
 
 import torch
 
-from gptspeed.config import GPT2_VOCAB_SIZE
+from gptspeed.config import (AUTO_BATCH_SIZE, FIELDS, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, check_settings,
+                             setting_flag)
 from gptspeed.cpu import cpu_has_native_bf16
 from gptspeed.errors import GptspeedError
-from gptspeed.optim import fused_adamw_available
+from gptspeed.optim import OPTIMIZERS, fused_adamw_available
 from gptspeed.runtime import bf16_supported
 
-PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (build-nanogpt)
+# The ladder's first rung, as settings of the run configuration: build-nanogpt's starting point (fp32, eager,
+# the manual attention, the tokenizer's 50,257 embedding rows, AdamW without the fused kernel, the full-logits
+# loss). Every other setting a rung changes starts at the configuration's default.
+BASELINE: dict[str, Any] = check_settings({"dtype": "float32", "compile": False, "attention": "manual",
+                                           "vocab_size": GPT2_VOCAB_SIZE, "fused_adamw": False, "loss": "plain"},
+                                          "the bench's baseline")
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What one ladder row runs with. Field names are those of the trainer's flags
-    (``--dtype``, ``--compile``, ``--attention``, ``--vocab-size``, ``--fused-adamw``, ``--loss``)."""
-
-    dtype: str = "float32"  # float32 | tf32 | bfloat16 (see gptspeed.runtime.resolve_runtime)
-    compile: bool = False  # torch.compile the model
-    attention: str = "manual"  # manual (masked softmax) | sdpa (F.scaled_dot_product_attention)
-    vocab_size: int = GPT2_VOCAB_SIZE  # embedding rows: 50257 or padded 50304
-    fused_adamw: bool = False  # torch.optim.AdamW(fused=True); False: PyTorch's default (foreach on GPU)
-    loss: str = "plain"  # plain (full logits + F.cross_entropy) | fused (gptspeed.loss, chunked)
-    batch_auto: bool = False  # --batch-size auto: the largest micro-batch that fits (CUDA probe)
-    fp8: bool = False  # FP8 Linear layers in the blocks (gptspeed.fp8)
-    optimizer: str = "adamw"  # adamw | muon (gptspeed.optim.MuonWithAdamW)
-    compile_mode: str = "model"  # model | blocks (gptspeed.parallelize.parallelize)
-    compile_tuning: str = "default"  # torch.compile mode: default | max-autotune | ...
-    sdpa_backend: str = "auto"  # --sdpa-backend: auto | flash | cudnn | efficient | math
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+def baseline_with(**changes: Any) -> dict[str, Any]:
+    """:data:`BASELINE` with ``changes`` (settings by name, checked as a rung's are)."""
+    return {**BASELINE, **check_settings(changes, "bench settings")}
 
 
 # Relative tolerance of a loss against the fp32 reference's on the same batches from the same
 # weights, by the least precise format the rung's matmuls run in (:func:`loss_rtol`): the ladder checks
 # step 0 with it, ``bench --verify`` every step of a short trajectory (max over steps of
-# |loss - loss_ref| / loss_ref). Why these numbers (docs: benchmarks/README.md, "bench --verify"):
+# |loss - loss_ref| / loss_ref). Why these numbers (benchmarks/README.md, "bench --verify"):
 # - float32: rungs that change only the order of summation (compile, SDPA, padded vocabulary, fused
 #   AdamW, the chunked loss) differ on the CPU by <= 2e-7 relative over 20 steps (2 layers, width 64)
 #   and <= 3e-6 over 13 (nano on Shakespeare) (measured); 1e-4 leaves >= 30x for GPU kernels that
@@ -70,66 +64,25 @@ class Settings:
 #   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps
 #   (emulated bf16). How sharp that is: benchmarks/README.md, "bench --verify".
 # - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls: 2e-2.
-# - Muon orthogonalises its update with Newton-Schulz iterations in bf16 (gptspeed.optim), which
-#   turns summation-order differences into bf16 rounding differences: a Muon rung is held to bf16's
-#   tolerance whatever its dtype (measured on the CPU: fp32 Muon rungs 4e-5 / 7e-5 off the fp32 Muon
-#   reference after 13 steps, nano on Shakespeare -- ~50x the AdamW rungs' 1e-6, near fp32's 1e-4).
+# - an optimizer may hold its rungs to a looser tolerance of its own (gptspeed.optim.OptimizerSpec.verify_rtol):
+#   Muon orthogonalises its update with Newton-Schulz iterations in bf16, which turns summation-order
+#   differences into bf16 rounding differences, so it declares bf16's 1e-2 whatever the rung's dtype
+#   (measured on the CPU: fp32 Muon rungs 4e-5 / 7e-5 off the fp32 Muon reference after 13 steps, nano
+#   on Shakespeare -- ~50x the AdamW rungs' 1e-6, near fp32's 1e-4).
 LOSS_RTOL = {"float32": 1e-4, "tf32": 2e-3, "bfloat16": 1e-2, "float16": 1e-2, "fp8": 2e-2}
 
 
-def loss_rtol(settings: "Settings | dict[str, Any]") -> float:
-    """The relative loss tolerance (:data:`LOSS_RTOL`) for a rung with these settings: the loosest
-    of its dtype's, fp8's when ``fp8`` is on, and bf16's with Muon (its Newton-Schulz runs in bf16)."""
-    s = settings if isinstance(settings, dict) else settings.to_dict()
-    rtol = LOSS_RTOL.get(s.get("dtype", "float32"), LOSS_RTOL["bfloat16"])
-    if s.get("fp8"):
+def loss_rtol(settings: dict[str, Any], updates: bool = True) -> float:
+    """The relative loss tolerance (:data:`LOSS_RTOL`) for a rung with these settings (a rung's, or
+    a row's :func:`record`): the loosest of its dtype's, fp8's when ``fp8`` is on and, when the
+    compared losses follow optimizer steps (``updates``), its optimizer's own ``verify_rtol``."""
+    rtol = LOSS_RTOL.get(settings.get("dtype", "float32"), LOSS_RTOL["bfloat16"])
+    if settings.get("fp8"):
         rtol = max(rtol, LOSS_RTOL["fp8"])
-    if s.get("optimizer") == "muon":
-        rtol = max(rtol, LOSS_RTOL["bfloat16"])
+    spec = OPTIMIZERS.get(settings.get("optimizer", FIELDS["optimizer"].default))
+    if updates and spec is not None and spec.verify_rtol is not None:
+        rtol = max(rtol, spec.verify_rtol)
     return rtol
-
-
-_DTYPE_LABEL = {"float32": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16": "fp16"}
-# The name of each Settings field as a switch, for "differs from the previous row by: ...".
-SWITCH_NAMES = {"dtype": "dtype", "compile": "compile", "attention": "attention", "vocab_size": "vocab",
-                "fused_adamw": "fused-adamw", "loss": "loss", "batch_auto": "batch-auto", "fp8": "fp8",
-                "optimizer": "optimizer", "compile_mode": "compile-mode", "compile_tuning": "compile-tuning",
-                "sdpa_backend": "sdpa-backend"}
-
-
-def switches(settings: "Settings | dict[str, Any]") -> str:
-    """Every switch a row runs with, as one label: the dtype, then each setting that differs from
-    :class:`Settings`' default, e.g. ``bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce``;
-    ``fp32`` for the baseline."""
-    s = settings if isinstance(settings, dict) else settings.to_dict()
-    d = Settings().to_dict()
-    parts = [_DTYPE_LABEL.get(s["dtype"], s["dtype"])]
-    if s["compile"]:
-        parts.append("compile")
-    if s["compile_mode"] != d["compile_mode"]:
-        parts.append(f"compile-{s['compile_mode']}")
-    if s["compile_tuning"] != d["compile_tuning"]:
-        parts.append(s["compile_tuning"])
-    if s["attention"] != d["attention"]:
-        parts.append(s["attention"])
-    if s.get("sdpa_backend", "auto") != d["sdpa_backend"]:
-        parts.append(f"sdpa-{s['sdpa_backend']}")
-    if s["vocab_size"] != d["vocab_size"]:
-        parts.append(f"vocab{s['vocab_size']}")
-    parts += [name for key, name in (("fused_adamw", "fused-adamw"), ("batch_auto", "batch-auto"), ("fp8", "fp8"))
-              if s[key]]
-    if s["loss"] != d["loss"]:
-        parts.append("fused-ce" if s["loss"] == "fused" else f"loss-{s['loss']}")
-    if s["optimizer"] != d["optimizer"]:
-        parts.append(s["optimizer"])
-    return "+".join(parts)
-
-
-def differences(a: "Settings | dict[str, Any]", b: "Settings | dict[str, Any]") -> list[str]:
-    """The switches (:data:`SWITCH_NAMES`) whose settings differ between two rows, in field order."""
-    a = a if isinstance(a, dict) else a.to_dict()
-    b = b if isinstance(b, dict) else b.to_dict()
-    return [SWITCH_NAMES.get(k, k) for k in a if a[k] != b.get(k)]
 
 
 def _always(device: torch.device, compile_backend: str) -> str | None:
@@ -192,10 +145,13 @@ def _fp8(device: torch.device, compile_backend: str) -> str | None:
 
 @dataclass(frozen=True)
 class Stage:
-    """One rung: ``delta`` is applied on top of every applicable rung before it.
+    """One rung: ``delta`` (settings of the run configuration by name) is applied on top of every
+    applicable rung before it; it is checked as a config file's settings are when the rung is
+    declared (an unknown name, a wrong type or a value outside the choices fails at import).
 
     ``applies(device, compile_backend)`` returns None when the stage can run on ``device`` and
     otherwise the one-line reason it is skipped. ``source`` says where the technique comes from.
+    ``label``: what a row's :func:`switches` call the value the rung sets (default: its name).
     ``base`` (only for :data:`VERIFY_EXTRAS`): apply ``delta`` to that ladder stage's settings
     instead of to the rung before.
     """
@@ -206,6 +162,10 @@ class Stage:
     applies: Callable[[torch.device, str], str | None] = _always
     source: str = ""
     base: str | None = None
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delta", check_settings(self.delta, f"bench stage {self.name!r}"))
 
 
 def _cuda_compile_tuning(device: torch.device, compile_backend: str) -> str | None:
@@ -228,15 +188,15 @@ STAGES: tuple[Stage, ...] = (
     Stage("compile", "torch.compile the model", {"compile": True}, _compile,
           source="torch.compile (TorchInductor)"),
     Stage("flash", "F.scaled_dot_product_attention (flash kernels)", {"attention": "sdpa"},
-          source="Dao et al. 2022, FlashAttention; torch SDPA"),
+          source="Dao et al. 2022, FlashAttention; torch SDPA", label="sdpa"),
     Stage("vocab-pad", f"vocabulary padded {GPT2_VOCAB_SIZE} -> {PADDED_VOCAB_SIZE}",
-          {"vocab_size": PADDED_VOCAB_SIZE}, source="build-nanogpt ('nice numbers')"),
+          {"vocab_size": PADDED_VOCAB_SIZE}, source="build-nanogpt ('nice numbers')", label=f"vocab{PADDED_VOCAB_SIZE}"),
     Stage("fused-adamw", "AdamW(fused=True)", {"fused_adamw": True}, _fused_adamw,
           source="torch.optim.AdamW docs"),
     Stage("fused-ce", "chunked linear + cross-entropy, no full logits", {"loss": "fused"},
           source="Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024"),
     # issue 7: beyond the seeds on one GPU
-    Stage("batch-auto", "largest power-of-two micro-batch that fits (probed, cached)", {"batch_auto": True},
+    Stage("batch-auto", "largest power-of-two micro-batch that fits (probed, cached)", {"batch_size": "auto"},
           _cuda_only("--batch-size auto (an out-of-memory probe)"), source="gptspeed.batchsize"),
     Stage("fp8", "FP8 (e4m3 / e5m2, per-tensor scaling) matmuls in the blocks' Linear layers", {"fp8": True}, _fp8,
           source="Micikevicius et al. 2022, FP8 Formats for Deep Learning; torch._scaled_mm"),
@@ -280,15 +240,59 @@ VERIFY_EXTRAS: tuple[Stage, ...] = (
           source="torch.compile docs", base="fused-ce"),
 )
 VERIFY_EXTRA_NAMES = tuple(s.name for s in VERIFY_EXTRAS)
+# Every setting a rung changes, in the order the rungs first change it: what a row records (:func:`record`)
+SWITCHES = tuple(dict.fromkeys([*BASELINE, *(k for st in (*STAGES, *VERIFY_EXTRAS) for k in st.delta)]))
+_DTYPE_LABEL = {"float32": "fp32", "tf32": "tf32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _recorded(name: str, value: Any) -> tuple[str, Any]:
+    """How a row records one setting: as it is, except ``batch_size``, recorded as ``batch_auto``
+    (``--batch-size auto`` or not: the micro-batch itself is the bench's, the same for every row)."""
+    return ("batch_auto", value == AUTO_BATCH_SIZE) if name == "batch_size" else (name, value)
+
+
+def record(settings: dict[str, Any]) -> dict[str, Any]:
+    """A rung's settings as its row records them (``settings`` in ladder.json and verify.json): every
+    setting of :data:`SWITCHES`, at the configuration's default where the rung leaves it alone."""
+    return dict(_recorded(name, settings.get(name, FIELDS[name].default)) for name in SWITCHES)
+
+
+# (recorded setting, value) -> its name in a row's label: the label (else the name) of the first rung that sets it
+_LABELS = {}
+for _st in (*STAGES, *VERIFY_EXTRAS):
+    for _item in (_recorded(k, v) for k, v in _st.delta.items() if k != "dtype"):
+        _LABELS.setdefault(_item, _st.label or _st.name)
+
+
+def _label(name: str, value: Any) -> str:
+    """The label of a recorded setting's value: the rung's that sets it, else from the setting's flag
+    (``--compile`` on: ``compile``; ``--loss liger``: ``loss-liger``)."""
+    flag = setting_flag(name).removeprefix("--")
+    return _LABELS.get((name, value)) or (flag if value is True else f"{flag}-{value}")
+
+
+def switches(recorded: dict[str, Any]) -> str:
+    """Every switch a row ran with (``recorded``: its :func:`record`), as one label: the dtype, then
+    each setting that differs from the baseline's, in :data:`SWITCHES` order, e.g.
+    ``bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce``; ``fp32`` for the baseline."""
+    base = record(BASELINE)
+    parts = [_DTYPE_LABEL.get(recorded["dtype"], recorded["dtype"])]
+    return "+".join(parts + [_label(k, v) for k, v in recorded.items() if k != "dtype" and v != base.get(k)])
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The settings in which two rows' records differ, named by their flags (``compile``,
+    ``vocab-size``, ``batch-auto``), in :data:`SWITCHES` order."""
+    return [setting_flag(k).removeprefix("--") for k in a if a[k] != b.get(k)]
 
 
 @dataclass
 class PlannedRow:
-    """A ladder row before it runs: ``settings`` is None when the stage does not apply;
-    ``skip_reason`` is set when it does not apply or was not selected."""
+    """A ladder row before it runs: ``settings`` (the run configuration's, by name) is None when
+    the stage does not apply; ``skip_reason`` is set when it does not apply or was not selected."""
 
     stage: Stage
-    settings: Settings | None
+    settings: dict[str, Any] | None
     skip_reason: str | None
 
 
@@ -309,19 +313,19 @@ def plan_ladder(device: torch.device, selected: list[str] | None = None,
                 compile_backend: str = "inductor") -> list[PlannedRow]:
     """Every stage of :data:`STAGES`, in order, with the cumulative settings it runs with."""
     rows = []
-    settings = Settings()
+    settings = dict(BASELINE)
     for stage in STAGES:
         reason = stage.applies(device, compile_backend)
         if reason is not None:
             rows.append(PlannedRow(stage, None, reason))
             continue
-        settings = dataclasses.replace(settings, **stage.delta)
+        settings = {**settings, **stage.delta}
         not_selected = selected is not None and stage.name not in selected
         rows.append(PlannedRow(stage, settings, "not selected (--stages)" if not_selected else None))
     return rows
 
 
-def stage_settings(name: str, device: torch.device, compile_backend: str = "inductor") -> Settings:
+def stage_settings(name: str, device: torch.device, compile_backend: str = "inductor") -> dict[str, Any]:
     """The cumulative settings of one stage on ``device``; GptspeedError if unknown or skipped."""
     if name not in STAGE_NAMES:
         raise GptspeedError(f"unknown stage {name!r}: choose from {', '.join(STAGE_NAMES)}")

@@ -10,8 +10,8 @@ accumulation path that real training takes is exercised). Then, per rung:
 - **loss**: every step's loss against the fp32 reference's (``baseline``: fp32, eager, manual
   attention; ``baseline-muon`` for rungs that train with Muon -- the optimizer changes the
   mathematics, precision and kernels must not), max over steps of the relative difference, within
-  :func:`gptspeed.bench.stages.loss_rtol` (fp32 1e-4, tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2; Muon
-  rungs at least bf16's, as its Newton-Schulz runs in bf16);
+  :func:`gptspeed.bench.stages.loss_rtol` (fp32 1e-4, tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2, or the
+  optimizer's own when looser: Muon declares bf16's, as its Newton-Schulz runs in bf16);
 - **host-device syncs** per steady step (CUDA only) against the step's design (:func:`sync_budget`);
 - **graph breaks and recompiles** (compiled rungs): must be 0;
 - tokens/s, MFU, peak memory, and which SDPA kernel ran.
@@ -47,8 +47,8 @@ from typing import Any
 
 from gptspeed.bench import report
 from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
-from gptspeed.bench.stages import (ALL_STAGES, LOSS_RTOL, SEED_STAGES, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES,
-                                   VERIFY_EXTRAS, Settings, loss_rtol, parse_stage_list, plan_ladder, switches)
+from gptspeed.bench.stages import (ALL_STAGES, BASELINE, LOSS_RTOL, SEED_STAGES, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES,
+                                   VERIFY_EXTRAS, loss_rtol, parse_stage_list, plan_ladder, record, switches)
 from gptspeed.errors import GptspeedError
 from gptspeed.parallelize import cuda_graphs_refusal
 
@@ -73,31 +73,36 @@ def select_rungs(stages: str | None) -> tuple[list[str] | None, str]:
 
 @dataclass
 class Rung:
-    """One row of the verify plan. ``settings`` is None when it does not run (``skip_reason``
-    says why); ``reference`` names the rung its losses are compared with (None: not compared,
-    ``not_compared`` says why, or it is a reference itself)."""
+    """One row of the verify plan. ``settings`` (the run configuration's, by name) is None when it
+    does not run (``skip_reason`` says why); ``reference`` names the rung its losses are compared
+    with (None: not compared, ``not_compared`` says why, or it is a reference itself)."""
 
     name: str
     kind: str  # stage | extra | reference
     description: str
     source: str
-    settings: Settings | None
+    settings: dict[str, Any] | None
     skip_reason: str | None = None
     reference: str | None = None
     not_compared: str | None = None
     applies_here: bool = True  # False: the device cannot run it at all (not a gap in what was verified)
 
 
-def reference_settings(s: Settings) -> Settings:
-    """The fp32 reference a rung is compared with: every switch off, except those that change
+def reference_settings(s: dict[str, Any]) -> dict[str, Any]:
+    """The fp32 reference a rung is compared with: the baseline, except in the settings that change
     what is computed rather than how precisely or how fast -- the optimizer."""
-    return Settings(optimizer=s.optimizer)
+    return {**BASELINE, **{k: s[k] for k in ("optimizer",) if k in s}}
+
+
+def _fixed_batch(settings: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``settings`` without ``--batch-size auto``: the rung keeps the fixed micro-batch."""
+    return None if settings is None else {k: v for k, v in settings.items() if k != "batch_size"}
 
 
 def plan_verify(device, selected: list[str] | None = None, compile_backend: str = "inductor",
                 grad_accum: int = DEFAULT_GRAD_ACCUM, unselected: str = NOT_SELECTED) -> list[Rung]:
     """Every ladder stage and every :data:`VERIFY_EXTRAS` rung, in order, with the settings it
-    runs with on ``device`` (``batch_auto`` only on the ``batch-auto`` rung itself: the others
+    runs with on ``device`` (``--batch-size auto`` only on the ``batch-auto`` rung itself: the others
     keep the fixed micro-batch), the references they need inserted after ``baseline``, and a skip
     reason for each rung that does not apply or is not in ``selected`` (``unselected`` says why).
 
@@ -113,9 +118,7 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
     rungs: list[Rung] = []
     for p in ladder:
         st = p.stage
-        settings = p.settings
-        if settings is not None and st.name != "batch-auto":
-            settings = dataclasses.replace(settings, batch_auto=False)
+        settings = p.settings if st.name == "batch-auto" else _fixed_batch(p.settings)
         rungs.append(Rung(st.name, "stage", st.description, st.source, settings, p.skip_reason,
                           applies_here=settings is not None))
     for st in VERIFY_EXTRAS:
@@ -123,7 +126,7 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
         reason = st.applies(device, compile_backend)
         if reason is None and base is None:
             reason = f"its base rung {st.base} does not run here ({by_name[st.base].skip_reason})"
-        settings = None if reason else dataclasses.replace(base, batch_auto=False, **st.delta)
+        settings = None if reason else {**_fixed_batch(base), **st.delta}
         rungs.append(Rung(st.name, "extra", st.description, st.source, settings, reason,
                           applies_here=settings is not None))
     stages = {st.name: st for st in (*STAGES, *VERIFY_EXTRAS)}
@@ -141,10 +144,10 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
         if r.settings is None or r.skip_reason is not None or r.name == REFERENCE:
             continue
         ref = reference_settings(r.settings)
-        name = REFERENCE if ref == Settings() else f"{REFERENCE}-{r.settings.optimizer}"
+        name = REFERENCE if record(ref) == record(BASELINE) else f"{REFERENCE}-{ref['optimizer']}"
         r.reference = name
         if name != REFERENCE and name not in refs:
-            refs[name] = Rung(name, "reference", f"the fp32 reference for rungs that train with {ref.optimizer}",
+            refs[name] = Rung(name, "reference", f"the fp32 reference for rungs that train with {ref['optimizer']}",
                               "fp32, eager, manual attention, vocab 50257, plain loss", ref)
     base = rungs[0]
     needed = any(r.reference == REFERENCE for r in rungs)
@@ -288,8 +291,8 @@ def assess(plan: list[Rung], rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def _planned_row(r: Rung) -> dict[str, Any]:
     """A rung's row before it runs: ``skipped`` with its reason, or ``pending``."""
     row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
-                           "settings": r.settings.to_dict() if r.settings else None,
-                           "switches": switches(r.settings) if r.settings else None, "reference": r.reference,
+                           "settings": record(r.settings) if r.settings else None,
+                           "switches": switches(record(r.settings)) if r.settings else None, "reference": r.reference,
                            "applies_here": r.applies_here}
     if r.skip_reason is not None:
         return {**row, "status": "skipped", "reason": r.skip_reason}
@@ -344,8 +347,8 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     try:
         save(result(False))
         for i, r in enumerate(to_run, 1):
-            report.say(f"[{i}/{len(to_run)}] {r.name}: {switches(r.settings)}")
-            spec = dataclasses.replace(spec0, name=r.name, settings=r.settings.to_dict())
+            report.say(f"[{i}/{len(to_run)}] {r.name}: {switches(record(r.settings))}")
+            spec = dataclasses.replace(spec0, name=r.name, settings=r.settings)
             rows[r.name].update(reason=None)
             rows[r.name].update(run_worker(spec, out / "logs" / f"{r.name}.log", cfg.stage_timeout, cache_dir=cache))
             if rows[r.name]["reason"] is None:
@@ -477,8 +480,8 @@ def verify_markdown(result: dict[str, Any]) -> str:
         "How to read it. *loss*: the largest relative difference between this rung's per-step loss and its fp32 "
         "reference's (`baseline`; `baseline-muon` for Muon rungs) over the same steps, against the tolerance of "
         f"the rung's least precise format (fp32 {tol['float32']:.0e}, tf32 {tol['tf32']:.0e}, bf16 "
-        f"{tol['bfloat16']:.0e}, fp16 {tol['float16']:.0e}, fp8 {tol['fp8']:.0e}; Muon rungs at least bf16's: its "
-        "Newton-Schulz runs in bf16). *syncs/step*: synchronising "
+        f"{tol['bfloat16']:.0e}, fp16 {tol['float16']:.0e}, fp8 {tol['fp8']:.0e}; or the optimizer's own when looser: "
+        "Muon's is bf16's, its Newton-Schulz runs in bf16). *syncs/step*: synchronising "
         "CUDA calls per steady step under `torch.cuda.set_sync_debug_mode(\"warn\")`; the budget is the step's "
         "design (0 with fused AdamW, 1 otherwise); a CPU runs synchronously, so there it is not counted. *graph "
         "breaks / recompiles*: TorchDynamo's own counters over the whole run, both must be 0. *SDPA kernel*: the "

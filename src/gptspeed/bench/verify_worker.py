@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from gptspeed.bench.checks import CompileWatch, SyncCounter, profiled_names, sdpa_backend
-from gptspeed.bench.stages import Settings
-from gptspeed.bench.worker import StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch, timed_steps
+from gptspeed.bench.worker import (StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch, run_config,
+                                   timed_steps)
 from gptspeed.metrics import memory_stats, peak_flops, reset_peak_memory
 from gptspeed.runtime import resolve_runtime
 
@@ -56,8 +56,8 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     Raises GptspeedError for a combination gptspeed refuses; torch.OutOfMemoryError propagates
     (the worker's ``main`` records it).
     """
-    s = Settings(**spec.settings)
-    rt = resolve_runtime(spec.device, s.dtype, s.compile)
+    cfg = run_config(spec)
+    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile)
     read = spec  # the micro-batches every rung reads
     spec = resolve_batch(spec, rt, keep_global=True)  # resets the peak memory after probing
     n_batches = (read.warmup + read.steps) * read.grad_accum
@@ -89,7 +89,7 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     loss_values = torch.stack(losses + steady).float().cpu().tolist()  # one read, after the trajectory
     mem_peak, mem_total = memory_stats(rt.device)
     sdpa = None
-    if s.attention == "sdpa":
+    if cfg.model.attention == "sdpa":
         again = iter(batches)
         sdpa = sdpa_backend(profiled_names(lambda: train(lambda: next(again)), rt.device_type))
 

@@ -25,11 +25,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from gptspeed.bench.stages import PADDED_VOCAB_SIZE, Settings
-from gptspeed.config import GPT2_VOCAB_SIZE, OptimConfig, RunConfig, RuntimeConfig, TrainConfig
+from gptspeed.config import AUTO_BATCH_SIZE, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, RunConfig, check_settings
 from gptspeed.data.loader import to_device
 from gptspeed.metrics import memory_stats, peak_flops
-from gptspeed.model import GPT, GPTConfig
+from gptspeed.model import GPT
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep, auto_batch_size
 
@@ -175,25 +174,19 @@ class _HFForward(torch.nn.Module):
 
 def run_config(spec: StageSpec) -> RunConfig:
     """The :class:`~gptspeed.config.RunConfig` of a row: what ``gptspeed train`` would be given for
-    these settings (``--dtype``, ``--compile``, ``--attention``, ``--vocab-size``, ``--loss``,
-    ``--fused-adamw``, ``--optimizer``, ``--fp8``, ``--compile-mode``, ``--compile-tuning``,
-    ``--sdpa-backend``; a
-    global batch of ``grad_accum`` micro-batches; gradient clipping at 1.0), validated as
-    ``train`` validates it. The bench differs from ``train`` only in these settings.
-    GptspeedError for a combination gptspeed refuses."""
-    s = Settings(**spec.settings)
-    model = GPTConfig(block_size=spec.seq_len, vocab_size=s.vocab_size, n_layer=spec.n_layer, n_head=spec.n_head,
-                      n_embd=spec.n_embd, attention=s.attention, loss=s.loss)
-    run = RunConfig(
-        model=model,
-        optim=OptimConfig(lr=spec.lr, fused_adamw=s.fused_adamw, optimizer=s.optimizer, grad_clip=GRAD_CLIP),
-        train=TrainConfig(batch_size=spec.batch_size, total_batch_tokens=spec.batch_size * spec.seq_len * spec.grad_accum),
-        runtime=RuntimeConfig(device=spec.device, dtype=s.dtype, compile=s.compile, compile_mode=s.compile_mode,
-                              compile_tuning=s.compile_tuning, fp8=s.fp8, sdpa_backend=s.sdpa_backend,
-                              seed=spec.seed, peak_tflops=spec.peak_tflops),
-        preset="bench")
-    run.validate()
-    return run
+    it -- the rung's settings (``spec.settings``, by name: ``--dtype``, ``--compile``,
+    ``--attention``, ...) on the row's shape, a global batch of ``grad_accum`` micro-batches and
+    gradient clipping at 1.0 -- checked as ``train`` checks a configuration (the settings'
+    names, types and choices, then :meth:`RunConfig.validate`). The bench differs from ``train``
+    only in these settings. GptspeedError for a combination gptspeed refuses."""
+    cfg = RunConfig(preset="bench").override({
+        "block_size": spec.seq_len, "n_layer": spec.n_layer, "n_head": spec.n_head, "n_embd": spec.n_embd,
+        "lr": spec.lr, "grad_clip": GRAD_CLIP, "batch_size": spec.batch_size,
+        "total_batch_tokens": spec.batch_size * spec.seq_len * spec.grad_accum, "device": spec.device,
+        "seed": spec.seed, "peak_tflops": spec.peak_tflops,
+        **check_settings(spec.settings, f"bench rung {spec.name}")})
+    cfg.validate()
+    return cfg
 
 
 def build_row(spec: StageSpec, rt: Runtime) -> tuple[TrainStep, int]:
@@ -221,21 +214,22 @@ def bench_step(step: TrainStep, next_batch) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def resolve_batch(spec: StageSpec, rt: Runtime, keep_global: bool = False) -> StageSpec:
-    """``spec`` with its micro-batch resolved: for a ``batch_auto`` row the one ``--batch-size
-    auto`` adapter of ``train`` (:func:`gptspeed.step.auto_batch_size`) picks it; other rows keep
-    theirs. ``keep_global`` False (the ladder): no global batch to divide, one micro-batch per step.
+    """``spec`` with its micro-batch resolved: for a row with ``--batch-size auto`` the one
+    adapter of ``train`` (:func:`gptspeed.step.auto_batch_size`) picks it (the spec then holds it,
+    and its settings no longer say ``auto``); other rows keep theirs. ``keep_global`` False (the ladder): no global batch to divide, one micro-batch per step.
     True (``bench --verify``): the global batch stays ``batch_size x grad_accum`` sequences, as
     ``train`` keeps ``--total-batch-tokens`` -- the micro-batch is the largest that fits and divides
     it, and ``grad_accum`` becomes the sequences per step over it."""
-    if not Settings(**spec.settings).batch_auto:
+    if spec.settings.get("batch_size") != AUTO_BATCH_SIZE:
         return spec
     cfg = run_config(spec)
     if not keep_global:
         cfg.train.total_batch_tokens = None
     b = auto_batch_size(cfg, rt, say=lambda m: print(m, file=sys.stderr))
+    fixed = {k: v for k, v in spec.settings.items() if k != "batch_size"}
     if not keep_global:
-        return dataclasses.replace(spec, batch_size=b)
-    return dataclasses.replace(spec, batch_size=b, grad_accum=spec.batch_size * spec.grad_accum // b)
+        return dataclasses.replace(spec, batch_size=b, settings=fixed)
+    return dataclasses.replace(spec, batch_size=b, grad_accum=spec.batch_size * spec.grad_accum // b, settings=fixed)
 
 
 def timed_steps(step: Callable[[], torch.Tensor], n: int, rt: Runtime) -> tuple[list[float], float, list[torch.Tensor]]:
@@ -273,8 +267,8 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     ``params``, ``fused_adamw``, ``peak_flops_source``; with ``profile_dir`` also ``trace`` and
     ``profile_table``.
     """
-    s = Settings(**spec.settings)
-    rt = resolve_runtime(spec.device, s.dtype, s.compile)
+    r = run_config(spec).runtime
+    rt = resolve_runtime(r.device, r.dtype, r.compile)
     spec = resolve_batch(spec, rt)
     loader = make_loader(spec, rt.device)
     train, fpt = build_row(spec, rt)

@@ -188,6 +188,10 @@ def _add_train_args(s: argparse.ArgumentParser) -> None:
                      "Presets).")
     s.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
+    s.add_argument("--recipe", default=None, metavar="NAME",
+                   help="a named set of settings on top of the preset, before --config and flags: gpt2 (as the presets) | "
+                        "modern (rotary embeddings, QK-norm, ReLU², RMSNorm, untied head, zero-init projections, "
+                        "logit soft-cap, WSD schedule)")
     s.add_argument("--config", dest="config_file", default=None,
                    help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
                         "preset: is the base when --preset is not given), applied before flags")
@@ -216,8 +220,21 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
                            + ") from the same weights on the same batches and check each against the fp32 rung; write "
                            "verify.md/.json to --out after every rung; exit 1 naming each failing rung, 3 naming each "
                            "rung that ran but was not verified (a rung refused by a rule before it starts is neither)")
+    what.add_argument("--race", action="store_true",
+                      help="wall-clock training time to a target val loss, arm against arm (--arms, --arm), each "
+                           "--seeds times, interleaved; write race.json/.md/.png to --out")
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--preset", choices=list(PRESETS), default="gpt2", help="model shape and batch size (default gpt2)")
+    race = s.add_argument_group("race (with --race)")
+    race.add_argument("--arms", help="comma-separated recipes, each an arm: gpt2, modern (the first is the baseline)")
+    race.add_argument("--arm", action="append", metavar='NAME="FLAGS"',
+                      help="an arm of any gptspeed train flags (repeatable), after --arms' ones")
+    race.add_argument("--seeds", type=int, default=3, help="runs per arm (default 3)")
+    race.add_argument("--target-val-loss", type=float,
+                      help="the val loss to reach (default: the first arm's mean final val loss)")
+    race.add_argument("--eval-every", type=int, help="steps between evaluations (default: the first arm's steps / 15)")
+    race.add_argument("--eval-tokens", type=int, help="val tokens per evaluation (default: the preset's)")
+    race.add_argument("--run-timeout", type=float, help="seconds one run may take (default: no limit)")
     s.add_argument("--n-layer", type=int, help="transformer blocks L (default: the preset's)")
     s.add_argument("--n-head", type=int, help="attention heads H (default: the preset's)")
     s.add_argument("--n-embd", type=int, help="embedding width C (default: the preset's)")
@@ -264,8 +281,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     from gptspeed.config import config_to_yaml
     from gptspeed.configure import build_train_config
 
-    overrides = {k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file", "print_config")}
-    cfg = build_train_config(a.preset, overrides, a.config_file)
+    overrides = {k: v for k, v in vars(a).items()
+                 if k not in ("command", "preset", "config_file", "print_config", "recipe")}
+    cfg = build_train_config(a.preset, overrides, a.config_file, a.recipe)
     if a.print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
@@ -304,6 +322,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
                       compile_backend=a.compile_backend, peak_tflops=a.peak_tflops, stage_timeout=a.stage_timeout,
                       grad_accum=a.grad_accum)
     command = "gptspeed " + shlex.join(sys.argv[1:])
+    if a.race:
+        from gptspeed.bench.race import RaceConfig, parse_arms, run_race
+
+        if a.seeds < 1:
+            raise GptspeedError(f"--seeds must be at least 1, got {a.seeds}")
+        run_race(RaceConfig(arms=parse_arms(a.arms, a.arm), seeds=a.seeds, preset=a.preset, data=a.data,
+                            device=a.device, out=a.out, target_val_loss=a.target_val_loss, eval_every=a.eval_every,
+                            eval_tokens=a.eval_tokens, timeout_s=a.run_timeout), command=command)
+        print(f"race written to {a.out}/race.md")
+        return 0
     if a.profile:
         if a.stages:
             raise GptspeedError("--stages selects ladder rows; with --profile name the one stage to trace")

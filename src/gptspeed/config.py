@@ -232,6 +232,10 @@ class TrainConfig:
     hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)", min=0)
     hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)",
                                  min=0)
+    stop_at_val_loss: float | None = _f(None, "end the run at the first evaluation (every --eval-every steps) whose "
+                                        "val loss is at or below this (nats/token): time to a target, as the "
+                                        "modded-nanogpt speedrun measures it", min=0, min_open=True, finite=True,
+                                        text="a positive finite number")
     sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
                        "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"),
                        run_defining=True)
@@ -731,6 +735,24 @@ PRESETS: dict[str, RunConfig] = {
 }
 for _name, _cfg in PRESETS.items():
     _cfg.preset = _name
+
+
+# Named recipes (``gptspeed train --recipe NAME``, bench --race's arms): settings applied on top of the preset,
+# before a config file and the flags. gpt2: the architecture and schedule of GPT-2 as the presets have them.
+# modern: the switches of the modded-nanogpt speedrun's lineage together (issue 32); its learning rates and the
+# share of the steps it needs were chosen by races on the CPU at the nano preset (benchmarks/LOG.md, "race").
+RECIPES: dict[str, dict[str, Any]] = {
+    "gpt2": {},
+    "modern": dict(pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", tie_embeddings=False,
+                   zero_init_proj=True, logit_softcap=15.0, lr_schedule="wsd", decay_ratio=0.4),
+}
+
+
+def recipe(name: str) -> dict[str, Any]:
+    """The settings of recipe ``name`` (:data:`RECIPES`); GptspeedError naming the recipes for another."""
+    if name not in RECIPES:
+        raise GptspeedError(f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)}{did_you_mean(name, list(RECIPES))}")
+    return dict(RECIPES[name])
 
 
 def preset(name: str) -> RunConfig:

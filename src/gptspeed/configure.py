@@ -12,17 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from gptspeed.checkpoint import newest_run_config
-from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file
+from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file, recipe
 from gptspeed.errors import GptspeedError
 
 __all__ = ["build_train_config"]
 
 
-def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None,
+                       recipe_name: str | None = None) -> RunConfig:
     """The configuration ``gptspeed train`` runs with.
 
     Fresh run: the preset (``preset_name``, else the config file's ``preset:``, else ``gpt2``),
-    then ``config_file`` (YAML or JSON, :func:`read_config_file`), then ``overrides`` (flat field
+    then ``recipe_name``'s settings (:data:`gptspeed.config.RECIPES`: ``modern``, ...), then
+    ``config_file`` (YAML or JSON, :func:`read_config_file`), then ``overrides`` (flat field
     names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the checkpoint's
     configuration (read from its seal, without loading it) is the base instead, so
     ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
@@ -50,6 +52,8 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
         cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
         if preset_name == "custom":
             cfg.preset = preset_name
+    if recipe_name:
+        cfg = cfg.override(recipe(recipe_name))
     if config_file:
         cfg = cfg.apply_file(config_file)
     cfg = cfg.override(overrides)

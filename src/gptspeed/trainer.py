@@ -329,9 +329,11 @@ class Trainer:
         return stopping
 
     def _loop(self, stop: StopFlag, summary: dict[str, Any]) -> int | None:
-        """Steps until ``--max-steps`` or a signal; returns the signal that stopped it, or None."""
+        """Steps until ``--max-steps``, a signal, or ``--stop-at-val-loss`` reached (then
+        ``summary["reached_target"]`` is the step); returns the signal that stopped it, or None."""
         stopping, first_interval = None, True
-        while self.step < self.cfg.train.max_steps and stopping is None:
+        target = self.cfg.train.stop_at_val_loss
+        while self.step < self.cfg.train.max_steps and stopping is None and summary.get("reached_target") is None:
             lr = set_lr(self.optimizer, self.cfg, self.step)
             loss, grad_norm, bad = self.train_step()
             self.state.step += 1
@@ -348,7 +350,9 @@ class Trainer:
                 summary["last_train_loss"] = fields["train_loss"]
                 if due.eval:
                     summary["last_val_loss"] = fields["val_loss"]
-            self.checkpointer.save_if_due(self.step, stopping=stopping is not None)
+                    if target is not None and fields["val_loss"] is not None and fields["val_loss"] <= target:
+                        summary["reached_target"] = self.step
+            self.checkpointer.save_if_due(self.step, stopping=stopping is not None or "reached_target" in summary)
         return stopping
 
     def _failed(self, e: BaseException, first_step: int) -> None:
@@ -368,6 +372,9 @@ class Trainer:
             self.say(f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
                      f"Resume with: {resume_command(self.rt, self.run_dir)}")
         else:
+            if summary.get("reached_target") is not None:
+                self.say(f"reached --stop-at-val-loss {self.cfg.train.stop_at_val_loss:g}: val loss "
+                         f"{summary['last_val_loss']:.4f} at step {self.step}")
             skipped = f" ({self.skipped_steps} skipped as non-finite in all)" if self.skipped_steps else ""
             self.say(f"done: {self.step - first_step} steps{skipped} in "
                      f"{format_duration(time.monotonic() - self.wall_start)}; checkpoint in {self.run_dir}")

@@ -8,7 +8,6 @@ new setting is one field. A :class:`GptspeedError` becomes one line on stderr an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -26,31 +25,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):  # one line, not usage + error
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    """Every setting of the configuration dataclasses as a flag, from what its field declares
-    (:func:`gptspeed.config._f`: flag, help, choices, kind), one argument group per dataclass."""
-    from gptspeed.config import GROUPS, field_type, parse_batch_size, setting_flag
-
-    titles = {"model": "model (override the preset)", "optim": "optimizer", "train": "training", "runtime": "runtime"}
-    for group, cls in GROUPS.items():
-        g = p.add_argument_group(titles[group])
-        for f in dataclasses.fields(cls):
-            meta = f.metadata
-            if not meta.get("cli", True):
-                continue
-            kind = meta.get("kind")
-            shown = "" if f.default in (None, "", False) or group == "model" else f" (default: {f.default})"
-            kw = dict(dest=f.name, help=meta["help"] + shown, default=argparse.SUPPRESS)
-            if kind == "flag":
-                g.add_argument(setting_flag(f.name), action="store_true", **kw)
-            elif kind == "bool":
-                g.add_argument(setting_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
-            elif meta.get("parse") == "batch_size":
-                g.add_argument(setting_flag(f.name), type=parse_batch_size, **kw)
-            else:
-                g.add_argument(setting_flag(f.name), type=field_type(cls, f.name), choices=meta.get("choices"), **kw)
 
 
 def _add(s: argparse.ArgumentParser, flags: dict[str, dict]) -> None:
@@ -181,24 +155,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_train_args(s: argparse.ArgumentParser) -> None:
-    from gptspeed.config import PRESETS
+    from gptspeed.configure import add_train_arguments
 
-    s.description = ("Flags override the preset; with --resume, the run's own configuration. The defaults shown "
-                     "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (README, "
-                     "Presets).")
-    s.add_argument("--preset", choices=list(PRESETS), default=None,
-                   help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
-    s.add_argument("--recipe", default=None, metavar="NAME",
-                   help="a named set of settings on top of the preset, before --config and flags: gpt2 (as the presets) | "
-                        "modern (rotary embeddings, QK-norm, ReLU², RMSNorm, untied head, zero-init projections, "
-                        "logit soft-cap, WSD schedule)")
-    s.add_argument("--config", dest="config_file", default=None,
-                   help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
-                        "preset: is the base when --preset is not given), applied before flags")
-    s.add_argument("--print-config", action="store_true",
-                   help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
-                        "a file that --config turns back into the same run")
-    _add_config_flags(s)
+    add_train_arguments(s)
 
 
 def _add_bench_args(s: argparse.ArgumentParser) -> None:
@@ -279,11 +238,9 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
 def cmd_train(a: argparse.Namespace) -> int:
     from gptspeed.config import config_to_yaml
-    from gptspeed.configure import build_train_config
+    from gptspeed.configure import config_from_arguments
 
-    overrides = {k: v for k, v in vars(a).items()
-                 if k not in ("command", "preset", "config_file", "print_config", "recipe")}
-    cfg = build_train_config(a.preset, overrides, a.config_file, a.recipe)
+    cfg = config_from_arguments(a)
     if a.print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0

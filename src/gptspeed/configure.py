@@ -8,6 +8,8 @@ callers. Imports no torch unless ``--init-from`` names a Hugging Face model.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from gptspeed.checkpoint import newest_run_config
 from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file, recipe
 from gptspeed.errors import GptspeedError
 
-__all__ = ["build_train_config"]
+__all__ = ["build_train_config", "add_train_arguments", "config_from_arguments"]
 
 
 def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None,
@@ -63,3 +65,60 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
         cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
     cfg.validate()  # once, here, for the processes torchrun's environment names
     return cfg
+
+
+# ------------------------------------------------------------------------------- train's arguments
+def add_train_arguments(s: argparse.ArgumentParser) -> None:
+    """``gptspeed train``'s arguments on ``s``: --preset, --recipe, --config, --print-config and a flag
+    per setting (:func:`add_setting_flags`)."""
+    from gptspeed.config import PRESETS
+
+    s.description = ("Flags override the preset; with --resume, the run's own configuration. The defaults shown "
+                     "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (README, "
+                     "Presets).")
+    s.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
+    s.add_argument("--recipe", default=None, metavar="NAME",
+                   help="a named set of settings on top of the preset, before --config and flags: gpt2 (as the presets) | "
+                        "modern (rotary embeddings, QK-norm, ReLU², RMSNorm, untied head, zero-init projections, "
+                        "logit soft-cap, WSD schedule)")
+    s.add_argument("--config", dest="config_file", default=None,
+                   help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
+                        "preset: is the base when --preset is not given), applied before flags")
+    s.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
+                        "a file that --config turns back into the same run")
+    add_setting_flags(s)
+
+
+def add_setting_flags(p: argparse.ArgumentParser) -> None:
+    """Every setting of the configuration dataclasses as a flag, from what its field declares
+    (:func:`gptspeed.config._f`: flag, help, choices, kind), one argument group per dataclass."""
+    from gptspeed.config import GROUPS, field_type, parse_batch_size, setting_flag
+
+    titles = {"model": "model (override the preset)", "optim": "optimizer", "train": "training", "runtime": "runtime"}
+    for group, cls in GROUPS.items():
+        g = p.add_argument_group(titles[group])
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if not meta.get("cli", True):
+                continue
+            kind = meta.get("kind")
+            shown = "" if f.default in (None, "", False) or group == "model" else f" (default: {f.default})"
+            kw = dict(dest=f.name, help=meta["help"] + shown, default=argparse.SUPPRESS)
+            if kind == "flag":
+                g.add_argument(setting_flag(f.name), action="store_true", **kw)
+            elif kind == "bool":
+                g.add_argument(setting_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
+            elif meta.get("parse") == "batch_size":
+                g.add_argument(setting_flag(f.name), type=parse_batch_size, **kw)
+            else:
+                g.add_argument(setting_flag(f.name), type=field_type(cls, f.name), choices=meta.get("choices"), **kw)
+
+
+def config_from_arguments(a: argparse.Namespace) -> RunConfig:
+    """The configuration of parsed ``gptspeed train`` arguments (:func:`add_train_arguments`):
+    :func:`build_train_config` of the preset, recipe, config file and the flags given."""
+    overrides = {k: v for k, v in vars(a).items()
+                 if k not in ("command", "preset", "config_file", "print_config", "recipe")}
+    return build_train_config(a.preset, overrides, a.config_file, a.recipe)

@@ -79,22 +79,20 @@ def parse_arms(names: str | None, specs: list[str] | None) -> list[Arm]:
 def arm_config(arm: Arm, base: list[str]):
     """The configuration ``gptspeed train BASE ARM-FLAGS`` would run (validated): the race reads its
     ``max_steps`` and checks every arm before the first run starts."""
-    from gptspeed.cli import build_parser
-    from gptspeed.configure import build_train_config
-
+    import argparse
     import contextlib
     import io
 
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):
-            a = build_parser("train").parse_args(["train", *base, *arm.flags])
-    except SystemExit:
-        why = said.getvalue().strip().splitlines()[-1:] or ["?"]
-        raise GptspeedError(f"arm {arm.name}: {shlex.join(arm.flags)!r} are not gptspeed train flags ({why[0]})") from None
-    overrides = {k: v for k, v in vars(a).items()
-                 if k not in ("command", "preset", "config_file", "print_config", "recipe")}
-    return build_train_config(a.preset, overrides, a.config_file, a.recipe)
+    from gptspeed.configure import add_train_arguments, config_from_arguments
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise GptspeedError(f"arm {arm.name}: {shlex.join(arm.flags)!r} are not gptspeed train flags ({message})")
+
+    parser = Parser(prog="gptspeed train", add_help=False)
+    add_train_arguments(parser)
+    with contextlib.redirect_stderr(io.StringIO()):
+        return config_from_arguments(parser.parse_args([*base, *arm.flags]))
 
 
 def training_curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ first -- each planned to end within ~8 minutes by :data:`ESTIMATES` (``--plan`` 
 ==========  ==============================================================================================
 command     what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg prepared from .carry)
 ==========  ==============================================================================================
-peers       ``benchmarks/peers_gpu.py``: gptspeed's default ``train`` vs nanoGPT (compile) vs llm.c's
+peers       ``benchmarks/vs_peers_gpu.py``: gptspeed's default ``train`` vs nanoGPT (compile) vs llm.c's
             ``train_gpt2cu`` (built for this GPU, cuDNN attention when carried), 2 interleaved rounds,
             65,536 tokens per step
 verify      ``gptspeed bench --verify``: the default rung set (the seeds' rungs, fp32 .. fused AdamW:
@@ -28,14 +28,14 @@ ladder      ``gptspeed bench --ladder`` of the seeds' rows at B=16: fp32 -> TF32
             flash -> vocab 50304 -> fused AdamW (a fresh compile cache per row: warm-up = its compile)
 cudatests   ``pytest -m cuda`` in three parts: the one-GPU NCCL DDP step first, then every other
             ``cuda`` test but the verify one, then ``bench --verify`` on CUDA at a small shape
-profile     ``benchmarks/loss_gpu.py`` (the LM-head loss alone: plain, compiled, gptspeed's fused,
+profile     ``benchmarks/gpu_loss_paths.py`` (the LM-head loss alone: plain, compiled, gptspeed's fused,
             Liger-Kernel's when carried), then ``gptspeed bench --profile fused-adamw`` (the default)
 verify2     ``bench --verify`` of the rungs beyond the default: fused loss, ``--batch-size auto``, FP8, Muon
 verify3     the same: per-block compile, fp16, fp16 + fused loss, cuDNN attention
 verify4     the same: ``max-autotune-no-cudagraphs`` (inductor's matmul search: the longest compile)
 verify5     the same with ``--grad-accum 1``: the CUDA-graph modes ``reduce-overhead`` and ``max-autotune``
             (refused with accumulation)
-beyond      ``benchmarks/peers_gpu.py --peers gptspeed`` with one switch each from the default, 2 rounds:
+beyond      ``benchmarks/vs_peers_gpu.py --peers gptspeed`` with one switch each from the default, 2 rounds:
             cuDNN attention, the fused loss
 beyond2     the same: the largest micro-batch (``--batch-size auto``), FP8
 beyond3     the same: Muon, per-block compile
@@ -62,8 +62,9 @@ import tarfile
 import time
 from pathlib import Path
 
+from harness import read_lines  # beside this file: reads a pipe line by line up to a deadline
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))  # gptspeed's own helpers, from this checkout
 CARRY = ROOT / ".carry"
 # bench --verify's rungs in groups that each fit one command (each group also runs its fp32 references):
 # (--stages, extra flags, seconds one rung may take). None: verify's own default set (the seeds' rungs).
@@ -224,8 +225,6 @@ class Session:
             self.pack()
             return None
         print(f"== {name} (at most {timeout:.0f} s): {' '.join(cmd)}", flush=True)
-        from gptspeed.llmc import read_lines  # reads a pipe line by line up to a deadline
-
         t = time.monotonic()
         log = (self.dir / f"{name}.log").open("w")
         proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -401,7 +400,7 @@ def phase_ladder(s: Session) -> None:
 
 def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int) -> None:
     data = data_dir(s)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers_gpu.py"), "--data", str(data), "--peers", rows,
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(data), "--peers", rows,
            "--rounds", str(rounds), "--work", str(s.work / "peers-gpu"), "--json", str(s.dir / f"{name}.json"),
            "--md", str(s.dir / f"{name}.md")]
     if s.smoke:
@@ -413,7 +412,7 @@ def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int) ->
 
 
 def phase_profile(s: Session) -> None:
-    loss = [sys.executable, str(ROOT / "benchmarks" / "loss_gpu.py"), "--json", str(s.dir / "loss.json"),
+    loss = [sys.executable, str(ROOT / "benchmarks" / "gpu_loss_paths.py"), "--json", str(s.dir / "loss.json"),
             "--md", str(s.dir / "loss.md")]
     if s.smoke:
         loss += ["--device", "cpu", "--dtype", "float32", "--tokens", "256", "--vocab", "1024", "--width", "64",

@@ -1,4 +1,4 @@
-"""Issue 7: time to a validation loss, Muon (+AdamW for embeddings, head, gains) vs AdamW alone.
+"""Does Muon (+AdamW for embeddings, head, gains) reach a validation loss sooner than AdamW alone? (issue 7)
 
 Two `gptspeed train` runs (:func:`gptspeed.trainer.fit`) on the same data, model shape, seed,
 batches and schedule, differing only in ``--optimizer``; each logs the validation loss every
@@ -8,8 +8,9 @@ final validation loss of the AdamW run), and each one's final validation loss.
 
 CPU shape by default (the nano preset: 4 layers, 128 wide, T=128; minutes on a laptop CPU) on
 tinyshakespeare; run it on a quiet machine -- the wall times are only comparable when nothing
-else competes for the cores. Nothing is recorded automatically: paste the printed table into
-benchmarks/README.md with the device, date, command and commit.
+else competes for the cores. The two runs are minutes each, so they run one after the other, not in
+interleaved rounds; the table is printed under the harness's environment line (device, versions,
+commit, date, command): paste it into benchmarks/LOG.md.
 
     python benchmarks/muon_vs_adamw.py [--data DIR] [--out DIR] [--steps 200] [--eval-every 10]
         [--lr 2e-3] [--muon-lr 0.02] [--device cpu] [--target LOSS] [--json OUT.json]
@@ -22,7 +23,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from gptspeed.metrics import environment
+import harness
 from gptspeed.runtime import resolve_device
 from gptspeed.trainer import build_train_config, fit
 
@@ -75,17 +76,16 @@ def main(argv: list[str] | None = None) -> int:
                         "time_s": records[-1]["time_s"]}
     target = a.target if a.target is not None else results["adamw"]["final_val_loss"]
 
-    print(f"target val loss {target:.4f} | {a.preset} | {a.steps} steps | {environment(resolve_device(a.device))['device']}")
-    print("| optimizer | final val loss | steps to target | seconds to target | total seconds |")
-    print("|---|---|---|---|---|")
+    env = harness.environment(resolve_device(a.device).type)
+    md = [harness.header(env), f"target val loss {target:.4f} | {a.preset} | {a.steps} steps", "",
+          "| optimizer | final val loss | steps to target | seconds to target | total seconds |", "|---|---|---|---|---|"]
     for opt, r in results.items():
         step, secs = first_reaching(r["records"], target)
         r.update(target=target, steps_to_target=step, seconds_to_target=secs)
-        print(f"| {opt} | {r['final_val_loss']:.4f} | {step if step is not None else 'not reached'} | "
-              f"{f'{secs:.1f}' if secs is not None else '-'} | {r['time_s']:.1f} |")
-    if a.json:
-        Path(a.json).write_text(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "records"}
-                                            for k, v in results.items()}, indent=2) + "\n")
+        md.append(f"| {opt} | {r['final_val_loss']:.4f} | {step if step is not None else 'not reached'} | "
+                  f"{f'{secs:.1f}' if secs is not None else '-'} | {r['time_s']:.1f} |")
+    harness.emit("\n".join(md) + "\n", {**{k: {kk: vv for kk, vv in v.items() if kk != "records"}
+                                           for k, v in results.items()}, "environment": env}, None, a.json)
     return 0
 
 

@@ -10,9 +10,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
-from conftest import child_env
+from conftest import ROOT, child_env
+
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/harness.py: read_lines
 
 SLEEPER = '''
 import os
@@ -56,7 +59,7 @@ def run_until_line(cmd: list[str], env: dict, pattern: str, timeout: float = 300
     if the command ends, or ``timeout`` passes, before such a line."""
     import time
 
-    from gptspeed.llmc import read_lines
+    from harness import read_lines
 
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)

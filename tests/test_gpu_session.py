@@ -166,9 +166,9 @@ def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, c
 
 def gpu_session_peers_variant(text):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import peers_cpu
+    import vs_peers_cpu
 
-    return peers_cpu.parse_variant(text)
+    return vs_peers_cpu.parse_variant(text)
 
 
 def test_a_phase_killed_mid_row_returns_its_finished_rows(tmp_path, shakespeare_data, monkeypatch):

@@ -1,4 +1,4 @@
-"""llm.c interop: the checkpoint exporter, and gptspeed's losses against llm.c's C trainer.
+"""benchmarks/llmc.py, llm.c beside gptspeed: the checkpoint exporter, and gptspeed's losses against llm.c's C trainer.
 
 The cross-check (issue 14): same initial weights (gptspeed's, written in llm.c's format), the same
 batch, llm.c's optimizer settings reached through gptspeed's normal configuration flags -- AdamW
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -22,9 +23,11 @@ import torch
 from conftest import ROOT, run_cli
 from gptspeed.data.shards import write_shard
 from gptspeed.errors import GptspeedError
-from gptspeed.llmc import (LLMC_B, LLMC_T, MAKEFILE_CFLAGS, build_train_gpt2, find_c_compiler, llmc_tensors,
-                           prepare_llmc_dir, read_llmc_checkpoint, run_train_gpt2, write_llmc_checkpoint)
 from gptspeed.model import GPT, GPTConfig
+
+sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/llmc.py: llm.c beside gptspeed, for the benchmarks
+from llmc import (LLMC_B, LLMC_T, MAKEFILE_CFLAGS, build_train_gpt2, find_c_compiler, llmc_tensors,  # noqa: E402
+                  llmc_cuda_make, prepare_llmc_dir, read_llmc_checkpoint, run_train_gpt2, write_llmc_checkpoint)
 
 LLMC_DIR = Path(os.environ.get("GPTSPEED_LLMC_DIR", ROOT.parent / "shared" / "peers" / "llm.c"))
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=LLMC_T)
@@ -190,7 +193,6 @@ def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability,
     variable, finds nothing: without the flag the nvcc line names no architecture."""
     import shutil
 
-    from gptspeed.llmc import llmc_cuda_make
 
     fake_gpu_tools(tmp_path, monkeypatch, capability)
     src = tmp_path / "llm.c"
@@ -203,7 +205,7 @@ def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability,
     nvcc = [line for line in dry_run(build).splitlines() if "fake" not in line and "train_gpt2.cu" in line]
     assert len(nvcc) == 1 and f"--generate-code arch=compute_{arch},code=[compute_{arch},sm_{arch}]" in nvcc[0]
     assert "ENABLE_CUDNN" not in nvcc[0]
-    bare = dry_run({"command": build["command"][:6]})  # what peers_gpu.py ran before: no architecture at all
+    bare = dry_run({"command": build["command"][:6]})  # what vs_peers_gpu.py ran before: no architecture at all
     assert "--generate-code" not in bare and "train_gpt2.cu" in bare
 
 
@@ -217,7 +219,6 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
     import shutil
 
     from gptspeed.errors import GptspeedError
-    from gptspeed.llmc import llmc_cuda_make
 
     fake_gpu_tools(tmp_path, monkeypatch)
     carry, site = fake_cudnn(tmp_path)

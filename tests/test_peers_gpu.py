@@ -1,4 +1,4 @@
-"""benchmarks/peers_gpu.py, the script issue 20's GPU session runs to put gptspeed beside nanoGPT and
+"""benchmarks/vs_peers_gpu.py, the script issue 20's GPU session runs to put gptspeed beside nanoGPT and
 llm.c: it is checked here, on the CPU, so a lent GPU's minutes go to measuring, not to debugging
 the script. llm.c's CUDA log line is parsed as its printf writes it; the interleaved run itself
 goes end to end with a small shape (the gptspeed and nanoGPT rows; train_gpt2cu needs a GPU)."""
@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import peers_gpu  # noqa: E402
+import vs_peers_gpu as peers_gpu  # noqa: E402
 
 NANOGPT = ROOT.parent / "shared" / "peers" / "nanoGPT"
 # train_gpt2.cu's per-step printf, in Python's % notation (the same conversions)
@@ -44,7 +44,7 @@ def test_the_shape_flags_give_every_tool_the_same_tokens_per_step():
 @pytest.mark.skipif(not NANOGPT.exists(), reason="needs nanoGPT's clone in ../shared/peers")
 def test_an_interleaved_cpu_run_writes_every_row(shakespeare_data, tmp_path):
     out = tmp_path / "peers.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers_gpu.py"), "--data", str(shakespeare_data), "--device",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(shakespeare_data), "--device",
            "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
            "--accum", "2", "--rounds", "2", "--steps", "2", "--warmup", "1", "--work", str(tmp_path / "work"),
            "--json", str(out), "--md", str(tmp_path / "peers.md"), "--variant", "math: --sdpa-backend math"]
@@ -69,10 +69,10 @@ def test_an_interleaved_cpu_run_writes_every_row(shakespeare_data, tmp_path):
 
 
 def test_the_loss_benchmark_compares_every_path_against_fp64(tmp_path):
-    """benchmarks/loss_gpu.py at a small shape on the CPU: every runnable path's loss and gradients
+    """benchmarks/gpu_loss_paths.py at a small shape on the CPU: every runnable path's loss and gradients
     agree with the fp64 reference, the padded rows get no gradient, Liger says why it is skipped."""
     out = tmp_path / "loss.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "loss_gpu.py"), "--device", "cpu", "--dtype", "float32",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_loss_paths.py"), "--device", "cpu", "--dtype", "float32",
            "--tokens", "256", "--vocab", "1024", "--width", "64", "--rounds", "2", "--steps", "1", "--warmup", "1",
            "--compile-backend", "eager", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1"))
@@ -175,7 +175,7 @@ def test_peers_killed_mid_row_leave_valid_json_and_markdown_with_the_finished_ro
     from cut_short import run_until_true, sleeper_env
 
     out, md = tmp_path / "peers.json", tmp_path / "peers.md"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "peers_gpu.py"), "--data", str(shakespeare_data), "--device",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(shakespeare_data), "--device",
            "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
            "--accum", "1", "--rounds", "1", "--steps", "2", "--warmup", "1", "--work", str(tmp_path / "work"),
            "--peers", "gptspeed,slow", "--variant", "slow: GPTSPEED_TEST_SLEEP=*", "--json", str(out), "--md", str(md)]

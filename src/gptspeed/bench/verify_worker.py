@@ -36,7 +36,7 @@ def sync_budget(fused: bool) -> int:
     """Host-device syncs per optimizer step the training step is designed to take: 0 with fused
     AdamW (a non-finite step is skipped on the device through ``found_inf``), 1 otherwise (the
     non-fused path and Muon read the non-finite flag once; a GradScaler with a non-fused
-    optimizer reads its ``found_inf`` once). Source: ``gptspeed.trainer.Trainer.optimizer_step``'s docstring."""
+    optimizer reads its ``found_inf`` once). Source: :meth:`gptspeed.step.TrainStep.optimizer_step`'s docstring."""
     return 0 if fused else 1
 
 

@@ -1,22 +1,22 @@
-"""The README's first command, measured: how long its training takes on this machine, and how much of
-the text it then writes is made of real words.
+"""How long does the README's first command train on this machine, and how much of the text it then
+writes is made of real words?
 
 Runs ``gptspeed train --preset nano --out RUN`` (the embedded tiny Shakespeare; extra flags after
 ``--``), times it (wall clock of the whole command, preparing the corpus included when the cache is
 cold), then ``gptspeed sample --run RUN --prompt "ROMEO:"`` with its defaults (200 new tokens, seed
 1337), and counts the sample's letters-only words (maximal runs of ``[A-Za-z]``, the prompt left out)
-that occur as words of the corpus. Writes one JSON record (the CPU, its AVX flags, torch, the
-command, the time, the share, the sample) to ``--json``.
+that occur as words of the corpus. One run, not rounds: the figure is the command's wall time as a
+user sees it. Writes one JSON record (the command, the time, the share, the sample, and the
+harness's environment record: the CPU, its flags, torch, the commit) to ``--json``.
 
-    python benchmarks/quickstart.py --json benchmarks/runs/quickstart-$(date +%Y%m%d).json
-    python benchmarks/quickstart.py --sample-only --run runs/nano   # re-score an existing run
+    python benchmarks/quickstart_time_and_words.py --json benchmarks/runs/quickstart-$(date +%Y%m%d).json
+    python benchmarks/quickstart_time_and_words.py --sample-only --run runs/nano   # re-score an existing run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import shutil
 import subprocess
@@ -25,16 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
+
 WORD = re.compile(r"[A-Za-z]+")
-
-
-def cpu_info() -> dict[str, object]:
-    """Model name, logical CPUs and the AVX flags ``/proc/cpuinfo`` lists (what ``lscpu`` shows)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return {"model": name or platform.processor(), "cpus": text.count("processor\t:"),
-            "avx": sorted(f for f in flags if f.startswith(("avx", "amx")))}
 
 
 def real_word_share(sample: str, corpus: str) -> tuple[float, list[str]]:
@@ -70,7 +63,7 @@ def main() -> int:
         tmp = tempfile.mkdtemp(prefix="gptspeed-quickstart-")
         a.run = str(Path(tmp) / "nano")
     train_cmd = ["gptspeed", "train", "--preset", "nano", "--out", a.run, *a.extra]
-    record: dict[str, object] = {"cpu": cpu_info(), "command": " ".join(train_cmd)}
+    record: dict[str, object] = {"command": " ".join(train_cmd)}
     if not a.sample_only:
         seconds, log = run(train_cmd)
         lines = log.strip().splitlines()
@@ -79,15 +72,12 @@ def main() -> int:
     _, text = run(sample_cmd)
     generated = text[len("ROMEO:"):] if text.startswith("ROMEO:") else text
     share, missing = real_word_share(generated, corpus)
-    import torch
-
     record.update(sample_command=" ".join(sample_cmd), sample=text, words=len(WORD.findall(generated)),
-                  real_word_share=round(share, 4), not_in_corpus=missing, torch=torch.__version__,
-                  date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+                  real_word_share=round(share, 4), not_in_corpus=missing, environment=harness.environment("cpu"))
     print(json.dumps(record, indent=2))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(record, indent=2) + "\n")
+        harness.write_outputs(None, record, None, a.json)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

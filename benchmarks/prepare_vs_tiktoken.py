@@ -1,13 +1,14 @@
-"""Tokenization throughput, side by side in one run: ``python benchmarks/bench_tokenize.py``.
+"""How fast does `gptspeed prepare` tokenize, against a one-process tiktoken loop? ``python benchmarks/prepare_vs_tiktoken.py``
 
 Over the same input (default ``../shared/data/shakespeare-gutenberg``, 77 e-texts; or a
 ``.jsonl`` file with a ``text`` field, one document per line), times (1) a plain one-process loop
 of ``tiktoken`` ``encode_ordinary`` over the documents as read from disk (the reference),
 (2) ``gptspeed prepare --workers 1`` and (3) ``--workers N`` (default 2), each the whole prepare:
 reading, tokenizing, writing shards. Both exclude building the tokenizer (done once before).
-tokens/s = corpus tokens / wall seconds. One warm-up round, then ``--repeats`` interleaved rounds;
-reports the best and the median time of each, and the median over rounds of each round's ratio
-to the loop timed just before it (the figure least moved by slow spells of a shared host).
+tokens/s = corpus tokens / wall seconds. One warm-up round, then ``--repeats`` of the harness's
+interleaved rounds (:func:`harness.time_rounds`); reports the best and the median time of each, and
+the median over rounds of each round's ratio to the loop in the same round (the figure least moved
+by slow spells of a shared host).
 Prints a markdown table and the loop's per-core rate; ``--json`` keeps every timing.
 ``--paragraph-docs 1500`` first rewrites the e-texts as a .jsonl of ~1.5 KB documents (runs of
 whole paragraphs), to measure web-page-sized documents like FineWeb's.
@@ -20,17 +21,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
-import time
 from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+import harness
+from gptspeed.data.prepare import prepare
+from gptspeed.tokenizer import get_encoding
 
-from gptspeed.data.prepare import prepare  # noqa: E402
-from gptspeed.tokenizer import get_encoding  # noqa: E402
+ROOT = harness.ROOT
 
 
 def paragraph_jsonl(folder: Path, min_chars: int, dest: Path) -> Path:
@@ -90,16 +89,17 @@ def main() -> None:
             m = prepare(a.source, Path(tmp.name) / f"w{w}", workers=w, force=True, progress=False)
             return m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
         runs[f"gptspeed prepare --workers {w}"] = run
-    for fn in runs.values():  # warm-up: page cache, tokenizer threads and their encodings
-        fn()
-    # Interleaved rounds, so that a slow spell of a shared machine hits every variant alike.
-    times: dict[str, list[float]] = {k: [] for k in runs}
     counts: dict[str, int] = {}
-    for _ in range(a.repeats):
-        for name, fn in runs.items():
-            t0 = time.perf_counter()
-            counts[name] = fn()
-            times[name].append(time.perf_counter() - t0)
+
+    def counted(name: str):
+        def run() -> None:
+            counts[name] = runs[name]()
+        return run
+
+    # one warm-up call each (page cache, tokenizer threads and their encodings), then interleaved rounds,
+    # so that a slow spell of a shared machine hits every variant alike
+    ms = harness.time_rounds({name: counted(name) for name in runs}, a.repeats, warmup=1)["wall"]
+    times: dict[str, list[float]] = {k: [r[0] / 1000 for r in v] for k, v in ms.items()}
     tmp.cleanup()
     loop_name = next(iter(runs))
     t_loop, n_loop = min(times[loop_name]), counts[loop_name]
@@ -111,21 +111,16 @@ def main() -> None:
           "| vs loop (median of rounds) |\n|---|---|---|---|---|---|---|")
     t_loop_med = statistics.median(times[loop_name])
     for name, t, med, n in rows:
-        # each round's ratio to the loop timed just before it: robust to slow spells of a shared host
-        per_round = statistics.median(lt / xt for lt, xt in zip(times[loop_name], times[name]))
+        # each round's ratio to the loop in the same round: robust to slow spells of a shared host
+        per_round = harness.ratios(ms[loop_name], ms[name])["median"]
         print(f"| {name} | {t:.3f} | {med:.3f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x "
               f"| {t_loop_med / med * n / n_loop:.2f}x | {per_round * n / n_loop:.2f}x |")
     print(f"loop per core: {n_loop / t_loop:,.0f} tokens/s")
     if a.json:
-        import torch
-
-        from gptspeed.bench.report import environment
-
-        env = environment(torch.device("cpu"), " ".join(["python", *sys.argv]))
-        env["tiktoken"] = version("tiktoken")
-        with open(a.json, "w") as f:
-            json.dump({"source": a.source, "paragraph_docs": a.paragraph_docs, "files": len(files), "documents": len(texts), "characters": sum(len(t) for t in texts),
-                       "seconds": times, "tokens": counts, "environment": env}, f, indent=2)
+        env = {**harness.environment("cpu"), "tiktoken": version("tiktoken")}
+        harness.write_outputs(None, {"source": a.source, "paragraph_docs": a.paragraph_docs, "files": len(files),
+                                     "documents": len(texts), "characters": sum(len(t) for t in texts),
+                                     "seconds": times, "tokens": counts, "environment": env}, None, a.json)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Issue 12: the loss paths on this machine, measured in interleaved rounds.
+"""Is the fused loss faster than the plain one on the CPU, and is evaluation without gradient work faster? (issue 12)
 
-Two measurements, each printing Markdown tables (median, interquartile range and min-max of the
-per-step times, and the median of the per-round ratios against the first variant) and
-optionally writing JSON. Each step is timed twice: wall clock (``perf_counter``) and the
+Two measurements in the harness's interleaved rounds (:func:`harness.time_rounds`), each printing
+Markdown tables (median, interquartile range and min-max of the per-step times, and the median of
+the per-round ratios against the first variant) and optionally writing JSON. Each step is timed twice: wall clock (``perf_counter``) and the
 process's CPU time (``process_time``); on a shared machine the CPU time is the steadier figure
 (another job's load stretches the wall time, not the work done), so both are printed. One
 thread by default (``--threads``) so that the CPU time is the work of one core.
@@ -16,28 +16,26 @@ one of ``--baseline-commit`` (loaded from git into the same process), so that "b
 ``--loss plain`` at the nano shape and at GPT-2 124M, fp32 and eager (the CPU defaults): the
 figure behind ``resolve_loss("auto", "cpu")``.
 
-    python benchmarks/loss_paths.py eval [--baseline-commit 21567fc] [--rounds 7] [--steps 3] [--json OUT]
-    python benchmarks/loss_paths.py default [--rounds 5] [--steps 2] [--json OUT]
+    python benchmarks/cpu_loss_paths.py eval [--baseline-commit 21567fc] [--rounds 7] [--steps 3] [--json OUT]
+    python benchmarks/cpu_loss_paths.py default [--rounds 5] [--steps 2] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 import gptspeed.model as model_mod
-from gptspeed.metrics import environment
-from gptspeed.model import GPT, GPTConfig
+import harness
+from gptspeed.config import GPTConfig
+from gptspeed.model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=50304)
@@ -59,33 +57,11 @@ def _load_loss_at(commit: str):
     return mod.fused_linear_cross_entropy
 
 
-def _summary(times: list[float]) -> dict:
-    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return {"median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times), "max_ms": 1000 * max(times),
-            "q1_ms": 1000 * q[0], "q3_ms": 1000 * q[2], "n": len(times)}
-
-
 def _interleave(variants: dict, rounds: int, steps: int, warmup: int) -> dict[str, dict[str, list[list[float]]]]:
-    """Per clock ("wall", "cpu"), per variant, per round, the seconds of each step; the variants
-    take turns every round, in alternating order."""
-    times = {"wall": {k: [] for k in variants}, "cpu": {k: [] for k in variants}}
-    for fn in variants.values():
-        for _ in range(warmup):
-            fn()
-    for r in range(rounds):
-        order = list(variants.items())
-        if r % 2:
-            order.reverse()  # neither variant always runs first
-        for name, fn in order:
-            wall, cpu = [], []
-            for _ in range(steps):
-                t0, c0 = time.perf_counter(), time.process_time()
-                fn()
-                wall.append(time.perf_counter() - t0)
-                cpu.append(time.process_time() - c0)
-            times["wall"][name].append(wall)
-            times["cpu"][name].append(cpu)
-    return times
+    """Per clock ("wall", "cpu"), per variant, per round, the seconds of each step
+    (:func:`harness.time_rounds`, which times milliseconds)."""
+    times = harness.time_rounds(variants, rounds, steps=steps, warmup=warmup)
+    return {clock: {k: [[ms / 1000 for ms in r] for r in v] for k, v in per.items()} for clock, per in times.items()}
 
 
 def _tables(times: dict, ref: str, tokens: int) -> tuple[str, dict]:
@@ -98,15 +74,14 @@ def _tables(times: dict, ref: str, tokens: int) -> tuple[str, dict]:
 
 def _table(times: dict[str, list[list[float]]], ref: str, tokens: int, clock: str) -> tuple[str, dict]:
     rows, out = [], {}
-    ref_round = [statistics.median(r) for r in times[ref]]
     lines = [f"{clock} time per step:", "", f"| variant | median ms | IQR ms | min–max ms | tokens/s (median) | "
              f"median (min–max) of per-round speed-up vs {ref} |", "|---|--:|--:|--:|--:|--:|"]
     for name, per_round in times.items():
-        flat = [t for r in per_round for t in r]
-        s = _summary(flat)
-        ratios = [a / statistics.median(r) for a, r in zip(ref_round, per_round)]
-        s["ratio_vs_ref_median"] = statistics.median(ratios)
-        s["ratio_vs_ref_min"], s["ratio_vs_ref_max"] = min(ratios), max(ratios)
+        sp = harness.spread(1000 * t for r in per_round for t in r)
+        s = {"median_ms": sp["median"], "min_ms": sp["min"], "max_ms": sp["max"], "q1_ms": sp["q25"], "q3_ms": sp["q75"],
+             "n": sp["n"]}
+        speed = harness.ratios(times[ref], per_round)
+        s["ratio_vs_ref_median"], s["ratio_vs_ref_min"], s["ratio_vs_ref_max"] = speed["median"], speed["min"], speed["max"]
         s["tokens_per_s"] = tokens / (s["median_ms"] / 1000)
         s["per_round_s"] = per_round
         out[name] = s
@@ -215,12 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     out = measure_eval(a) if a.what == "eval" else measure_default(a)
-    out |= {"command": " ".join(["python", "benchmarks/loss_paths.py", *(argv or sys.argv[1:])]),
-            "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain", "src")),
-            "environment": environment(torch.device("cpu")), "rounds": a.rounds, "steps": a.steps,
-            "threads": a.threads, "load_average_at_end": list(os.getloadavg())}
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
+    out |= {"environment": harness.environment("cpu", ["benchmarks/cpu_loss_paths.py", *(argv or sys.argv[1:])]),
+            "rounds": a.rounds, "steps": a.steps, "threads": a.threads, "load_average_at_end": list(os.getloadavg())}
+    harness.write_outputs(None, out, None, a.json)
     return 0
 
 

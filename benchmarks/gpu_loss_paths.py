@@ -1,15 +1,16 @@
-"""Issue 20: the LM-head loss on its own, on one GPU: plain (logits + F.cross_entropy, eager and
-torch.compile-d), gptspeed's fused linear + cross-entropy, and Liger-Kernel's (when installed).
+"""Which LM-head loss is fastest on one GPU: plain (logits + F.cross_entropy, eager or
+torch.compile-d), gptspeed's fused linear + cross-entropy, or Liger-Kernel's (when installed)?
 
 One forward + backward of ``loss(x @ W.T, targets)`` at GPT-2 124M's head: N = B x T tokens
 (default 16 x 1024), C = 768, V = 50304 (the padded rows excluded from the softmax: Liger is
 given the first 50257 rows of W, a view, so the padding gets no gradient), under bf16 autocast
-like a training step. Variants run in interleaved rounds (A B C D, B C D A, ...), each step timed
-with CUDA events; reported: median ms (and min-max), peak memory above the inputs, and each
-variant's loss and gradients against an fp32 reference of the plain path (max relative error).
+like a training step. Variants run in the harness's interleaved rounds (A B C D, B C D A, ...;
+:func:`harness.time_rounds`), each step timed with CUDA events; reported: median ms (IQR, min-max),
+peak memory above the inputs, and each variant's loss and gradients against an fp64 reference of
+the plain path (max relative error).
 
-    python benchmarks/loss_gpu.py [--tokens 16384] [--rounds 5] [--steps 10] [--json OUT] [--md OUT]
-    python benchmarks/loss_gpu.py --device cpu --tokens 256 --vocab 1024 --width 64   # the test's shape
+    python benchmarks/gpu_loss_paths.py [--tokens 16384] [--rounds 5] [--steps 10] [--json OUT] [--md OUT]
+    python benchmarks/gpu_loss_paths.py --device cpu --tokens 256 --vocab 1024 --width 64   # the test's shape
 
 Liger-Kernel (Hsu et al. 2024, arXiv:2410.10989; ``pip install liger-kernel``, Triton kernels,
 CUDA only) is called through ``liger_kernel.ops.fused_linear_cross_entropy``'s
@@ -19,18 +20,13 @@ CUDA only) is called through ``liger_kernel.ops.fused_linear_cross_entropy``'s
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+import harness
 from gptspeed.loss import fused_linear_cross_entropy
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_gpu import emit, gpu_environment  # noqa: E402  (the GPU, driver and versions; the outputs)
 
 VALID = 50257
 
@@ -99,35 +95,27 @@ def measure(args) -> dict:
                         "padding_grad_zero": bool((gw[valid:] == 0).all()) if V > valid else True}
         for _ in range(args.warmup):
             one_step(fn, x, w, t, dtype)
-    times: dict[str, list[float]] = {k: [] for k in runnable}
     peaks: dict[str, int] = {}
-    names = list(runnable)
-    for rnd in range(args.rounds):
-        order = names[rnd % len(names):] + names[:rnd % len(names)]
-        for name in order:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-            for _ in range(args.steps):
-                if device.type == "cuda":
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    one_step(runnable[name], x, w, t, dtype)
-                    b.record()
-                    b.synchronize()
-                    times[name].append(a.elapsed_time(b))
-                else:
-                    t0 = time.perf_counter()
-                    one_step(runnable[name], x, w, t, dtype)
-                    times[name].append(1000 * (time.perf_counter() - t0))
-            if device.type == "cuda":
-                peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated() - base)
+    base = {}
+
+    def before(name: str) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            base[name] = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+    def after(name: str) -> None:
+        if device.type == "cuda":
+            peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated() - base[name])
+
+    steps = {name: (lambda fn=fn: one_step(fn, x, w, t, dtype)) for name, fn in runnable.items()}
+    times = harness.time_rounds(steps, args.rounds, steps=args.steps, device_type=device.type, before=before,
+                                after=after)["wall"]
     for name in runnable:
-        ms = times[name]
-        result["variants"][name] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms),
-                                    "steps": len(ms), "peak_mem_above_inputs_bytes": peaks.get(name),
-                                    **errors[name]}
+        ms = harness.spread(m for r in times[name] for m in r)
+        result["variants"][name] = {"median_ms": ms["median"], "q25_ms": ms["q25"], "q75_ms": ms["q75"],
+                                    "min_ms": ms["min"], "max_ms": ms["max"], "steps": ms["n"],
+                                    "peak_mem_above_inputs_bytes": peaks.get(name), **errors[name]}
     result["order"] = list(table)
     return result
 
@@ -136,15 +124,16 @@ def markdown(result: dict) -> str:
     s = result["shape"]
     out = [f"LM-head loss, forward + backward: N={s['tokens']:,} tokens, C={s['width']}, V={s['vocab']:,} "
            f"({s['valid_vocab']:,} valid), {s['dtype']}", "",
-           "| variant | median ms | min–max ms | peak memory above inputs | loss rel. err | grad x rel. err | "
-           "grad W rel. err | padding grad 0 |", "|---|--:|--:|--:|--:|--:|--:|:-:|"]
+           "| variant | median ms | IQR ms | min–max ms | peak memory above inputs | loss rel. err | grad x rel. err | "
+           "grad W rel. err | padding grad 0 |", "|---|--:|--:|--:|--:|--:|--:|--:|:-:|"]
     for name in result["order"]:
         v = result["variants"][name]
         if "skipped" in v:
-            out.append(f"| {name} | skipped: {v['skipped']} | | | | | | |")
+            out.append(f"| {name} | skipped: {v['skipped']} | | | | | | | |")
             continue
         mem = f"{v['peak_mem_above_inputs_bytes'] / 2**20:,.0f} MiB" if v["peak_mem_above_inputs_bytes"] else "—"
-        out.append(f"| {name} | {v['median_ms']:.2f} | {v['min_ms']:.2f}–{v['max_ms']:.2f} | {mem} | {v['loss_rel']:.1e} "
+        out.append(f"| {name} | {v['median_ms']:.2f} | {v['q25_ms']:.2f}–{v['q75_ms']:.2f} | {v['min_ms']:.2f}–{v['max_ms']:.2f} "
+                   f"| {mem} | {v['loss_rel']:.1e} "
                    f"| {v['grad_x_rel']:.1e} | {v['grad_w_rel']:.1e} | {'yes' if v['padding_grad_zero'] else 'NO'} |")
     return "\n".join(out) + "\n"
 
@@ -164,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md")
     args = ap.parse_args(argv)
     result = measure(args)
-    result["environment"] = gpu_environment(sys.argv)
-    emit(markdown(result), result, args.md, args.json)
+    result["environment"] = harness.environment(args.device, sys.argv)
+    harness.emit(harness.header(result["environment"]) + markdown(result), result, args.md, args.json)
     return 0
 
 

@@ -1,12 +1,12 @@
-"""Issue 20: gptspeed's default `gptspeed train` against nanoGPT and llm.c on one GPU, interleaved.
+"""How fast is `gptspeed train`'s default step on one GPU beside nanoGPT and llm.c?
 
 The same model (GPT-2 124M: 12 layers, 12 heads, 768 wide, vocabulary 50304 in every tool), the
 same micro-batch (``--batch-size``, default 16) and sequence length (``--seq-len``, 1024), the same
 tokens per optimizer step (B x T x ``--accum``, default 4: 65,536 tokens) and the same tokens
 (one prepared gptspeed data folder, ``--data``; nanoGPT gets them as its raw uint16 ``train.bin``,
 llm.c reads the shards as they are: gptspeed writes llm.c's format). Every row is a fresh process
-per round; the order rotates by one row each round (A B C, B C A, C A B), so a warm GPU or a
-cache filled by the row before favours no row. Each process runs ``--warmup`` untimed steps (the
+per round, in the harness's interleaved rounds (the order rotating by one row each round: A B C, B C
+A, C A B), so a warm GPU or a cache filled by the row before favours no row. Each process runs ``--warmup`` untimed steps (the
 compile), then ``--steps`` timed ones, and is stopped there.
 
 Rows (``--peers``, in run order):
@@ -20,7 +20,7 @@ Rows (``--peers``, in run order):
   biases, as gptspeed and llm.c have them); step time = its printed ``time X ms`` per iteration
   (wall time, ``loss.item()`` included at ``--log_interval=1``).
 - ``llmc``: llm.c's ``train_gpt2cu`` built here from the clone for the GPU it runs on
-  (:func:`gptspeed.llmc.llmc_cuda_make`: ``make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1
+  (:func:`llmc.llmc_cuda_make`: ``make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1
   GPU_COMPUTE_CAPABILITY=90`` on an H100, the capability read from ``nvidia-smi``: llm.c's own
   detection is dead -- its Makefile writes ``$(nvidia-smi ...)``, a make variable, not
   ``$(shell ...)`` -- so without it nvcc builds for its default architecture), with cuDNN attention
@@ -41,7 +41,7 @@ round. What each tool's time includes differs a little (above); ``wall_s`` (proc
 last timed step) is in the JSON. ``--json`` and ``--md`` are rewritten after every process, each
 atomically (``complete`` false until the last), so a command cut at its limit keeps every finished row.
 
-    python benchmarks/peers_gpu.py --data DATA_DIR [--rounds 3] [--steps 20] [--warmup 8]
+    python benchmarks/vs_peers_gpu.py --data DATA_DIR [--rounds 3] [--steps 20] [--warmup 8]
         [--batch-size 16] [--seq-len 1024] [--accum 4] [--peers gptspeed,nanogpt,llmc]
         [--variant 'NAME: FLAGS'] [--json OUT.json] [--md OUT.md] [--work DIR] [--row-timeout 420]
 
@@ -63,35 +63,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peers_cpu as pc  # noqa: E402  (the shared machinery: processes, the gptspeed adapter, tables)
+import harness
+import vs_peers_cpu as pc  # the peers' shared machinery: processes, the gptspeed adapter, the tables
 
 GPU_PEERS = ("gptspeed", "nanogpt", "llmc")
 # llm.c's per-step line (train_gpt2.cu, main()): "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)|
 # lr %.2e | %.2f ms | %.1f%% bf16 MFU | %.0f tok/s"
 LLMC_STEP = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-+\w.]+) .*\| ([\d.]+) ms \| ([-\d.]+)% bf16 MFU")
-
-
-def gpu_environment(argv: list[str]) -> dict:
-    """The GPU, its driver, CUDA and torch versions, the commit and the command."""
-    import platform
-
-    import torch
-
-    from gptspeed.metrics import git_commit
-
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "git_commit": git_commit(), "command": " ".join(argv), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "cpu_count": os.cpu_count()}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
-                            "--format=csv,noheader"], capture_output=True, text=True)
-        env["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
-    return env
 
 
 def parse_llmc_line(line: str) -> tuple[int, float, float, float] | None:
@@ -114,7 +92,7 @@ def llmc_cuda_binary(work: Path, make_flags: list[str], cudnn: str = "auto",
     under ``cudnn="auto"`` it builds again without cuDNN (``build["cudnn_note"]`` says why).
     RuntimeError with make's output if the build fails -- then, and in every later call on the same
     ``work`` folder, without building again."""
-    from gptspeed.llmc import llmc_cuda_make
+    from llmc import llmc_cuda_make
 
     src = work / "llm.c"
     if not src.exists():
@@ -231,8 +209,8 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
                               dtype="float32" if cpu else "bfloat16", timeout_s=args.row_timeout, **kw)
     if row == "llmc":
         if cpu:
-            return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/peers_cpu.py runs llm.c's CPU "
-                                    "trainer)")
+            return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/vs_peers_cpu.py runs llm.c's "
+                                    "CPU trainer)")
         return run_llmc_cuda(shape, work, data, make_flags=shlex.split(args.llmc_make), timeout_s=args.row_timeout,
                              cudnn=getattr(args, "llmc_cudnn", "auto"), **kw)
     raise SystemExit(f"unknown row {row!r}: choose from {', '.join(GPU_PEERS)} or a --variant name")
@@ -240,7 +218,7 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
 
 def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict,
             after_each=None) -> dict:
-    """Every row, interleaved (:func:`peers_cpu.interleave`); a peer that fails to build or start
+    """Every row, interleaved (:func:`vs_peers_cpu.interleave`); a peer that fails to build or start
     is that row's error. ``after_each(summary)`` gets the summary so far after every process."""
     def run_one(row: str, rnd: int) -> pc.Run:
         try:
@@ -292,20 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.peers.split(",")
     rows += [v for v in variants if v not in rows]
     shape = make_shape(args)
-    env = gpu_environment(argv)
-    head = (f"{env.get('gpu', args.device)} ({env.get('nvidia_smi', '')}), torch {env['torch']} (CUDA {env['cuda']}), "
-            f"commit {env['git_commit']}, {env['date']}; {shape.tokens:,} tokens per step\n`{env['command']}`\n")
+    env = harness.environment(args.device, argv)
+    head = f"{shape.tokens:,} tokens per step · " + harness.header(env)
 
     def report(summary: dict, complete: bool) -> tuple[str, dict]:
         result = {"environment": env, "settings": vars(args), "complete": complete, "shapes": [summary]}
         return head + pc.markdown(result) + build_lines(summary) + ("" if complete else INCOMPLETE), result
 
     def partial(summary: dict) -> None:
-        write(*report(summary, False), args.md, args.json)
+        harness.write_outputs(*report(summary, False), args.md, args.json)
 
-    md, result = report(measure(args, shape, work, Path(args.data), rows, variants, partial), True)
-    print(md)
-    write(md, result, args.md, args.json)
+    harness.emit(*report(measure(args, shape, work, Path(args.data), rows, variants, partial), True), args.md, args.json)
     return 0
 
 
@@ -319,23 +294,6 @@ def build_lines(summary: dict) -> str:
     return "".join(f"\nllm.c built with `{b['line']}` (GPU_COMPUTE_CAPABILITY {b['compute_capability'] or 'not set'}: "
                    f"{b['capability_source']}; cuDNN attention {'on' if b['cudnn'] else 'off'}: {b['cudnn_note']})\n"
                    for b in builds.values())
-
-
-def emit(md: str, result: dict, md_path: str | None, json_path: str | None) -> None:
-    """Print the tables; write them to ``md_path`` and everything to ``json_path`` when given."""
-    print(md)
-    write(md, result, md_path, json_path)
-
-
-def write(md: str, result: dict, md_path: str | None, json_path: str | None) -> None:
-    """Write the tables to ``md_path`` and everything to ``json_path`` when given, each atomically
-    (a temporary file, then a rename: a reader sees the previous version or this one)."""
-    from gptspeed.fileio import write_text_atomic
-
-    if md_path:
-        write_text_atomic(md_path, md)
-    if json_path:
-        write_text_atomic(json_path, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Issue 14: gptspeed's default `gptspeed train` step against its peers on this CPU, interleaved.
+"""How fast is `gptspeed train`'s default step on this CPU beside nanoGPT, HF transformers and llm.c?
 
-Every row is a fresh process per round, the order rotating by one row each round (A B C ..., B C
-... A, ...), so drift and the other jobs on a shared machine hit every row alike; each process runs
-``--warmup`` untimed steps (compilation, first-touch allocation) and then ``--steps`` timed steps.
-Rows (``--peers``):
+Every row is a fresh process per round, in the harness's interleaved rounds (:func:`harness.interleave`:
+the order rotating by one row each round), so drift and the other jobs on a shared machine hit every
+row alike; each process runs ``--warmup`` untimed steps (compilation, first-touch allocation) and then
+``--steps`` timed steps. This module is also the peers' shared machinery (the process runner, the
+gptspeed adapter, the nanoGPT row, the summary and tables), which ``vs_peers_gpu.py`` imports. Rows
+(``--peers``):
 
 - ``gptspeed``: ``gptspeed train`` with no speed flags (what a user gets on a CPU; the start line
   says what ``dtype``/``compile`` resolved to), through :func:`run_gptspeed`, the one adapter that
@@ -22,7 +24,7 @@ Rows (``--peers``):
   the whole step including ``loss.item()``.
 - ``llmc``: llm.c's ``train_gpt2`` (built from the clone with its Makefile's flags: ``-Ofast
   -march=native -fopenmp -DOMP``), from gptspeed's own initial weights (exported with
-  :mod:`gptspeed.llmc`); time = its printed ``took X ms``. Only at B=4, T=64, which its
+  :mod:`llmc`, beside this file); time = its printed ``took X ms``. Only at B=4, T=64, which its
   ``main()`` hardcodes.
 
 All rows are fp32 (gptspeed's default may resolve otherwise: it is reported), train on the same
@@ -31,10 +33,10 @@ use ``--threads`` (``OMP_NUM_THREADS``) threads, and report median ms/step, the 
 per-round medians, tokens/s and peak RSS (``wait4``'s ``ru_maxrss``, whole process). Ratios are
 taken within each round. ``/proc/loadavg`` is recorded before each run.
 
-    python benchmarks/peers_cpu.py [--shapes 124m,small] [--rounds 3] [--steps 5] [--warmup 2]
+    python benchmarks/vs_peers_cpu.py [--shapes 124m,small] [--rounds 3] [--steps 5] [--warmup 2]
         [--peers gptspeed,gptspeed-eager,nanogpt,nanogpt-compile,hf,hf-compile,llmc]
         [--variant 'NAME: FLAGS AND ENV=VALUES'] [--json OUT.json] [--md OUT.md] [--work DIR]
-    python benchmarks/peers_cpu.py --cross-check [--shapes 124m] [--json OUT.json]   # losses vs llm.c
+    python benchmarks/vs_peers_cpu.py --cross-check [--shapes 124m] [--json OUT.json]   # losses vs llm.c
 
 ``--variant 'bf16: --dtype bfloat16 --no-compile'`` adds a gptspeed row with those flags;
 ``NAME=VALUE`` tokens set environment variables instead (``'jemalloc:
@@ -64,6 +66,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import harness
+from harness import loadavg
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_DIR = Path(os.environ.get("GPTSPEED_PEERS_DIR", ROOT.parent / "shared" / "peers"))
@@ -100,7 +105,7 @@ SHAPES = {
     "small": Shape("small", 4, 4, 128, 16, 128, "nano", ()),  # the nano preset is exactly this shape
     # the pico preset (tests, smoke runs): where a fixed per-step cost (logging) weighs most
     "pico": Shape("pico", 2, 2, 64, 8, 64, "pico", ()),
-    # benchmarks/cpu_step.py's shape (issue 2's README figure): nano with 2 layers
+    # cpu_step_vs_plain.py's shape (issue 2's figure): nano with 2 layers
     "cpu-step": Shape("cpu-step", 2, 4, 128, 16, 128, "nano", ("--n-layer", "2")),
 }
 
@@ -118,65 +123,16 @@ class Run:
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-def cpu_flags() -> dict[str, bool]:
-    """The /proc/cpuinfo flags that decide CPU matmul speed for fp32 / bf16."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    return {f: f in flags for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_fp16")}
-
-
-def environment(argv: list[str]) -> dict:
-    import platform
-
-    import torch
-
-    from gptspeed.metrics import cpu_model, git_commit
-
-    env = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "nproc": os.cpu_count(), "torch": torch.__version__,
-           "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-           "mkldnn_bf16_supported": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-           "python": platform.python_version(), "git_commit": git_commit(), "command": " ".join(argv),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": loadavg()}
-    try:
-        import transformers
-
-        env["transformers"] = transformers.__version__
-    except ImportError:
-        env["transformers"] = None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    env["git_dirty"] = bool(dirty)
-    for name in ("nanoGPT", "llm.c"):
-        env[f"{name}_source"] = str(PEERS_DIR / name)
-    return env
-
-
 def run_until(cmd: list[str], *, cwd: Path, env: dict, on_line: Callable[[str], bool],
               timeout_s: float) -> tuple[int, int, float, list[str]]:
     """Run ``cmd``; feed each output line (stdout+stderr) to ``on_line``; kill the process (and its
     process group: compile workers) as soon as it returns True. Returns ``(exit status, peak RSS
     bytes, wall s from start to that line (or to the end), lines)``."""
-    from gptspeed.llmc import read_lines
-
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        lines = read_lines(proc.stdout.fileno(), on_line, t0 + timeout_s)
+        lines = harness.read_lines(proc.stdout.fileno(), on_line, t0 + timeout_s)
         wall = time.perf_counter() - t0
     finally:
         try:
@@ -376,7 +332,7 @@ def llmc_binary(work: Path, cflags: tuple[str, ...] | None = None) -> Path:
     """llm.c's train_gpt2 built once per set of compiler flags (default: its Makefile's)."""
     import hashlib
 
-    from gptspeed.llmc import MAKEFILE_CFLAGS, build_train_gpt2
+    from llmc import MAKEFILE_CFLAGS, build_train_gpt2
 
     flags = tuple(cflags) if cflags else tuple(MAKEFILE_CFLAGS)
     folder = "llmc-bin" if flags == tuple(MAKEFILE_CFLAGS) else "llmc-bin-" + hashlib.sha1(" ".join(flags).encode()).hexdigest()[:8]
@@ -398,7 +354,7 @@ def initial_model(shape: Shape):
 
 
 def llmc_dir(work: Path, shape: Shape, data: Path, one_batch: bool) -> Path:
-    from gptspeed.llmc import prepare_llmc_dir
+    from llmc import prepare_llmc_dir
 
     d = work / f"llmc-{shape.name}{'-1batch' if one_batch else ''}"
     if not (d / "gpt2_124M.bin").exists():
@@ -411,7 +367,7 @@ def llmc_dir(work: Path, shape: Shape, data: Path, one_batch: bool) -> Path:
 
 
 def run_llmc(shape: Shape, work: Path, data: Path, *, warmup: int, steps: int, threads: int) -> Run:
-    from gptspeed.llmc import LLMC_B, LLMC_T, run_train_gpt2
+    from llmc import LLMC_B, LLMC_T, run_train_gpt2
 
     if (shape.batch_size, shape.seq_len) != (LLMC_B, LLMC_T):
         return Run([], error=f"skipped: llm.c's train_gpt2.c hardcodes B={LLMC_B}, T={LLMC_T}")
@@ -437,35 +393,26 @@ def parse_variant(text: str) -> tuple[str, list[str], dict]:
 
 def interleave(rows: list[str], rounds: int, run_one: Callable[[str, int], Run], label: str,
                after_each: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
-    """``rounds`` x (each row once), ``run_one(row, round)`` giving each process's :class:`Run`.
-    The order rotates by one row per round (A B C, B C A, C A B, ...), so no row always runs
-    first, or always right after the heaviest one: a fixed order gave two identical gptspeed rows
-    a steady 0.88-0.98x gap. A row whose error starts with "skipped" (it cannot run here) is
-    dropped from the later rounds. Returns each row's entries (round, load average before it,
-    step times, losses, peak RSS, wall and process seconds, error, the run's info, median);
-    ``after_each(per_row)`` runs after every entry."""
-    per_row: dict[str, list[dict]] = {r: [] for r in rows}
-    for rnd in range(rounds):
-        k = rnd % len(rows)
-        for row in rows[k:] + rows[:k]:
-            if row not in rows:  # skipped for good in an earlier round
-                continue
-            t0, load = time.time(), loadavg()
-            run = run_one(row, rnd)
-            entry = {"round": rnd, "loadavg": load, "step_ms": run.step_ms, "losses": run.losses,
-                     "peak_rss_bytes": run.peak_rss_bytes, "wall_s": run.wall_s, "error": run.error,
-                     "process_s": time.time() - t0, **run.info}
-            if run.step_ms:
-                entry["median_ms"] = statistics.median(run.step_ms)
-            per_row[row].append(entry)
-            med = f"{entry['median_ms']:.1f} ms/step" if run.step_ms else run.error
-            print(f"[{label} round {rnd + 1}/{rounds}] {row}: {med} (load {load}; {entry['process_s']:.0f} s)",
-                  flush=True)
-            if run.error and run.error.startswith("skipped"):
-                rows = [r for r in rows if r != row]
-            if after_each is not None:
-                after_each(per_row)
-    return per_row
+    """Every row's process in each of ``rounds`` rounds, in :func:`harness.interleave`'s order (rotated
+    by one row a round: a fixed order gave two identical gptspeed rows a steady 0.88-0.98x gap),
+    ``run_one(row, round)`` giving each process's :class:`Run`. A row whose error starts with
+    "skipped" (it cannot run here) is dropped from the later rounds. Returns each row's entries
+    (round, load average before it, step times, losses, peak RSS, wall and process seconds, error,
+    the run's info, median); ``after_each(per_row)`` runs after every entry."""
+    def entry(row: str, rnd: int) -> dict:
+        t0, load = time.time(), loadavg()
+        run = run_one(row, rnd)
+        e = {"round": rnd, "loadavg": load, "step_ms": run.step_ms, "losses": run.losses,
+             "peak_rss_bytes": run.peak_rss_bytes, "wall_s": run.wall_s, "error": run.error,
+             "process_s": time.time() - t0, **run.info}
+        if run.step_ms:
+            e["median_ms"] = statistics.median(run.step_ms)
+        med = f"{e['median_ms']:.1f} ms/step" if run.step_ms else run.error
+        print(f"[{label} round {rnd + 1}/{rounds}] {row}: {med} (load {load}; {e['process_s']:.0f} s)", flush=True)
+        return e
+
+    return harness.interleave(rows, rounds, entry, drop=lambda e: (e["error"] or "").startswith("skipped"),
+                              after_each=after_each)
 
 
 def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict, after_each=None) -> dict:
@@ -497,57 +444,52 @@ def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variant
     return summarize(shape, interleave(rows, args.rounds, run_one, shape.name, partial))
 
 
-def write_atomic_text(path: str, text: str) -> None:
-    """``text`` into ``path`` through a temporary file and a rename: a reader (or a command cut at
-    its limit) sees the previous version or this one, never a part."""
-    from gptspeed.fileio import write_text_atomic
-
-    write_text_atomic(path, text)
-
-
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
+def _round_steps(entries: list[dict], rnd: int) -> list[float] | None:
+    e = [x for x in entries if x["round"] == rnd and "median_ms" in x]
+    return e[0]["step_ms"] if e else None
+
+
 def summarize(shape: Shape, per_row: dict[str, list[dict]]) -> dict:
+    """Each row's figures (the median of its per-round medians, each round's, the min-max step
+    (:func:`harness.spread`), tokens/s, peak RSS, start-to-warm seconds, step-0 loss, and its speed
+    against the first row round by round, :func:`harness.ratios`), and per round the default's
+    speed against the fastest peer and against its own eager fp32 row."""
     summary = {}
     for row, entries in per_row.items():
         meds = [e["median_ms"] for e in entries if "median_ms" in e]
         if not meds:
             summary[row] = {"error": entries[0]["error"] if entries else "not run"}
             continue
-        all_ms = [m for e in entries for m in e["step_ms"]]
+        steps = harness.spread(m for e in entries for m in e["step_ms"])
         rss = [e["peak_rss_bytes"] for e in entries if e["peak_rss_bytes"]]
-        summary[row] = {"median_ms": statistics.median(meds), "round_medians_ms": meds, "min_ms": min(all_ms),
-                        "mean_ms": statistics.fmean(all_ms),
-                        "max_ms": max(all_ms), "tokens_per_s": shape.tokens / statistics.median(meds) * 1000,
+        summary[row] = {"median_ms": statistics.median(meds), "round_medians_ms": meds, "min_ms": steps["min"],
+                        "mean_ms": statistics.fmean(m for e in entries for m in e["step_ms"]),
+                        "max_ms": steps["max"], "tokens_per_s": shape.tokens / statistics.median(meds) * 1000,
                         "peak_rss_bytes": max(rss) if rss else None,
                         "start_to_warm_s": _median([e.get("start_to_warm_s") for e in entries]),
                         "first_loss": entries[0]["losses"][0] if entries[0]["losses"] else None}
     peers = [r for r in per_row if r in PEER_ROWS and "median_ms" in summary.get(r, {})]
     n_rounds = max((len(v) for v in per_row.values()), default=0)
-    ratios = []
-
-    def med(row, rnd):
-        e = [x for x in per_row.get(row, []) if x["round"] == rnd and "median_ms" in x]
-        return e[0]["median_ms"] if e else None
-
     ref = next(iter(per_row), None)  # every row against the first, round by round
     for row in summary:
-        rr = [med(ref, k) / med(row, k) for k in range(n_rounds) if med(ref, k) and med(row, k)]
-        if rr and "error" not in summary[row]:
-            summary[row].update(vs=ref, speed_vs_first_row=statistics.median(rr), speed_vs_first_row_per_round=rr)
+        both = [(_round_steps(per_row[ref], k), _round_steps(per_row[row], k)) for k in range(n_rounds)]
+        speed = harness.ratios([a for a, b in both if a and b], [b for a, b in both if a and b])
+        if speed["per_round"] and "error" not in summary[row]:
+            summary[row].update(vs=ref, speed_vs_first_row=speed["median"], speed_vs_first_row_per_round=speed["per_round"])
+    per_round = []
     for rnd in range(n_rounds):
-        def med_r(row, rnd=rnd):
-            return med(row, rnd)
-        ours, eager = med_r("gptspeed"), med_r("gptspeed-eager")
-        peer_meds = {p: med_r(p) for p in peers if med_r(p) is not None}
-        fastest = min(peer_meds, key=peer_meds.get) if peer_meds else None
-        ratios.append({"round": rnd, "fastest_peer": fastest,
-                       "speedup_vs_fastest_peer": peer_meds[fastest] / ours if ours and fastest else None,
-                       "speedup_vs_own_eager_fp32": eager / ours if ours and eager else None})
-    return {"shape": shape.__dict__, "rows": summary, "runs": per_row, "per_round": ratios}
+        med = {row: statistics.median(ms) for row in per_row if (ms := _round_steps(per_row[row], rnd))}
+        ours, eager = med.get("gptspeed"), med.get("gptspeed-eager")
+        fastest = min((p for p in peers if p in med), key=med.get, default=None)
+        per_round.append({"round": rnd, "fastest_peer": fastest,
+                          "speedup_vs_fastest_peer": med[fastest] / ours if ours and fastest else None,
+                          "speedup_vs_own_eager_fp32": eager / ours if ours and eager else None})
+    return {"shape": shape.__dict__, "rows": summary, "runs": per_row, "per_round": per_round}
 
 
 def markdown(result: dict) -> str:
@@ -589,7 +531,7 @@ def markdown(result: dict) -> str:
 
 def cross_check(args, shape: Shape, work: Path, data: Path, steps: int = 20) -> dict:
     """gptspeed's per-step losses vs llm.c's from the same weights on one batch, llm.c's AdamW."""
-    from gptspeed.llmc import run_train_gpt2
+    from llmc import run_train_gpt2
 
     d = llmc_dir(work, shape, data, one_batch=True)
     one = work / f"data-1batch-{shape.name}"
@@ -641,11 +583,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     (work / "runs").mkdir(exist_ok=True)
-    sys.path.insert(0, str(ROOT / "src"))
     os.environ.setdefault("GPTSPEED_DATA_MIRROR", str(SHARED_DATA))
     shapes = [SHAPES[s] for s in args.shapes.split(",")]
     data = prepare_data(work, args.data)
-    result = {"environment": environment(argv), "settings": {k: v for k, v in vars(args).items() if k != "worker_hf"}}
+    env = {**harness.environment("cpu", argv), **{f"{name}_source": str(PEERS_DIR / name) for name in ("nanoGPT", "llm.c")}}
+    result = {"environment": env, "settings": {k: v for k, v in vars(args).items() if k != "worker_hf"}}
     if args.cross_check:
         result["cross_check"] = [cross_check(args, s, work, data) for s in shapes]
         for c in result["cross_check"]:
@@ -660,29 +602,21 @@ def main(argv: list[str] | None = None) -> int:
             variants[name] = (flags, env)
         rows = args.peers.split(",")
         rows += [v for v in variants if v not in rows]
-        head = (f"{result['environment']['cpu']} ({result['environment']['nproc']} CPUs), torch "
-                f"{result['environment']['torch']}, {args.threads} threads, commit {result['environment']['git_commit']}"
-                f"{' (dirty)' if result['environment']['git_dirty'] else ''}, {result['environment']['date']}\n"
-                f"`{result['environment']['command']}`\n")
+        head = harness.header({**env, "threads": args.threads})
         done: list[dict] = []
 
         def partial(summary: dict) -> None:  # after every process: a command cut short keeps its rows
             part = {**result, "complete": False, "shapes": [*done, summary]}
-            if args.md:
-                write_atomic_text(args.md, head + markdown(part) + "\n**Incomplete**: written after each process.\n")
-            if args.json:
-                write_atomic_text(args.json, json.dumps(part, indent=1) + "\n")
+            harness.write_outputs(head + markdown(part) + "\n**Incomplete**: written after each process.\n", part,
+                                  args.md, args.json)
 
         for s in shapes:
             done.append(measure(args, s, work, data, rows, variants, partial))
         result.update(complete=True, shapes=done)
         result["environment"]["loadavg_end"] = loadavg()
-        md = markdown(result)
-        print(head + md)
-        if args.md:
-            write_atomic_text(args.md, head + md)
-    if args.json:
-        write_atomic_text(args.json, json.dumps(result, indent=1) + "\n")
+        print(head + markdown(result))
+        harness.write_outputs(head + markdown(result), None, args.md, None)
+    harness.write_outputs(None, result, None, args.json)
     return 0
 
 

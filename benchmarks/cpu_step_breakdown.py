@@ -1,10 +1,11 @@
-"""Issue 14 (c): where the eager fp32 CPU step spends its time, and which of its parts pay.
+"""Where does the eager fp32 CPU step spend its time, and which of its parts pay? (issue 14 (c))
 
 In one process, at one shape, from the same initial weights and the same batches (tinyshakespeare
-tokens from a prepared folder; random ids with ``--random-tokens``). Interleaved step by step: every
-variant is built first and takes ``--warmup`` untimed steps, then each round runs ONE timed step of
-every variant in turn (A B C ... A B C ...), so a load change on a shared machine hits all variants
-within a round alike; ratios are taken per round (then their median):
+tokens from a prepared folder; random ids with ``--random-tokens``), in the harness's interleaved
+rounds (:func:`harness.time_rounds`): every variant is built first and takes ``--warmup`` untimed
+steps, then each round runs ``--steps`` timed steps (default 1) of every variant in turn, the order
+rotated by one variant a round, so a load change on a shared machine hits all variants within a
+round alike; ratios are taken per round (then their median):
 
 - ``gptspeed``: gptspeed's own training step (:func:`gptspeed_step`, the one adapter to its
   trainer): chunked fused linear + cross-entropy, vocab 50304 with the padded columns at -inf,
@@ -26,14 +27,13 @@ Then a ``torch.profiler`` trace of ``--profile-steps`` steps of ``gptspeed`` and
 ``nanogpt-like``: the top ops by self CPU time. And the cost of the -inf padding mask alone
 (``logits[:, 50257:] = -inf`` on one chunk of the fused loss, times the chunks per step).
 
-    python benchmarks/cpu_step_profile.py --shape small|124m [--rounds 10] [--steps 1] [--warmup 2]
+    python benchmarks/cpu_step_breakdown.py --shape small|124m [--rounds 10] [--steps 1] [--warmup 2]
         [--variants gptspeed,step,plain-loss,...] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -43,13 +43,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers_cpu, beside this file
-
-from peers_cpu import SHAPES, SEED, environment, loadavg, prepare_data, train_tokens  # noqa: E402
-
-from gptspeed.config import OptimConfig  # noqa: E402
-from gptspeed.model import GPT, GPTConfig  # noqa: E402
-from gptspeed.optim import build_optimizer  # noqa: E402
+import harness
+from gptspeed.config import GPTConfig, OptimConfig
+from gptspeed.model import GPT
+from gptspeed.optim import build_optimizer
+from vs_peers_cpu import SEED, SHAPES, prepare_data, train_tokens
 
 ALL = ("gptspeed", "step", "plain-loss", "vocab-50257", "adamw-foreach", "adamw-forloop", "zero-grad-keep",
        "threads-1", "nanogpt-like", "bf16")
@@ -227,39 +225,37 @@ def main() -> int:
                 first_loss[name] = loss
         torch.set_num_threads(a.threads)
         print(f"built {name}: first step {first_call_s.get(name, 0):.1f} s", flush=True)
-    times: dict[str, list[list[float]]] = {n: [] for n in names}
     loads = []
-    for rnd in range(a.rounds):
-        loads.append(loadavg())
-        for _ in range(a.steps):
-            for name in names:
-                torch.set_num_threads(variant_threads(name, a.threads))
-                t0 = time.perf_counter()
-                loss = steps[name](feeds[name]).item()
-                dt = 1000 * (time.perf_counter() - t0)
-                losses[name].append(loss)
-                torch.set_num_threads(a.threads)
-                if len(times[name]) <= rnd:
-                    times[name].append([])
-                times[name][rnd].append(dt)
-        print(f"[round {rnd + 1}] " + ", ".join(f"{n} {statistics.median(times[n][rnd]):.0f}" for n in names)
-              + f" ms (load {loads[-1]})", flush=True)
+
+    def timed(name: str):
+        def step() -> None:
+            losses[name].append(steps[name](feeds[name]).item())
+        return step
+
+    def round_line(line: str) -> None:
+        loads.append(harness.loadavg())
+        print(line, flush=True)
+
+    times = harness.time_rounds({n: timed(n) for n in names}, a.rounds, steps=a.steps,
+                                before=lambda n: torch.set_num_threads(variant_threads(n, a.threads)),
+                                after=lambda n: torch.set_num_threads(a.threads), say=round_line)["wall"]
     steps.clear()
     rows = {}
     for name, per_round in times.items():
-        meds = [statistics.median(ts) for ts in per_round]
-        rows[name] = {"median_ms": statistics.median(meds), "round_medians_ms": meds,
-                      "min_ms": min(min(ts) for ts in per_round), "max_ms": max(max(ts) for ts in per_round),
+        ms = harness.spread(t for r in per_round for t in r)
+        rows[name] = {"median_ms": statistics.median(statistics.median(r) for r in per_round),
+                      "round_medians_ms": [statistics.median(r) for r in per_round], "q25_ms": ms["q25"],
+                      "q75_ms": ms["q75"], "min_ms": ms["min"], "max_ms": ms["max"],
                       "first_loss": first_loss.get(name), "first_step_s": first_call_s.get(name)}
     ref = a.ref or ("step" if "step" in times else names[0])
     for name in names:  # per-round ratio against the reference row, then its median
-        ratios = [statistics.median(times[ref][r]) / statistics.median(times[name][r]) for r in range(a.rounds)]
-        rows[name]["speed_vs_" + ref] = statistics.median(ratios)
-        rows[name]["speed_vs_" + ref + "_per_round"] = ratios
+        speed = harness.ratios(times[ref], times[name])
+        rows[name]["speed_vs_" + ref] = speed["median"]
+        rows[name]["speed_vs_" + ref + "_per_round"] = speed["per_round"]
         # same initial weights, same batches in the same order: the loss of step i is comparable
         rows[name]["max_abs_loss_diff_vs_" + ref] = max(abs(x - y) for x, y in zip(losses[name], losses[ref]))
         rows[name]["losses"] = losses[name]
-    result = {"environment": environment(sys.argv), "shape": shape.__dict__, "settings": vars(a),
+    result = {"environment": harness.environment("cpu"), "shape": shape.__dict__, "settings": vars(a),
               "loadavg_per_round": loads, "rows": rows, "mask": mask_cost(shape)}
     print(f"\n{shape.name}: n_layer {shape.n_layer} n_embd {shape.n_embd} B={shape.batch_size} T={shape.seq_len}, "
           f"fp32 eager, {a.threads} threads, loads {loads}")
@@ -288,8 +284,7 @@ def main() -> int:
             for r in p["top"]:
                 print(f"| {r['op']} | {r['self_cpu_ms_per_step']:.1f} | {100 * r['share']:.1f}% | {r['calls_per_step']:.0f} |")
             del step
-    if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_outputs(None, result, None, a.json)
     return 0
 
 

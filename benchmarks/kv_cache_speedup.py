@@ -1,11 +1,12 @@
-"""Sampling speed with and without the KV cache, in one run: ``python benchmarks/bench_sampling.py``.
+"""How much faster does the KV cache make sampling? ``python benchmarks/kv_cache_speedup.py``
 
 Builds a randomly initialised GPT of a preset's shape (default ``gpt2``, 124M; the weights do not
 change the speed), then times :func:`gptspeed.sample.generate` (cache-free: every step re-reads
 the whole sequence) and :func:`gptspeed.sample.generate_cached` on the same prompt with the same
 seed, and checks they drew the same tokens (in fp32). tokens/s = new tokens x batch / wall
-seconds, prefill included; the median of ``--repeats`` timed runs after ``--warmup`` untimed ones.
-Prints a markdown table (header and one row) with the environment, to paste into a results file.
+seconds, prefill included; the median of ``--repeats`` of the harness's interleaved rounds (each
+variant once a round, the order rotated) after ``--warmup`` untimed runs of each. Prints a markdown
+table (header and one row) with the environment, to paste into benchmarks/LOG.md.
 """
 
 from __future__ import annotations
@@ -14,17 +15,14 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from gptspeed.config import PRESETS, preset  # noqa: E402
-from gptspeed.metrics import environment  # noqa: E402
-from gptspeed.model import GPT  # noqa: E402
-from gptspeed.runtime import resolve_runtime  # noqa: E402
-from gptspeed.sample import generate, generate_cached  # noqa: E402
+import harness
+from gptspeed.config import PRESETS, preset
+from gptspeed.model import GPT
+from gptspeed.runtime import resolve_runtime
+from gptspeed.sample import generate, generate_cached
 
 
 def timed(fn, model, idx, args, rt) -> tuple[float, torch.Tensor]:
@@ -66,16 +64,16 @@ def main() -> None:
               "the cached path recomputes the window past it", file=sys.stderr)
     idx = torch.randint(0, cfg.valid_vocab_size, (args.batch, args.prompt_tokens),
                         generator=torch.Generator().manual_seed(args.seed)).to(rt.device)
-    results = {}
-    for name, fn in (("no cache", generate), ("KV cache", generate_cached)):
+    fns = {"no cache": generate, "KV cache": generate_cached}
+    for fn in fns.values():
         for _ in range(args.warmup):
             timed(fn, model, idx, args, rt)
-        runs = [timed(fn, model, idx, args, rt) for _ in range(args.repeats)]
-        results[name] = (statistics.median(t for t, _ in runs), runs[0][1])
+    runs = harness.interleave(fns, args.repeats, lambda name, _: timed(fns[name], model, idx, args, rt))
+    results = {name: (statistics.median(t for t, _ in r), r[0][1]) for name, r in runs.items()}
     n = args.new_tokens * args.batch
     slow, fast = (n / results[k][0] for k in ("no cache", "KV cache"))
     same = torch.equal(results["no cache"][1], results["KV cache"][1])
-    env = environment(rt.device)
+    env = harness.environment(rt.device.type)
     print("| model | device | threads | dtype | batch x (prompt + new) | no cache tok/s | KV cache tok/s | speed-up "
           "| same tokens | torch | commit |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

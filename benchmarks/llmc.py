@@ -1,4 +1,6 @@
-"""llm.c's model checkpoint format: write a gptspeed GPT so llm.c's ``train_gpt2`` trains it.
+"""llm.c beside gptspeed, for the benchmarks (the llm.c peer rows, the loss cross-check) and
+tests/test_llmc.py: a gptspeed GPT written in llm.c's checkpoint format so llm.c's ``train_gpt2``
+trains it, llm.c's CPU trainer built and run, its GPU trainer's make line.
 
 llm.c (github.com/karpathy/llm.c, ``train_gpt2.c``: ``gpt2_build_from_checkpoint`` and
 ``fill_in_parameter_sizes``) reads a file of
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from harness import read_lines  # beside this file (benchmarks/)
 
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_atomic
@@ -189,35 +193,6 @@ def prepare_llmc_dir(work_dir: str | os.PathLike, model: GPT, train_tokens: np.n
     write_shard(work / LLMC_TRAIN, np.asarray(train_tokens))
     write_shard(work / LLMC_VAL, np.asarray(val_tokens))
     return work
-
-
-def read_lines(fd: int, on_line, deadline: float) -> list[str]:
-    """Read text lines from the file descriptor ``fd`` (a pipe or a pseudo-terminal's master side)
-    as they arrive, handing each (decoded, without its line end) to ``on_line``; stop when it
-    returns True, at end of file (or EIO: a terminal's child exited) or at ``time.perf_counter()``
-    ``deadline``. Returns every line read."""
-    import select
-    import time
-
-    lines: list[str] = []
-    pending = b""
-    while time.perf_counter() < deadline:
-        if not select.select([fd], [], [], 1.0)[0]:
-            continue
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # EIO: the child closed the terminal (exited)
-            break
-        if not chunk:
-            break
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for raw in complete:
-            line = raw.decode(errors="replace").rstrip("\r")
-            lines.append(line)
-            if on_line(line):
-                return lines
-    return lines
 
 
 def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps: int, *,

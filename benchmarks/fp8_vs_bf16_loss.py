@@ -1,4 +1,4 @@
-"""Issue 7: FP8 loss parity against bf16 over a short run (needs an Ada / Hopper GPU).
+"""Does FP8 train to bf16's loss over a short run? (issue 7; needs an Ada / Hopper GPU)
 
 Two `gptspeed train` runs on the same data, shape, seed, batches and schedule: bf16 autocast, and
 bf16 autocast with ``--fp8`` (torchao's float8 training for the blocks' Linear layers large
@@ -7,10 +7,11 @@ needs ``pip install -e '.[fp8]'``). Prints the train and
 validation losses side by side at every evaluation and the largest gap; FP8 is at parity when the
 final validation losses differ by well under the run-to-run noise (a few 0.01 nats).
 
-Nothing is recorded automatically: paste the printed table into benchmarks/README.md with the
-device, date, command and commit. On a machine without FP8 tensor cores it stops with one line.
+The two runs are minutes each, so they run one after the other, not in interleaved rounds; the
+table is printed under the harness's environment line (GPU, versions, commit, date, command): paste
+it into benchmarks/LOG.md. On a machine without FP8 tensor cores it stops with one line.
 
-    python benchmarks/fp8_parity.py --data data/fineweb-edu-10B [--preset gpt2] [--steps 500]
+    python benchmarks/fp8_vs_bf16_loss.py --data data/fineweb-edu-10B [--preset gpt2] [--steps 500]
         [--eval-every 50] [--batch-size 16] [--total-batch-tokens 524288] [--out DIR]
 """
 
@@ -22,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import harness
 from gptspeed.errors import GptspeedError
 from gptspeed.fp8 import check_fp8_device
 from gptspeed.runtime import resolve_device
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_fp8_device(resolve_device("cuda"))
     except GptspeedError as e:
-        print(f"fp8_parity: {e}", file=sys.stderr)
+        print(f"fp8_vs_bf16_loss: {e}", file=sys.stderr)
         return 2
     out = Path(a.out or tempfile.mkdtemp(prefix="fp8-parity-"))
     recs = {}
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_every=a.eval_every, log_every=a.eval_every, save_every=0))
         fit(cfg, echo=False)
         recs[name] = {r["step"]: r for r in map(json.loads, (out / name / "metrics.jsonl").read_text().splitlines())}
+    print(harness.header(harness.environment("cuda")))
     print("| step | bf16 train | fp8 train | bf16 val | fp8 val | fp8 tokens/s | bf16 tokens/s |")
     print("|---|---|---|---|---|---|---|")
     gap = 0.0

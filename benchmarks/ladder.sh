@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The optimization ladder, run the way benchmarks/README.md ("bench ladder", "bench --verify") records it.
+# The optimization ladder, run the way benchmarks/README.md ("bench ladder", "bench --verify", "Recipes") describes
+# it; its results are recorded in benchmarks/LOG.md.
 #
 #   benchmarks/ladder.sh cpu            # this CPU: preset nano on Shakespeare, every stage
 #   benchmarks/ladder.sh gpu            # a CUDA GPU: bench --verify, then the ladder of GPT-2 124M at T=1024,

@@ -88,7 +88,7 @@ def test_every_documented_command_ends_within_8_minutes_by_its_estimates():
 
 def _session_env(tmp_path, shakespeare_data, **extra):
     data = tmp_path / "data"
-    data.mkdir(exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True)
     if not (data / "tinyshakespeare").exists():
         (data / "tinyshakespeare").symlink_to(shakespeare_data)  # prepared once per test session
     return child_env(OMP_NUM_THREADS="1", GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
@@ -96,36 +96,49 @@ def _session_env(tmp_path, shakespeare_data, **extra):
 
 
 # one phase of each kind (the other verify and beyond groups run the same code with other rungs and
-# variants, checked below without running); first has its own test above
-SMOKED = ("peers", "verify", "ladder", "cudatests", "profile", "verify5", "beyond")
+# variants, checked below without running); first has its own test above. Longest first: they run two at a time.
+SMOKED = ("cudatests", "peers", "verify", "ladder", "verify5", "profile", "beyond")
+
+
+def _smoke(phase: str, root, shakespeare_data) -> tuple[subprocess.CompletedProcess, float, object]:
+    """``gpu_session.py PHASE --smoke`` in a folder of its own (work, cache, $OUT): ``(process, seconds, $OUT)``."""
+    out, t0 = root / phase / "OUT", time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), phase, "--smoke", "--out",
+                           str(out)], capture_output=True, text=True, timeout=400,
+                          env=_session_env(root / phase, shakespeare_data))
+    return proc, time.monotonic() - t0, out
 
 
 def test_the_documented_commands_run_on_the_cpu_within_their_budget(tmp_path, shakespeare_data):
     """``--smoke``: a documented command of each kind runs on the CPU, every part as planned, within
-    the command's budget, each phase bringing back its archive; the cuda tests in three parts, the
-    NCCL check first."""
-    out = tmp_path / "OUT"
+    the command's budget, each phase bringing back its one archive; the cuda tests in three parts, the
+    NCCL check first. The phases run two at a time (the CPU machine has two cores; each command runs
+    alone on a lent GPU), each in folders of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
     assert all((p,) in gpu_session.COMMANDS for p in SMOKED)
-    for phase in SMOKED:
-        t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), phase, "--smoke", "--out",
-                               str(out)], capture_output=True, text=True, timeout=400,
-                              env=_session_env(tmp_path, shakespeare_data))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(SMOKED, pool.map(lambda phase: _smoke(phase, tmp_path, shakespeare_data), SMOKED)))
+    for phase, (proc, seconds, out) in runs.items():
         assert proc.returncode == 0, (phase, proc.stdout[-3000:] + proc.stderr[-2000:])
-        assert time.monotonic() - t0 < gpu_session.BUDGET_S
+        assert seconds < gpu_session.BUDGET_S
+        assert [p.name for p in out.iterdir()] == [f"{phase}.tgz"]
         with tarfile.open(out / f"{phase}.tgz") as tar:
             summary = json.load(tar.extractfile(f"{phase}-results/summary.json"))
         assert summary["parts"] and all(p["status"] == "ok" for p in summary["parts"] if "status" in p), summary
-    with tarfile.open(out / "cudatests.tgz") as tar:
+    with tarfile.open(runs["cudatests"][2] / "cudatests.tgz") as tar:
         parts = [p["part"] for p in json.load(tar.extractfile("cudatests-results/summary.json"))["parts"]]
         nccl = tar.extractfile("cudatests-results/pytest-nccl.log").read().decode()
         verify = tar.extractfile("cudatests-results/pytest-cuda-verify.log").read().decode()
     assert parts == ["pytest-nccl", "pytest-cuda", "pytest-cuda-verify"]  # the NCCL check first
     assert "test_one_process_ddp_step[nccl-cuda]" in nccl and "1 test collected" in nccl
     assert "test_verify_on_cuda_at_a_small_shape_passes" in verify and "1 test collected" in verify
-    with tarfile.open(out / "verify.tgz") as tar:
-        result = json.load(tar.extractfile("verify-results/verify/verify.json"))
-    assert result["complete"] and result["verdict"] == "verified"
+    for phase in ("verify", "verify5"):
+        with tarfile.open(runs[phase][2] / f"{phase}.tgz") as tar:
+            result = json.load(tar.extractfile(f"{phase}-results/verify/verify.json"))
+        assert result["complete"] and result["verdict"] == "verified", phase
+    with tarfile.open(runs["verify5"][2] / "verify5.tgz") as tar:  # verify5's own flag reached bench --verify
+        assert json.load(tar.extractfile("verify5-results/verify/verify.json"))["config"]["grad_accum"] == 1
 
 
 def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, capsys):

@@ -62,7 +62,7 @@ class BenchConfig:
     device: str = "auto"
     data: str | None = None
     synthetic: bool = False
-    stages: str | None = None  # comma-separated names; None = all
+    stages: str | None = None  # comma-separated names, or all; None: every rung (--ladder), the seeds' (--verify)
     peers: bool = True
     seed: int = 1337
     compile_backend: str = "inductor"

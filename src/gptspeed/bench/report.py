@@ -95,8 +95,8 @@ def progress_line(r: dict[str, Any]) -> str:
 
 
 def vs_prev(r: dict[str, Any]) -> str:
-    """The "vs prev" cell: ``1.58× (compile)``, ``1.02× (vocab; noise: gap 2.0 ms < IQR 5.1 ms)``, or
-    ``n/a (differs from the previous row by: compile, vocab)``; ``—`` for the first row."""
+    """The "vs prev" cell: ``1.58× (compile)``, ``1.02× (vocab-size; noise: gap 2.0 ms < IQR 5.1 ms)``, or
+    ``n/a (differs from the previous row by: compile, vocab-size)``; ``—`` for the first row."""
     if r.get("speedup_prev") is None:
         return r.get("speedup_prev_na") or "—"
     cell = f"{_x(r['speedup_prev'])} ({r['credited_to']}"

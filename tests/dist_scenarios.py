@@ -80,6 +80,18 @@ def batch_agree(rt: Runtime) -> dict:
     return {"fit": agreed_largest_fitting(fits, lambda v: agree_min(rt, v)), "probed": probed}
 
 
+MODERN = dict(pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", tie_embeddings=False, zero_init_proj=True,
+              logit_softcap=15.0, doc_mask=True, lr_schedule="wsd")
+
+
+def modern_fsdp(data: str, out: Path) -> dict:
+    """FSDP2 with every switch of issue 32 (the doc mask included): 2 steps, compared by the test with
+    one process."""
+    cfg = build_train_config("pico", dict(TINY, **MODERN, data=data, out=str(out / "modern_fsdp"), parallel="fsdp",
+                                          save_every=0, max_steps=2))
+    return Trainer(cfg, resolve_runtime("cpu", "float32", False, "fsdp"), echo=False).train()
+
+
 def muon_ddp(data: str, out: Path) -> dict:
     """DDP + Muon: a checkpoint every step, compared with one process by the test."""
     run = out / "muon_ddp"
@@ -96,7 +108,7 @@ def main() -> None:
     torch.set_num_threads(1)
     scenarios = {"muon_fsdp": lambda: muon_fsdp(data, out), "eval_uneven": lambda: eval_uneven(data, rt),
                  "fp16_fsdp": lambda: fp16_fsdp(data, rt), "batch_agree": lambda: batch_agree(rt),
-                 "muon_ddp": lambda: muon_ddp(data, out)}
+                 "muon_ddp": lambda: muon_ddp(data, out), "modern_fsdp": lambda: modern_fsdp(data, out)}
     only = sys.argv[4].split(",") if len(sys.argv) > 4 else list(scenarios)
     seen = {}
     for name in only:

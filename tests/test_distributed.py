@@ -235,6 +235,20 @@ def test_muon_under_ddp_matches_one_process_and_resumes_in_one(runs, tmp_path):
     assert train(cont) == pytest.approx(train(single), abs=1e-5)
 
 
+def test_the_modern_switches_under_fsdp_match_one_process(runs, tmp_path):
+    """Issue 32: rotary positions, QK-norm, ReLU², RMSNorm, an untied zero-initialised head, the soft
+    cap, the document mask and WSD, sharded over 2 ranks: the same losses as one process."""
+    from dist_scenarios import MODERN, TINY as SCENARIO
+
+    single = tmp_path / "modern_single"
+    fit(build_train_config("pico", dict(SCENARIO, **MODERN, data=str(runs["data"]), out=str(single), save_every=0,
+                                        max_steps=2)), echo=False)
+    sharded = runs["root"] / "scenarios" / "modern_fsdp"
+    train = lambda run: {s: v[0] for s, v in losses(run).items() if s}  # noqa: E731  (train losses only)
+    assert train(sharded) == pytest.approx(train(single), abs=1e-5) and set(train(single)) == {1, 2}
+    assert [r["modern_fsdp"]["step"] for r in runs["scenarios"]] == [2, 2]
+
+
 def test_fsdp_eval_with_uneven_batches_matches_one_process(runs):
     """3 val batches on 2 ranks: rank 1 joins rank 0's last forward with a dummy batch (this hung:
     it called a collective while rank 0 was still all-gathering for its forward)."""

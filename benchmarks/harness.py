@@ -198,7 +198,8 @@ def header(env: dict[str, Any]) -> str:
     dirty = " (uncommitted changes)" if env.get("git_dirty") else ""
     gpu = f" ({env['nvidia_smi']})" if env.get("nvidia_smi") else ""
     cuda = f", CUDA {env['cuda']}" if env.get("cuda") else ""
-    return (f"{env['device']}{gpu} · {env.get('cpu')} ({env.get('nproc')} CPUs) · torch {env['torch']}{cuda} · "
+    device = "" if env.get("device_type") == "cpu" else f"{env['device']}{gpu} · "
+    return (f"{device}{env.get('cpu')} ({env.get('nproc')} CPUs) · torch {env['torch']}{cuda} · "
             f"{env.get('threads')} threads · commit {(env.get('git_commit') or '?')[:12]}{dirty} · {env['date']} · "
             f"load {env.get('loadavg_start')}\n`{env['command']}`\n")
 

@@ -222,7 +222,7 @@ def test_compiled_training_step_matches_eager():
 def test_resolve_loss():
     assert resolve_loss("auto", "cuda") == "plain"  # the anchors' path until a GPU measures otherwise
     assert resolve_loss("auto", "mps") == "plain"
-    assert resolve_loss("auto", "cpu") == "fused"  # measured faster on the CPU (benchmarks/README.md)
+    assert resolve_loss("auto", "cpu") == "fused"  # measured faster on the CPU (benchmarks/LOG.md)
     for name in ("fused", "plain"):
         for dev in ("cpu", "cuda", "mps"):
             assert resolve_loss(name, dev) == name

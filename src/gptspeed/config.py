@@ -724,7 +724,7 @@ PRESETS: dict[str, RunConfig] = {
                     dict(batch_size=8, max_steps=50, log_every=5, eval_every=25, eval_tokens=2048, save_every=0)),
     # minutes on a laptop CPU: the README's quickstart on tinyshakespeare
     # --softmax data: tiny Shakespeare holds 11,707 of GPT-2's 50,257 tokens, and the full LM head was ~89% of a
-    # step's FLOPs; the 4x cheaper head buys 350 steps in the time 200 took (benchmarks/README.md, "quickstart")
+    # step's FLOPs; the 4x cheaper head buys 350 steps in the time 200 took (benchmarks/LOG.md, "quickstart")
     "nano": _preset(dict(n_layer=4, n_head=4, n_embd=128, block_size=128, softmax="data"),
                     dict(lr=2e-3, warmup_steps=20),
                     dict(batch_size=16, max_steps=350, log_every=10, eval_every=175, eval_tokens=32768, save_every=175)),

@@ -1,5 +1,5 @@
 """The host CPU: its bf16 matmul flags (/proc/cpuinfo), the dtype and compile defaults they give
-on a CPU (measured: benchmarks/README.md), and glibc's allocator kept from returning a step's
+on a CPU (measured: benchmarks/LOG.md), and glibc's allocator kept from returning a step's
 freed memory (``mallopt`` through ctypes)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware: the x86 flags ``amx_bf16``
     (Intel AMX, Sapphire Rapids and newer) or ``avx512_bf16`` (Intel Cooper Lake / Sapphire
     Rapids, AMD Zen 4 and newer) in ``/proc/cpuinfo``. Without them bf16 matmuls are emulated
-    through fp32 and run slower than fp32 itself (measured: benchmarks/README.md, issue 14).
+    through fp32 and run slower than fp32 itself (measured: benchmarks/LOG.md, issue 14).
 
     ``cpuinfo``: the text of /proc/cpuinfo (tests pass a fake one); None reads the file, and
     where there is none (macOS, Windows) asks PyTorch's CPU probes
@@ -69,7 +69,7 @@ def keep_freed_memory() -> tuple[bool, str]:
     ``mmap`` and ``munmap``s it on free, so a CPU step that allocates the same large buffers every
     step (GPT-2 124M: the 50304 x 768 fp32 gradients of the tied embedding, 154 MB each, and the
     activations) page-faults them in again every time: the kernel zeroes each 4 KiB page on first
-    touch. Measured at GPT-2 124M, B=4, T=64 on a 2-core AMD EPYC (benchmarks/README.md, issue 14):
+    touch. Measured at GPT-2 124M, B=4, T=64 on a 2-core AMD EPYC (benchmarks/LOG.md, issue 14):
     the step's ``fill_`` of two such buffers took ~200 ms of a ~2.1 s step. tcmalloc (LD_PRELOAD)
     removes the same cost; this does it in-process with glibc's documented knobs (mallopt(3),
     the ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables).
@@ -98,7 +98,7 @@ def keep_freed_memory() -> tuple[bool, str]:
 
 
 #: ``compile=None`` on a CPU turns ``torch.compile`` on only where it was measured to pay, and
-#: only for runs that repay the compile. Measured (benchmarks/README.md): bf16 autocast on a CPU
+#: only for runs that repay the compile. Measured (benchmarks/LOG.md): bf16 autocast on a CPU
 #: with native bf16 matmuls, nano shape, Sapphire Rapids Xeon (the CPU ladder): 1269.6 -> 802.9
 #: ms/step (1.58x), warm-up 7.1 -> 54.0 s, so break-even = 46.9 s / 0.467 s = ~100 steps. In
 #: float32 it paid nothing: no faster than eager at GPT-2 124M and slower at the nano shape, on
@@ -113,7 +113,7 @@ def default_cpu_compile(dtype: str, planned_steps: int | None, cpuinfo: str | No
     take; None = unknown, then off). ``cpuinfo`` as for :func:`cpu_has_native_bf16`."""
     if dtype != "bfloat16":
         return False, (f"off: on a CPU torch.compile was measured no faster than eager in {dtype} "
-                       "(benchmarks/README.md, issue 14)")
+                       "(benchmarks/LOG.md, issue 14)")
     if not cpu_has_native_bf16(cpuinfo):
         return False, "off: bf16 without native bf16 matmuls is emulated; compiling it was measured slower"
     n = CPU_BF16_COMPILE_BREAK_EVEN_STEPS

@@ -55,7 +55,7 @@ def resolve_loss(name: str, device_type: str) -> str:
     build-nanogpt measured it on an A100) everywhere but the CPU, until a GPU measurement
     shows the chunked loss faster there; on the CPU it is ``fused``, which measured 2.13x
     faster at the nano shape and even (0.98x) at GPT-2 124M with B=4, T=64 on this project's
-    2-core CPU (benchmarks/README.md, "Fused vs plain loss on the CPU").
+    2-core CPU (benchmarks/LOG.md, "Fused vs plain loss on the CPU").
     ``fused``, ``plain`` and ``liger`` (:func:`liger_linear_cross_entropy`) are returned as they
     are. GptspeedError for any other name.
     """

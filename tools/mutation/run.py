@@ -59,6 +59,22 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
 
 
+#: ``mutmut`` itself, with its call-context bookkeeping (a ContextVar set and reset around every call
+#: of a mutated function while it records which tests reach which function) made a no-op: only
+#: its dependency tracking reads it, which is off here, and under CPython 3.11 it segfaulted the
+#: stats pass now and then in tests that drain generators (gptspeed.data.loader.iter_eval_batches).
+MUTMUT = """
+import sys
+from mutmut.core import MutmutCallStack
+MutmutCallStack.get = classmethod(lambda cls: (None, 0))
+MutmutCallStack.set = classmethod(lambda cls, value: None)
+MutmutCallStack.reset = classmethod(lambda cls, token: None)
+from mutmut.__main__ import cli
+sys.argv[0] = "mutmut"
+cli()
+"""
+
+
 def move_decorators(source: str) -> str:
     """``@torch.no_grad()\\ndef f(...): ...`` -> ``def f(...): ...\\nf = torch.no_grad()(f)`` for
     module-level functions whose decorators are all in :data:`MOVABLE_DECORATORS`; the same
@@ -352,7 +368,7 @@ def main() -> int:
         log = WORK / "mutmut.log"
         print(f"mutmut run in {WORK} ({len(names)} name patterns), log: {log}", flush=True)
         with open(log, "w") as f:
-            rc = subprocess.run(["mutmut", "run", "--max-children", str(args.max_children), *names],
+            rc = subprocess.run([sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *names],
                                 cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             tail = log.read_text(errors="replace").splitlines()[-30:]

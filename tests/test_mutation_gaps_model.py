@@ -47,3 +47,123 @@ def test_a_target_beyond_the_largest_id_has_infinite_loss(loss):
     y = x.clone()
     y[0, 2] = 4000
     assert math.isinf(model(x, y)[1].item())
+
+
+# ------------------------------------------------------------------------------ rotary embeddings
+def test_rope_tables_are_cos_and_sin_of_position_times_theta_to_the_minus_2i_over_d():
+    from gptspeed.model import rope_cos_sin
+
+    pos = torch.tensor([0, 1, 5, 17])
+    cos, sin = rope_cos_sin(pos, 8, 500.0)
+    want = [[p * 500.0 ** (-2 * i / 8) for i in range(4)] for p in (0, 1, 5, 17)]
+    assert cos.shape == sin.shape == (1, 1, 4, 4) and cos.dtype == sin.dtype == torch.float32
+    assert torch.allclose(cos[0, 0], torch.tensor(want).cos(), atol=1e-6)
+    assert torch.allclose(sin[0, 0], torch.tensor(want).sin(), atol=1e-6)
+    rows = torch.tensor([[0, 1, 2], [3, 4, 5]])  # per-row positions: (B, 1, T, Q/2)
+    cos2, sin2 = rope_cos_sin(rows, 8, 500.0)
+    assert cos2.shape == (2, 1, 3, 4) and torch.equal(cos2[1, 0], rope_cos_sin(rows[1], 8, 500.0)[0][0, 0])
+
+
+def test_rope_tables_are_fp32_on_the_positions_device_whatever_the_defaults():
+    from gptspeed.model import rope_cos_sin
+
+    want = rope_cos_sin(torch.arange(6), 8, 10000.0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.device("meta"):
+            cos, sin = rope_cos_sin(torch.arange(6, device="cpu"), 8, 10000.0)
+    finally:
+        torch.set_default_dtype(old)
+    assert cos.device.type == "cpu" and cos.dtype == sin.dtype == torch.float32
+    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+
+
+def test_rope_rotates_pairs_so_attention_scores_depend_on_distance_only():
+    """The rotary property (Su et al. 2021): <R(m) q, R(n) k> depends on n - m only, and the
+    rotation keeps norms; in bf16 the result stays bf16."""
+    from gptspeed.model import apply_rope, rope_cos_sin
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+
+    def rot(x, p):
+        return apply_rope(x, *rope_cos_sin(torch.tensor([p]), 8, 100.0))
+
+    score = lambda m, n: float((rot(q, m) * rot(k, n)).sum())  # noqa: E731
+    assert score(3, 7) == pytest.approx(score(10, 14), abs=1e-5) == pytest.approx(score(0, 4), abs=1e-5)
+    assert score(0, 4) != pytest.approx(score(0, 5), abs=1e-3)
+    assert float(rot(q, 9).norm()) == pytest.approx(float(q.norm()), rel=1e-5)
+    x1, x2 = q[..., :4], q[..., 4:]  # the "rotate half" layout: pair (i, i + Q/2) turned by angle_i
+    c, s = rope_cos_sin(torch.tensor([2]), 8, 100.0)
+    assert torch.allclose(rot(q, 2), torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1), atol=1e-6)
+    assert rot(q.bfloat16(), 2).dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------ document mask
+def reference_doc_mask(idx, start=0, seg_before=None, pad_mask=None):
+    """allowed[b, 0, t, s]: key s at or before query start+t, in the same document (documents
+    start at each <|endoftext|>), and allowed by the cache's padding mask if any."""
+    from gptspeed.tokenizer import EOT_TOKEN
+
+    B, T = idx.shape
+    S = start + T
+    m = torch.zeros(B, 1, T, S, dtype=torch.bool)
+    for b in range(B):
+        docs = list(seg_before[b]) if seg_before is not None else []
+        d = docs[-1] if docs else 0
+        for t in range(T):
+            d += int(idx[b, t]) == EOT_TOKEN
+            docs.append(d)
+        for t in range(T):
+            for s in range(S):
+                m[b, 0, t, s] = s <= start + t and docs[s] == docs[start + t]
+    return m if pad_mask is None else m & pad_mask
+
+
+def test_the_document_mask_is_causal_within_each_document():
+    from gptspeed.model import document_mask
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    idx = torch.tensor([[5, 6, E, 7, 8, E, 9], [E, 1, 2, 3, E, 4, 5]])
+    assert torch.equal(document_mask(idx), reference_doc_mask(idx))
+    with torch.device("meta"):  # explicit devices
+        assert document_mask(idx).device.type == "cpu"
+
+
+def test_the_document_mask_with_a_cache_continues_its_documents_and_keeps_its_padding_mask():
+    from gptspeed.model import KVCache, document_mask
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    first = torch.tensor([[5, E, 6], [1, 2, 3]])
+    kv = KVCache(1, 8)
+    document_mask(first, kv)  # the prefill: columns 0..2
+    kv.start = 3
+    nxt = torch.tensor([[7], [E]])
+    pad = torch.tensor([[True, True, True, True], [False, True, True, True]])[:, None, None, :]  # row 1: column 0 padding
+    kv.mask = pad
+    got = document_mask(nxt, kv)
+    want = reference_doc_mask(nxt, start=3, seg_before=[[0, 1, 1], [0, 0, 0]], pad_mask=pad)
+    assert torch.equal(got, want)
+    kv.start, kv.mask = 4, None
+    got = document_mask(torch.tensor([[E], [9]]), kv)
+    assert torch.equal(got, reference_doc_mask(torch.tensor([[E], [9]]), start=4, seg_before=[[0, 1, 1, 1], [0, 0, 0, 1]]))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_generation_with_the_document_mask_draws_what_the_uncached_path_draws(attention):
+    """A prompt holding a document boundary, continued past it: the KV-cache path (masks built
+    against the cached columns' documents) draws the cache-free tokens."""
+    from gptspeed.sample import generate, generate_cached
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    torch.manual_seed(0)
+    model = GPT(small(doc_mask=True, attention=attention, block_size=32)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)
+        model.transformer.wte.weight[E] *= 3  # make <|endoftext|> likely, so documents also start while sampling
+    idx = torch.tensor([[11, 12, E, 13, 14], [E, 21, 22, 23, 24]])
+    for seed in (1, 2):
+        a = torch.stack(list(generate(model, idx, 12, generator=torch.Generator().manual_seed(seed))), 1)
+        b = torch.stack(list(generate_cached(model, idx, 12, generator=torch.Generator().manual_seed(seed))), 1)
+        assert torch.equal(a, b)

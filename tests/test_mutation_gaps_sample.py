@@ -333,3 +333,19 @@ def test_several_rows_are_printed_under_numbered_headers_naming_the_source(monke
                         out=out)
     assert out.getvalue() == "".join(f"--- sample {i} ({where}) ---\n{p}{t}\n" for i, (p, t) in
                                      enumerate(zip(["A", "B"], texts), 1))
+
+
+def test_sample_text_keeps_the_top_200_by_default():
+    """A fresh model's nearly flat distribution, where the top-k cut moves every seeded draw."""
+    torch.manual_seed(0)
+    flat = GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)).eval()
+    texts = sample_text(loaded=(flat, {"run": "r", "step": 1}), max_new_tokens=20, device="cpu", dtype="float32",
+                        out=io.StringIO())
+    assert texts == [decode(reference_tokens(flat, encode("\n"), 20, 0.8, 200, seed=1337))]
+    assert texts != [decode(reference_tokens(flat, encode("\n"), 20, 0.8, 201, seed=1337))]  # the test can tell
+
+
+def test_sample_text_in_float32_samples_without_autocast(monkeypatch):
+    rec = Recorder(monkeypatch)
+    sample_text(loaded=loaded(), prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", out=io.StringIO())
+    assert not isinstance(rec.calls[0][3]["autocast"], torch.autocast)

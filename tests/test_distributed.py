@@ -166,11 +166,13 @@ def test_ranks_read_disjoint_data_and_count_documents_once(shakespeare_data):
     assert ranks[0].documents == ranks[1].documents == one.documents
 
 
-def test_indivisible_batch_fails_on_every_rank_with_one_line(runs):
+def test_indivisible_batch_fails_with_one_line_per_rank_and_no_traceback(runs):
     returncode, stderr = runs["bad"]  # launched by the fixture, alongside the others
     assert returncode != 0
     errors = [l for l in stderr.splitlines() if "gptspeed train: error:" in l]
-    assert len(errors) == 2 and all("not a multiple of batch_size * seq_len * world_size" in e for e in errors), stderr
+    # Each rank refuses on its own; torchrun SIGTERMs the others once the first exits, so a slow
+    # rank may be stopped before it prints: one or two lines, never a traceback.
+    assert 1 <= len(errors) <= 2 and all("not a multiple of batch_size * seq_len * world_size" in e for e in errors), stderr
     assert "[rank0]: Traceback" not in stderr and "[rank1]: Traceback" not in stderr
     assert not (runs["root"] / "bad").exists()
 

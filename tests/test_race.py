@@ -106,6 +106,7 @@ def test_recipes_are_train_settings():
 
     modern = build_train_config("pico", {}, recipe_name="modern")
     assert modern.model.pos_emb == "rope" and modern.optim.lr_schedule == "wsd" and modern.model.non_gpt2_switches()
+    assert modern.optim.optimizer == "muon" and modern.model.tie_embeddings  # the race's winner keeps the tied head
     assert build_train_config("pico", {}, recipe_name="gpt2").model.non_gpt2_switches() == []
     with pytest.raises(GptspeedError, match="unknown recipe 'moden'.*did you mean 'modern'"):
         build_train_config("pico", {}, recipe_name="moden")

@@ -49,6 +49,11 @@ def test_the_summary_gives_means_ratios_and_a_one_sided_welch_p_value():
     assert rows[1]["p_value"] < 0.01
     slow = race.summarize([arm("gpt2", base), arm("slow", [20.0, 21.0])], target=3.5)[1]
     assert slow["p_value"] > 0.9  # one-sided: a slower arm is not "faster"
+    # a target below the first arm's finals: not reached, unless the first arm defines the target
+    assert race.summarize([arm("gpt2", base), arm("modern", fast)], target=2.0)[0]["reached"] == 0
+    defined = race.summarize([arm("gpt2", base), arm("modern", fast)], target=2.0, first_defines_target=True)
+    assert defined[0]["reached"] == 4 and defined[0]["time_to_target_s_mean"] == pytest.approx(sum(base) / 4)
+    assert defined[1]["reached"] == 0 and defined[1]["time_ratio"] is None
 
 
 def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypatch):
@@ -80,7 +85,10 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
             assert all(b["train_s"] > a["train_s"] for a, b in zip(run["curve"], run["curve"][1:]))
             if run["reached"]:
                 assert run["time_to_target_s"] > 0 and run["steps_to_target"] in (2, 4, 6)
-    assert plain["reached"] >= 1  # at least the run at or below the mean reaches it
+    # the first arm defines the target: each of its runs counts its whole training
+    assert plain["reached"] == 2 and "whole training" in result["target_from"]
+    assert [r["time_to_target_s"] for r in plain["runs"]] == [r["curve"][-1]["train_s"] for r in plain["runs"]]
+    assert [r["steps_to_target"] for r in plain["runs"]] == [6, 6]
     assert "| plain |" in (out / "race.md").read_text() and (out / "race.png").stat().st_size > 1000
     logs = sorted(p.name for p in (out / "logs").iterdir())
     assert logs == ["modern-seed0.log", "modern-seed1.log", "plain-seed0.log", "plain-seed1.log"]

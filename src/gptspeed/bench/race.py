@@ -13,7 +13,10 @@ training time to a step is read from each run's ``metrics.jsonl``: the mean step
 logged interval times its steps. A run reaches the target at its first evaluation at or below
 it; one that never does (by its own ``--max-steps``, capped at twice the first arm's) counts as
 not reached. The target is ``--target-val-loss``, else the first arm's mean final val loss (the
-runs then train to their own ``--max-steps`` and the target is applied afterwards).
+runs then train to their own ``--max-steps`` and the target is applied afterwards): the first arm
+then *defines* the target, and its time to it is its whole training time -- the speedrun's
+baseline is the quality its full run reaches, in the time that run takes (about half its runs end
+above their own mean, which would otherwise leave the baseline with no time at all).
 
 Records are accepted, as the speedrun accepts them, on repeated runs: each arm's mean and
 standard deviation of time, tokens and steps to the target, its ratio to the first arm's mean
@@ -126,12 +129,24 @@ def time_to_target(curve: list[dict[str, Any]], target: float) -> dict[str, Any]
             "final_val_loss": curve[-1]["val_loss"] if curve else None}
 
 
-def summarize(arms: list[Arm], target: float) -> list[dict[str, Any]]:
+def whole_run(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`time_to_target`'s record for a run that defines the target: reached at its last
+    evaluation, in its whole training time, tokens and steps."""
+    end = curve[-1]
+    return {"reached": True, "time_to_target_s": end["train_s"], "tokens_to_target": end["tokens"],
+            "steps_to_target": end["step"], "final_val_loss": end["val_loss"]}
+
+
+def summarize(arms: list[Arm], target: float, *, first_defines_target: bool = False) -> list[dict[str, Any]]:
     """Each arm's runs against ``target``, with means, standard deviations, the time ratio to the
-    first arm and the one-sided Welch t-test's p-value (None with fewer than 2 reached runs a side)."""
+    first arm and the one-sided Welch t-test's p-value (None with fewer than 2 reached runs a side).
+    ``first_defines_target``: ``target`` is the first arm's mean final val loss, and its runs count
+    their whole training (:func:`whole_run`)."""
     out, first_times = [], None
     for arm in arms:
-        runs = [{"seed": r["seed"], **time_to_target(r["curve"], target)} for r in arm.runs]
+        defines = first_defines_target and arm is arms[0]
+        runs = [{"seed": r["seed"], **(whole_run(r["curve"]) if defines and r["curve"] else
+                                       time_to_target(r["curve"], target))} for r in arm.runs]
         times = [r["time_to_target_s"] for r in runs if r["reached"]]
         row = {"name": arm.name, "flags": arm.flags, "runs": runs, "reached": len(times), "of": len(runs)}
         for key in ("time_to_target_s", "tokens_to_target", "steps_to_target", "final_val_loss"):
@@ -249,8 +264,10 @@ def _write(out: Path, race: dict[str, Any], cfg: RaceConfig) -> None:
     firsts = [r["curve"][-1]["val_loss"] for r in cfg.arms[0].runs if r["curve"]]
     target = cfg.target_val_loss if cfg.target_val_loss is not None else (statistics.fmean(firsts) if firsts else None)
     race["target_val_loss"] = target
-    race["target_from"] = "--target-val-loss" if cfg.target_val_loss is not None else f"{cfg.arms[0].name}'s mean final val loss"
-    race["arms"] = summarize(cfg.arms, target) if target is not None else []
+    defines = cfg.target_val_loss is None
+    race["target_from"] = ("--target-val-loss" if not defines else
+                           f"{cfg.arms[0].name}'s mean final val loss; its time is its whole training")
+    race["arms"] = summarize(cfg.arms, target, first_defines_target=defines) if target is not None else []
     for arm, row in zip(cfg.arms, race["arms"]):
         for run, curve_run in zip(row["runs"], arm.runs):
             run["curve"] = curve_run["curve"]

@@ -741,8 +741,8 @@ for _name, _cfg in PRESETS.items():
 # before a config file and the flags. gpt2: the architecture and schedule of GPT-2 as the presets have them.
 # modern: Muon with the speedrun lineage's architecture switches that won races on the CPU at the nano preset
 # (benchmarks/LOG.md, "Time to quality"): rotary positions, QK-norm, ReLU², RMSNorm, a WSD schedule. Left out
-# because they lost there: the untied head (+8% step time), logit soft-capping (+23%; neither reached the target
-# in fewer steps) and zero-initialised projections (no fewer steps); each stays a switch.
+# because they lost there: the untied head (1.05x the step time), logit soft-capping (1.19x); with zero-initialised
+# projections, the three together took more steps to the target, not fewer (docs/race.md). Each stays a switch.
 RECIPES: dict[str, dict[str, Any]] = {
     "gpt2": {},
     "modern": dict(optimizer="muon", pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm",

@@ -1,0 +1,457 @@
+"""Mutation-check gaps in gptspeed.checkpoint (tools/mutation/README.md): the allow-list check of a
+sharded checkpoint's ``.metadata`` clause by clause (a hand-built metadata object that breaks
+exactly one rule is refused with its reason; the same object without the break is read), damaged
+entries named in one line, what a sharded save writes and prunes, the rules for ``consolidate
+--out``, and the small rules of the run folder (whose config.json / metrics.jsonl is gptspeed's,
+which checkpoint is still intact, the step in a name).
+
+Sharded checkpoints here are written by :class:`~gptspeed.checkpoint.formats.DcpFormat` from
+plain state dicts (a two-tensor "model", an AdamW-shaped "optimizer", an "rng" part): the same
+``.metadata`` / ``__0_0.distcp`` / ``meta.pt`` folder and seal as a model's, in ~50 ms."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
+
+from gptspeed.checkpoint import check_checkpoint, consolidate, load_checkpoint, write_checkpoint_file
+from gptspeed.checkpoint.consolidate import split_optimizer_state
+from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, read_metadata
+from gptspeed.checkpoint.folder import foreign_entries
+from gptspeed.checkpoint.formats import DcpFormat, write_failure
+from gptspeed.checkpoint.paths import step_of
+from gptspeed.checkpoint.seals import intact_besides
+from gptspeed.errors import GptspeedError
+from test_safe_dcp import reseal
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SHARD = "__0_0.distcp"
+SHARD_BYTES = 32  # exactly the bytes of the one tensor below (float32, 2 x 4)
+
+
+# ------------------------------------------------------------------ hand-built .metadata, clause by clause
+def _metadata() -> Metadata:
+    """A valid metadata object: tensor ``w`` (float32 2x4, one chunk) and bytes entry ``lr``, both in
+    ``__0_0.distcp``; planner paths; a StorageMeta."""
+    w = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([2, 4]),
+                              [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([2, 4]))])
+    storage = {MetadataIndex("w", torch.Size([0, 0]), 0): _StorageInfo(SHARD, 0, 24),
+               MetadataIndex("lr"): _StorageInfo(SHARD, 24, 8)}
+    return Metadata({"w": w, "lr": BytesStorageMetadata()}, planner_data={"w": ("w",), "lr": ("lr",)},
+                    storage_data=storage, storage_meta=StorageMeta(save_id="the-save"))
+
+
+def _info(md, fqn="w") -> _StorageInfo:
+    return next(info for index, info in md.storage_data.items() if index.fqn == fqn)
+
+
+def _folder(tmp_path: Path, md) -> Path:
+    """A checkpoint folder holding ``md`` (pickled as DCP does) and a 32-byte shard."""
+    folder = tmp_path / "ckpt_00000002.dcp"
+    folder.mkdir()
+    (folder / SHARD).write_bytes(b"\0" * SHARD_BYTES)
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    return folder
+
+
+def _set(attr_path, value):
+    """change(md): set ``md.<attr_path>`` (dots; ``w`` = the tensor entry, ``chunk`` its chunk,
+    ``info`` its storage entry, ``lr_info`` the bytes entry's) to ``value``."""
+    def change(md):
+        roots = {"md": md, "w": md.state_dict_metadata["w"], "chunk": md.state_dict_metadata["w"].chunks[0],
+                 "info": _info(md), "lr_info": _info(md, "lr")}
+        *path, last = attr_path.split(".")
+        obj = roots[path[0]]
+        for name in path[1:]:
+            obj = getattr(obj, name)
+        setattr(obj, last, value)
+        return md
+    return change
+
+
+def _only_w_with_planner_index(p):
+    def change(md):
+        md.state_dict_metadata.pop("lr")
+        md.storage_data = {i: v for i, v in md.storage_data.items() if i.fqn == "w"}
+        md.planner_data = {"w": ("w", p)}
+        return md
+    return change
+
+
+def _rekey(attr, key):
+    def change(md):
+        d = getattr(md, attr)
+        first = next(iter(d))
+        d[key] = d.pop(first)
+        return md
+    return change
+
+
+def _put(attr, key, value):
+    """change(md): ``md.<attr>[key] = value`` (key None: the first key)."""
+    def change(md):
+        d = getattr(md, attr)
+        d[next(iter(d)) if key is None else key] = value
+        return md
+    return change
+
+
+def _bigger_tensor(md):
+    w = md.state_dict_metadata["w"]
+    w.size = torch.Size([4, 4])
+    w.chunks[0].sizes = torch.Size([4, 4])
+    return md
+
+
+REFUSED = [
+    ("not-a-Metadata", lambda md: {"state_dict_metadata": md.state_dict_metadata}, "it holds a dict"),
+    ("entries-not-a-dict", lambda md: _set("md.state_dict_metadata", list(md.state_dict_metadata.values()))(md),
+     "its entries or storage are not dicts"),
+    ("storage-not-a-dict", lambda md: _set("md.storage_data", list(md.storage_data.items()))(md),
+     "its entries or storage are not dicts"),
+    ("entry-name-not-a-str", _rekey("state_dict_metadata", 5), "an entry named 5"),
+    ("entry-properties-not-TensorProperties", _set("w.properties", None), "entry w is malformed"),
+    ("entry-dtype-not-a-dtype", _set("w.properties.dtype", "float32"), "entry w is malformed"),
+    ("entry-size-not-a-Size", _set("w.size", (2, 4)), "entry w is malformed"),
+    ("entry-chunks-not-a-list", lambda md: _set("w.chunks", tuple(md.state_dict_metadata["w"].chunks))(md),
+     "entry w is malformed"),
+    ("chunk-not-a-ChunkStorageMetadata", _set("w.chunks", [BytesStorageMetadata()]), "entry w has a malformed chunk"),
+    ("chunk-offsets-not-a-Size", _set("chunk.offsets", (0, 0)), "entry w has a malformed chunk"),
+    ("chunk-offsets-negative", _set("chunk.offsets", torch.Size([-1, 0])), "entry w has a malformed chunk"),
+    ("chunk-sizes-not-a-Size", _set("chunk.sizes", (2, 4)), "entry w has a malformed chunk"),
+    ("chunk-rank-not-the-tensors", lambda md: _set("chunk.sizes", torch.Size([8]))(_set("chunk.offsets", torch.Size([0]))(md)),
+     "entry w has a malformed chunk"),
+    ("entry-of-another-kind", _put("state_dict_metadata", "lr", ChunkStorageMetadata(torch.Size([0]), torch.Size([1]))),
+     "entry lr is a ChunkStorageMetadata"),
+    ("planner-not-a-dict", _set("md.planner_data", [("w",)]), "its planner data is not a dict"),
+    ("planner-name-not-a-str", _rekey("planner_data", 5), "its planner data for 5 is malformed"),
+    ("planner-path-a-str", _set("md.planner_data", {"w": "w"}), "its planner data for w is malformed"),
+    ("planner-index-not-an-int", _set("md.planner_data", {"w": ("w", 0.0)}), "its planner data for w is malformed"),
+    ("planner-index-negative", _set("md.planner_data", {"w": ("w", -1)}), "its planner data for w is malformed"),
+    ("planner-index-past-the-entries", _only_w_with_planner_index(1), "its planner data for w is malformed"),
+    ("storage-key-not-a-MetadataIndex", _rekey("storage_data", "w"), "a storage entry is malformed"),
+    ("storage-value-not-a-StorageInfo", _put("storage_data", None, (SHARD, 0, 24)), "a storage entry is malformed"),
+    ("path-not-a-str", _set("info.relative_path", 5), "a storage entry points outside the folder ('5')"),
+    ("path-empty", _set("info.relative_path", ""), "a storage entry points outside the folder ('')"),
+    ("path-dot", _set("info.relative_path", "."), "a storage entry points outside the folder ('.')"),
+    ("path-parent", _set("info.relative_path", ".."), "a storage entry points outside the folder ('..')"),
+    ("path-in-a-subfolder", _set("info.relative_path", "sub/x"), "a storage entry points outside the folder ('sub/x')"),
+    ("path-with-a-backslash", _set("info.relative_path", "a\\b"), "a storage entry points outside the folder ('a\\\\b')"),
+    ("path-with-a-nul", _set("info.relative_path", "a\0b"), "a storage entry points outside the folder ('a\\x00b')"),
+    ("path-names-a-folder", _set("info.relative_path", "sub"), "a storage entry names sub, which is not a file of the folder"),
+    ("path-names-a-missing-file", _set("info.relative_path", "__1_0.distcp"),
+     "a storage entry names __1_0.distcp, which is not a file of the folder"),
+    ("offset-not-an-int", _set("info.offset", 0.0), f"a storage entry lies outside {SHARD}"),
+    ("length-not-an-int", _set("info.length", 24.0), f"a storage entry lies outside {SHARD}"),
+    ("offset-negative", _set("info.offset", -1), f"a storage entry lies outside {SHARD}"),
+    ("length-negative", _set("lr_info.length", -1), f"a storage entry lies outside {SHARD}"),
+    ("past-the-end-of-the-file", _set("info.length", SHARD_BYTES + 1), f"a storage entry lies outside {SHARD}"),
+    ("stream-transforms", _set("info.transform_descriptors", ["zstandard"]),
+     "a storage entry asks for stream transforms ['zstandard'], which gptspeed never writes"),
+    ("tensors-larger-than-the-files", _bigger_tensor, "its tensors would take 64 bytes, but its files hold 32"),
+]
+
+
+@pytest.mark.parametrize("change, reason", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_metadata_that_breaks_one_rule_is_refused_with_its_reason(tmp_path, change, reason):
+    folder = _folder(tmp_path, change(_metadata()))
+    (folder / "sub").mkdir()
+    (folder / "a\\b").write_bytes(b"\0" * 8)  # a real file: the backslash alone is the reason
+    with pytest.raises(GptspeedError) as e:
+        read_metadata(folder)
+    assert str(e.value) == f"refusing to load {folder}: its .metadata is not a checkpoint's metadata ({reason})"
+
+
+ACCEPTED = [
+    ("tensors-fill-the-files-exactly", lambda md: md),
+    ("an-empty-bytes-entry", _set("lr_info.length", 0)),
+    ("no-planner-data", _set("md.planner_data", None)),
+    ("planner-index-inside-the-entries", _set("md.planner_data", {"w": ("w", 1), "lr": ("lr", 0)})),
+]
+
+
+@pytest.mark.parametrize("change", [c[1] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
+def test_metadata_within_every_rule_is_read(tmp_path, change):
+    md = read_metadata(_folder(tmp_path, change(_metadata())))
+    assert type(md) is Metadata and sorted(md.state_dict_metadata) == ["lr", "w"]
+    assert md.storage_meta.save_id == "the-save"  # the file's own StorageMeta, kept
+
+
+def test_metadata_without_a_storage_meta_is_given_an_empty_one(tmp_path):
+    folder = _folder(tmp_path, _set("md.storage_meta", None)(_metadata()))
+    md = read_metadata(folder)
+    assert type(md.storage_meta) is StorageMeta and md.storage_meta.save_id == StorageMeta().save_id
+    # torch's reader then stamps it with its load id
+    reader = SafeFileSystemReader(folder)
+    assert reader.read_metadata().storage_meta.load_id == reader.load_id is not None
+
+
+def test_a_metadata_folder_in_place_of_the_file_is_no_metadata(tmp_path):
+    folder = _folder(tmp_path, _metadata())
+    (folder / ".metadata").unlink()
+    (folder / ".metadata").mkdir()
+    with pytest.raises(GptspeedError) as e:
+        read_metadata(folder)
+    assert str(e.value) == f"checkpoint {folder} has no .metadata file: it is not a complete sharded checkpoint"
+
+
+@pytest.mark.parametrize("content, why", [(b"", "EOFError"), (b"\x80\x09", "ValueError: unsupported pickle protocol: 9")],
+                         ids=["empty", "unknown-protocol"])
+def test_damaged_metadata_names_the_error_and_its_message(tmp_path, content, why):
+    folder = _folder(tmp_path, _metadata())
+    (folder / ".metadata").write_bytes(content)
+    with pytest.raises(GptspeedError) as e:
+        read_metadata(folder)
+    assert str(e.value) == f"checkpoint {folder} is unreadable: its .metadata is damaged ({why})"
+
+
+def test_the_reader_never_falls_back_to_rank_local_metadata(tmp_path):
+    folder = _folder(tmp_path, _metadata())
+    reader = SafeFileSystemReader(folder)
+    with pytest.raises(GptspeedError, match=f"checkpoint {folder} has no readable .metadata"):
+        reader.read_metadata(rank=0)
+
+
+# ------------------------------------------------------------------ sharded checkpoints of plain state dicts
+class Part:
+    def __init__(self, sd):
+        self.sd = sd
+
+    def state_dict(self):
+        return self.sd
+
+    def load_state_dict(self, sd):
+        self.sd = sd
+
+
+CONFIG = {"model": {"n_layer": 1}, "train": {"lr": 0.1}, "runtime": {"parallel": "fsdp", "device": "cpu"}}
+RUN_ID = "run-one"
+
+
+def _parts(scale=1.0):
+    return {"model": Part({"w": torch.arange(6.0).reshape(2, 3) * scale, "b": torch.ones(3) * scale}),
+            "optimizer": Part({"state": {"w": {"exp_avg": torch.full((2, 3), 0.5 * scale), "step": torch.tensor(1.0)}},
+                               "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w", "b"]}]}),
+            "rng": Part({"torch": torch.arange(4, dtype=torch.uint8)})}
+
+
+def _save(run: Path, step: int, keep: int = 2, run_id: str = RUN_ID) -> Path:
+    fmt = DcpFormat(run, True, lambda: None, keep)
+    return fmt.save(step, _parts(), {"config": CONFIG, "run_id": run_id}, {"optimizer_layout": None},
+                    {"model", "optimizer"})
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run folder with config.json, metrics.jsonl and the sharded checkpoint of step 2."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({**CONFIG, "derived": {"run_id": RUN_ID}}))
+    (run / "metrics.jsonl").write_text('{"step": 1, "train_loss": 5.0}\n')
+    _save(run, 2)
+    return run
+
+
+def _damage(ckpt: Path, fqn: str) -> None:
+    """Overwrite the bytes of entry ``fqn`` in the shard with garbage and reseal, as a forger can."""
+    with open(ckpt / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    info = _info(md, fqn)
+    data = bytearray((ckpt / SHARD).read_bytes())
+    data[info.offset:info.offset + info.length] = (b"\0garbage" * info.length)[:info.length]
+    (ckpt / SHARD).write_bytes(bytes(data))
+    reseal(ckpt)
+
+
+def test_a_sharded_save_puts_every_other_part_in_meta_pt_and_seals_a_full_checkpoint(run):
+    ckpt = run / "ckpt_00000002.dcp"
+    state = load_checkpoint(ckpt)  # sealed, format and step checked
+    assert state["sharded"] is True and state["step"] == 2 and state["run_id"] == RUN_ID
+    assert state["config"] == CONFIG and state["optimizer_layout"] is None
+    assert torch.equal(state["rng"]["torch"], torch.arange(4, dtype=torch.uint8))
+    assert "model" not in state and "optimizer" not in state  # those are the shards'
+    seal = json.loads((run / "ckpt_00000002.json").read_text())
+    assert seal["kind"] == "full" and seal["step"] == 2 and seal["run_id"] == RUN_ID
+
+
+def test_a_sharded_load_restores_the_shards_in_place_and_returns_the_rest(run):
+    parts = _parts(scale=0.0)
+    rest = DcpFormat(run, True, lambda: None, 2).load(run / "ckpt_00000002.dcp", parts, {"model", "optimizer"})
+    assert torch.equal(parts["model"].sd["w"], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(parts["optimizer"].sd["state"]["w"]["exp_avg"], torch.full((2, 3), 0.5))
+    assert "model" not in rest and "optimizer" not in rest
+    assert rest["step"] == 2 and torch.equal(rest["rng"]["torch"], torch.arange(4, dtype=torch.uint8))
+
+
+def test_a_sharded_save_replaces_a_leftover_of_its_step_and_a_killed_saves_temporary_folder(tmp_path):
+    run = tmp_path / "run"
+    for leftover in (run / "ckpt_00000002.dcp", run / ".ckpt_00000002.dcp.tmp"):
+        leftover.mkdir(parents=True)
+        (leftover / "stale.distcp").write_bytes(b"old")
+    final = _save(run, 2)
+    assert sorted(p.name for p in final.iterdir()) == [".metadata", SHARD, "meta.pt"]
+    assert not (run / ".ckpt_00000002.dcp.tmp").exists() and check_checkpoint(final) is None
+
+
+def test_a_sharded_save_prunes_its_own_run_only(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    theirs = run / "ckpt_00000001.pt"  # copied in from another run: never counted, never deleted
+    write_checkpoint_file(theirs, {"step": 1, "run_id": "another-run"})
+    _save(run, 2, keep=1)
+    _save(run, 3, keep=1)
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt_00000001.json", "ckpt_00000001.pt",
+                                                     "ckpt_00000003.dcp", "ckpt_00000003.json"]
+
+
+def test_a_damaged_bytes_entry_is_named_in_one_line(run, tmp_path):
+    ckpt = run / "ckpt_00000002.dcp"
+    _damage(ckpt, "optimizer.param_groups.0.lr")  # a non-tensor entry torch.load cannot read
+    with pytest.raises(GptspeedError) as e:
+        consolidate(run, tmp_path / "out.pt")
+    assert str(e.value) == f"refusing to load {ckpt}: its entry optimizer.param_groups.0.lr is unreadable (UnpicklingError)"
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_damaged_tensor_entry_names_the_folder_on_consolidate_and_on_resume(run, tmp_path):
+    ckpt = run / "ckpt_00000002.dcp"
+    _damage(ckpt, "model.w")
+    with pytest.raises(GptspeedError) as e:
+        consolidate(run, tmp_path / "out.pt")
+    assert str(e.value).startswith(f"could not read the shards of {ckpt} (UnpicklingError: ")
+    with pytest.raises(GptspeedError) as e:
+        DcpFormat(run, True, lambda: None, 2).load(ckpt, _parts(), {"model"})
+    assert str(e.value).startswith(f"could not read the shards of {ckpt} (UnpicklingError: ")
+    assert not (tmp_path / "out.pt").exists()
+
+
+# ------------------------------------------------------------------ consolidate
+def test_the_consolidated_file_records_its_source_and_runs_on_any_parallelism(run, tmp_path):
+    out = consolidate(run, tmp_path / "a" / "b" / "model.pt")  # its folders are made
+    assert out == tmp_path / "a" / "b" / "model.pt"
+    ck = load_checkpoint(out)
+    assert ck["consolidated_from"] == str(run / "ckpt_00000002.dcp")
+    assert ck["config"] == {**CONFIG, "runtime": {"parallel": "auto", "device": "cpu"}}
+    assert "sharded" not in ck  # one file, not a sharded checkpoint
+    assert torch.equal(ck["model"]["w"], torch.arange(6.0).reshape(2, 3))
+    assert ck["optimizer"]["param_groups"] == [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0, 1]}]
+
+
+def test_consolidate_keeps_an_existing_file_unless_forced(run, tmp_path):
+    out = tmp_path / "model.pt"
+    out.write_bytes(b"the user's file")
+    with pytest.raises(GptspeedError, match="already exists: pass --force"):
+        consolidate(run, out)
+    assert out.read_bytes() == b"the user's file"
+
+
+def test_consolidate_into_a_folder_copies_only_the_files_the_run_has(run, tmp_path):
+    (run / "metrics.jsonl").unlink()
+    out = consolidate(run, tmp_path / "new")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt_00000002.json", "ckpt_00000002.pt", "config.json"]
+    assert (out.parent / "config.json").read_bytes() == (run / "config.json").read_bytes()
+
+
+def test_out_named_as_a_checkpoint_suggests_a_file_beside_it(run, tmp_path):
+    out = tmp_path / "ckpt_00000010.pt"
+    with pytest.raises(GptspeedError) as e:
+        consolidate(run, out, force=True)
+    assert f"name another file (e.g. {tmp_path / 'model.pt'}) or a new run folder" in str(e.value)
+
+
+def test_out_folder_with_checkpoints_is_refused_with_what_to_choose(run, tmp_path):
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "ckpt_00000005.pt").write_bytes(b"theirs")
+    with pytest.raises(GptspeedError) as e:
+        consolidate(run, out, force=True)
+    assert str(e.value) == f"{out} already holds checkpoints: choose a new or empty folder, or a FILE.pt"
+
+
+def test_out_symlink_to_a_folder_inside_the_run_is_refused(run, tmp_path):
+    (run / "sub").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(run / "sub")
+    with pytest.raises(GptspeedError, match="the run being consolidated: choose a path outside it"):
+        consolidate(run, link, force=True)
+    assert list((run / "sub").iterdir()) == []
+
+
+def test_out_file_that_is_a_symlink_is_replaced_not_followed(run, tmp_path):
+    (run / "notes.pt").write_bytes(b"the run's file")
+    link = tmp_path / "link.pt"
+    link.symlink_to(run / "notes.pt")
+    assert consolidate(run, link, force=True) == link
+    assert not link.is_symlink() and load_checkpoint(link)["step"] == 2
+    assert (run / "notes.pt").read_bytes() == b"the run's file"
+
+
+def test_out_config_json_of_the_same_size_and_time_but_other_bytes_is_refused(run, tmp_path):
+    out = tmp_path / "other"
+    out.mkdir()
+    mine, theirs = run / "config.json", out / "config.json"
+    theirs.write_text(mine.read_text().replace(RUN_ID, "run-two"))
+    st = mine.stat()
+    os.utime(theirs, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert theirs.stat().st_size == st.st_size and theirs.read_bytes() != mine.read_bytes()
+    with pytest.raises(GptspeedError, match=f"already holds a config.json that is not {run}'s"):
+        consolidate(run, out, force=True)
+
+
+def test_out_file_whose_seal_name_holds_json_without_a_hash_is_refused(run, tmp_path):
+    (tmp_path / "model.json").write_text('{"bytes": 3}')
+    with pytest.raises(GptspeedError, match="which is not a checkpoint's seal"):
+        consolidate(run, tmp_path / "model.pt", force=True)
+    assert (tmp_path / "model.json").read_text() == '{"bytes": 3}'
+
+
+def test_optimizer_state_is_split_by_a_layout_of_three_optimizers():
+    groups = [{"lr": i, "params": [f"p{i}"]} for i in range(4)]
+    optim = {"state": {f"p{i}": {"m": i} for i in range(4)}, "param_groups": groups}
+    out = split_optimizer_state(optim, [["a", 1], ["b", 2], ["c", 1]])
+    assert [g["lr"] for g in out["a"]["param_groups"]] == [0]
+    assert [g["lr"] for g in out["b"]["param_groups"]] == [1, 2]
+    assert out["c"] == {"state": {0: {"m": 3}}, "param_groups": [{"lr": 3, "params": [0]}]}
+
+
+# ------------------------------------------------------------------ the run folder's small rules
+@pytest.mark.parametrize("name, content, foreign", [
+    ("config.json", {"model": {}, "train": {}}, False),
+    ("config.json", {"model": {}}, True),
+    ("config.json", {"train": {}}, True),
+    ("metrics.jsonl", {"step": 3, "train_loss": 1.0}, False),
+    ("metrics.jsonl", {"epoch": 3}, True),
+    ("metrics.jsonl", {"step": "3"}, True),
+], ids=["config-of-a-run", "config-without-train", "config-without-model", "metrics-of-a-run",
+        "metrics-without-step", "metrics-with-a-text-step"])
+def test_a_config_or_metrics_file_is_gptspeeds_only_in_gptspeeds_form(tmp_path, name, content, foreign):
+    (tmp_path / name).write_text(json.dumps(content) + "\n")
+    assert foreign_entries(tmp_path) == ([name] if foreign else [])
+
+
+def test_a_failed_save_names_the_newest_intact_checkpoint_before_it(tmp_path):
+    final = tmp_path / "ckpt_00000003.pt"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert intact_besides(final) == "no earlier checkpoint exists"
+    (tmp_path / "ckpt_00000002.pt").write_bytes(b"unsealed")  # not intact: never named as such
+    assert intact_besides(final) == "no earlier checkpoint exists"
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1})
+    assert intact_besides(final) == "the checkpoint of step 1 is intact"
+    assert write_failure(final, 3, full).endswith("; the checkpoint of step 1 is intact: free space, then --resume")
+
+
+def test_step_of_reads_a_checkpoints_name_and_is_0_for_another():
+    assert step_of(Path("run/ckpt_00000042.dcp")) == 42
+    assert step_of(Path("run/model.pt")) == 0

@@ -12,6 +12,7 @@ plain state dicts (a two-tensor "model", an AdamW-shaped "optimizer", an "rng" p
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import pickle
@@ -28,11 +29,11 @@ from gptspeed.checkpoint import check_checkpoint, consolidate, load_checkpoint, 
 from gptspeed.checkpoint.consolidate import split_optimizer_state
 from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, read_metadata
 from gptspeed.checkpoint.folder import foreign_entries
-from gptspeed.checkpoint.formats import DcpFormat, write_failure
+from gptspeed.checkpoint.formats import DcpFormat, load_latest, write_failure
 from gptspeed.checkpoint.paths import step_of
 from gptspeed.checkpoint.seals import intact_besides
 from gptspeed.errors import GptspeedError
-from test_safe_dcp import reseal
+from test_safe_dcp import _Payload, reseal
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -325,6 +326,29 @@ def test_a_damaged_bytes_entry_is_named_in_one_line(run, tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
+def test_a_crafted_bytes_entry_is_refused_even_where_torch_is_told_to_unpickle_freely(run, tmp_path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns every torch.load that does not pass weights_only into a
+    full unpickle: the reader passes it, so a crafted entry still runs nothing."""
+    marker = tmp_path / "pwned"
+    ckpt = run / "ckpt_00000002.dcp"
+    payload = io.BytesIO()
+    torch.save(_Payload(marker), payload)
+    offset = (ckpt / SHARD).stat().st_size
+    with open(ckpt / SHARD, "ab") as f:
+        f.write(payload.getvalue())
+    with open(ckpt / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    info = _info(md, "optimizer.param_groups.0.lr")
+    info.offset, info.length = offset, len(payload.getvalue())
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    reseal(ckpt)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(GptspeedError, match="its entry optimizer.param_groups.0.lr asks for posix.system"):
+        consolidate(run, tmp_path / "out.pt")
+    assert not marker.exists()
+
+
 def test_a_damaged_tensor_entry_names_the_folder_on_consolidate_and_on_resume(run, tmp_path):
     ckpt = run / "ckpt_00000002.dcp"
     _damage(ckpt, "model.w")
@@ -450,6 +474,13 @@ def test_a_failed_save_names_the_newest_intact_checkpoint_before_it(tmp_path):
     write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1})
     assert intact_besides(final) == "the checkpoint of step 1 is intact"
     assert write_failure(final, 3, full).endswith("; the checkpoint of step 1 is intact: free space, then --resume")
+
+
+def test_load_latest_reads_the_newest_checkpoint_onto_the_cpu_by_default(tmp_path):
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1, "w": torch.ones(2)})
+    write_checkpoint_file(tmp_path / "ckpt_00000002.pt", {"step": 2, "w": torch.full((2,), 2.0)})
+    ck = load_latest(tmp_path)
+    assert ck["step"] == 2 and ck["w"].device == torch.device("cpu") and torch.equal(ck["w"], torch.full((2,), 2.0))
 
 
 def test_step_of_reads_a_checkpoints_name_and_is_0_for_another():

@@ -310,3 +310,55 @@ def test_the_autocast_given_is_the_one_every_batch_is_scored_under(model, monkey
 def test_one_example_right_by_its_mean_is_all_right(model):
     item = labelled(model, random_items(1, 12), True)
     assert evaluate_hellaswag(model, item, device="cpu")["acc_norm"] == 1.0
+
+
+# ------------------------------------------------------------------------------ round 2
+def test_an_ending_with_nothing_before_it_is_scored_with_zero_tokens_even_in_the_last_row(model):
+    """An empty context and a one-token ending: that token has nothing to be predicted from, so
+    its ending counts 0 tokens and 0 loss -- also when it is the batch's very last row (the
+    counts are still (N, 4), not cut short)."""
+    items = [HellaSwagItem(ctx=(5, 6), endings=((1, 2), (3,), (4, 5), (8,)), label=0),
+             HellaSwagItem(ctx=(), endings=((11, 12, 13), (14, 15), (16, 17), (18,)), label=0)]
+    total, count = score_items(model, items, "cpu")
+    assert total.shape == count.shape == (2, 4)
+    assert count.tolist() == [[2, 1, 2, 1], [2, 1, 1, 0]]
+    assert float(total[1, 3]) == 0.0
+    scored = [(0, j) for j in range(4)] + [(1, j) for j in range(3)]  # each ending alone, as it is scored
+    for i, j in scored:
+        t, n = ending_losses(model, HellaSwagItem(items[i].ctx, (items[i].endings[j],) * 4, 0))[0]
+        assert int(count[i, j]) == n and float(total[i, j]) == pytest.approx(t, rel=1e-4, abs=1e-4)
+
+
+def test_the_default_batch_is_16_examples(model, monkeypatch):
+    """evaluate_hellaswag's documented default: 16 examples (64 rows) per forward, which bounds the
+    memory the in-training evaluation takes."""
+    sizes = []
+    real = hs.score_items
+    monkeypatch.setattr(hs, "score_items", lambda m, batch, *a: sizes.append(len(batch)) or real(m, batch, *a))
+    r = evaluate_hellaswag(model, random_items(17, 6), device="cpu")
+    assert sizes == [16, 1] and r["examples"] == 17
+
+
+def test_read_examples_reads_utf8_whatever_the_locale(tmp_path):
+    """The HellaSwag file is UTF-8: it reads the same under an ASCII (C) locale, where open()'s
+    default encoding would refuse its non-ASCII text."""
+    import locale
+
+    ex = dict(EX, ctx="Un café près de la mer —", endings=["é", "ü", "ß", "€"])
+    path = tmp_path / "h.jsonl"
+    path.write_bytes((json.dumps(ex, ensure_ascii=False) + "\n").encode("utf-8"))
+    old = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")
+        if sys_utf8_mode() or locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+            pytest.skip("this interpreter reads files as UTF-8 by default (UTF-8 mode)")
+        got = hs.read_examples(path)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, old)
+    assert got == [ex]
+
+
+def sys_utf8_mode() -> bool:
+    import sys
+
+    return bool(sys.flags.utf8_mode)

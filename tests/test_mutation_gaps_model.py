@@ -167,3 +167,31 @@ def test_generation_with_the_document_mask_draws_what_the_uncached_path_draws(at
         a = torch.stack(list(generate(model, idx, 12, generator=torch.Generator().manual_seed(seed))), 1)
         b = torch.stack(list(generate_cached(model, idx, 12, generator=torch.Generator().manual_seed(seed))), 1)
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_a_cached_step_after_a_document_boundary_sees_only_its_own_document(attention, pos_emb):
+    """With doc_mask and a KV cache, a token decoded after an <|endoftext|> attends to its own
+    document only: its logits are those of the same weights without the mask run on that document
+    alone (at the same positions), not influenced by the earlier document in the cache."""
+    from gptspeed.model import KVCache
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    torch.manual_seed(0)
+    model = GPT(small(doc_mask=True, attention=attention, pos_emb=pos_emb)).eval()
+    plain = GPT(small(doc_mask=False, attention=attention, pos_emb=pos_emb)).eval()
+    plain.load_state_dict(model.state_dict())
+    prompt = torch.tensor([[101, 102, 103, E, 201], [301, E, 401, 402, 403]])
+    nxt = torch.tensor([[202], [404]])
+    with torch.no_grad():
+        kv = KVCache(1, 16)
+        model(prompt, kv=kv)  # the prefill: columns 0..4
+        kv.start = 5
+        got = model(nxt, pos=torch.tensor([5]), kv=kv)[0][:, -1]  # (B, V)
+        for b, first in ((0, 3), (1, 1)):  # the last document of each row: from its EOT on
+            doc = torch.cat([prompt[b, first:], nxt[b]])[None]
+            want = plain(doc, pos=torch.arange(first, 6))[0][0, -1]
+            torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5)
+            whole = plain(torch.cat([prompt[b], nxt[b]])[None])[0][0, -1]  # the whole row: differs
+            assert (whole - want)[:50257].abs().max() > 1e-3

@@ -85,3 +85,44 @@ def test_the_loss_of_a_model_whose_config_asks_for_it_goes_through_the_fused_op(
         torch.manual_seed(0)
         GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, loss=loss, softmax=softmax))(idx, idx)
         assert bool(calls) is fused, (loss, softmax)
+
+
+class StandInLiger(torch.autograd.Function):
+    """Liger's fused linear cross-entropy as plain torch, with its positional arguments (bias,
+    ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap): the softcap
+    (None = off) as Liger applies it, ``cap * tanh(logits / cap)``."""
+
+    @staticmethod
+    def forward(ctx, *a):
+        raise AssertionError("apply is replaced")
+
+    @staticmethod
+    def apply(x, w, t, bias=None, ce_weight=None, ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0,
+              reduction="mean", softcap=None):
+        logits = (x @ w.t()).float()
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        return F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction), None
+
+
+@pytest.fixture
+def stand_in_liger(monkeypatch):
+    import sys
+    import types
+
+    mod = types.ModuleType("liger_kernel.ops.fused_linear_cross_entropy")
+    mod.LigerFusedLinearCrossEntropyFunction = StandInLiger
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.fused_linear_cross_entropy", mod)
+    monkeypatch.setattr(loss_mod, "liger_problem", lambda device_type: None)
+
+
+def test_the_liger_loss_is_not_soft_capped_unless_asked(stand_in_liger):
+    """Called without ``softcap`` it is the plain cross-entropy of x @ W.T (large logits, where
+    a cap of any size would change the loss); with one, that of the capped logits."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(16, 8) * 4, torch.randn(40, 8) * 4, torch.randint(0, 40, (16,))
+    plain = F.cross_entropy(x @ w.t(), t)
+    assert float(liger_linear_cross_entropy(x, w, t)) == pytest.approx(float(plain), rel=1e-5)
+    capped = F.cross_entropy(5.0 * torch.tanh((x @ w.t()) / 5.0), t)
+    assert float(liger_linear_cross_entropy(x, w, t, softcap=5.0)) == pytest.approx(float(capped), rel=1e-5)
+    assert abs(float(capped) - float(plain)) > 1.0

@@ -251,6 +251,7 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
         per_module[m] = {k: mine.count(k) for k in sorted(set(mine))} | {"mutants": len(mine)}
     total = len(results)
     killed = counts.get("killed", 0)
+    checked = total - counts.get("not checked", 0)  # a run stopped part-way leaves the rest unchecked
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git("rev-parse", "HEAD").strip(),
@@ -264,16 +265,18 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
         "timeouts": counts.get("timeout", 0),
         "no_tests": counts.get("no tests", 0),
         "skipped": counts.get("skipped", 0),
-        "other": {k: v for k, v in counts.items() if k not in ("killed", "survived", "timeout", "no tests", "skipped")},
-        "killed_pct": round(100 * killed / total, 2) if total else None,
-        "detected_pct": round(100 * (killed + counts.get("timeout", 0)) / total, 2) if total else None,
+        "not_checked": counts.get("not checked", 0),
+        "other": {k: v for k, v in counts.items()
+                  if k not in ("killed", "survived", "timeout", "no tests", "skipped", "not checked")},
+        "killed_pct": round(100 * killed / checked, 2) if checked else None,  # of the mutants checked
+        "detected_pct": round(100 * (killed + counts.get("timeout", 0)) / checked, 2) if checked else None,
         "wall_s": round(wall_s),
         "max_children": args.max_children,
         "machine": machine(),
         "per_module": per_module,
         "survivors": [{"name": n, "status": "survived", "explained_as": expl.get(n, ("unexplained", ""))[0],
                        "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, ""))} for n in survivors],
-        "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived")),
+        "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived", "not checked")),
         "explained_but_not_surviving": sorted(n for n in expl if n in results and results[n] != "survived"),
         "tests_failing_unmutated": json.loads((WORK / "failing_tests.json").read_text())
         if (WORK / "failing_tests.json").exists() else [],
@@ -295,12 +298,15 @@ def markdown(r: dict) -> str:
         f"- mutants: {r['mutants']}; killed {r['killed']} ({r['killed_pct']}%); survived {r['survived']}; "
         f"timeouts {r['timeouts']}; no tests {r['no_tests']}; skipped {r['skipped']}"
         + (f"; other {r['other']}" if r["other"] else ""),
+        f"- not checked (the run stopped before them): {r.get('not_checked', 0)}; the percentages are of the "
+        f"{r['mutants'] - r.get('not_checked', 0)} checked",
         f"- killed or timed out: {r['detected_pct']}%", "",
-        "| module | mutants | killed | survived | timeout | no tests |", "|---|---:|---:|---:|---:|---:|",
+        "| module | mutants | killed | survived | timeout | no tests | not checked |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for m, c in r["per_module"].items():
         lines.append(f"| {m} | {c['mutants']} | {c.get('killed', 0)} | {c.get('survived', 0)} | "
-                     f"{c.get('timeout', 0)} | {c.get('no tests', 0)} |")
+                     f"{c.get('timeout', 0)} | {c.get('no tests', 0)} | {c.get('not checked', 0)} |")
     if r["tests_failing_unmutated"]:
         lines += ["", "Left out of this run, failing on the unmutated code: "
                   + ", ".join(f"`{t}`" for t in r["tests_failing_unmutated"])]

@@ -195,3 +195,23 @@ def test_a_cached_step_after_a_document_boundary_sees_only_its_own_document(atte
             torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5)
             whole = plain(torch.cat([prompt[b], nxt[b]])[None])[0][0, -1]  # the whole row: differs
             assert (whole - want)[:50257].abs().max() > 1e-3
+
+
+def test_data_softmax_logits_are_soft_capped_like_gemma2_and_minus_inf_elsewhere():
+    """``--softmax data`` with ``logit_softcap``: the ids' logits are ``cap * tanh(z / cap)`` of the
+    plain head ``z = h @ W[id]``, every other column -inf."""
+    torch.manual_seed(0)
+    cap = 3.0
+    model = GPT(small(softmax="data", logit_softcap=cap))
+    ids = [2, 17, 300, 50000]
+    model.set_softmax_ids(ids)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50.0)  # raw logits well past the cap
+        h = torch.randn(2, 3, 32)
+        got = model.logits(h)
+        z = h @ model.lm_head.weight[ids].t()
+    assert z.abs().max() > 2 * cap
+    torch.testing.assert_close(got[..., ids], cap * torch.tanh(z / cap), rtol=1e-5, atol=1e-5)
+    others = torch.ones(got.size(-1), dtype=torch.bool)
+    others[ids] = False
+    assert bool((got[..., others] == float("-inf")).all())

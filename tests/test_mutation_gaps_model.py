@@ -215,3 +215,18 @@ def test_data_softmax_logits_are_soft_capped_like_gemma2_and_minus_inf_elsewhere
     others = torch.ones(got.size(-1), dtype=torch.bool)
     others[ids] = False
     assert bool((got[..., others] == float("-inf")).all())
+
+
+def test_weights_without_softmax_ids_load_into_a_data_softmax_model_keeping_its_ids():
+    """As gptspeed.hf fills a ``--softmax data`` model from GPT-2 weights (strict=False, no
+    ``softmax_ids`` in them): every weight is loaded and the model keeps the ids it has."""
+    torch.manual_seed(0)
+    model = GPT(small(softmax="data"))
+    model.set_softmax_ids([4, 9, 1000])
+    weights = {k: torch.randn_like(v) for k, v in GPT(small()).state_dict().items()}
+    weights["lm_head.weight"] = weights["transformer.wte.weight"]  # tied
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert missing == ["softmax_ids"] and unexpected == []
+    assert model.softmax_ids.tolist() == [4, 9, 1000]
+    assert torch.equal(model.transformer.wte.weight, weights["transformer.wte.weight"])
+    assert torch.equal(model.transformer.h[0].attn.c_attn.weight, weights["transformer.h.0.attn.c_attn.weight"])

@@ -180,15 +180,23 @@ def precheck(env: dict[str, str]) -> list[str]:
     return failing
 
 
-def load_results(prefixes: list[str]) -> dict[str, str]:
-    """Mutant name -> status, from the .meta files mutmut writes beside each mutated file."""
+def exit_codes() -> dict[str, int | None]:
+    """Mutant name -> mutmut's exit code (None: not checked), from the .meta files beside each mutated file."""
     out = {}
     for meta in (WORK / "mutants" / "src").rglob("*.py.meta"):
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
-        for name, code in codes.items():
-            if name.startswith(tuple(prefixes)):
-                out[name] = STATUS.get(code, "suspicious")
+        out.update(json.loads(meta.read_text())["exit_code_by_key"])
     return out
+
+
+def load_results(prefixes: list[str]) -> dict[str, str]:
+    """Mutant name -> status. A ``--resume`` run whose tests changed makes mutmut 3.8 forget every
+    earlier result (seen 2026-11-25: a --survivors run of one module reset 2,885 checked mutants to
+    unchecked); ``results_before.json``, saved before such a run, fills in what it forgot."""
+    before_path = WORK / "results_before.json"
+    before = json.loads(before_path.read_text()) if before_path.exists() else {}
+    codes = exit_codes()
+    return {name: STATUS.get(code if code is not None else before.get(name), "suspicious")
+            for name, code in codes.items() if name.startswith(tuple(prefixes))}
 
 
 def load_explanations() -> dict[str, tuple[str, str]]:
@@ -356,6 +364,13 @@ def main() -> int:
         return 2
     t0 = time.monotonic()
     if not args.report_only:
+        if args.resume and (WORK / "mutants").exists():  # keep what mutmut may forget (load_results)
+            kept = {**(json.loads((WORK / "results_before.json").read_text())
+                       if (WORK / "results_before.json").exists() else {}),
+                    **{n: c for n, c in exit_codes().items() if c is not None}}
+            (WORK / "results_before.json").write_text(json.dumps(kept))
+        elif not args.resume:
+            (WORK / "results_before.json").unlink(missing_ok=True)
         write_snapshot(snapshot_files(args.worktree), fresh=not args.resume)
         if args.survivors:
             names = [n for n, s in load_results(prefixes).items() if s == "survived"]

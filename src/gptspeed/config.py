@@ -739,8 +739,10 @@ for _name, _cfg in PRESETS.items():
 
 # Named recipes (``gptspeed train --recipe NAME``, bench --race's arms): settings applied on top of the preset,
 # before a config file and the flags. gpt2: the architecture and schedule of GPT-2 as the presets have them.
-# modern: Muon with the speedrun lineage's architecture switches that won races on the CPU at the nano preset
-# (benchmarks/LOG.md, "Time to quality"): rotary positions, QK-norm, ReLU², RMSNorm, a WSD schedule. Left out
+# modern: Muon with the speedrun lineage's architecture switches, the combination that won the race on the CPU at
+# the nano preset (benchmarks/LOG.md, "Time to quality"; alone, QK-norm and RMSNorm did not help there): rotary
+# positions, QK-norm, ReLU², RMSNorm, a WSD schedule. Muon refuses float16, so on a GPU without bf16 it needs
+# --dtype float32 (or --optimizer adamw). Left out
 # because they lost there: the untied head (1.05x the step time), logit soft-capping (1.19x); with zero-initialised
 # projections, the three together took more steps to the target, not fewer (docs/race.md). Each stays a switch.
 RECIPES: dict[str, dict[str, Any]] = {

@@ -52,6 +52,23 @@ def sleeper_env(tmp_path: Path, name: str | None, **extra: str) -> dict[str, str
     return env
 
 
+def reap(env: dict) -> None:
+    """SIGKILL what a killed command leaves behind: a benchmark starts each row in a session of its
+    own (so it can kill the row's whole group), which the command's group kill does not reach. Every
+    process whose environment holds this test's sleeper folder (:func:`sleeper_env`) goes."""
+    marker = env.get("PYTHONPATH", "").split(os.pathsep)[0]
+    if not marker.endswith("sleeper"):
+        return
+    needle = marker.encode()  # a row's PYTHONPATH may have more in front (the harness adds src/)
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if any(v.startswith(b"PYTHONPATH=") and needle in v for v in f.read().split(b"\0")):
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already, or not ours
+            pass
+
+
 def run_until_line(cmd: list[str], env: dict, pattern: str, timeout: float = 300,
                    cwd: Path | None = None) -> list[str]:
     """Run ``cmd`` (stdout and stderr together) in its own process group and SIGKILL the group at
@@ -70,6 +87,7 @@ def run_until_line(cmd: list[str], env: dict, pattern: str, timeout: float = 300
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
+        reap(env)
     assert lines and re.search(pattern, lines[-1]), "\n".join(lines[-30:])
     return lines
 
@@ -92,5 +110,6 @@ def run_until_true(cmd: list[str], env: dict, check, timeout: float = 300, cwd: 
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            reap(env)
         log.seek(0)
         assert ok, log.read().decode(errors="replace")[-3000:]

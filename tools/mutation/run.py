@@ -369,8 +369,6 @@ def main() -> int:
                        if (WORK / "results_before.json").exists() else {}),
                     **{n: c for n, c in exit_codes().items() if c is not None}}
             (WORK / "results_before.json").write_text(json.dumps(kept))
-        elif not args.resume:
-            (WORK / "results_before.json").unlink(missing_ok=True)
         write_snapshot(snapshot_files(args.worktree), fresh=not args.resume)
         if args.survivors:
             names = [n for n, s in load_results(prefixes).items() if s == "survived"]

@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HERE = REPO / "tools" / "mutation"
 WORK = REPO / ".mutation"
+#: mutmut's results of the last recorded run, per file (see save_cache): what --resume continues
+CACHE = HERE / "cache.json"
 SNAPSHOT = ("src", "tests", "docs", "README.md", "pyproject.toml")
 #: the core modules: name on the command line -> (file, mutant-name prefix)
 MODULES = {
@@ -199,6 +201,57 @@ def load_results(prefixes: list[str]) -> dict[str, str]:
             for name, code in codes.items() if name.startswith(tuple(prefixes))}
 
 
+def run_commit() -> str:
+    """The commit the run's snapshot was taken at (HEAD may have moved on while it ran)."""
+    info = WORK / "run_info.json"
+    commit = json.loads(info.read_text()).get("git_commit") if info.exists() else None
+    return commit or git("rev-parse", "HEAD").strip()
+
+
+def save_cache(wall_s: float) -> None:
+    """Keep mutmut's results (from its ``.meta`` files: the exit code of each mutant, the hash of each
+    function's text) in :data:`CACHE`, committed with the record, so that ``--resume`` on a machine
+    without ``.mutation/`` (a new session's) continues the run instead of starting it again. Compact:
+    per function, the exit codes of its mutants 1, 2, ... in order (null: not checked)."""
+    files = {}
+    for meta in sorted((WORK / "mutants").rglob("*.py.meta")):
+        m = json.loads(meta.read_text())
+        codes: dict[str, list] = {}
+        for name, code in m["exit_code_by_key"].items():
+            func, _, i = name.rpartition("__mutmut_")
+            codes.setdefault(func, []).append((int(i), code))
+        files[str(meta.relative_to(WORK / "mutants"))] = {
+            "hash_by_function_name": m["hash_by_function_name"],
+            "exit_codes": {f: [c for _, c in sorted(v)] for f, v in codes.items()
+                           if sorted(i for i, _ in v) == list(range(1, len(v) + 1))}}
+    before = WORK / "results_before.json"
+    data = {"git_commit": run_commit(), "wall_s": round(wall_s), "files": files,
+            "results_before": json.loads(before.read_text()) if before.exists() else {}}
+    tmp = CACHE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.replace(CACHE)
+
+
+def restore_cache() -> int:
+    """Write :data:`CACHE`'s results as ``.meta`` files into a fresh ``.mutation/mutants/``; mutmut
+    regenerates the mutants and keeps the result of every mutant whose function's text is unchanged.
+    Returns the number of results restored."""
+    data = json.loads(CACHE.read_text())
+    n = 0
+    for rel, m in data["files"].items():
+        codes = {f"{f}__mutmut_{i}": c for f, cs in m["exit_codes"].items() for i, c in enumerate(cs, 1)}
+        p = WORK / "mutants" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": m["hash_by_function_name"],
+                                 "type_check_error_by_key": {}, "durations_by_key": {},
+                                 "estimated_durations_by_key": {}}))
+        n += sum(c is not None for c in codes.values())
+    if data.get("results_before"):
+        (WORK / "results_before.json").write_text(json.dumps(data["results_before"]))
+    (WORK / "run_info.json").write_text(json.dumps({"wall_s": data.get("wall_s", 0.0), "argv": ["(restored)"]}))
+    return n
+
+
 def load_explanations() -> dict[str, tuple[str, str]]:
     """tools/mutation/survivors.txt: ``<mutant name> <equivalent|gap> <why>`` a line, # comments."""
     out = {}
@@ -262,7 +315,7 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
     checked = total - counts.get("not checked", 0)  # a run stopped part-way leaves the rest unchecked
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD").strip(),
+        "git_commit": run_commit(),
         "source": "working tree" if args.worktree else "HEAD",
         "library": f"mutmut {md.version('mutmut')}",
         "command": "python tools/mutation/run.py " + " ".join(sys.argv[1:]),
@@ -369,12 +422,18 @@ def main() -> int:
                        if (WORK / "results_before.json").exists() else {}),
                     **{n: c for n, c in exit_codes().items() if c is not None}}
             (WORK / "results_before.json").write_text(json.dumps(kept))
+        restore = args.resume and not (WORK / "mutants").exists() and CACHE.exists()
         write_snapshot(snapshot_files(args.worktree), fresh=not args.resume)
+        if restore:  # another machine's run, carried over: mutmut keeps each unchanged function's results
+            n = restore_cache()
+            print(f"{n} mutant results restored from {CACHE.relative_to(REPO)}", flush=True)
         if args.survivors:
             names = [n for n, s in load_results(prefixes).items() if s == "survived"]
             if not names:
                 print("no survivors in .mutation/ to retest")
                 return 0
+        elif args.resume and not args.modules:
+            names = []  # mutmut then tests only the mutants without a result (a pattern retests all it matches)
         else:
             names = [p + "*" for p in prefixes]
         env = dict(os.environ)
@@ -384,8 +443,14 @@ def main() -> int:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MKL_CBWR="AUTO", MKL_DYNAMIC="FALSE")
         failing = [] if args.no_precheck else precheck(env)
         (WORK / "failing_tests.json").write_text(json.dumps(failing))
+        info = WORK / "run_info.json"
+        before_s = (json.loads(info.read_text()).get("wall_s", 0.0)  # a stopped run continued: its time adds up
+                    if args.resume and not args.survivors and info.exists() else 0.0)
+        info.write_text(json.dumps({"wall_s": before_s, "started": time.time(), "argv": sys.argv[1:],
+                                    "git_commit": git("rev-parse", "HEAD").strip()}))
         log = WORK / "mutmut.log"
-        print(f"mutmut run in {WORK} ({len(names)} name patterns), log: {log}", flush=True)
+        print(f"mutmut run in {WORK} ({len(names) or 'every unchecked mutant, no'} name patterns), log: {log}",
+              flush=True)
         with open(log, "w") as f:
             rc = subprocess.run([sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *names],
                                 cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -395,13 +460,18 @@ def main() -> int:
             print(f"mutmut run failed (exit {rc}); see {log}", file=sys.stderr)
             return rc
     info = WORK / "run_info.json"
-    if args.report_only:
-        wall = json.loads(info.read_text())["wall_s"] if info.exists() else float("nan")
+    if args.report_only:  # of a finished run, or of one still going ("started" is set until it ends)
+        i = json.loads(info.read_text()) if info.exists() else {"wall_s": float("nan")}
+        wall = i["wall_s"] + (time.time() - i["started"] if "started" in i else 0.0)
     else:
-        wall = time.monotonic() - t0
-        info.write_text(json.dumps({"wall_s": wall, "argv": sys.argv[1:]}))
+        wall = before_s + time.monotonic() - t0
+        i = json.loads(info.read_text())
+        i.pop("started", None)  # the run ended
+        info.write_text(json.dumps({**i, "wall_s": wall}))
     results = load_results(prefixes)
     r = report(modules, results, wall, args, out_dir)
+    if out_dir == HERE:
+        save_cache(wall)
     unexplained = [s["name"] for s in r["survivors"] if s["explained_as"] == "unexplained"]
     print(f"{r['mutants']} mutants: {r['killed']} killed ({r['killed_pct']}%), {r['survived']} survived "
           f"({len(unexplained)} unexplained), {r['timeouts']} timeouts, {r['no_tests']} without tests; "

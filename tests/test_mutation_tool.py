@@ -1,0 +1,75 @@
+"""tools/mutation/run.py, the mutation check's driver (issue 33): the parts that decide what is
+mutated and what a continued run keeps. The check itself takes hours and is not run here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_run_py(tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("mutation_run", REPO / "tools" / "mutation" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    run.WORK = tmp_path / "work"
+    run.CACHE = tmp_path / "cache.json"
+    return run
+
+
+def write_meta(work: Path, rel: str, codes: dict, hashes: dict) -> None:
+    p = work / "mutants" / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes,
+                             "type_check_error_by_key": {}, "durations_by_key": {k: 1.5 for k in codes},
+                             "estimated_durations_by_key": {}}))
+
+
+def test_moved_decorator_gives_the_same_function_and_no_decorator_line(tmp_path):
+    run = load_run_py(tmp_path)
+    source = ("import torch\n\n\n@torch.no_grad()\ndef double(x):\n    return x * 2\n\n\n"
+              "@staticmethod\ndef kept(x):\n    return x\n")
+    moved = run.move_decorators(source)
+    assert "@torch.no_grad()" not in moved, moved
+    assert "@staticmethod" in moved, "a decorator outside MOVABLE_DECORATORS must stay where it is"
+    ns: dict = {}
+    exec(compile(moved, "moved.py", "exec"), ns)
+    y = ns["double"](torch.ones(2, requires_grad=True))
+    assert torch.equal(y, torch.full((2,), 2.0)) and not y.requires_grad, "the moved no_grad must still apply"
+
+
+def test_cache_round_trip_restores_every_result_in_a_fresh_folder(tmp_path):
+    run = load_run_py(tmp_path)
+    codes = {"gptspeed.sample.x_f__mutmut_1": 1, "gptspeed.sample.x_f__mutmut_2": 0,
+             "gptspeed.sample.x_f__mutmut_3": None, "gptspeed.sample.xǁAǁg__mutmut_1": 36}
+    write_meta(run.WORK, "src/gptspeed/sample.py.meta", codes, {"x_f": "h1", "xǁAǁg": "h2"})
+    write_meta(run.WORK, "src/gptspeed/data/loader.py.meta", {"gptspeed.data.loader.x_h__mutmut_1": 3}, {"x_h": "h3"})
+    (run.WORK / "run_info.json").write_text(json.dumps({"wall_s": 10.0, "git_commit": "abc"}))
+    run.save_cache(wall_s=4321.0)
+    saved = json.loads(run.CACHE.read_text())
+    assert saved["git_commit"] == "abc", "the cache names the run's commit, not the HEAD of the moment"
+    assert saved["wall_s"] == 4321
+
+    run.WORK = tmp_path / "fresh"
+    assert run.restore_cache() == 4, "four mutants had a result"
+    restored = run.exit_codes()
+    assert restored == {**codes, "gptspeed.data.loader.x_h__mutmut_1": 3}
+    meta = json.loads((run.WORK / "mutants/src/gptspeed/sample.py.meta").read_text())
+    assert meta["hash_by_function_name"] == {"x_f": "h1", "xǁAǁg": "h2"}, "mutmut keeps results by function hash"
+    assert json.loads((run.WORK / "run_info.json").read_text())["wall_s"] == 4321, "a continued run adds its time"
+
+
+def test_cache_leaves_out_a_function_whose_mutants_are_not_numbered_from_one(tmp_path):
+    run = load_run_py(tmp_path)
+    write_meta(run.WORK, "src/gptspeed/sample.py.meta",
+               {"gptspeed.sample.x_f__mutmut_1": 1, "gptspeed.sample.x_f__mutmut_3": 0,
+                "gptspeed.sample.x_g__mutmut_1": 0}, {"x_f": "h1", "x_g": "h2"})
+    run.save_cache(wall_s=1.0)
+    run.WORK = tmp_path / "fresh"
+    run.restore_cache()
+    assert run.exit_codes() == {"gptspeed.sample.x_g__mutmut_1": 0}, \
+        "results that cannot be put back under their own names must not be restored under others"

@@ -3,7 +3,9 @@ sharded checkpoint's ``.metadata`` clause by clause (a hand-built metadata objec
 exactly one rule is refused with its reason; the same object without the break is read), damaged
 entries named in one line, what a sharded save writes and prunes, the rules for ``consolidate
 --out``, and the small rules of the run folder (whose config.json / metrics.jsonl is gptspeed's,
-which checkpoint is still intact, the step in a name).
+which checkpoint is still intact, the step in a name); and what load_checkpoint refuses and how it
+says so, a part that does not fit its checkpoint, the RNG part, seals (hashed once, configuration,
+run id, data identity) and what RunFolder.abandon removes.
 
 Sharded checkpoints here are written by :class:`~gptspeed.checkpoint.formats.DcpFormat` from
 plain state dicts (a two-tensor "model", an AdamW-shaped "optimizer", an "rng" part): the same
@@ -16,6 +18,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,9 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
                                                    MetadataIndex, StorageMeta, TensorProperties,
                                                    TensorStorageMetadata)
 
-from gptspeed.checkpoint import check_checkpoint, consolidate, load_checkpoint, write_checkpoint_file
+from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, RNGState, RunFolder, check_checkpoint, checkpoint_config,
+                                 consolidate, data_changed, folder_run_id, load_checkpoint, load_part,
+                                 newest_run_config, write_checkpoint_file)
 from gptspeed.checkpoint.consolidate import split_optimizer_state
 from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, read_metadata
 from gptspeed.checkpoint.folder import foreign_entries
@@ -486,3 +491,286 @@ def test_load_latest_reads_the_newest_checkpoint_onto_the_cpu_by_default(tmp_pat
 def test_step_of_reads_a_checkpoints_name_and_is_0_for_another():
     assert step_of(Path("run/ckpt_00000042.dcp")) == 42
     assert step_of(Path("run/model.pt")) == 0
+
+
+# ------------------------------------------------------------------ load_checkpoint: what it refuses, and how it says so
+_DROP = object()
+
+
+def _edit_seal(ckpt: Path, **changes) -> None:
+    """Rewrite the seal of the ``.pt`` checkpoint ``ckpt`` with ``changes`` (``_DROP``: remove the key);
+    its bytes and sha256 still vouch for the file, so the checkpoint stays valid."""
+    seal = ckpt.with_suffix(".json")
+    info = json.loads(seal.read_text())
+    for key, value in changes.items():
+        if value is _DROP:
+            info.pop(key)
+        else:
+            info[key] = value
+    seal.write_text(json.dumps(info))
+
+
+def _renamed(path, state_step, state_run, name_step, seal_step, seal_run):
+    """The one-line refusal of a checkpoint whose step or run id disagrees with its name or seal."""
+    return (f"checkpoint {path} holds step {state_step} of run {state_run}, but its name says step {name_step} and its "
+            f"seal step {seal_step} of run {seal_run}: it was renamed or pieced together; delete it or resume from another")
+
+
+def test_load_checkpoint_verifies_the_seal_unless_told_not_to(tmp_path):
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1})
+    _edit_seal(ckpt, sha256="0" * 64)  # the bytes are the same, the seal no longer vouches for them
+    with pytest.raises(GptspeedError) as e:
+        load_checkpoint(ckpt)
+    assert str(e.value) == f"checkpoint {ckpt} is not valid: sha256 does not match its seal (corrupted)", \
+        "load_checkpoint must check the seal by default"
+    assert load_checkpoint(ckpt, verify=False)["step"] == 1
+
+
+def test_load_checkpoint_puts_the_tensors_where_map_location_says(tmp_path):
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1, "w": torch.ones(2)})
+    assert load_checkpoint(ckpt, map_location="meta")["w"].device.type == "meta", "map_location was not passed to torch.load"
+
+
+def test_load_checkpoint_never_unpickles_code_even_where_torch_is_told_to(tmp_path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 makes every torch.load that does not pass weights_only=True a
+    full unpickle: a sealed file holding a crafted object is refused, and the object's code never runs."""
+    marker = tmp_path / "pwned"
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1, "x": _Payload(marker)})  # sealed: only the unpickling can refuse it
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(GptspeedError) as e:
+        load_checkpoint(ckpt)
+    assert not marker.exists(), "torch.load ran the checkpoint's pickled code: weights_only=True was not passed"
+    assert str(e.value) == f"checkpoint {ckpt} is unreadable (UnpicklingError): delete it or resume from another"
+
+
+def test_load_checkpoint_refuses_a_dict_of_another_format(tmp_path):
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"format": "another-tool", "step": 1})  # format_version 2, step and seal right
+    with pytest.raises(GptspeedError) as e:
+        load_checkpoint(ckpt)
+    assert str(e.value) == f"{ckpt} is not a gptspeed checkpoint", "a dict whose format is not gptspeed's was loaded"
+
+
+def test_load_checkpoint_refuses_a_seal_of_another_run_and_names_both_ids(tmp_path):
+    ckpt = tmp_path / "ckpt_00000002.pt"
+    write_checkpoint_file(ckpt, {"step": 2, "run_id": "aaaaaaaaaaaa-inside"})
+    _edit_seal(ckpt, run_id="bbbbbbbbbbbb-sealed")  # steps agree; only the run ids differ
+    with pytest.raises(GptspeedError) as e:
+        load_checkpoint(ckpt)
+    # each run id cut to its first 12 characters, as not_of_run shows them
+    assert str(e.value) == _renamed(ckpt, 2, "aaaaaaaaaaaa", 2, 2, "bbbbbbbbbbbb")
+
+
+def test_load_checkpoint_refuses_a_seal_of_another_step(tmp_path):
+    ckpt = tmp_path / "ckpt_00000002.pt"
+    write_checkpoint_file(ckpt, {"step": 2, "run_id": RUN_ID})
+    _edit_seal(ckpt, step=3)  # the name and the content say 2, the seal 3
+    with pytest.raises(GptspeedError) as e:
+        load_checkpoint(ckpt)
+    assert str(e.value) == _renamed(ckpt, 2, RUN_ID, 2, 3, RUN_ID)
+
+
+def test_a_file_not_named_as_a_checkpoint_takes_its_step_from_the_seal(tmp_path):
+    ckpt = tmp_path / "model.pt"  # e.g. consolidate --out model.pt: the name says no step
+    write_checkpoint_file(ckpt, {"step": 3, "run_id": RUN_ID})
+    _edit_seal(ckpt, step=5)
+    with pytest.raises(GptspeedError) as e:
+        load_checkpoint(ckpt)
+    assert str(e.value) == _renamed(ckpt, 3, RUN_ID, 5, 5, RUN_ID), "the step to expect is the seal's (5)"
+    _edit_seal(ckpt, step=_DROP)  # a seal without a step: only the bytes are vouched for, any step goes
+    assert load_checkpoint(ckpt)["step"] == 3, "a seal without a step must not refuse the file's step"
+
+
+# ------------------------------------------------------------------ Checkpointer.load and load_part
+def test_a_weights_only_checkpoint_restores_the_model_only_and_returns_the_other_entries(tmp_path):
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1, "note": "hi", "model": {"w": torch.full((2,), 7.0)}})
+    model, optimizer = Part({"w": torch.zeros(2)}), Part({"state": {}})
+    ck = Checkpointer(tmp_path)
+    ck.register("model", model)
+    ck.register("optimizer", optimizer)
+    rest = ck.load(ckpt)
+    assert torch.equal(model.sd["w"], torch.full((2,), 7.0))
+    assert optimizer.sd == {"state": {}}, "a part the checkpoint does not hold must be left as it is"
+    assert rest == {"format": "gptspeed-checkpoint", "format_version": 2, "step": 1, "note": "hi"}, \
+        "load must return the checkpoint's entries other than the registered parts"
+
+
+class _Raises:
+    def __init__(self, error):
+        self.error = error
+
+    def load_state_dict(self, state):
+        raise self.error
+
+
+_TAIL = "resume with the settings it was written with, or start a new --out"
+
+
+@pytest.mark.parametrize("part, state, detail", [
+    # torch's errors: a first line naming the module, then the telling line
+    (torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2)}, 'Missing key(s) in state_dict: "bias".'),
+    (torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2), "bias": torch.zeros(3), "extra": torch.zeros(1)},
+     'Unexpected key(s) in state_dict: "extra".'),
+    # any other error: its first line, cut at 200 characters; its type when it has no message
+    (_Raises(ValueError("bad value\nsecond line")), {}, "bad value"),
+    (_Raises(RuntimeError("x" * 300)), {}, "x" * 200),
+    (_Raises(RuntimeError()), {}, "RuntimeError"),
+], ids=["missing-key", "unexpected-key", "first-line", "cut-at-200", "no-message"])
+def test_a_part_that_does_not_fit_is_one_line_with_the_telling_line_of_the_error(part, state, detail):
+    with pytest.raises(GptspeedError) as e:
+        load_part(Path("run/ckpt_00000002.pt"), "model", part, state)
+    assert str(e.value) == f"checkpoint ckpt_00000002.pt: its model state does not fit this run ({detail}): {_TAIL}"
+
+
+def test_rng_state_sets_the_cuda_generator_only_on_a_cuda_device_and_only_when_saved(monkeypatch):
+    """On this CPU machine torch.cuda.set_rng_state is replaced by a recorder: a RNGState of device
+    cuda restores a saved CUDA state on its device; of device cpu, or with none saved, it sets none."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: calls.append((state, device)))
+    cpu_state, cuda_state = torch.get_rng_state(), torch.arange(8, dtype=torch.uint8)
+    cuda = torch.device("cuda")
+    RNGState(cuda).load_state_dict({"torch": cpu_state, "cuda": cuda_state})
+    assert len(calls) == 1 and calls[0][0] is cuda_state and calls[0][1] == cuda, \
+        f"the saved CUDA state must be set once on the cuda device, got {calls}"
+    calls.clear()
+    RNGState(cuda).load_state_dict({"torch": cpu_state, "cuda": None})
+    RNGState(torch.device("cpu")).load_state_dict({"torch": cpu_state, "cuda": cuda_state})
+    assert calls == [], "no CUDA state may be set without a saved one, or on a CPU device"
+
+
+# ------------------------------------------------------------------ seals
+def test_a_sharded_file_of_the_right_size_but_other_bytes_does_not_match_its_seal(run):
+    ckpt = run / "ckpt_00000002.dcp"
+    shard = ckpt / SHARD
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    st = shard.stat()
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # surely another identity than the cached one
+    assert check_checkpoint(ckpt) == f"{SHARD} does not match its seal (truncated or corrupted)"
+
+
+def test_a_checkpoint_is_hashed_once_per_process(tmp_path, monkeypatch):
+    import gptspeed.checkpoint.seals as seals
+
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1})
+    st = ckpt.stat()
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # not the file written here: not known valid
+    hashed = []
+    real = seals.sha256_file
+    monkeypatch.setattr(seals, "sha256_file", lambda p: hashed.append(p) or real(p))
+    assert check_checkpoint(ckpt) is None and check_checkpoint(ckpt) is None
+    assert hashed == [ckpt], f"a valid checkpoint must be hashed once, then known valid; hashed {hashed}"
+
+
+def test_checkpoint_config_refuses_a_seal_without_a_configuration(tmp_path):
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1})  # sealed, no "config"
+    for path in (ckpt, tmp_path / "ckpt_00000009.pt"):  # ... and one with no seal at all
+        with pytest.raises(GptspeedError) as e:
+            checkpoint_config(path)
+        assert str(e.value) == (f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
+                                "resume it with the gptspeed that wrote it")
+
+
+def test_newest_run_config_names_the_checkpoint_whose_configuration_is_malformed(tmp_path):
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1, "config": {"model": 5}})
+    with pytest.raises(GptspeedError) as e:
+        newest_run_config(tmp_path)
+    assert str(e.value) == f"checkpoint {ckpt}: 'model' must be an object, got int", "the error must name the checkpoint"
+
+
+@pytest.mark.parametrize("recorded, now, changed", [
+    (None, None, False),
+    ({"a": 1}, None, True),
+    (None, {"a": 1}, True),
+    ({}, {"a": 1}, True),
+    ({"a": 1}, {"a": 1, "b": 2}, False),  # a key recorded only later: compared on the recorded keys
+    ({"a": 1}, {"a": 2}, True),
+    ({"a": 1}, {"b": 1}, True),
+])
+def test_data_changed_compares_the_keys_the_checkpoint_recorded(recorded, now, changed):
+    assert data_changed(recorded, now) is changed, f"data_changed({recorded}, {now}) should be {changed}"
+
+
+@pytest.mark.parametrize("config, run_id", [
+    ({"model": {}, "train": {}}, None),
+    ({"derived": [1]}, None),
+    ({"derived": {}}, None),
+    ({"derived": {"run_id": 5}}, None),
+    ({"derived": {"run_id": ""}}, None),
+    ({"derived": {"run_id": "abc"}}, "abc"),
+], ids=["no-derived", "derived-a-list", "no-run-id", "run-id-an-int", "run-id-empty", "run-id"])
+def test_folder_run_id_is_a_non_empty_string_or_none(tmp_path, config, run_id):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert folder_run_id(tmp_path) == run_id, f"config {config}: run id should be {run_id!r}"
+
+
+# ------------------------------------------------------------------ RunFolder.abandon
+def _opened(path: Path, written=("config.json",)):
+    rf = RunFolder(path, True)
+    rf.open()
+    for name in written:
+        (path / name).write_text("{}")
+    rf.written.update(written)
+    return rf
+
+
+def test_abandon_removes_what_the_run_wrote_folders_too_and_the_folder_it_made(tmp_path):
+    run = tmp_path / "run"
+    rf = _opened(run)
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events").write_bytes(b"x")
+    rf.written.add("tensorboard")
+    rf.abandon()
+    assert not run.exists(), f"left behind: {sorted(p.name for p in run.iterdir()) if run.exists() else ''}"
+
+
+def test_abandon_keeps_a_made_folder_the_user_put_a_file_into(tmp_path):
+    run = tmp_path / "run"
+    rf = _opened(run)
+    (run / "notes.txt").write_text("mine")
+    rf.abandon()
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+def test_abandon_does_nothing_once_the_run_has_a_checkpoint_or_on_a_rank_that_did_not_open_it(tmp_path):
+    run = tmp_path / "run"
+    rf = _opened(run)
+    write_checkpoint_file(run / "ckpt_00000001.pt", {"step": 1})
+    rf.abandon()
+    rf.close()
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME, "ckpt_00000001.json", "ckpt_00000001.pt", "config.json"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / LOCK_NAME).write_text("pid 1 on host")  # rank 0's lock; this rank (not main) never opened the folder
+    not_main = RunFolder(other, False)
+    not_main.open()
+    not_main.abandon()
+    assert (other / LOCK_NAME).exists(), "a rank that did not open the folder removed rank 0's lock"
+
+
+def test_abandon_neither_follows_nor_raises_on_a_symlink_to_a_folder(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("theirs")
+    rf = _opened(run)
+    (run / "tensorboard").symlink_to(elsewhere)
+    rf.written.add("tensorboard")
+    rf.abandon()  # rmtree refuses a symlink: ignored, as every failure to remove is
+    assert (elsewhere / "keep").read_text() == "theirs"
+    assert not (run / LOCK_NAME).exists() and not (run / "config.json").exists()
+
+
+def test_abandon_of_a_folder_deleted_meanwhile_raises_nothing(tmp_path):
+    run = tmp_path / "run"
+    rf = _opened(run)
+    shutil.rmtree(run)  # the user removed it while the run failed
+    rf.abandon()
+    assert not run.exists()

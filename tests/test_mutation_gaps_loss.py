@@ -99,10 +99,15 @@ class StandInLiger(torch.autograd.Function):
     @staticmethod
     def apply(x, w, t, bias=None, ce_weight=None, ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0,
               reduction="mean", softcap=None):
+        # Liger's kernel takes these as floats (a None fails its launch): so does the stand-in
+        assert type(lse_square_scale) is float and type(label_smoothing) is float, (lse_square_scale, label_smoothing)
         logits = (x @ w.t()).float()
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
-        return F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction), None
+        loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
+                               label_smoothing=label_smoothing)
+        keep = t != ignore_index  # Liger's z-loss: lse_square_scale * logsumexp(logits)^2 over the kept rows
+        return loss + lse_square_scale * (torch.logsumexp(logits[keep], -1) ** 2).mean(), None
 
 
 @pytest.fixture
@@ -126,3 +131,15 @@ def test_the_liger_loss_is_not_soft_capped_unless_asked(stand_in_liger):
     capped = F.cross_entropy(5.0 * torch.tanh((x @ w.t()) / 5.0), t)
     assert float(liger_linear_cross_entropy(x, w, t, softcap=5.0)) == pytest.approx(float(capped), rel=1e-5)
     assert abs(float(capped) - float(plain)) > 1.0
+
+
+def test_the_soft_capped_liger_loss_is_plain_cross_entropy_otherwise(stand_in_liger):
+    """With a softcap, the other positional arguments keep their plain meaning: rows whose target is
+    -100 are left out (as in ``F.cross_entropy``), no label smoothing, no z-loss."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(16, 8) * 4, torch.randn(40, 8) * 4, torch.randint(0, 40, (16,))
+    t[::3] = -100
+    capped = 5.0 * torch.tanh((x @ w.t()) / 5.0)
+    want = F.cross_entropy(capped, t)  # ignore_index=-100, label_smoothing=0, no z-loss
+    got = float(liger_linear_cross_entropy(x, w, t, softcap=5.0))
+    assert got == pytest.approx(float(want), rel=1e-5), f"soft-capped Liger loss {got} != cross-entropy {float(want)}"

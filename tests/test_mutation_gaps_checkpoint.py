@@ -19,7 +19,9 @@ import json
 import os
 import pickle
 import shutil
+import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,9 +34,9 @@ from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, RNGState, RunFolder, c
                                  consolidate, data_changed, folder_run_id, load_checkpoint, load_part,
                                  newest_run_config, write_checkpoint_file)
 from gptspeed.checkpoint.consolidate import split_optimizer_state
-from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, read_metadata
+from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, _one_line, _SafeBytes, read_metadata
 from gptspeed.checkpoint.folder import foreign_entries
-from gptspeed.checkpoint.formats import DcpFormat, load_latest, write_failure
+from gptspeed.checkpoint.formats import DcpFormat, load_latest, load_latest_run, write_failure
 from gptspeed.checkpoint.paths import step_of
 from gptspeed.checkpoint.seals import intact_besides
 from gptspeed.errors import GptspeedError
@@ -221,6 +223,117 @@ def test_damaged_metadata_names_the_error_and_its_message(tmp_path, content, why
     with pytest.raises(GptspeedError) as e:
         read_metadata(folder)
     assert str(e.value) == f"checkpoint {folder} is unreadable: its .metadata is damaged ({why})"
+
+
+# A name longer than a refusal shows: every refusal shows its first 80 characters ("one line, never a
+# wall of text"); digits, so that the cut point shows in a failure.
+LONG = "0123456789" * 10
+CUT = LONG[:80]
+
+
+def _long_entry(change_w):
+    """change(md): the tensor entry ``w`` renamed to LONG, then ``change_w(entry)`` applied to it."""
+    def change(md):
+        w = md.state_dict_metadata.pop("w")
+        change_w(w)
+        md.state_dict_metadata[LONG] = w
+        return md
+    return change
+
+
+def _long_path(path):
+    """change(md): the tensor's storage entry names ``path`` (its bytes entry still the shard)."""
+    return _set("info.relative_path", path)
+
+
+LONG_REFUSED = [
+    ("entry-malformed", _long_entry(lambda w: setattr(w, "properties", None)), f"entry {CUT} is malformed"),
+    ("entry-chunk-malformed", _long_entry(lambda w: setattr(w, "chunks", [BytesStorageMetadata()])),
+     f"entry {CUT} has a malformed chunk"),
+    ("entry-of-another-kind", lambda md: _put("state_dict_metadata", LONG, ChunkStorageMetadata(torch.Size([0]), torch.Size([1])))(md),
+     f"entry {CUT} is a ChunkStorageMetadata"),
+    ("planner-data-malformed", _set("md.planner_data", {"w": ("w",), LONG: "w"}), f"its planner data for {CUT} is malformed"),
+    ("path-outside", _long_path("sub/" + LONG), f"a storage entry points outside the folder ({('sub/' + LONG)[:80]!r})"),
+    ("path-missing", _long_path(LONG), f"a storage entry names {CUT}, which is not a file of the folder"),
+    ("path-too-short", lambda md: _set("info.length", SHARD_BYTES + 1)(_long_path("x" + LONG[1:])(md)),
+     f"a storage entry lies outside {('x' + LONG[1:])[:80]}"),
+]
+
+
+@pytest.mark.parametrize("change, reason", [c[1:] for c in LONG_REFUSED], ids=[c[0] for c in LONG_REFUSED])
+def test_a_refusal_shows_the_first_80_characters_of_a_long_name(tmp_path, change, reason):
+    folder = _folder(tmp_path, change(_metadata()))
+    (folder / ("x" + LONG[1:])).write_bytes(b"\0" * SHARD_BYTES)  # a real file, too short for the entry
+    with pytest.raises(GptspeedError) as e:
+        read_metadata(folder)
+    assert str(e.value) == f"refusing to load {folder}: its .metadata is not a checkpoint's metadata ({reason})", \
+        "a name in a refusal must be cut to exactly its first 80 characters"
+
+
+def test_a_refusal_lists_the_first_3_stream_transforms(tmp_path):
+    folder = _folder(tmp_path, _set("info.transform_descriptors", ["t1", "t2", "t3", "t4", "t5"])(_metadata()))
+    with pytest.raises(GptspeedError) as e:
+        read_metadata(folder)
+    assert str(e.value) == (f"refusing to load {folder}: its .metadata is not a checkpoint's metadata (a storage entry "
+                            "asks for stream transforms ['t1', 't2', 't3'], which gptspeed never writes)"), \
+        "the refusal must list exactly the first 3 stream transforms"
+
+
+@pytest.mark.parametrize("name", ["XX.XX", "...", ".hidden", "a.b.distcp"])
+def test_a_storage_file_with_dots_in_its_name_is_read(tmp_path, name):
+    """Only "", "." and ".." are refused as names; any other plain name with dots is a file of the folder."""
+    md = _metadata()
+    for info in md.storage_data.values():
+        info.relative_path = name
+    folder = _folder(tmp_path, md)
+    (folder / SHARD).rename(folder / name)
+    assert sorted(read_metadata(folder).state_dict_metadata) == ["lr", "w"], f"a shard named {name!r} was refused"
+
+
+def test_metadata_of_a_torch_without_stream_transforms_is_read(tmp_path, monkeypatch):
+    """Older torch versions' _StorageInfo has no transform_descriptors field: simulated by removing the
+    class default (the pickled entries never hold a None field), the metadata is still read."""
+    folder = _folder(tmp_path, _metadata())
+    monkeypatch.delattr(_StorageInfo, "transform_descriptors")
+    md = read_metadata(folder)
+    assert not any(hasattr(info, "transform_descriptors") for info in md.storage_data.values())
+    assert sorted(md.state_dict_metadata) == ["lr", "w"]
+
+
+def test_damaged_metadata_shows_the_first_160_characters_of_the_error(tmp_path):
+    folder = _folder(tmp_path, _metadata())
+    # an allowed global (torch.serialization._get_layout) called with an unknown 300-character layout name:
+    # KeyError, whose message is the name quoted
+    name = ("abcdefghij" * 30).encode()
+    (folder / ".metadata").write_bytes(b"\x80\x02ctorch.serialization\n_get_layout\nX" + len(name).to_bytes(4, "little")
+                                       + name + b"\x85R.")
+    with pytest.raises(GptspeedError) as e:
+        read_metadata(folder)
+    shown = ("'" + "abcdefghij" * 30 + "'")[:160]
+    assert str(e.value) == f"checkpoint {folder} is unreadable: its .metadata is damaged (KeyError: {shown})", \
+        "the error's message must be cut to exactly its first 160 characters"
+
+
+def test_an_unreadable_bytes_entry_shows_the_first_80_characters_of_its_name(tmp_path):
+    item = SimpleNamespace(dest_index=SimpleNamespace(fqn=LONG))
+    with pytest.raises(GptspeedError) as e:
+        _SafeBytes(None, tmp_path).load_bytes(item, io.BytesIO(b"garbage"))
+    assert str(e.value) == f"refusing to load {tmp_path}: its entry {CUT} is unreadable (UnpicklingError)", \
+        "the entry's name must be cut to exactly its first 80 characters"
+
+
+@pytest.mark.parametrize("error, shown", [
+    (ValueError("first line\nsecond line"), "ValueError: first line"),
+    (ValueError("y" * 300), "ValueError: " + "y" * 200),
+    (ValueError(), "ValueError"),
+    (ValueError(" \n "), "ValueError"),
+], ids=["first-line", "cut-at-200", "no-message", "blank-message"])
+def test_a_failed_shard_read_is_one_line_with_the_first_line_of_the_error(tmp_path, error, shown):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    failure = CheckpointException("load failed", {0: (error, traceback.StackSummary())})
+    assert str(_one_line(tmp_path, failure)) == f"could not read the shards of {tmp_path} ({shown})", \
+        "the failure must show its type and its message's first line cut at 200 characters, or its type alone"
 
 
 def test_the_reader_never_falls_back_to_rank_local_metadata(tmp_path):
@@ -486,6 +599,17 @@ def test_load_latest_reads_the_newest_checkpoint_onto_the_cpu_by_default(tmp_pat
     write_checkpoint_file(tmp_path / "ckpt_00000002.pt", {"step": 2, "w": torch.full((2,), 2.0)})
     ck = load_latest(tmp_path)
     assert ck["step"] == 2 and ck["w"].device == torch.device("cpu") and torch.equal(ck["w"], torch.full((2,), 2.0))
+
+
+def test_load_latest_and_load_latest_run_put_the_tensors_where_map_location_says(tmp_path):
+    from gptspeed.config import RunConfig
+
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1, "w": torch.ones(2), "config": RunConfig().to_dict()})
+    assert load_latest(tmp_path, map_location="meta")["w"].device.type == "meta", \
+        "load_latest did not pass its map_location on"
+    ck, config = load_latest_run(tmp_path, map_location="meta")
+    assert ck["w"].device.type == "meta", "load_latest_run did not pass its map_location on"
+    assert config == RunConfig()
 
 
 def test_step_of_reads_a_checkpoints_name_and_is_0_for_another():

@@ -338,7 +338,10 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
         "survivors": [{"name": n, "status": "survived", "explained_as": expl.get(n, ("unexplained", ""))[0],
                        "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, ""))} for n in survivors],
         "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived", "not checked")),
-        "explained_but_not_surviving": sorted(n for n in expl if n in results and results[n] != "survived"),
+        # explained, but killed now, or no longer a mutant of a module this run mutated (renumbered)
+        "explained_but_not_surviving": sorted(
+            n for n in expl if results.get(n, "survived") != "survived"
+            or (n not in results and n.startswith(tuple(MODULES[m][1] for m in modules)))),
         "tests_failing_unmutated": json.loads((WORK / "failing_tests.json").read_text())
         if (WORK / "failing_tests.json").exists() else [],
     }

@@ -336,6 +336,45 @@ def test_a_failed_shard_read_is_one_line_with_the_first_line_of_the_error(tmp_pa
         "the failure must show its type and its message's first line cut at 200 characters, or its type alone"
 
 
+def test_an_error_torch_raises_itself_while_reading_the_shards_is_one_line_too(tmp_path, monkeypatch):
+    """load_full's catch-all hands _one_line torch's own exception (no CheckpointException, so no
+    ``failures``): it is shown as a rank's failure is, not lost to an AttributeError."""
+    import torch.distributed.checkpoint.state_dict_loader as dcp_loader
+
+    from gptspeed.checkpoint.dcp_reader import load_full
+
+    folder = _folder(tmp_path, _metadata())
+
+    def fails(*args, **kwargs):
+        raise ValueError("bad shard\nsecond line")
+
+    monkeypatch.setattr(dcp_loader, "_load_state_dict", fails)
+    with pytest.raises(GptspeedError) as e:
+        load_full(folder)
+    assert str(e.value) == f"could not read the shards of {folder} (ValueError: bad shard)", \
+        "an exception without failures must be shown with its type and first line"
+
+
+def test_a_bytes_entry_holding_a_tensor_saved_on_a_gpu_is_read_onto_the_cpu(tmp_path, monkeypatch):
+    """consolidate runs without GPUs: a non-tensor entry that holds a tensor saved on a GPU (its
+    storage tagged cuda:0, as torch.save writes it there) is read onto the CPU and passed on, not
+    refused for the lack of CUDA."""
+    import torch.serialization
+
+    saved = io.BytesIO()
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save({"t": torch.arange(3.0)}, saved)
+    assert b"cuda:0" in saved.getvalue()
+    passed = []
+    planner = SimpleNamespace(load_bytes=lambda item, value: passed.append(torch.load(value, weights_only=True)))
+    item = SimpleNamespace(dest_index=SimpleNamespace(fqn="extra.t"))
+    _SafeBytes(planner, tmp_path).load_bytes(item, io.BytesIO(saved.getvalue()))
+    ((got,),) = [list(p.values()) for p in passed]
+    assert got.device.type == "cpu" and torch.equal(got, torch.arange(3.0)), \
+        "a bytes entry's tensor must be loaded with map_location='cpu'"
+
+
 def test_the_reader_never_falls_back_to_rank_local_metadata(tmp_path):
     folder = _folder(tmp_path, _metadata())
     reader = SafeFileSystemReader(folder)

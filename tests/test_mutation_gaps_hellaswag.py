@@ -86,6 +86,44 @@ def test_score_items_under_autocast_scores_in_the_autocast_dtype(model):
     assert torch.allclose(total, ref, rtol=1e-3, atol=1e-3) and not torch.equal(total, total32)
 
 
+def test_score_items_makes_every_tensor_on_the_device_asked_for(model, monkeypatch):
+    """On a GPU the rows, the ending ids and the sums must be on the GPU with the model (a CPU
+    tensor mixed in raises there): here the model is on meta (a device other than the CPU, shapes
+    only) and so must be what score_items returns. meta has no bincount kernel: a stand-in gives
+    the counts' shape and device."""
+    import copy
+
+    on_meta = copy.deepcopy(model).to("meta")
+    real = torch.bincount
+    monkeypatch.setattr(torch, "bincount", lambda t, minlength=0: real(t, minlength=minlength) if not t.is_meta
+                        else torch.zeros(minlength, dtype=torch.long, device=t.device))
+    total, count = score_items(on_meta, random_items(3, 2), "meta")
+    assert total.device.type == count.device.type == "meta", "score_items left its sums off the device asked for"
+    assert total.shape == count.shape == (3, 4)
+
+
+def test_evaluate_makes_its_counters_and_labels_on_the_device_asked_for(model, monkeypatch):
+    """With the default device set elsewhere (meta: no data) the counts are the same: the counters
+    and labels evaluate_hellaswag makes are put on ``device`` (on a GPU, CPU labels could not be
+    compared with the GPU's losses). score_items, which stages its rows on the host through the
+    default device, runs with the CPU's (its own device test is above)."""
+    items = labelled(model, random_items(5, 7), False)
+    want = evaluate_hellaswag(model, items, device="cpu", batch_examples=2)
+    real = hs.score_items
+
+    def with_cpu_default(*a):
+        with torch.device("cpu"):
+            return real(*a)
+
+    monkeypatch.setattr(hs, "score_items", with_cpu_default)
+    with torch.device("meta"):
+        got = evaluate_hellaswag(model, items, device="cpu", batch_examples=2)
+    keys = ("examples", "correct", "correct_norm", "nan_examples")
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, \
+        "evaluate_hellaswag's counts depend on the default device"
+    assert (want["examples"], want["correct"], want["nan_examples"]) == (5, 5, 0)  # labels: the model's own best
+
+
 @pytest.mark.parametrize("batch", [1, 2, 16])
 def test_accuracies_count_the_models_own_best_endings(model, batch):
     """Labels set to the model's own lowest total loss: every example right by ``acc``; set to

@@ -169,6 +169,28 @@ def test_generation_with_the_document_mask_draws_what_the_uncached_path_draws(at
         assert torch.equal(a, b)
 
 
+def test_cached_generation_with_the_document_mask_keeps_its_ids_where_the_tokens_are():
+    """With the default device set elsewhere (meta: no data), left-padded prompts holding document
+    boundaries draw the same tokens with the KV cache: the cache's document ids are made on the
+    tokens' device, not the default one (on a GPU, ids on the CPU could not be compared there)."""
+    from gptspeed.sample import generate_cached, left_pad
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    torch.manual_seed(0)
+    model = GPT(small(doc_mask=True, block_size=32)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)
+    idx, pad = left_pad([[11, 12, E, 13, 14], [E, 21, 22]])
+
+    def run():
+        return torch.stack(list(generate_cached(model, idx, 6, pad=pad, generator=torch.Generator().manual_seed(1))), 1)
+
+    want = run()
+    with torch.device("meta"):
+        got = run()
+    assert torch.equal(got, want), "the cached document mask depends on the default device"
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])
 @pytest.mark.parametrize("pos_emb", ["learned", "rope"])
 def test_a_cached_step_after_a_document_boundary_sees_only_its_own_document(attention, pos_emb):

@@ -5,6 +5,7 @@ argument checks of ``sample_text``, and what ``compile`` asks of torch.compile. 
 subprocess."""
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch.nn import functional as F
 import gptspeed.sample as sample_mod
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
+from gptspeed.runtime import Runtime
 from gptspeed.sample import _window_inputs, generate, generate_cached, left_pad, sample_next, sample_text
 from gptspeed.tokenizer import decode, encode
 
@@ -122,6 +124,25 @@ def test_top_k_of_the_whole_vocabulary_is_no_restriction():
         a = sample_next(logits, 0.9, k, torch.Generator().manual_seed(5))
         b = sample_next(logits, 0.9, None, torch.Generator().manual_seed(5))
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("top_k", [None, 3], ids=["whole-vocabulary", "top-k"])
+def test_sample_next_draws_without_warnings(top_k):
+    """Sampling warns about nothing (a warning per token would flood a user's terminal): softmax is
+    asked for over the vocabulary explicitly (torch warns when it has to guess the dimension). The
+    draw is the docstring's: softmax(logits / temperature) over the top_k or all, one multinomial."""
+    logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = sample_next(logits, 0.7, top_k, torch.Generator().manual_seed(1))
+    assert [str(w.message) for w in caught] == [], "sample_next warned while sampling"
+    g, scaled = torch.Generator().manual_seed(1), logits / 0.7
+    if top_k is None:
+        want = torch.multinomial(F.softmax(scaled, dim=-1), 1, generator=g).squeeze(1)
+    else:
+        values, indices = torch.topk(scaled, top_k, dim=-1)
+        want = indices.gather(1, torch.multinomial(F.softmax(values, dim=-1), 1, generator=g)).squeeze(1)
+    assert torch.equal(got, want), "sample_next did not draw from softmax(logits / temperature)"
 
 
 # ------------------------------------------------------------------------------ generate defaults
@@ -349,3 +370,46 @@ def test_sample_text_in_float32_samples_without_autocast(monkeypatch):
     rec = Recorder(monkeypatch)
     sample_text(loaded=loaded(), prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", out=io.StringIO())
     assert not isinstance(rec.calls[0][3]["autocast"], torch.autocast)
+
+
+# ------------------------------------------------------------------------------ on the runtime's device
+META = Runtime(device=torch.device("meta"), dtype="float32", autocast_dtype=None, compile=False)  # not the CPU
+
+
+def test_load_model_puts_the_model_on_the_runtimes_device(tmp_path):
+    """On a GPU the model must be moved there (else every step runs on the CPU, or fails against
+    the GPU's batch): here the runtime's device is meta, a device other than the CPU."""
+    from gptspeed.checkpoint import save_checkpoint
+    from gptspeed.config import preset
+
+    cfg = preset("pico")
+    cfg.model = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
+    save_checkpoint(tmp_path, {"step": 7, "model": GPT(cfg.model).state_dict(), "config": cfg.to_dict()})
+    model, ckpt = sample_mod.load_model(tmp_path, META)
+    assert {p.device.type for p in model.parameters()} == {"meta"}, "load_model left the model off rt.device"
+    assert not model.training and ckpt["step"] == 7
+
+
+def test_sample_text_makes_the_batch_and_the_generator_on_the_runtimes_device(monkeypatch):
+    """On a GPU the prompts' batch, its padding and the generator must be on the GPU with the model
+    (torch.multinomial refuses a CPU generator for CUDA probabilities): they are made on the device
+    the runtime resolves to, here meta (not the CPU). No generator can be made on meta: a stand-in
+    records the device it is asked for."""
+    model_info = loaded()
+    monkeypatch.setattr(sample_mod, "resolve_runtime", lambda *a, **k: META)
+    asked = []
+
+    class Generator:
+        def __init__(self, device=None):
+            asked.append(device)
+
+        def manual_seed(self, seed):
+            self.seed = seed
+            return self
+
+    monkeypatch.setattr(torch, "Generator", Generator)
+    rec = Recorder(monkeypatch)
+    sample_text(loaded=model_info, prompts=["Hello", "Hello world"], max_new_tokens=2, seed=5, out=io.StringIO())
+    ((_, idx, _, kw),) = rec.calls
+    assert idx.device.type == kw["pad"].device.type == "meta", "the prompts' batch is not on rt.device"
+    assert asked == [META.device] and kw["generator"].seed == 5, "the generator is not made on rt.device"

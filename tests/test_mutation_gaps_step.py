@@ -301,6 +301,29 @@ def test_auto_batch_probes_eager_unwrapped_steps_at_each_size(monkeypatch, paral
         assert int(x.min()) >= 0 and int(x.max()) < cfg.model.valid_vocab_size
 
 
+def test_auto_batch_probes_on_tokens_made_on_the_runs_device(monkeypatch):
+    """On a GPU the probe's random tokens must be made there, with the model (CPU tokens would
+    fail the probe's step, or measure nothing of the GPU's memory): here the runtime's device is
+    meta (not the CPU); a stand-in step records the batch it is handed."""
+    batches = []
+
+    class Step:
+        def __init__(self, cfg, rt):
+            pass
+
+        def __call__(self, next_batch):
+            batches.append(next_batch())
+
+    monkeypatch.setattr(step_mod, "TrainStep", Step)
+    monkeypatch.setattr(batchsize, "resolve_auto_batch", lambda device, settings, sequences, make_step, **kw:
+                        make_step(2)() or 2)
+    meta = dataclasses.replace(CPU, device=torch.device("meta"))
+    assert step_mod.auto_batch_size(small(), meta, say=lambda m: None) == 2
+    ((x, y),) = batches
+    assert x.device.type == y.device.type == "meta", "the probe's tokens are not on rt.device"
+    assert x.shape == y.shape == (2, 16)
+
+
 def test_auto_batch_without_a_global_batch_asks_for_no_sequence_count(monkeypatch):
     seen = []
     monkeypatch.setattr(batchsize, "resolve_auto_batch", lambda device, settings, sequences, *a, **k: seen.append(sequences) or 2)

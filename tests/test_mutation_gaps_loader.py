@@ -1,17 +1,21 @@
 """gptspeed.data.loader where the mutation check (tools/mutation/README.md) found it unguarded: a
 position re-sharded to another world size (and where that is refused), states from before the
-batch counter and the world-size field, the evaluation batch count per rank, and the small helpers.
+batch counter and the world-size field, the evaluation batch count per rank, and the small helpers;
+the evaluation schedule's budget, the exact window a batch reads, the bad-token message, the caches
+of open shards and epoch permutations, and the waiting time.
 Each resumed stream is compared with the stream of a loader that never stopped. No subprocess: the
 ranks of a job are loaders built side by side."""
 
 import threading
+import types
 
 import numpy as np
 import pytest
 import torch
 
-from gptspeed.data.loader import TokenLoader, eval_batches_per_rank, iter_eval_batches, to_device
-from gptspeed.data.shards import write_shard
+import gptspeed.data.loader as loader_mod
+from gptspeed.data.loader import TokenLoader, eval_batches_per_rank, eval_schedule, iter_eval_batches, to_device
+from gptspeed.data.shards import HEADER_BYTES, MappedShard, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
@@ -191,3 +195,155 @@ def test_an_unrecorded_world_size_is_named_as_a_whole_number(shards):
     with pytest.raises(GptspeedError, match="^the checkpoint's data position was saved with world size 1 and does not "
                                             "fall on a batch boundary for world size 2: resume with 1 process"):
         TokenLoader(shards, B, T, rank=0, world_size=2).load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------ the evaluation schedule
+def test_eval_schedule_reads_the_whole_split_by_default():
+    """No budget given: every window, batch_size at a time, the last of a shard smaller. 101 tokens
+    hold 10 windows of 10 (+1): 4 + 4 + 2; 30 tokens hold 2."""
+    got = list(eval_schedule([101, 30], 4, 10))
+    assert got == [(0, 0, 4), (0, 4, 4), (0, 8, 2), (1, 0, 2)], \
+        f"the default budget did not read the whole split: {got}"
+
+
+def test_eval_schedule_takes_a_budget_of_one_token_as_a_budget():
+    """Any positive max_tokens is a budget (only 0 means the whole split): 1 token is one window."""
+    got = list(eval_schedule([101, 30], 4, 10, max_tokens=1))
+    assert got == [(0, 0, 1)], f"max_tokens=1 should give one window of one shard, got {got}"
+
+
+# ------------------------------------------------------------------------------ what a batch reads
+def test_a_batch_reads_its_b_t_plus_one_tokens_and_not_one_more(tmp_path):
+    """A shard cut back, under the run, to exactly the tokens the next batch reads (2 x 16 + 1)
+    still serves that batch: the size check asks for B*T+1 tokens, not more."""
+    toks = np.arange(100, 140, dtype=np.uint16)  # 40 tokens: 2 windows of 16 (+1)
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, toks)
+    loader = TokenLoader([path], B, T)
+    loader.next_batch()  # opens (maps) the shard
+    with open(path, "r+b") as f:
+        f.truncate(HEADER_BYTES + 2 * 33)
+    x, y = loader.next_batch()
+    assert x.flatten().tolist() == list(range(116, 132)) and y.flatten().tolist() == list(range(117, 133)), \
+        "the second batch is not tokens 16..32 of the shard"
+
+
+def test_a_bad_token_is_named_with_its_shard_and_its_place_in_the_shard(tmp_path):
+    """Rank 1 of 2 (16 tokens each, 32 a step): its second batch starts at token 32 + 16 = 48; a bad
+    id at token 50 is named there, in that shard."""
+    toks = np.random.default_rng(0).integers(0, 1000, 200).astype(np.uint16)
+    toks[50] = 60000
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, toks)
+    loader = TokenLoader([path], B, T, rank=1, world_size=2, max_token_id=1000)
+    loader.next_batch()  # tokens 16..32: fine
+    with pytest.raises(GptspeedError) as e:
+        loader.next_batch()
+    assert str(e.value).startswith(f"{path}: token id 60000 at token 50 is not below the vocabulary size 1000: "), \
+        f"the message does not name the shard and the token's place in it: {e.value}"
+
+
+# ------------------------------------------------------------------------------ caches
+class CountingLock:
+    """A lock that counts how often it was taken."""
+
+    def __init__(self):
+        self.lock, self.taken = threading.Lock(), 0
+
+    def __enter__(self):
+        self.lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_an_open_shard_is_read_without_taking_the_lock(shards, monkeypatch):
+    """70 batches (sequential: 63 windows in shard 0, 1 in shard 1, 43 in shard 2) read the three
+    shards: each is opened once, under the lock; the batches from an open shard take no lock
+    (prefetch threads do not queue behind each other)."""
+    opened = []
+    monkeypatch.setattr(loader_mod, "MappedShard", lambda p: opened.append(p) or MappedShard(p))
+    loader = TokenLoader(shards, B, T)
+    loader._lock = lock = CountingLock()
+    advanced(loader, 70)
+    assert opened == shards, f"shards opened: {opened}"
+    assert lock.taken == 3, f"the lock was taken {lock.taken} times for 70 batches from 3 shards (once per opening)"
+
+
+class GateLock(CountingLock):
+    """A lock that also counts the threads that came to it, so a test can wait until all have."""
+
+    def __init__(self):
+        super().__init__()
+        self.arrived, self.cond = 0, threading.Condition()
+
+    def __enter__(self):
+        with self.cond:
+            self.arrived += 1
+            self.cond.notify_all()
+        super().__enter__()
+
+
+def test_two_threads_opening_the_same_shard_at_once_open_it_once(shards, monkeypatch):
+    """Two prefetch threads both find shard 0 unopened and wait for the lock: the first opens it,
+    the second finds it open there and uses the same map."""
+    opened = []
+    monkeypatch.setattr(loader_mod, "MappedShard", lambda p: opened.append(p) or MappedShard(p))
+    loader = TokenLoader(shards, B, T)
+    loader._lock = gate = GateLock()
+    got = []
+    gate.lock.acquire()
+    threads = [threading.Thread(target=lambda: got.append(loader._shard(0))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    with gate.cond:
+        assert gate.cond.wait_for(lambda: gate.arrived == 2, timeout=10)
+    gate.lock.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(got) == 2 and got[0] is got[1], "the two threads got different maps of the same shard"
+    assert opened == [shards[0]], f"shard 0 was opened {len(opened)} times"
+
+
+@pytest.fixture
+def draws(monkeypatch):
+    """The epochs whose permutation was drawn (np.random.default_rng([seed, epoch]) calls), in order."""
+    real, seen = np.random.default_rng, []
+    monkeypatch.setattr(np.random, "default_rng", lambda seed=None: seen.append(seed) or real(seed))
+    return seen
+
+
+def test_an_epochs_permutation_is_drawn_once(shards, draws):
+    """30 batches of random sampling in epoch 0 draw its permutation once; the batches are its
+    windows in its order (107 windows an epoch: 63 in shard 0, 1 in shard 1, 43 in shard 2)."""
+    perm = np.random.default_rng([5, 0]).permutation(107)  # counted too: drawn here, by the test
+    loader = TokenLoader(shards, B, T, sampling="random", seed=5)
+    for g in range(30):
+        i = int(perm[g])
+        s, pos = (0, i * 16) if i < 63 else (1, 0) if i == 63 else (2, (i - 64) * 16)
+        assert loader._window(g) == (s, pos), f"batch {g} is not window {i} of the permutation"
+    advanced(loader, 30)
+    assert draws == [[5, 0], [5, 0]], f"permutations drawn: {draws[1:]} (once for epoch 0 expected)"
+
+
+def test_the_previous_epochs_permutation_is_kept_and_older_ones_dropped(shards, draws):
+    """At an epoch boundary a prefetch thread may still make the last batch of the previous epoch:
+    its permutation is kept. Two epochs later it is dropped (memory stays bounded), and drawn again,
+    the same, if asked for (107 batches an epoch)."""
+    loader = TokenLoader(shards, B, T, sampling="random", seed=5)
+    last = loader._window(106)  # epoch 0's last batch
+    loader._window(107)  # epoch 1's first
+    assert loader._window(106) == last  # a thread behind, after epoch 1 began
+    loader._window(214)  # epoch 2's first
+    assert loader._window(106) == last
+    assert [e for _, e in draws] == [0, 1, 2, 0], \
+        f"epochs drawn {[e for _, e in draws]}: epoch 0 kept while epoch 1 began, dropped once epoch 2 did"
+
+
+def test_wait_s_adds_up_the_time_of_every_batch(shards, monkeypatch):
+    """A clock that moves 0.25 s between its readings: each batch takes 0.25 s, four take 1 s."""
+    ticks = iter(np.arange(1000.0, 2000.0, 0.25))
+    monkeypatch.setattr(loader_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    loader = advanced(TokenLoader(shards, B, T), 4)
+    assert loader.wait_s == 1.0, f"wait_s is {loader.wait_s} after 4 batches of 0.25 s"

@@ -1,5 +1,6 @@
 """gptspeed.loss where the mutation check (tools/mutation/README.md) found it unguarded: the dtype the
-LM-head matmuls run in, the gradient's dtype for inputs of mixed dtypes, and Liger's refusals off
+LM-head matmuls run in, the gradient's dtype for inputs of mixed dtypes, the fused op's autograd
+context (which outputs are differentiable, what its backward allocates), and Liger's refusals off
 CUDA. No subprocess, no GPU."""
 
 import importlib.util
@@ -7,6 +8,7 @@ import importlib.util
 import pytest
 import torch
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import gptspeed.loss as loss_mod
 from gptspeed.errors import GptspeedError
@@ -143,3 +145,59 @@ def test_the_soft_capped_liger_loss_is_plain_cross_entropy_otherwise(stand_in_li
     want = F.cross_entropy(capped, t)  # ignore_index=-100, label_smoothing=0, no z-loss
     got = float(liger_linear_cross_entropy(x, w, t, softcap=5.0))
     assert got == pytest.approx(float(want), rel=1e-5), f"soft-capped Liger loss {got} != cross-entropy {float(want)}"
+
+
+def test_the_x_gradient_is_rounded_once_to_xs_dtype_not_through_the_weights():
+    """bf16 hidden states, an fp16 weight, a loss scale of 2^20 (16 rows: 65,536 per row): x's
+    gradient, far beyond fp16's range (65,504), is finite bf16 -- the fp32 product rounded to x's
+    dtype, not to the weight's (where it would overflow to inf)."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8).bfloat16().requires_grad_()
+    w = torch.randn(30, 8).half().requires_grad_()
+    t = torch.randint(0, 30, (16,))
+    scale = torch.tensor(2.0 ** 20)
+    (gx,) = torch.autograd.grad(fused_linear_cross_entropy(x, w, t), (x,), grad_outputs=scale)
+    xr = x.detach().float().requires_grad_()
+    ref = F.cross_entropy(xr @ w.detach().bfloat16().float().t(), t)  # the bf16 products, in fp32
+    (rx,) = torch.autograd.grad(ref, (xr,), grad_outputs=scale)
+    assert gx.dtype == torch.bfloat16
+    assert bool(torch.isfinite(gx).all()), "x's gradient overflowed: it went through the weight's dtype (fp16)"
+    assert rx.abs().max() > 65504 and ((gx.float() - rx).norm() / rx.norm()) < 2e-2
+
+
+def test_the_ops_gradient_outputs_are_not_differentiable():
+    """The op's loss is differentiable; its grad_x and grad_w outputs are not (backward ignores
+    any gradient flowing into them)."""
+    x, w = torch.randn(6, 4, requires_grad=True), torch.randn(10, 4, requires_grad=True)
+    t = torch.randint(0, 10, (6,))
+    loss, grad_x, grad_w = torch.ops.gptspeed.fused_linear_cross_entropy(x, w, t, 10, 128, torch.float32, True, 0.0)
+    assert loss.requires_grad
+    assert not grad_x.requires_grad, "the op's grad_x output is differentiable"
+    assert not grad_w.requires_grad, "the op's grad_w output is differentiable"
+
+
+class RecordOps(TorchDispatchMode):
+    """Every aten op run while active, with its output's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func.__name__, tuple(out.shape) if isinstance(out, torch.Tensor) else None))
+        return out
+
+
+def test_backward_allocates_no_zero_gradients_for_the_unused_outputs():
+    """Backward only scales the gradients forward made: no zero tensors of grad_x's (N, C) or
+    grad_w's (V, C) shape are made for the gradient outputs nothing used (a (V, C) fp32 block is
+    154 MB at GPT-2's vocabulary)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 4, requires_grad=True), torch.randn(10, 4, requires_grad=True)
+    loss = fused_linear_cross_entropy(x, w, torch.randint(0, 10, (8,)))
+    with RecordOps() as rec:
+        loss.backward()
+    zeros = [op for op in rec.ops if op[0].startswith(("zeros", "new_zeros"))]
+    assert not zeros, f"backward made zero tensors {zeros}"
+    assert sorted(shape for name, shape in rec.ops if name.startswith("mul")) == [(8, 4), (10, 4)]

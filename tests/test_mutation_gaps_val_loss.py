@@ -1,7 +1,8 @@
 """gptspeed.eval.val_loss where the mutation check (tools/mutation/README.md) found it unguarded:
 the float64 token-weighted mean against the batches' own losses, ``max_tokens`` / ``max_token_id``
 passed on, the early stop, the eager partial batch, and the several-rank path (the ranks' sums
-added, FSDP's dummy forwards, the reshard) with torch.distributed's all-reduce played by the test.
+added, FSDP's dummy forwards, the reshard) with torch.distributed's all-reduce played by the test;
+every tensor on the runtime's device and the token count in float64, whatever the defaults.
 No subprocess, no process group."""
 
 import contextlib
@@ -148,7 +149,7 @@ def test_the_ranks_sums_and_token_counts_add_up_to_the_one_process_mean(model, s
     dummies = [s for s in shapes[1] if not s[2]]
     assert dummies == ([((B, T), torch.int64, False, (B, T))] if parallel == "fsdp" else [])
     assert not [s for s in shapes[0] if not s[2]]
-    assert len(resharded) == (2 if parallel == "fsdp" else 0)
+    assert resharded == ([model, model] if parallel == "fsdp" else []), "FSDP's reshard was not handed the model"
 
 
 def test_reshard_reshards_every_fsdp_module_and_nothing_else(monkeypatch):
@@ -182,3 +183,69 @@ def test_every_tensor_goes_to_the_runtimes_device_not_the_default_one(model, spl
     want = evaluate(model, CPU, split, B, T)
     with torch.device("meta"):
         assert evaluate(model, CPU, split, B, T) == want
+
+
+class Seen(Exception):
+    pass
+
+
+def test_the_batches_are_made_on_the_runtimes_device(split):
+    """A runtime on meta (a device other than the CPU, shapes only): the batches handed to the
+    model are on it. The model records them and stops the evaluation (meta has no values)."""
+    devices = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x, y):
+            devices.append((x.device.type, y.device.type))
+            raise Seen
+
+    rt = dataclasses.replace(CPU, device=torch.device("meta"))
+    with pytest.raises(Seen):
+        evaluate(Recorder(), rt, split, B, T)
+    assert devices == [("meta", "meta")], f"the batches went to {devices}, not to the runtime's device (meta)"
+
+
+def run_ranks(model, split, monkeypatch, parallel, seq_len=T, batch_size=B):
+    """evaluate on ranks 1 then 0 of 2 (the all-reduce played by FakeAllReduce): rank 0's result,
+    and the devices of the batches each forward was given."""
+    monkeypatch.setattr(torch.distributed, "all_reduce", FakeAllReduce())
+    monkeypatch.setattr(val_loss, "reshard", lambda m: None)
+    real_forward, devices = model.forward, []
+    monkeypatch.setattr(model, "forward",
+                        lambda x, y=None, **k: devices.append(x.device.type) or real_forward(x, y, **k))
+    results = {}
+    for rank in (1, 0):
+        rt = dataclasses.replace(CPU, rank=rank, world_size=2, parallel=parallel)
+        results[rank] = evaluate(model, rt, split, batch_size, seq_len)
+    monkeypatch.setattr(model, "forward", real_forward)
+    return results[0], devices
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_several_rank_path_makes_its_tensors_on_the_runtimes_device(model, split, monkeypatch, parallel):
+    """With the default device set elsewhere (meta: no data) the ranks' figure is the one
+    process's: FSDP's dummy batch and the token count are made on ``rt.device``, asked for."""
+    one = evaluate(model, CPU, split, B, T)
+    with torch.device("meta"):
+        got, devices = run_ranks(model, split, monkeypatch, parallel)
+    assert set(devices) == {"cpu"}, \
+        f"a forward was given a batch on {set(devices) - {'cpu'}}, not on the runtime's device (cpu)"
+    assert len(devices) == (6 if parallel == "fsdp" else 5)  # 5 batches, and under FSDP one dummy
+    assert got[1] == one[1] and got[0] == pytest.approx(one[0], rel=1e-12)
+
+
+def test_the_ranks_token_count_is_exact_whatever_the_default_dtype(model, tmp_path, monkeypatch):
+    """The count each rank hands to the all-reduce is float64, asked for: with bfloat16 as the
+    default dtype (8 significant bits) rank 0's 343 windows (batches of 128 windows of 1 token,
+    dealt round-robin: 128 + 128 + 87) stay 343, and the job's 599 tokens stay 599."""
+    path = tmp_path / "val_000000.bin"
+    write_shard(path, np.random.default_rng(0).integers(0, 1000, 600, dtype=np.uint16))
+    one = evaluate(model, CPU, [path], 128, 1)
+    assert one[1] == 599
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        got, _ = run_ranks(model, [path], monkeypatch, "ddp", seq_len=1, batch_size=128)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert got[1] == 599, f"the ranks counted {got[1]} tokens, not 599: the count was not kept in float64"
+    assert got[0] == pytest.approx(one[0], rel=1e-12)

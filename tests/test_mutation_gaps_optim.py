@@ -161,3 +161,42 @@ def test_registering_an_optimizer_makes_it_a_choice_once(monkeypatch):
     assert optim_mod.OPTIMIZERS["toy"] is spec and optim_mod.optimizer_spec("toy") is spec
     optim_mod.register_optimizer(spec)
     assert optim_mod.CONFIG_OPTIMIZERS.count("toy") == 1 and optim_mod.CONFIG_OPTIMIZERS[:-1] == list(config_mod.OPTIMIZERS)
+
+
+# ------------------------------------------------------------------ the learning-rate schedule, set into the groups
+def test_set_lr_writes_the_schedules_rate_times_each_groups_lr_mult():
+    """set_lr follows the run's settings (wsd, its decay share, --min-lr-ratio, warm-up, max steps)
+    and writes lr * lr_mult into every group (a group without lr_mult gets lr). Worked out by hand:
+    lr 1e-2, min ratio 0.25 (min 2.5e-3), warm-up 2, 10 steps, wsd with decay share 0.5 (decay from
+    step 5): step 7: lr = 2.5e-3 + 7.5e-3 * (10 - 7) / 5 = 7e-3."""
+    from gptspeed.config import RunConfig, TrainConfig
+    from gptspeed.optim import set_lr
+
+    cfg = RunConfig(optim=OptimConfig(lr=1e-2, min_lr_ratio=0.25, warmup_steps=2, lr_schedule="wsd", decay_ratio=0.5),
+                    train=TrainConfig(max_steps=10))
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([{"params": [a]}, {"params": [b], "lr_mult": 4.0}], lr=1.0)
+    assert set_lr(opt, cfg, 7) == pytest.approx(7e-3, rel=1e-12)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([7e-3, 2.8e-2], rel=1e-12), \
+        "each group's lr must be the schedule's rate times its lr_mult (1 without one)"
+    assert set_lr(opt, cfg, 4) == pytest.approx(1e-2, rel=1e-12), "before the decay share wsd holds the peak"
+    assert set_lr(opt, cfg, 10) == pytest.approx(2.5e-3, rel=1e-12), "at max_steps: lr * min_lr_ratio"
+
+
+def test_lr_at_defaults_to_a_decay_share_of_one_fifth_for_wsd():
+    """wsd without decay_ratio decays over the last 20% of the steps: at step 50 of 100 (no
+    warm-up) it still holds the peak, at step 90 it is half way down."""
+    from gptspeed.optim import lr_at
+
+    kw = dict(max_lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=100, schedule="wsd")
+    assert lr_at(50, **kw) == 1.0, "wsd's default decay share is 0.2: step 50 of 100 is before it"
+    assert lr_at(90, **kw) == pytest.approx(0.5, rel=1e-12)
+
+
+def test_lr_at_is_the_final_rate_from_max_steps_on_even_when_warm_up_lasts_the_whole_run():
+    """A step at or past max_steps gets min_lr, also when the warm-up is as long as the run (the
+    cosine's progress would read 0 there and give the peak)."""
+    from gptspeed.optim import lr_at
+
+    for schedule in ("cosine", "wsd"):
+        assert lr_at(10, max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=10, schedule=schedule) == 0.1, schedule

@@ -252,3 +252,16 @@ def test_weights_without_softmax_ids_load_into_a_data_softmax_model_keeping_its_
     assert model.softmax_ids.tolist() == [4, 9, 1000]
     assert torch.equal(model.transformer.wte.weight, weights["transformer.wte.weight"])
     assert torch.equal(model.transformer.h[0].attn.c_attn.weight, weights["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_the_data_softmax_takes_the_unused_head_rows_out_of_the_flops_per_token():
+    """With K of the V vocabulary rows in the softmax, the LM head multiplies by K rows: the
+    training FLOPs per token drop by 6 * (V - K) * C against the full softmax (6N counts each
+    weight's multiply-add forward and twice backward), the attention term unchanged."""
+    full = GPT(small())
+    data = GPT(small(softmax="data"))
+    data.set_softmax_ids([3, 11, 25])
+    c = data.config
+    want = 6 * (c.vocab_size - 3) * c.n_embd
+    assert full.flops_per_token(8) - data.flops_per_token(8) == want, \
+        f"the data softmax should save 6*(V-K)*C = {want} FLOPs per token"

@@ -36,7 +36,8 @@ from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, RNGState, RunFolder, c
 from gptspeed.checkpoint.consolidate import split_optimizer_state
 from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, _one_line, _SafeBytes, read_metadata
 from gptspeed.checkpoint.folder import foreign_entries
-from gptspeed.checkpoint.formats import DcpFormat, load_latest, load_latest_run, write_failure
+from gptspeed.checkpoint.formats import (DcpFormat, check_room, load_latest, load_latest_run, save_checkpoint,
+                                         write_failure)
 from gptspeed.checkpoint.paths import step_of
 from gptspeed.checkpoint.seals import intact_besides
 from gptspeed.errors import GptspeedError
@@ -937,3 +938,163 @@ def test_abandon_of_a_folder_deleted_meanwhile_raises_nothing(tmp_path):
     shutil.rmtree(run)  # the user removed it while the run failed
     rf.abandon()
     assert not run.exists()
+
+
+# ------------------------------------------------------------------ check_room: the free space a .pt save needs
+MiB = 2**20
+
+
+def _free(monkeypatch, free: int) -> None:
+    """The run folder's file system has ``free`` bytes free (shutil.disk_usage, which check_room asks)."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2**40, used=2**40 - free, free=free))
+
+
+def _sized(path: Path, size: int) -> Path:
+    """An unsealed file of exactly ``size`` bytes under a checkpoint's name (sparse: nothing is written)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_check_room_says_both_sizes_in_mib_and_which_checkpoint_is_intact(tmp_path, monkeypatch):
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1})  # sealed: the intact one
+    _sized(tmp_path / "ckpt_00000002.pt", 5 * MiB // 2)  # the newest .pt: 2.5 MiB (unsealed: not named intact)
+    _free(monkeypatch, 3 * MiB // 2)  # 1.5 MiB
+    with pytest.raises(GptspeedError) as e:
+        check_room(tmp_path, 3)
+    assert str(e.value) == (f"not enough space to save step 3 in {tmp_path}: 1.5 MiB free, the last checkpoint took "
+                            "2.5 MiB; the checkpoint of step 1 is intact: free space, then --resume"), \
+        "check_room must give the free space (1.5) and the last checkpoint's size (2.5) in MiB (bytes / 2**20)"
+
+
+def test_check_room_lets_a_save_go_when_the_free_space_equals_the_last_checkpoints_size(tmp_path, monkeypatch):
+    _sized(tmp_path / "ckpt_00000002.pt", 5 * MiB // 2)
+    _free(monkeypatch, 5 * MiB // 2)
+    check_room(tmp_path, 3)  # exactly as much free space as the last checkpoint took: enough
+    _free(monkeypatch, 5 * MiB // 2 - 1)
+    with pytest.raises(GptspeedError, match="not enough space to save step 3"):
+        check_room(tmp_path, 3)
+
+
+def test_check_room_counts_neither_the_step_being_saved_nor_a_sharded_folder(tmp_path, monkeypatch):
+    _free(monkeypatch, 0)
+    (tmp_path / "ckpt_00000002.dcp").mkdir()  # sharded: a full disk there is write_failure's to report
+    _sized(tmp_path / "ckpt_00000003.pt", 5 * MiB // 2)  # a leftover of the step being saved: replaced, not kept
+    try:
+        check_room(tmp_path, 3)  # no other .pt checkpoint: nothing to compare with, no error
+    except GptspeedError as e:
+        pytest.fail(f"check_room counted the step being saved or a sharded folder as the last checkpoint: {e}")
+
+
+# ------------------------------------------------------------------ save_checkpoint: keep's default, its run id
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_save_checkpoint_keeps_the_newest_two_by_default(tmp_path):
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, {"step": step, "run_id": RUN_ID})
+    assert _names(tmp_path) == ["ckpt_00000002.json", "ckpt_00000002.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], \
+        "save_checkpoint without keep must keep the newest 2 checkpoints"
+
+
+def test_save_checkpoint_prunes_its_own_runs_checkpoints_only(tmp_path):
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1, "run_id": "another-run"})  # copied in
+    save_checkpoint(tmp_path, {"step": 2, "run_id": RUN_ID}, keep=1)
+    save_checkpoint(tmp_path, {"step": 3, "run_id": RUN_ID}, keep=1)
+    assert _names(tmp_path) == ["ckpt_00000001.json", "ckpt_00000001.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], \
+        "save_checkpoint must prune by the state's run id: another run's checkpoint is never counted nor deleted"
+
+
+# ------------------------------------------------------------------ the Checkpointer: defaults, where parts go
+class _ThreeGroups:
+    """An optimizer as OptimizerState sees it: three param groups and a state_dict (a real torch.optim
+    optimizer's first construction imports torch._dynamo, ~2 s)."""
+
+    def __init__(self):
+        self.param_groups = [{"lr": 0.1 * (i + 1), "params": [i]} for i in range(3)]
+
+    def state_dict(self):
+        return {"state": {}, "param_groups": [dict(g) for g in self.param_groups]}
+
+    def load_state_dict(self, sd):
+        self.param_groups = sd["param_groups"]
+
+
+def _tiny(ck: Checkpointer) -> Checkpointer:
+    ck.register("model", Part({"w": torch.ones(2)}))
+    return ck
+
+
+def test_a_checkpointer_keeps_the_newest_two_by_default(tmp_path):
+    ck = _tiny(Checkpointer(tmp_path, meta={"run_id": RUN_ID}))
+    for step in (1, 2, 3):
+        ck.save(step)
+    assert _names(tmp_path) == ["ckpt_00000002.json", "ckpt_00000002.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], \
+        "a Checkpointer made without keep must keep the newest 2 checkpoints"
+
+
+def test_a_checkpointer_saves_only_at_the_last_step_by_default(tmp_path):
+    ck = _tiny(Checkpointer(tmp_path, last_step=3))
+    assert [ck.due(step) for step in (1, 2, 3)] == [False, False, True], "every defaults to 0: never, but the last step"
+    assert [ck.save_if_due(step) for step in (1, 2)] == [None, None]
+    assert ck.save_if_due(3) == tmp_path / "ckpt_00000003.pt"
+    assert _names(tmp_path) == ["ckpt_00000003.json", "ckpt_00000003.pt"]
+
+
+def test_save_if_due_saves_a_step_that_is_not_due_only_when_stopping(tmp_path):
+    ck = _tiny(Checkpointer(tmp_path, every=4, last_step=10))
+    assert ck.save_if_due(3) is None and _names(tmp_path) == [], "stopping defaults to False: step 3 is not due"
+    assert ck.save_if_due(3, stopping=True) == tmp_path / "ckpt_00000003.pt"
+    assert ck.save_if_due(4) == tmp_path / "ckpt_00000004.pt"
+
+
+def test_a_pt_checkpoint_records_the_optimizers_layout_and_one_without_an_optimizer_records_none(tmp_path):
+    from gptspeed.checkpoint import ModelState, OptimizerState
+
+    model, optimizer = torch.nn.Linear(3, 2), _ThreeGroups()
+    ck = Checkpointer(tmp_path)
+    ck.register("model", ModelState(model))
+    ck.register("optimizer", OptimizerState(model, optimizer))
+    state = load_checkpoint(ck.save(1))
+    layout = state.get("optimizer_layout")
+    assert layout == [["optimizer", 3]], \
+        f"the checkpoint must record the optimizer's layout (one optimizer, 3 param groups), got {layout!r}"
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [0.1, 0.2, 0.1 * 3]
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    ck = Checkpointer(weights)
+    ck.register("model", ModelState(model))
+    state = load_checkpoint(ck.save(1))
+    assert sorted(state) == ["format", "format_version", "model", "step"], \
+        "a checkpoint without an optimizer records no optimizer_layout"
+
+
+def test_a_sharded_checkpointer_shards_the_parts_registered_sharded_and_puts_the_others_in_meta_pt(tmp_path):
+    from gptspeed.checkpoint import ModelState, OptimizerState
+
+    model, optimizer = torch.nn.Linear(3, 2), _ThreeGroups()
+    ck = Checkpointer(tmp_path, sharded=True, meta={"run_id": RUN_ID})
+    ck.register("model", ModelState(model), sharded=True)
+    ck.register("optimizer", OptimizerState(model, optimizer))  # not sharded: meta.pt's
+    ck.register("rng", Part({"torch": torch.arange(4, dtype=torch.uint8)}))
+    final = ck.save(2)
+    assert final == tmp_path / "ckpt_00000002.dcp"
+    assert sorted(read_metadata(final).state_dict_metadata) == ["model.bias", "model.weight"], \
+        "only the parts registered with sharded=True go into the shards"
+    meta = load_checkpoint(final)
+    assert "model" not in meta and "optimizer" in meta and "rng" in meta, \
+        f"a part registered without sharded=True must be saved in meta.pt; meta.pt holds {sorted(meta)}"
+    layout = meta.get("optimizer_layout")
+    assert layout == [["optimizer", 3]], \
+        f"a sharded checkpoint must record the optimizer's layout (one optimizer, 3 param groups), got {layout!r}"
+    # ... and a checkpointer registered the same way restores each part from its place
+    model2 = torch.nn.Linear(3, 2)
+    torch.nn.init.zeros_(model2.weight)
+    rng = Part({})
+    back = Checkpointer(tmp_path, sharded=True)
+    back.register("model", ModelState(model2), sharded=True)
+    back.register("rng", rng)
+    rest = back.load(final)
+    assert torch.equal(model2.weight, model.weight) and torch.equal(rng.sd["torch"], torch.arange(4, dtype=torch.uint8))
+    assert "rng" not in rest and "model" not in rest and rest["step"] == 2

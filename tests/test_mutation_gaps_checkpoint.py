@@ -1098,3 +1098,71 @@ def test_a_sharded_checkpointer_shards_the_parts_registered_sharded_and_puts_the
     rest = back.load(final)
     assert torch.equal(model2.weight, model.weight) and torch.equal(rng.sd["torch"], torch.arange(4, dtype=torch.uint8))
     assert "rng" not in rest and "model" not in rest and rest["step"] == 2
+
+
+# ------------------------------------------------------------------ prune_checkpoints: what is already gone; seals: what they record
+@pytest.mark.parametrize("gone", ["seal", "file"])
+def test_prune_does_not_raise_when_another_process_removed_part_of_an_old_checkpoint_meanwhile(tmp_path, monkeypatch, gone):
+    import gptspeed.checkpoint.formats as formats
+
+    old, new = tmp_path / "ckpt_00000001.pt", tmp_path / "ckpt_00000002.pt"
+    write_checkpoint_file(old, {"step": 1})
+    write_checkpoint_file(new, {"step": 2})
+    real = formats.not_of_run
+
+    def listed_then_removed(p, run_id):  # the other process deletes between the listing and the unlink
+        answer = real(p, run_id)
+        if p == old:
+            (old.with_suffix(".json") if gone == "seal" else old).unlink()
+        return answer
+
+    monkeypatch.setattr(formats, "not_of_run", listed_then_removed)
+    try:
+        formats.prune_checkpoints(tmp_path, keep=1)
+    except FileNotFoundError as e:
+        pytest.fail(f"pruning must not raise when the old checkpoint's {gone} is already gone: {e}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000002.json", "ckpt_00000002.pt"]
+
+
+def test_prune_neither_raises_on_nor_follows_a_checkpoint_folder_that_is_a_symlink(tmp_path):
+    from gptspeed.checkpoint.formats import prune_checkpoints
+
+    run = tmp_path / "run"
+    run.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "meta.pt").write_bytes(b"theirs")
+    (run / "ckpt_00000001.dcp").symlink_to(elsewhere, target_is_directory=True)
+    (run / "ckpt_00000001.json").write_text(json.dumps({"step": 1, "files": {}}))
+    write_checkpoint_file(run / "ckpt_00000002.pt", {"step": 2})
+    try:
+        prune_checkpoints(run, keep=1)
+    except OSError as e:
+        pytest.fail(f"pruning must not raise on an old checkpoint folder it cannot delete (a symlink): {e}")
+    assert (elsewhere / "meta.pt").read_bytes() == b"theirs", "pruning must not delete what a symlink points to"
+    assert not (run / "ckpt_00000001.json").exists(), "the old checkpoint must still be unsealed"
+
+
+def test_a_checkpoint_written_in_this_process_is_known_valid_without_hashing_it_again(tmp_path, monkeypatch):
+    import gptspeed.checkpoint.seals as seals
+
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1})  # hashed while written, then marked verified
+    hashed = []
+    real = seals.sha256_file
+    monkeypatch.setattr(seals, "sha256_file", lambda p: hashed.append(p) or real(p))
+    assert check_checkpoint(ckpt) is None
+    assert hashed == [], f"a checkpoint written and sealed here must be known valid, not hashed again; hashed {hashed}"
+
+
+@pytest.mark.parametrize("optimizer, kind", [(False, "weights"), (True, "full")])
+def test_a_seal_repeats_the_step_config_data_world_size_and_run_id_and_says_the_kind(tmp_path, optimizer, kind):
+    ckpt = tmp_path / "ckpt_00000003.pt"
+    state = {"step": 3, "config": CONFIG, "data": {"tokens": 10}, "world_size": 4, "run_id": RUN_ID, "other": 1}
+    if optimizer:
+        state["optimizer"] = {"state": {}, "param_groups": []}
+    write_checkpoint_file(ckpt, state)
+    seal = json.loads(ckpt.with_suffix(".json").read_text())
+    assert {k: v for k, v in seal.items() if k not in ("bytes", "sha256")} == \
+        {"step": 3, "config": CONFIG, "data": {"tokens": 10}, "world_size": 4, "run_id": RUN_ID, "kind": kind}, \
+        f"the seal must repeat step, config, data, world_size and run_id, and say kind {kind!r}; it holds {seal}"

@@ -191,14 +191,11 @@ def exit_codes() -> dict[str, int | None]:
 
 
 def load_results(prefixes: list[str]) -> dict[str, str]:
-    """Mutant name -> status. A ``--resume`` run whose tests changed makes mutmut 3.8 forget every
-    earlier result (seen 2026-11-25: a --survivors run of one module reset 2,885 checked mutants to
-    unchecked); ``results_before.json``, saved before such a run, fills in what it forgot."""
-    before_path = WORK / "results_before.json"
-    before = json.loads(before_path.read_text()) if before_path.exists() else {}
-    codes = exit_codes()
-    return {name: STATUS.get(code if code is not None else before.get(name), "suspicious")
-            for name, code in codes.items() if name.startswith(tuple(prefixes))}
+    """Mutant name -> status, from mutmut's .meta files. mutmut resets every result when the test
+    selection or the pytest arguments change (its config fingerprint): such a run starts again, as
+    it should -- the old verdicts were reached with other tests."""
+    return {name: STATUS.get(code, "suspicious") for name, code in exit_codes().items()
+            if name.startswith(tuple(prefixes))}
 
 
 def run_commit() -> str:
@@ -224,9 +221,7 @@ def save_cache(wall_s: float) -> None:
             "hash_by_function_name": m["hash_by_function_name"],
             "exit_codes": {f: [c for _, c in sorted(v)] for f, v in codes.items()
                            if sorted(i for i, _ in v) == list(range(1, len(v) + 1))}}
-    before = WORK / "results_before.json"
-    data = {"git_commit": run_commit(), "wall_s": round(wall_s), "files": files,
-            "results_before": json.loads(before.read_text()) if before.exists() else {}}
+    data = {"git_commit": run_commit(), "wall_s": round(wall_s), "files": files}
     tmp = CACHE.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False) + "\n")
     tmp.replace(CACHE)
@@ -246,8 +241,6 @@ def restore_cache() -> int:
                                  "type_check_error_by_key": {}, "durations_by_key": {},
                                  "estimated_durations_by_key": {}}))
         n += sum(c is not None for c in codes.values())
-    if data.get("results_before"):
-        (WORK / "results_before.json").write_text(json.dumps(data["results_before"]))
     (WORK / "run_info.json").write_text(json.dumps({"wall_s": data.get("wall_s", 0.0), "argv": ["(restored)"]}))
     return n
 
@@ -420,11 +413,6 @@ def main() -> int:
         return 2
     t0 = time.monotonic()
     if not args.report_only:
-        if args.resume and (WORK / "mutants").exists():  # keep what mutmut may forget (load_results)
-            kept = {**(json.loads((WORK / "results_before.json").read_text())
-                       if (WORK / "results_before.json").exists() else {}),
-                    **{n: c for n, c in exit_codes().items() if c is not None}}
-            (WORK / "results_before.json").write_text(json.dumps(kept))
         restore = args.resume and not (WORK / "mutants").exists() and CACHE.exists()
         write_snapshot(snapshot_files(args.worktree), fresh=not args.resume)
         if restore:  # another machine's run, carried over: mutmut keeps each unchanged function's results

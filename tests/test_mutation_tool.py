@@ -73,3 +73,16 @@ def test_cache_leaves_out_a_function_whose_mutants_are_not_numbered_from_one(tmp
     run.restore_cache()
     assert run.exit_codes() == {"gptspeed.sample.x_g__mutmut_1": 0}, \
         "results that cannot be put back under their own names must not be restored under others"
+
+
+def test_run_time_counts_a_killed_segment_up_to_its_last_result(tmp_path):
+    """A segment killed part-way (or still going) counts from its start to mutmut's last result,
+    added to the ended segments' total; an ended run is its total."""
+    import os
+
+    run = load_run_py(tmp_path)
+    write_meta(run.WORK, "src/gptspeed/sample.py.meta", {"gptspeed.sample.x_f__mutmut_1": 1}, {"x_f": "h"})
+    meta = run.WORK / "mutants/src/gptspeed/sample.py.meta"
+    os.utime(meta, (1000.0 + 600, 1000.0 + 600))  # the last result, 10 minutes after the start
+    assert run.run_time({"wall_s": 50.0, "started": 1000.0}) == 650.0
+    assert run.run_time({"wall_s": 50.0}) == 50.0

@@ -198,6 +198,16 @@ def load_results(prefixes: list[str]) -> dict[str, str]:
             if name.startswith(tuple(prefixes))}
 
 
+def run_time(info: dict) -> float:
+    """Seconds a run has taken, from its ``run_info.json``: the ended segments' total (``wall_s``),
+    plus, for a segment that did not end (still going, or killed), the time from its start to
+    mutmut's last recorded result."""
+    if "started" not in info:
+        return info["wall_s"]
+    last = max((p.stat().st_mtime for p in (WORK / "mutants").rglob("*.py.meta")), default=info["started"])
+    return info["wall_s"] + max(0.0, last - info["started"])
+
+
 def run_commit() -> str:
     """The commit the run's snapshot was taken at (HEAD may have moved on while it ran)."""
     info = WORK / "run_info.json"
@@ -435,10 +445,10 @@ def main() -> int:
         failing = [] if args.no_precheck else precheck(env)
         (WORK / "failing_tests.json").write_text(json.dumps(failing))
         info = WORK / "run_info.json"
-        before_s = (json.loads(info.read_text()).get("wall_s", 0.0)  # a stopped run continued: its time adds up
+        before_s = (run_time(json.loads(info.read_text()))  # a stopped run continued: its time adds up
                     if args.resume and not args.survivors and info.exists() else 0.0)
-        info.write_text(json.dumps({"wall_s": before_s, "started": time.time(), "argv": sys.argv[1:],
-                                    "git_commit": git("rev-parse", "HEAD").strip()}))
+        info.write_text(json.dumps({"wall_s": before_s, "started": time.time() - (time.monotonic() - t0),
+                                    "argv": sys.argv[1:], "git_commit": git("rev-parse", "HEAD").strip()}))
         log = WORK / "mutmut.log"
         print(f"mutmut run in {WORK} ({len(names) or 'every unchecked mutant, no'} name patterns), log: {log}",
               flush=True)
@@ -452,8 +462,7 @@ def main() -> int:
             return rc
     info = WORK / "run_info.json"
     if args.report_only:  # of a finished run, or of one still going ("started" is set until it ends)
-        i = json.loads(info.read_text()) if info.exists() else {"wall_s": float("nan")}
-        wall = i["wall_s"] + (time.time() - i["started"] if "started" in i else 0.0)
+        wall = run_time(json.loads(info.read_text())) if info.exists() else float("nan")
     else:
         wall = before_s + time.monotonic() - t0
         i = json.loads(info.read_text())

@@ -347,3 +347,55 @@ def test_wait_s_adds_up_the_time_of_every_batch(shards, monkeypatch):
     monkeypatch.setattr(loader_mod, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     loader = advanced(TokenLoader(shards, B, T), 4)
     assert loader.wait_s == 1.0, f"wait_s is {loader.wait_s} after 4 batches of 0.25 s"
+
+
+# ------------------------------------------------------------------ what a loader counts and starts with
+def _shard_of(tmp_path, n: int, name: str):
+    path = tmp_path / name
+    write_shard(path, np.arange(n) % 1000)
+    return path
+
+
+def test_a_shard_holds_one_batch_per_full_window_plus_the_one_token_of_its_last_target(tmp_path):
+    """A micro-batch reads B*T + 1 tokens (inputs and the targets shifted by one): a shard of n
+    tokens holds (n - 1) // (B*T) of them. By hand, B*T = 16: 17 tokens hold 1, 32 hold 1 (not 2),
+    33 hold 2."""
+    paths = [_shard_of(tmp_path, n, f"train_{i:06d}.bin") for i, n in enumerate((17, 32, 33))]
+    loader = TokenLoader(paths, B, T)
+    assert loader.batches_per_shard == [1, 1, 2], loader.batches_per_shard
+    assert loader.tokens_per_epoch == 4 * 16, "tokens per epoch: batches times B*T"
+    assert loader.wait_s == 0.0, "no time waited before the first batch"
+
+
+def test_a_split_too_short_for_one_batch_says_how_many_tokens_it_has_and_needs(tmp_path):
+    with pytest.raises(GptspeedError) as e:
+        TokenLoader([_shard_of(tmp_path, 16, "train_000000.bin")], B, T)
+    assert str(e.value) == ("train split has 16 tokens, fewer than one micro-batch needs (batch_size 2 x seq_len 8 "
+                            "x world size 1 + 1 = 17): lower --batch-size / --seq-len or prepare more text"), str(e.value)
+    with pytest.raises(GptspeedError, match=r"^train split has 0 tokens, fewer than one micro-batch needs"):
+        TokenLoader([], B, T)  # no shard at all: said the same way
+
+
+def test_by_default_random_sampling_uses_seed_0_and_batches_are_made_in_the_calling_thread(shards):
+    loader = TokenLoader(shards, B, T, sampling="random")
+    perm = np.random.default_rng([0, 0]).permutation(loader.batches_per_epoch)
+    i = int(perm[0])
+    assert loader._window(0) == ((0, i * 16) if i < 63 else (1, 0) if i == 63 else (2, (i - 64) * 16)), \
+        "the default seed is 0"
+    before = {t.name for t in threading.enumerate()}
+    loader.next_batch()
+    started = {t.name for t in threading.enumerate()} - before
+    assert not any(n.startswith("gptspeed-loader") for n in started), f"workers=0 by default, yet {started}"
+
+
+@pytest.mark.parametrize("prefetch, depth", [(None, 4), (1, 1), (0, 1)])
+def test_each_worker_keeps_prefetch_batches_ready_4_by_default_at_least_1(shards, monkeypatch, prefetch, depth):
+    seen = []
+    real = loader_mod.Prefetcher
+    monkeypatch.setattr(loader_mod, "Prefetcher", lambda sources, d, name: seen.append(d) or real(sources, d, name))
+    loader = TokenLoader(shards, B, T, workers=1, **({} if prefetch is None else {"prefetch": prefetch}))
+    try:
+        loader.next_batch()
+    finally:
+        loader.close()
+    assert seen == [depth], f"prefetch {prefetch}: queue depth {seen}, expected {depth}"

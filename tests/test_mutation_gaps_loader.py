@@ -306,6 +306,12 @@ def test_two_threads_opening_the_same_shard_at_once_open_it_once(shards, monkeyp
     assert opened == [shards[0]], f"shard 0 was opened {len(opened)} times"
 
 
+def window_of(i: int) -> tuple[int, int]:
+    """(shard, token offset) of window ``i`` of an epoch of the ``shards`` fixture at B*T = 16: 63
+    windows in shard 0, 1 in shard 1, 43 in shard 2."""
+    return (0, i * 16) if i < 63 else (1, 0) if i == 63 else (2, (i - 64) * 16)
+
+
 @pytest.fixture
 def draws(monkeypatch):
     """The epochs whose permutation was drawn (np.random.default_rng([seed, epoch]) calls), in order."""
@@ -321,8 +327,7 @@ def test_an_epochs_permutation_is_drawn_once(shards, draws):
     loader = TokenLoader(shards, B, T, sampling="random", seed=5)
     for g in range(30):
         i = int(perm[g])
-        s, pos = (0, i * 16) if i < 63 else (1, 0) if i == 63 else (2, (i - 64) * 16)
-        assert loader._window(g) == (s, pos), f"batch {g} is not window {i} of the permutation"
+        assert loader._window(g) == window_of(i), f"batch {g} is not window {i} of the permutation"
     advanced(loader, 30)
     assert draws == [[5, 0], [5, 0]], f"permutations drawn: {draws[1:]} (once for epoch 0 expected)"
 
@@ -380,7 +385,7 @@ def test_by_default_random_sampling_uses_seed_0_and_batches_are_made_in_the_call
     loader = TokenLoader(shards, B, T, sampling="random")
     perm = np.random.default_rng([0, 0]).permutation(loader.batches_per_epoch)
     i = int(perm[0])
-    assert loader._window(0) == ((0, i * 16) if i < 63 else (1, 0) if i == 63 else (2, (i - 64) * 16)), \
+    assert loader._window(0) == window_of(i), \
         "the default seed is 0"
     before = {t.name for t in threading.enumerate()}
     loader.next_batch()

@@ -61,6 +61,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import harness
@@ -156,8 +157,26 @@ def llmc_data(work: Path, data: Path) -> tuple[str, str]:
     return str(d / "gptspeed_train_*.bin"), str(d / "gptspeed_val_*.bin")
 
 
+_PREBUILDS: dict[Path, Future] = {}  # work folder -> llm.c's build started ahead by prebuild_llmc
+
+
+def prebuild_llmc(work: Path, make_flags: list[str], cudnn: str = "auto", timeout_s: float | None = None) -> Future:
+    """Start :func:`llmc_cuda_binary` in a background thread, so that nvcc (minutes with cuDNN
+    attention, on the CPU) runs while the first rows train on the GPU instead of holding the GPU idle;
+    the llm.c row (:func:`run_llmc_cuda` on the same ``work``) waits for it. Its CPU load can slow
+    the processes beside it a little: the rows are interleaved and the later rounds run without it."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmc-build")
+    future = pool.submit(llmc_cuda_binary, work, make_flags, cudnn, timeout_s)
+    pool.shutdown(wait=False)
+    _PREBUILDS[Path(work)] = future
+    return future
+
+
 def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps: int, make_flags: list[str],
                   timeout_s: float, cudnn: str = "auto") -> pc.Run:
+    ahead = _PREBUILDS.pop(Path(work), None)
+    if ahead is not None:  # its result (or its failure) is on disk now: the call below reads it
+        ahead.exception()
     try:
         binary, build = llmc_cuda_binary(work, make_flags, cudnn, timeout_s)
     except RuntimeError as e:  # no nvcc, no cuBLAS headers, ...: the row says so, the other rows run
@@ -225,6 +244,9 @@ def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], vari
             return run_row(row, args, shape, work, data, variants)
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             return pc.Run([], error=f"{type(e).__name__}: {str(e)[:600]}")
+
+    if "llmc" in rows and args.device == "cuda":  # nvcc on the CPU while the first rows use the GPU
+        prebuild_llmc(work, shlex.split(args.llmc_make), getattr(args, "llmc_cudnn", "auto"), args.row_timeout)
 
     def save_partial(per_row: dict) -> None:  # what is measured so far survives a command cut off at its limit
         if after_each is not None:

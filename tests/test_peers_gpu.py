@@ -169,6 +169,43 @@ def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_
     assert "cuDNN attention off: cuDNN attention off: the USE_CUDNN=1 build failed" not in line
 
 
+SLOW_LLMC_MAKEFILE = """train_gpt2cu:
+\techo built >> builds.txt
+\tsleep 1
+\tcp fake_train train_gpt2cu && chmod +x train_gpt2cu
+"""
+
+
+def test_llmc_built_ahead_in_the_background_is_waited_for_and_built_once(shakespeare_data, tmp_path, monkeypatch):
+    """prebuild_llmc starts llm.c's build while other rows run; the llm.c row waits for that build
+    instead of starting a second make in the same copy, and a prebuild that failed is the row's error."""
+    from test_llmc import fake_gpu_tools
+
+    fake_gpu_tools(tmp_path, monkeypatch)
+    fake = tmp_path / "peers" / "llm.c"
+    fake.mkdir(parents=True)
+    (fake / "Makefile").write_text(SLOW_LLMC_MAKEFILE)
+    (fake / "fake_train").write_text(FAKE_LLMC_TRAIN)
+    monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
+    args = peers_gpu.argparse.Namespace(device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn="off",
+                                        row_timeout=60)
+    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12,
+                                                              n_head=12, n_embd=768))
+    work = tmp_path / "work"
+    future = peers_gpu.prebuild_llmc(work, [], "off", 60)
+    assert not future.done()  # make sleeps: the row below starts while the build runs
+    run = peers_gpu.run_row("llmc", args, shape, work, shakespeare_data, {})
+    assert run.error is None and run.step_ms == [50.0] * 3
+    assert (work / "llm.c" / "builds.txt").read_text().splitlines() == ["built"]
+    # a build that fails ahead is the row's error, with make's words, and is not run again by the row
+    (fake / "Makefile").write_text("train_gpt2cu:\n\techo tried >> tries.txt; echo 'nvcc: not found'; false\n")
+    work2 = tmp_path / "work2"
+    peers_gpu.prebuild_llmc(work2, [], "off", 60)
+    failed = peers_gpu.run_row("llmc", args, shape, work2, shakespeare_data, {})
+    assert failed.step_ms == [] and "llm.c build failed" in failed.error and "nvcc: not found" in failed.error
+    assert (work2 / "llm.c" / "tries.txt").read_text().splitlines() == ["tried"]
+
+
 def test_peers_killed_mid_row_leave_valid_json_and_markdown_with_the_finished_rows(shakespeare_data, tmp_path):
     """The peers write their JSON and Markdown after every process (atomically): killed while a row
     runs -- a variant whose gptspeed train sleeps -- they keep the rows that finished."""

@@ -256,6 +256,9 @@ CUDNN_CHOICES = ("auto", "on", "off")
 #: where a system-wide cuDNN puts its header and library (no -I / -L needed for these)
 _SYSTEM_INCLUDES = ("/usr/include", "/usr/include/x86_64-linux-gnu", "/usr/local/cuda/include")
 _SYSTEM_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/cuda/lib64")
+#: forced into every llm.c build (nvcc -include): CUDA 13's cudaMemAdvise takes a cudaMemLocation
+#: where llm.c passes an int (a no-op before CUDA 13; the header says why)
+CUDA13_COMPAT = Path(__file__).resolve().with_name("llmc_cuda13_compat.h")
 
 
 def gpu_compute_capability(smi: str = "nvidia-smi") -> tuple[str | None, str]:
@@ -373,6 +376,10 @@ def llmc_cuda_make(src: str | os.PathLike, work: str | os.PathLike, extra: list[
       is linked to them; ``NVCC_INCLUDES`` names them and cudnn.h, ``NVCC_LDLIBS`` the folder of
       libcudnn (a ``libcudnn.so`` link made in ``work`` when the wheel ships only ``libcudnn.so.9``)
       with an rpath.
+    - :data:`CUDA13_COMPAT` forced in with ``nvcc -include`` (in ``NVCC_INCLUDES``): llm.c's
+      ``cuda_utils.cuh`` does not compile against CUDA 13's ``cudaMemAdvise`` (an H100 with CUDA
+      13.0, 2026-11-27: "no suitable constructor exists to convert from int to cudaMemLocation");
+      the header adds the old form, forwarding to the new, and does nothing before CUDA 13.
 
     GptspeedError for ``cudnn="on"`` when cuDNN or its frontend is missing, or an unknown ``cudnn``."""
     if cudnn not in CUDNN_CHOICES:
@@ -416,10 +423,13 @@ def llmc_cuda_make(src: str | os.PathLike, work: str | os.PathLike, extra: list[
                 (libdir / "libcudnn.so").unlink(missing_ok=True)
                 (libdir / "libcudnn.so").symlink_to(versioned)
             ldlibs = [] if str(lib) in _SYSTEM_LIBS else [f"-L{libdir}", f"-Xlinker -rpath={lib}"]
-            cmd += ["USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}", "NVCC_INCLUDES=" + " ".join(includes)]
+            cmd += ["USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}",
+                    "NVCC_INCLUDES=" + " ".join([*includes, "-include", str(CUDA13_COMPAT)])]
             if ldlibs:
                 cmd.append("NVCC_LDLIBS=" + " ".join(ldlibs))
                 env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))
+    if not any(c.startswith("NVCC_INCLUDES=") for c in cmd + extra):  # with cuDNN: in its NVCC_INCLUDES above
+        cmd.append(f"NVCC_INCLUDES=-include {CUDA13_COMPAT}")
     cmd += extra
     import shlex
 

@@ -115,7 +115,8 @@ def llmc_cuda_binary(work: Path, make_flags: list[str], cudnn: str = "auto",
         build = {**llmc_cuda_make(src, work, make_flags, cudnn="off", carry=CARRY), "cudnn_note": why}
         done = _make(build, work / "llmc-build.log", timeout_s)
     if done.returncode != 0 or not binary.exists():
-        failed.write_text(f"llm.c build failed ({build['line']}): {_tail(done, 600)}")
+        failed.write_text(f"llm.c build failed ({build['line']}; cuDNN attention {'on' if build['cudnn'] else 'off'}: "
+                          f"{build['cudnn_note']}): {_tail(done, 600)}")
         raise RuntimeError(failed.read_text())
     build["seconds"] = round(time.time() - t0, 1)
     record.write_text(json.dumps(build, indent=1) + "\n")

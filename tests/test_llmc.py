@@ -26,8 +26,8 @@ from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/llmc.py: llm.c beside gptspeed, for the benchmarks
-from llmc import (LLMC_B, LLMC_T, MAKEFILE_CFLAGS, build_train_gpt2, find_c_compiler, llmc_tensors,  # noqa: E402
-                  llmc_cuda_make, prepare_llmc_dir, read_llmc_checkpoint, run_train_gpt2, write_llmc_checkpoint)
+from llmc import (CUDA13_COMPAT, LLMC_B, LLMC_T, MAKEFILE_CFLAGS, build_train_gpt2, find_c_compiler,  # noqa: E402
+                  llmc_tensors, llmc_cuda_make, prepare_llmc_dir, read_llmc_checkpoint, run_train_gpt2, write_llmc_checkpoint)
 
 LLMC_DIR = Path(os.environ.get("GPTSPEED_LLMC_DIR", ROOT.parent / "shared" / "peers" / "llm.c"))
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=LLMC_T)
@@ -204,7 +204,7 @@ def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability,
     assert build["cudnn"] is False and "nvidia-cudnn-frontend" in build["cudnn_note"]
     nvcc = [line for line in dry_run(build).splitlines() if "fake" not in line and "train_gpt2.cu" in line]
     assert len(nvcc) == 1 and f"--generate-code arch=compute_{arch},code=[compute_{arch},sm_{arch}]" in nvcc[0]
-    assert "ENABLE_CUDNN" not in nvcc[0]
+    assert "ENABLE_CUDNN" not in nvcc[0] and f"-include {CUDA13_COMPAT}" in nvcc[0]
     bare = dry_run({"command": build["command"][:6]})  # what vs_peers_gpu.py ran before: no architecture at all
     assert "--generate-code" not in bare and "train_gpt2.cu" in bare
 
@@ -230,14 +230,15 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
     assert build["cudnn"] is True and "nvidia_cudnn_frontend-1.32.0" in build["cudnn_note"]
     assert build["command"][6:] == [
         "GPU_COMPUTE_CAPABILITY=90", "USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}",
-        f"NVCC_INCLUDES=-I{headers.resolve()} -I{site / 'nvidia' / 'cudnn' / 'include'}",
+        f"NVCC_INCLUDES=-I{headers.resolve()} -I{site / 'nvidia' / 'cudnn' / 'include'} -include {CUDA13_COMPAT}",
         f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -Xlinker -rpath={lib}"]
     assert (work / "cudnn-lib" / "libcudnn.so").resolve() == (lib / "libcudnn.so.9").resolve()
     assert build["env"]["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(lib)
     out = dry_run(build)
     assert "cuDNN found" in out
     compiled = [line for line in out.splitlines() if "cudnn_att.cpp" in line or "train_gpt2.cu" in line]
-    assert len(compiled) == 2 and all("-DENABLE_CUDNN" in line and "arch=compute_90" in line for line in compiled)
+    assert len(compiled) == 2 and all("-DENABLE_CUDNN" in line and "arch=compute_90" in line
+                                      and f"-include {CUDA13_COMPAT}" in line for line in compiled)
     assert f"-I{headers.resolve()}" in compiled[0] and "build/cudnn_att.o" in compiled[1]
     assert "-lcudnn" in compiled[1] and f"-L{work / 'cudnn-lib'}" in compiled[1]
     # asked for explicitly without the headers: one line saying what to carry
@@ -245,3 +246,39 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
         llmc_cuda_make(src, work / "other", cudnn="on", search=[])
     off = llmc_cuda_make(src, work, cudnn="off", carry=carry, search=[str(site)])
     assert off["cudnn"] is False and not any(c.startswith("USE_CUDNN") for c in off["command"])
+
+
+def _real_nvcc_version() -> tuple[str, int] | None:
+    """``(nvcc path, CUDA major version)`` of a real nvcc on PATH, else None."""
+    import re
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return None
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    m = re.search(r"release (\d+)\.", out)
+    return (nvcc, int(m.group(1))) if m else None
+
+
+@pytest.mark.skipif(not (LLMC_DIR / "llmc" / "cuda_utils.cuh").exists(), reason="needs llm.c's clone in ../shared/peers")
+def test_the_cuda13_header_lets_llmc_cuda_utils_compile_against_cuda_13(tmp_path):
+    """llm.c's cuda_utils.cuh passes an int to cudaMemAdvise, which CUDA 13 takes as a cudaMemLocation
+    (the H100 build of 2026-11-27 failed there). Compiled by a real nvcc of CUDA 13 or newer: it fails
+    without CUDA13_COMPAT and compiles with it forced in, as llm.c's make line forces it."""
+    import subprocess
+
+    found = _real_nvcc_version()
+    if found is None or found[1] < 13:
+        pytest.skip(f"needs nvcc of CUDA 13 or newer (found: {found})")
+    nvcc = found[0]
+    unit = tmp_path / "unit.cu"
+    unit.write_text('#include <assert.h>\n#include "llmc/cuda_utils.cuh"\nint main() { void* p; return '
+                    'cudaMallocConditionallyManaged(&p, 16); }\n')
+    base = [nvcc, "-std=c++17", "-O0", "-I", str(LLMC_DIR), "-c", str(unit), "-o", str(tmp_path / "unit.o")]
+    bare = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert bare.returncode != 0 and "cudaMemLocation" in bare.stdout + bare.stderr
+    fixed = subprocess.run([*base, "-include", str(CUDA13_COMPAT)], capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert (tmp_path / "unit.o").stat().st_size > 0

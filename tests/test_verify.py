@@ -500,7 +500,11 @@ def test_verify_on_cuda_at_a_small_shape_passes(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.cuda
-def test_flash_sdpa_kernel_is_chosen_for_bf16_at_t1024():
+def test_a_fused_sdpa_kernel_is_chosen_for_bf16_at_t1024():
+    """With the SDPA backend left to PyTorch, bf16 attention at T=1024 runs a fused kernel, never the
+    math fallback or the memory-efficient one. Which fused kernel is PyTorch's priority order: on an
+    H100 with torch 2.11.0+cu130 (2026-11-27) it was cuDNN's, not flash (this test expected flash
+    until then, and failed there)."""
     from gptspeed.bench.checks import profiled_names
     from gptspeed.model import GPT, GPTConfig
 
@@ -515,7 +519,7 @@ def test_flash_sdpa_kernel_is_chosen_for_bf16_at_t1024():
 
     step()  # warm-up outside the profile
     found = sdpa_backend(profiled_names(step, "cuda"))
-    assert found["backend"] == "flash", found
+    assert found["backend"] in ("flash", "cudnn"), found
 
 
 @pytest.mark.parametrize("backend, device", [("gloo", "cpu"), pytest.param("nccl", "cuda", marks=pytest.mark.cuda)])

@@ -78,39 +78,41 @@ VERIFY_GROUPS = {
 SEEDS = "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw"
 # one switch each from gptspeed train's default, interleaved with the default, 65,536 tokens per step
 BEYOND_GROUPS = {
-    "beyond": ["cudnn: --sdpa-backend cudnn", "fused-ce: --loss fused"],
+    # auto ran cuDNN's attention on the H100 (2026-11-27): flash is the alternative to measure
+    "beyond": ["flash: --sdpa-backend flash", "fused-ce: --loss fused"],
     "beyond2": ["B-auto: --batch-size auto --total-batch-tokens 65536", "fp8: --fp8"],
     "beyond3": ["muon: --optimizer muon", "blocks: --compile-mode blocks"],
     # what else might close a gap to llm.c: inductor's own tuning knob, and the measured wins together
     # (max-autotune-no-cudagraphs's speed: verify4's tokens/s; its compile alone is ~5 minutes)
-    "beyond4": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1",
-                "cudnn-B-auto: --sdpa-backend cudnn --batch-size auto --total-batch-tokens 65536"],
+    "beyond4": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1", "liger: --loss liger"],
 }
 PEER_ROUNDS = 2
 PHASES = ("peers", "verify", "first", "ladder", "cudatests", "profile", *list(VERIFY_GROUPS)[1:], *BEYOND_GROUPS)
-# The documented device commands, in order of value: each one `gpu_session.py PHASE ...` command.
-COMMANDS = (("peers",), ("verify",), ("first",), ("ladder",), ("cudatests",), ("profile",), ("verify2",),
-            ("verify3",), ("verify4",), ("verify5",), ("beyond",), ("beyond2",), ("beyond3",), ("beyond4",))
+# The documented device commands, in order of value for the next lease: each one `gpu_session.py PHASE ...`
+# command. verify, first and cudatests ran on an H100 on 2026-11-27 (benchmarks/runs/2026-11-27-h100/): last,
+# to run again after a change. peers ran too, but its llm.c row failed to build (CUDA 13): first again.
+COMMANDS = (("peers",), ("ladder", "profile"), ("beyond", "beyond2"), ("verify2",), ("verify3",), ("verify4",),
+            ("verify5",), ("beyond3", "beyond4"), ("verify",), ("first",), ("cudatests",))
 COMMAND_TARGET_S = 480  # each documented command should end within ~8 minutes by the estimates ...
 BUDGET_S = 560.0  # ... and within its budget (one device command: at most 600 s) at their upper end
 
 # ------------------------------------------------------------------ the estimates the plan rests on
-# None of these was measured (no GPU has run gptspeed yet); each is an estimate for one H100 at
-# GPT-2 124M, T=1024, B=16, and says what it rests on. Replace them with the seconds summary.json
-# records once a GPU has run the phases.
+# For one H100 at GPT-2 124M, T=1024, B=16. "measured" figures come from the first GPU session
+# (2026-11-27, H100 80GB HBM3, torch 2.11.0+cu130: benchmarks/runs/2026-11-27-h100/, its summary.json
+# and verify.json); the others are still estimates, and say what they rest on.
 START = 10  # a fresh Python process: import torch, initialise CUDA, build the model (estimate)
-COLD = (75, 90)  # a cold torch.compile of GPT-2 124M (train's graph): 60-90 s on a GPU (issue 30), planned at
-#                  75 (the middle), 90 at the upper end
-WARM = 20  # the same graph again from the FX-graph cache: dynamo's trace + loading (estimate)
-COLD_SMALL = 30  # a cold compile of a 2-layer, 128-wide GPT (the cuda tests' verify shape): fewer kernels (estimate)
+COLD = (30, 45)  # a cold torch.compile of train's graph: measured 19-28 s as verify's first step (compile 27.5,
+#                  flash 19.2, vocab-pad 21.6) and ~35 s in the peers' first round; 45 at the upper end
+WARM = 5  # the same graph from the FX-graph cache: measured 3.4 s (verify's fused-adamw first step)
 BLOCK_COLD = 35  # --compile-mode blocks: one transformer block compiled once (estimate)
 AUTOTUNE = 300  # max-autotune(-no-cudagraphs): inductor benchmarks Triton matmul configs for every GEMM (estimate;
 #                 the least certain figure here)
-PREPARE = 30  # gptspeed prepare shakespeare-gutenberg (GPT-2 BPE of a few MB), once per machine (estimate)
-LLMC_BUILD = 90  # nvcc of train_gpt2.cu: seconds without cuDNN, "~a minute" more with it (llm.c's Makefile) (estimate)
-# ms per micro-batch of 16,384 tokens: bf16 compiled ~40 (llm.c reports 468k tokens/s per H100: 35 ms), bf16
-# eager ~70, TF32 ~120, fp32 eager with manual attention ~400 (~6 x 124M x 16,384 FLOP at a few tens of TFLOP/s)
-MS = {"bf16": 40, "eager": 70, "tf32": 120, "fp32": 400}
+PREPARE = 5  # gptspeed prepare shakespeare-gutenberg: 2.6 s on a 2-core CPU (measured); a GPU session carries it
+LLMC_BUILD = 90  # nvcc of train_gpt2.cu: seconds without cuDNN, "~a minute" more with it (llm.c's Makefile) (estimate;
+#                  it now runs in the background while gptspeed and nanoGPT train)
+# ms per micro-batch of 16,384 tokens, measured (verify's median steps / 2): bf16 compiled with SDPA, vocab 50304 and
+# fused AdamW 36.2; bf16 eager with manual attention 168.9; TF32 185.3; fp32 eager with manual attention 392.2
+MS = {"bf16": 37, "eager": 169, "tf32": 185, "fp32": 392}
 
 
 def _steps(n: int, micro: int, kind: str) -> float:
@@ -145,10 +147,9 @@ def _estimates(cold: float) -> dict[str, tuple[float, str]]:
         "ladder": (PREPARE + START + _steps(38, 1, "fp32") + START + _steps(38, 1, "tf32") + START
                    + _steps(38, 1, "eager") + 4 * ladder_c,
                    "3 eager rows, then 4 compiled rows each with its own cold cache (the warm-up is the compile)"),
-        "cudatests": (20 + 90 + 7 * START + 3 * COLD_SMALL + 10 + 30,
-                      "the NCCL step (~20 s); the other cuda tests but verify (~90 s: eager steps at GPT-2's width, "
-                      "FP8's 20 steps, the 16k-token loss, the batch probe); verify at 2 layers x 128: 7 rungs, "
-                      "3 cold small compiles"),
+        "cudatests": (15 + 45 + 145,
+                      "measured on the H100: the NCCL step 12.5 s, the other cuda tests but verify 41.7 s, verify at "
+                      "2 layers x 128 (7 rungs, 3 cold small compiles) 140.6 s"),
         "profile": (PREPARE + 60 + START + cold + _steps(11, 1, "bf16") + 30,
                     "the loss benchmark (~60 s, one small compile); one cold compile, 11 steps, the trace export"),
         "verify2": (PREPARE + 2 * fp32 + comp + (comp + 25) + comp + warm,

@@ -72,7 +72,9 @@ def test_every_documented_command_ends_within_8_minutes_by_its_estimates():
     the default's speed and the peers first -- and docs/gpus.md gives each one."""
     phases = [p for cmd in gpu_session.COMMANDS for p in cmd]
     assert sorted(phases) == sorted(gpu_session.PHASES)  # every phase in exactly one documented command
-    assert gpu_session.COMMANDS[0] == ("peers",) and gpu_session.COMMANDS[1] == ("verify",)
+    assert gpu_session.COMMANDS[0] == ("peers",)  # llm.c's row has not run on a GPU yet
+    # what ran on an H100 on 2026-11-27 comes last, to run again after a change
+    assert gpu_session.COMMANDS[-3:] == (("verify",), ("first",), ("cudatests",))
     docs = (ROOT / "docs" / "gpus.md").read_text()
     for cmd in gpu_session.COMMANDS:
         planned = sum(gpu_session.estimate(p)[0] for p in cmd)
@@ -116,7 +118,7 @@ def test_the_documented_commands_run_on_the_cpu_within_their_budget(tmp_path, sh
     alone on a lent GPU), each in folders of its own."""
     from concurrent.futures import ThreadPoolExecutor
 
-    assert all((p,) in gpu_session.COMMANDS for p in SMOKED)
+    assert all(any(p in cmd for cmd in gpu_session.COMMANDS) for p in SMOKED)  # each in a documented command
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip(SMOKED, pool.map(lambda phase: _smoke(phase, tmp_path, shakespeare_data), SMOKED)))
     for phase, (proc, seconds, out) in runs.items():

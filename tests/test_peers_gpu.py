@@ -134,6 +134,21 @@ FAKE_LLMC_TRAIN = "#!/bin/sh\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n" + \
     "| 300000 tok/s\\n' $i\ndone\n"
 
 
+def fake_llmc_clone(tmp_path, monkeypatch, makefile: str, cudnn: str):
+    """An llm.c clone whose Makefile is ``makefile`` and whose train_gpt2cu prints FAKE_LLMC_TRAIN's
+    lines, as the peers' llm.c; the llm.c row's arguments (``cudnn``) and a small shape."""
+    fake = tmp_path / "peers" / "llm.c"
+    fake.mkdir(parents=True)
+    (fake / "Makefile").write_text(makefile)
+    (fake / "fake_train").write_text(FAKE_LLMC_TRAIN)
+    monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
+    args = peers_gpu.argparse.Namespace(device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn=cudnn,
+                                        row_timeout=60)
+    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12,
+                                                              n_head=12, n_embd=768))
+    return args, shape
+
+
 def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_build(
         shakespeare_data, tmp_path, monkeypatch):
     """The llm.c row is built for the GPU nvidia-smi reports (GPU_COMPUTE_CAPABILITY=90) with cuDNN
@@ -145,15 +160,7 @@ def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_
     carry, site = fake_cudnn(tmp_path)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(peers_gpu, "CARRY", carry)
-    fake = tmp_path / "peers" / "llm.c"
-    fake.mkdir(parents=True)
-    (fake / "Makefile").write_text(FAKE_LLMC_MAKEFILE)
-    (fake / "fake_train").write_text(FAKE_LLMC_TRAIN)
-    monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
-    args = peers_gpu.argparse.Namespace(device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn="auto",
-                                        row_timeout=60)
-    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12,
-                                                              n_head=12, n_embd=768))
+    args, shape = fake_llmc_clone(tmp_path, monkeypatch, FAKE_LLMC_MAKEFILE, "auto")
     run = peers_gpu.run_row("llmc", args, shape, tmp_path / "work", shakespeare_data, {})
     assert run.error is None and run.step_ms == [50.0] * 3
     build = run.info["build"]
@@ -182,15 +189,8 @@ def test_llmc_built_ahead_in_the_background_is_waited_for_and_built_once(shakesp
     from test_llmc import fake_gpu_tools
 
     fake_gpu_tools(tmp_path, monkeypatch)
+    args, shape = fake_llmc_clone(tmp_path, monkeypatch, SLOW_LLMC_MAKEFILE, "off")
     fake = tmp_path / "peers" / "llm.c"
-    fake.mkdir(parents=True)
-    (fake / "Makefile").write_text(SLOW_LLMC_MAKEFILE)
-    (fake / "fake_train").write_text(FAKE_LLMC_TRAIN)
-    monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
-    args = peers_gpu.argparse.Namespace(device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn="off",
-                                        row_timeout=60)
-    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12,
-                                                              n_head=12, n_embd=768))
     work = tmp_path / "work"
     future = peers_gpu.prebuild_llmc(work, [], "off", 60)
     assert not future.done()  # make sleeps: the row below starts while the build runs

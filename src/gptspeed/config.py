@@ -271,8 +271,8 @@ class RuntimeConfig:
                                        "(keep matmul and attention outputs, recompute the rest) | full (keep only "
                                        "each block's input)", choices=CHECKPOINTING)
     sdpa_backend: str = _f("auto", "F.scaled_dot_product_attention kernel: auto (PyTorch picks: cuDNN's on an "
-                           "H100 with torch 2.11, measured) | flash | cudnn | efficient | math; a named one runs alone, and a run it cannot "
-                           "serve stops at start", choices=SDPA_BACKENDS)
+                           "H100 with torch 2.11, measured) | flash | cudnn | efficient | math; a named one runs "
+                           "alone, and a run it cannot serve stops at start", choices=SDPA_BACKENDS)
     fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
                    "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
     keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "

@@ -1166,3 +1166,105 @@ def test_a_seal_repeats_the_step_config_data_world_size_and_run_id_and_says_the_
     assert {k: v for k, v in seal.items() if k not in ("bytes", "sha256")} == \
         {"step": 3, "config": CONFIG, "data": {"tokens": 10}, "world_size": 4, "run_id": RUN_ID, "kind": kind}, \
         f"the seal must repeat step, config, data, world_size and run_id, and say kind {kind!r}; it holds {seal}"
+
+
+# ------------------------------------------------------------------ the run folder and its lock
+def test_a_checkpoint_that_needs_more_space_than_is_free_names_both_in_gib(tmp_path, monkeypatch):
+    from gptspeed.checkpoint import folder as folder_mod
+
+    monkeypatch.setattr(folder_mod.shutil, "disk_usage", lambda p: SimpleNamespace(free=1 << 30))
+    folder_mod.check_free_space(tmp_path, 1 << 30)  # exactly enough: no refusal
+    with pytest.raises(GptspeedError) as e:
+        folder_mod.check_free_space(tmp_path, 3 * (1 << 29))
+    assert f"{tmp_path} has 1.00 GiB free but a checkpoint needs about 1.50 GiB" in str(e.value)
+
+
+@pytest.mark.parametrize("n, shown", [
+    (5, "a0, a1, a2, a3, a4)"),
+    (6, "a0, a1, a2, a3, a4 and 1 more)"),
+    (7, "a0, a1, a2, a3, a4 and 2 more)"),
+])
+def test_a_foreign_folder_shows_its_first_five_entries_and_counts_the_rest(tmp_path, n, shown):
+    from gptspeed.checkpoint.folder import refuse_foreign_folder
+
+    for i in range(n):
+        (tmp_path / f"a{i}").write_text("the user's")
+    with pytest.raises(GptspeedError) as e:
+        refuse_foreign_folder(tmp_path)
+    assert f"holds files gptspeed did not write ({shown}: a run folder must be new" in str(e.value)
+
+
+def test_a_folder_and_lock_never_opened_close_and_release_quietly(tmp_path):
+    """Another rank's RunFolder (never opened, holds no lock) closes without error; a lock is
+    released once even when release is called again (as close and abandon both may)."""
+    from gptspeed.checkpoint.folder import RunLock
+
+    other_rank = RunFolder(tmp_path, is_main=False)
+    other_rank.open()
+    other_rank.close()
+    assert other_rank.lock is None and not other_rank.opened and not other_rank.created
+    RunLock(tmp_path).release()  # never acquired
+    lock = RunLock(tmp_path).acquire()
+    lock.release()
+    lock.release()
+    again = RunLock(tmp_path).acquire()  # the first one's flock is gone
+    again.release()
+
+
+def test_the_lock_file_names_its_holder_and_is_not_executable(tmp_path):
+    """A new lock file is made rw-r--r-- (under umask 022), not executable; it holds exactly
+    ``pid P on HOST``, also over an earlier holder's longer text."""
+    import socket
+    import stat
+
+    from gptspeed.checkpoint.folder import RunLock
+
+    path, holder = tmp_path / LOCK_NAME, f"pid {os.getpid()} on {socket.gethostname()}".encode()
+    old = os.umask(0o022)
+    try:
+        lock = RunLock(tmp_path).acquire()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert path.read_bytes() == holder
+    lock.release()
+    path.write_text("pid 1 on an-earlier-holder-with-a-longer-name-than-this-one-" + "x" * len(holder))
+    lock = RunLock(tmp_path).acquire()
+    assert path.read_bytes() == holder
+    lock.release()
+
+
+def test_a_write_probe_left_by_a_killed_start_is_not_a_foreign_file(tmp_path, monkeypatch):
+    """A start killed between writing its write-test probe and removing it leaves the probe: the
+    next start must not take the folder for the user's."""
+    run = tmp_path / "run"
+    real_unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, missing_ok=False: None)  # the kill, just before
+    folder = RunFolder(run, is_main=True)
+    folder.open()
+    folder.close()
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    left = sorted(p.name for p in run.iterdir())
+    assert len(left) == 2 and LOCK_NAME in left  # the lock and the probe
+    assert foreign_entries(run) == []
+    RunFolder(run, is_main=True).open()  # the next start takes it
+
+
+def test_a_stale_temporary_folder_that_cannot_be_removed_does_not_stop_a_start(tmp_path, monkeypatch):
+    """A leftover ``.ckpt_N.dcp.tmp`` folder whose removal fails (another user's files in it, a
+    read-only mount) is left: the start goes on."""
+    from gptspeed.checkpoint import folder as folder_mod
+
+    stale = tmp_path / ".ckpt_00000010.dcp.tmp"
+    stale.mkdir()
+    (stale / "__0_0.distcp").write_bytes(b"half")
+
+    def rmtree_that_fails(path, ignore_errors=False, **kw):
+        if not ignore_errors:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(folder_mod.shutil, "rmtree", rmtree_that_fails)
+    folder = RunFolder(tmp_path, is_main=True)
+    folder.open()
+    assert folder.opened
+    folder.close()

@@ -201,3 +201,56 @@ def test_backward_allocates_no_zero_gradients_for_the_unused_outputs():
     zeros = [op for op in rec.ops if op[0].startswith(("zeros", "new_zeros"))]
     assert not zeros, f"backward made zero tensors {zeros}"
     assert sorted(shape for name, shape in rec.ops if name.startswith("mul")) == [(8, 4), (10, 4)]
+
+
+class _Stand:
+    """What compute_dtype_for reads of a tensor: its device type and dtype (a CUDA, MPS or XPU
+    tensor cannot be made on this machine)."""
+
+    def __init__(self, device_type: str):
+        self.device, self.dtype = torch.device(device_type), torch.float32
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda", "mps", "xpu"])
+def test_every_autocast_device_type_gives_its_autocast_dtype(monkeypatch, device_type):
+    """On each device autocast knows (cpu, cuda, mps, xpu), autocast on means the autocast dtype;
+    elsewhere (meta) the input's own dtype, and autocast is not asked about."""
+    asked = []
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda t: asked.append(t) or True)
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda t: torch.float16)
+    assert compute_dtype_for(_Stand(device_type)) == torch.float16, device_type
+    assert asked == [device_type]
+    assert compute_dtype_for(_Stand("meta")) == torch.float32 and asked == [device_type]
+
+
+def test_a_frozen_head_still_gives_the_input_its_gradient():
+    """Only ``x`` requires grad (a frozen LM head, e.g. a probe on a fixed model): backward works and
+    x's gradient is F.cross_entropy's."""
+    torch.manual_seed(0)
+    x0, w, t = torch.randn(8, 4), torch.randn(10, 4), torch.randint(0, 10, (8,))
+    x = x0.clone().requires_grad_(True)
+    fused_linear_cross_entropy(x, w, t).backward()
+    ref = x0.clone().requires_grad_(True)
+    F.cross_entropy(ref @ w.t(), t).backward()
+    torch.testing.assert_close(x.grad, ref.grad, rtol=1e-5, atol=1e-6)
+    assert w.grad is None
+
+
+def test_the_default_chunk_follows_the_inputs_device_type(monkeypatch):
+    """Without chunk_rows, the chunk is default_chunk_rows(V, x's device type): here the CPU's."""
+    seen = []
+    real = loss_mod.default_chunk_rows
+    monkeypatch.setattr(loss_mod, "default_chunk_rows", lambda v, d: seen.append((v, d)) or real(v, d))
+    x, w, t = torch.randn(8, 4), torch.randn(10, 4), torch.randint(0, 10, (8,))
+    fused_linear_cross_entropy(x, w, t)
+    assert seen == [(10, "cpu")]
+
+
+def test_the_op_run_without_gradients_refuses_to_be_differentiated():
+    """Called directly with need_grad=False, the op makes no gradients; differentiating it anyway
+    is an error that says why (rather than a zero or garbage gradient)."""
+    x, w, t = torch.randn(8, 4, requires_grad=True), torch.randn(10, 4), torch.randint(0, 10, (8,))
+    loss, grad_x, grad_w = loss_mod._fused_lce(x, w, t, 10, 8, torch.float32, False, 0.0)
+    assert grad_x.numel() == 0 and grad_w.numel() == 0
+    with pytest.raises(RuntimeError, match=r"ran without gradients \(need_grad=False\); it cannot be differentiated"):
+        loss.backward()

@@ -254,3 +254,71 @@ def test_the_op_run_without_gradients_refuses_to_be_differentiated():
     assert grad_x.numel() == 0 and grad_w.numel() == 0
     with pytest.raises(RuntimeError, match=r"ran without gradients \(need_grad=False\); it cannot be differentiated"):
         loss.backward()
+
+
+def _reference_and_fused(x0, w0, t, chunk_rows, softcap=0.0, grad=True):
+    """(reference loss, x grad, w grad) from F.cross_entropy on the (soft-capped) logits, and the
+    same from the fused op with ``chunk_rows`` rows per chunk."""
+    def capped(logits):
+        return softcap * torch.tanh(logits / softcap) if softcap > 0 else logits
+
+    out = []
+    for fused in (False, True):
+        x, w = x0.clone().requires_grad_(grad), w0.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            loss = (fused_linear_cross_entropy(x, w, t, chunk_rows=chunk_rows, softcap=softcap) if fused
+                    else F.cross_entropy(capped(x @ w.t()), t))
+            if grad:
+                loss.backward()
+        out.append((loss.detach(), x.grad, w.grad))
+    return out
+
+
+def test_a_softcap_of_one_caps_the_logits_and_their_gradient():
+    """softcap=1.0 is a cap like any positive one (tanh of the logits), forward and backward."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(12, 8), torch.randn(20, 8), torch.randint(0, 20, (12,))
+    (want, wx, ww), (got, gx, gw) = _reference_and_fused(x, w, t, chunk_rows=5, softcap=1.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gw, ww, rtol=1e-4, atol=1e-6)
+
+
+def test_fp32_gradients_and_no_grad_losses_add_up_over_every_chunk():
+    """12 rows in chunks of 5 (5, 5, 2): every chunk's rows get their gradient in fp32, and the loss
+    without gradients sums every chunk, not the last one."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(12, 8), torch.randn(20, 8), torch.randint(0, 20, (12,))
+    (want, wx, ww), (got, gx, gw) = _reference_and_fused(x, w, t, chunk_rows=5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx, wx, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, ww, rtol=1e-5, atol=1e-6)
+    (want, _, _), (got, _, _) = _reference_and_fused(x, w, t, chunk_rows=5, grad=False)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_each_rows_softmax_is_shifted_by_its_own_max():
+    """Two rows whose logits lie 300 apart: shifted by one global max, the lower row's exponentials
+    would all underflow to 0 (log 0 = -inf); by its own max each row's loss stays finite and exact."""
+    x = torch.tensor([[1.0], [-1.0]])
+    w = torch.tensor([[150.0], [149.0], [148.0]])  # row 0's logits ~ +150, row 1's ~ -150
+    t = torch.tensor([1, 2])
+    (want, wx, ww), (got, gx, gw) = _reference_and_fused(x, w, t, chunk_rows=2)
+    assert torch.isfinite(got), f"loss {got}: the rows shared one max"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, ww, rtol=1e-5, atol=1e-6)
+
+
+def test_the_weight_gradient_stays_fp32_under_a_float64_default_dtype():
+    """A user who set torch's default dtype to float64 still gets fp32 gradients of fp32 inputs,
+    equal to F.cross_entropy's."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(12, 8), torch.randn(20, 8), torch.randint(0, 20, (12,))
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        (want, wx, ww), (got, gx, gw) = _reference_and_fused(x, w, t, chunk_rows=5)
+    finally:
+        torch.set_default_dtype(old)
+    assert gw.dtype == torch.float32 and gx.dtype == torch.float32
+    torch.testing.assert_close(gw, ww, rtol=1e-5, atol=1e-6)

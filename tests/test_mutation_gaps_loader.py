@@ -404,3 +404,34 @@ def test_each_worker_keeps_prefetch_batches_ready_4_by_default_at_least_1(shards
     finally:
         loader.close()
     assert seen == [depth], f"prefetch {prefetch}: queue depth {seen}, expected {depth}"
+
+
+# ------------------------------------------------------------------------------ closing
+def test_close_gives_up_on_a_worker_stuck_in_a_read_after_a_bounded_wait(shards, monkeypatch):
+    """A worker hangs making batch 1 (a stalled read): close() must still return -- it waits for
+    each thread with a finite timeout, not forever. The wait itself is stood in for (each thread's
+    join records its timeout and returns at once), so the test takes no seconds."""
+    release = threading.Event()
+    real_make = TokenLoader._make
+
+    def make(self, g):
+        if g >= 1:
+            release.wait()  # the read that never returns (until the test ends)
+        return real_make(self, g)
+
+    monkeypatch.setattr(TokenLoader, "_make", make)
+    loader = TokenLoader(shards, B, T, workers=1)
+    waits = []
+    try:
+        loader.next_batch()  # batch 0; the worker is now stuck in batch 1
+        for t in loader._prefetcher._threads:
+            def join(timeout=None, real_join=t.join):
+                waits.append(timeout)
+                assert timeout is not None, "close() would wait forever for a worker stuck in a read"
+                real_join(0)  # a join that timed out: the thread is left behind (a daemon)
+            t.join = join
+        loader.close()
+    finally:
+        release.set()
+    assert waits and all(w is not None and w > 0 for w in waits), waits
+    assert loader._prefetcher is None

@@ -200,3 +200,50 @@ def test_lr_at_is_the_final_rate_from_max_steps_on_even_when_warm_up_lasts_the_w
 
     for schedule in ("cosine", "wsd"):
         assert lr_at(10, max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=10, schedule=schedule) == 0.1, schedule
+
+
+# ------------------------------------------------------------------ AdamW from the run's settings
+ADAMW = OptimConfig(lr=3e-3, weight_decay=0.05, beta1=0.7, beta2=0.9, eps=1e-3, optimizer="adamw", fused_adamw=False)
+
+
+def test_adamw_steps_like_torchs_adamw_built_from_its_settings():
+    """Every setting reaches AdamW: two steps of build_optimizer's AdamW equal two steps of
+    torch.optim.AdamW built directly from lr, betas, eps, with weight decay on the >= 2-D tensors
+    only (every setting away from torch's defaults: lr 1e-3, eps 1e-8)."""
+    model = tiny()
+    ref_model = copy.deepcopy(model)
+    opt, _ = build_optimizer(model, ADAMW, "cpu")
+    params = list(ref_model.parameters())
+    ref = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": ADAMW.weight_decay},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=ADAMW.lr, betas=(ADAMW.beta1, ADAMW.beta2), eps=ADAMW.eps)
+    for seed in (1, 2):
+        fill_grads(model, seed)
+        fill_grads(ref_model, seed)
+        opt.step()
+        ref.step()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=lambda m: f"{name}: AdamW did not use the run's settings")
+
+
+def test_adamw_groups_carry_an_lr_mult_of_one():
+    """OptimizerSpec's contract: each param group carries ``lr_mult`` and the trainer sets
+    ``group["lr"] = lr * group["lr_mult"]``; AdamW's groups all take the schedule's rate itself."""
+    opt, _ = build_optimizer(tiny(), ADAMW, "cpu")
+    for g in opt.param_groups:
+        g["lr"] = ADAMW.lr * g["lr_mult"]  # as the OptimizerSpec docstring says the trainer does
+    assert [g["lr"] for g in opt.param_groups] == [ADAMW.lr, ADAMW.lr], \
+        "AdamW's groups must run at the schedule's rate (lr_mult 1)"
+
+
+@pytest.mark.parametrize("device_type, fused", [("cuda", True), ("cpu", True), ("mps", True), ("xla", False),
+                                                ("meta", False)])
+def test_the_fused_adamw_is_used_where_pytorch_has_its_kernel(device_type, fused):
+    """PyTorch documents fused AdamW for CUDA, CPU and MPS: there, with --fused-adamw unset, the
+    fused kernel is used and a non-finite step is skipped on the device; elsewhere not."""
+    from gptspeed.optim import fused_adamw_available
+
+    assert fused_adamw_available(device_type) is fused
+    opt, skips = build_optimizer(tiny(), OptimConfig(optimizer="adamw"), device_type)
+    assert bool(opt.defaults["fused"]) is fused and skips is fused, \
+        f"on {device_type} the fused AdamW must {'' if fused else 'not '}be used"

@@ -360,3 +360,264 @@ def test_auto_batch_sizes_that_fail_the_size_check_are_out_of_memory_to_the_prob
     monkeypatch.setattr(batchsize, "resolve_auto_batch", lambda *a, **k: pytest.fail("probed a model that cannot fit"))
     with pytest.raises(step_mod.ModelTooLarge, match="--batch-size 1"):
         step_mod.auto_batch_size(cfg, CPU, say=lambda m: None)
+
+
+# ------------------------------------------------------------------------------ check_step's rules
+def unvalidated(**overrides):
+    """A pico configuration with ``overrides``, not validated (``--fp8``'s shape rule would refuse a
+    model this small; check_step's own rules are what is under test)."""
+    return preset("pico").override({**dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2), **overrides})
+
+
+@pytest.fixture
+def torchao_installed(monkeypatch):
+    """``importlib.util.find_spec("torchao")`` finds it (whether or not this machine has it)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torchao" else real(name, *a))
+
+
+def test_fp8_without_torchao_is_refused_with_its_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    with pytest.raises(GptspeedError) as e:
+        step_mod.check_step(unvalidated(fp8=True), CPU, 1)
+    assert str(e.value) == "--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'", \
+        "a missing torchao must be named with the command that installs it"
+
+
+def test_fp8_with_torchao_installed_goes_on_to_the_device_check(torchao_installed):
+    """torchao found: the refusal on a CPU is the device's (no FP8 tensor cores), not "install torchao"."""
+    with pytest.raises(GptspeedError) as e:
+        step_mod.check_step(unvalidated(fp8=True), CPU, 1)
+    assert str(e.value) == "--fp8 needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not cpu", \
+        "with torchao installed, --fp8 on a CPU must be refused for the device, not for a missing torchao"
+
+
+def test_no_compile_skips_the_gpu_compile_toolchain_check(monkeypatch):
+    """A CUDA run with --no-compile needs no triton / C compiler: check_step asks only when the run
+    compiles (here triton is missing: the compiled run is refused, the eager one is not)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    cuda = dataclasses.replace(CPU, device=torch.device("cuda"))
+    cfg = small()
+    with pytest.raises(GptspeedError, match="needs triton"):
+        step_mod.check_step(cfg, dataclasses.replace(cuda, compile=True), 1)
+    step_mod.check_step(cfg, cuda, 1)  # eager: triton is not needed, nothing is refused
+
+
+CPU_BF16 = dataclasses.replace(CPU, dtype="bfloat16", autocast_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("rt, dtype", [(CPU, "float32"), (CPU_BF16, "bfloat16")])
+def test_an_attention_kernel_the_device_lacks_is_refused_naming_the_runs_attention_shape(rt, dtype):
+    """--sdpa-backend cudnn on a CPU: check_step tries the run's attention (n_head 2 heads of
+    n_embd / n_head = 8 channels, T = block_size 16, in the autocast dtype or float32, on the CPU)
+    and refuses it in one line naming exactly that."""
+    cfg = small(sdpa_backend="cudnn")
+    with pytest.raises(GptspeedError) as e:
+        step_mod.check_step(cfg, rt, 1)
+    msg = str(e.value)
+    want = f"--sdpa-backend cudnn cannot run this attention (2 heads x 8 channels, T=16, {dtype}, cpu): "
+    assert msg.startswith(want), f"the refusal must name the run's attention shape and dtype: {msg!r}"
+    assert msg.endswith("; use --sdpa-backend auto") and "\n" not in msg, msg
+    step_mod.check_step(small(sdpa_backend="math"), rt, 1)  # a kernel the CPU has is not refused
+
+
+# ------------------------------------------------------------------------------ device memory
+def test_a_cuda_device_without_cuda_has_unknown_free_memory(monkeypatch):
+    """A runtime naming CUDA where PyTorch sees none: nothing to measure -- (None, "free on the GPU"),
+    not the host's RAM."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 12345)
+    assert step_mod.device_memory_available(torch.device("cuda")) == (None, "free on the GPU")
+
+
+def test_the_mps_devices_memory_is_its_recommended_working_set(monkeypatch):
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 7 * 1024 ** 3, raising=False)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 12345)
+    assert step_mod.device_memory_available(torch.device("mps")) == (7 * 1024 ** 3, "the MPS device can use"), \
+        "on MPS the memory is torch.mps.recommended_max_memory(), not the host's RAM"
+
+
+# ------------------------------------------------------------------------------ the GradScaler
+CPU_FP16 = dataclasses.replace(CPU, dtype="float16", autocast_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("rt, enabled, sharded", [
+    (CPU, False, False), (CPU_FP16, True, False), (dataclasses.replace(CPU_FP16, parallel="ddp"), True, False),
+    (dataclasses.replace(CPU, parallel="fsdp"), False, False), (dataclasses.replace(CPU_FP16, parallel="fsdp"), True, True)])
+def test_the_grad_scaler_scales_float16_only_and_is_the_sharded_one_under_fsdp(rt, enabled, sharded):
+    """make_scaler's docstring: a GradScaler enabled for float16 only; under FSDP2 with float16 the
+    ShardedGradScaler (which agrees on overflow across ranks); otherwise the plain one."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    scaler = step_mod.make_scaler(rt)
+    assert isinstance(scaler, torch.amp.GradScaler)
+    assert scaler.is_enabled() is enabled, f"loss scaling must be {'on' if enabled else 'off'} for {rt.dtype}"
+    assert isinstance(scaler, ShardedGradScaler) is sharded, \
+        f"parallel {rt.parallel}, {rt.dtype}: the sharded scaler is for FSDP2 with float16 only"
+
+
+def test_the_grad_scaler_is_made_for_the_runs_device():
+    """The scaler belongs to the run's device: a new scale given as a tensor on that device is
+    accepted (torch refuses one whose device is not the scaler's)."""
+    scaler = step_mod.make_scaler(CPU_FP16)
+    scaler.scale(torch.ones(()))
+    scaler.update(torch.tensor(1024.0))
+    assert scaler.get_scale() == 1024.0
+
+
+# ------------------------------------------------------------------------------ TrainStep's parts
+class Recorder(torch.nn.Module):
+    """A stand-in model: ``forward(x, y) -> (None, loss)``, noting each call in ``events``."""
+
+    def __init__(self, events: list):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4, 4))
+        self.events = events
+
+    def forward(self, x, y):
+        self.events.append("forward")
+        return None, (self.w.sum() * x.float().mean())
+
+
+def test_a_given_model_is_the_one_trained():
+    model = Recorder([])
+    step = step_mod.TrainStep(small(), CPU, model=model)
+    assert step.model is model, "TrainStep(model=...) must train the module it is given, not a fresh GPT"
+    assert [p for g in step.optimizer.param_groups for p in g["params"]] == [model.w]
+
+
+def test_the_step_picks_the_fused_adamw_on_a_cpu_and_skips_bad_steps_on_the_device():
+    """--fused-adamw unset: the fused kernel, which the CPU has (PyTorch >= 2.4), so a non-finite
+    step is skipped on the device (skips_on_device)."""
+    step = step_mod.TrainStep(small(), CPU, model=Recorder([]))
+    assert step.optimizer.defaults["fused"] is True, "the fused AdamW is available on a CPU and must be used"
+    assert step.skips_on_device is True
+
+
+def test_fsdp_with_float16_steps_the_foreach_adamw(monkeypatch):
+    """FSDP2 + float16: the fused AdamW rejects ShardedGradScaler's found_inf, so the step uses the
+    foreach AdamW (and reads the skip flag); any other mix keeps the fused one. parallelize is
+    replaced by the identity: a process group is not what is under test."""
+    monkeypatch.setattr(step_mod, "parallelize", lambda model, rt, **kw: model)
+    fsdp = step_mod.TrainStep(small(), dataclasses.replace(CPU_FP16, parallel="fsdp"), model=Recorder([]))
+    assert not fsdp.optimizer.defaults["fused"] and fsdp.skips_on_device is False, \
+        "FSDP2 with float16 must not use the fused AdamW"
+    for rt in (CPU_FP16, dataclasses.replace(CPU, parallel="fsdp")):
+        other = step_mod.TrainStep(small(), rt, model=Recorder([]))
+        assert other.optimizer.defaults["fused"] is True and other.skips_on_device is True, \
+            f"parallel {rt.parallel}, {rt.dtype}: the fused AdamW must be kept"
+
+
+def test_activation_checkpointing_reaches_the_model():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    step = step_mod.TrainStep(small(activation_checkpointing="full"), CPU)
+    assert all(isinstance(b, CheckpointWrapper) for b in step.model.transformer.h), \
+        "--activation-checkpointing full must wrap every block"
+
+
+def test_fp8_reaches_the_model(monkeypatch, torchao_installed):
+    """--fp8: the model's Linear layers are converted (torchao's conversion and the GPU check are
+    stood in for: this CPU has no FP8)."""
+    from gptspeed import fp8
+
+    converted = []
+    monkeypatch.setattr(fp8, "check_fp8_device", lambda device: None)
+    monkeypatch.setattr(fp8, "convert_to_float8", lambda model, **kw: converted.append(model) or 1)
+    step = step_mod.TrainStep(unvalidated(fp8=True), CPU)
+    assert converted == [step.model], "--fp8 must convert the model's Linear layers"
+
+
+@pytest.fixture
+def compile_calls(monkeypatch, tmp_path):
+    """torch.compile recorded (``(what, kwargs)``) instead of run; the compile cache's folder restored."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def compile(what, **kw):
+        calls.append((what, kw))
+        return what
+
+    monkeypatch.setattr(torch, "compile", compile)
+    return calls
+
+
+def test_the_step_compiles_with_inductor_in_the_runs_tuning_by_default(compile_calls):
+    cfg = small(compile=True, compile_tuning="max-autotune-no-cudagraphs")
+    step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, compile=True))
+    assert compile_calls == [(step.model, {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"})], \
+        "the whole model must be compiled by inductor (the default backend) in --compile-tuning's mode"
+
+
+def test_the_step_compiles_with_the_backend_it_is_given(compile_calls):
+    step = step_mod.TrainStep(small(compile=True), dataclasses.replace(CPU, compile=True), backend="eager")
+    assert compile_calls == [(step.model, {"backend": "eager", "mode": None})]
+
+
+def test_compile_mode_blocks_compiles_each_block_in_place(compile_calls):
+    step = step_mod.TrainStep(small(compile=True, compile_mode="blocks", n_layer=2), dataclasses.replace(CPU, compile=True),
+                              backend="eager")
+    assert step.train_model is step.model, "--compile-mode blocks leaves the model itself uncompiled"
+    assert [what.__self__ for what, _ in compile_calls] == list(step.model.transformer.h), \
+        "--compile-mode blocks must compile each transformer block"
+
+
+@pytest.fixture
+def group_of_one(tmp_path):
+    """A gloo process group of one process (no torchrun), destroyed afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_ddp_reduces_gradients_only_in_the_last_micro_step(group_of_one):
+    """Two micro-steps a step under DDP: the gradients are all-reduced once, in the second
+    micro-step's backward (no_sync on the first), not after every micro-batch."""
+    cfg = small(total_batch_tokens=2 * 2 * 16)  # B 2 x T 16, 2 micro-steps
+    step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, parallel="ddp"))
+    assert step.accum == 2
+    micro, reduced_in = [], []
+
+    def hook(state, bucket):
+        reduced_in.append(len(micro) - 1)
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    step.train_model.register_comm_hook(None, hook)
+    x = torch.randint(0, cfg.model.valid_vocab_size, (2, 17))
+
+    def next_batch():
+        micro.append(1)
+        return x[:, :-1], x[:, 1:]
+
+    step(next_batch)
+    assert reduced_in and set(reduced_in) == {1}, \
+        f"gradients were all-reduced in micro-steps {reduced_in}: only the last (1) should reduce"
+
+
+def test_with_cuda_graphs_each_micro_step_marks_a_new_graph_step_before_its_forward(monkeypatch, gpu_toolchain):
+    """--compile-tuning reduce-overhead on CUDA replays CUDA graphs: every forward must be preceded by
+    torch.compiler.cudagraph_mark_step_begin(), or a replay overwrites the last one's outputs. A
+    CUDA runtime on this CPU: parallelize is the identity (no device move, no compile) and the
+    stand-in model runs on the CPU."""
+    gpu_toolchain.add("cc")
+    events = []
+    monkeypatch.setattr(step_mod, "parallelize", lambda model, rt, **kw: model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    cuda = dataclasses.replace(CPU, device=torch.device("cuda"), compile=True)
+    step = step_mod.TrainStep(small(compile=True, compile_tuning="reduce-overhead"), cuda, model=Recorder(events))
+    x = torch.zeros(2, 16, dtype=torch.long)
+    step.forward_backward(x, x, last_micro_step=True)
+    step.forward_backward(x, x, last_micro_step=True)
+    assert events == ["mark", "forward", "mark", "forward"], events

@@ -265,3 +265,101 @@ def test_the_data_softmax_takes_the_unused_head_rows_out_of_the_flops_per_token(
     want = 6 * (c.vocab_size - 3) * c.n_embd
     assert full.flops_per_token(8) - data.flops_per_token(8) == want, \
         f"the data softmax should save 6*(V-K)*C = {want} FLOPs per token"
+
+
+# ------------------------------------------------------------------ what the switches do to the outputs
+def test_rope_makes_the_output_depend_on_the_order_of_the_tokens_before():
+    """Causal attention with no position information is blind to the order of earlier tokens: the
+    output at position 2 of [a, b, c] and [b, a, c] would be the same. With --pos-emb rope (no
+    learned positions) the rotations are the only position information, in every block: the two
+    must differ."""
+    torch.manual_seed(0)
+    for n_layer in (1, 2):
+        model = GPT(small(n_layer=n_layer, pos_emb="rope")).eval()
+        assert "wpe" not in model.transformer
+        with torch.no_grad():
+            a = model(torch.tensor([[5, 9, 3]]))[0][0, 2]
+            b = model(torch.tensor([[9, 5, 3]]))[0][0, 2]
+        assert not torch.allclose(a, b, atol=1e-5), f"rope, {n_layer} layers: the output ignores the order before it"
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_the_queries():
+    """--qk-norm RMS-normalises q and k per head (Dehghani et al. 2023): scaling the query projection
+    by 3 leaves the output as it was; without it the attention sharpens and the output changes."""
+    torch.manual_seed(0)
+    x = torch.tensor([[5, 9, 3, 7, 1]])
+    for qk_norm in (True, False):
+        model = GPT(small(qk_norm=qk_norm)).eval()
+        with torch.no_grad():
+            before = model(x)[0]
+            attn = model.transformer.h[0].attn
+            C = attn.c_attn.in_features
+            attn.c_attn.weight[:C].mul_(3.0)
+            attn.c_attn.bias[:C].mul_(3.0)
+            after = model(x)[0]
+        assert torch.allclose(before, after, atol=1e-4) == qk_norm, \
+            f"qk_norm={qk_norm}: scaling the queries {'changed' if qk_norm else 'did not change'} the output"
+
+
+def test_the_relu2_mlp_is_relu_squared_and_the_gelu_one_tanh_gelu():
+    from gptspeed.model import MLP
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 32)
+    for mlp, act in (("relu2", lambda h: torch.relu(h) ** 2),
+                     ("gelu", lambda h: torch.nn.functional.gelu(h, approximate="tanh"))):
+        m = MLP(small(mlp=mlp))
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), m.c_proj(act(m.c_fc(x))), msg=f"--mlp {mlp}")
+
+
+def test_the_manual_attentions_causal_mask_is_not_saved_with_the_weights():
+    """The mask is rebuilt from block_size: a state dict (checkpoint, export) holds weights only."""
+    model = GPT(small(attention="manual"))
+    assert any(name.endswith("causal_mask") for name, _ in model.named_buffers())
+    assert not [k for k in model.state_dict() if k.endswith("causal_mask")], "the causal mask was saved"
+
+
+def test_an_attention_layer_made_alone_caches_into_layer_0():
+    from gptspeed.model import CausalSelfAttention, KVCache
+
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(small()).eval()
+    x = torch.randn(1, 3, 32)
+    kv = KVCache(n_layer=1, size=8)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, kv=kv), attn(x))
+    assert kv.k[0] is not None and kv.k[0].shape[2] == 8
+
+
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_a_cached_prefill_of_any_length_is_causal(T):
+    """A prompt of T tokens through a fresh cache gives the cache-free logits (T=2 included: the
+    first token must not see the second)."""
+    from gptspeed.model import KVCache
+
+    torch.manual_seed(0)
+    model = GPT(small()).eval()
+    x = torch.tensor([[5, 9, 3]])[:, :T]
+    with torch.no_grad():
+        free = model(x)[0]
+        cached = model(x, kv=KVCache(1, 8))[0]
+    torch.testing.assert_close(cached, free, atol=1e-5, rtol=1e-5)
+
+
+def test_the_training_forward_returns_the_loss_alone_unless_logits_are_asked_for():
+    torch.manual_seed(0)
+    model = GPT(small(loss="plain"))  # the path that computes logits (the fused one never makes them)
+    x, y = torch.tensor([[5, 9, 3]]), torch.tensor([[9, 3, 7]])
+    logits, loss = model(x, y)
+    assert logits is None and loss.ndim == 0, "with targets the forward returns no logits by default"
+    logits, again = model(x, y, return_logits=True)
+    assert logits is not None and logits.shape == (1, 3, 50304)
+    torch.testing.assert_close(again, torch.nn.functional.cross_entropy(logits.view(-1, 50304)[:, :50257],
+                                                                         y.view(-1)))
+
+
+def test_a_sequence_longer_than_the_block_is_refused_naming_both_lengths():
+    model = GPT(small())
+    with pytest.raises(ValueError, match=r"^sequence length 17 exceeds block_size 16$"):
+        model(torch.zeros(1, 17, dtype=torch.long))

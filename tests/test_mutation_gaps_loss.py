@@ -322,3 +322,11 @@ def test_the_weight_gradient_stays_fp32_under_a_float64_default_dtype():
         torch.set_default_dtype(old)
     assert gw.dtype == torch.float32 and gx.dtype == torch.float32
     torch.testing.assert_close(gw, ww, rtol=1e-5, atol=1e-6)
+
+
+def test_an_unknown_loss_is_refused_listing_the_losses_word_for_word():
+    """resolve_loss's refusal names every --loss choice, comma-separated, and the name it was given."""
+    with pytest.raises(GptspeedError) as e:
+        loss_mod.resolve_loss("chunked", "cpu")
+    want = "--loss must be one of auto, fused, plain, liger, got 'chunked'"
+    assert str(e.value) == want, f"the --loss refusal is worded wrong: {str(e.value)!r}, want {want!r}"

@@ -207,7 +207,8 @@ def gpu_toolchain(monkeypatch, tmp_path):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real_find_spec(name, *a))
     (tmp_path / "Python.h").write_text("")
-    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"include": str(tmp_path)})
+    real_get_paths = sysconfig.get_paths  # the other paths kept: importing torch._dynamo reads "stdlib"
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {**real_get_paths(*a, **k), "include": str(tmp_path)})
     known: set[str] = set()
     monkeypatch.setattr(step_mod.shutil, "which", lambda name: f"/usr/bin/{name}" if name in known else None)
     return known
@@ -621,3 +622,88 @@ def test_with_cuda_graphs_each_micro_step_marks_a_new_graph_step_before_its_forw
     step.forward_backward(x, x, last_micro_step=True)
     step.forward_backward(x, x, last_micro_step=True)
     assert events == ["mark", "forward", "mark", "forward"], events
+
+
+# ------------------------------------------------------------------------------ the refusals, word for word
+SIZE_FIX = "lower --n-layer / --n-embd / --vocab-size / --seq-len"  # the size check's advice
+
+
+def shape_words(cfg, params: int) -> str:
+    """How the size check names the model: its shape and its parameters (counted here)."""
+    m = cfg.model
+    return (f"n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size {m.vocab_size}, seq_len {m.block_size}: "
+            f"{params:,} parameters")
+
+
+def test_the_ram_refusal_names_the_weights_the_ram_and_the_fix_word_for_word(monkeypatch):
+    """Two blocks, a causal-mask buffer, one byte of RAM short: the refusal is exactly "the model
+    (shape) needs <4 bytes a parameter + buffers> of RAM for its fp32 weights alone, more than the
+    <RAM> of RAM available: lower --n-layer / --n-embd / --vocab-size / --seq-len"."""
+    cfg = small(n_layer=2, attention="manual")
+    params, buffers = measured(cfg)
+    need = 4 * params + buffers
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: need - 1)
+    with pytest.raises(step_mod.ModelTooLarge) as e:
+        step_mod.check_model_fits(cfg)
+    want = (f"the model ({shape_words(cfg, params)}) needs {reference_format(need)} of RAM for its fp32 weights "
+            f"alone, more than the {reference_format(need - 1)} of RAM available: {SIZE_FIX}")
+    assert str(e.value) == want, f"the RAM refusal is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
+
+
+@pytest.mark.parametrize("parallel, world", [("none", 1), ("fsdp", 2), ("fsdp", 23)])
+def test_the_device_refusal_gives_each_part_of_the_estimate_word_for_word(monkeypatch, parallel, world):
+    """Two blocks (activations are per block: 2 bytes x B x T x C x n_layer), micro-batch 3, one
+    byte short of the device's memory: the refusal names the total, the 16 bytes a parameter
+    (rounded up to whole bytes per rank, "sharded over N ranks" from 2 ranks on, nothing said in
+    one) plus the buffers, the activations, the memory there is and the fix, exactly. 23 ranks:
+    16 x parameters / 23 falls short of a whole byte by enough that rounding it up shows in the
+    KiB's second decimal."""
+    cfg = small(n_layer=2, attention="manual", batch_size=3)
+    params, buffers = measured(cfg)
+    m = cfg.model
+    state = math.ceil(16 * params / world) + buffers
+    activations = 2 * 3 * m.block_size * m.n_embd * 2
+    need = state + activations
+    if world == 23:  # the case is only a test of the rounding while rounding shows
+        assert reference_format(state) != reference_format(16 * params / world + buffers)
+    rt = dataclasses.replace(CPU, parallel=parallel, world_size=world)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10 ** 12)
+    monkeypatch.setattr(step_mod, "device_memory_available", lambda device: (need - 1, "of test memory"))
+    with pytest.raises(step_mod.ModelTooLarge) as e:
+        step_mod.check_model_fits(cfg, rt)
+    sharded = f", sharded over {world} ranks" if world > 1 else ""
+    want = (f"the model ({shape_words(cfg, params)}) needs at least {reference_format(need)} on cpu to train: "
+            f"{reference_format(state)} for its weights, gradients and optimizer state (16 bytes a parameter{sharded}) "
+            f"and {reference_format(activations)} for activations at --batch-size 3, more than the "
+            f"{reference_format(need - 1)} of test memory: {SIZE_FIX} / --batch-size")
+    assert str(e.value) == want, f"the device refusal is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
+
+
+def test_running_out_of_memory_while_building_is_worded_word_for_word(monkeypatch):
+    """The build's out-of-memory line, exactly: the parameters, their fp32 bytes (4 each), the RAM
+    available now (5 GiB) and the advice."""
+    cfg = small()
+    params, _ = measured(cfg)
+
+    def gpt(config):
+        raise MemoryError()
+
+    monkeypatch.setattr(step_mod, "GPT", gpt)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 5 * 1024 ** 3)
+    with pytest.raises(GptspeedError) as e:
+        step_mod.build_model(cfg)
+    want = (f"out of memory while building the model ({params:,} parameters, {reference_format(4 * params)} of fp32 "
+            "weights; 5.00 GiB of RAM available now): lower --n-layer / --n-embd, or free memory")
+    assert str(e.value) == want, f"the build's out-of-memory line is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
+
+
+@pytest.mark.parametrize("limit_file, usage_file", [V2, V1], ids=["v2", "v1"])
+@pytest.mark.parametrize("limit, want", [(1 << 60, 1 << 61), ((1 << 60) - 1, (1 << 60) - 1 - 5)],
+                         ids=["2^60", "2^60-1"])
+def test_a_cgroup_limit_of_two_to_the_sixty_or_more_is_no_limit(monkeypatch, limit_file, usage_file, limit, want):
+    """2^61 bytes available (MemAvailable in kB): a cgroup limit of exactly 2^60 reads as "no limit"
+    (the RAM stands), one byte less is a limit (limit less usage, 5 bytes, caps it)."""
+    meminfo = f"MemTotal: {1 << 52} kB\nMemAvailable: {1 << 51} kB\n"
+    fake_files(monkeypatch, {"/proc/meminfo": meminfo, limit_file: f"{limit}\n", usage_file: "5\n"})
+    got = step_mod.host_memory_available()
+    assert got == want, f"cgroup limit {limit}: {got} bytes available, want {want}"

@@ -707,3 +707,69 @@ def test_a_cgroup_limit_of_two_to_the_sixty_or_more_is_no_limit(monkeypatch, lim
     fake_files(monkeypatch, {"/proc/meminfo": meminfo, limit_file: f"{limit}\n", usage_file: "5\n"})
     got = step_mod.host_memory_available()
     assert got == want, f"cgroup limit {limit}: {got} bytes available, want {want}"
+
+
+# ------------------------------------------------------------------------------ one optimizer step, by hand
+def test_after_a_step_the_gradients_are_freed_not_zero_filled():
+    """zero_grad(set_to_none=True): after a step every parameter's .grad is None (the memory of
+    the gradients is given back between steps), not a tensor of zeros."""
+    step = step_mod.TrainStep(small(), CPU)
+    x = torch.randint(0, 100, (2, 16))
+    step(lambda: (x, x))
+    left = [n for n, p in step.model.named_parameters() if p.grad is not None]
+    assert not left, f"gradients kept after the step: {left[:3]}"
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_skips_the_step():
+    """The step is bad when the loss OR the gradient is not finite: here the loss is finite and one
+    gradient element is inf -- bad is True and no weight moves."""
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(small(), CPU)
+    before = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+    for p in step.model.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    next(iter(step.model.parameters())).grad[0] = float("inf")
+    grad_norm, bad = step.optimizer_step(torch.tensor(2.5))
+    assert bool(bad) and not torch.isfinite(grad_norm), "a non-finite gradient under a finite loss was stepped"
+    moved = [n for n, p in step.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert not moved, f"weights moved in a skipped step: {moved[:3]}"
+
+
+def test_a_float16_step_returns_its_bad_flag_as_a_device_bool():
+    """With float16's GradScaler the flag is the loss's finiteness, a bool tensor like every other
+    step's: False for a finite loss, True for an infinite one."""
+    torch.manual_seed(0)
+    rt = dataclasses.replace(CPU, dtype="float16", autocast_dtype=torch.float16)
+    step = step_mod.TrainStep(small(), rt)
+    step.scaler.scale(torch.ones(()))  # what a forward_backward does first: the scale is made
+    for loss, want in ((2.5, False), (float("inf"), True)):
+        for p in step.model.parameters():
+            p.grad = torch.full_like(p, 0.01)
+        _, bad = step.optimizer_step(torch.tensor(loss))
+        assert isinstance(bad, torch.Tensor) and bad.dtype == torch.bool and bool(bad) is want, \
+            f"loss {loss}: bad = {bad!r}"
+
+
+def test_the_steps_loss_is_made_on_the_runs_device_not_the_default_one():
+    """The loss accumulator is made on the run's device: with another default device (meta, as a
+    GPU run's default would be the CPU), the returned loss is still the CPU's, with its value."""
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(small(), CPU)
+    x = torch.randint(0, 100, (2, 16))
+    with torch.device("meta"):
+        loss, grad_norm, bad = step(lambda: (x, x))
+    assert loss.device.type == "cpu" and torch.isfinite(loss), f"the step's loss was made on {loss.device}"
+
+
+def test_under_fsdp_the_gradient_norm_is_made_whole(group_of_one):
+    """FSDP2's clip_grad_norm_ returns a DTensor; the step returns a plain tensor with the global
+    norm (here one rank: the unsharded model's gradient norm, computed by hand)."""
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(small(), dataclasses.replace(CPU, parallel="fsdp"))
+    x = torch.randint(0, 100, (2, 16))
+    for p in step.model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    count = sum(p.numel() for p in step.model.parameters())
+    grad_norm, bad = step.optimizer_step(torch.tensor(2.5))
+    assert type(grad_norm) is torch.Tensor, f"the norm is a {type(grad_norm).__name__}, not a plain tensor"
+    assert float(grad_norm) == pytest.approx(0.5 * math.sqrt(count), rel=1e-5) and not bool(bad)

@@ -1268,3 +1268,113 @@ def test_a_stale_temporary_folder_that_cannot_be_removed_does_not_stop_a_start(t
     folder.open()
     assert folder.opened
     folder.close()
+
+
+# ------------------------------------------------------------------ the size estimate, the parts' defaults, seals' small rules
+def test_the_checkpoint_size_estimate_is_weights_plus_fp32_moments_plus_one_mib():
+    """estimate_checkpoint_bytes: each parameter's bytes (numel x element size) plus
+    ``optimizer_states`` (default 2, AdamW's moments) fp32 copies of it, plus 1 MiB; numbers by hand."""
+    from gptspeed.checkpoint import estimate_checkpoint_bytes
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Parameter(torch.zeros(2, 3))  # 6 fp32: 24 bytes
+    model.b = torch.nn.Parameter(torch.zeros(10, dtype=torch.bfloat16))  # 10 bf16: 20 bytes
+    weights, moments = 24 + 20, (6 + 10) * 4
+    for states, expected in [(None, weights + 2 * moments + 2**20), (0, weights + 2**20), (1, weights + moments + 2**20)]:
+        got = estimate_checkpoint_bytes(model) if states is None else estimate_checkpoint_bytes(model, states)
+        assert type(got) is int and got == expected, \
+            f"optimizer_states={states}: expected {expected} bytes (weights + fp32 moments + 1 MiB), got {got!r}"
+
+
+def test_a_model_state_is_the_plain_modules_by_default_and_refuses_an_empty_state():
+    """ModelState(model) is not sharded unless told: loading an empty model state into a plain module
+    is a strict load that misses every weight (the sharded path takes an empty dict as nothing to load)."""
+    from gptspeed.checkpoint import ModelState
+
+    model = torch.nn.Linear(2, 2)
+    part = ModelState(model)
+    assert part.sharded is False, "ModelState's sharded must default to False"
+    with pytest.raises(GptspeedError) as e:
+        load_part(Path("ckpt_00000001.pt"), "model", part, {})
+    assert str(e.value) == ('checkpoint ckpt_00000001.pt: its model state does not fit this run (Missing key(s) in '
+                            'state_dict: "weight", "bias".): resume with the settings it was written with, or start a '
+                            'new --out'), f"an empty model state must be refused as missing every weight, got {e.value}"
+
+
+def test_the_optimizer_layout_names_each_underlying_optimizer_by_the_optimizers_names():
+    """OptimizerState.layout: ``[[name, param groups], ...]`` with the names the optimizer gives
+    (MuonWithAdamW: ("adamw", "muon")), "optimizer" for one without names."""
+    from gptspeed.checkpoint import OptimizerState
+
+    both = SimpleNamespace(names=("adamw", "muon"), optimizers=[SimpleNamespace(param_groups=[{}, {}]),
+                                                                 SimpleNamespace(param_groups=[{}])])
+    layout = OptimizerState(None, both).layout()
+    assert layout == [["adamw", 2], ["muon", 1]], f"the layout must use the optimizer's names, got {layout!r}"
+    assert OptimizerState(None, _ThreeGroups()).layout() == [["optimizer", 3]]
+
+
+def test_rng_state_saves_the_cuda_generator_of_its_device_under_cuda_and_none_on_a_cpu(monkeypatch):
+    """On this CPU machine torch.cuda.get_rng_state is replaced by a recorder: a RNGState of device
+    cuda saves {"torch": the CPU state, "cuda": its device's CUDA state}; of device cpu, "cuda": None."""
+    calls, cuda_state = [], torch.arange(8, dtype=torch.uint8)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": calls.append(device) or cuda_state)
+    cuda = torch.device("cuda", 0)
+    sd = RNGState(cuda).state_dict()
+    assert sorted(sd) == ["cuda", "torch"] and sd["cuda"] is cuda_state, \
+        f"a cuda RNGState must save its CUDA generator's state under 'cuda', got {sd}"
+    assert calls == [cuda], f"the CUDA state must be read from the RNGState's own device, read from {calls}"
+    assert torch.equal(sd["torch"], torch.get_rng_state())
+    calls.clear()
+    sd = RNGState(torch.device("cpu")).state_dict()
+    assert sorted(sd) == ["cuda", "torch"] and sd["cuda"] is None and calls == [], \
+        f"a cpu RNGState saves 'cuda': None and reads no CUDA state, got {sd} and reads {calls}"
+
+
+def test_not_of_run_names_the_first_12_characters_of_both_run_ids(tmp_path):
+    ckpt = tmp_path / "ckpt_00000003.pt"
+    ckpt.with_suffix(".json").write_text(json.dumps({"step": 3, "run_id": "abcdefghijklmnopqrstuvwxyz"}))
+    from gptspeed.checkpoint import not_of_run
+
+    assert not_of_run(ckpt, "0123456789ABCDEFGHIJ") == \
+        "it belongs to another run (run id abcdefghijkl; this folder's run is 0123456789AB)", \
+        "the reason must name the seal's run id and this folder's, each cut to 12 characters"
+    assert not_of_run(ckpt, "abcdefghijklmnopqrstuvwxyz") is None
+
+
+def test_a_seal_that_is_json_but_not_an_object_is_no_seal(tmp_path):
+    from gptspeed.checkpoint import not_of_run, read_seal
+
+    ckpt = tmp_path / "ckpt_00000003.pt"
+    ckpt.with_suffix(".json").write_text("[3, 4]")
+    assert read_seal(ckpt) is None, "read_seal must return None for a seal that is not a JSON object"
+    assert not_of_run(ckpt, RUN_ID) is None  # unsealed or damaged: check_checkpoint's to say
+
+
+def test_a_copy_with_the_same_names_sizes_and_times_in_another_folder_is_hashed_not_taken_as_verified(tmp_path):
+    """The once-per-process cache is keyed by the checkpoint's resolved path too: a byte-flipped copy
+    of a verified checkpoint elsewhere, with the same file names, sizes and mtimes, is still hashed."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_checkpoint_file(a / "ckpt_00000001.pt", {"step": 1})  # marked verified in this process
+    for name in ("ckpt_00000001.pt", "ckpt_00000001.json"):
+        shutil.copyfile(a / name, b / name)
+    data = bytearray((b / "ckpt_00000001.pt").read_bytes())
+    data[-1] ^= 0xFF
+    (b / "ckpt_00000001.pt").write_bytes(bytes(data))
+    for name in ("ckpt_00000001.pt", "ckpt_00000001.json"):
+        st = (a / name).stat()
+        os.utime(b / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert check_checkpoint(a / "ckpt_00000001.pt") is None
+    assert check_checkpoint(b / "ckpt_00000001.pt") == "sha256 does not match its seal (corrupted)", \
+        "a corrupted copy in another folder must not pass as the verified original"
+
+
+def test_marking_an_unlistable_checkpoint_verified_vouches_for_no_other(tmp_path):
+    """A checkpoint whose files cannot be listed (gone) is cached under its own path: marking one
+    such path verified leaves another missing checkpoint "not sealed"."""
+    from gptspeed.checkpoint.seals import mark_verified
+
+    mark_verified(tmp_path / "gone" / "ckpt_00000001.pt")
+    assert check_checkpoint(tmp_path / "ckpt_00000002.pt") == "not sealed (interrupted while saving?)", \
+        "a missing checkpoint must not be taken as verified because another missing path was marked"

@@ -19,6 +19,8 @@ from gptspeed.data.shards import HEADER_BYTES, MappedShard, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 B, T = 2, 8  # one rank's micro-batch: 16 tokens (+1)
 
 
@@ -435,3 +437,86 @@ def test_close_gives_up_on_a_worker_stuck_in_a_read_after_a_bounded_wait(shards,
         release.set()
     assert waits and all(w is not None and w > 0 for w in waits), waits
     assert loader._prefetcher is None
+
+
+# ------------------------------------------------------------------------------ token ids, host tensors
+def test_a_token_id_equal_to_the_vocabulary_size_is_refused_and_the_first_bad_one_named():
+    """Ids must be *below* max_token_id: an id equal to it is already out of the embedding. Of
+    [1, 10, 3, 11] with a vocabulary of 10 the first bad id is the 10 at index 1 (+ the offset 40)."""
+    loader_mod.check_token_ids(np.array([1, 9, 3], dtype=np.uint16), 10, "s.bin", 0)  # all below: fine
+    with pytest.raises(GptspeedError) as e:
+        loader_mod.check_token_ids(np.array([1, 10, 3], dtype=np.uint16), 10, "s.bin", 40)
+    assert str(e.value).startswith("s.bin: token id 10 at token 41 is not below the vocabulary size 10: "), \
+        f"an id equal to the vocabulary size is not refused as the id at token 41: {e.value}"
+    with pytest.raises(GptspeedError) as e:
+        loader_mod.check_token_ids(np.array([1, 10, 3, 11], dtype=np.uint16), 10, "s.bin", 0)
+    assert str(e.value).startswith("s.bin: token id 10 at token 1 "), \
+        f"the first id >= the vocabulary size (10 at token 1) is not the one named: {e.value}"
+
+
+def test_host_tensor_pins_the_host_memory_for_a_cuda_device_only(monkeypatch):
+    """Documented: pinned memory when the device is CUDA (so the copy can be non-blocking), plain
+    memory otherwise. pin_memory is stood in for (no CUDA here): it records the tensor it pinned."""
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self) or self * 0 + 7)
+    buf = np.arange(5, dtype=np.uint16)
+    for dev in ("cpu", "meta"):
+        t = loader_mod.host_tensor(buf, torch.device(dev))
+        assert t.tolist() == [0, 1, 2, 3, 4] and t.dtype == torch.int64, f"host tensor for {dev}: {t}"
+    assert pinned == [], f"host memory was pinned for a device that is not CUDA: {pinned}"
+    t = loader_mod.host_tensor(buf, torch.device("cuda"))
+    assert len(pinned) == 1 and pinned[0].tolist() == [0, 1, 2, 3, 4], "the host tensor for CUDA was not pinned"
+    assert t.tolist() == [7] * 5, "host_tensor did not return the pinned tensor for CUDA"
+
+
+def test_an_int64_array_becomes_a_host_tensor_without_a_copy():
+    """An int64 array (bench/worker.py passes one to to_device) is used as it is: no second host
+    copy of the window (astype(copy=False)); a uint16 shard window is converted to int64."""
+    buf = np.arange(6, dtype=np.int64)
+    t = loader_mod.host_tensor(buf, torch.device("cpu"))
+    assert np.shares_memory(t.numpy(), buf), "an int64 array was copied on its way to a host tensor"
+    assert np.shares_memory(to_device(buf, torch.device("cpu")).numpy(), buf), "to_device copied an int64 array on the CPU"
+
+
+# ------------------------------------------------------------------------------ evaluation: edges
+def test_eval_schedule_gives_no_batch_for_a_shard_too_short_for_one_window():
+    """Shards of 0, 1 and 10 tokens hold no window of 10 (+1): they give no batch (not an empty one)
+    whether they come first, between or last; 11 tokens hold exactly one."""
+    got = list(eval_schedule([0, 101, 1, 10, 11, 10], 4, 10))
+    assert got == [(1, 0, 4), (1, 4, 4), (1, 8, 2), (4, 0, 1)], \
+        f"shards without a full window gave batches (or rows of 0): {got}"
+
+
+def _val_shard(path, toks):
+    write_shard(path, np.asarray(toks))
+    return path
+
+
+def test_a_val_split_of_exactly_one_sequence_plus_one_token_is_evaluated(tmp_path):
+    """seq_len + 1 = 11 tokens are one sequence (inputs 0..9, targets 1..10); 10 tokens are not:
+    refused, with the message naming both counts."""
+    ok = _val_shard(tmp_path / "val_000000.bin", np.arange(100, 111))
+    got = [(x.tolist(), y.tolist()) for x, y in iter_eval_batches([ok], 4, 10)]
+    assert got == [([list(range(100, 110))], [list(range(101, 111))])], \
+        f"a split of seq_len + 1 tokens did not give its one sequence: {got}"
+    short = _val_shard(tmp_path / "val_000001.bin", np.arange(100, 110))
+    with pytest.raises(GptspeedError) as e:
+        list(iter_eval_batches([short], 4, 10))
+    assert str(e.value) == ("val split has 10 tokens, fewer than one sequence (seq_len 10 + 1): prepare more text, "
+                            "raise --val-fraction or lower --seq-len"), f"a split of seq_len tokens: {e.value}"
+
+
+def test_a_bad_token_in_the_val_split_is_named_with_its_shard_and_its_place_in_the_shard(tmp_path):
+    """Two val shards; batches of 2 x 10: the second shard's second batch reads from window 2, token
+    20; a bad id at its token 25 is named as that shard's token 25."""
+    first = _val_shard(tmp_path / "val_000000.bin", np.arange(50) % 100)
+    toks = np.arange(60) % 100
+    toks[25] = 5000
+    second = _val_shard(tmp_path / "val_000001.bin", toks)
+    batches = iter_eval_batches([first, second], 2, 10, max_token_id=1000)
+    for _ in range(3):  # shard 0: windows 0-1, 2-3; shard 1: windows 0-1 -- all fine
+        next(batches)
+    with pytest.raises(GptspeedError) as e:
+        next(batches)
+    assert str(e.value).startswith(f"{second}: token id 5000 at token 25 is not below the vocabulary size 1000: "), \
+        f"the message does not name the val shard and the token's place in it: {e.value}"

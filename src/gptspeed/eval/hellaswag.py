@@ -141,15 +141,15 @@ def score_items(model: torch.nn.Module, items: list[HellaSwagItem], device: torc
             rows.append(toks[drop:])
             starts.append(max(len(it.ctx) - drop, 1))
     L = max(len(r) for r in rows)
-    x = torch.zeros(len(rows), L, dtype=torch.long)
     r_idx, t_idx, seg = [], [], []
     for r, (toks, start) in enumerate(zip(rows, starts)):
-        x[r, : len(toks)] = torch.tensor(toks)
         n = len(toks) - start  # ending tokens scored: positions start .. len-1
         r_idx += [r] * n
         t_idx += range(start, len(toks))
         seg += [r] * n
-    x = x.to(device, non_blocking=True)
+    # staged on the host whatever the default device is (one copy to ``device``, not one per row)
+    x = torch.tensor([toks + [0] * (L - len(toks)) for toks in rows], dtype=torch.long, device="cpu")
+    x = x.to(device)
     r_idx_t = torch.tensor(r_idx, device=device)
     t_idx_t = torch.tensor(t_idx, device=device)
     seg_t = torch.tensor(seg, device=device)

@@ -86,3 +86,22 @@ def test_run_time_counts_a_killed_segment_up_to_its_last_result(tmp_path):
     os.utime(meta, (1000.0 + 600, 1000.0 + 600))  # the last result, 10 minutes after the start
     assert run.run_time({"wall_s": 50.0, "started": 1000.0}) == 650.0
     assert run.run_time({"wall_s": 50.0}) == 50.0
+
+
+def test_resume_drops_the_mutated_copy_of_a_changed_file_and_keeps_its_results(tmp_path):
+    """mutmut measures coverage on ``mutants/``'s copy before mutating: a changed file's old mutated
+    copy left there gives the new file the old copy's line numbers (few mutants), and an unmutated
+    file is never copied again. A continued run removes the copy of each changed file only, and keeps
+    the results (``.meta``) from which mutmut carries over the unchanged functions."""
+    run = load_run_py(tmp_path)
+    run.write_snapshot({"src/gptspeed/a.py": b"x = 1\n", "src/gptspeed/b.py": b"y = 1\n"}, fresh=True)
+    for rel in ("src/gptspeed/a.py", "src/gptspeed/b.py"):
+        (run.WORK / "mutants" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run.WORK / "mutants" / rel).write_text("# mutated copy\n")
+    write_meta(run.WORK, "src/gptspeed/a.py.meta", {"gptspeed.a.x_f__mutmut_1": 1}, {"x_f": "h"})
+
+    run.write_snapshot({"src/gptspeed/a.py": b"x = 2\n", "src/gptspeed/b.py": b"y = 1\n"}, fresh=False)
+    assert (run.WORK / "src/gptspeed/a.py").read_text() == "x = 2\n"
+    assert not (run.WORK / "mutants/src/gptspeed/a.py").exists(), "the changed file's old mutated copy was kept"
+    assert (run.WORK / "mutants/src/gptspeed/b.py").read_text() == "# mutated copy\n", "an unchanged file is redone"
+    assert run.exit_codes() == {"gptspeed.a.x_f__mutmut_1": 1}, "the changed file's results were dropped"

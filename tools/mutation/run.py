@@ -138,8 +138,13 @@ def snapshot_files(worktree: bool) -> dict[str, bytes]:
 
 def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
     """Write the snapshot to .mutation/; on --resume only files whose content changed are
-    rewritten (mutmut regenerates the mutants of a source file it sees changed), and files gone
-    from the snapshot are removed."""
+    rewritten, and files gone from the snapshot are removed. A rewritten file's copy in
+    ``mutants/`` is removed too (its ``.meta`` results stay): mutmut copies a source into
+    ``mutants/`` only where none is, and measures which lines the tests run on that copy before it
+    mutates -- on the old, mutated copy the line numbers are not the new file's, and only a few of
+    its lines were mutated (hellaswag.py: 50 mutants for 404, 2026-11-27); a file it does not
+    mutate would stay old. With the copy gone, mutmut copies the new file, measures it, mutates it
+    again and keeps the result of every function whose text did not change."""
     if fresh and WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(exist_ok=True)
@@ -149,8 +154,8 @@ def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
         if p.is_file() and p.read_bytes() == data:
             continue
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)  # newer than mutants/<rel>: mutmut mutates it again, keeping the
-        # results of the functions whose text did not change
+        p.write_bytes(data)
+        (WORK / "mutants" / rel).unlink(missing_ok=True)
     for top in SNAPSHOT:
         root = WORK / top
         for p in ([root] if root.is_file() else root.rglob("*") if root.is_dir() else []):

@@ -105,3 +105,20 @@ def test_resume_drops_the_mutated_copy_of_a_changed_file_and_keeps_its_results(t
     assert not (run.WORK / "mutants/src/gptspeed/a.py").exists(), "the changed file's old mutated copy was kept"
     assert (run.WORK / "mutants/src/gptspeed/b.py").read_text() == "# mutated copy\n", "an unchanged file is redone"
     assert run.exit_codes() == {"gptspeed.a.x_f__mutmut_1": 1}, "the changed file's results were dropped"
+
+
+def test_a_function_renumbered_by_coverage_is_retested_and_only_it(tmp_path):
+    """mutmut carries a result over by the mutant's number when a function's text is unchanged; a
+    line newly covered (new tests, another CPU's branches) renumbers the function's mutants: such a
+    function is named for a retest; one whose count is unchanged, or that is new, is not."""
+    run = load_run_py(tmp_path)
+    write_meta(run.WORK, "src/gptspeed/step.py.meta",
+               {**{f"gptspeed.step.x_a__mutmut_{i}": 1 for i in (1, 2, 3)},
+                **{f"gptspeed.step.x_b__mutmut_{i}": 1 for i in (1, 2)}}, {"x_a": "h", "x_b": "h"})
+    before = run.mutant_counts()
+    assert before == {"gptspeed.step.x_a": 3, "gptspeed.step.x_b": 2}
+    write_meta(run.WORK, "src/gptspeed/step.py.meta",
+               {**{f"gptspeed.step.x_a__mutmut_{i}": 1 for i in (1, 2, 3, 4, 5)},
+                **{f"gptspeed.step.x_b__mutmut_{i}": 1 for i in (1, 2)}, "gptspeed.step.x_c__mutmut_1": None},
+               {"x_a": "h", "x_b": "h", "x_c": "h"})
+    assert run.shifted_functions(before, run.mutant_counts()) == ["gptspeed.step.x_a"]

@@ -195,6 +195,27 @@ def exit_codes() -> dict[str, int | None]:
     return out
 
 
+def mutant_counts() -> dict[str, int]:
+    """Function (mutmut's qualified name, e.g. ``gptspeed.step.x_check_step``) -> its number of
+    mutants, from the .meta files."""
+    out: dict[str, int] = {}
+    for name in exit_codes():
+        func = name.rpartition("__mutmut_")[0]
+        out[func] = out.get(func, 0) + 1
+    return out
+
+
+def shifted_functions(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """Functions whose number of mutants changed while their text did not. mutmut numbers a
+    function's mutants in the order of its covered lines and carries a result over by that number
+    when the function's text is unchanged; but which lines are covered depends on the tests and on
+    the host (a bf16 CPU runs branches an AVX2 one does not): a line newly covered shifts every later
+    number, and the carried results then belong to other mutants. Those functions must be retested
+    whole (2026-11-27: step.py's ``device_memory_available`` went from 13 mutants to 26 on an
+    AVX-512 host, and two carried "killed" results turned into survivors)."""
+    return sorted(f for f, n in after.items() if f in before and before[f] != n)
+
+
 def load_results(prefixes: list[str]) -> dict[str, str]:
     """Mutant name -> status, from mutmut's .meta files. mutmut resets every result when the test
     selection or the pytest arguments change (its config fingerprint): such a run starts again, as
@@ -457,9 +478,18 @@ def main() -> int:
         log = WORK / "mutmut.log"
         print(f"mutmut run in {WORK} ({len(names) or 'every unchecked mutant, no'} name patterns), log: {log}",
               flush=True)
+        before = mutant_counts() if args.resume else {}
         with open(log, "w") as f:
             rc = subprocess.run([sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *names],
                                 cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        shifted = shifted_functions(before, mutant_counts()) if rc == 0 else []
+        if shifted:  # results carried over by a number that now names another mutant: test them again
+            print(f"retesting {len(shifted)} functions whose mutants were renumbered (coverage changed): "
+                  f"{', '.join(shifted)}", flush=True)
+            with open(log, "a") as f:
+                rc = subprocess.run([sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children),
+                                     *(fn + "__mutmut_*" for fn in shifted)],
+                                    cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             tail = log.read_text(errors="replace").splitlines()[-30:]
             print("\n".join(l for l in tail if "DEBUG" not in l), file=sys.stderr)

@@ -504,6 +504,10 @@ def test_a_val_split_of_exactly_one_sequence_plus_one_token_is_evaluated(tmp_pat
         list(iter_eval_batches([short], 4, 10))
     assert str(e.value) == ("val split has 10 tokens, fewer than one sequence (seq_len 10 + 1): prepare more text, "
                             "raise --val-fraction or lower --seq-len"), f"a split of seq_len tokens: {e.value}"
+    with pytest.raises(GptspeedError) as e:  # no val shard at all: 0 tokens, the same one line
+        list(iter_eval_batches([], 4, 10))
+    assert str(e.value).startswith("val split has 0 tokens, fewer than one sequence (seq_len 10 + 1)"), \
+        f"an empty val split: {e.value}"
 
 
 def test_a_bad_token_in_the_val_split_is_named_with_its_shard_and_its_place_in_the_shard(tmp_path):

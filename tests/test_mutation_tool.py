@@ -122,3 +122,33 @@ def test_a_function_renumbered_by_coverage_is_retested_and_only_it(tmp_path):
                 **{f"gptspeed.step.x_b__mutmut_{i}": 1 for i in (1, 2)}, "gptspeed.step.x_c__mutmut_1": None},
                {"x_a": "h", "x_b": "h", "x_c": "h"})
     assert run.shifted_functions(before, run.mutant_counts()) == ["gptspeed.step.x_a"]
+
+
+def test_an_explanation_follows_its_mutant_when_mutmut_renumbers_it(tmp_path):
+    """survivors.txt's lines are matched by function and by what the mutant changes (its
+    fingerprint), not by mutmut's number: renumbered, a survivor keeps its explanation, and the
+    line's old number, now another mutant's, does not explain that one; a line without a fingerprint
+    matches by name; a line matching no survivor is listed for removal."""
+    run = load_run_py(tmp_path)
+    a = "--- a\n+++ b\n-    x = f(1)\n+    x = f(2)\n"
+    b = "--- a\n+++ b\n-    y = g(0)\n+    y = g(None)\n"
+    fa, fb = run.fingerprint(a), run.fingerprint(b)
+    assert fa != fb and len(fa) == 8 and run.fingerprint("@@ 1 @@\n" + a) == fa  # only the -/+ lines count
+    (tmp_path / "survivors.txt").write_text(
+        f"# a comment\ngptspeed.m.x_f__mutmut_3 {fa} equivalent f(2) is f(1)\n"
+        f"gptspeed.m.x_f__mutmut_9 {fb} gap g's None\ngptspeed.m.x_h__mutmut_1 equivalent by name\n")
+    run.HERE = tmp_path
+    expl = run.load_explanations()
+    assert expl["gptspeed.m.x_f__mutmut_3"] == ("equivalent", "f(2) is f(1)", fa)
+    assert expl["gptspeed.m.x_h__mutmut_1"] == ("equivalent", "by name", None)
+    found, unmatched = run.match_explanations(expl, {
+        "gptspeed.m.x_f__mutmut_5": a,   # was 3: renumbered, same change
+        "gptspeed.m.x_f__mutmut_3": b,   # number 3 is now g's mutant: explained by g's line, not f's
+        "gptspeed.m.x_g__mutmut_1": a,   # the same change in another function: not explained
+        "gptspeed.m.x_h__mutmut_1": "",
+    })
+    assert found == {"gptspeed.m.x_f__mutmut_5": ("equivalent", "f(2) is f(1)"),
+                     "gptspeed.m.x_f__mutmut_3": ("gap", "g's None"),
+                     "gptspeed.m.x_h__mutmut_1": ("equivalent", "by name")}
+    found, unmatched = run.match_explanations(expl, {"gptspeed.m.x_f__mutmut_5": a})
+    assert unmatched == ["gptspeed.m.x_f__mutmut_9", "gptspeed.m.x_h__mutmut_1"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -281,17 +282,46 @@ def restore_cache() -> int:
     return n
 
 
-def load_explanations() -> dict[str, tuple[str, str]]:
-    """tools/mutation/survivors.txt: ``<mutant name> <equivalent|gap> <why>`` a line, # comments."""
+def fingerprint(diff: str) -> str:
+    """8 hex digits naming a mutant by what it changes (its :func:`short_diff`), not by its number."""
+    return hashlib.sha256(short_diff(diff).encode()).hexdigest()[:8]
+
+
+def load_explanations() -> dict[str, tuple[str, str, str | None]]:
+    """tools/mutation/survivors.txt: ``<mutant name> <fingerprint> <equivalent|gap> <why>`` a line, #
+    comments -> ``{name: (kind, why, fingerprint)}``. The fingerprint (8 hex digits) may be left out
+    (None): the line then vouches for the name, whatever mutant it names."""
     out = {}
     path = HERE / "survivors.txt"
     for line in path.read_text().splitlines() if path.exists() else []:
         line = line.strip()
         if line and not line.startswith("#"):
-            name, kind, why = line.split(None, 2)
+            name, rest = line.split(None, 1)
+            fp = None
+            if re.fullmatch(r"[0-9a-f]{8}", rest.split(None, 1)[0]):
+                fp, rest = rest.split(None, 1)
+            kind, why = rest.split(None, 1)
             assert kind in ("equivalent", "gap"), line
-            out[name] = (kind, why)
+            out[name] = (kind, why, fp)
     return out
+
+
+def match_explanations(expl: dict, survivors: dict[str, str]) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """Match survivors (name -> diff) with their explanations: by the function and the fingerprint of
+    what the mutant changes, so that an explanation follows its mutant when mutmut numbers the
+    function's mutants otherwise (another CPU's coverage, new tests; see :func:`shifted_functions`);
+    by name for a line without a fingerprint. Returns ``({survivor: (kind, why)}, [explanation
+    names that matched no survivor])``."""
+    by_fp = {(n.rpartition("__mutmut_")[0], fp): n for n, (_, _, fp) in expl.items() if fp}
+    found, used = {}, set()
+    for n, diff in survivors.items():
+        key = by_fp.get((n.rpartition("__mutmut_")[0], fingerprint(diff))) if diff else None
+        if key is None and n in expl and expl[n][2] is None:
+            key = n
+        if key is not None:
+            found[n] = expl[key][:2]
+            used.add(key)
+    return found, sorted(set(expl) - used)
 
 
 def diffs(names: list[str]) -> dict[str, str]:
@@ -328,9 +358,9 @@ def machine() -> str:
 def report(modules: list[str], results: dict[str, str], wall_s: float, args, out_dir: Path) -> dict:
     import importlib.metadata as md
 
-    expl = load_explanations()
     survivors = sorted(n for n, s in results.items() if s == "survived")
     d = diffs(survivors)
+    expl, unmatched = match_explanations(load_explanations(), {n: d.get(n, "") for n in survivors})
     counts = {}
     for n, s in results.items():
         counts[s] = counts.get(s, 0) + 1
@@ -365,12 +395,11 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
         "machine": machine(),
         "per_module": per_module,
         "survivors": [{"name": n, "status": "survived", "explained_as": expl.get(n, ("unexplained", ""))[0],
-                       "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, ""))} for n in survivors],
+                       "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, "")),
+                       "fingerprint": fingerprint(d.get(n, ""))} for n in survivors],
         "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived", "not checked")),
-        # explained, but killed now, or no longer a mutant of a module this run mutated (renumbered)
-        "explained_but_not_surviving": sorted(
-            n for n in expl if results.get(n, "survived") != "survived"
-            or (n not in results and n.startswith(tuple(MODULES[m][1] for m in modules)))),
+        # explained, but matching no survivor of a module this run mutated: killed now, or changed
+        "explained_but_not_surviving": [n for n in unmatched if n.startswith(tuple(MODULES[m][1] for m in modules))],
         "tests_failing_unmutated": json.loads((WORK / "failing_tests.json").read_text())
         if (WORK / "failing_tests.json").exists() else [],
     }
@@ -405,7 +434,8 @@ def markdown(r: dict) -> str:
                   + ", ".join(f"`{t}`" for t in r["tests_failing_unmutated"])]
     lines += ["", f"## Survivors ({len(r['survivors'])})", ""]
     for s in r["survivors"]:
-        lines.append(f"- `{s['name']}` -- **{s['explained_as']}**" + (f": {s['why']}" if s["why"] else ""))
+        lines.append(f"- `{s['name']}` `{s['fingerprint']}` -- **{s['explained_as']}**"
+                     + (f": {s['why']}" if s["why"] else ""))
         if s["diff"]:
             lines += ["  ```diff"] + ["  " + l for l in s["diff"].splitlines()] + ["  ```"]
     if r["not_killed_other"]:

@@ -152,3 +152,11 @@ def test_an_explanation_follows_its_mutant_when_mutmut_renumbers_it(tmp_path):
                      "gptspeed.m.x_h__mutmut_1": ("equivalent", "by name")}
     found, unmatched = run.match_explanations(expl, {"gptspeed.m.x_f__mutmut_5": a})
     assert unmatched == ["gptspeed.m.x_f__mutmut_9", "gptspeed.m.x_h__mutmut_1"]
+
+    # the same change on two identical lines: two mutants, two lines, one fingerprint; each keeps its own
+    (tmp_path / "survivors.txt").write_text(f"gptspeed.m.x_f__mutmut_2 {fa} equivalent first line\n"
+                                            f"gptspeed.m.x_f__mutmut_7 {fa} equivalent second line\n")
+    found, unmatched = run.match_explanations(run.load_explanations(),
+                                              {"gptspeed.m.x_f__mutmut_2": a, "gptspeed.m.x_f__mutmut_7": a})
+    assert found == {"gptspeed.m.x_f__mutmut_2": ("equivalent", "first line"),
+                     "gptspeed.m.x_f__mutmut_7": ("equivalent", "second line")} and unmatched == []

@@ -312,15 +312,18 @@ def match_explanations(expl: dict, survivors: dict[str, str]) -> tuple[dict[str,
     function's mutants otherwise (another CPU's coverage, new tests; see :func:`shifted_functions`);
     by name for a line without a fingerprint. Returns ``({survivor: (kind, why)}, [explanation
     names that matched no survivor])``."""
-    by_fp = {(n.rpartition("__mutmut_")[0], fp): n for n, (_, _, fp) in expl.items() if fp}
+    by_fp: dict[tuple[str, str], list[str]] = {}  # one change can stand on two identical lines
+    for n, (_, _, fp) in expl.items():
+        if fp:
+            by_fp.setdefault((n.rpartition("__mutmut_")[0], fp), []).append(n)
     found, used = {}, set()
     for n, diff in survivors.items():
-        key = by_fp.get((n.rpartition("__mutmut_")[0], fingerprint(diff))) if diff else None
-        if key is None and n in expl and expl[n][2] is None:
-            key = n
-        if key is not None:
-            found[n] = expl[key][:2]
-            used.add(key)
+        keys = by_fp.get((n.rpartition("__mutmut_")[0], fingerprint(diff)), []) if diff else []
+        if not keys and n in expl and expl[n][2] is None:
+            keys = [n]
+        if keys:
+            found[n] = expl[n if n in keys else keys[0]][:2]
+            used.update(keys)
     return found, sorted(set(expl) - used)
 
 

@@ -320,18 +320,6 @@ def test_the_manual_attentions_causal_mask_is_not_saved_with_the_weights():
     assert not [k for k in model.state_dict() if k.endswith("causal_mask")], "the causal mask was saved"
 
 
-def test_an_attention_layer_made_alone_caches_into_layer_0():
-    from gptspeed.model import CausalSelfAttention, KVCache
-
-    torch.manual_seed(0)
-    attn = CausalSelfAttention(small()).eval()
-    x = torch.randn(1, 3, 32)
-    kv = KVCache(n_layer=1, size=8)
-    with torch.no_grad():
-        torch.testing.assert_close(attn(x, kv=kv), attn(x))
-    assert kv.k[0] is not None and kv.k[0].shape[2] == 8
-
-
 @pytest.mark.parametrize("T", [1, 2, 3])
 def test_a_cached_prefill_of_any_length_is_causal(T):
     """A prompt of T tokens through a fresh cache gives the cache-free logits (T=2 included: the
@@ -365,16 +353,19 @@ def test_a_sequence_longer_than_the_block_is_refused_naming_both_lengths():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_a_block_made_alone_caches_into_layer_0():
-    from gptspeed.model import Block, KVCache
+@pytest.mark.parametrize("layer", ["CausalSelfAttention", "Block"])
+def test_a_layer_made_alone_caches_into_layer_0(layer):
+    """An attention layer or a block built outside a GPT (no layer index given) reads and writes
+    layer 0 of a KV cache: the same output with the cache as without, layer 0 filled to its size."""
+    import gptspeed.model as m
 
     torch.manual_seed(0)
-    block = Block(small()).eval()
+    module = getattr(m, layer)(small()).eval()
     x = torch.randn(1, 3, 32)
-    kv = KVCache(n_layer=1, size=8)
+    kv = m.KVCache(n_layer=1, size=8)
     with torch.no_grad():
-        torch.testing.assert_close(block(x, kv), block(x))
-    assert kv.k[0] is not None
+        torch.testing.assert_close(module(x, kv), module(x))
+    assert kv.k[0] is not None and kv.k[0].shape[2] == 8
 
 
 def test_embeddings_start_as_gpt2s_token_n_0_002_and_positions_n_0_001():

@@ -110,18 +110,19 @@ def test_resume_drops_the_mutated_copy_of_a_changed_file_and_keeps_its_results(t
 def test_a_function_renumbered_by_coverage_is_retested_and_only_it(tmp_path):
     """mutmut carries a result over by the mutant's number when a function's text is unchanged; a
     line newly covered (new tests, another CPU's branches) renumbers the function's mutants: such a
-    function is named for a retest; one whose count is unchanged, or that is new, is not."""
+    function is named for a retest; one whose count is unchanged, whose text changed (mutmut
+    retested it), or that is new, is not."""
     run = load_run_py(tmp_path)
-    write_meta(run.WORK, "src/gptspeed/step.py.meta",
-               {**{f"gptspeed.step.x_a__mutmut_{i}": 1 for i in (1, 2, 3)},
-                **{f"gptspeed.step.x_b__mutmut_{i}": 1 for i in (1, 2)}}, {"x_a": "h", "x_b": "h"})
-    before = run.mutant_counts()
-    assert before == {"gptspeed.step.x_a": 3, "gptspeed.step.x_b": 2}
-    write_meta(run.WORK, "src/gptspeed/step.py.meta",
-               {**{f"gptspeed.step.x_a__mutmut_{i}": 1 for i in (1, 2, 3, 4, 5)},
-                **{f"gptspeed.step.x_b__mutmut_{i}": 1 for i in (1, 2)}, "gptspeed.step.x_c__mutmut_1": None},
-               {"x_a": "h", "x_b": "h", "x_c": "h"})
-    assert run.shifted_functions(before, run.mutant_counts()) == ["gptspeed.step.x_a"]
+
+    def mutants(counts: dict, hashes: dict):
+        write_meta(run.WORK, "src/gptspeed/step.py.meta",
+                   {f"gptspeed.step.{f}__mutmut_{i}": 1 for f, n in counts.items() for i in range(1, n + 1)}, hashes)
+        return run.mutant_counts()
+
+    before = mutants({"x_a": 3, "x_b": 2, "xǁTǁm": 4}, {"x_a": "h", "x_b": "h", "xǁTǁm": "h"})
+    assert before == {"gptspeed.step.x_a": (3, "h"), "gptspeed.step.x_b": (2, "h"), "gptspeed.step.xǁTǁm": (4, "h")}
+    after = mutants({"x_a": 5, "x_b": 2, "xǁTǁm": 6, "x_c": 1}, {"x_a": "h", "x_b": "h", "xǁTǁm": "changed", "x_c": "h"})
+    assert run.shifted_functions(before, after) == ["gptspeed.step.x_a"]
 
 
 def test_an_explanation_follows_its_mutant_when_mutmut_renumbers_it(tmp_path):

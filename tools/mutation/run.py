@@ -196,25 +196,29 @@ def exit_codes() -> dict[str, int | None]:
     return out
 
 
-def mutant_counts() -> dict[str, int]:
-    """Function (mutmut's qualified name, e.g. ``gptspeed.step.x_check_step``) -> its number of
-    mutants, from the .meta files."""
-    out: dict[str, int] = {}
-    for name in exit_codes():
-        func = name.rpartition("__mutmut_")[0]
-        out[func] = out.get(func, 0) + 1
+def mutant_counts() -> dict[str, tuple[int, str | None]]:
+    """Function (mutmut's qualified name, e.g. ``gptspeed.step.x_check_step``) -> (its number of
+    mutants, the hash of its text), from the .meta files."""
+    out: dict[str, tuple[int, str | None]] = {}
+    for meta in (WORK / "mutants" / "src").rglob("*.py.meta"):
+        m = json.loads(meta.read_text())
+        for name in m["exit_code_by_key"]:
+            func = name.rpartition("__mutmut_")[0]
+            n, _ = out.get(func, (0, None))
+            out[func] = (n + 1, m["hash_by_function_name"].get(func.rpartition(".")[2]))
     return out
 
 
-def shifted_functions(before: dict[str, int], after: dict[str, int]) -> list[str]:
-    """Functions whose number of mutants changed while their text did not. mutmut numbers a
-    function's mutants in the order of its covered lines and carries a result over by that number
-    when the function's text is unchanged; but which lines are covered depends on the tests and on
-    the host (a bf16 CPU runs branches an AVX2 one does not): a line newly covered shifts every later
-    number, and the carried results then belong to other mutants. Those functions must be retested
-    whole (2026-11-27: step.py's ``device_memory_available`` went from 13 mutants to 26 on an
-    AVX-512 host, and two carried "killed" results turned into survivors)."""
-    return sorted(f for f, n in after.items() if f in before and before[f] != n)
+def shifted_functions(before: dict, after: dict) -> list[str]:
+    """Functions (of :func:`mutant_counts`) whose number of mutants changed while their text did
+    not. mutmut numbers a function's mutants in the order of its covered lines and carries a result
+    over by that number when the function's text is unchanged; but which lines are covered depends
+    on the tests and on the host (a bf16 CPU runs branches an AVX2 one does not): a line newly
+    covered shifts every later number, and the carried results then belong to other mutants. Those
+    functions must be retested whole (2026-11-27: step.py's ``device_memory_available`` went from
+    13 mutants to 26 on an AVX-512 host, and two carried "killed" results turned into survivors).
+    A function whose text changed was retested by mutmut already."""
+    return sorted(f for f, (n, h) in after.items() if f in before and before[f][0] != n and before[f][1] == h)
 
 
 def load_results(prefixes: list[str]) -> dict[str, str]:

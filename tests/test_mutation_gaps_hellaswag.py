@@ -393,3 +393,21 @@ def sys_utf8_mode() -> bool:
     import sys
 
     return bool(sys.flags.utf8_mode)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_score_items_on_cuda_matches_the_cpu_with_either_default_device(model):
+    """On a GPU: the rows staged on the host and copied once, the sums on the GPU, equal to the
+    CPU's (fp32, within the GPU's matmul rounding), with the default device the CPU or the GPU."""
+    import copy
+
+    items = random_items(6, 11)
+    want, want_n = score_items(model, items, "cpu")
+    on_gpu = copy.deepcopy(model).to("cuda")
+    for default in ("cpu", "cuda"):
+        with torch.device(default):
+            total, count = score_items(on_gpu, items, "cuda")
+        assert total.device.type == count.device.type == "cuda", default
+        assert torch.equal(count.cpu(), want_n), default
+        torch.testing.assert_close(total.cpu(), want, rtol=1e-3, atol=1e-3)

@@ -117,6 +117,16 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train_loss"] for r in records(run_dir) if "train_loss" in r}
 
 
+def fake_packages(monkeypatch, **installed: bool) -> None:
+    """``importlib.util.find_spec`` answers as if each named package were installed (True) or not
+    (False); every other name as this machine does. Only the lookup is faked: nothing is imported."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: (
+        (object() if installed[name] else None) if name in installed else real(name, *a, **k)))
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a gptspeed subprocess: this one's, with ``src`` first on the path (packages
     found through PYTHONPATH, e.g. a GPU machine's carried wheels, stay found) and the shared data as

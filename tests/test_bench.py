@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_MODEL, flags
+from conftest import TINY_MODEL, fake_packages, flags
 from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
 from gptspeed.bench.ladder import PEER_NAME, check_rows
@@ -405,15 +405,11 @@ def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
 
 
 def test_rows_that_need_torchao_are_refused_before_they_start_naming_the_package(monkeypatch):
-    import importlib.util
-
     import torch
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "torchao" else object() if name == "triton" else real(name, *a))
+    fake_packages(monkeypatch, torchao=False, triton=True)
     rows = {p.stage.name: p for p in plan_ladder(torch.device("cuda"), None, "inductor")}
     assert rows["fp8"].settings is None and "pip install 'gptspeed[fp8]'" in rows["fp8"].skip_reason
     assert not any(p.settings.get("fp8") for p in rows.values() if p.settings is not None)  # the rows after it run without

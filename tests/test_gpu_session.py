@@ -15,7 +15,7 @@ import sys
 import tarfile
 import time
 
-from conftest import ROOT, child_env
+from conftest import ROOT, child_env, fake_packages
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_session  # noqa: E402
@@ -148,8 +148,6 @@ def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, c
     names runs -- none refused, none unknown (verify5's CUDA-graph modes run at --grad-accum 1) -- and
     together with the default set they cover every rung; every beyond variant's flags are ones
     ``gptspeed train`` accepts at the session's shape."""
-    import importlib.util
-
     import torch
 
     from gptspeed import cli
@@ -158,9 +156,7 @@ def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, c
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name in ("triton", "torchao") else real_find_spec(name, *a))
+    fake_packages(monkeypatch, triton=True, torchao=True)
     covered = set(DEFAULT_RUNGS)
     for phase, (stages, extra, _) in gpu_session.VERIFY_GROUPS.items():
         selected, why = select_rungs(stages)

@@ -292,9 +292,7 @@ def test_cuda_fused_matches_plain_in_16_bit(dtype):
 
 # ------------------------------------------------------------------------------------ --loss liger
 def test_liger_is_refused_off_cuda_and_without_the_package_before_the_model_is_built(monkeypatch):
-    import importlib.util
-
-    from conftest import make_step
+    from conftest import fake_packages, make_step
     from gptspeed import step as step_mod
 
     monkeypatch.setattr(step_mod, "build_model", lambda *a, **k: pytest.fail("built a model"))
@@ -302,8 +300,7 @@ def test_liger_is_refused_off_cuda_and_without_the_package_before_the_model_is_b
         make_step(dict(n_layer=1, n_head=2, n_embd=32, block_size=32, loss="liger"))
     from gptspeed.loss import liger_problem
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "liger_kernel" else real(n, *a))
+    fake_packages(monkeypatch, liger_kernel=False)
     assert "pip install liger-kernel" in liger_problem("cuda")
 
 

@@ -3,12 +3,12 @@ LM-head matmuls run in, the gradient's dtype for inputs of mixed dtypes, the fus
 context (which outputs are differentiable, what its backward allocates), and Liger's refusals off
 CUDA. No subprocess, no GPU."""
 
-import importlib.util
-
 import pytest
 import torch
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import fake_packages
 
 import gptspeed.loss as loss_mod
 from gptspeed.errors import GptspeedError
@@ -63,11 +63,10 @@ def test_liger_is_refused_off_cuda_naming_the_device():
 
 
 def test_liger_on_cuda_needs_the_package(monkeypatch):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    fake_packages(monkeypatch, liger_kernel=False)
     assert liger_problem("cuda") == ("--loss liger needs Liger-Kernel, which is not installed: pip install "
                                      "liger-kernel (or use --loss fused)")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "liger_kernel" else real(name, *a))
+    fake_packages(monkeypatch, liger_kernel=True)
     assert liger_problem("cuda") is None
 
 

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import fake_packages
 
 from gptspeed import batchsize
 from gptspeed import step as step_mod
@@ -201,11 +202,9 @@ def test_another_runtime_error_while_building_is_not_dressed_as_memory(monkeypat
 @pytest.fixture
 def gpu_toolchain(monkeypatch, tmp_path):
     """triton importable, Python.h present; ``which`` knows only the names put in the returned set."""
-    import importlib.util
     import sysconfig
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real_find_spec(name, *a))
+    fake_packages(monkeypatch, triton=True)
     (tmp_path / "Python.h").write_text("")
     real_get_paths = sysconfig.get_paths  # the other paths kept: importing torch._dynamo reads "stdlib"
     monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {**real_get_paths(*a, **k), "include": str(tmp_path)})
@@ -373,17 +372,11 @@ def unvalidated(**overrides):
 @pytest.fixture
 def torchao_installed(monkeypatch):
     """``importlib.util.find_spec("torchao")`` finds it (whether or not this machine has it)."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torchao" else real(name, *a))
+    fake_packages(monkeypatch, torchao=True)
 
 
 def test_fp8_without_torchao_is_refused_with_its_install_command(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    fake_packages(monkeypatch, torchao=False)
     with pytest.raises(GptspeedError) as e:
         step_mod.check_step(unvalidated(fp8=True), CPU, 1)
     assert str(e.value) == "--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'", \
@@ -401,10 +394,7 @@ def test_fp8_with_torchao_installed_goes_on_to_the_device_check(torchao_installe
 def test_no_compile_skips_the_gpu_compile_toolchain_check(monkeypatch):
     """A CUDA run with --no-compile needs no triton / C compiler: check_step asks only when the run
     compiles (here triton is missing: the compiled run is refused, the eager one is not)."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    fake_packages(monkeypatch, triton=False)
     cuda = dataclasses.replace(CPU, device=torch.device("cuda"))
     cfg = small()
     with pytest.raises(GptspeedError, match="needs triton"):
@@ -739,8 +729,7 @@ def test_a_float16_step_returns_its_bad_flag_as_a_device_bool():
     """With float16's GradScaler the flag is the loss's finiteness, a bool tensor like every other
     step's: False for a finite loss, True for an infinite one."""
     torch.manual_seed(0)
-    rt = dataclasses.replace(CPU, dtype="float16", autocast_dtype=torch.float16)
-    step = step_mod.TrainStep(small(), rt)
+    step = step_mod.TrainStep(small(), CPU_FP16)
     step.scaler.scale(torch.ones(()))  # what a forward_backward does first: the scale is made
     for loss, want in ((2.5, False), (float("inf"), True)):
         for p in step.model.parameters():

@@ -6,13 +6,12 @@ never used (the rules run first)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sysconfig
 
 import pytest
 import torch
 
-from conftest import run_main
+from conftest import fake_packages, run_main
 from gptspeed import step as step_mod
 from gptspeed.compat import check_torch
 from gptspeed.config import preset
@@ -48,8 +47,7 @@ def test_cuda_graphs_with_accumulation_are_refused_where_the_step_is_built(never
 
 
 def test_fp8_without_torchao_names_the_package(monkeypatch, never_builds):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    fake_packages(monkeypatch, torchao=False)
     cfg = preset("gpt2").override(dict(fp8=True, batch_size=4))
     with pytest.raises(GptspeedError, match=r"--fp8 needs torchao.*gptspeed\[fp8\]"):
         TrainStep(cfg, dataclasses.replace(CUDA, compile=False))
@@ -65,10 +63,7 @@ def test_muon_with_a_grad_scaler_is_refused_for_the_resolved_dtype(never_builds)
                                            ("triton", "needs triton")])
 def test_compile_on_a_gpu_needs_triton_a_c_compiler_and_pythons_headers(monkeypatch, tmp_path, never_builds,
                                                                          missing, says):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: (None if missing == "triton" else object()) if name == "triton"
-                        else real_find_spec(name, *a))
+    fake_packages(monkeypatch, triton=missing != "triton")
     if missing == "cc":
         monkeypatch.delenv("CC", raising=False)
         monkeypatch.setattr(step_mod.shutil, "which", lambda name: None)
@@ -81,8 +76,7 @@ def test_compile_on_a_gpu_needs_triton_a_c_compiler_and_pythons_headers(monkeypa
 
 
 def test_the_toolchain_check_passes_on_a_machine_that_has_it(monkeypatch):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real_find_spec(name, *a))
+    fake_packages(monkeypatch, triton=True)
     assert step_mod.compile_toolchain_problem("cuda") is None  # this machine has gcc and Python.h (CI's image too)
 
 

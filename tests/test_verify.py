@@ -11,7 +11,6 @@ Tests marked ``cuda`` run only on a GPU (``pytest -m cuda``).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -21,7 +20,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import TINY_MODEL, flags
+from conftest import TINY_MODEL, fake_packages, flags
 from gptspeed import cli
 from gptspeed.bench import verify as verify_mod
 from gptspeed.bench.checks import SYNC_MESSAGE, CompileWatch, SyncCounter, sdpa_backend
@@ -299,9 +298,7 @@ def h100(monkeypatch):
     """An H100 as the plan sees it (no GPU is used: only the capability queries are answered)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name in ("triton", "torchao") else real_find_spec(name, *a))
+    fake_packages(monkeypatch, triton=True, torchao=True)
 
 
 def test_plan_on_a_gpu_refuses_cuda_graph_rungs_with_accumulation_before_they_run(h100):

@@ -220,12 +220,18 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 240) -> 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
     """Wait for ``proc`` to end; its whole stdout and stderr."""
+    import queue
+
     q = _pump(proc)
     proc.wait(timeout=timeout)
     for t in proc._threads:
         t.join(timeout=10)
     while not getattr(proc, "_ended", False):
-        line = q.get()
+        try:
+            line = q.get(timeout=10)
+        except queue.Empty:  # stdout still open: held by a child of proc's that outlived it
+            line = "[stdout still open after the process ended: a child of it lives on]\n"
+            proc._ended = True
         if line is None:
             proc._ended = True
         else:

@@ -19,7 +19,7 @@ from gptspeed.configure import build_train_config
 from gptspeed.data import find_shards
 from gptspeed.eval import hellaswag as hs
 from gptspeed.eval.val_loss import evaluate
-from gptspeed.distributed import init_distributed
+from gptspeed.distributed import finish_process, init_distributed
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
@@ -116,6 +116,7 @@ def main() -> None:
         seen[name] = scenarios[name]()
     (out / f"rank{rt.rank}.json").write_text(json.dumps(seen))
     torch.distributed.destroy_process_group()
+    finish_process(0)  # as gptspeed's command ends: no SIGABRT from gloo's threads in the teardown
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """`python -m gptspeed ...` (also what `torchrun -m gptspeed` runs)."""
 
-from gptspeed.cli import main
+from gptspeed.cli import run
 
-raise SystemExit(main())
+run()

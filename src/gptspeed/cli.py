@@ -371,3 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gptspeed {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def run() -> None:
+    """The ``gptspeed`` command (its console script, ``python -m gptspeed``, ``torchrun -m gptspeed``):
+    :func:`main`, then its exit status through :func:`gptspeed.distributed.finish_process` when the
+    command joined a process group (imported only then: ``prepare`` and ``plot`` import no torch)."""
+    code = main()
+    distributed = sys.modules.get("gptspeed.distributed")
+    if distributed is not None:
+        distributed.finish_process(code)
+    raise SystemExit(code)

@@ -3,8 +3,8 @@ collective, as ``gptspeed train`` ends one. DDP is built once (it keeps the proc
 worker threads, alive past ``destroy_process_group``), then an all_reduce whose tensor the
 worker thread releases after the rank saw it complete, then the exit: through
 :func:`gptspeed.distributed.finish_process` (``finish``), or the interpreter's ordinary teardown
-(``plain``: SIGABRT, "terminate called without an active exception", in about half the runs on a
-2-core CPU).
+(``plain``: a rank dies with SIGABRT, "terminate called without an active exception", in 3 launches
+of 6 with 4 ranks on a 2-core CPU, 3 of 16 with 2).
 
 usage: python -m torch.distributed.run --standalone --nproc_per_node N tests/gloo_exit.py finish|plain
 """

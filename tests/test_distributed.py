@@ -53,7 +53,7 @@ def collect(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
         pytest.fail(f"{' '.join(proc.args[-8:])} still running after {timeout:g} s; stderr:\n{err[-3000:]}")
     finally:
         kill_group(proc)  # a worker left behind by a launcher that ended

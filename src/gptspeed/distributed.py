@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 import time
+from typing import NoReturn
 
 import torch
 
@@ -22,13 +23,15 @@ def init_distributed(rt: Runtime, timeout_s: float = 600.0) -> None:
 
     ``timeout_s`` bounds the rendezvous and every later collective (``init_process_group``'s
     ``timeout``). A rank that cannot reach the rendezvous raises GptspeedError naming the address
-    instead of hanging or printing a stack trace. See
+    instead of hanging or printing a stack trace. A gloo group joined is remembered for
+    :func:`finish_process`. See
     https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group
     """
     import datetime
 
     import torch.distributed as dist
 
+    global _joined_gloo
     if rt.world_size == 1 and rt.parallel != "fsdp":
         return
     if dist.is_available() and dist.is_initialized():
@@ -49,7 +52,6 @@ def init_distributed(rt: Runtime, timeout_s: float = 600.0) -> None:
         store = restart_store(timeout)
         dist.init_process_group(backend, timeout=timeout, device_id=rt.device if rt.device_type == "cuda" else None,
                                 **({"store": store, "rank": rt.rank, "world_size": rt.world_size} if store else {}))
-        global _joined_gloo
         _joined_gloo = _joined_gloo or backend == "gloo"
     except (RuntimeError, ValueError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
         msg = (str(e).splitlines()[0] if str(e) else type(e).__name__).rstrip(".")
@@ -109,7 +111,7 @@ def lost_peer_error(rt, step: int, e: BaseException) -> GptspeedError:
 _joined_gloo = False
 
 
-def finish_process(code: int):
+def finish_process(code: int) -> NoReturn:
     """End this process with exit status ``code`` (what ``gptspeed`` and ``python -m gptspeed`` do
     after the command returned). After a gloo process group, the interpreter's teardown is skipped:
     the ``atexit`` handlers run and stdout/stderr are flushed, then ``os._exit(code)``. Otherwise
@@ -121,8 +123,9 @@ def finish_process(code: int):
     the interpreter's teardown, the release needs the GIL of a finalizing interpreter, the thread is
     ended by force inside a C++ destructor, and the rank dies with SIGABRT ("terminate called
     without an active exception") after its run was done and saved: torchrun then reports the job
-    failed. Measured on a 2-core CPU: 1 resume in 40 under load; one all_reduce then exit, 1 run in 2
-    (tests/gloo_exit.py). pytorch/pytorch#179291 describes the same teardown race (its fix was
+    failed. Measured on a 2-core CPU: 1 FSDP resume in 40 under load; tests/gloo_exit.py (DDP built,
+    one all_reduce, exit) 3 launches in 16 with 2 ranks, 3 in 6 with 4, and 0 in 16 through this
+    function. pytorch/pytorch#179291 describes the same teardown race (its fix was
     withdrawn). Nothing of the run is lost by the skip: the trainer has closed its files, logs and
     trackers before returning."""
     if not _joined_gloo:

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,8 +84,31 @@ HELLASWAG = [{"ctx": "The cat sat on the", "endings": ["mat.", "moon quickly.", 
 @pytest.fixture(scope="module")
 def runs(shakespeare_data, tmp_path_factory):
     """One process x 2 micro-steps (in-process), and 2 ranks x 1 micro-step with DDP and FSDP2; and,
-    launched at the same time, tests/dist_scenarios.py: issue 12's GPU-path cases on 2 ranks."""
-    root = tmp_path_factory.mktemp("dist")
+    launched at the same time, tests/dist_scenarios.py: issue 12's GPU-path cases on 2 ranks.
+
+    Made once per test session: under pytest-xdist the first worker to need them makes them in the
+    session's folder (a file lock, as xdist's documentation shows) and the others read them, instead
+    of every worker making its own (the launches are this module's slowest part). Read-only: a
+    test that changes a run copies it first."""
+    from filelock import FileLock
+
+    session = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session = session.parent  # every worker's basetemp lies in the session's folder
+    made = session / "dist_runs.json"
+    with FileLock(str(made) + ".lock"):
+        if made.is_file():
+            out = json.loads(made.read_text())
+        else:
+            out = _make_runs(shakespeare_data, session / "dist")
+            made.with_suffix(".tmp").write_text(json.dumps(out))
+            made.with_suffix(".tmp").replace(made)
+    return {k: (tuple(v) if k == "bad" else v if k == "scenarios" else Path(v)) for k, v in out.items()}
+
+
+def _make_runs(shakespeare_data: Path, root: Path) -> dict:
+    """The runs of the ``runs`` fixture, made in ``root``: JSON-ready (paths as strings)."""
+    root.mkdir()
     base = dict(TINY, data=str(shakespeare_data))
     procs = {}
     hellaswag = root / "hellaswag.jsonl"
@@ -104,7 +128,8 @@ def runs(shakespeare_data, tmp_path_factory):
     procs["bad"] = launch(cmd, env)
     try:
         fit(build_train_config("pico", dict(base, out=str(root / "single"))), echo=False)
-        out = {"single": root / "single", "data": shakespeare_data, "root": root, "hellaswag": hellaswag}
+        out = {"single": str(root / "single"), "data": str(shakespeare_data), "root": str(root),
+               "hellaswag": str(hellaswag)}
         for mode, proc in procs.items():
             _, err = collect(proc, 300)
             if mode == "bad":
@@ -114,7 +139,7 @@ def runs(shakespeare_data, tmp_path_factory):
             if mode == "scenarios":
                 out[mode] = [json.loads((root / "scenarios" / f"rank{r}.json").read_text()) for r in (0, 1)]
             else:
-                out[mode] = root / mode
+                out[mode] = str(root / mode)
     finally:  # a failure above leaves no launch running
         for proc in procs.values():
             kill_group(proc)
@@ -132,13 +157,13 @@ def test_two_ranks_match_one_rank_with_accumulation(runs, mode):
     assert conf["world_size"] == 2 and conf["grad_accum_steps"] == 1 and conf["parallel"] == mode
 
 
-def test_checkpoint_layout(runs):
+def test_checkpoint_layout(runs, tmp_path):
     ddp = list_checkpoints(runs["ddp"])
     assert [p.name for p in ddp] == ["ckpt_00000002.pt", "ckpt_00000004.pt"]  # written once, by rank 0
     fsdp = list_checkpoints(runs["fsdp"])
     assert [p.name for p in fsdp] == ["ckpt_00000002.dcp", "ckpt_00000004.dcp"]
     assert all(check_checkpoint(p) is None for p in ddp + fsdp)
-    torn = runs["root"] / "torn"
+    torn = tmp_path / "torn"
     shutil.copytree(runs["fsdp"], torn)  # keep the fixture intact for the other tests
     shard = next((torn / fsdp[-1].name).glob("__1_*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-1])  # a torn shard unseals the checkpoint
@@ -146,8 +171,8 @@ def test_checkpoint_layout(runs):
     assert list_checkpoints(torn)[0].name == "ckpt_00000002.dcp"
 
 
-def test_fsdp_checkpoint_resumes_with_two_ranks_to_identical_losses(runs):
-    run = runs["root"] / "fsdp_resume"
+def test_fsdp_checkpoint_resumes_with_two_ranks_to_identical_losses(runs, tmp_path):
+    run = tmp_path / "fsdp_resume"
     shutil.copytree(runs["fsdp"], run)
     for p in run.glob("ckpt_00000004*"):
         shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -157,9 +182,9 @@ def test_fsdp_checkpoint_resumes_with_two_ranks_to_identical_losses(runs):
     assert_same(losses(runs["single"]), losses(run), [3, 4])
 
 
-def test_ddp_checkpoint_resumes_in_one_process(runs):
+def test_ddp_checkpoint_resumes_in_one_process(runs, tmp_path):
     """The DDP checkpoint (2 ranks x 1) continues in one process (1 x 2): the loader re-shards."""
-    run = runs["root"] / "ddp_resume"
+    run = tmp_path / "ddp_resume"
     shutil.copytree(runs["ddp"], run)
     for p in run.glob("ckpt_00000004*"):
         p.unlink()

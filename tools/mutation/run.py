@@ -188,11 +188,18 @@ def precheck(env: dict[str, str]) -> list[str]:
     return failing
 
 
+def metas():
+    """``(path, content)`` of each of mutmut's ``.meta`` files (one beside each mutated file: the exit
+    code of each mutant, the hash of each function's text), in path order."""
+    for meta in sorted((WORK / "mutants").rglob("*.py.meta")):
+        yield meta, json.loads(meta.read_text())
+
+
 def exit_codes() -> dict[str, int | None]:
-    """Mutant name -> mutmut's exit code (None: not checked), from the .meta files beside each mutated file."""
+    """Mutant name -> mutmut's exit code (None: not checked), from the .meta files."""
     out = {}
-    for meta in (WORK / "mutants" / "src").rglob("*.py.meta"):
-        out.update(json.loads(meta.read_text())["exit_code_by_key"])
+    for _, m in metas():
+        out.update(m["exit_code_by_key"])
     return out
 
 
@@ -200,8 +207,7 @@ def mutant_counts() -> dict[str, tuple[int, str | None]]:
     """Function (mutmut's qualified name, e.g. ``gptspeed.step.x_check_step``) -> (its number of
     mutants, the hash of its text), from the .meta files."""
     out: dict[str, tuple[int, str | None]] = {}
-    for meta in (WORK / "mutants" / "src").rglob("*.py.meta"):
-        m = json.loads(meta.read_text())
+    for _, m in metas():
         for name in m["exit_code_by_key"]:
             func = name.rpartition("__mutmut_")[0]
             n, _ = out.get(func, (0, None))
@@ -252,8 +258,7 @@ def save_cache(wall_s: float) -> None:
     without ``.mutation/`` (a new session's) continues the run instead of starting it again. Compact:
     per function, the exit codes of its mutants 1, 2, ... in order (null: not checked)."""
     files = {}
-    for meta in sorted((WORK / "mutants").rglob("*.py.meta")):
-        m = json.loads(meta.read_text())
+    for meta, m in metas():
         codes: dict[str, list] = {}
         for name, code in m["exit_code_by_key"].items():
             func, _, i = name.rpartition("__mutmut_")

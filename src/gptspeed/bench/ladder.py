@@ -293,8 +293,9 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
 
 def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
     """Trace ``cfg.steps`` steps of one row (after the warm-up) with torch.profiler, in a fresh
-    process: writes ``trace-NAME.json`` (Chrome trace) and ``profile-NAME.txt`` (top ops by self
-    time) into ``cfg.out`` and prints the table. ``name`` is a stage or ``hf-gpt2``.
+    process: writes ``trace-NAME.json`` (Chrome trace), ``profile-NAME.txt`` (top ops by self
+    time) and ``profile-NAME-breakdown.json`` / ``.md`` (the step's time by category:
+    :mod:`gptspeed.bench.breakdown`) into ``cfg.out`` and prints the tables. ``name`` is a stage or ``hf-gpt2``.
 
     Raises GptspeedError for bad flags, an unknown stage, one that does not apply, or a failed run.
     """
@@ -317,4 +318,5 @@ def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
         raise GptspeedError(f"profiling {name} {result['status']}: {result['reason']}")
     print(result["profile_table"])
     print(f"Chrome trace: {result['trace']} (open in ui.perfetto.dev or chrome://tracing)")
+    print(result["breakdown_table"] + f"(also in {result['breakdown']} and {result['breakdown_md']})")
     return result

@@ -264,8 +264,8 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     timed steps / steps), ``tokens_per_s`` (B*T / median), ``mfu`` (None without a peak),
     ``first_step_s`` (the first warm-up step: compile + allocation), ``warmup_s`` (all warm-up
     steps), ``loss_step0``, ``loss_last`` (last timed step), ``peak_mem_bytes``, ``mem_total_bytes``,
-    ``params``, ``fused_adamw``, ``peak_flops_source``; with ``profile_dir`` also ``trace`` and
-    ``profile_table``.
+    ``params``, ``fused_adamw``, ``peak_flops_source``; with ``profile_dir`` also ``trace``,
+    ``profile_table`` and ``breakdown``/``breakdown_md``/``breakdown_table`` (:func:`_write_profile`).
     """
     r = run_config(spec).runtime
     rt = resolve_runtime(r.device, r.dtype, r.compile)
@@ -288,7 +288,7 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if spec.profile_dir is not None:
         ms, wall, losses, prof = _profiled_steps(step, spec.steps, rt)
-        result.update(_write_profile(prof, Path(spec.profile_dir), spec.name, rt))
+        result.update(_write_profile(prof, Path(spec.profile_dir), spec.name, rt, spec.steps, spec.grad_accum))
     else:
         ms, wall, losses = timed_steps(step, spec.steps, rt)
     tokens = spec.batch_size * spec.seq_len * spec.grad_accum
@@ -344,12 +344,17 @@ def _profiled_steps(step, n: int, rt: Runtime):
     return ms, wall, losses, prof
 
 
-def _write_profile(prof, out: Path, name: str, rt: Runtime) -> dict[str, Any]:
-    """Chrome trace (open in chrome://tracing or ui.perfetto.dev) and the top ops by self time."""
+def _write_profile(prof, out: Path, name: str, rt: Runtime, steps: int, micro_batches: int) -> dict[str, Any]:
+    """Chrome trace (open in chrome://tracing or ui.perfetto.dev), the top ops by self time, and the
+    time of the ``steps`` profiled steps (``micro_batches`` each) by category
+    (:func:`gptspeed.bench.breakdown.write_breakdown`)."""
+    from gptspeed.bench.breakdown import estimate_for, write_breakdown
+
     out.mkdir(parents=True, exist_ok=True)
     trace = out / f"trace-{name}.json"
     prof.export_chrome_trace(str(trace))
     sort = "self_cuda_time_total" if rt.device_type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=20)
     (out / f"profile-{name}.txt").write_text(table + "\n")
-    return {"trace": str(trace), "profile_table": table}
+    return {"trace": str(trace), "profile_table": table,
+            **write_breakdown(prof, out, name, steps, str(rt.device), estimate_for(rt.device_type), micro_batches)}

@@ -145,3 +145,17 @@ def test_keep_freed_memory_stops_page_faulting_a_steps_large_buffers_in_again():
     assert int(plain) >= 5 * 2 * pages, plain
     # kept: once the heap has grown to the steps' peak, the freed memory is reused, already mapped
     assert int(kept) < 1000, kept
+
+
+def test_threads_setting_sets_torchs_intra_op_threads_on_a_cpu_and_zero_leaves_them():
+    from conftest import TINY_MODEL, make_step
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        make_step(TINY_MODEL, threads=0)
+        assert torch.get_num_threads() == 2  # 0: PyTorch's own choice, untouched
+        make_step(TINY_MODEL, threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -182,18 +182,15 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     what.add_argument("--race", action="store_true",
                       help="wall-clock training time to a target val loss, arm against arm (--arms, --arm), each "
                            "--seeds times, interleaved; write race.json/.md/.png to --out")
+    what.add_argument("--tune", action="store_true",
+                      help="find the fastest configuration of your run (--preset, --config, --flags) that trains the "
+                           "same on this device: one change at a time, each candidate in a fresh process, its losses "
+                           "checked against your configuration's; write tune.md/.json after every row and tuned.yaml "
+                           "(for gptspeed train --config) at the end")
     s.add_argument("--out", required=True, help="output folder")
-    s.add_argument("--preset", choices=list(PRESETS), default="gpt2", help="model shape and batch size (default gpt2)")
-    race = s.add_argument_group("race (with --race)")
-    race.add_argument("--arms", help="comma-separated recipes, each an arm: gpt2, modern (the first is the baseline)")
-    race.add_argument("--arm", action="append", metavar='NAME="FLAGS"',
-                      help="an arm of any gptspeed train flags (repeatable), after --arms' ones")
-    race.add_argument("--seeds", type=int, default=3, help="runs per arm (default 3)")
-    race.add_argument("--target-val-loss", type=float,
-                      help="the val loss to reach (default: the first arm's mean final val loss)")
-    race.add_argument("--eval-every", type=int, help="steps between evaluations (default: the first arm's steps / 15)")
-    race.add_argument("--eval-tokens", type=int, help="val tokens per evaluation (default: the preset's)")
-    race.add_argument("--run-timeout", type=float, help="seconds one run may take (default: no limit)")
+    s.add_argument("--preset", choices=list(PRESETS), default=None, help="model shape and batch size (default gpt2)")
+    _add_tune_args(s)
+    _add_race_args(s)
     s.add_argument("--n-layer", type=int, help="transformer blocks L (default: the preset's)")
     s.add_argument("--n-head", type=int, help="attention heads H (default: the preset's)")
     s.add_argument("--n-embd", type=int, help="embedding width C (default: the preset's)")
@@ -217,6 +214,29 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--stage-timeout", type=float, help="seconds one stage may take (default: no limit)")
     s.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1; with --verify 2, so "
                                                   "the accumulation path real training takes is checked)")
+
+
+def _add_race_args(s: argparse.ArgumentParser) -> None:
+    race = s.add_argument_group("race (with --race)")
+    race.add_argument("--arms", help="comma-separated recipes, each an arm: gpt2, modern (the first is the baseline)")
+    race.add_argument("--arm", action="append", metavar='NAME="FLAGS"',
+                      help="an arm of any gptspeed train flags (repeatable), after --arms' ones")
+    race.add_argument("--seeds", type=int, default=3, help="runs per arm (default 3)")
+    race.add_argument("--target-val-loss", type=float,
+                      help="the val loss to reach (default: the first arm's mean final val loss)")
+    race.add_argument("--eval-every", type=int, help="steps between evaluations (default: the first arm's steps / 15)")
+    race.add_argument("--eval-tokens", type=int, help="val tokens per evaluation (default: the preset's)")
+    race.add_argument("--run-timeout", type=float, help="seconds one run may take (default: no limit)")
+
+
+def _add_tune_args(s: argparse.ArgumentParser) -> None:
+    tune = s.add_argument_group("tune (with --tune)")
+    tune.add_argument("--config", dest="config_file", help="your run's gptspeed train --config file (YAML or JSON)")
+    tune.add_argument("--flags", default="", metavar='"FLAGS"',
+                      help="your run's other gptspeed train flags, quoted: --flags \"--dtype bfloat16 --loss fused\" "
+                           "(one flag alone: --flags=--no-compile)")
+    tune.add_argument("--budget-s", type=float, default=300.0,
+                      help="seconds the whole search may take; the candidates left are listed as not tried (default 300)")
 
 
 def _add_model_source(s: argparse.ArgumentParser) -> None:
@@ -272,7 +292,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     from gptspeed.bench import BenchConfig, profile_stage, run_ladder, run_verify
 
+    if a.tune:
+        return _tune(a)
+    if a.config_file or a.flags:
+        raise GptspeedError("--config and --flags describe your run for --tune; the ladder, --verify, --profile and "
+                            "--race take their own flags")
     steps = a.steps if a.steps is not None else (3 if a.profile else 20)
+    a.preset = a.preset or "gpt2"
     cfg = BenchConfig(out=a.out, preset=a.preset, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
                       seq_len=a.seq_len, batch_size=a.batch_size, steps=steps, warmup=a.warmup, device=a.device,
                       data=a.data, synthetic=a.synthetic, stages=a.stages, peers=a.peers, seed=a.seed,
@@ -309,6 +335,33 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if not result["ok"]:
         print(f"gptspeed bench: {len(result['problems'])} problem(s): {'; '.join(result['problems'])}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _tune(a: argparse.Namespace) -> int:
+    """``bench --tune``: your run from ``--preset``, ``--config``, the bench's shape flags and ``--flags`` (parsed
+    as ``gptspeed train`` parses them), then :func:`gptspeed.bench.tune.run_tune`."""
+    import shlex
+
+    from gptspeed.bench.tune import TuneConfig, run_tune
+    from gptspeed.configure import config_from_flags
+
+    if a.stages or a.race or a.grad_accum:
+        raise GptspeedError("--tune chooses its own candidates and micro-steps: drop --stages / --grad-accum")
+    shape = {"--n-layer": a.n_layer, "--n-head": a.n_head, "--n-embd": a.n_embd, "--seq-len": a.seq_len,
+             "--batch-size": a.batch_size, "--preset": a.preset, "--config": a.config_file}
+    base = [x for flag, v in shape.items() if v is not None for x in (flag, str(v))]
+    run = config_from_flags([*base, *shlex.split(a.flags)], "--tune", shown=shlex.split(a.flags))
+    data = a.data if a.data is not None else (run.train.data or None)
+    if a.synthetic or data is None:
+        if not a.synthetic:
+            raise GptspeedError("--tune needs --data DIR (a folder from `gptspeed prepare`, or your run's) or --synthetic")
+        data = None
+    result = run_tune(TuneConfig(out=a.out, run=run, device=a.device, data=data, budget_s=a.budget_s,
+                                 steps=a.steps if a.steps is not None else 8, warmup=a.warmup,
+                                 compile_backend=a.compile_backend, peak_tflops=a.peak_tflops),
+                      command="gptspeed " + shlex.join(sys.argv[1:]))
+    print(f"tuned configuration: {result['best_flags']} -> {result['tuned_yaml']}\ntrain it: {result['train_command']}")
     return 0
 
 

@@ -52,6 +52,7 @@ MAX_COUNT = 2**53  # any other count or size setting: exact in every JSON reader
 # GPU; a fixed bound (not this machine's CPU count) keeps a configuration valid on every machine it is resumed on
 MAX_LOADER_WORKERS = 64
 MAX_GRAD_ACCUM = 1 << 16  # micro-batches per optimizer step: 65,536 (the gpt2 preset at B=1 needs 512)
+MAX_THREADS = 4096  # --threads: a bound, not this machine's count (a configuration stays valid on every machine)
 MAX_DIST_TIMEOUT_S = 30 * 86400.0  # --dist-timeout-s: 30 days (torch converts it to int64 milliseconds)
 
 
@@ -278,6 +279,8 @@ class RuntimeConfig:
     keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "
                                         "instead of page-faulting large buffers in again (default: on for a CPU "
                                         "device)", kind="bool")
+    threads: int = _f(0, "CPU runs: PyTorch's intra-op threads (torch.set_num_threads); 0 = PyTorch's default, "
+                      "one per physical core", min=0, max=MAX_THREADS, max_note="more than any CPU has")
     parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
                        "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
     dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)", min=0,

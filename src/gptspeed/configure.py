@@ -17,7 +17,7 @@ from gptspeed.checkpoint import newest_run_config
 from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file, recipe
 from gptspeed.errors import GptspeedError
 
-__all__ = ["build_train_config", "add_train_arguments", "config_from_arguments"]
+__all__ = ["build_train_config", "add_train_arguments", "config_from_arguments", "config_from_flags"]
 
 
 def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None,
@@ -122,3 +122,22 @@ def config_from_arguments(a: argparse.Namespace) -> RunConfig:
     overrides = {k: v for k, v in vars(a).items()
                  if k not in ("command", "preset", "config_file", "print_config", "recipe")}
     return build_train_config(a.preset, overrides, a.config_file, a.recipe)
+
+
+def config_from_flags(flags: list[str], source: str, shown: list[str] | None = None) -> RunConfig:
+    """The configuration ``gptspeed train FLAGS`` would run (validated), for the commands that take a
+    training run's flags (``bench --race``'s arms, ``bench --tune``'s run). GptspeedError (one line,
+    naming ``source`` and the flags ``shown``, default all) for flags ``train`` does not take, or a
+    configuration it refuses."""
+    import contextlib
+    import io
+    import shlex
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise GptspeedError(f"{source}: {shlex.join(flags if shown is None else shown)!r} are not gptspeed train flags ({message})")
+
+    parser = Parser(prog="gptspeed train", add_help=False)
+    add_train_arguments(parser)
+    with contextlib.redirect_stderr(io.StringIO()):
+        return config_from_arguments(parser.parse_args(flags))

@@ -250,8 +250,10 @@ class TrainStep:
         self.cfg, self.rt = cfg, rt
         self.accum = cfg.grad_accum_steps(rt.world_size)
         check_step(cfg, rt, self.accum)
-        self.model = build_model(cfg, rt) if model is None else model
         r = cfg.runtime
+        if r.threads and rt.device_type == "cpu":  # before the model is built: its init runs on these threads too
+            torch.set_num_threads(r.threads)
+        self.model = build_model(cfg, rt) if model is None else model
         self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
                                        activation_checkpointing=r.activation_checkpointing, fp8=r.fp8, backend=backend)
         self.sync = grad_sync_control(self.train_model)

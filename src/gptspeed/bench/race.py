@@ -82,20 +82,9 @@ def parse_arms(names: str | None, specs: list[str] | None) -> list[Arm]:
 def arm_config(arm: Arm, base: list[str]):
     """The configuration ``gptspeed train BASE ARM-FLAGS`` would run (validated): the race reads its
     ``max_steps`` and checks every arm before the first run starts."""
-    import argparse
-    import contextlib
-    import io
+    from gptspeed.configure import config_from_flags
 
-    from gptspeed.configure import add_train_arguments, config_from_arguments
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise GptspeedError(f"arm {arm.name}: {shlex.join(arm.flags)!r} are not gptspeed train flags ({message})")
-
-    parser = Parser(prog="gptspeed train", add_help=False)
-    add_train_arguments(parser)
-    with contextlib.redirect_stderr(io.StringIO()):
-        return config_from_arguments(parser.parse_args([*base, *arm.flags]))
+    return config_from_flags([*base, *arm.flags], f"arm {arm.name}", shown=arm.flags)
 
 
 def training_curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

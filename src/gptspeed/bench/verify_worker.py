@@ -16,6 +16,7 @@ see the same tokens as its reference's and its losses are compared like any othe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import sys
 import time
@@ -59,6 +60,9 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     cfg = run_config(spec)
     rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile)
     read = spec  # the micro-batches every rung reads
+    if spec.extra.get("read_micro_batch"):  # bench --tune: every candidate reads your micro-batches, then regroups
+        b = spec.extra["read_micro_batch"]
+        read = dataclasses.replace(spec, batch_size=b, grad_accum=spec.batch_size * spec.grad_accum // b)
     spec = resolve_batch(spec, rt, keep_global=True)  # resets the peak memory after probing
     n_batches = (read.warmup + read.steps) * read.grad_accum
     loader = make_loader(read, rt.device, n_batches=n_batches)

@@ -1,0 +1,348 @@
+"""``gptspeed bench --tune``: the fastest configuration of *your* run that trains the same, found on
+this device, and written as a ``--config`` file.
+
+Your run is what ``gptspeed train`` would run: a preset, a ``--config`` file and flags. Every
+candidate is that configuration with a delta (:mod:`gptspeed.bench.knobs`), trained in a fresh
+process by ``bench --verify``'s worker (:mod:`gptspeed.bench.verify_worker`): from the same initial
+weights, on the same batches, an untimed warm-up (compilation included), then timed steps; its
+losses over every step are compared with your configuration's own row as ``--verify`` compares a
+rung with its reference (:func:`gptspeed.bench.verify.compare_losses`, the tolerance of the least
+precise format either runs in; graph breaks, recompiles and host-device syncs above the step's
+design count as failures too).
+
+The measured step holds ``sequences`` sequences (your micro-batch times a divisor of your gradient
+accumulation: up to 8 micro-batches on CUDA, 2 elsewhere), so every candidate micro-batch reads the
+same sequences, regrouped (:func:`gptspeed.bench.verify_worker.regroup`); tokens/s are per measured
+step, the same tokens for every row. The search is greedy (the seeds' habit: one change at a time,
+kept when it is faster, the batch raised again after a saving): each knob's values are tried from
+the best configuration so far, and the fastest verified one is kept when it beats the best by more
+than :data:`MIN_GAIN` and more than the two rows' step-time spread. A candidate that runs out of
+memory is a row "does not fit"; one a rule of gptspeed's refuses (checked on your whole run: its
+global batch, device, toolchain) is "not applicable"; a crash is "failed" -- the search goes on.
+
+``--budget-s`` bounds the whole search: a candidate starts only while the budget holds at least
+half the time your row took, and runs with what is left as its timeout; the rest are listed as
+"not tried". ``tune.json`` and ``tune.md`` are written after every row, atomically; ``tuned.yaml``
+(your configuration with the kept deltas, as ``--print-config`` writes it) at the end, with the
+command that trains it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import tempfile
+from time import monotonic
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptspeed.bench import report
+from gptspeed.bench.knobs import Delta, Knob, TuneState, knobs_for
+from gptspeed.bench.ladder import run_worker, spread_ms
+from gptspeed.bench.stages import loss_rtol
+from gptspeed.bench.verify import compare_losses, rung_problems
+from gptspeed.bench.worker import StageSpec
+from gptspeed.config import GROUPS, RunConfig, config_to_yaml, setting_flag
+from gptspeed.errors import GptspeedError
+
+MIN_GAIN = 0.01  # a candidate is kept only when at least 1% faster (and faster than the rows' spread)
+STEP_FACTOR = {"cuda": 8}  # micro-batches of your size in the measured step at most: 8 on CUDA, else 2
+# Settings the tune's rows do not take from your configuration: the worker sets them (device, seed, peak,
+# the batch) or they have no meaning in one process (parallelism)
+NOT_PASSED = frozenset({"device", "seed", "peak_tflops", "parallel", "dist_timeout_s", "batch_size",
+                        "total_batch_tokens"})
+YOURS = "yours"
+
+
+@dataclass
+class TuneConfig:
+    """The flags of ``gptspeed bench --tune``: ``run`` is your configuration (validated), ``data`` a
+    prepared folder (None: learnable synthetic phrases), ``budget_s`` the search's wall-clock bound."""
+
+    out: str
+    run: RunConfig
+    device: str = "auto"
+    data: str | None = None
+    budget_s: float = 300.0
+    steps: int = 8
+    warmup: int = 3
+    compile_backend: str = "inductor"
+    peak_tflops: float | None = None
+
+
+def run_settings(cfg: RunConfig) -> dict[str, Any]:
+    """Your configuration's settings a row trains with: every model, optimizer and runtime setting
+    (flat, by name) but those the worker sets itself (:data:`NOT_PASSED`)."""
+    out = {}
+    for group in ("model", "optim", "runtime"):
+        for f in dataclasses.fields(GROUPS[group]):
+            if f.name not in NOT_PASSED and f.metadata.get("cli", True):
+                out[f.name] = getattr(cfg.groups()[group], f.name)
+    return out
+
+
+def measured_sequences(cfg: RunConfig, device_type: str) -> int:
+    """Sequences of the measured step: your micro-batch times the largest divisor of your gradient
+    accumulation that is at most :data:`STEP_FACTOR` (so it divides your global batch)."""
+    accum = cfg.grad_accum_steps(1)
+    factor = max(d for d in range(1, STEP_FACTOR.get(device_type, 2) + 1) if accum % d == 0)
+    return cfg.train.batch_size * factor
+
+
+def applied(user: RunConfig, best: dict[str, Any], delta: Delta) -> RunConfig:
+    """Your configuration with ``best`` and ``delta`` applied, validated as ``train`` validates it:
+    the whole run's rules (its global batch, FP8's shapes, ...). GptspeedError when it refuses."""
+    cfg = user.override({**best, **delta})
+    cfg.validate(world_size=1)
+    return cfg
+
+
+def rule_refusal(user: RunConfig, best: dict[str, Any], delta: Delta) -> str | None:
+    """Why gptspeed would refuse your run with ``delta`` before it starts (one line), or None: the
+    configuration's own rules, and CUDA graphs with your run's gradient accumulation (the measured
+    step may have fewer micro-steps than your run; your run's count decides)."""
+    from gptspeed.parallelize import cuda_graphs_refusal
+
+    try:
+        cfg = applied(user, best, delta)
+        accum = cfg.grad_accum_steps(1)
+    except GptspeedError as e:
+        return str(e)
+    return cuda_graphs_refusal(cfg.runtime.compile_tuning, accum, cfg.tokens_per_micro_batch)
+
+
+def auto_settings(cfg: RunConfig, device) -> dict[str, Any]:
+    """What ``--dtype`` and ``--compile`` of ``cfg`` resolve to on ``device`` (``gptspeed train``'s
+    rule, :func:`gptspeed.runtime.resolve_runtime`): the knobs read the value a run really has."""
+    from gptspeed.runtime import resolve_runtime
+
+    r = cfg.runtime
+    rt = resolve_runtime(device.type, r.dtype, r.compile, planned_steps=cfg.train.max_steps)
+    return {"dtype": rt.dtype, "compile": rt.compile}
+
+
+def describe(delta: Delta) -> str:
+    """A delta as the flags that set it: ``--batch-size 32 --loss fused``."""
+    parts = []
+    for k, v in delta.items():
+        flag = setting_flag(k)
+        parts.append(flag if v is True else f"--no-{flag[2:]}" if v is False else f"{flag} {v}")
+    return " ".join(parts) or "(your configuration)"
+
+
+class Tuner:
+    """One ``--tune`` search: the rows, the best settings so far, the budget, and the report."""
+
+    def __init__(self, cfg: TuneConfig, command: str):
+        import torch
+
+        from gptspeed.runtime import resolve_device
+
+        self.cfg, self.t0 = cfg, monotonic()
+        self.device: torch.device = resolve_device(cfg.device)
+        user = cfg.run
+        self.state = TuneState(self.device, user, {}, measured_sequences(user, self.device.type),
+                               auto_settings(user, self.device))
+        self.out = report.make_out_dir(cfg.out)
+        self.env = report.environment(self.device, command)
+        self.rows: list[dict[str, Any]] = []
+        self.ref: dict[str, Any] | None = None  # your row's result
+        self.best_row: dict[str, Any] | None = None
+        b = user.train.batch_size
+        self.spec0 = StageSpec(
+            name=YOURS, settings=run_settings(user), n_layer=user.model.n_layer, n_head=user.model.n_head,
+            n_embd=user.model.n_embd, seq_len=user.model.block_size, batch_size=b, steps=cfg.steps, warmup=cfg.warmup,
+            device=self.device.type, seed=user.runtime.seed, lr=user.optim.lr, data=cfg.data,
+            compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops or user.runtime.peak_tflops,
+            mode="verify", grad_accum=self.state.sequences // b, synthetic="phrases", extra={"read_micro_batch": b})
+
+    def left(self) -> float:
+        return self.cfg.budget_s - (monotonic() - self.t0)
+
+    # ------------------------------------------------------------------ running and judging one row
+    def measure(self, name: str, knob: str, delta: Delta, cache: Path) -> dict[str, Any]:
+        """Run one candidate (or your row, ``delta`` empty) and add its row; returns the row."""
+        row = {"name": name, "knob": knob, "delta": delta, "flags": describe(delta),
+               "from": describe(self.state.best), "kept": False}
+        self.rows.append(row)
+        refusal = rule_refusal(self.cfg.run, self.state.best, delta) if delta else None
+        if refusal:
+            return self._verdict(row, "not applicable", refusal)
+        need = 0.5 * (self.ref or {}).get("wall_s", 0)
+        if self.left() < max(need, 5.0):
+            return self._verdict(row, "not tried", f"--budget-s: {max(0, self.left()):.0f} s left, a row takes ~{need:.0f} s")
+        settings = {**self.spec0.settings, **self.state.best, **delta}
+        b = settings.pop("batch_size", self.spec0.batch_size)
+        spec = dataclasses.replace(self.spec0, name=name, settings=settings, batch_size=b,
+                                   grad_accum=self.state.sequences // b)
+        report.say(f"[{len(self.rows)}] {name}: {row['flags']} (from {row['from']}; {self.left():.0f} s of budget left)")
+        t = monotonic()
+        timeout = self.left()
+        result = run_worker(spec, self.out / "logs" / f"{name}.log", timeout, cache_dir=cache)
+        row["wall_s"] = monotonic() - t
+        self._judge(row, result, cut=row["wall_s"] >= timeout - 1)
+        report.say("    " + self._progress(row))
+        self.save(complete=False)
+        return row
+
+    def _verdict(self, row: dict[str, Any], verdict: str, reason: str = "") -> dict[str, Any]:
+        row.update(verdict=verdict, reason=reason)
+        self.save(complete=False)
+        return row
+
+    def _judge(self, row: dict[str, Any], result: dict[str, Any], cut: bool) -> None:
+        keep = ("ms_median", "ms_q25", "ms_q75", "ms_steps", "tokens_per_s", "mfu", "peak_mem_bytes", "mem_total_bytes",
+                "first_step_s", "batch_size", "grad_accum", "tokens_per_step", "dtype", "compile", "sdpa", "syncs",
+                "threads", "losses", "skipped", "grad_scaler", "fused_adamw", "params", "peak_flops_source")
+        row.update({k: result[k] for k in keep if k in result}, status=result["status"])
+        if result["status"] == "skipped":
+            reason = result["reason"].removeprefix("refused: ")
+            return self._set(row, "not applicable", reason)
+        if result["status"] != "ok":
+            if result.get("oom"):
+                return self._set(row, "does not fit", result["reason"])
+            return self._set(row, "cut by --budget-s" if cut else "failed", result["reason"])
+        if self.ref is None:  # your own row: the reference every other row is compared with
+            problems = [p for p in rung_problems({**result, "loss_check": None}) if not p.startswith("failed")]
+            return self._set(row, YOURS, "; ".join(problems))
+        settings = {**self.spec0.settings, **self.state.best, **row["delta"]}
+        rtol = max(loss_rtol(settings), loss_rtol(self.spec0.settings))
+        row["loss_check"] = compare_losses(result, self.ref, rtol)
+        problems = rung_problems({**row, "status": "ok", "reference": YOURS})
+        row["problems"] = problems
+        self._set(row, "fails verification" if problems else "verified", "; ".join(problems))
+
+    @staticmethod
+    def _set(row: dict[str, Any], verdict: str, reason: str) -> None:
+        row.update(verdict=verdict, reason=reason)
+
+    def faster(self, row: dict[str, Any]) -> float | None:
+        """``row``'s gain in tokens/s over the best row so far when it counts (verified, more than
+        :data:`MIN_GAIN` and more than the larger relative spread of the two), else None."""
+        best = self.best_row
+        if row.get("verdict") != "verified" or best is None:
+            return None
+        gain = best["ms_median"] / row["ms_median"] - 1
+        noise = max(spread_ms(row) / row["ms_median"], spread_ms(best) / best["ms_median"])
+        return gain if gain > max(MIN_GAIN, noise) else None
+
+    # ------------------------------------------------------------------ the search
+    def run(self) -> dict[str, Any]:
+        cache = Path(tempfile.mkdtemp(prefix="gptspeed-tune-cache-"))
+        try:
+            mine = self.measure(YOURS, "", {}, cache)
+            if mine["verdict"] != YOURS:
+                self.save(complete=True)
+                raise GptspeedError(f"--tune: your configuration did not run here ({mine['verdict']}: "
+                                    f"{mine['reason']}); see {self.out}/tune.md")
+            self.ref = self.best_row = mine
+            mine["kept"] = True
+            self.search(cache)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        return self.finish()
+
+    def search(self, cache: Path) -> None:
+        """Every knob of the device in order, then the micro-batch once more after a later saving."""
+        knobs = knobs_for(self.device)
+        batch_stopped = False
+        won_since = False
+        for knob in knobs:
+            stopped = self.turn(knob, cache)
+            if knob.name == "micro-batch":
+                batch_stopped, won_since = stopped, False
+            elif self.rows and any(r["kept"] and r["knob"] == knob.name for r in self.rows):
+                won_since = True
+        if batch_stopped and won_since:  # a saving since (memory or time): try the next larger micro-batch again
+            self.turn(next(k for k in knobs if k.name == "micro-batch"), cache, once=True)
+
+    def turn(self, knob: Knob, cache: Path, once: bool = False) -> bool:
+        """Try ``knob``'s values from the best so far; keep the fastest verified one that counts
+        (:meth:`faster`). Returns True when a ``until_no_gain`` knob stopped at a row that did not fit."""
+        values = knob.values(self.state)
+        if isinstance(values, str):
+            self.rows.append({"name": knob.name, "knob": knob.name, "delta": {}, "flags": "", "kept": False,
+                              "from": describe(self.state.best), "verdict": "not applicable", "reason": values})
+            self.save(complete=False)
+            return False
+        winner, gain_best = None, 0.0
+        for delta in values[:1] if once else values:
+            row = self.measure(f"{knob.name}={'+'.join(str(v) for v in delta.values())}", knob.name, delta, cache)
+            gain = self.faster(row)
+            if knob.until_no_gain:  # each value larger than the last: keep each gain at once, stop at the first non-gain
+                if gain is None:
+                    return row["verdict"] == "does not fit"
+                self._keep(row)
+            elif gain is not None and gain > gain_best:
+                winner, gain_best = row, gain
+        if winner is not None:
+            self._keep(winner)
+        return False
+
+    def _keep(self, row: dict[str, Any]) -> None:
+        row["kept"] = True
+        self.state.best = {**self.state.best, **row["delta"]}
+        self.best_row = row
+
+    # ------------------------------------------------------------------ the report
+    def result(self, complete: bool) -> dict[str, Any]:
+        ref = self.ref
+        for r in self.rows:
+            if ref and r.get("ms_median"):
+                r["vs_yours"] = ref["ms_median"] / r["ms_median"]
+        u = self.cfg.run
+        config = {"preset": u.preset, "n_layer": u.model.n_layer, "n_head": u.model.n_head, "n_embd": u.model.n_embd,
+                  "seq_len": u.model.block_size, "batch_size": u.train.batch_size, "grad_accum": u.grad_accum_steps(1),
+                  "measured_sequences": self.state.sequences, "steps": self.cfg.steps, "warmup": self.cfg.warmup,
+                  "data": self.cfg.data, "budget_s": self.cfg.budget_s, "min_gain": MIN_GAIN,
+                  "knobs": [k.name for k in knobs_for(self.device)]}
+        return {"format": "gptspeed-tune", "format_version": 1, "environment": self.env, "config": config,
+                "complete": complete, "elapsed_s": monotonic() - self.t0, "best": self.state.best,
+                "best_flags": describe(self.state.best), "rows": self.rows}
+
+    def save(self, complete: bool) -> dict[str, Any]:
+        res = self.result(complete)
+        from gptspeed.bench.tune_report import tune_markdown
+
+        report.write_text_atomic(self.out / "tune.md", tune_markdown(res))
+        report.write_text_atomic(self.out / "tune.json", json.dumps(res, indent=2, default=_json_value) + "\n")
+        return res
+
+    def finish(self) -> dict[str, Any]:
+        """Write ``tuned.yaml`` (your configuration with the kept deltas) and the final report."""
+        tuned = applied(self.cfg.run, self.state.best, {})
+        path = self.out / "tuned.yaml"
+        report.write_text_atomic(path, config_to_yaml(tuned))
+        res = self.save(complete=True)
+        res["tuned_yaml"] = str(path)
+        res["train_command"] = f"gptspeed train --config {path} --out RUN_DIR"
+        report.write_text_atomic(self.out / "tune.json", json.dumps(res, indent=2, default=_json_value) + "\n")
+        return res
+
+    def _progress(self, row: dict[str, Any]) -> str:
+        if row.get("ms_median") is None:
+            return f"{row['verdict']}: {row['reason']}"
+        vs = f", {row['ms_median'] and self.ref['ms_median'] / row['ms_median']:.3f}x yours" if self.ref else ""
+        return f"{row['verdict']}: {row['tokens_per_s']:,.0f} tokens/s{vs}" + (f" ({row['reason']})" if row["reason"] else "")
+
+
+def _json_value(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else str(v)
+
+
+def run_tune(cfg: TuneConfig, command: str = "") -> dict[str, Any]:
+    """Run ``bench --tune`` (module docstring) and return the report as in tune.json, plus
+    ``tuned_yaml`` and ``train_command``. GptspeedError (one line) for bad flags, an ``--out`` that
+    is a run folder, or your own configuration failing to run here."""
+    if not cfg.budget_s > 0:
+        raise GptspeedError(f"--budget-s must be positive, got {cfg.budget_s}")
+    if cfg.steps < 2 or cfg.warmup < 1:
+        raise GptspeedError(f"--tune needs --steps 2 or more and --warmup 1 or more (got {cfg.steps}, {cfg.warmup})")
+    out = Path(cfg.out)
+    if (out / "config.json").exists() or (out / "metrics.jsonl").exists():
+        raise GptspeedError(f"--out {out} is a training run's folder: give --tune a folder of its own")
+    cfg.run.validate(world_size=1)
+    return Tuner(cfg, command).run()

@@ -290,7 +290,8 @@ def test_auto_batch_probes_eager_unwrapped_steps_at_each_size(monkeypatch, paral
     assert seen == dict(device=rt.device, sequences=8, agreed=5, settings={
         "model": dataclasses.asdict(cfg.model), "dtype": "float32", "compile": True, "optimizer": cfg.optim.optimizer,
         "world_size": 1, "parallel": parallel, "compile_mode": r.compile_mode, "compile_tuning": r.compile_tuning,
-        "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "sdpa_backend": r.sdpa_backend})
+        "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "fp8_lm_head": r.fp8_lm_head,
+        "sdpa_backend": r.sdpa_backend})
     assert type(seen["sequences"]) is int and said == ["probing"]
     (probe_cfg, _), = built
     assert probe_cfg.train.batch_size == 3 and probe_cfg.train.total_batch_tokens is None

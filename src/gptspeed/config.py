@@ -276,6 +276,11 @@ class RuntimeConfig:
                            "alone, and a run it cannot serve stops at start", choices=SDPA_BACKENDS)
     fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
                    "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
+    fp8_lm_head: bool = _f(False, "FP8 matmul (torchao float8 training, tensorwise) for the LM head, the largest "
+                           "matmul (n_embd x vocab_size); the tied embedding lookup stays fp32. Needs --loss plain "
+                           "(the one path that calls the head), --softmax full, n_embd and vocab_size multiples of "
+                           "16 (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]'); with or without --fp8",
+                           kind="flag")
     keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "
                                         "instead of page-faulting large buffers in again (default: on for a CPU "
                                         "device)", kind="bool")
@@ -403,6 +408,10 @@ class RunConfig:
             from gptspeed.fp8 import check_fp8_shapes  # imports torch: only when --fp8 is asked for
 
             check_fp8_shapes(t.batch_size, self.model.block_size, self.model)
+        if self.runtime.fp8_lm_head:
+            from gptspeed.fp8 import check_fp8_lm_head  # imports torch: only when --fp8-lm-head is asked for
+
+            check_fp8_lm_head(t.batch_size, self.model.block_size, self.model)
         parse_log_to(t.log_to)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "

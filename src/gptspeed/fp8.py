@@ -1,4 +1,5 @@
-"""FP8 matmuls for the transformer blocks' Linear layers (``--fp8``), through torchao.
+"""FP8 matmuls for the transformer blocks' Linear layers (``--fp8``) and for the LM head
+(``--fp8-lm-head``), through torchao.
 
 The layers are converted with ``torchao.float8.convert_to_float8_training`` (torchao's float8
 training, the implementation torchtitan uses: tensorwise dynamic scaling, e4m3 inputs and
@@ -15,6 +16,20 @@ dimensions multiples of 16, and not ``in_features <= 4096 and out_features <= 10
 124M (n_embd 768) that keeps ``c_attn`` (768 -> 2304) and ``c_fc`` (768 -> 3072) and skips both
 ``c_proj`` layers. Conversion swaps modules but keeps their parameters, so parameter names and
 the state dict are unchanged (checkpoints load either way).
+
+The LM head (``--fp8-lm-head``, independent of ``--fp8``) is the largest matmul of a GPT-2 step
+(``n_embd x vocab_size``, 768 x 50304 at 124M: 31% of the weight matmuls' FLOPs, 27% counting
+attention's, by the 6N + 12LCT count); the modded-nanogpt speedrun's records run it in FP8. It
+is converted by the same recipe. torchao's ``Float8Linear.from_float`` keeps the module's
+Parameter object, so the head stays tied to the token embedding (``model.lm_head.weight is
+model.transformer.wte.weight``): the embedding lookup reads the fp32 master weight, only the
+head's matmul casts it to e4m3, and both uses' gradients accumulate into the one fp32 ``.grad``.
+Only ``--loss plain`` calls the head module (:meth:`gptspeed.model.GPT.logits`); the chunked
+losses and ``--softmax data`` multiply by its weight (or rows of it) directly, where a converted
+module would change nothing: :func:`check_fp8_lm_head` and :func:`check_fp8_lm_head_loss` refuse
+them. torchao's matmul returns a view made inside its autograd Function, which autograd forbids
+writing into, so the converted head is marked ``returns_view`` and the model masks the padded
+vocabulary columns out of place (a new tensor; under torch.compile fused into the loss).
 
 CUDA's ``torch._scaled_mm`` (PyTorch's own meta kernel states the rules) wants the first operand
 row-major with its inner dimension a multiple of 16, the second column-major with both
@@ -38,16 +53,17 @@ TORCHAO_VERSION = "0.18.0"
 #: CUDA's ``_scaled_mm`` needs its dimensions to be multiples of this.
 GEMM_MULTIPLE = 16
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+LM_HEAD = "lm_head"
 
 
-def check_fp8_device(device: torch.device) -> None:
-    """GptspeedError (one line) unless ``device`` is a CUDA GPU with FP8 tensor cores
-    (compute capability >= (8, 9): Ada Lovelace, Hopper and newer)."""
+def check_fp8_device(device: torch.device, flag: str = "--fp8") -> None:
+    """GptspeedError (one line, naming ``flag``) unless ``device`` is a CUDA GPU with FP8 tensor
+    cores (compute capability >= (8, 9): Ada Lovelace, Hopper and newer)."""
     if device.type != "cuda":
-        raise GptspeedError(f"--fp8 needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not {device.type}")
+        raise GptspeedError(f"{flag} needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not {device.type}")
     cap = torch.cuda.get_device_capability(device)
     if cap < (8, 9):
-        raise GptspeedError(f"--fp8 needs compute capability 8.9 or newer (Ada, Hopper); "
+        raise GptspeedError(f"{flag} needs compute capability 8.9 or newer (Ada, Hopper); "
                             f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}")
 
 
@@ -92,22 +108,85 @@ def check_fp8_shapes(batch_size: int, seq_len: int, model_config) -> None:
                             f"matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len")
 
 
-def convert_to_float8(model: nn.Module, *, skip_small: bool = True) -> int:
-    """Convert the transformer blocks' eligible Linear layers (:func:`fp8_eligible`) of ``model``
-    in place with ``torchao.float8.convert_to_float8_training`` (default recipe: tensorwise,
-    fast accumulation in the forward matmul). ``skip_small=False`` converts small layers too
-    (for tests). Returns the number of layers converted. GptspeedError if torchao is missing."""
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def check_fp8_lm_head(batch_size: int, seq_len: int, model_config) -> None:
+    """Refuse ``--fp8-lm-head`` before the first step, with one line, where the converted head
+    would never run or CUDA's ``_scaled_mm`` would refuse it: ``model_config.loss`` ``fused`` or
+    ``liger`` (they multiply by the head's weight in chunks, never calling the module);
+    ``softmax="data"`` (it multiplies by rows of the weight); ``n_embd`` or ``vocab_size`` not a
+    multiple of 16 (the head's matmuls ``(M, n_embd) @ (n_embd, V)``, ``(M, V) @ (V, n_embd)``
+    and ``(V, M) @ (M, n_embd)`` have each as an inner dimension or a dimension of the second
+    operand; e.g. the tokenizer's 50257); or ``batch_size * seq_len`` (``M``) not a multiple of
+    16, as :func:`check_fp8_shapes` for ``--fp8``. ``batch_size`` 0 (``--batch-size auto``, not
+    yet known) skips the last. ``--loss auto`` is checked where its device is known
+    (:func:`check_fp8_lm_head_loss`). ``model_config``: a :class:`gptspeed.model.GPTConfig`.
+    Raises :class:`GptspeedError`."""
+    m = model_config
+    if m.loss in ("fused", "liger"):
+        raise GptspeedError(f"--fp8-lm-head converts the LM head module, which only --loss plain calls "
+                            f"(--loss {m.loss} multiplies by the head's weight in chunks): use --loss plain")
+    if m.softmax == "data":
+        raise GptspeedError("--fp8-lm-head converts the LM head module, which --softmax data bypasses (it "
+                            "multiplies by the rows of the data's token ids): use --softmax full, or drop "
+                            "--fp8-lm-head")
+    if m.vocab_size % GEMM_MULTIPLE:
+        raise GptspeedError(f"--fp8-lm-head needs --vocab-size to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 "
+                            f"matmul); got {m.vocab_size}: use --vocab-size {_round_up(m.vocab_size, 64)} (padded to a "
+                            "multiple of 64; the padding rows are never predicted)")
+    if m.n_embd % GEMM_MULTIPLE:
+        raise GptspeedError(f"--fp8-lm-head needs --n-embd to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 matmul); "
+                            f"got {m.n_embd}: change --n-embd (e.g. {_round_up(m.n_embd, GEMM_MULTIPLE)}), or drop "
+                            "--fp8-lm-head")
+    tokens = batch_size * seq_len
+    if batch_size and tokens % GEMM_MULTIPLE:
+        raise GptspeedError(f"--fp8-lm-head needs batch_size * seq_len to be a multiple of {GEMM_MULTIPLE} (CUDA's "
+                            f"FP8 matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len")
+
+
+def check_fp8_lm_head_loss(loss: str, path: str, device_type: str) -> None:
+    """GptspeedError (one line) unless ``--loss loss`` resolves to the plain path on ``device_type``:
+    ``path`` is what :func:`gptspeed.loss.resolve_loss` resolved it to (``auto`` is ``fused`` on a
+    CPU, ``plain`` elsewhere), the caller's to give, as this module imports nothing that imports
+    the configuration. The plain path is the one that calls the LM head module ``--fp8-lm-head``
+    converts."""
+    if path != "plain":
+        how = f"--loss {loss} resolves to {path} on {device_type}" if loss == "auto" else f"this run has --loss {loss}"
+        raise GptspeedError(f"--fp8-lm-head runs only on the plain loss path (the one that calls the LM head module); "
+                            f"{how}: use --loss plain")
+
+
+def convert_to_float8(model: nn.Module, *, blocks: bool = True, lm_head: bool = False, skip_small: bool = True) -> int:
+    """Convert Linear layers of ``model`` (a :class:`gptspeed.model.GPT`) in place with
+    ``torchao.float8.convert_to_float8_training`` (default recipe: tensorwise, fast accumulation
+    in the forward matmul), in one pass: with ``blocks`` (``--fp8``) the transformer blocks'
+    eligible layers (:func:`fp8_eligible`; ``skip_small=False`` converts small layers too, for
+    tests), with ``lm_head`` (``--fp8-lm-head``) the LM head -- whatever its size: at any GPT-2
+    vocabulary it is far above torchao's threshold. A tied head stays tied (torchao keeps the
+    Parameter object; re-tied if a release did not) and is marked ``returns_view`` (see the
+    module's docstring). Returns the number of layers converted. GptspeedError if torchao is
+    missing."""
     try:
         from torchao.float8 import convert_to_float8_training
     except ImportError:
-        raise GptspeedError(f"--fp8 needs torchao: pip install 'gptspeed[fp8]' (torchao=={TORCHAO_VERSION})") from None
+        flag = "--fp8" if blocks else "--fp8-lm-head"
+        raise GptspeedError(f"{flag} needs torchao: pip install 'gptspeed[fp8]' (torchao=={TORCHAO_VERSION})") from None
     names = []
 
     def keep(module: nn.Module, fqn: str) -> bool:
-        ok = isinstance(module, nn.Linear) and fp8_eligible(fqn, module.in_features, module.out_features, skip_small)
+        if not isinstance(module, nn.Linear):
+            return False
+        ok = (lm_head and fqn == LM_HEAD) or (blocks and fp8_eligible(fqn, module.in_features, module.out_features,
+                                                                        skip_small))
         if ok:
             names.append(fqn)
         return ok
 
     convert_to_float8_training(model, module_filter_fn=keep)
+    if LM_HEAD in names:
+        model.lm_head.returns_view = True
+        if model.config.tie_embeddings and model.lm_head.weight is not model.transformer.wte.weight:
+            model.lm_head.weight = model.transformer.wte.weight
     return len(names)

@@ -373,10 +373,17 @@ class GPT(nn.Module):
         logits = self.lm_head(h)
         if cap:  # Gemma 2's soft cap, before the padding is masked (tanh(-inf) would be -1, not -inf)
             logits = cap * torch.tanh(logits / cap)
-        if self.config.vocab_size > self.config.valid_vocab_size:
+        valid = self.config.valid_vocab_size
+        if self.config.vocab_size > valid:
+            if getattr(self.lm_head, "returns_view", False) and not cap:
+                # A head whose matmul returns a view made inside an autograd Function (torchao's FP8
+                # matmul, gptspeed.fp8): autograd forbids writing into it, so the mask makes a new
+                # tensor (under torch.compile it fuses into the loss's read of the logits).
+                padding = torch.arange(self.config.vocab_size, device=logits.device) >= valid
+                return logits.masked_fill(padding, float("-inf"))
             # In-place on the matmul output: costs a write of the padded columns only
             # (B*T*47 elements at 50304), and the matmul's backward does not need its output.
-            logits[..., self.config.valid_vocab_size :] = float("-inf")
+            logits[..., valid:] = float("-inf")
         return logits
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, pos: torch.Tensor | None = None,

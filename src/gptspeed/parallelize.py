@@ -99,10 +99,11 @@ def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int,
 
 
 def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "model", compile_tuning: str = "default",
-                activation_checkpointing: str = "none", fp8: bool = False,
+                activation_checkpointing: str = "none", fp8: bool = False, fp8_lm_head: bool = False,
                 backend: str = "inductor") -> torch.nn.Module:
     """Move ``model`` to the device and apply, from outside, in this order: FP8 Linear layers
-    (``fp8``, :func:`gptspeed.fp8.convert_to_float8`), activation checkpointing per block
+    (``fp8``: the blocks'; ``fp8_lm_head``: the LM head; :func:`gptspeed.fp8.convert_to_float8`),
+    activation checkpointing per block
     (:func:`apply_activation_checkpointing`), data parallelism (``rt.parallel``), and compilation
     if ``rt.compile``.
 
@@ -126,15 +127,15 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
 
     Returns the module to call for training and evaluation; the original ``model`` (same
     parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
-    for ``fp8`` on a device without FP8 tensor cores or an unknown option.
+    for ``fp8`` or ``fp8_lm_head`` on a device without FP8 tensor cores or an unknown option.
     """
     if compile_mode not in COMPILE_MODES:  # a library caller's typo; a RunConfig was validated where built
         raise GptspeedError(f"--compile-mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
-    if fp8:
+    if fp8 or fp8_lm_head:
         from gptspeed.fp8 import check_fp8_device, convert_to_float8
 
-        check_fp8_device(rt.device)
-        convert_to_float8(model)
+        check_fp8_device(rt.device) if fp8 else check_fp8_device(rt.device, "--fp8-lm-head")
+        convert_to_float8(model, blocks=fp8, lm_head=fp8_lm_head)
     if any(p.device != rt.device for p in model.parameters()):
         model.to(rt.device)
     apply_matmul_precision(rt)

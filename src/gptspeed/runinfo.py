@@ -45,7 +45,8 @@ def banner(cfg: RunConfig, rt: Runtime, derived: dict[str, Any], *, malloc_reaso
     what = [f"gptspeed: {derived['params'] / 1e6:.2f}M parameters", f"{environment(rt.device)['device']} ({rt.device})",
             rt.dtype, f"compile {r.compile_mode + ' ' + r.compile_tuning if rt.compile else 'off'}",
             f"{cfg.optim.optimizer}{' (fused AdamW)' if derived['fused_adamw'] else ''}"]
-    what += ["fp8"] if r.fp8 else []
+    what += ["fp8"] if r.fp8 else []  # the blocks' Linear layers large enough to gain (gptspeed.fp8)
+    what += ["fp8 lm_head"] if r.fp8_lm_head else []
     what += [f"sdpa {r.sdpa_backend}"] if r.sdpa_backend != "auto" else []
     what += [f"activation checkpointing {r.activation_checkpointing}",
              f"B={B} T={T} x {derived['grad_accum_steps']} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")

@@ -28,7 +28,7 @@ import torch
 from gptspeed.config import RunConfig
 from gptspeed.distributed import grad_sync_control
 from gptspeed.errors import GptspeedError
-from gptspeed.loss import liger_problem
+from gptspeed.loss import liger_problem, resolve_loss
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer, optimizer_spec
@@ -201,18 +201,23 @@ def compile_toolchain_problem(device_type: str, env: dict[str, str] | None = Non
 
 def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
     """Every rule of the step that needs the resolved runtime, as one-line GptspeedErrors: CUDA graphs
-    with gradient accumulation (:func:`gptspeed.parallelize.check_cuda_graphs`), FP8 without torchao or
-    on a device without FP8 tensor cores, Muon with a GradScaler, and torch.compile on a GPU
+    with gradient accumulation (:func:`gptspeed.parallelize.check_cuda_graphs`), FP8 (``--fp8``,
+    ``--fp8-lm-head``) without torchao or on a device without FP8 tensor cores, ``--fp8-lm-head``
+    with a loss that resolves to a path other than plain on this device
+    (:func:`gptspeed.fp8.check_fp8_lm_head_loss`), Muon with a GradScaler, and torch.compile on a GPU
     without triton, a C compiler or Python's headers (:func:`compile_toolchain_problem`). The
     configuration's own rules are :meth:`RunConfig.validate`'s, checked where it is built."""
     r = cfg.runtime
     check_cuda_graphs(rt, r.compile_tuning, accum, cfg.train.batch_size * cfg.model.block_size * rt.world_size)
-    if r.fp8:
+    if r.fp8 or r.fp8_lm_head:
+        flag = "--fp8" if r.fp8 else "--fp8-lm-head"
         if importlib.util.find_spec("torchao") is None:
-            raise GptspeedError("--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'")
-        from gptspeed.fp8 import check_fp8_device
+            raise GptspeedError(f"{flag} needs torchao, which is not installed: pip install 'gptspeed[fp8]'")
+        from gptspeed.fp8 import check_fp8_device, check_fp8_lm_head_loss
 
-        check_fp8_device(rt.device)
+        check_fp8_device(rt.device) if r.fp8 else check_fp8_device(rt.device, flag)
+        if r.fp8_lm_head:
+            check_fp8_lm_head_loss(cfg.model.loss, resolve_loss(cfg.model.loss, rt.device_type), rt.device_type)
     if cfg.model.loss == "liger" and (problem := liger_problem(rt.device_type)):
         raise GptspeedError(problem)
     if rt.use_grad_scaler and not optimizer_spec(cfg.optim.optimizer).grad_scaler:
@@ -255,7 +260,8 @@ class TrainStep:
             torch.set_num_threads(r.threads)
         self.model = build_model(cfg, rt) if model is None else model
         self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
-                                       activation_checkpointing=r.activation_checkpointing, fp8=r.fp8, backend=backend)
+                                       activation_checkpointing=r.activation_checkpointing, fp8=r.fp8,
+                                       fp8_lm_head=r.fp8_lm_head, backend=backend)
         self.sync = grad_sync_control(self.train_model)
         optim = cfg.optim
         if rt.parallel == "fsdp" and rt.use_grad_scaler:
@@ -397,7 +403,8 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
     settings = {"model": dataclasses.asdict(cfg.model), "dtype": rt.dtype, "compile": rt.compile,
                 "optimizer": cfg.optim.optimizer, "world_size": rt.world_size, "parallel": rt.parallel,
                 "compile_mode": r.compile_mode, "compile_tuning": r.compile_tuning,
-                "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "sdpa_backend": r.sdpa_backend}
+                "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "fp8_lm_head": r.fp8_lm_head,
+                "sdpa_backend": r.sdpa_backend}
     b = resolve_auto_batch(rt.device, settings, sequences, make_step, say=say, agree=lambda v: agree_min(rt, v))
     reset_peak_memory(rt.device)
     return b

@@ -32,6 +32,9 @@ SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the tok
 # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere); liger = Liger-Kernel's fused
 # linear + cross-entropy (CUDA only)
 LOSSES = ("auto", "fused", "plain", "liger")
+# --residual-dtype: the dtype of the residual stream between the blocks under bf16 autocast (fp32, or bf16 as the
+# modded-nanogpt speedrun keeps its whole stream)
+RESIDUAL_DTYPES = ("float32", "bfloat16")
 
 # --optimizer: the names of gptspeed.optim.OPTIMIZERS, whose register_optimizer appends here (each entry there
 # says how it is built, whether it skips a non-finite step on the device, takes a GradScaler, its verify tolerance)
@@ -98,6 +101,11 @@ class GPTConfig:
     loss: str = _f("auto", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full "
                    "logits) | plain | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)",
                    choices=LOSSES)
+    residual_dtype: str = _f("float32", "float32 | bfloat16: the residual stream between the blocks under bf16 "
+                             "autocast (bfloat16: the embeddings' sum cast once, so every residual add and every "
+                             "activation saved along the stream is bf16, half the bytes; as the modded-nanogpt "
+                             "speedrun); bfloat16 needs --dtype bfloat16 (or auto resolving to it)",
+                             choices=RESIDUAL_DTYPES)
     softmax: str = _f("full", "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
                       "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
                       "it have probability 0)", choices=SOFTMAXES, run_defining=True)
@@ -412,6 +420,9 @@ class RunConfig:
             from gptspeed.fp8 import check_fp8_lm_head  # imports torch: only when --fp8-lm-head is asked for
 
             check_fp8_lm_head(t.batch_size, self.model.block_size, self.model)
+        if self.model.residual_dtype == "bfloat16" and r.dtype not in ("auto", "bfloat16"):
+            raise GptspeedError(f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {r.dtype}: use "
+                                "--dtype bfloat16, or --residual-dtype float32")
         parse_log_to(t.log_to)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "

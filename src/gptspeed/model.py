@@ -10,12 +10,14 @@ The switches of :class:`GPTConfig` the modded-nanogpt speedrun and its kin use, 
 rotary position embeddings (``pos_emb="rope"``; Su et al. 2021), RMS-normalised queries and keys
 (``qk_norm``; Dehghani et al. 2023), ReLU² (``mlp="relu2"``; So et al. 2021), RMSNorm
 (``norm="rmsnorm"``; Zhang & Sennrich 2019), an untied LM head, zero-initialised output
-projections, tanh logit soft-capping (``logit_softcap``; Gemma 2) and attention that never crosses
-``<|endoftext|>`` (``doc_mask``).
+projections, tanh logit soft-capping (``logit_softcap``; Gemma 2), attention that never crosses
+``<|endoftext|>`` (``doc_mask``), and a bf16 residual stream under bf16 autocast
+(``residual_dtype="bfloat16"``, :meth:`GPT.hidden_states`).
 
 Sources: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", and OpenAI's
-``gpt-2/src/model.py``; layout as in nanoGPT. This module knows nothing of devices, precision,
-compilation or parallelism: :mod:`gptspeed.runtime` applies those from outside.
+``gpt-2/src/model.py``; layout as in nanoGPT. This module knows nothing of devices, precision
+(beyond the residual stream's dtype under an autocast set by its caller), compilation or
+parallelism: :mod:`gptspeed.runtime` applies those from outside.
 """
 
 from __future__ import annotations
@@ -325,7 +327,15 @@ class GPT(nn.Module):
                       kv: KVCache | None = None) -> torch.Tensor:
         """Final-LayerNorm output ``(B, T, C)`` for token ids ``idx`` ``(B, T)`` at positions ``pos``
         (``(B, T)`` or ``(T,)``, default ``0 .. T-1``), through the cache ``kv`` if given. Called
-        by :meth:`forward`; call it directly only on an unwrapped model."""
+        by :meth:`forward`; call it directly only on an unwrapped model.
+
+        The residual stream ``x`` between the blocks is fp32 (the embeddings' dtype; under autocast
+        each block's output, bf16, is added to it in fp32), or, with ``residual_dtype="bfloat16"``
+        under bf16 autocast, bf16: the embeddings' sum is cast once, so every residual add and every
+        tensor saved for backward along the stream holds half the bytes (the modded-nanogpt
+        speedrun keeps its whole residual stream in bf16). Outside bf16 autocast (an fp32
+        evaluation or sampling of such a run) the stream stays fp32: the weights are fp32 and
+        nothing would multiply a bf16 input."""
         c = self.config
         B, T = idx.shape
         if T > c.block_size:
@@ -335,12 +345,20 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, C)
         if c.pos_emb == "learned":
             x = x + self.transformer.wpe(pos)
+        if c.residual_dtype == "bfloat16" and self._bf16_autocast(x):
+            x = x.to(torch.bfloat16)  # once: every residual add below, and what it saves for backward, is bf16
         rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta) if c.pos_emb == "rope" else None
         mask = self.attention_mask(idx, kv) if c.doc_mask else None
         extra = (kv, rope, mask) if (kv, rope, mask) != (None, None, None) else ()
         for block in self.transformer.h:
             x = block(x, *extra)
         return self.transformer.ln_f(x)  # (B, T, C)
+
+    @staticmethod
+    def _bf16_autocast(x: torch.Tensor) -> bool:
+        """Whether bf16 autocast is on for ``x``'s device type (``torch.compile`` guards on it)."""
+        kind = x.device.type
+        return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16
 
     def attention_mask(self, idx: torch.Tensor, kv: KVCache | None = None):
         """``doc_mask``: FlexAttention's block mask for a training window on CUDA (the documents'

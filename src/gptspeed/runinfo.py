@@ -47,6 +47,7 @@ def banner(cfg: RunConfig, rt: Runtime, derived: dict[str, Any], *, malloc_reaso
             f"{cfg.optim.optimizer}{' (fused AdamW)' if derived['fused_adamw'] else ''}"]
     what += ["fp8"] if r.fp8 else []  # the blocks' Linear layers large enough to gain (gptspeed.fp8)
     what += ["fp8 lm_head"] if r.fp8_lm_head else []
+    what += ["residual bf16"] if cfg.model.residual_dtype == "bfloat16" else []
     what += [f"sdpa {r.sdpa_backend}"] if r.sdpa_backend != "auto" else []
     what += [f"activation checkpointing {r.activation_checkpointing}",
              f"B={B} T={T} x {derived['grad_accum_steps']} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")

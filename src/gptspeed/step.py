@@ -204,7 +204,8 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
     with gradient accumulation (:func:`gptspeed.parallelize.check_cuda_graphs`), FP8 (``--fp8``,
     ``--fp8-lm-head``) without torchao or on a device without FP8 tensor cores, ``--fp8-lm-head``
     with a loss that resolves to a path other than plain on this device
-    (:func:`gptspeed.fp8.check_fp8_lm_head_loss`), Muon with a GradScaler, and torch.compile on a GPU
+    (:func:`gptspeed.fp8.check_fp8_lm_head_loss`), ``--residual-dtype bfloat16`` where the
+    resolved dtype is not bf16, Muon with a GradScaler, and torch.compile on a GPU
     without triton, a C compiler or Python's headers (:func:`compile_toolchain_problem`). The
     configuration's own rules are :meth:`RunConfig.validate`'s, checked where it is built."""
     r = cfg.runtime
@@ -218,6 +219,10 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
         check_fp8_device(rt.device) if r.fp8 else check_fp8_device(rt.device, flag)
         if r.fp8_lm_head:
             check_fp8_lm_head_loss(cfg.model.loss, resolve_loss(cfg.model.loss, rt.device_type), rt.device_type)
+    if cfg.model.residual_dtype == "bfloat16" and rt.autocast_dtype is not torch.bfloat16:
+        why = f" ({rt.dtype_reason})" if rt.dtype_reason else ""
+        raise GptspeedError(f"--residual-dtype bfloat16 needs bf16 autocast; this run computes in {rt.dtype}{why}: use "
+                            "--dtype bfloat16, or --residual-dtype float32")
     if cfg.model.loss == "liger" and (problem := liger_problem(rt.device_type)):
         raise GptspeedError(problem)
     if rt.use_grad_scaler and not optimizer_spec(cfg.optim.optimizer).grad_scaler:

@@ -89,7 +89,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
                                             "vocab_size": 50304, "fused_adamw": True, "loss": "fused",
                                             "batch_auto": False, "fp8": False, "optimizer": "adamw",
                                             "compile_mode": "model", "compile_tuning": "default",
-                                            "sdpa_backend": "auto"}
+                                            "sdpa_backend": "auto", "fp8_lm_head": False, "residual_dtype": "float32"}
     assert rows["compile"]["settings"] == {**rows["fused-ce"]["settings"], "attention": "manual", "vocab_size": 50257,
                                            "fused_adamw": False, "loss": "plain"}  # planned though not run
     assert rows["fused-ce"]["compile"] is True and rows["baseline"]["compile"] is False
@@ -353,7 +353,8 @@ def test_a_rung_is_a_change_of_settings_checked_as_a_config_files_are():
     assert next(st for st in STAGES if st.name == "batch-auto").delta == {"batch_size": 0}  # --batch-size auto
     assert record(baseline_with(batch_size="auto"))["batch_auto"] is True and record(BASELINE)["batch_auto"] is False
     assert list(record(BASELINE)) == ["dtype", "compile", "attention", "vocab_size", "fused_adamw", "loss", "batch_auto",
-                                      "fp8", "optimizer", "compile_mode", "compile_tuning", "sdpa_backend"]
+                                      "fp8", "optimizer", "compile_mode", "compile_tuning", "sdpa_backend",
+                                      "fp8_lm_head", "residual_dtype"]
 
 
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):

@@ -216,7 +216,8 @@ def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_
     rungs = {r["name"]: r for r in result["rungs"]}
     assert rungs["batch-auto"]["verdict"] == "verified" and rungs["batch-auto"]["reference"] == "baseline"
     names = [name for name, _, _ in ran]
-    assert names[:2] == ["baseline", "baseline-muon"] and "max-autotune-no-cudagraphs" in names and len(names) == 17
+    assert names[:2] == ["baseline", "baseline-muon"] and "max-autotune-no-cudagraphs" in names and len(names) == 19
+    assert {"fp8-lm-head", "bf16-residual"} <= set(names)  # the extras of --fp8-lm-head and --residual-dtype
     caches = {cache for _, cache, _ in ran}
     assert len(caches) == 1 and all(existed for _, _, existed in ran)  # one cache, there while the rungs ran
     assert not next(iter(caches)).exists()  # and removed afterwards

@@ -63,7 +63,7 @@ def baseline_with(**changes: Any) -> dict[str, Any]:
 #   1e-2 for both, i.e. 0.1 nats at a loss of 10. Mixed-precision loss curves are reported to track
 #   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps
 #   (emulated bf16). How sharp that is: benchmarks/README.md, "bench --verify".
-# - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls: 2e-2.
+# - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls or the LM head's: 2e-2.
 # - an optimizer may hold its rungs to a looser tolerance of its own (gptspeed.optim.OptimizerSpec.verify_rtol):
 #   Muon orthogonalises its update with Newton-Schulz iterations in bf16, which turns summation-order
 #   differences into bf16 rounding differences, so it declares bf16's 1e-2 whatever the rung's dtype
@@ -74,10 +74,11 @@ LOSS_RTOL = {"float32": 1e-4, "tf32": 2e-3, "bfloat16": 1e-2, "float16": 1e-2, "
 
 def loss_rtol(settings: dict[str, Any], updates: bool = True) -> float:
     """The relative loss tolerance (:data:`LOSS_RTOL`) for a rung with these settings (a rung's, or
-    a row's :func:`record`): the loosest of its dtype's, fp8's when ``fp8`` is on and, when the
-    compared losses follow optimizer steps (``updates``), its optimizer's own ``verify_rtol``."""
+    a row's :func:`record`): the loosest of its dtype's, fp8's when ``fp8`` or ``fp8_lm_head`` is on
+    and, when the compared losses follow optimizer steps (``updates``), its optimizer's own
+    ``verify_rtol``."""
     rtol = LOSS_RTOL.get(settings.get("dtype", "float32"), LOSS_RTOL["bfloat16"])
-    if settings.get("fp8"):
+    if settings.get("fp8") or settings.get("fp8_lm_head"):
         rtol = max(rtol, LOSS_RTOL["fp8"])
     spec = OPTIMIZERS.get(settings.get("optimizer", FIELDS["optimizer"].default))
     if updates and spec is not None and spec.verify_rtol is not None:
@@ -215,6 +216,12 @@ SEED_STAGES = STAGE_NAMES[:STAGE_NAMES.index("fused-adamw") + 1]
 ALL_STAGES = "all"  # --stages all: every rung
 
 
+def _bf16_cuda(device: torch.device, compile_backend: str) -> str | None:
+    if device.type != "cuda":
+        return f"a bf16 residual stream on CUDA's default settings needs CUDA; not {device.type}"
+    return _bf16(device, compile_backend)
+
+
 def _fp16(device: torch.device, compile_backend: str) -> str | None:
     if device.type != "cuda":
         return (f"float16 autocast + GradScaler is the path of CUDA GPUs without bf16 (V100, T4); "
@@ -238,6 +245,13 @@ VERIFY_EXTRAS: tuple[Stage, ...] = (
     Stage("max-autotune-no-cudagraphs", "fused-ce's settings, torch.compile mode max-autotune-no-cudagraphs",
           {"compile": True, "compile_tuning": "max-autotune-no-cudagraphs"}, _cuda_compile_tuning,
           source="torch.compile docs", base="fused-ce"),
+    # the LM head is the largest matmul (768 x 50304 at 124M); fused-adamw's settings call it (--loss plain)
+    Stage("fp8-lm-head", "fused-adamw's settings (CUDA's default) with an FP8 LM head (--fp8-lm-head)",
+          {"fp8_lm_head": True}, _fp8, source="torchao float8 training; modded-nanogpt speedrun (FP8 head)",
+          base="fused-adamw"),
+    Stage("bf16-residual", "fused-adamw's settings (CUDA's default) with a bf16 residual stream "
+          "(--residual-dtype bfloat16)", {"residual_dtype": "bfloat16"}, _bf16_cuda,
+          source="modded-nanogpt speedrun (bf16 residual stream)", base="fused-adamw"),
 )
 VERIFY_EXTRA_NAMES = tuple(s.name for s in VERIFY_EXTRAS)
 # Every setting a rung changes, in the order the rungs first change it: what a row records (:func:`record`)

@@ -27,11 +27,11 @@ if _name:  # written by tests/cut_short.py: the row, rung or train process named
     import gptspeed.bench.verify_worker as _verify_worker
     import gptspeed.bench.worker as _worker
     def _wrap(real):
-        def build_row(spec, rt):
+        def build_row(spec, rt, *rest):
             if spec.name == _name:
                 print("sleeping instead of building", spec.name, flush=True)
                 time.sleep(600)
-            return real(spec, rt)
+            return real(spec, rt, *rest)
         return build_row
     _worker.build_row = _wrap(_worker.build_row)
     _verify_worker.build_row = _wrap(_verify_worker.build_row)

@@ -250,3 +250,30 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
                       "--device", "cpu", "--eval-every", "0", "--eval-tokens", "1024")
     assert trained.returncode == 0, trained.stderr
     assert (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_softmax_data_row_covers_the_ids_of_its_data_as_train_does(shakespeare_data):
+    """``--softmax data`` (the nano preset's) in a bench row: the head covers the data's ids, as
+    ``train`` sets them, not all 50,257 (which would time a 4x larger head than the run has)."""
+    import dataclasses
+
+    from gptspeed.bench.verify_worker import verify_stage
+    import numpy as np
+    import torch
+
+    from gptspeed.bench.worker import StageSpec, SyntheticLoader
+    from gptspeed.data.train_data import find_train_data
+
+    base = StageSpec(name="r", settings={"dtype": "float32", "compile": False, "softmax": "data"}, n_layer=1, n_head=2,
+                     n_embd=32, seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu", mode="verify",
+                     synthetic="phrases")
+    full = verify_stage(dataclasses.replace(base, settings={"dtype": "float32", "compile": False}))
+    phrases = verify_stage(base)
+    synthetic = SyntheticLoader(2, 16, 3, base.seed, torch.device("cpu"), "phrases")  # the row's own batches
+    on_data = verify_stage(dataclasses.replace(base, data=str(shakespeare_data)))
+    per_id = 6 * 32  # the head's FLOPs per token per vocabulary row (6 x n_embd)
+    used = len(np.unique(synthetic.tokens))
+    assert 0 < used < 512  # the phrases' ids that occur in the row's tokens
+    assert full["flops_per_token"] - phrases["flops_per_token"] == per_id * (50304 - used)
+    ids = len(find_train_data(str(shakespeare_data)).token_ids())
+    assert full["flops_per_token"] - on_data["flops_per_token"] == per_id * (50304 - ids)

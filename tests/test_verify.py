@@ -39,13 +39,13 @@ if os.environ.get("GPTSPEED_TEST_FAULTS"):  # written by tests/test_verify.py: m
     import gptspeed.bench.verify_worker as verify_worker
     faults = json.loads(os.environ["GPTSPEED_TEST_FAULTS"])
     real_build_row = verify_worker.build_row
-    def build_row(spec, rt):
+    def build_row(spec, rt, *rest):
         fault = faults.get(spec.name)
         if fault == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by a test)")
         if fault == "crash":
             raise RuntimeError("injected crash")
-        return real_build_row(spec, rt)
+        return real_build_row(spec, rt, *rest)
     verify_worker.build_row = build_row
 '''
 

@@ -72,7 +72,7 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     feed = iter(batches)
     reset_peak_memory(rt.device)  # the peak is the training's, not the batches' loading
     watch = CompileWatch() if rt.compile else None
-    train, flops_per_token = build_row(spec, rt)
+    train, flops_per_token = build_row(spec, rt, loader)
     skipped: list[torch.Tensor] = []
 
     def one_step() -> torch.Tensor:

@@ -189,17 +189,31 @@ def run_config(spec: StageSpec) -> RunConfig:
     return cfg
 
 
-def build_row(spec: StageSpec, rt: Runtime) -> tuple[TrainStep, int]:
+def data_token_ids(spec: StageSpec, loader) -> np.ndarray:
+    """The token ids a row's data holds (sorted int64), for ``--softmax data`` as ``train`` sets them: a
+    prepared folder's train and val shards (:meth:`gptspeed.data.train_data.TrainData.token_ids`), or
+    the ids of the synthetic ``loader``."""
+    if spec.data is not None:
+        from gptspeed.data.train_data import find_train_data
+
+        return find_train_data(spec.data).token_ids()
+    return np.unique(loader.tokens).astype(np.int64)
+
+
+def build_row(spec: StageSpec, rt: Runtime, loader=None) -> tuple[TrainStep, int]:
     """A row's training step -- a :class:`gptspeed.step.TrainStep` built from :func:`run_config`, as
     ``gptspeed train`` builds it, every rule checked -- and its model FLOPs per token. Every row
     starts from the same initial weights (:func:`init_gpt`); the peer row trains transformers'
-    GPT-2 holding them (:func:`build_hf_gpt2`)."""
+    GPT-2 holding them (:func:`build_hf_gpt2`). With ``--softmax data`` the head covers the ids of
+    the row's data (:func:`data_token_ids`; ``loader`` is the row's, for synthetic data)."""
     cfg = run_config(spec)
     if spec.kind == PEER_KIND:
         model = _HFForward(build_hf_gpt2(cfg.model, spec.seed))
         fpt = init_gpt(dataclasses.replace(cfg.model, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(spec.seq_len)
     else:
         model = init_gpt(cfg.model, spec.seed)
+        if cfg.model.softmax == "data":
+            model.set_softmax_ids(data_token_ids(spec, loader))
         fpt = model.flops_per_token(spec.seq_len)
     return TrainStep(cfg, rt, model=model, backend=spec.compile_backend), fpt
 
@@ -271,7 +285,7 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     rt = resolve_runtime(r.device, r.dtype, r.compile)
     spec = resolve_batch(spec, rt)
     loader = make_loader(spec, rt.device)
-    train, fpt = build_row(spec, rt)
+    train, fpt = build_row(spec, rt, loader)
     model, fused = train.model, train.skips_on_device
 
     def step() -> torch.Tensor:

@@ -170,8 +170,10 @@ def test_cuda_knobs_values_for_gpt2():
     assert state.sequences == 128  # B=16 x 8 of the 32 micro-batches of a 524,288-token step
     values = {k.name: k.values(state) for k in CUDA_KNOBS}
     assert values["micro-batch"] == [{"batch_size": 32}, {"batch_size": 64}, {"batch_size": 128}]
-    assert values["loss"] == [{"loss": "fused"}, {"loss": "liger"}]  # auto is plain on CUDA
-    assert values["sdpa-backend"] == [{"sdpa_backend": "flash"}, {"sdpa_backend": "cudnn"}, {"sdpa_backend": "efficient"}]
+    assert values["loss"] == [{"loss": "liger"}, {"loss": "fused"}]  # auto is plain on CUDA
+    assert values["sdpa-backend"] == [{"sdpa_backend": "cudnn"}, {"sdpa_backend": "flash"}, {"sdpa_backend": "efficient"}]
+    assert values["fp8-lm-head"] == [{"fp8_lm_head": True}] and values["residual-dtype"] == [{"residual_dtype": "bfloat16"}]
+    assert rule_refusal(state.user, {}, values["fp8-lm-head"][0]) is None  # the plain loss, vocabulary 50304
     assert values["fp8"] == [{"fp8": True}] and values["cuda-graphs"] == [{"compile_tuning": "reduce-overhead"}]
     assert values["compile-tuning"] == [{"compile_tuning": "max-autotune-no-cudagraphs"}]
     # CUDA graphs cannot accumulate: refused for the gpt2 run's 32 micro-steps, with the rule's own line
@@ -179,7 +181,10 @@ def test_cuda_knobs_values_for_gpt2():
     # a kept micro-batch is where the next knob starts
     state.best = {"batch_size": 64, "loss": "fused"}
     assert knobs_mod._micro_batch(state) == [{"batch_size": 128}]
-    assert knobs_mod._choices("loss", ("plain", "fused", "liger"))(state) == [{"loss": "plain"}, {"loss": "liger"}]
+    assert knobs_mod._choices("loss", ("plain", "liger", "fused"))(state) == [{"loss": "plain"}, {"loss": "liger"}]
+    # a kept fp32 run has no bf16 stream to try
+    state.auto = {"dtype": "float32", "compile": True}
+    assert "needs --dtype bfloat16" in knobs_mod._residual(state)
     assert "cannot accumulate gradients over 8 micro-steps" in rule_refusal(state.user, state.best,
                                                                               {"compile_tuning": "reduce-overhead"})
 

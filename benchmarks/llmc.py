@@ -1,6 +1,6 @@
 """llm.c beside gptspeed, for the benchmarks (the llm.c peer rows, the loss cross-check) and
 tests/test_llmc.py: a gptspeed GPT written in llm.c's checkpoint format so llm.c's ``train_gpt2``
-trains it, llm.c's CPU trainer built and run, its GPU trainer's make line.
+trains it, llm.c's CPU trainer built and run, its GPU trainer's make line and command line.
 
 llm.c (github.com/karpathy/llm.c, ``train_gpt2.c``: ``gpt2_build_from_checkpoint`` and
 ``fill_in_parameter_sizes``) reads a file of
@@ -247,6 +247,45 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
                             + " | ".join(lines[-5:]).strip())
     return {"losses": losses, "step_ms": step_ms, "val_losses": val_losses,
             "peak_rss_bytes": rusage.ru_maxrss * 1024, "wall_s": time.perf_counter() - t0, "stdout": "\n".join(lines)}
+
+
+# --------------------------------------------------------------------- running llm.c's GPU trainer
+#: train_gpt2cu's flags an llm.c row sets itself, from the row's shape, its steps and its data (llm.c's
+#: ``main()`` reads argv left to right, a later value winning: one of these passed through would silently
+#: change what the row reads or the tokens per step its tokens/s are computed with), and where to set them
+LLMC_ROW_FLAGS = {"-i": "--data", "-j": "--data", "-e": "(a fresh GPT-2 124M, d12)", "-t": "--seq-len",
+                  "-d": "--batch-size x --accum", "-x": "--warmup + --steps"}
+
+
+def check_llmc_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
+    """``flags`` as ``train_gpt2cu`` parses them (``main()`` in llm.c's ``train_gpt2.cu``: pairs of a flag
+    of one dash and one or two letters, then its value, e.g. ``-r 0 -b 64 -ge 2``), returned as a list;
+    GptspeedError (one line) for a malformed list or a flag the row sets itself (:data:`LLMC_ROW_FLAGS`).
+    ``-b`` passes: a micro-batch of llm.c's own at the row's tokens per step (``-d``), which llm.c needs
+    to be a multiple of ``B*T``."""
+    flags = list(flags)
+    if len(flags) % 2:
+        raise GptspeedError(f"llm.c flags come in pairs (-flag value), got {' '.join(flags)!r}")
+    for flag in flags[::2]:
+        if not (flag.startswith("-") and len(flag) in (2, 3) and flag[1:].isalpha()):
+            raise GptspeedError(f"{flag!r} is not a train_gpt2cu flag (one dash, one or two letters: -r, -ge, ...)")
+        if flag in LLMC_ROW_FLAGS:
+            raise GptspeedError(f"train_gpt2cu's {flag} is set by the llm.c row itself: use {LLMC_ROW_FLAGS[flag]}")
+    return flags
+
+
+def llmc_cuda_train_command(binary: str | os.PathLike, train: str, val: str, *, batch_size: int, seq_len: int,
+                            tokens: int, steps: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The ``train_gpt2cu`` command line of an llm.c row (flags of llm.c's ``train_gpt2.cu`` ``main()``):
+    a fresh GPT-2 124M (``-e d12``) on the shards ``train``/``val`` (glob patterns), micro-batch
+    ``batch_size`` (``-b``), ``seq_len`` (``-t``), ``tokens`` per optimizer step (``-d``), ``steps``
+    steps (``-x``); validation once on one batch (``-v 1000000 -m 1``: llm.c evaluates at step 0), no
+    sampling or checkpoints (``-s 0 -n 0``); then ``extra`` (:func:`check_llmc_flags`), last, so that
+    its ``-b`` or ``-r`` wins over the defaults: e.g. ``-r 0`` (no GELU recompute) and ``-b 64``, the
+    settings of llm.c's GPT-2 124M record (``-b 64 -t 1024 -d 524288 -r 0``: 140 ms a step on 8xH100)."""
+    return [str(binary), "-e", "d12", "-i", train, "-j", val, "-b", str(batch_size), "-t", str(seq_len),
+            "-d", str(tokens), "-x", str(steps), "-v", "1000000", "-m", "1", "-s", "0", "-n", "0",
+            *check_llmc_flags(extra)]
 
 
 # ------------------------------------------------------------------- building llm.c's GPU trainer

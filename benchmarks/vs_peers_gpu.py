@@ -28,12 +28,19 @@ Rows (``--peers``, in run order):
   are carried (``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``; ``--llmc-cudnn
   auto|on|off``) -- if that build fails, again without it, and the row says so. The make line is
   recorded with the row (``build`` in the JSON, under the tables in the Markdown). ``-e d12`` (a
-  fresh GPT-2 124M), its defaults otherwise (bf16, GeLU recompute ``-r 1``); step time = its
-  printed ``X ms`` per step (CUDA events around the step).
+  fresh GPT-2 124M), the shape's ``-b -t -d``, its defaults otherwise (bf16, GeLU recompute ``-r 1``)
+  unless ``--llmc-flags`` passes its own flags through, e.g. ``--llmc-flags "-r 0"`` (no recompute, as
+  llm.c's GPT-2 124M record runs: ``-b 64 -t 1024 -d 524288 -r 0``; added last, so they win; the
+  flags the row sets itself from the shape, ``--steps`` and ``--data`` -- ``-i -j -e -t -d -x`` -- are
+  refused: :func:`llmc.check_llmc_flags`); step time = its printed ``X ms`` per step (CUDA events
+  around the step). The command line is in the JSON (``command``).
 - ``--variant 'NAME: FLAGS ENV=VALUE'``: more gptspeed rows, e.g. ``'cudnn: --sdpa-backend cudnn'``,
   ``'fused-ce: --loss fused'``, ``'fp8: --fp8'``, ``'muon: --optimizer muon'``, ``'B32: --batch-size 32
   --total-batch-tokens 65536'`` (flags after the shape's, so they override it); ``NAME=VALUE`` tokens
   set environment variables instead, e.g. ``'cd: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1'``.
+- ``--variant 'NAME: llmc FLAGS'``: another llm.c row with train_gpt2cu flags of its own after
+  ``--llmc-flags``, e.g. ``'llmc-B64: llmc -b 64'`` (llm.c's micro-batch 64 at the shape's tokens per
+  step); it shares the ``llmc`` row's build.
 
 Reported per row: median ms/step (the median of the per-round medians), each round's median, the
 min-max step, tokens/s (tokens per step / median), and the speed against the first row, round by
@@ -43,7 +50,11 @@ atomically (``complete`` false until the last), so a command cut at its limit ke
 
     python benchmarks/vs_peers_gpu.py --data DATA_DIR [--rounds 3] [--steps 20] [--warmup 8]
         [--batch-size 16] [--seq-len 1024] [--accum 4] [--peers gptspeed,nanogpt,llmc]
-        [--variant 'NAME: FLAGS'] [--json OUT.json] [--md OUT.md] [--work DIR] [--row-timeout 420]
+        [--variant 'NAME: FLAGS'] [--llmc-flags '-r 0'] [--json OUT.json] [--md OUT.md] [--work DIR]
+        [--row-timeout 420]
+
+llm.c at the settings of its record, alone, 10 timed steps: ``--peers llmc --batch-size 64 --accum 8
+--llmc-flags '-r 0' --rounds 1 --warmup 2 --steps 10`` (``-b 64 -t 1024 -d 524288 -r 0``).
 
 ``--device cpu`` with a small shape (``--n-layer 2 --n-embd 64 --n-head 2 --seq-len 64``) runs the
 gptspeed and nanoGPT rows on a CPU (fp32, no compile): the CI test of this script, not a
@@ -174,7 +185,14 @@ def prebuild_llmc(work: Path, make_flags: list[str], cudnn: str = "auto", timeou
 
 
 def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps: int, make_flags: list[str],
-                  timeout_s: float, cudnn: str = "auto") -> pc.Run:
+                  timeout_s: float, cudnn: str = "auto", llmc_flags: list[str] | tuple[str, ...] = (),
+                  env_extra: dict | None = None) -> pc.Run:
+    """One llm.c row: ``train_gpt2cu`` (built by :func:`llmc_cuda_binary`, or waited for when
+    :func:`prebuild_llmc` started it) at ``shape`` with ``llmc_flags`` last
+    (:func:`llmc.llmc_cuda_train_command`), stopped after ``warmup + steps`` step lines; the timed
+    steps' ms as llm.c prints them, its MFU per step, the command line and the build in ``info``."""
+    from llmc import llmc_cuda_train_command
+
     ahead = _PREBUILDS.pop(Path(work), None)
     if ahead is not None:  # its result (or its failure) is on disk now: the call below reads it
         ahead.exception()
@@ -184,8 +202,8 @@ def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps
         return pc.Run([], error=str(e))
     train, val = llmc_data(work, data)
     need = warmup + steps
-    cmd = [str(binary), "-e", "d12", "-i", train, "-j", val, "-b", str(shape.batch_size), "-t", str(shape.seq_len),
-           "-d", str(shape.tokens), "-x", str(need + 1), "-v", "1000000", "-m", "1", "-s", "0", "-n", "0"]
+    cmd = llmc_cuda_train_command(binary, train, val, batch_size=shape.batch_size, seq_len=shape.seq_len,
+                                  tokens=shape.tokens, steps=need + 1, extra=llmc_flags)
     got: list[tuple[int, float, float, float]] = []
     t_start, t_warm = time.perf_counter(), {}
 
@@ -197,10 +215,11 @@ def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps
                 t_warm["t"] = time.perf_counter() - t_start
         return len(got) >= need
 
-    status, rss, wall, lines = pc.run_until(cmd, cwd=binary.parent, env={**os.environ, **build["env"]},
+    status, rss, wall, lines = pc.run_until(cmd, cwd=binary.parent, env={**os.environ, **build["env"],
+                                                                        **(env_extra or {})},
                                             on_line=on_line, timeout_s=timeout_s)
     info = {"command": f"cd {binary.parent} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t"),
-            "build": build}
+            "build": build, "llmc_flags": list(llmc_flags)}
     if len(got) < need:
         return pc.Run([], error="llm.c stopped early: " + " | ".join(lines[-4:]), info=info)
     info["mfu_percent"] = [m for _, _, _, m in got[warmup:need]]
@@ -216,9 +235,27 @@ def make_shape(args) -> pc.Shape:
                     B, T, "gpt2", flags, accum=args.accum)
 
 
+def is_llmc(row: str, variants: dict) -> bool:
+    """An llm.c row: ``llmc``, or a ``--variant 'NAME: llmc FLAGS'``."""
+    return row == "llmc" or variants.get(row, ([], {}))[0][:1] == ["llmc"]
+
+
+def llmc_flags(args, row: str, variants: dict) -> list[str]:
+    """train_gpt2cu flags of an llm.c row: ``--llmc-flags``, then its variant's own."""
+    own = variants[row][0][1:] if row in variants else []
+    return [*shlex.split(getattr(args, "llmc_flags", "") or ""), *own]
+
+
 def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: dict) -> pc.Run:
     kw = dict(warmup=args.warmup, steps=args.steps)
     cpu = args.device == "cpu"
+    if is_llmc(row, variants):
+        if cpu:
+            return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/vs_peers_cpu.py runs llm.c's "
+                                    "CPU trainer)")
+        return run_llmc_cuda(shape, work, data, make_flags=shlex.split(args.llmc_make), timeout_s=args.row_timeout,
+                             cudnn=getattr(args, "llmc_cudnn", "auto"), llmc_flags=llmc_flags(args, row, variants),
+                             env_extra=variants.get(row, ([], {}))[1], **kw)
     if row == "gptspeed" or row in variants:
         extra, env = variants.get(row, ([], {}))
         flags = (["--dtype", "float32", "--no-compile"] if cpu else []) + extra
@@ -227,12 +264,6 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
     if row == "nanogpt":
         return pc.run_nanogpt(shape, work, data, not cpu, threads=os.cpu_count() or 1, device=args.device,
                               dtype="float32" if cpu else "bfloat16", timeout_s=args.row_timeout, **kw)
-    if row == "llmc":
-        if cpu:
-            return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/vs_peers_cpu.py runs llm.c's "
-                                    "CPU trainer)")
-        return run_llmc_cuda(shape, work, data, make_flags=shlex.split(args.llmc_make), timeout_s=args.row_timeout,
-                             cudnn=getattr(args, "llmc_cudnn", "auto"), **kw)
     raise SystemExit(f"unknown row {row!r}: choose from {', '.join(GPU_PEERS)} or a --variant name")
 
 
@@ -246,7 +277,7 @@ def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], vari
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             return pc.Run([], error=f"{type(e).__name__}: {str(e)[:600]}")
 
-    if "llmc" in rows and args.device == "cuda":  # nvcc on the CPU while the first rows use the GPU
+    if any(is_llmc(r, variants) for r in rows) and args.device == "cuda":  # nvcc on the CPU while the first rows train
         prebuild_llmc(work, shlex.split(args.llmc_make), getattr(args, "llmc_cudnn", "auto"), args.row_timeout)
 
     def save_partial(per_row: dict) -> None:  # what is measured so far survives a command cut off at its limit
@@ -275,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-embd", type=int, default=768)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--llmc-make", default="", help="extra make variables for train_gpt2cu, e.g. 'PRECISION=FP16'")
+    ap.add_argument("--llmc-flags", default="", metavar="'FLAGS'",
+                    help="train_gpt2cu flags for the llm.c rows, added last, e.g. '-r 0' (no GELU recompute) or "
+                         "'-r 0 -b 64'; -i -j -e -t -d -x come from --data, --seq-len, --batch-size x --accum, --steps")
     ap.add_argument("--llmc-cudnn", default="auto", choices=("auto", "on", "off"),
                     help="llm.c's cuDNN attention: auto (on when cuDNN frontend's headers are carried), on, off")
     ap.add_argument("--row-timeout", type=float, default=420.0, help="seconds one process may take")
@@ -290,6 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.variant:
         name, flags, env = pc.parse_variant(v)
         variants[name] = (flags, env)
+    from llmc import check_llmc_flags
+    from gptspeed.errors import GptspeedError
+
+    try:  # a typo in llm.c's flags: one line now, not a failed row minutes later
+        for row in ["llmc", *variants]:
+            if is_llmc(row, variants):
+                check_llmc_flags(llmc_flags(args, row, variants))
+    except GptspeedError as e:
+        ap.error(str(e))
     rows = args.peers.split(",")
     rows += [v for v in variants if v not in rows]
     shape = make_shape(args)
@@ -311,12 +354,15 @@ INCOMPLETE = "\n**Incomplete**: written after each process; the rounds still to 
 
 
 def build_lines(summary: dict) -> str:
-    """The make line each llm.c build used, under the tables (from the rows' ``build`` records)."""
-    builds = {json.dumps(e["build"], sort_keys=True): e["build"] for e in summary["runs"].get("llmc", [])
-              if e.get("build")}
+    """Under the tables: the make line each llm.c build used (from the rows' ``build`` records) and
+    each llm.c row's train_gpt2cu command (its first run's)."""
+    builds = {json.dumps(e["build"], sort_keys=True): e["build"] for entries in summary["runs"].values()
+              for e in entries if e.get("build")}
+    runs = {row: e["command"] for row, entries in summary["runs"].items() for e in entries[:1]
+            if e.get("build") and e.get("command")}
     return "".join(f"\nllm.c built with `{b['line']}` (GPU_COMPUTE_CAPABILITY {b['compute_capability'] or 'not set'}: "
                    f"{b['capability_source']}; cuDNN attention {'on' if b['cudnn'] else 'off'}: {b['cudnn_note']})\n"
-                   for b in builds.values())
+                   for b in builds.values()) + "".join(f"\n{row} ran `{cmd}`\n" for row, cmd in runs.items())
 
 
 if __name__ == "__main__":

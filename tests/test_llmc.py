@@ -27,7 +27,8 @@ from gptspeed.model import GPT, GPTConfig
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/llmc.py: llm.c beside gptspeed, for the benchmarks
 from llmc import (CUDA13_COMPAT, LLMC_B, LLMC_T, MAKEFILE_CFLAGS, build_train_gpt2, find_c_compiler,  # noqa: E402
-                  llmc_tensors, llmc_cuda_make, prepare_llmc_dir, read_llmc_checkpoint, run_train_gpt2, write_llmc_checkpoint)
+                  llmc_cuda_make, llmc_cuda_train_command, llmc_tensors, prepare_llmc_dir, read_llmc_checkpoint,
+                  run_train_gpt2, write_llmc_checkpoint)
 
 LLMC_DIR = Path(os.environ.get("GPTSPEED_LLMC_DIR", ROOT.parent / "shared" / "peers" / "llm.c"))
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=LLMC_T)
@@ -246,6 +247,24 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
         llmc_cuda_make(src, work / "other", cudnn="on", search=[])
     off = llmc_cuda_make(src, work, cudnn="off", carry=carry, search=[str(site)])
     assert off["cudnn"] is False and not any(c.startswith("USE_CUDNN") for c in off["command"])
+
+
+def test_llmc_record_settings_reach_train_gpt2cu_after_the_rows_own_flags():
+    """llm.c's GPT-2 124M record settings (-b 64 -t 1024 -d 524288 -r 0): the shape gives -b/-t/-d and
+    the passed flags come last, so -r 0 (and a -b of llm.c's own) win; each flag is one that llm.c's
+    main() parses (one dash, one or two letters, a value); those the row sets itself are refused."""
+    cmd = llmc_cuda_train_command("bin/train_gpt2cu", "d/train_*.bin", "d/val_*.bin", batch_size=64, seq_len=1024,
+                                  tokens=524288, steps=13, extra=["-r", "0", "-ge", "2"])
+    assert cmd[:15] == ["bin/train_gpt2cu", "-e", "d12", "-i", "d/train_*.bin", "-j", "d/val_*.bin", "-b", "64",
+                        "-t", "1024", "-d", "524288", "-x", "13"]
+    assert cmd[-4:] == ["-r", "0", "-ge", "2"]
+    main = (LLMC_DIR / "train_gpt2.cu").read_text() if (LLMC_DIR / "train_gpt2.cu").exists() else ""
+    for flag in ("r", "b", "t", "d", "x", "e", "i", "j", "v", "m", "s", "n"):  # what main() parses
+        assert not main or f"argv[i][1] == '{flag}'" in main, flag
+    for bad, says in ((["-t", "2048"], "--seq-len"), (["-x", "5"], "--steps"), (["-i", "x"], "--data"),
+                      (["-r"], "pairs"), (["r", "0"], "not a train_gpt2cu flag"), (["-rrr", "0"], "not a")):
+        with pytest.raises(GptspeedError, match=says):
+            llmc_cuda_train_command("b", "t", "v", batch_size=16, seq_len=1024, tokens=65536, steps=3, extra=bad)
 
 
 def _real_nvcc_version() -> tuple[str, int] | None:

@@ -128,8 +128,8 @@ FAKE_LLMC_MAKEFILE = """train_gpt2cu:
 clean:
 \trm -f train_gpt2cu
 """
-# train_gpt2cu's step line for steps 1..12, as its printf writes it
-FAKE_LLMC_TRAIN = "#!/bin/sh\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n" + \
+# train_gpt2cu's step line for steps 1..12, as its printf writes it (its arguments appended to args.txt)
+FAKE_LLMC_TRAIN = "#!/bin/sh\necho \"$*\" >> args.txt\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n" + \
     "  printf 'step %4d/12 | loss 7.000000 (+nanz)| norm 1.0000 (+nanz)| lr 6.00e-04 | 50.00 ms | 40.0%% bf16 MFU " \
     "| 300000 tok/s\\n' $i\ndone\n"
 
@@ -227,3 +227,32 @@ def test_peers_killed_mid_row_leave_valid_json_and_markdown_with_the_finished_ro
     assert rows["gptspeed"]["median_ms"] > 0 and rows["slow"] == {"error": "not run"}
     text = md.read_text()
     assert "| gptspeed | " in text and "**Incomplete**" in text
+
+
+def test_llmc_rows_pass_their_own_train_gpt2cu_flags_through(shakespeare_data, tmp_path, monkeypatch):
+    """--llmc-flags reach train_gpt2cu after the row's own flags (llm.c reads argv left to right: they
+    win), an llm.c variant adds its own after them, the row records them; the flags the row sets from
+    its shape, steps and data are refused in one line before anything runs."""
+    import shlex
+
+    from test_llmc import fake_gpu_tools
+
+    fake_gpu_tools(tmp_path, monkeypatch)
+    args, shape = fake_llmc_clone(tmp_path, monkeypatch, SLOW_LLMC_MAKEFILE, "off")
+    args.llmc_flags = "-r 0"
+    variants = {"llmc-B4": (["llmc", "-b", "4"], {})}
+    work = tmp_path / "work"
+    plain = peers_gpu.run_row("llmc", args, shape, work, shakespeare_data, variants)
+    b4 = peers_gpu.run_row("llmc-B4", args, shape, work, shakespeare_data, variants)
+    assert plain.error is None and b4.error is None and b4.step_ms == [50.0] * 3
+    ran = [shlex.split(line) for line in (work / "llm.c" / "args.txt").read_text().splitlines()]
+    assert ran[0][:12] == ["-e", "d12", "-i", ran[0][3], "-j", ran[0][5], "-b", "2", "-t", "64", "-d", "128"]
+    assert ran[0][-2:] == ["-r", "0"] and ran[1][-4:] == ["-r", "0", "-b", "4"]
+    assert plain.info["llmc_flags"] == ["-r", "0"] and b4.info["command"].endswith("-r 0 -b 4")
+    assert (work / "llm.c" / "builds.txt").read_text().splitlines() == ["built"]  # one build for both rows
+    for bad, says in (("-d 524288", "use --batch-size x --accum"), ("-r", "pairs"), ("--r 0", "not a train_gpt2cu")):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data",
+                               str(shakespeare_data), f"--llmc-flags={bad}", "--work", str(tmp_path / "w2")],
+                              capture_output=True, text=True, timeout=120, env=child_env())
+        assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
+        assert not (tmp_path / "w2" / "llm.c").exists()

@@ -161,3 +161,41 @@ def test_an_explanation_follows_its_mutant_when_mutmut_renumbers_it(tmp_path):
                                               {"gptspeed.m.x_f__mutmut_2": a, "gptspeed.m.x_f__mutmut_7": a})
     assert found == {"gptspeed.m.x_f__mutmut_2": ("equivalent", "first line"),
                      "gptspeed.m.x_f__mutmut_7": ("equivalent", "second line")} and unmatched == []
+
+
+def test_the_workdir_is_emptied_only_when_the_script_made_it(tmp_path, monkeypatch, capsys):
+    """``--workdir DIR`` used to be deleted whatever it held (``--workdir ~``: a home folder). The
+    script marks each folder it makes and empties only a marked one; any other is one line, untouched."""
+    import sys
+
+    import pytest
+
+    run = load_run_py(tmp_path)
+    theirs = tmp_path / "thesis"
+    theirs.mkdir()
+    (theirs / "chapter1.tex").write_text("years of work")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("notes")
+    for workdir in (theirs, a_file):
+        monkeypatch.setattr(sys, "argv", ["run.py", "--workdir", str(workdir), "--report-only"])
+        assert run.main() == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and str(workdir) in err, err
+        run.WORK = workdir
+        with pytest.raises(run.WorkdirRefused):
+            run.write_snapshot({"src/gptspeed/a.py": b"x = 1\n"}, fresh=True)
+    assert (theirs / "chapter1.tex").read_text() == "years of work" and sorted(p.name for p in theirs.iterdir()) == [
+        "chapter1.tex"]
+    assert a_file.read_text() == "notes"
+
+    run.WORK = tmp_path / "made"  # a folder the script makes is its own: a fresh run empties it, marker kept
+    run.write_snapshot({"src/gptspeed/a.py": b"x = 1\n"}, fresh=True)
+    (run.WORK / "mutants").mkdir()
+    run.write_snapshot({"src/gptspeed/b.py": b"y = 1\n"}, fresh=True)
+    assert sorted(p.name for p in run.WORK.iterdir()) == [".gitignore", run.MARKER, "src"]
+    assert not (run.WORK / "src/gptspeed/a.py").exists()
+    empty = tmp_path / "empty"  # an empty folder loses nothing: taken
+    empty.mkdir()
+    run.WORK = empty
+    run.write_snapshot({"src/gptspeed/a.py": b"x = 1\n"}, fresh=True)
+    assert (empty / run.MARKER).is_file() and (empty / "src/gptspeed/a.py").is_file()

@@ -137,6 +137,34 @@ def snapshot_files(worktree: bool) -> dict[str, bytes]:
     return files
 
 
+#: written into every work folder this script creates (or finds empty): it empties and deletes only a
+#: folder holding it, never one of the user's (``--workdir ~`` must not cost a home folder)
+MARKER = ".gptspeed-mutation-workdir"
+
+
+class WorkdirRefused(Exception):
+    """A ``--workdir`` this script did not make: one line, nothing touched."""
+
+
+def claim_workdir(work: Path) -> None:
+    """Make ``work`` this script's work folder, or refuse it: a new folder is created with
+    :data:`MARKER` in it, an empty one gets the marker, one holding the marker is this script's;
+    anything else -- a file, a folder of other files (an earlier tool's, the user's) -- raises
+    :class:`WorkdirRefused` before anything is written or deleted."""
+    if not os.path.lexists(work):
+        work.mkdir(parents=True)
+    elif work.is_symlink() or not work.is_dir():
+        raise WorkdirRefused(f"--workdir {work} is not a folder: name a new or empty folder for the snapshot")
+    elif not (work / MARKER).is_file():
+        entries = sorted(p.name for p in work.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+            raise WorkdirRefused(f"--workdir {work} holds files this script did not write ({shown}; no {MARKER}): it "
+                                 "empties its work folder, so it uses only one it made; name a new or empty folder "
+                                 f"(an earlier run's folder of this script: `touch {work / MARKER}`)")
+    (work / MARKER).write_text("made by tools/mutation/run.py, which empties and deletes this folder at will\n")
+
+
 def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
     """Write the snapshot to .mutation/; on --resume only files whose content changed are
     rewritten, and files gone from the snapshot are removed. A rewritten file's copy in
@@ -145,10 +173,12 @@ def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
     mutates -- on the old, mutated copy the line numbers are not the new file's, and only a few of
     its lines were mutated (hellaswag.py: 50 mutants for 404, 2026-11-27); a file it does not
     mutate would stay old. With the copy gone, mutmut copies the new file, measures it, mutates it
-    again and keeps the result of every function whose text did not change."""
-    if fresh and WORK.exists():
+    again and keeps the result of every function whose text did not change. Only a work folder of
+    this script's own is emptied or written (:func:`claim_workdir`; :class:`WorkdirRefused`)."""
+    claim_workdir(WORK)
+    if fresh:
         shutil.rmtree(WORK)
-    WORK.mkdir(exist_ok=True)
+        claim_workdir(WORK)
     (WORK / ".gitignore").write_text("*\n")
     for rel, data in files.items():
         p = WORK / rel
@@ -476,7 +506,12 @@ def main() -> int:
     ap.add_argument("--no-precheck", action="store_true",
                     help="skip the run of the selected tests on the unmutated code (which deselects the failing ones)")
     args = ap.parse_args()
-    WORK = args.workdir.resolve()
+    WORK = args.workdir.expanduser().resolve()
+    try:
+        claim_workdir(WORK)  # before anything: a folder of the user's is refused, untouched
+    except WorkdirRefused as e:
+        print(f"tools/mutation/run.py: {e}", file=sys.stderr)
+        return 2
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         ap.error(f"unknown module(s) {', '.join(unknown)}; the core modules: {', '.join(MODULES)}")

@@ -106,3 +106,58 @@ def test_unknown_panel_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gptspeed plot: error: --panels: unknown panel 'speed'")
     assert not (tmp_path / "x.png").exists()
+
+
+@needs_matplotlib
+def test_plot_never_writes_over_a_runs_or_a_data_folders_files_and_needs_force_for_any_other(tmp_path):
+    """``plot --out`` used to replace any file: a run's newest checkpoint or its metrics.jsonl (the
+    run then cannot resume). As consolidate and export-hf: never a run's or a data folder's own file,
+    not even with --force; --force for any other file that exists; a folder or a device is one line."""
+    from conftest import assert_user_error, run_main
+
+    run = write_metrics(tmp_path / "run")
+    data = tmp_path / "data"
+    data.mkdir()
+    own = {run / "config.json": b"{}", run / "ckpt_00000010.pt": b"weights", run / "ckpt_00000010.json": b"{}",
+           run / ".gptspeed.lock": b"", data / "manifest.json": b"{}", data / "train_000000.bin": b"tokens"}
+    for path, content in own.items():
+        path.write_bytes(content)
+    own[run / "metrics.jsonl"] = (run / "metrics.jsonl").read_bytes()
+    for path in own:
+        assert_user_error(run_main("plot", str(run), "--out", str(path), "--force"), "plot never writes one")
+    assert {p: p.read_bytes() for p in own} == own, "a run's or a data folder's file was written over"
+
+    other = tmp_path / "loss.png"
+    other.write_bytes(b"an earlier figure")
+    assert_user_error(run_main("plot", str(run), "--out", str(other)), "already exists: pass --force")
+    assert other.read_bytes() == b"an earlier figure"
+    assert_user_error(run_main("plot", str(run), "--out", str(tmp_path), "--force"), "is a folder")
+    if Path("/dev/null").exists():
+        assert_user_error(run_main("plot", str(run), "--out", "/dev/null", "--force"), "not a regular file")
+    assert run_main("plot", str(run), "--out", str(other), "--force").returncode == 0
+    assert other.read_bytes()[:4] == b"\x89PNG"
+    assert run_main("plot", str(run), "--out", str(run / "loss.png")).returncode == 0  # a new file beside the run's
+
+
+@needs_matplotlib
+def test_plot_of_extreme_values_and_odd_names_draws_without_a_traceback(tmp_path):
+    """NaN, Infinity, 1e308 and a 400-digit integer in metrics.jsonl (JSON from Python can hold them)
+    and a folder or title with matplotlib's mathtext ``$`` used to end in a traceback: such values
+    are left out of the curves, the names drawn as written."""
+    from conftest import run_main
+
+    run = tmp_path / "a$\\frac$"
+    run.mkdir()
+    lines = ['{"step": 0, "tokens": 0, "time_s": 0, "val_loss": 10.0}']
+    for step, v in enumerate(["NaN", "Infinity", "-Infinity", "1e308", "-1e308", "1" + "0" * 400, "true"], 1):
+        lines.append(f'{{"step": {step}, "tokens": {v}, "time_s": {v}, "train_loss": {v}, "val_loss": {v}, '
+                     f'"lr": {v}, "tokens_per_s": {v}}}')
+    lines.append('{"step": 9, "tokens": 4608, "time_s": 9.0, "train_loss": 5.0, "lr": 1e-3, "tokens_per_s": 512}')
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "x.png"
+    proc = run_main("plot", str(run), "--panels", "loss,tps,lr", "--title", "$\\frac$ 100$", "--out", str(out))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    from gptspeed.plot import _series
+
+    assert _series(read_metrics(run), "tokens", "train_loss") == ([4608.0], [5.0])

@@ -133,6 +133,8 @@ def _add_consolidate_args(s: argparse.ArgumentParser) -> None:
 def _add_plot_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl), overlaid; the legend names them")
     s.add_argument("--out", default="loss.png", help="PNG file to write")
+    s.add_argument("--force", action="store_true", help="replace an existing --out file (never a run's or a data "
+                   "folder's own file: metrics.jsonl, a checkpoint, manifest.json, ...)")
     s.add_argument("--title", default=None, help="figure title (default: none)")
     s.add_argument("--panels", default="loss", help="comma-separated panels: loss (against tokens and against wall "
                    "time), tps (training tokens/s against tokens), lr (learning rate against tokens)")
@@ -390,7 +392,7 @@ def cmd_consolidate(a: argparse.Namespace) -> int:
 def cmd_plot(a: argparse.Namespace) -> int:
     from gptspeed.plot import plot_runs
 
-    print(f"wrote {plot_runs(a.runs, a.out, title=a.title, panels=a.panels)}")
+    print(f"wrote {plot_runs(a.runs, a.out, title=a.title, panels=a.panels, force=a.force)}")
     return 0
 
 

@@ -12,6 +12,9 @@ matplotlib's Agg backend (no display).
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             continue
         if not isinstance(r, dict):
             continue
-        t = r.get("time_s")
-        if isinstance(t, (int, float)):
+        t = _number(r.get("time_s"))  # a non-finite or absurd time is left out, never added to the offset
+        if t is not None:
             if t + offset < last:  # resumed: the clock started again
                 offset = last
             r["time_s"] = last = t + offset
@@ -55,8 +58,28 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+#: the largest value drawn: float32's largest (every figure a run logs is measured in float32 or
+#: counted below 2**53); beyond it -- 1e308, a 400-digit integer -- matplotlib cannot place its ticks
+MAX_DRAWN = 3.4028234663852886e38
+
+
+def _number(v: Any) -> float | None:
+    """``v`` as a float to draw, or None: not a number (a string, a bool), not finite (NaN and
+    Infinity, which JSON from Python may hold), or beyond :data:`MAX_DRAWN`."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond float's range
+        return None
+    return f if math.isfinite(f) and abs(f) <= MAX_DRAWN else None
+
+
 def _series(records: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
-    pts = [(r[x], r[y]) for r in records if isinstance(r.get(x), (int, float)) and isinstance(r.get(y), (int, float))]
+    """The points ``(record[x], record[y])`` of the records holding both as drawable numbers
+    (:func:`_number`); the others are left out."""
+    pts = [(_number(r.get(x)), _number(r.get(y))) for r in records]
+    pts = [p for p in pts if p[0] is not None and p[1] is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -134,21 +157,60 @@ def draw_runs(run_dirs: list[str | Path], panels: str | list[str] = "loss", *, t
         ax.grid(True, alpha=0.3)
     if "lr" in axes:
         axes["lr"].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    next(iter(axes.values())).legend(fontsize=8)
+    legend = next(iter(axes.values())).legend(fontsize=8)
+    for text in legend.get_texts():  # a folder named a$\frac$ is drawn as written, not parsed as mathtext
+        text.set_parse_math(False)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, parse_math=False)
     return fig
 
 
+#: names gptspeed gives a run's files (checkpoints, seals, config.json, metrics.jsonl, the lock, the
+#: trackers') and a data folder's (manifest.json, shards, prepare's progress file and lock): never a plot's
+_DATA_NAMES = re.compile(r"^(manifest\.json|\.prepare-progress\.json|\.prepare\.lock|.*\.bin)$")
+
+
+def check_plot_target(out: str | Path, force: bool = False) -> None:
+    """Refuse a ``plot --out`` that would lose a file, before anything is drawn: the name of a
+    run's or a data folder's own file (``metrics.jsonl``, ``ckpt_00000100.pt``, ``manifest.json``,
+    a ``.bin`` shard, ...: even with ``force``), a folder, something that is not a regular file
+    (``/dev/null``, a FIFO: even with ``force``), or an existing file without ``force`` (as
+    ``consolidate`` and ``export-hf`` refuse). A symbolic link is replaced itself, never its target.
+
+    Raises:
+        GptspeedError: one line naming ``out`` and what to do.
+    """
+    import stat
+
+    from gptspeed.checkpoint.paths import OWN_NAMES, STALE_NAMES
+
+    out = Path(out)
+    if OWN_NAMES.match(out.name) or STALE_NAMES.match(out.name) or _DATA_NAMES.match(out.name):
+        raise GptspeedError(f"--out {out}: {out.name!r} is the name of a run's or a data folder's own file; plot "
+                            "never writes one, even with --force: name a .png (e.g. loss.png)")
+    if not os.path.lexists(out):
+        return
+    if out.is_dir() and not out.is_symlink():
+        raise GptspeedError(f"--out {out} is a folder: name the PNG file to write (e.g. {out / 'loss.png'})")
+    if not out.is_symlink() and not stat.S_ISREG(out.lstat().st_mode):
+        raise GptspeedError(f"--out {out} is not a regular file (a device, a FIFO, a socket): plot never replaces "
+                            "it, even with --force; name a .png")
+    if not force:
+        raise GptspeedError(f"--out {out} already exists: pass --force to replace it, or name another file")
+
+
 def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None,
-              panels: str | list[str] = "loss") -> Path:
+              panels: str | list[str] = "loss", force: bool = False) -> Path:
     """Draw ``run_dirs``'s curves (:func:`draw_runs`: ``panels`` from ``loss``, ``tps``, ``lr``)
-    into the PNG ``out`` (written to a temporary file, then renamed). Returns ``out``.
+    into the PNG ``out`` (written to a temporary file, then renamed). ``out`` is checked first
+    (:func:`check_plot_target`): an existing file is replaced only with ``force``, and never a
+    run's or a data folder's own file. Returns ``out``.
 
     Raises:
         GptspeedError: a run without metrics (see :func:`read_metrics`), an unknown panel,
-            matplotlib missing, or ``out`` not writable.
+            matplotlib missing, an ``out`` refused, or not writable.
     """
+    check_plot_target(out, force)
     fig = draw_runs(run_dirs, panels, title=title)
     import matplotlib.pyplot as plt
 

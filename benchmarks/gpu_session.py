@@ -1,59 +1,50 @@
-"""Issues 20 and 30 on a lent GPU machine: the GPU work as phases that each end within one device command.
+"""A lent GPU's 15-minute window: everything it should measure, in two prepared device commands.
 
-A lent machine gives a session about 30 minutes of device time, at most 10 per command, and no
-network. Each phase runs its parts one after another, each part under a timeout cut to what is left
-of the command's budget (``--budget-s``, default 560 s, shared by the phases named in one command),
-and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``);
-the benches and the peers write their JSON and Markdown after every row, so a command stopped at
-its limit -- or a part stopped at its timeout -- still brings back every finished row;
-``summary.json`` in each archive lists the parts, their commands, status and seconds. Run from the
-project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5 nvidia-cudnn-frontend==1.32.0``
-here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py PHASE [PHASE ...]``.
-
-The documented commands (:data:`COMMANDS`), in order of value -- the default's speed and the peers
-first -- each planned to end within ~8 minutes by :data:`ESTIMATES` (``--plan`` prints them):
+GPU time comes in windows of 15 minutes of device time a session (the machine's start, 1-2 minutes,
+included; at most 10 minutes a command; the machine goes back when idle), and only some sessions get
+one. So the window runs two commands back to back, each planned to end within 6 minutes by
+:data:`ESTIMATES` (``--plan`` prints them with what they rest on), each a phase of this script:
 
 ==========  ==============================================================================================
-command     what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg prepared from .carry)
+command     what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg; nothing measured on
+            2026-11-27 -- nanoGPT, the seeds' rungs, verify, resume -- is run again)
 ==========  ==============================================================================================
-peers       ``benchmarks/vs_peers_gpu.py``: gptspeed's default ``train`` vs nanoGPT (compile) vs llm.c's
-            ``train_gpt2cu`` (built for this GPU, cuDNN attention when carried), 2 interleaved rounds,
-            65,536 tokens per step
-verify      ``gptspeed bench --verify``: the default rung set (the seeds' rungs, fp32 .. fused AdamW:
-            ``train``'s default switches one at a time), 2 micro-batches per step
-first       the machine (nvidia-smi, gcc, Python.h, versions); ``gptspeed train --preset gpt2`` for 50 steps
-            with an eval and a checkpoint every 25; the same run stopped by SIGINT after step 30 and
-            ``--resume``-d to 50 (its losses against the uninterrupted run's); ``gptspeed sample``
-ladder      ``gptspeed bench --ladder`` of the seeds' rows at B=16: fp32 -> TF32 -> bf16 -> compile ->
-            flash -> vocab 50304 -> fused AdamW (a fresh compile cache per row: warm-up = its compile)
-cudatests   ``pytest -m cuda`` in three parts: the one-GPU NCCL DDP step first, then every other
-            ``cuda`` test but the verify one, then ``bench --verify`` on CUDA at a small shape
-profile     ``benchmarks/gpu_loss_paths.py`` (the LM-head loss alone: plain, compiled, gptspeed's fused,
-            Liger-Kernel's when carried), then ``gptspeed bench --profile fused-adamw`` (the default)
-verify2     ``bench --verify`` of the rungs beyond the default: fused loss, ``--batch-size auto``, FP8, Muon
-verify3     the same: per-block compile, fp16, fp16 + fused loss, cuDNN attention
-verify4     the same: ``max-autotune-no-cudagraphs`` (inductor's matmul search: the longest compile)
-verify5     the same with ``--grad-accum 1``: the CUDA-graph modes ``reduce-overhead`` and ``max-autotune``
-            (refused with accumulation)
-beyond      ``benchmarks/vs_peers_gpu.py --peers gptspeed`` with one switch each from the default, 2 rounds:
-            cuDNN attention, the fused loss
-beyond2     the same: the largest micro-batch (``--batch-size auto``), FP8
-beyond3     the same: Muon, per-block compile
-beyond4     the same: inductor's coordinate-descent tuning, cuDNN attention with the largest micro-batch
+window1     ``benchmarks/vs_peers_gpu.py``: gptspeed's default (B=16 x 4) and its B=64 form (``--batch-size 64
+            --total-batch-tokens 65536``) against llm.c's ``train_gpt2cu`` (B=16, ``-r 0``), 65,536 tokens
+            a step, 2 interleaved rounds (llm.c built in the background while the first rows compile);
+            then llm.c alone at the settings of its record (``-b 64 -t 1024 -d 524288 -r 0``, 10 timed
+            steps); then ``gptspeed bench --profile fused-adamw`` (the default step): the trace, the top
+            kernels and the step's time by category (``profile-fused-adamw-breakdown.json`` / ``.md``)
+window2     ``gptspeed bench --tune --preset gpt2``: the fastest configuration of the default run that trains
+            the same, found on this GPU, one change at a time (``--budget-s`` 300, cut to what is left)
 ==========  ==============================================================================================
 
-One lease holds about three commands (``peers``; ``verify``; ``first``), the next ``ladder``;
-``cudatests``; ``profile``, and so on down the list. The minutes are estimates until a GPU has run
-them. ``--smoke`` runs a phase on the CPU at the pico shape, for the tests: it checks the
-orchestration, not the GPU.
+Each phase runs its parts one after another, each part under a timeout cut to what is left of the
+command's budget (``--budget-s``, default :data:`BUDGET_S`, shared by the phases named in one
+command), and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz``
+(``--out``); the benches and the peers write their JSON and Markdown after every row, so a command
+stopped at its limit -- or a part stopped at its timeout -- still brings back every finished row;
+``summary.json`` in each archive lists the parts, their commands, status and seconds. A file too big
+for the archive (a profiler trace, over :attr:`Session.in_archive_max`) comes back beside it,
+gzipped, when that fits the device's limit on a returned file, and is listed as left out when not.
+Run from the project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5
+nvidia-cudnn-frontend==1.32.0`` here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py
+window1`` (then ``window2``): :data:`COMMANDS`, docs/gpus.md.
+
+The older phases (``peers verify first ladder cudatests profile verify2..6 beyond..beyond4``, each
+planned for ~8 minutes of a 30-minute lease) stay available with ``--budget-s`` up to 565; the
+plan no longer lists them. ``--smoke`` runs a phase on the CPU at the pico shape, for the tests: it
+checks the orchestration, not the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -74,6 +65,7 @@ VERIFY_GROUPS = {
     "verify3": ("compile-blocks,fp16,fp16-fused-ce,sdpa-cudnn", [], 240),
     "verify4": ("max-autotune-no-cudagraphs", [], 420),
     "verify5": ("reduce-overhead,max-autotune", ["--grad-accum", "1"], 300),
+    "verify6": ("rest", [], 240),  # every rung no other group names: a new rung has a GPU command from the start
 }
 SEEDS = "baseline,tf32,bf16,compile,flash,vocab-pad,fused-adamw"
 # one switch each from gptspeed train's default, interleaved with the default, 65,536 tokens per step
@@ -87,14 +79,23 @@ BEYOND_GROUPS = {
     "beyond4": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1", "liger: --loss liger"],
 }
 PEER_ROUNDS = 2
-PHASES = ("peers", "verify", "first", "ladder", "cudatests", "profile", *list(VERIFY_GROUPS)[1:], *BEYOND_GROUPS)
-# The documented device commands, in order of value for the next lease: each one `gpu_session.py PHASE ...`
-# command. verify, first and cudatests ran on an H100 on 2026-11-27 (benchmarks/runs/2026-11-27-h100/): last,
-# to run again after a change. peers ran too, but its llm.c row failed to build (CUDA 13): first again.
-COMMANDS = (("peers",), ("ladder", "profile"), ("beyond", "beyond2"), ("verify2",), ("verify3",), ("verify4",),
-            ("verify5",), ("beyond3", "beyond4"), ("verify",), ("first",), ("cudatests",))
-COMMAND_TARGET_S = 480  # each documented command should end within ~8 minutes by the estimates ...
-BUDGET_S = 560.0  # ... and within its budget (one device command: at most 600 s) at their upper end
+WINDOW = ("window1", "window2")
+PHASES = (*WINDOW, "peers", "verify", "first", "ladder", "cudatests", "profile", *list(VERIFY_GROUPS)[1:],
+          *BEYOND_GROUPS)
+# The documented device commands of one 15-minute window, in order: each one `gpu_session.py PHASE` command,
+# typed as COMMAND_LINE says, with the run tool's carry [".carry"] and timeout_s RUN_TIMEOUT_S
+COMMANDS = (("window1",), ("window2",))
+COMMAND_LINE = "source .carry/setup.sh && python3 benchmarks/gpu_session.py {}"
+RUN_TIMEOUT_S = 360  # the run tool's timeout_s for each: 6 minutes, twice, beside the machine's start in 15
+BUDGET_S = 330.0  # the phases' budget (their clock starts after setup.sh): the command ends by ~5.8 minutes
+COMMAND_TARGET_S = RUN_TIMEOUT_S  # each command's upper estimate, setup.sh included, stays below this
+# window1: llm.c's rows run with its own flags: no GELU recompute, as its record (llm.c's GPT-2 124M run:
+# -b 64 -t 1024 -d 524288 -r 0, 140 ms a step on 8xH100, ~468k tokens/s per GPU); the record alone: B, micro-steps
+# (-d = 64 x 1024 x 8 = 524,288), timed steps
+LLMC_FLAGS = "-r 0"
+LLMC_RECORD = (64, 8, 10)
+TUNE_BUDGET_S = 300.0  # window2: bench --tune's --budget-s, cut to what the command has left ...
+TUNE_MARGIN_S = 20.0  # ... less this, for its start and tuned.yaml before the part's timeout
 
 # ------------------------------------------------------------------ the estimates the plan rests on
 # For one H100 at GPT-2 124M, T=1024, B=16. "measured" figures come from the first GPU session
@@ -107,9 +108,14 @@ WARM = 5  # the same graph from the FX-graph cache: measured 3.4 s (verify's fus
 BLOCK_COLD = 35  # --compile-mode blocks: one transformer block compiled once (estimate)
 AUTOTUNE = 300  # max-autotune(-no-cudagraphs): inductor benchmarks Triton matmul configs for every GEMM (estimate;
 #                 the least certain figure here)
-PREPARE = 5  # gptspeed prepare shakespeare-gutenberg: 2.6 s on a 2-core CPU (measured); a GPU session carries it
-LLMC_BUILD = 90  # nvcc of train_gpt2.cu: seconds without cuDNN, "~a minute" more with it (llm.c's Makefile) (estimate;
-#                  it now runs in the background while gptspeed and nanoGPT train)
+PREPARE = 5  # gptspeed prepare shakespeare-gutenberg: 1.1-2.6 s on a 2-core CPU (measured); 0 when carried prepared
+SETUP = 15  # source .carry/setup.sh: pip installs the carried wheels into /tmp/site, prints the GPU (estimate)
+LLMC_BUILD = (60, 120)  # make train_gpt2cu USE_CUDNN=1 for sm_90: 31 s (llm.c PR #386, on an H100 machine), 48.7 s
+#   (PR #322, before cudnn_att moved to a .cpp), "a few seconds" without cuDNN (its Makefile); 60 planned, 120 at the
+#   upper end (estimate: not built on a GPU here yet). It runs in the background while gptspeed's rows compile
+LLMC_START = 10  # train_gpt2cu's start to its first step: 124M random weights on the host, allocations (estimate)
+TRACE = 30  # bench --profile: exporting the Chrome trace of 3 steps, the breakdown, gzip (estimate)
+PEER_STEPS = 28  # a peer row: 8 warm-up + 20 timed steps
 # ms per micro-batch of 16,384 tokens, measured (verify's median steps / 2): bf16 compiled with SDPA, vocab 50304 and
 # fused AdamW 36.2; bf16 eager with manual attention 168.9; TF32 185.3; fp32 eager with manual attention 392.2
 MS = {"bf16": 37, "eager": 169, "tf32": 185, "fp32": 392}
@@ -124,7 +130,38 @@ def _verify_rung(kind: str, compile_s: float = 0.0, micro: int = 2) -> float:
     return START + compile_s + _steps(21, micro, kind)
 
 
-def _estimates(cold: float) -> dict[str, tuple[float, str]]:
+def tune_budget(left_s: float) -> float:
+    """window2's ``bench --tune --budget-s`` with ``left_s`` seconds left of the command's budget: at most
+    :data:`TUNE_BUDGET_S`, leaving 15 s for the packing and :data:`TUNE_MARGIN_S` for its start and end."""
+    return min(TUNE_BUDGET_S, left_s - 15 - TUNE_MARGIN_S)
+
+
+def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float, str]]:
+    """The parts of a window phase: ``(part, seconds on one H100, what they rest on)`` with a cold
+    compile of ``cold`` s and llm.c's build of ``build`` s."""
+    row_cold = START + cold + _steps(PEER_STEPS, 4, "bf16")  # measured 44.9 s (process start to its last step)
+    row_warm = START + WARM + _steps(PEER_STEPS, 4, "bf16")  # from the compile cache: measured 19.7 s
+    llmc = LLMC_START + _steps(PEER_STEPS, 4, "bf16")
+    prepare = ("prepare", PREPARE, "shakespeare-gutenberg tokenized (0 when carried in .carry/prepared)")
+    if phase == "window2":
+        budget = tune_budget(BUDGET_S - PREPARE)
+        return [prepare, ("tune", budget + 10, f"bench --tune's own --budget-s {budget:.0f} (at most "
+                          f"{TUNE_BUDGET_S:.0f}, cut to what the command has left; each row a fresh process with a "
+                          f"cold compile, ~{row_cold:.0f} s: yours and ~5 candidates), its start and tuned.yaml")]
+    b, accum, steps = LLMC_RECORD
+    return [prepare,
+            ("peers", max(2 * row_cold, build) + llmc + 2 * row_warm + llmc,
+             f"round 1: gptspeed B=16 and B=64 each a cold compile ({row_cold:.0f} s a row; measured 44.9) while "
+             f"llm.c builds ({build:.0f} s), then llm.c ({llmc:.0f} s); round 2 from the compile cache "
+             f"({row_warm:.0f} s a row; measured 19.7) and llm.c"),
+            ("llmc-record", LLMC_START + _steps(2 + steps, b * accum // 16, "bf16"),
+             f"train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0: 2 + {steps} steps of {b * 1024 * accum:,} tokens at "
+             "gptspeed's measured 36.2 ms per 16k tokens (llm.c's record: 35 ms per 16k on 8xH100)"),
+            ("profile", START + cold + _steps(11, 1, "bf16") + TRACE,
+             "a fresh process, one cold compile, 8 + 3 steps at B=16, the trace's export and gzip")]
+
+
+def _estimates(cold: float, build: float) -> dict[str, tuple[float, str]]:
     fp32, tf32, bf16 = _verify_rung("fp32"), _verify_rung("tf32"), _verify_rung("eager")
     comp, warm = _verify_rung("bf16", cold), _verify_rung("bf16", WARM)
     gpt = START + cold + _steps(28, 4, "bf16")  # a peer row: 8 + 20 steps of 4 micro-batches
@@ -132,8 +169,12 @@ def _estimates(cold: float) -> dict[str, tuple[float, str]]:
     llmc = START + _steps(28, 4, "bf16")
     ladder_c = START + cold + _steps(38, 1, "bf16")  # 8 + 30 steps of 1 micro-batch, its own cold cache
     beyond = PREPARE + 3 * gpt + 3 * gpt_warm  # the default and 2 variants, 2 rounds
+    windows = {phase: window_parts(phase, cold, build) for phase in WINDOW}
     return {
-        "peers": (PREPARE + LLMC_BUILD + (2 * gpt + llmc) + (PEER_ROUNDS - 1) * (2 * gpt_warm + llmc),
+        **{phase: (sum(sec for _, sec, _ in parts),
+                   "; ".join(f"{part} ~{sec:.0f} s: {why}" for part, sec, why in parts))
+           for phase, parts in windows.items()},
+        "peers": (PREPARE + build + (2 * gpt + llmc) + (PEER_ROUNDS - 1) * (2 * gpt_warm + llmc),
                   "prepare; llm.c's build; round 1 compiles gptspeed and nanoGPT cold, later rounds load them "
                   "from their compile caches; llm.c compiles nothing at run time"),
         "verify": (PREPARE + fp32 + tf32 + bf16 + 3 * comp + warm,
@@ -160,6 +201,8 @@ def _estimates(cold: float) -> dict[str, tuple[float, str]]:
                     "attention cold"),
         "verify4": (PREPARE + fp32 + _verify_rung("bf16", AUTOTUNE),
                     "the reference; max-autotune-no-cudagraphs's matmul search"),
+        "verify6": (PREPARE + fp32 + 2 * comp, "the fp32 reference; each rung no other group names (fp8-lm-head, "
+                    "bf16-residual) a cold compile"),
         "verify5": (PREPARE + 2 * _verify_rung("fp32", micro=1) + _verify_rung("bf16", cold + 5, micro=1)
                     + _verify_rung("bf16", AUTOTUNE / 2, micro=1),
                     "2 fp32 references at 1 micro-batch; reduce-overhead cold (+5 s of CUDA-graph capture); "
@@ -170,35 +213,52 @@ def _estimates(cold: float) -> dict[str, tuple[float, str]]:
 
 
 def estimate(phase: str) -> tuple[float, float, str]:
-    """``(seconds planned, seconds at the upper end, what they rest on)`` for ``phase`` on one H100."""
-    (mid, why), (high, _) = _estimates(COLD[0])[phase], _estimates(COLD[1])[phase]
+    """``(seconds planned, seconds at the upper end, what they rest on)`` for ``phase`` on one H100
+    (the upper end: a cold compile of ``COLD[1]`` s, llm.c's build ``LLMC_BUILD[1]`` s)."""
+    (mid, why), (high, _) = _estimates(COLD[0], LLMC_BUILD[0])[phase], _estimates(COLD[1], LLMC_BUILD[1])[phase]
     return round(mid), round(high), why
 
 
+def command_estimate(cmd: tuple[str, ...]) -> tuple[float, float]:
+    """A documented command's ``(seconds planned, upper end)``: setup.sh, then its phases."""
+    return SETUP + sum(estimate(p)[0] for p in cmd), SETUP + sum(estimate(p)[1] for p in cmd)
+
+
 def plan_lines() -> list[str]:
-    """The documented commands with their estimates (``--plan``)."""
+    """The window's commands as typed on the device, with their estimates and what they rest on (``--plan``)."""
     out = []
     for cmd in COMMANDS:
-        mid, high = (sum(estimate(p)[i] for p in cmd) for i in (0, 1))
-        out.append(f"gpu_session.py {' '.join(cmd)}: ~{mid / 60:.1f} min (up to {high / 60:.1f}) -- "
-                   + "; ".join(f"{p}: {estimate(p)[2]}" for p in cmd))
+        mid, high = command_estimate(cmd)
+        out.append(f"{COMMAND_LINE.format(' '.join(cmd))}\n    ~{mid / 60:.1f} min (up to {high / 60:.1f}; run tool: "
+                   f'carry [".carry"], timeout_s {RUN_TIMEOUT_S}) -- setup.sh ~{SETUP} s; '
+                   + "; ".join(estimate(p)[2] for p in cmd))
+    out.append(f"estimates for one H100 (an H200 should be no slower): cold compile {COLD[0]}-{COLD[1]} s (measured "
+               f"19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
+               f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (estimate); the budget stops each at {BUDGET_S:.0f} s "
+               "after setup.sh, packing what finished")
     return out
 
 
 class Session:
     """One phase: its results folder, its budget, the log of what ran, and the packing."""
 
+    in_archive_max = 4 << 20  # a file over this stays out of <phase>.tgz (packed after every part): a trace ...
+    return_max = 15 << 20  # ... and comes back beside it, gzipped, when that is at most this (the device: 16 MiB)
+    out_files_max = 8  # the device returns at most 8 files from $OUT
+
     def __init__(self, phase: str, out: Path, budget_s: float, smoke: bool):
         self.phase, self.smoke = phase, smoke
         self.t0 = time.monotonic()
         self.budget_s = budget_s
-        self.out = out  # only <phase>.tgz goes here: what is under $OUT comes back (8 files, 16 MiB each)
+        self.out = out  # <phase>.tgz (and a file too big for it, gzipped): what is under $OUT comes back (8 files,
+        #                 16 MiB each)
         self.work = Path(os.environ.get("GPTSPEED_SESSION_WORK", "/tmp/gptspeed-session"))
         self.dir = self.work / f"{phase}-results"
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         out.mkdir(parents=True, exist_ok=True)
         self.summary: list[dict] = []
+        self.large: dict[str, dict] = {}  # files over in_archive_max: how each came back, or why not
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.t0)
@@ -218,14 +278,14 @@ class Session:
         ``expect`` is the exit status that means it went as planned. Returns the exit status, or
         None when it timed out or there was no time left to start it."""
         timeout = min(cap_s, self.left() - 15)
-        entry = {"part": name, "command": " ".join(cmd)}
+        entry = {"part": name, "command": shlex.join(cmd)}
         if timeout < 10:
             entry.update(status="not run: out of time")
             self.summary.append(entry)
             print(f"== {name}: not run, {self.left():.0f} s left", flush=True)
             self.pack()
             return None
-        print(f"== {name} (at most {timeout:.0f} s): {' '.join(cmd)}", flush=True)
+        print(f"== {name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
         t = time.monotonic()
         log = (self.dir / f"{name}.log").open("w")
         proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -266,18 +326,53 @@ class Session:
         print("== note: " + json.dumps(fields), flush=True)
         self.pack()
 
-    def pack(self, largest: int = 4 << 20) -> None:
-        """``$OUT/<phase>.tgz``: the results folder, less any file over ``largest`` bytes (a
-        profiler trace; its name is listed in summary.json), written to a temporary name first."""
-        left_out = sorted(str(p.relative_to(self.dir)) for p in self.dir.rglob("*") if p.is_file()
-                          and p.stat().st_size > largest)
+    def pack(self) -> None:
+        """``$OUT/<phase>.tgz``: the results folder, less any file over :attr:`in_archive_max` (a
+        profiler trace), written to a temporary name first; each such file comes back beside it,
+        gzipped (:meth:`return_large`). ``summary.json`` says which came back and how."""
+        big = sorted(p for p in self.dir.rglob("*") if p.is_file() and p.stat().st_size > self.in_archive_max)
+        for path in big:
+            self.return_large(path)
         (self.dir / "summary.json").write_text(json.dumps({"phase": self.phase, "parts": self.summary,
-                                                           "left_out_over_4MiB": left_out}, indent=1) + "\n")
+                                                           "large_files": self.large}, indent=1) + "\n")
         tmp = self.out / f".{self.phase}.tgz.tmp"
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(self.dir, arcname=self.dir.name,
-                    filter=lambda info: None if info.isfile() and info.size > largest else info)
+                    filter=lambda info: None if info.isfile() and info.size > self.in_archive_max else info)
         tmp.replace(self.out / f"{self.phase}.tgz")
+
+    def return_large(self, path: Path) -> None:
+        """``$OUT/<phase>-<path, / as ->.gz``: ``path`` gzipped, kept when at most :attr:`return_max`
+        bytes and when $OUT then holds at most :attr:`out_files_max` files (its archive counted);
+        else left out, and said so in :attr:`large`. Compressing stops at the limit: a trace of
+        hundreds of MB costs seconds, not minutes. Once per file and size."""
+        rel, size = path.relative_to(self.dir).as_posix(), path.stat().st_size
+        if self.large.get(rel, {}).get("bytes") == size:
+            return
+        name = f"{self.phase}-{rel.replace('/', '-')}.gz"
+        rec = self.large[rel] = {"bytes": size}
+        files = {p.name for p in self.out.iterdir() if p.is_file() and not p.name.startswith(".")} | {
+            f"{self.phase}.tgz", name}
+        if len(files) > self.out_files_max:
+            rec["left_out"] = f"$OUT would hold more than {self.out_files_max} files"
+            return
+        tmp, read = self.out / f".{name}.tmp", 0
+        with path.open("rb") as src, tmp.open("wb") as raw:
+            with gzip.GzipFile(filename=path.name, mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
+                while chunk := src.read(1 << 20):
+                    gz.write(chunk)
+                    read += len(chunk)
+                    if raw.tell() > self.return_max:
+                        break
+        if tmp.stat().st_size > self.return_max:
+            tmp.unlink()
+            (self.out / name).unlink(missing_ok=True)
+            rec["left_out"] = (f"over {self.return_max / 2**20:.1f} MiB gzipped (after {read / 2**20:.1f} of "
+                               f"{size / 2**20:.1f} MiB)")
+            return
+        tmp.replace(self.out / name)
+        rec["returned_as"] = name
+        rec["gzipped_bytes"] = (self.out / name).stat().st_size
 
 
 def gptspeed(*args: str) -> list[str]:
@@ -292,8 +387,12 @@ def shape(s: Session) -> list[str]:
 
 
 def data_dir(s: Session) -> Path:
-    """shakespeare-gutenberg prepared once per machine (tinyshakespeare with ``--smoke``)."""
+    """shakespeare-gutenberg prepared once per machine (tinyshakespeare with ``--smoke``), in
+    ``$GPTSPEED_SESSION_DATA/<corpus>``; without it, the one carried prepared in
+    ``.carry/prepared/<corpus>`` when there is one, else ``/tmp/gptspeed-session-data/<corpus>``."""
     corpus = "tinyshakespeare" if s.smoke else "shakespeare-gutenberg"
+    if "GPTSPEED_SESSION_DATA" not in os.environ and (CARRY / "prepared" / corpus / "manifest.json").exists():
+        return CARRY / "prepared" / corpus
     out = Path(os.environ.get("GPTSPEED_SESSION_DATA", "/tmp/gptspeed-session-data")) / corpus
     if not (out / "manifest.json").exists():
         s.run("prepare", gptspeed("prepare", corpus, "--out", str(out), "--no-progress"), 180)
@@ -386,8 +485,25 @@ def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> 
     s.run(name, gptspeed("bench", *what, *size, "--data", str(data), "--out", str(s.dir / name), *extra), cap_s)
 
 
+def verify_stages(phase: str) -> str | None:
+    """``bench --verify --stages`` of a verify group (None: verify's default set); ``verify6``'s "rest" is
+    every rung of this gptspeed that neither the default set nor another group names."""
+    stages = VERIFY_GROUPS[phase][0]
+    if stages != "rest":
+        return stages
+    from gptspeed.bench.stages import STAGE_NAMES, VERIFY_EXTRA_NAMES
+    from gptspeed.bench.verify import DEFAULT_RUNGS
+
+    named = {r for st, _, _ in VERIFY_GROUPS.values() if st not in (None, "rest") for r in st.split(",")}
+    return ",".join(r for r in (*STAGE_NAMES, *VERIFY_EXTRA_NAMES) if r not in named and r not in DEFAULT_RUNGS)
+
+
 def phase_verify(s: Session) -> None:
-    stages, extra, rung_s = VERIFY_GROUPS[s.phase]
+    _, extra, rung_s = VERIFY_GROUPS[s.phase]
+    stages = verify_stages(s.phase)
+    if stages == "":
+        s.note(part="verify", skipped="every rung is in another group")
+        return
     steps = ["--steps", "3", "--warmup", "2"] if s.smoke else ["--steps", "15", "--warmup", "5"]
     select = (["--stages", stages] if stages else []) if not s.smoke else ["--stages", "baseline,compile"]
     bench(s, "verify", ["--verify", *select, *extra], 560, *steps, "--stage-timeout", str(rung_s))
@@ -399,17 +515,26 @@ def phase_ladder(s: Session) -> None:
           *steps, "--stage-timeout", "240")
 
 
-def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int) -> None:
+# --smoke's shape for the peers: B=2, T=32, 2 micro-batches (128 tokens a step)
+SMOKE_PEERS = ("--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
+               "--batch-size", "2", "--accum", "2", "--steps", "2", "--warmup", "1", "--rounds", "1")
+
+
+def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int, extra: tuple[str, ...] = (),
+          cap_s: float = 560) -> None:
+    """``benchmarks/vs_peers_gpu.py`` as part ``name``: ``rows`` interleaved for ``rounds`` rounds, with
+    ``variants`` and ``extra`` flags, in the llm.c build folder every part of the session shares."""
     data = data_dir(s)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(data), "--peers", rows,
            "--rounds", str(rounds), "--work", str(s.work / "peers-gpu"), "--json", str(s.dir / f"{name}.json"),
-           "--md", str(s.dir / f"{name}.md")]
+           "--md", str(s.dir / f"{name}.md"), *extra]
     if s.smoke:
-        cmd += ["--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-                "--batch-size", "2", "--accum", "2", "--steps", "2", "--warmup", "1", "--rounds", "1"]
+        cmd += SMOKE_PEERS
     for v in variants:
         cmd += ["--variant", v]
-    s.run(name, cmd, 560)
+    s.run(name, cmd, cap_s)
+    for log in sorted((s.work / "peers-gpu").glob("llmc-build*")):  # llm.c's make output, whole
+        shutil.copy(log, s.dir / log.name)
 
 
 def phase_profile(s: Session) -> None:
@@ -424,8 +549,45 @@ def phase_profile(s: Session) -> None:
           *(["--batch-size", "16"] if not s.smoke else []))
 
 
+def phase_window1(s: Session) -> None:
+    """gptspeed's default and its B=64 form against llm.c (``-r 0``), interleaved; llm.c at its
+    record's settings; a profile of the default step (module docstring)."""
+    b, t, accum = (2, 32, 2) if s.smoke else (16, 1024, 4)
+    wide = f"B{b * accum}"  # the same tokens a step in one micro-batch: B64 on the GPU
+    peers(s, "peers", f"gptspeed,{wide},llmc",
+          [f"{wide}: --batch-size {b * accum} --total-batch-tokens {b * t * accum}"], PEER_ROUNDS,
+          (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "150"), cap_s=240)
+    rb, raccum, rsteps = LLMC_RECORD
+    peers(s, "llmc-record", "llmc", [], 1, (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "120", "--warmup", "2",
+                                           "--steps", str(rsteps), "--batch-size", str(rb), "--accum", str(raccum)),
+          cap_s=150)
+    steps = ["--steps", "2", "--warmup", "1"] if s.smoke else ["--steps", "3", "--warmup", "8", "--batch-size", "16"]
+    bench(s, "profile", ["--profile", "fused-adamw" if not s.smoke else "baseline"], 180, *steps)
+
+
+def phase_window2(s: Session) -> None:
+    """``gptspeed bench --tune`` of the default run (``--preset gpt2``), its budget cut to what is left."""
+    data = data_dir(s)
+    budget = tune_budget(s.left())
+    if s.smoke:
+        size = ["--preset", "pico", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
+                "--batch-size", "2", "--device", "cpu", "--compile-backend", "eager", "--steps", "2", "--warmup", "1"]
+        budget = min(budget, 45.0)
+    else:
+        size = ["--preset", "gpt2", "--device", "cuda"]
+    if budget < 30:
+        s.note(part="tune", status="not run: out of time", seconds_left=round(s.left()))
+        return
+    s.run("tune", gptspeed("bench", "--tune", *size, "--data", str(data), "--budget-s", f"{budget:.0f}",
+                           "--out", str(s.dir / "tune")), budget + TUNE_MARGIN_S)
+
+
 def run_phase(s: Session) -> None:
-    if s.phase == "first":
+    if s.phase == "window1":
+        phase_window1(s)
+    elif s.phase == "window2":
+        phase_window2(s)
+    elif s.phase == "first":
         phase_first(s)
     elif s.phase == "cudatests":
         cuda_tests(s)
@@ -449,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=BUDGET_S,
                     help="seconds all the phases together may take (one device command: at most 600)")
     ap.add_argument("--smoke", action="store_true", help="run the phase on the CPU at the pico shape (tests)")
-    ap.add_argument("--plan", action="store_true", help="print the documented commands and their estimates")
+    ap.add_argument("--plan", action="store_true", help="print the window's two commands and their estimates")
     args = ap.parse_args(argv)
     if args.plan:
         print("\n".join(plan_lines()))

@@ -387,6 +387,7 @@ class Trainer:
         if self.log is not None:
             self.log.close()
         self.folder.close()
+        self.data.close()  # the data folder's shared lock (gptspeed.data.folder): a prepare may write it again
 
 
 def save_before_data_error(trainer: "Trainer", at: Any) -> str:

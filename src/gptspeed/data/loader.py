@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from gptspeed.data.prefetch import Prefetcher
-from gptspeed.data.shards import MappedShard, read_header
+from gptspeed.data.shards import MappedShard, ShardError, read_header, shard_fingerprint
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
@@ -76,6 +76,11 @@ class TokenLoader:
 
     Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs, and
     when a batch holds a token id >= ``max_token_id`` (checked per batch: a max over B*T ids).
+    Raises :class:`~gptspeed.data.shards.ShardError` (the trainer saves its last finished step
+    first) when a shard, opened at its first batch, is not the one the loader was built on: another
+    token count than its header said then, or -- with ``expect``, ``(tokens, fingerprint)`` per
+    shard (:func:`gptspeed.data.shards.shard_fingerprint`) -- other tokens (re-prepared or
+    replaced under the run).
     Attributes: ``documents`` counts the ``<|endoftext|>`` tokens (document starts) in every
     rank's windows so far, i.e. documents seen by the whole job; ``epoch`` completed passes;
     ``wait_s`` seconds :meth:`next_batch` spent waiting for (or, without workers, making) batches.
@@ -83,7 +88,8 @@ class TokenLoader:
 
     def __init__(self, shards: list[Path], batch_size: int, seq_len: int, *, rank: int = 0,
                  world_size: int = 1, device: torch.device | str = "cpu", max_token_id: int | None = None,
-                 sampling: str = "sequential", seed: int = 0, workers: int = 0, prefetch: int = 4):
+                 sampling: str = "sequential", seed: int = 0, workers: int = 0, prefetch: int = 4,
+                 expect: list[tuple[int, str]] | None = None):
         if sampling not in SAMPLING:
             raise GptspeedError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
         if workers < 0:
@@ -97,6 +103,7 @@ class TokenLoader:
         self.workers, self.prefetch = workers, max(1, prefetch)
         self.global_tokens = batch_size * seq_len * world_size  # tokens per micro-step, all ranks
         self.lengths = [read_header(p)[1] for p in self.shards]
+        self.expect = expect
         self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
         self.batches_per_epoch = sum(self.batches_per_shard)
         self.tokens_per_epoch = self.batches_per_epoch * self.global_tokens
@@ -141,7 +148,21 @@ class TokenLoader:
             with self._lock:
                 shard = self._maps.get(s)
                 if shard is None:
-                    shard = self._maps[s] = MappedShard(self.shards[s])
+                    shard = self._maps[s] = self._open(s)
+        return shard
+
+    def _open(self, s: int) -> MappedShard:
+        """Shard ``s`` mapped, checked to be the file the loader was built on (see the class docstring)."""
+        shard = MappedShard(self.shards[s])
+        changed = None
+        if len(shard) != self.lengths[s]:
+            changed = f"it held {self.lengths[s]:,} tokens when the run started and holds {len(shard):,} now"
+        elif self.expect is not None and shard_fingerprint(shard.path, shard._file) != self.expect[s][1]:
+            changed = "its tokens are not those it held when the run started"
+        if changed is not None:
+            shard.close()
+            raise ShardError(f"shard {shard.path} changed under the running job ({changed}): it was re-prepared or "
+                             "replaced; put the run's data back to --resume, or start a new run on the new data")
         return shard
 
     def _make(self, g: int) -> tuple[torch.Tensor, int]:

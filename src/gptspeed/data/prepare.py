@@ -24,7 +24,12 @@ writing the final shards finishes them without reading the input again.
 
 One ``prepare`` at a time per folder: it holds an exclusive ``fcntl.flock`` on ``OUT/.prepare.lock``
 (:class:`PrepareLock`) from before it touches the staging chunks until the manifest is written;
-a second one is refused in one line naming the holder. An OSError while writing (a full disk, a
+a second one is refused in one line naming the holder. It also holds the folder itself exclusive
+(:class:`gptspeed.data.folder.DataFolderLock`), which every ``gptspeed train`` reading the folder
+holds shared for its whole run: a prepare (``--force``) is refused while a train reads the
+folder, and a train while a prepare writes it. ``--out`` must be new, empty, or gptspeed's own
+data folder (:func:`gptspeed.data.folder.check_prepare_target`): never ``/``, the home folder,
+or a folder of other files. An OSError while writing (a full disk, a
 folder made read-only) is one line naming the folder: every file is written to a temporary name
 and renamed (:func:`gptspeed.fileio.write_atomic`), the staging chunks and the progress file are
 hidden, and a folder holding the progress file but no manifest is refused by
@@ -54,6 +59,7 @@ import gptspeed
 from gptspeed.data import (MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, PREPARE_PROGRESS_NAME,
                            load_manifest)
 from gptspeed.data.corpora import CORPORA, HF_CORPORA, resolve_source
+from gptspeed.data.folder import PREPARE_LOCK_NAME, DataFolderLock, check_prepare_target
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.data.sources import SourceStats, iter_files, iter_hf
 from gptspeed.data.tokenize import default_workers, tokenize_stream
@@ -66,7 +72,7 @@ _SHARD_GLOBS = ("train_[0-9]*.bin", "val_[0-9]*.bin", ".train_*.tmp", ".val_*.tm
 PROGRESS_NAME = PREPARE_PROGRESS_NAME
 _STAGE = ".stream_{:06d}.bin"
 _STAGE_RE = r"\.stream_[0-9]{6}\.bin"
-LOCK_NAME = ".prepare.lock"
+LOCK_NAME = PREPARE_LOCK_NAME
 
 
 class PrepareLock:
@@ -75,16 +81,19 @@ class PrepareLock:
     SIGKILL), so a stale lock file never blocks the next prepare. :meth:`release` removes the
     file (a prepared folder holds only its shards and manifest); :meth:`acquire` checks after
     locking that the file it locked is still the one at the path, so a file removed meanwhile by
-    a releasing holder is never taken for the lock.
+    a releasing holder is never taken for the lock. Then it locks the folder itself, exclusive
+    (:meth:`gptspeed.data.folder.DataFolderLock.for_writing`): no train reads it meanwhile.
 
     Raises:
-        GptspeedError: from :meth:`acquire`, naming the holder, when another live process has it;
+        GptspeedError: from :meth:`acquire`, naming the holder, when another live process has it,
+            or naming the readers when a train reads the folder (the lock file is removed again);
             or the lock file cannot be made (naming the folder).
     """
 
     def __init__(self, out: Path):
         self.path = Path(out) / LOCK_NAME
         self._fd: int | None = None
+        self._folder: DataFolderLock | None = None
 
     def acquire(self) -> "PrepareLock":
         import fcntl
@@ -113,10 +122,16 @@ class PrepareLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         self._fd = fd
+        try:
+            self._folder = DataFolderLock.for_writing(self.path.parent)
+        except BaseException:
+            self.release()
+            raise
         return self
 
     def release(self) -> None:
-        """Remove the lock file, then drop the lock (in that order: see the class docstring)."""
+        """Remove the lock file, then drop the lock (in that order: see the class docstring), then
+        the folder's."""
         if self._fd is not None:
             try:
                 self.path.unlink(missing_ok=True)
@@ -124,13 +139,17 @@ class PrepareLock:
                 pass
             os.close(self._fd)
             self._fd = None
+        if self._folder is not None:
+            self._folder.release()
+            self._folder = None
 
 
 def _clear(out: Path) -> None:
     """Remove a previous preparation: manifest first (the folder is then incomplete), shards,
     staging chunks and the progress file."""
     (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for pattern in (*_SHARD_GLOBS, ".stream_*.bin", ".stream_*.tmp", PROGRESS_NAME, ".prepare-progress.json.*.tmp"):
+    for pattern in (*_SHARD_GLOBS, ".stream_*.bin", ".stream_*.tmp", "..stream_*.tmp", PROGRESS_NAME,
+                    ".prepare-progress.json.*.tmp", "..prepare-progress.json.*.tmp"):
         for p in out.glob(pattern):
             if p.is_file():
                 p.unlink()
@@ -663,8 +682,10 @@ def prepare(
 
     Raises:
         GptspeedError: bad arguments (``shard_tokens`` above 2^31-1 included), an ``out_dir`` that
-            cannot be a folder (under a file, a name too long), folder already prepared without
-            force, another prepare into it under way (:class:`PrepareLock`), bad SOURCE (see
+            cannot be a folder (under a file, a name too long), or must not be one (``/``, the home
+            folder, a folder of files gptspeed did not write: :func:`check_prepare_target`), folder
+            already prepared without force, another prepare into it under way or a train reading it
+            (:class:`PrepareLock`), bad SOURCE (see
             :func:`resolve_source`), a file that cannot be read to its end (a corrupt or truncated
             ``.gz`` / ``.zst``), a non-UTF-8 file, a bad record (naming file and line) without
             ``skip_bad``, no text, too little text for both splits, an OSError while writing (a
@@ -672,6 +693,7 @@ def prepare(
     """
     out = Path(os.path.expanduser(out_dir))  # os.path's leaves an unknown ~user as it is (Path's raises)
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out, shuffle_seed)
+    check_prepare_target(out)  # never /, the home folder, or a folder of other files
     inp = _resolve_input(source, hf_name, split, progress)
     settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
                 "max_tokens": max_tokens, "dataset": inp.dataset, "hf_name": inp.hf_name, "split": inp.split}
@@ -742,13 +764,17 @@ def default_train_data(say: Callable[[str], object] = print) -> Path:
     (a folder prepared from the same input is kept as it is). A first preparation is written into a
     temporary folder beside it and renamed into place, so an interrupted one leaves nothing that
     looks prepared, and two runs starting at once each get a complete folder. Says what it does in
-    one line through ``say``. Returns the folder; GptspeedError if the cache cannot be written."""
+    one line through ``say``. Returns the folder; GptspeedError if the cache cannot be written, or
+    its folder exists without a manifest (it is not gptspeed's preparation: never written over)."""
     from gptspeed.data.corpora import DEFAULT_CORPUS, cache_dir
 
     out = cache_dir() / "prepared" / DEFAULT_CORPUS
     if (out / MANIFEST_NAME).is_file():
         say(f"no --data: training on {DEFAULT_CORPUS} (shipped with gptspeed), prepared in {out}")
         return out
+    if os.path.lexists(out):  # every preparation is renamed into place whole: this is not one of them
+        raise GptspeedError(f"the data cache {out} exists but is not a prepared folder (no {MANIFEST_NAME}): "
+                            "remove it, set GPTSPEED_CACHE, or give --data")
     say(f"no --data: preparing {DEFAULT_CORPUS} (shipped with gptspeed) into {out} once, then training on it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -762,9 +788,10 @@ def default_train_data(say: Callable[[str], object] = print) -> Path:
         prepare(DEFAULT_CORPUS, tmp, force=True, progress=False)
         try:
             os.rename(tmp, out)
-        except OSError:  # another run prepared it first: keep theirs if it is complete
+        except OSError as e:  # another run prepared it first: keep theirs if it is complete
             if not (out / MANIFEST_NAME).is_file():
-                raise
+                raise GptspeedError(f"the data cache {out} exists but is not a prepared folder ({e.strerror or e}): "
+                                    "remove it, set GPTSPEED_CACHE, or give --data") from None
     finally:
         if tmp.exists():
             import shutil

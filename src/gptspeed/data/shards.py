@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -133,6 +134,28 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
         empty.flags.writeable = False
         return empty
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
+
+
+FINGERPRINT_BYTES = 1 << 16  # bytes read at each of a shard's start, middle and end
+
+
+def shard_fingerprint(path: str | os.PathLike, f: BinaryIO | None = None) -> str:
+    """A cheap identity of a shard's tokens: sha256 of its size and of 64 KiB read at its start,
+    middle and end (16 hex digits). Re-preparing with other settings or overwriting the tokens in
+    place changes it (a resume then refuses the data, naming it); an edit confined to bytes it does
+    not read would not -- hashing every shard at every start would cost minutes on a large corpus.
+    ``f``: the shard already open (binary), read without moving its position; else ``path`` is opened."""
+    import hashlib
+
+    if f is None:
+        with open(path, "rb") as f:
+            return shard_fingerprint(path, f)
+    h = hashlib.sha256()
+    size = os.fstat(f.fileno()).st_size
+    h.update(str(size).encode())
+    for offset in (0, max(0, size // 2 - FINGERPRINT_BYTES // 2), max(0, size - FINGERPRINT_BYTES)):
+        h.update(os.pread(f.fileno(), FINGERPRINT_BYTES, offset))
+    return h.hexdigest()[:16]
 
 
 class MappedShard:

@@ -5,6 +5,12 @@ shards) and :class:`gptspeed.data.stream.StreamLoader` (``jsonl:PATH`` / ``hf:NA
 while training) implement; :func:`find_train_data` resolves ``--data`` once (shards, val split,
 identity) and :meth:`TrainData.loader` builds the right loader, so the trainer never asks which
 kind it has.
+
+A prepared folder is read under a shared lock (:class:`gptspeed.data.folder.DataFolderLock`),
+taken before its shards are listed and kept by the :class:`TrainData` -- the trainer's, for its
+whole run -- so ``gptspeed prepare`` cannot write the folder while it is read; and the folder is
+checked to be what its manifest says (no shard listed twice, none both train and val, no two
+names for one file, each split's token count the manifest's).
 """
 
 from __future__ import annotations
@@ -55,8 +61,10 @@ class TrainData:
     """``--data`` resolved: ``spec`` as given, ``train_shards`` / ``val_shards`` (empty for a
     stream, which has no val split), ``identity`` (what a resume must find unchanged: the
     manifest's input hash and settings and each train shard's name, token count and
-    :func:`shard_fingerprint`, or the stream and its options) and
-    ``documents`` (documents in the train split when the manifest says, else None)."""
+    :func:`~gptspeed.data.shards.shard_fingerprint`, or the stream and its options) and
+    ``documents`` (documents in the train split when the manifest says, else None). ``lock``:
+    the folder's shared :class:`~gptspeed.data.folder.DataFolderLock` (None for a stream, or
+    where the folder cannot be locked), held while this object lives or until :meth:`close`."""
 
     spec: str
     train_shards: list[Path] = field(default_factory=list)
@@ -64,6 +72,13 @@ class TrainData:
     documents: int | None = None
     stream_options: dict[str, Any] | None = None
     manifest: dict[str, Any] | None = None
+    lock: Any = field(default=None, repr=False, compare=False)
+
+    def close(self) -> None:
+        """Release the data folder (a ``prepare`` may write it again)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     @functools.cached_property
     def identity(self) -> dict[str, Any]:
@@ -71,7 +86,7 @@ class TrainData:
         fingerprint is work the early data check of :func:`gptspeed.api.train` does not need."""
         if self.is_stream:
             return {"stream": self.spec, **(self.stream_options or {})}
-        from gptspeed.data.shards import read_header
+        from gptspeed.data.shards import read_header, shard_fingerprint
 
         shards = [[p.name, read_header(p)[1], shard_fingerprint(p)] for p in self.train_shards]
         m = self.manifest
@@ -105,8 +120,9 @@ class TrainData:
                                 **self.stream_options)
         from gptspeed.data.loader import TokenLoader
 
+        expect = [(n, fp) for _, n, fp in self.identity["shards"]]  # each shard is checked when first opened
         return TokenLoader(self.train_shards, batch_size, seq_len, rank=rank, world_size=world_size, device=device,
-                           max_token_id=max_token_id, sampling=sampling, seed=seed, workers=workers)
+                           max_token_id=max_token_id, sampling=sampling, seed=seed, workers=workers, expect=expect)
 
     def token_ids(self, max_tokens: int = 2_000_000_000) -> "Any":
         """The sorted token ids that occur in the train and val shards (``numpy`` int64), for
@@ -142,41 +158,67 @@ class TrainData:
                 "prepare more text, raise --val-fraction or lower --seq-len")
 
 
-FINGERPRINT_BYTES = 1 << 16  # bytes read at each of a shard's start, middle and end
-
-
-def shard_fingerprint(path: Path) -> str:
-    """A cheap identity of a shard's tokens: sha256 of its size and of 64 KiB read at its start,
-    middle and end (16 hex digits). Re-preparing with other settings or overwriting the tokens in
-    place changes it (a resume then refuses the data, naming it); an edit confined to bytes it does
-    not read would not -- hashing every shard at every start would cost minutes on a large corpus."""
-    import hashlib
+def check_consistent(data_dir: Path, train: list[Path], val: list[Path], manifest: dict[str, Any] | None) -> None:
+    """GptspeedError (one line) unless the shards are what a prepared folder promises: no file
+    listed twice, none in both splits, no two names for one file (a link), and -- where the
+    manifest gives a split's token count -- the shards' headers adding up to it."""
     import os
 
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        h.update(str(size).encode())
-        for offset in (0, max(0, size // 2 - FINGERPRINT_BYTES // 2), max(0, size - FINGERPRINT_BYTES)):
-            f.seek(offset)
-            h.update(f.read(FINGERPRINT_BYTES))
-    return h.hexdigest()[:16]
+    from gptspeed.data.shards import read_header
+
+    seen: dict[tuple[int, int], tuple[str, str]] = {}
+    for split, paths in (("train", train), ("val", val)):
+        for p in paths:
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue  # gone meanwhile: reading it names it
+            other = seen.get((st.st_dev, st.st_ino))
+            if other is not None:
+                what = (f"lists the shard {p.name} twice in its {split} split" if other == (split, p.name)
+                        else f"lists {p.name} as both a train and a val shard" if other[1] == p.name
+                        else f"has {other[0]} shard {other[1]} and {split} shard {p.name} as the same file (a link)")
+                raise GptspeedError(f"data folder {data_dir} {what}: the model would train or validate on the same "
+                                    "tokens twice; prepare the folder again with --force")
+            seen[(st.st_dev, st.st_ino)] = (split, p.name)
+    if not manifest:
+        return
+    for split, paths in (("train", train), ("val", val)):
+        said = ((manifest.get("splits") or {}).get(split) or {}).get("tokens")
+        if type(said) is not int:
+            continue
+        held = sum(read_header(p)[1] for p in paths)
+        if held != said:
+            raise GptspeedError(f"the {split} shards of {data_dir} hold {held:,} tokens but its manifest says {said:,}: "
+                                "shards were changed or replaced after `gptspeed prepare`; prepare the folder again "
+                                "with --force")
 
 
 def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None = None,
                     split: str = "train") -> TrainData:
     """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
-    ``hf_name`` and ``split``) or a prepared folder (its train and val shards, checked to exist).
-    GptspeedError (one line, saying what the path is) when there is nothing to train on."""
+    ``hf_name`` and ``split``) or a prepared folder: locked shared
+    (:meth:`~gptspeed.data.folder.DataFolderLock.for_reading`, kept by the result), then its train
+    and val shards listed, checked to exist and to be what the manifest says (:func:`check_consistent`).
+    GptspeedError (one line, saying what the path is) when there is nothing to train on, the
+    folder is inconsistent, or a ``gptspeed prepare`` is writing it."""
     from gptspeed.data import find_shards, load_manifest
+    from gptspeed.data.folder import DataFolderLock
 
     if is_stream_source(data):
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
         return TrainData(data, stream_options=options)
-    train = find_shards(data, "train")
-    val = find_shards(data, "val")
-    manifest = load_manifest(data)
+    lock = DataFolderLock.for_reading(data) if Path(data).is_dir() else None
+    try:
+        train = find_shards(data, "train")
+        val = find_shards(data, "val")
+        manifest = load_manifest(data)
+        check_consistent(Path(data), train, val, manifest)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     documents = None
     if manifest:
         documents = (manifest.get("splits", {}).get("train", {}) or {}).get("documents")
-    return TrainData(data, train, val, documents, manifest=manifest)
+    return TrainData(data, train, val, documents, manifest=manifest, lock=lock)

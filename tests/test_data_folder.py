@@ -159,6 +159,32 @@ def test_prepare_writes_only_into_a_new_empty_or_gptspeed_data_folder(tmp_path, 
     assert (tmp_path / "empty" / "README.md").read_text() == "notes"
 
 
+def test_a_source_file_that_changes_while_it_is_prepared_is_one_line_and_nothing_looks_prepared(tmp_path, monkeypatch):
+    """Each file's sha256 is taken before it is read: a file still being written (a download, a
+    script appending to it) gave shards of other text than the manifest's hash names. Now its
+    size and time are checked after reading: one line, no manifest; once it is complete the same
+    command prepares it."""
+    import gptspeed.data.prepare as prepare_mod
+
+    src, data = corpus(tmp_path, DOCS[:20]), tmp_path / "data"
+    real = prepare_mod.iter_files
+
+    def still_written(*a, **k):
+        for i, doc in enumerate(real(*a, **k)):
+            if i == 3:
+                with open(src, "ab") as f:
+                    f.write(json.dumps({"text": "one more line"}).encode() + b"\n")
+            yield doc
+
+    monkeypatch.setattr(prepare_mod, "iter_files", still_written)
+    proc = run_main("prepare", str(src), "--out", str(data), "--no-progress")
+    assert_user_error(proc, f"{src} changed while it was being prepared", "run the same command again")
+    assert not (data / "manifest.json").exists()
+    monkeypatch.setattr(prepare_mod, "iter_files", real)
+    m = prepare(str(src), data, progress=False)
+    assert m["documents"] == 21
+
+
 # ---------------------------------------------------------------- a folder that is what it says
 def _prepared(tmp_path: Path) -> Path:
     data = tmp_path / "data"

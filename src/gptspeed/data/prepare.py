@@ -382,6 +382,21 @@ class _Input:
     names: list[str]
     info: list[tuple[str, int]]
     sha256: str
+    stamps: tuple[tuple[int, int], ...] = ()  # (size, mtime_ns) of each file, taken before it was hashed
+
+    def check_unchanged(self) -> None:
+        """GptspeedError naming the first file whose size or modification time is not what it was
+        before it was hashed: its tokens would not be the text the manifest's sha256 names (a file
+        still being downloaded or written)."""
+        for path, stamp in zip(self.paths, self.stamps):
+            try:
+                st = path.stat()
+                now = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                now = None
+            if now != stamp:
+                raise GptspeedError(f"{path} changed while it was being prepared (a download or a writer not finished?): "
+                                    "nothing was marked prepared; run the same command again once it is complete")
 
 
 def _check_arguments(val_fraction: float, shard_tokens: int, workers: int, max_tokens: int | None,
@@ -461,10 +476,11 @@ def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool)
     # a named corpus's files were just checked against its digests: no need to hash them twice
     known = CORPORA[source].files if source in CORPORA else {}
     try:
-        info = [(known.get(n) or sha256_file(p), p.stat().st_size) for p, n in zip(paths, names)]
+        stamps = tuple((st.st_size, st.st_mtime_ns) for st in (p.stat() for p in paths))  # before hashing
+        info = [(known.get(n) or sha256_file(p), size) for p, n, (size, _) in zip(paths, names, stamps)]
     except OSError as e:
         raise GptspeedError(f"cannot read {e.filename or source}: {e.strerror or e}") from None
-    return _Input(None, hf_name, split, paths, names, info, _input_sha256([d for d, _ in info]))
+    return _Input(None, hf_name, split, paths, names, info, _input_sha256([d for d, _ in info]), stamps)
 
 
 def _reuse(out: Path, source: str, val_fraction: float, shard_tokens: int, input_sha: str, settings: dict) -> dict:
@@ -743,6 +759,7 @@ def _prepare_locked(source: str, inp: _Input, out: Path, *, force: bool, setting
         state = _staging_state(out, key, force)
         _stage_input(inp, out, state, text_field=text_field, skip_bad=skip_bad, workers=workers,
                      shard_tokens=shard_tokens, max_tokens=max_tokens, progress=progress)
+        inp.check_unchanged()  # the tokens are of the text the manifest's hashes name
         splits = _write_splits(out, state, source, val_fraction, shard_tokens, shuffle_seed, progress)
         manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
         write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")

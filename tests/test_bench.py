@@ -441,3 +441,25 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
     if mode == "--verify":
         assert result["verdict"] == "incomplete" and rows["compile"]["verdict"] == "verified"
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("mode", [["--ladder"], ["--verify"], ["--profile", "baseline"], ["--tune"]])
+def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp_path, capsys):
+    """Every bench --out goes through one check (report.check_out_dir) before any work: a run folder
+    (a later resume would meet files it did not write), a data folder, a new folder inside either,
+    or a file is one line, nothing written."""
+    run, data, a_file = tmp_path / "run", tmp_path / "data", tmp_path / "notes.txt"
+    run.mkdir()
+    (run / "ckpt_00000001.pt").write_bytes(b"weights")
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    a_file.write_text("notes")
+    before = sorted(tmp_path.rglob("*"))
+    shape = [] if "--race" in mode else ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
+                                         "--synthetic"]
+    for out, fragment in [(run, "is a run folder"), (data, "is a data folder"), (data / "sub", "would be created inside"),
+                          (a_file, "is a file")]:
+        code = cli.main(["bench", *mode, "--out", str(out), "--preset", "pico", "--device", "cpu", *shape])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    assert sorted(tmp_path.rglob("*")) == before and (run / "ckpt_00000001.pt").read_bytes() == b"weights"

@@ -229,7 +229,7 @@ def test_tune_refuses_a_run_folder_and_the_ladder_refuses_tune_flags(tmp_path, c
     argv = ["bench", "--tune", "--out", str(run), "--preset", "pico", "--synthetic", "--device", "cpu"]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
     assert cli.main(argv) == 2
-    assert "is a training run's folder" in capsys.readouterr().err
+    assert "is a run folder: bench never writes into one" in capsys.readouterr().err
     assert cli.main(["bench", "--ladder", "--out", str(tmp_path / "l"), "--flags", "--lr 1"]) == 2
     assert "--config and --flags describe your run for --tune" in capsys.readouterr().err
 

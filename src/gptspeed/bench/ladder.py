@@ -310,7 +310,7 @@ def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
         settings, kind = stage_settings(name, device, cfg.compile_backend), "gptspeed"
     else:
         raise GptspeedError(f"unknown --profile stage {name!r}: choose from {', '.join(STAGE_NAMES + (PEER_NAME,))}")
-    out = Path(cfg.out)
+    out = report.make_out_dir(cfg.out)
     spec = dataclasses.replace(spec0, name=name, kind=kind, settings=settings, profile_dir=str(out.resolve()))
     report.say(f"profiling {name} ({spec.warmup} warm-up + {spec.steps} traced steps) on {device.type}")
     result = run_worker(spec, out / "logs" / f"profile-{name}.log", cfg.stage_timeout)

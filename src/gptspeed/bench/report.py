@@ -17,8 +17,8 @@ import torch
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment as base_environment
 
-__all__ = ["environment", "say", "make_out_dir", "fmt_bytes", "progress_line", "vs_prev", "markdown", "plot",
-           "write_partial", "write_outputs", "write_text_atomic"]
+__all__ = ["environment", "say", "check_out_dir", "make_out_dir", "fmt_bytes", "progress_line", "vs_prev", "markdown",
+           "plot", "write_partial", "write_outputs", "write_text_atomic"]
 
 
 def _version(package: str) -> str | None:
@@ -55,11 +55,50 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def make_out_dir(out: str | Path) -> Path:
-    """Create the report folder ``out`` (and its parents); GptspeedError (one line) if it cannot be."""
+def check_out_dir(out: str | Path) -> Path:
+    """Refuse a bench ``--out`` (the ladder's, ``--verify``'s, ``--profile``'s, ``--tune``'s and
+    ``--race``'s) that would mix bench files into what is not theirs, before any work: a file, a
+    run folder (checkpoints, or a run's ``config.json`` / ``metrics.jsonl``: a later ``train
+    --resume`` would find files it did not write), a data folder (:func:`gptspeed.paths.kind`), or
+    a new folder that would be created inside one of those. Reads only. Returns ``Path(out)``.
+
+    Raises:
+        GptspeedError: one line naming what ``out`` is.
+    """
     from gptspeed.errors import GptspeedError
+    from gptspeed.paths import kind
 
     path = Path(out)
+
+    def what(folder: Path) -> str | None:
+        k = kind(folder)
+        if k == "folder" and any((folder / n).exists() for n in ("config.json", "metrics.jsonl")):
+            k = "run folder"  # a run killed before its first checkpoint
+        return k if k in ("run folder", "data folder") else None
+
+    if path.is_symlink() and not path.exists():
+        raise GptspeedError(f"--out {path} is a broken symbolic link: give the folder to write itself")
+    k = kind(path)
+    if k in ("file", "text file"):
+        raise GptspeedError(f"--out {path} is a file: bench writes its reports into a folder; choose another --out")
+    if k == "missing":
+        parent = next((p for p in path.absolute().parents if p.exists()), None)
+        if parent is not None and what(parent):
+            raise GptspeedError(f"--out {path} would be created inside {parent}, a {what(parent)}: bench never writes "
+                                "into one; choose an --out outside it (e.g. bench/NAME)")
+        return path
+    if what(path):
+        raise GptspeedError(f"--out {path} is a {what(path)}: bench never writes into one; choose another --out "
+                            "(e.g. bench/NAME)")
+    return path
+
+
+def make_out_dir(out: str | Path) -> Path:
+    """Create the report folder ``out`` (and its parents) after :func:`check_out_dir`; GptspeedError
+    (one line) if it is refused or cannot be created."""
+    from gptspeed.errors import GptspeedError
+
+    path = check_out_dir(out)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

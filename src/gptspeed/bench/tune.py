@@ -336,13 +336,12 @@ def _json_value(v: Any) -> Any:
 def run_tune(cfg: TuneConfig, command: str = "") -> dict[str, Any]:
     """Run ``bench --tune`` (module docstring) and return the report as in tune.json, plus
     ``tuned_yaml`` and ``train_command``. GptspeedError (one line) for bad flags, an ``--out`` that
-    is a run folder, or your own configuration failing to run here."""
+    is a run or data folder or a file (:func:`gptspeed.bench.report.check_out_dir`), or your own
+    configuration failing to run here."""
     if not cfg.budget_s > 0:
         raise GptspeedError(f"--budget-s must be positive, got {cfg.budget_s}")
     if cfg.steps < 2 or cfg.warmup < 1:
         raise GptspeedError(f"--tune needs --steps 2 or more and --warmup 1 or more (got {cfg.steps}, {cfg.warmup})")
-    out = Path(cfg.out)
-    if (out / "config.json").exists() or (out / "metrics.jsonl").exists():
-        raise GptspeedError(f"--out {out} is a training run's folder: give --tune a folder of its own")
+    report.check_out_dir(cfg.out)  # a run folder, a data folder, a file: refused before any work
     cfg.run.validate(world_size=1)
     return Tuner(cfg, command).run()

@@ -204,6 +204,7 @@ def test_profile_one_stage(tmp_path, capsys):
     (["--profile", "warp-drive"], "unknown --profile stage"),
     (["--profile", "tf32"], "does not apply on cpu"),
     (["--profile", "baseline", "--stages", "baseline"], "--stages selects ladder rows"),
+    (["--ladder", "--seeds", "5", "--force"], "--seeds, --force: only --race reads it"),
 ])
 def test_bad_flags_one_line(tmp_path, capsys, args, message):
     base = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic", "--device", "cpu"]
@@ -443,7 +444,8 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("mode", [["--ladder"], ["--verify"], ["--profile", "baseline"], ["--tune"]])
+@pytest.mark.parametrize("mode", [["--ladder"], ["--verify"], ["--profile", "baseline"], ["--tune"],
+                                  ["--race", "--arm", "a=--lr 1e-3"]])
 def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp_path, capsys):
     """Every bench --out goes through one check (report.check_out_dir) before any work: a run folder
     (a later resume would meet files it did not write), a data folder, a new folder inside either,

@@ -229,6 +229,9 @@ def _add_race_args(s: argparse.ArgumentParser) -> None:
     race.add_argument("--eval-every", type=int, help="steps between evaluations (default: the first arm's steps / 15)")
     race.add_argument("--eval-tokens", type=int, help="val tokens per evaluation (default: the preset's)")
     race.add_argument("--run-timeout", type=float, help="seconds one run may take (default: no limit)")
+    race.add_argument("--force", action="store_true",
+                      help="replace an earlier race in --out (its runs, logs and race.*; never a folder holding "
+                           "anything else)")
 
 
 def _add_tune_args(s: argparse.ArgumentParser) -> None:
@@ -294,6 +297,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     from gptspeed.bench import BenchConfig, profile_stage, run_ladder, run_verify
 
+    _refuse_flags_of_another_mode(a)
     if a.tune:
         return _tune(a)
     if a.config_file or a.flags:
@@ -308,13 +312,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
                       grad_accum=a.grad_accum)
     command = "gptspeed " + shlex.join(sys.argv[1:])
     if a.race:
-        from gptspeed.bench.race import RaceConfig, parse_arms, run_race
+        from gptspeed.bench.race import RaceConfig, RaceStopped, parse_arms, run_race
 
         if a.seeds < 1:
             raise GptspeedError(f"--seeds must be at least 1, got {a.seeds}")
-        run_race(RaceConfig(arms=parse_arms(a.arms, a.arm), seeds=a.seeds, preset=a.preset, data=a.data,
-                            device=a.device, out=a.out, target_val_loss=a.target_val_loss, eval_every=a.eval_every,
-                            eval_tokens=a.eval_tokens, timeout_s=a.run_timeout), command=command)
+        try:
+            run_race(RaceConfig(arms=parse_arms(a.arms, a.arm), seeds=a.seeds, preset=a.preset, data=a.data,
+                                device=a.device, out=a.out, target_val_loss=a.target_val_loss,
+                                eval_every=a.eval_every, eval_tokens=a.eval_tokens, timeout_s=a.run_timeout,
+                                force=a.force), command=command)
+        except RaceStopped as e:  # one line, and the signal's status, as gptspeed train exits
+            print(f"gptspeed bench: {e}", file=sys.stderr)
+            return 128 + e.signum
         print(f"race written to {a.out}/race.md")
         return 0
     if a.profile:
@@ -338,6 +347,31 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(f"gptspeed bench: {len(result['problems'])} problem(s): {'; '.join(result['problems'])}", file=sys.stderr)
         return 1
     return 0
+
+
+#: bench flags by mode, each with its default: a flag given to a mode that does not read it is refused
+#: (it used to be ignored: `--race --n-layer 4` raced the preset's shape)
+_RACE_ONLY = {"arms": ("--arms", None), "arm": ("--arm", None), "seeds": ("--seeds", 3),
+              "target_val_loss": ("--target-val-loss", None), "eval_every": ("--eval-every", None),
+              "eval_tokens": ("--eval-tokens", None), "run_timeout": ("--run-timeout", None), "force": ("--force", False)}
+_NOT_FOR_RACE = {"n_layer": ("--n-layer", None), "n_head": ("--n-head", None), "n_embd": ("--n-embd", None),
+                 "seq_len": ("--seq-len", None), "batch_size": ("--batch-size", None), "steps": ("--steps", None),
+                 "warmup": ("--warmup", 5), "synthetic": ("--synthetic", False), "stages": ("--stages", None),
+                 "peers": ("--no-peers", True), "seed": ("--seed", 1337), "compile_backend": ("--compile-backend",
+                 "inductor"), "peak_tflops": ("--peak-tflops", None), "stage_timeout": ("--stage-timeout", None),
+                 "grad_accum": ("--grad-accum", None)}
+
+
+def _refuse_flags_of_another_mode(a: argparse.Namespace) -> None:
+    """GptspeedError naming a bench flag given to a mode that would ignore it: the race's flags
+    (``--arms``, ``--seeds``, ``--force``, ...) without ``--race``; the ladder's shape, steps and
+    data flags with ``--race`` (its arms carry ``gptspeed train`` flags)."""
+    table, why = ((_NOT_FOR_RACE, "not read by --race: its model and steps come from --preset and each arm's flags "
+                   "(--arm NAME=\"FLAGS\"), its seeds from --seeds, its data from --data; drop it") if a.race else
+                  (_RACE_ONLY, "only --race reads it; drop it"))
+    given = [flag for dest, (flag, default) in table.items() if getattr(a, dest) != default]
+    if given:
+        raise GptspeedError(f"{', '.join(given)}: {why}")
 
 
 def _tune(a: argparse.Namespace) -> int:

@@ -11,18 +11,30 @@ evaluating) and the first step -- compilation and warm-up -- is counted at the s
 steps after it, so an arm is not charged for a compile the speedrun leaves untimed either. The
 training time to a step is read from each run's ``metrics.jsonl``: the mean step time of each
 logged interval times its steps. A run reaches the target at its first evaluation at or below
-it; one that never does (by its own ``--max-steps``, capped at twice the first arm's) counts as
+it; one that never does (by its own ``--max-steps``, at most twice the first arm's) counts as
 not reached. The target is ``--target-val-loss``, else the first arm's mean final val loss (the
 runs then train to their own ``--max-steps`` and the target is applied afterwards): the first arm
 then *defines* the target, and its time to it is its whole training time -- the speedrun's
 baseline is the quality its full run reaches, in the time that run takes (about half its runs end
 above their own mean, which would otherwise leave the baseline with no time at all).
 
+Nothing of the user's is lost to a race. Every arm is checked whole before the first run
+(:func:`check_arms`: its flags, the data, the device rules; settings the race sets itself --
+seeds, evaluation, the target, data, device, run folders -- are refused in an arm, never
+overridden). An arm's name is a folder name (``OUT/runs/NAME-seedN``), never a path. ``--out`` is
+a new or empty folder, or an earlier race's, replaced only with ``--force`` (its runs, logs and
+``race.*``); a file, a run or data folder, or a folder holding anything else is refused
+(:func:`race_entries`). ``--out`` is locked for the whole race with the run folder's lock
+(:class:`gptspeed.checkpoint.RunLock`), so a second race on it is refused. A stop signal (Ctrl-C,
+SIGTERM, SIGHUP) is passed on to the running ``gptspeed train`` as SIGTERM -- it saves its last
+finished step -- and the race waits for it (at most :data:`STOP_WAIT_S`), says so in one line and
+exits 128 + the signal (:func:`spawn`).
+
 Records are accepted, as the speedrun accepts them, on repeated runs: each arm's mean and
 standard deviation of time, tokens and steps to the target, its ratio to the first arm's mean
 time, and a one-sided Welch t-test (``scipy.stats.ttest_ind(equal_var=False,
 alternative="less")``) that the arm's time to target is shorter than the first arm's. Writes
-``race.json`` (after every run, atomically), ``race.md`` and ``race.png`` (val loss against
+``race.json`` (at the start and after every run, atomically), ``race.md`` and ``race.png`` (val loss against
 training time, every run).
 """
 
@@ -30,7 +42,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,6 +57,8 @@ from gptspeed.config import RECIPES
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 
+
+ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")  # a folder name under --out/runs, never a path
 
 @dataclass
 class Arm:
@@ -67,6 +83,9 @@ def parse_arms(names: str | None, specs: list[str] | None) -> list[Arm]:
         name, eq, flags = spec.partition("=")
         if not eq or not name.strip():
             raise GptspeedError(f"--arm {spec!r}: give NAME=\"FLAGS\" (e.g. --arm muon=\"--optimizer muon\")")
+        if not ARM_NAME.match(name.strip()) or name.strip() in (".", ".."):
+            raise GptspeedError(f"--arm {spec[:200]!r}: an arm's name names its runs' folders under --out: letters, "
+                                f"digits, '-', '_' and '.' only, at most 100 (got {name.strip()[:100]!r})")
         try:
             arms.append(Arm(name.strip(), shlex.split(flags)))
         except ValueError as e:
@@ -85,6 +104,92 @@ def arm_config(arm: Arm, base: list[str]):
     from gptspeed.configure import config_from_flags
 
     return config_from_flags([*base, *arm.flags], f"arm {arm.name}", shown=arm.flags)
+
+
+#: settings the race sets for every run itself: an arm that sets one (by a flag or in its --config
+#: file) is refused, never silently overridden
+RACE_SETTINGS = {
+    "seed": "the race runs seeds 1337, 1338, ...: give bench --seeds N",
+    "eval_every": "every arm is evaluated at the same steps: give it to bench",
+    "eval_tokens": "every arm is evaluated on the same val tokens: give it to bench",
+    "stop_at_val_loss": "the race stops each run at its target: give bench --target-val-loss",
+    "data": "every arm trains on bench's --data",
+    "out": "the race names each run's folder under its own --out",
+    "resume": "every race run is a new run",
+    "device": "bench's --device is every arm's",
+}
+
+
+def given_settings(arm: Arm) -> dict[str, str]:
+    """The settings ``arm``'s flags give, by field name -> how they were given (its flag, or its
+    ``--config`` file); ``print_config`` when it has ``--print-config``. The flags parse (checked
+    by :func:`arm_config` first)."""
+    import argparse
+    import contextlib
+    import io
+
+    from gptspeed.config import GROUPS, read_config_file, setting_flag
+    from gptspeed.configure import add_train_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(parser)
+    with contextlib.redirect_stderr(io.StringIO()):
+        a = parser.parse_args(arm.flags)
+    given = {k: setting_flag(k) for k in vars(a) if k not in ("preset", "recipe", "config_file", "print_config")}
+    if a.print_config:
+        given["print_config"] = "--print-config"
+    if a.config_file:
+        for k, v in read_config_file(a.config_file).items():
+            for name in (v if k in GROUPS and isinstance(v, dict) else {k: v}):
+                given.setdefault(name, f"{name}: in its --config {a.config_file}")
+    return given
+
+
+def check_arms(arms: list[Arm], base: list[str], data: str, say: Callable[..., None] = print) -> list:
+    """Every arm's configuration (:func:`arm_config`), each checked whole before the first run, as
+    its own ``gptspeed train`` would check it before its first step: its flags, the settings the
+    race sets itself (:data:`RACE_SETTINGS`, ``--print-config``; ``--max-steps`` at most twice the
+    first arm's), the data (a prepared folder with a val split that holds a sequence of the arm's
+    length), the device rules (:func:`gptspeed.runtime.resolve_runtime`, then
+    :func:`gptspeed.step.check_step`: SDPA backend, loss path, FP8, compile toolchain, residual
+    dtype; the model's size against memory, from its shape). No model is built. GptspeedError
+    (one line, naming the arm) for the first arm that could not run."""
+    from gptspeed.data.train_data import find_train_data
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.step import check_model_fits, check_step
+
+    train_data = find_train_data(data)
+    if not train_data.has_val:
+        what = "a stream" if train_data.is_stream else f"{data} has no val shards"
+        raise GptspeedError(f"--data {data}: the race measures the val loss, and {what} has no val split: give "
+                            "a folder from `gptspeed prepare` (it has one)")
+    configs = []
+    for arm in arms:
+        try:
+            cfg = arm_config(arm, base)
+        except GptspeedError as e:  # the configuration's own rules: name the arm too
+            raise GptspeedError(str(e) if str(e).startswith(f"arm {arm.name}:") else f"arm {arm.name}: {e}") from None
+        for name, how in given_settings(arm).items():
+            if name == "print_config":
+                raise GptspeedError(f"arm {arm.name}: --print-config prints a configuration instead of training; drop "
+                                    "it from the arm (`gptspeed train --print-config FLAGS` shows an arm's)")
+            if name in RACE_SETTINGS:
+                raise GptspeedError(f"arm {arm.name}: {how} is the race's to set ({RACE_SETTINGS[name]}); drop it "
+                                    "from the arm")
+        cap = 2 * (configs[0] if configs else cfg).train.max_steps
+        if cfg.train.max_steps > cap:
+            raise GptspeedError(f"arm {arm.name}: --max-steps {cfg.train.max_steps} is beyond the race's cap of "
+                                f"{cap} (twice the first arm's steps): lower it, or raise the first arm's")
+        try:
+            r = cfg.runtime
+            rt = resolve_runtime(r.device, r.dtype, r.compile, r.parallel, planned_steps=cfg.train.max_steps)
+            check_step(cfg, rt, cfg.grad_accum_steps(rt.world_size))
+            check_model_fits(cfg, rt)
+            train_data.check_val(cfg.model.block_size)
+        except GptspeedError as e:
+            raise GptspeedError(f"arm {arm.name}: {e}") from None
+        configs.append(cfg)
+    return configs
 
 
 def training_curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -165,8 +270,9 @@ def welch_p(faster: list[float], than: list[float]) -> float | None:
 @dataclass
 class RaceConfig:
     """What ``gptspeed bench --race`` was asked: arms, seeds, the preset and data every arm shares,
-    the device, the output folder, the target (None: the first arm's mean final val loss) and the
-    evaluation interval (None: about 15 evaluations over the first arm's steps)."""
+    the device, the output folder, the target (None: the first arm's mean final val loss), the
+    evaluation interval (None: about 15 evaluations over the first arm's steps) and tokens (None:
+    the first arm's), and ``force`` (replace an earlier race in ``out``)."""
 
     arms: list[Arm]
     seeds: int = 3
@@ -178,32 +284,177 @@ class RaceConfig:
     eval_every: int | None = None
     eval_tokens: int | None = None
     timeout_s: float | None = None
+    force: bool = False
+
+
+class RaceStopped(GptspeedError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended the race: the running arm was asked to save and
+    stop, and did (or was killed after :data:`STOP_WAIT_S`). ``signum``: the signal; the command
+    exits 128 + it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+#: seconds the race waits, after a stop signal, for the running ``gptspeed train`` to save and exit
+#: before it kills it (the train saves its last finished step on the signal it is sent)
+STOP_WAIT_S = 300.0
 
 
 def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = print) -> dict[str, Any]:
     """Run every arm ``cfg.seeds`` times, interleaved, and write race.json / race.md / race.png into
-    ``cfg.out``. Returns the race record (see the module docstring). GptspeedError for a setting
-    no arm can run with, or a run that fails (its log is named)."""
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    base = ["--preset", cfg.preset, "--device", cfg.device, *(["--data", cfg.data] if cfg.data else [])]
-    configs = [arm_config(arm, base) for arm in cfg.arms]  # every arm checked before anything runs
+    ``cfg.out``. Returns the race record (see the module docstring).
+
+    Before anything is written: ``cfg.out`` is checked (:func:`gptspeed.bench.report.check_out_dir`,
+    :func:`race_entries`) and every arm whole (:func:`check_arms`); then :func:`open_race_folder`. ``cfg.out`` is locked for the whole race (a second race on it is
+    refused). A stop signal is passed on to the running ``gptspeed train``, which saves its last
+    finished step; the race waits for it (at most :data:`STOP_WAIT_S`) and raises
+    :class:`RaceStopped`.
+
+    Raises:
+        GptspeedError: an ``out`` refused, a setting an arm cannot run with, or a run that fails
+            (its log is named); :class:`RaceStopped` after a stop signal.
+    """
+    from gptspeed.bench.report import check_out_dir
+    from gptspeed.signals import StopFlag
+
+    out = check_out_dir(cfg.out)  # a file, a run or data folder: refused before any work
+    _refuse_earlier_race(out, race_entries(out), cfg.force)  # and what a race did not write
+    data = cfg.data
+    if data is None:  # the corpus `gptspeed train` would take, prepared once for every arm
+        from gptspeed.data.prepare import default_train_data
+
+        data = str(default_train_data(say=say))
+    base = ["--preset", cfg.preset, "--device", cfg.device, "--data", data]
+    configs = check_arms(cfg.arms, base, data)  # every arm checked before anything runs
     cap = 2 * configs[0].train.max_steps
     eval_every = cfg.eval_every or max(1, configs[0].train.max_steps // 15)
-    race = {"command": command, "preset": cfg.preset, "data": cfg.data, "seeds": cfg.seeds, "eval_every": eval_every,
-            "steps_cap": cap, "target_val_loss": cfg.target_val_loss, "complete": False, "arms": []}
+    eval_tokens = cfg.eval_tokens if cfg.eval_tokens is not None else configs[0].train.eval_tokens
+    race = {"command": command, "preset": cfg.preset, "data": data, "seeds": cfg.seeds, "eval_every": eval_every,
+            "eval_tokens": eval_tokens, "steps_cap": cap, "target_val_loss": cfg.target_val_loss, "complete": False,
+            "arms": []}
     race["environment"] = environment_record(cfg.device)
-    for seed in range(cfg.seeds):
-        for arm, arm_cfg in zip(cfg.arms, configs):
-            steps = min(arm_cfg.train.max_steps, cap)
-            flags = [*base, "--seed", str(1337 + seed), "--eval-every", str(eval_every), "--max-steps", str(steps),
-                     "--save-every", "0", *(["--eval-tokens", str(cfg.eval_tokens)] if cfg.eval_tokens else []),
-                     *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else []), *arm.flags]
-            arm.runs.append(_one_run(out, arm, seed, flags, cfg.timeout_s, say))
-            _write(out, race, cfg)
-    race["complete"] = True
-    _write(out, race, cfg)
+    lock = open_race_folder(out, cfg.force)
+    stop = StopFlag(say=say)
+    try:
+        _write(out, race, cfg)  # the folder is a race's from its first moment
+        for seed in range(cfg.seeds):
+            for arm, arm_cfg in zip(cfg.arms, configs):
+                if stop():
+                    raise _stopped(stop.signum, f"before {arm.name} seed {seed} started", out, cfg.arms)
+                flags = [*base, "--save-every", "0", *arm.flags, "--seed", str(1337 + seed), "--eval-every",
+                         str(eval_every), "--eval-tokens", str(eval_tokens), "--max-steps", str(arm_cfg.train.max_steps),
+                         *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else [])]
+                arm.runs.append(_one_run(out, arm, seed, flags, cfg.timeout_s, say, stop, cfg.arms))
+                _write(out, race, cfg)
+        race["complete"] = True
+        _write(out, race, cfg)
+    finally:
+        stop.restore()
+        lock.release()
     return race
+
+
+def _stopped(signum: int, where: str, out: Path, arms: list[Arm]) -> RaceStopped:
+    done = sum(len(a.runs) for a in arms)
+    return RaceStopped(f"race stopped by {signal.Signals(signum).name} {where}; {out / 'race.json'} holds the "
+                       f"{done} run(s) finished before (not a complete race)", signum)
+
+
+#: what a race writes into its ``--out`` (and the run lock it holds there)
+RACE_NAMES = ("race.json", "race.md", "race.png", "runs", "logs")
+_RACE_TEMP = re.compile(r"^\.race\.(json|md)\.[0-9a-f]{8}\.tmp$|^\.race\.png\.tmp\.png$")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}-seed\d+$")
+
+
+def race_entries(out: Path) -> list[str]:
+    """The race's own entries in ``out`` (:data:`RACE_NAMES`), sorted; [] for a new or empty folder.
+    GptspeedError (one line, naming them) when ``out`` holds anything a race does not write: a
+    race's ``runs/`` holds only run folders named ``ARM-seedN`` that hold only gptspeed's files
+    (:func:`gptspeed.checkpoint.foreign_entries`), its ``logs/`` only ``ARM-seedN.log`` files, its
+    ``race.json`` is a race record."""
+    import os
+
+    from gptspeed.checkpoint import LOCK_NAME, foreign_entries
+    from gptspeed.fileio import read_user_json
+
+    if not out.is_dir():
+        return []
+    fix = "a race writes only into a new or empty folder, or an earlier race's; choose another --out"
+    names = [n for n in sorted(os.listdir(out)) if n != LOCK_NAME and not _RACE_TEMP.match(n)]
+    foreign = [n for n in names if n not in RACE_NAMES]
+    for sub, ok in (("runs", lambda p: _RUN_NAME.match(p.name) and p.is_dir() and not p.is_symlink()
+                     and not foreign_entries(p)),
+                    ("logs", lambda p: p.name.endswith(".log") and _RUN_NAME.match(p.name[:-4]) and p.is_file()
+                     and not p.is_symlink())):
+        folder = out / sub
+        if sub in names:
+            if folder.is_symlink() or not folder.is_dir():
+                foreign.append(sub)
+            else:
+                foreign += [f"{sub}/{p.name}" for p in sorted(folder.iterdir()) if not ok(p)]
+    record = out / "race.json"
+    if "race.json" in names and "race.json" not in foreign:
+        try:
+            doc = read_user_json(record, "race record", max_bytes=1 << 26)
+        except GptspeedError:
+            doc = {}
+        if not {"steps_cap", "arms", "command"} <= set(doc):
+            foreign.append("race.json")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise GptspeedError(f"--out {out} holds what a race did not write ({shown}): {fix}")
+    return names
+
+
+def _refuse_earlier_race(out: Path, names: list[str], force: bool) -> None:
+    if names and not force:
+        runs = len(list((out / "runs").iterdir())) if "runs" in names else 0
+        raise GptspeedError(f"--out {out} holds an earlier race ({runs} run folder(s), {', '.join(names)}): pass "
+                            "--force to replace it, or choose another --out")
+
+
+def open_race_folder(out: Path, force: bool):
+    """Create ``out`` and lock it for one race (:class:`gptspeed.checkpoint.RunLock`, the run
+    folder's lock: released by the kernel when the process dies), then make it empty of an earlier
+    race: refused without ``force`` (one line), removed with it -- each earlier run's folder only
+    after taking its own run lock, so never under a live ``gptspeed train``. Returns the lock
+    (``release()`` it). GptspeedError for another race holding ``out``, or anything in it that a
+    race did not write (:func:`race_entries`)."""
+    import shutil
+
+    from gptspeed.checkpoint import LOCK_NAME, RunLock
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(out).acquire()
+    except GptspeedError:
+        try:
+            holder = (out / LOCK_NAME).read_text(errors="replace")[:200].strip() or "another process"
+        except OSError:
+            holder = "another process"
+        raise GptspeedError(f"--out {out} is in use by {holder} (another `gptspeed bench --race`): wait for it to "
+                            "end or stop it, or choose another --out") from None
+    except OSError as e:
+        raise GptspeedError(f"cannot create or lock --out {out}: {e.strerror or e}") from None
+    try:
+        names = race_entries(out)  # again, under the lock
+        _refuse_earlier_race(out, names, force)
+        for name in ("race.json", "race.md", "race.png"):  # the record first: a cut clearing leaves a race's files
+            (out / name).unlink(missing_ok=True)
+        for run in sorted((out / "runs").iterdir()) if "runs" in names else []:
+            run_lock = RunLock(run).acquire()  # refused, naming it, while a gptspeed train writes it
+            try:
+                shutil.rmtree(run)
+            finally:
+                run_lock.release()
+        for log in sorted((out / "logs").iterdir()) if "logs" in names else []:
+            log.unlink()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def environment_record(device: str) -> dict[str, Any]:
@@ -214,24 +465,34 @@ def environment_record(device: str) -> dict[str, Any]:
     return {**environment(resolve_runtime(device, "float32", False).device), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def train_command(flags: list[str], run_dir: Path) -> list[str]:
+    """The ``gptspeed train`` process of one run."""
+    return [sys.executable, "-m", "gptspeed", "train", *flags, "--out", str(run_dir)]
+
+
 def _one_run(out: Path, arm: Arm, seed: int, flags: list[str], timeout_s: float | None,
-             say: Callable[..., None]) -> dict[str, Any]:
-    """One ``gptspeed train`` process of ``arm`` at ``seed``; its training curve."""
+             say: Callable[..., None], stop=None, arms: list[Arm] | None = None) -> dict[str, Any]:
+    """One ``gptspeed train`` process of ``arm`` at ``seed``; its training curve. Its run folder is
+    new: the race's ``out`` was emptied of any earlier race by :func:`open_race_folder`."""
     run_dir = out / "runs" / f"{arm.name}-seed{seed}"
     log = out / "logs" / f"{arm.name}-seed{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    if run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "gptspeed", "train", *flags, "--out", str(run_dir)]
+    cmd = train_command(flags, run_dir)
     say(f"race: {arm.name} seed {seed}: {shlex.join(cmd[3:])}", flush=True)
     t0 = time.monotonic()
     with open(log, "w") as f:
         try:
-            code = spawn(cmd, f, timeout_s)
+            code = spawn(cmd, f, timeout_s, stop, say)
         except subprocess.TimeoutExpired:
             raise GptspeedError(f"race: {arm.name} seed {seed} ran past {timeout_s:g} s (log: {log})") from None
+    if stop is not None and stop():
+        from gptspeed.checkpoint import list_checkpoints
+
+        ckpts = list_checkpoints(run_dir)
+        kept = f"its last checkpoint is {ckpts[-1]}" if ckpts else f"it had saved no checkpoint (log: {log})"
+        how = (f"did not stop within {STOP_WAIT_S:g} s and was killed" if code == -signal.SIGKILL else
+               f"saved and stopped (exit {code})")
+        raise _stopped(stop.signum, f"while {arm.name} seed {seed} ran: it {how}, {kept}", out, arms or [arm])
     if code != 0:
         last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
         raise GptspeedError(f"race: {arm.name} seed {seed} failed (exit {code}): {last[0][:200]} (log: {log})")
@@ -242,10 +503,39 @@ def _one_run(out: Path, arm: Arm, seed: int, flags: list[str], timeout_s: float 
     return {"seed": seed, "curve": curve, "run_dir": str(run_dir)}
 
 
-def spawn(cmd: list[str], log, timeout_s: float | None) -> int:
+def spawn(cmd: list[str], log, timeout_s: float | None, stop=None, say: Callable[..., None] = print) -> int:
     """Run ``cmd`` (a ``gptspeed train``) in a fresh process, its output into the open file ``log``;
-    its exit status. ``subprocess.TimeoutExpired`` past ``timeout_s``."""
-    return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+    its exit status. ``subprocess.TimeoutExpired`` past ``timeout_s`` (the process killed).
+
+    ``stop`` (a :class:`gptspeed.signals.StopFlag`): once it is set, the process is sent SIGTERM
+    -- on which ``gptspeed train`` saves its last finished step and exits -- and waited for at most
+    :data:`STOP_WAIT_S` seconds, then killed (status ``-SIGKILL``). A Ctrl-C in a terminal reaches
+    the process itself too (one process group): its first signal starts the save and the SIGTERM
+    after it is ignored. A second Ctrl-C (KeyboardInterrupt here) kills it at once: checkpoints
+    are written atomically, so nothing is corrupted."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        t0, asked = time.monotonic(), None
+        while True:
+            try:
+                return proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if stop is not None and stop() and asked is None:
+                proc.send_signal(signal.SIGTERM)
+                asked = now
+                say(f"race: asked the running arm (pid {proc.pid}) to save and stop; waiting for it, at most "
+                    f"{STOP_WAIT_S:g} s", flush=True)
+            if asked is not None and now - asked > STOP_WAIT_S:
+                proc.kill()
+                return proc.wait()
+            if asked is None and timeout_s is not None and now - t0 > timeout_s:
+                raise subprocess.TimeoutExpired(cmd, timeout_s)
+    finally:
+        if proc.poll() is None:  # a second Ctrl-C, a timeout, any failure here: no child is left behind
+            proc.kill()
+            proc.wait()
 
 
 def _write(out: Path, race: dict[str, Any], cfg: RaceConfig) -> None:

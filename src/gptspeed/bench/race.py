@@ -145,7 +145,7 @@ def given_settings(arm: Arm) -> dict[str, str]:
     return given
 
 
-def check_arms(arms: list[Arm], base: list[str], data: str, say: Callable[..., None] = print) -> list:
+def check_arms(arms: list[Arm], base: list[str], data: str) -> list:
     """Every arm's configuration (:func:`arm_config`), each checked whole before the first run, as
     its own ``gptspeed train`` would check it before its first step: its flags, the settings the
     race sets itself (:data:`RACE_SETTINGS`, ``--print-config``; ``--max-steps`` at most twice the
@@ -307,10 +307,10 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
     ``cfg.out``. Returns the race record (see the module docstring).
 
     Before anything is written: ``cfg.out`` is checked (:func:`gptspeed.bench.report.check_out_dir`,
-    :func:`race_entries`) and every arm whole (:func:`check_arms`); then :func:`open_race_folder`. ``cfg.out`` is locked for the whole race (a second race on it is
-    refused). A stop signal is passed on to the running ``gptspeed train``, which saves its last
-    finished step; the race waits for it (at most :data:`STOP_WAIT_S`) and raises
-    :class:`RaceStopped`.
+    :func:`race_entries`) and every arm whole (:func:`check_arms`); then :func:`open_race_folder`
+    locks ``cfg.out`` for the whole race (a second race on it is refused). A stop signal is passed
+    on to the running ``gptspeed train``, which saves its last finished step; the race waits for it
+    (at most :data:`STOP_WAIT_S`) and raises :class:`RaceStopped`.
 
     Raises:
         GptspeedError: an ``out`` refused, a setting an arm cannot run with, or a run that fails
@@ -343,8 +343,9 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
             for arm, arm_cfg in zip(cfg.arms, configs):
                 if stop():
                     raise _stopped(stop.signum, f"before {arm.name} seed {seed} started", out, cfg.arms)
-                flags = [*base, "--save-every", "0", *arm.flags, "--seed", str(1337 + seed), "--eval-every",
-                         str(eval_every), "--eval-tokens", str(eval_tokens), "--max-steps", str(arm_cfg.train.max_steps),
+                flags = [*base, "--save-every", "0", *arm.flags, "--seed", str(1337 + seed),
+                         "--eval-every", str(eval_every), "--eval-tokens", str(eval_tokens),
+                         "--max-steps", str(arm_cfg.train.max_steps),
                          *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else [])]
                 arm.runs.append(_one_run(out, arm, seed, flags, cfg.timeout_s, say, stop, cfg.arms))
                 _write(out, race, cfg)
@@ -374,13 +375,20 @@ def race_entries(out: Path) -> list[str]:
     race's ``runs/`` holds only run folders named ``ARM-seedN`` that hold only gptspeed's files
     (:func:`gptspeed.checkpoint.foreign_entries`), its ``logs/`` only ``ARM-seedN.log`` files, its
     ``race.json`` is a race record."""
+    if not out.is_dir():
+        return []
+    try:
+        return _race_entries(out)
+    except OSError as e:
+        raise GptspeedError(f"cannot read --out {out}: {e.strerror or e}") from None
+
+
+def _race_entries(out: Path) -> list[str]:
     import os
 
     from gptspeed.checkpoint import LOCK_NAME, foreign_entries
     from gptspeed.fileio import read_user_json
 
-    if not out.is_dir():
-        return []
     fix = "a race writes only into a new or empty folder, or an earlier race's; choose another --out"
     names = [n for n in sorted(os.listdir(out)) if n != LOCK_NAME and not _RACE_TEMP.match(n)]
     foreign = [n for n in names if n not in RACE_NAMES]
@@ -441,16 +449,20 @@ def open_race_folder(out: Path, force: bool):
     try:
         names = race_entries(out)  # again, under the lock
         _refuse_earlier_race(out, names, force)
-        for name in ("race.json", "race.md", "race.png"):  # the record first: a cut clearing leaves a race's files
-            (out / name).unlink(missing_ok=True)
-        for run in sorted((out / "runs").iterdir()) if "runs" in names else []:
-            run_lock = RunLock(run).acquire()  # refused, naming it, while a gptspeed train writes it
-            try:
-                shutil.rmtree(run)
-            finally:
-                run_lock.release()
-        for log in sorted((out / "logs").iterdir()) if "logs" in names else []:
-            log.unlink()
+        try:
+            for name in ("race.json", "race.md", "race.png"):  # the record first: a cut clearing leaves a race's
+                (out / name).unlink(missing_ok=True)
+            for run in sorted((out / "runs").iterdir()) if "runs" in names else []:
+                run_lock = RunLock(run).acquire()  # refused, naming it, while a gptspeed train writes it
+                try:
+                    shutil.rmtree(run)
+                finally:
+                    run_lock.release()
+            for log in sorted((out / "logs").iterdir()) if "logs" in names else []:
+                log.unlink()
+        except OSError as e:
+            raise GptspeedError(f"cannot remove the earlier race in --out {out}: {e.strerror or e} "
+                                f"({getattr(e, 'filename', None) or out})") from None
     except BaseException:
         lock.release()
         raise

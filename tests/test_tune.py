@@ -174,6 +174,8 @@ def test_cuda_knobs_values_for_gpt2():
     assert values["sdpa-backend"] == [{"sdpa_backend": "cudnn"}, {"sdpa_backend": "flash"}, {"sdpa_backend": "efficient"}]
     assert values["fp8-lm-head"] == [{"fp8_lm_head": True}] and values["residual-dtype"] == [{"residual_dtype": "bfloat16"}]
     assert rule_refusal(state.user, {}, values["fp8-lm-head"][0]) is None  # the plain loss, vocabulary 50304
+    assert values["cast-weights-once"] == [{"parallel": "fsdp", "cast_weights_once": True}]
+    assert rule_refusal(state.user, {}, values["cast-weights-once"][0]) is None
     assert values["fp8"] == [{"fp8": True}] and values["cuda-graphs"] == [{"compile_tuning": "reduce-overhead"}]
     assert values["compile-tuning"] == [{"compile_tuning": "max-autotune-no-cudagraphs"}]
     # CUDA graphs cannot accumulate: refused for the gpt2 run's 32 micro-steps, with the rule's own line
@@ -182,11 +184,15 @@ def test_cuda_knobs_values_for_gpt2():
     state.best = {"batch_size": 64, "loss": "fused"}
     assert knobs_mod._micro_batch(state) == [{"batch_size": 128}]
     assert knobs_mod._choices("loss", ("plain", "liger", "fused"))(state) == [{"loss": "plain"}, {"loss": "liger"}]
-    # a kept fp32 run has no bf16 stream to try
-    state.auto = {"dtype": "float32", "compile": True}
-    assert "needs --dtype bfloat16" in knobs_mod._residual(state)
     assert "cannot accumulate gradients over 8 micro-steps" in rule_refusal(state.user, state.best,
                                                                               {"compile_tuning": "reduce-overhead"})
+    state.best = {"batch_size": 128}  # a global batch of 128 sequences in one micro-step: nothing to cast less often
+    state.user = state.user.override({"total_batch_tokens": 128 * 1024})
+    assert "already cast once a step" in knobs_mod._cast_once(state)
+    # a kept fp32 run has no bf16 stream or bf16 weight copy to try
+    state.auto = {"dtype": "float32", "compile": True}
+    assert "needs --dtype bfloat16" in knobs_mod._residual(state)
+    assert "needs --dtype bfloat16" in knobs_mod._cast_once(state)
 
 
 def test_measured_step_divides_your_global_batch():
@@ -304,3 +310,21 @@ def test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict(tm
     trained = run_cli("train", "--config", str(out / "tuned.yaml"), "--max-steps", "2", "--out", str(tmp_path / "run"),
                       "--eval-every", "0", "--eval-tokens", "4096", timeout=300)
     assert trained.returncode == 0, trained.stderr
+
+
+def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yours(tmp_path):
+    """``--cast-weights-once``'s candidate (``--parallel fsdp`` in the worker's one process, its gloo group
+    of one on a CPU) runs as a real worker process, with your row's losses (the same bf16 numbers)."""
+    import dataclasses
+
+    from gptspeed.bench.ladder import run_worker
+    from gptspeed.bench.worker import StageSpec
+
+    settings = {"dtype": "bfloat16", "compile": False}
+    base = StageSpec(name="yours", settings=settings, n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2,
+                     steps=2, warmup=1, device="cpu", mode="verify", grad_accum=2, synthetic="phrases")
+    yours = run_worker(base, tmp_path / "yours.log")
+    once = run_worker(dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp",
+                                                                       "cast_weights_once": True}), tmp_path / "once.log")
+    assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
+    assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)

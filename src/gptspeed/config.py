@@ -289,6 +289,11 @@ class RuntimeConfig:
                            "(the one path that calls the head), --softmax full, n_embd and vocab_size multiples of "
                            "16 (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]'); with or without --fp8",
                            kind="flag")
+    cast_weights_once: bool = _f(False, "keep the bf16 copy of the weights between the micro-steps of an optimizer "
+                                 "step: cast (and, over several GPUs, all-gathered) once a step instead of once a "
+                                 "micro-step, at the memory of one bf16 copy of the weights (FSDP2's "
+                                 "reshard_after_forward=False and set_reshard_after_backward; needs --parallel fsdp, "
+                                 "which one process may use, and --dtype bfloat16)", kind="flag")
     keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "
                                         "instead of page-faulting large buffers in again (default: on for a CPU "
                                         "device)", kind="bool")
@@ -423,6 +428,10 @@ class RunConfig:
         if self.model.residual_dtype == "bfloat16" and r.dtype not in ("auto", "bfloat16"):
             raise GptspeedError(f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {r.dtype}: use "
                                 "--dtype bfloat16, or --residual-dtype float32")
+        if r.cast_weights_once and (r.parallel != "fsdp" or r.dtype not in ("auto", "bfloat16")):
+            raise GptspeedError(f"--cast-weights-once keeps FSDP2's bf16 weights between micro-steps: it needs "
+                                f"--parallel fsdp (one process may use it) and --dtype bfloat16; this run has "
+                                f"--parallel {r.parallel} --dtype {r.dtype}")
         parse_log_to(t.log_to)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "

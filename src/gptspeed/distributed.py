@@ -145,11 +145,15 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def grad_sync_control(train_model: torch.nn.Module):
+def grad_sync_control(train_model: torch.nn.Module, keep_weights: bool = False):
     """For gradient accumulation: ``sync(last: bool)`` returning a context manager to run one
     micro-step's forward and backward in, which reduces gradients across ranks only when ``last``
     is True -- DDP's ``no_sync()`` and FSDP2's ``set_requires_gradient_sync`` -- or None when the
-    model is not data-parallel (the single-process path then pays nothing)."""
+    model is not data-parallel (the single-process path then pays nothing). ``keep_weights``
+    (FSDP2, ``--cast-weights-once``): the unsharded weights are also kept after every backward but
+    the last (``set_reshard_after_backward``), so the next micro-step's forward neither casts nor
+    all-gathers them again; the last backward reshards, and the optimizer's update reaches the next
+    step's copy."""
     inner = unwrap(train_model, keep_ddp=True)
     if is_ddp(inner):
         return lambda last: contextlib.nullcontext() if last else inner.no_sync()
@@ -158,6 +162,8 @@ def grad_sync_control(train_model: torch.nn.Module):
     if isinstance(inner, FSDPModule):
         def sync(last: bool):
             inner.set_requires_gradient_sync(last)
+            if keep_weights:
+                inner.set_reshard_after_backward(last)
             return contextlib.nullcontext()
         return sync
     return None

@@ -100,12 +100,17 @@ def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int,
 
 def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "model", compile_tuning: str = "default",
                 activation_checkpointing: str = "none", fp8: bool = False, fp8_lm_head: bool = False,
+                cast_weights_once: bool = False,
                 backend: str = "inductor") -> torch.nn.Module:
     """Move ``model`` to the device and apply, from outside, in this order: FP8 Linear layers
     (``fp8``: the blocks'; ``fp8_lm_head``: the LM head; :func:`gptspeed.fp8.convert_to_float8`),
     activation checkpointing per block
     (:func:`apply_activation_checkpointing`), data parallelism (``rt.parallel``), and compilation
     if ``rt.compile``.
+
+    ``cast_weights_once`` (FSDP2 only): the blocks and the root keep their unsharded (bf16) weights from
+    forward to backward (``reshard_after_forward=False``); with :func:`gptspeed.distributed.grad_sync_control`
+    keeping them between micro-steps too, they are cast once per optimizer step.
 
     ``rt.parallel``: ``ddp`` wraps the model in ``DistributedDataParallel`` (gradients
     all-reduced in buckets during backward; ``device_ids`` on CUDA); ``fsdp`` applies FSDP2
@@ -158,9 +163,10 @@ def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "mod
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         else:
             mp = MixedPrecisionPolicy()
+        keep = {"reshard_after_forward": False} if cast_weights_once else {}  # backward reuses the forward's copy
         for block in model.transformer.h:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)  # embeddings (tied with the LM head), final norm
+            fully_shard(block, mp_policy=mp, **keep)
+        fully_shard(model, mp_policy=mp, **keep)  # embeddings (tied with the LM head), final norm
     if not rt.compile:
         return train_model
     use_compile_cache()

@@ -266,8 +266,9 @@ class TrainStep:
         self.model = build_model(cfg, rt) if model is None else model
         self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
                                        activation_checkpointing=r.activation_checkpointing, fp8=r.fp8,
-                                       fp8_lm_head=r.fp8_lm_head, backend=backend)
-        self.sync = grad_sync_control(self.train_model)
+                                       fp8_lm_head=r.fp8_lm_head, cast_weights_once=r.cast_weights_once,
+                                       backend=backend)
+        self.sync = grad_sync_control(self.train_model, keep_weights=r.cast_weights_once)
         optim = cfg.optim
         if rt.parallel == "fsdp" and rt.use_grad_scaler:
             # ShardedGradScaler's found_inf has shape [1], which fused AdamW's step-count update rejects

@@ -2,5 +2,6 @@
 process; see :func:`gptspeed.bench.entry.main`."""
 
 from gptspeed.bench.entry import main
+from gptspeed.distributed import finish_process
 
-raise SystemExit(main())
+finish_process(main())  # after a one-process FSDP2 row's gloo group, an exit that cannot abort

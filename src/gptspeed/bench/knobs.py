@@ -112,6 +112,14 @@ def _residual(state: TuneState) -> list[Delta] | str:
     return _choices("residual_dtype", ("bfloat16",))(state)
 
 
+def _cast_once(state: TuneState) -> list[Delta] | str:
+    if state.resolved("dtype") != "bfloat16":
+        return f"FSDP2's bf16 copy of the weights needs --dtype bfloat16; this run computes in {state.resolved('dtype')}"
+    if state.global_sequences() // state.value("batch_size") == 1:
+        return "one micro-step a step: the weights are already cast once a step"
+    return "already on" if state.value("cast_weights_once") else [{"parallel": "fsdp", "cast_weights_once": True}]
+
+
 def _cpu_dtype(state: TuneState) -> list[Delta] | str:
     if state.device.type == "cuda":
         return "on CUDA the dtype is bf16 wherever the GPU has it (the anchors' measurement)"
@@ -155,6 +163,8 @@ CUDA_KNOBS: tuple[Knob, ...] = (  # by expected gain per minute of compiling; in
     Knob("fp8-lm-head", "FP8 matmul for the tied LM head (the largest matmul)", "modded-nanogpt records; torchao float8",
          _cuda_only(_switch_on("fp8_lm_head"))),
     Knob("residual-dtype", "a bf16 residual stream", "modded-nanogpt", _cuda_only(_residual)),
+    Knob("cast-weights-once", "the bf16 weights cast once a step, not once a micro-step (one-process FSDP2 keeps "
+         "its unsharded copy between micro-steps)", "FSDP2 set_reshard_after_backward", _cuda_only(_cast_once)),
     Knob("sdpa-backend", "the attention kernel", "torch.nn.attention.SDPBackend",
          _cuda_only(_choices("sdpa_backend", ("cudnn", "flash", "efficient")))),
     Knob("loss", "the loss path: plain (full logits), liger (Liger-Kernel), fused (gptspeed's chunked)",

@@ -75,12 +75,15 @@ class TuneConfig:
 
 def run_settings(cfg: RunConfig) -> dict[str, Any]:
     """Your configuration's settings a row trains with: every model, optimizer and runtime setting
-    (flat, by name) but those the worker sets itself (:data:`NOT_PASSED`)."""
+    (flat, by name) but those the worker sets itself (:data:`NOT_PASSED`); ``--parallel fsdp`` is kept,
+    as FSDP2 runs in the worker's one process."""
     out = {}
     for group in ("model", "optim", "runtime"):
         for f in dataclasses.fields(GROUPS[group]):
             if f.name not in NOT_PASSED and f.metadata.get("cli", True):
                 out[f.name] = getattr(cfg.groups()[group], f.name)
+    if cfg.runtime.parallel == "fsdp":  # FSDP2 runs in one process too (--cast-weights-once needs it)
+        out["parallel"] = "fsdp"
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 from gptspeed.bench.checks import CompileWatch, SyncCounter, profiled_names, sdpa_backend
 from gptspeed.bench.worker import (StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch, run_config,
                                    timed_steps)
+from gptspeed.distributed import init_distributed
 from gptspeed.metrics import memory_stats, peak_flops, reset_peak_memory
 from gptspeed.runtime import resolve_runtime
 
@@ -58,7 +59,9 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     (the worker's ``main`` records it).
     """
     cfg = run_config(spec)
-    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile)
+    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel)
+    if rt.parallel == "fsdp":  # one process (a --tune candidate): FSDP2 needs its group of one
+        init_distributed(rt, cfg.runtime.dist_timeout_s)
     read = spec  # the micro-batches every rung reads
     if spec.extra.get("read_micro_batch"):  # bench --tune: every candidate reads your micro-batches, then regroups
         b = spec.extra["read_micro_batch"]

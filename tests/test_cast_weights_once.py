@@ -5,6 +5,7 @@ bit, with a twentieth of the casts at 4 micro-steps; refused in one line where i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -31,10 +32,10 @@ def counting(self, *a, **k):  # a fresh unshard: FSDP2's cast (and, over several
         casts[0] += 1
     return real(self, *a, **k)
 pg.FSDPParamGroup.unshard = counting
-rt = resolve_runtime("cpu", "bfloat16", False, "fsdp")
+rt = resolve_runtime(os.environ["PROBE_DEVICE"], "bfloat16", False, "fsdp")
 init_distributed(rt)
 torch.manual_seed(0)
-x = torch.randint(0, 50257, (24, 17))
+x = torch.randint(0, 50257, (24, 17), device=rt.device)
 out = {}
 for keep in (False, True):
     cfg = preset("pico").override(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=2,
@@ -55,9 +56,11 @@ finish_process(0)
 '''
 
 
-def test_the_weights_are_cast_once_a_step_and_the_losses_do_not_change():
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_weights_are_cast_once_a_step_and_the_losses_do_not_change(device):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1", "PROBE_DEVICE": device}
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     (every, losses), (once, kept) = out["False"], out["True"]

@@ -221,7 +221,8 @@ def test_a_candidate_micro_batch_reads_your_sequences_regrouped():
 @pytest.mark.parametrize("args, fragment", [
     (["--preset", "pico", "--device", "cpu"], "--tune needs --data DIR"),
     (["--preset", "pico", "--synthetic", "--flags=--no-such-flag"], "'--no-such-flag' are not gptspeed train flags"),
-    (["--preset", "pico", "--synthetic", "--stages", "all"], "--tune chooses its own candidates"),
+    (["--preset", "pico", "--synthetic", "--stages", "all"], "--stages: not read by --tune"),
+    (["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"], "--no-peers, --seed: not read by --tune"),
     (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be positive"),
 ])
 def test_tune_bad_flags_are_one_line(tmp_path, args, fragment):

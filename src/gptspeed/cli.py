@@ -362,6 +362,10 @@ _NOT_FOR_RACE = {"n_layer": ("--n-layer", None), "n_head": ("--n-head", None), "
                  "grad_accum": ("--grad-accum", None)}
 
 
+_NOT_FOR_TUNE = {"stages": ("--stages", None), "grad_accum": ("--grad-accum", None), "peers": ("--no-peers", True),
+                 "seed": ("--seed", 1337), "stage_timeout": ("--stage-timeout", None)}
+
+
 def _refuse_flags_of_another_mode(a: argparse.Namespace) -> None:
     """GptspeedError naming a bench flag given to a mode that would ignore it: the race's flags
     (``--arms``, ``--seeds``, ``--force``, ...) without ``--race``; the ladder's shape, steps and
@@ -372,6 +376,10 @@ def _refuse_flags_of_another_mode(a: argparse.Namespace) -> None:
     given = [flag for dest, (flag, default) in table.items() if getattr(a, dest) != default]
     if given:
         raise GptspeedError(f"{', '.join(given)}: {why}")
+    tune = [flag for dest, (flag, default) in _NOT_FOR_TUNE.items() if a.tune and getattr(a, dest) != default]
+    if tune:
+        raise GptspeedError(f"{', '.join(tune)}: not read by --tune: it chooses its own candidates, micro-steps and "
+                            "time limits (--budget-s); your run's --seed goes in --flags; drop it")
 
 
 def _tune(a: argparse.Namespace) -> int:
@@ -382,8 +390,6 @@ def _tune(a: argparse.Namespace) -> int:
     from gptspeed.bench.tune import TuneConfig, run_tune
     from gptspeed.configure import config_from_flags
 
-    if a.stages or a.race or a.grad_accum:
-        raise GptspeedError("--tune chooses its own candidates and micro-steps: drop --stages / --grad-accum")
     shape = {"--n-layer": a.n_layer, "--n-head": a.n_head, "--n-embd": a.n_embd, "--seq-len": a.seq_len,
              "--batch-size": a.batch_size, "--preset": a.preset, "--config": a.config_file}
     base = [x for flag, v in shape.items() if v is not None for x in (flag, str(v))]

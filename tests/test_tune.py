@@ -329,3 +329,26 @@ def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yo
                                                                        "cast_weights_once": True}), tmp_path / "once.log")
     assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
     assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)
+
+
+def test_a_bench_row_reading_a_data_folder_holds_its_read_lock(shakespeare_data, tmp_path):
+    """A bench worker reads its data folder under the shared lock ``train`` holds: a ``prepare --force``
+    of that folder meanwhile is refused in one line instead of rewriting the shards under the row."""
+    import torch
+
+    from gptspeed.bench import worker
+    from gptspeed.bench.worker import StageSpec, make_loader
+    from gptspeed.data.folder import DataFolderLock
+    from gptspeed.errors import GptspeedError as Error
+
+    spec = StageSpec(name="r", settings={}, n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2, steps=1,
+                     warmup=1, device="cpu", data=str(shakespeare_data))
+    make_loader(spec, torch.device("cpu"))
+    try:
+        with pytest.raises(Error, match="is in use"):
+            DataFolderLock.for_writing(shakespeare_data)
+    finally:
+        for lock in worker._HELD:
+            lock and lock.release()
+        worker._HELD.clear()
+    DataFolderLock.for_writing(shakespeare_data).release()

@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gptspeed.checkpoint import newest_run_config
+from gptspeed.checkpoint import list_checkpoints, newest_run_config, started_run
 from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file, recipe
 from gptspeed.errors import GptspeedError
 
@@ -29,8 +29,10 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
     ``config_file`` (YAML or JSON, :func:`read_config_file`), then ``overrides`` (flat field
     names, the flags given). With ``resume`` and a valid checkpoint in ``out``, the checkpoint's
     configuration (read from its seal, without loading it) is the base instead, so
-    ``gptspeed train --out RUN --resume`` alone continues a run; a config file and flags given
-    still apply on top.
+    ``gptspeed train --out RUN --resume`` alone continues a run; with ``resume``, no checkpoint
+    and the ``config.json`` a run wrote when it started there (a run killed before its first
+    checkpoint: :func:`gptspeed.checkpoint.started_run`), that configuration is the base, and the
+    run restarts from step 0 as itself. A config file and flags given still apply on top.
 
     Raises:
         GptspeedError: an unknown preset, an unreadable config file or a bad setting in it, or
@@ -39,7 +41,12 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
     """
     out = expand_path_setting("out", overrides.get("out"))  # as cfg.override will set it
     path, cfg = newest_run_config(Path(out)) if overrides.get("resume") and out else (None, None)
-    if path is not None:
+    if path is None and overrides.get("resume") and out and not list_checkpoints(Path(out)):
+        # killed before its first checkpoint: the run restarts as itself, from the config.json it wrote
+        # at its start (a folder whose checkpoints all failed their check is refused by the resume)
+        started = started_run(Path(out))
+        cfg = started[0] if started is not None else None
+    if cfg is not None:
         if preset_name is not None and preset_name != cfg.preset:
             raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
     else:

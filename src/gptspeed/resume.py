@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gptspeed.checkpoint import (data_changed, is_sharded, latest_valid_checkpoint, list_checkpoints, read_seal,
-                                 refuse_checkpoints)
+                                 refuse_checkpoints, started_run)
 from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff
 from gptspeed.errors import GptspeedError
 
@@ -69,8 +69,9 @@ def find_resume_point(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, 
                       say: Callable[..., None] = print) -> ResumePoint:
     """Without ``--resume``: a new run, refusing a folder that already holds checkpoints. With it:
     the newest valid checkpoint of the run folder (saying which newer ones were skipped, and why),
-    checked to continue this run (:func:`check_resume`); a new run when there is none -- unless
-    the folder holds checkpoints that cannot be verified, which are never written over."""
+    checked to continue this run (:func:`check_resume`); when there is none, the run its
+    ``config.json`` recorded restarts from step 0 (:func:`restart_point`), or a new run starts --
+    unless the folder holds checkpoints that cannot be verified, which are never written over."""
     t = cfg.train
     run_dir = Path(t.out)
     new = ResumePoint(None, None, None, uuid.uuid4().hex)
@@ -90,13 +91,36 @@ def find_resume_point(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, 
             raise GptspeedError(f"--resume: {run_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} "
                                 "but no checkpoint that can be verified (each is unsealed or damaged): refusing to "
                                 "write over them; move them away, or choose another --out")
-        say(f"--resume: no checkpoint in {run_dir}, starting a new run")
-        return new
+        started = started_run(run_dir)
+        if started is None:
+            say(f"--resume: no checkpoint in {run_dir}, starting a new run")
+            return new
+        return restart_point(run_dir, *started, cfg, data_identity, force=t.force_resume, say=say)
     seal = check_resume(path, cfg, data_identity, sharded=rt.parallel == "fsdp", world_size=rt.world_size,
                         force=t.force_resume, say=say)
     kind = seal.get("kind", "full")
     run_id = seal.get("run_id") if kind == "full" and isinstance(seal.get("run_id"), str) else new.run_id
     return ResumePoint(path, kind, int(seal.get("world_size", 1)), run_id)
+
+
+def restart_point(run_dir: Path, recorded: RunConfig, derived: dict[str, Any], cfg: RunConfig,
+                  data_identity: dict[str, Any] | None, *, force: bool,
+                  say: Callable[..., None] = print) -> ResumePoint:
+    """The resume point of a run killed before its first checkpoint, whose ``config.json`` recorded
+    ``recorded`` and ``derived`` at its start (:func:`gptspeed.checkpoint.started_run`): it restarts
+    from step 0 under its own run id -- refused (GptspeedError), unless ``force``, when ``cfg``
+    changes a run-defining setting or the data, so config.json is never written over by another run."""
+    changed = run_defining_diff(recorded, cfg)
+    if data_changed(derived.get("data"), data_identity):
+        changed.append("data")
+    if changed and not force:
+        raise GptspeedError(f"--resume: {run_dir} has no checkpoint yet, and its config.json records another run "
+                            f"(changed: {', '.join(changed)}): use the original settings, a new --out, or --force-resume "
+                            "to restart it with these")
+    how = f" with changed {', '.join(changed)} (--force-resume)" if changed else ""
+    say(f"--resume: no checkpoint in {run_dir} yet: restarting the run of its config.json from step 0{how}")
+    run_id = derived.get("run_id")
+    return ResumePoint(None, None, None, run_id if isinstance(run_id, str) and run_id else uuid.uuid4().hex)
 
 
 def check_resume(path: Path, cfg: RunConfig, data_identity: dict[str, Any] | None, *, sharded: bool,

@@ -26,7 +26,7 @@ from gptspeed.checkpoint.paths import (
     is_sharded, list_checkpoints, seal_path, step_of)
 from gptspeed.checkpoint.seals import (
     check_checkpoint, checkpoint_config, data_changed, folder_run_id, latest_valid_checkpoint,
-    newest_run_config, not_of_run, read_seal, refuse_checkpoints, seal_info)
+    newest_run_config, not_of_run, read_seal, refuse_checkpoints, seal_info, started_run)
 from gptspeed.checkpoint.formats import (
     DcpFormat, PtFormat, check_room, load_checkpoint, load_latest, load_latest_run, prune_checkpoints,
     save_checkpoint, seal_sharded, write_checkpoint_file, write_failure)
@@ -41,7 +41,7 @@ __all__ = [
     "CKPT_RE", "FORMAT", "FORMAT_VERSION", "LOCK_NAME", "OWN_NAMES", "SHARDED_META", "STALE_NAMES",
     "checkpoint_path", "is_sharded", "list_checkpoints", "seal_path", "step_of", "check_checkpoint",
     "checkpoint_config", "data_changed", "folder_run_id", "latest_valid_checkpoint", "newest_run_config",
-    "not_of_run", "read_seal", "refuse_checkpoints", "seal_info", "DcpFormat", "PtFormat", "check_room",
+    "not_of_run", "read_seal", "refuse_checkpoints", "seal_info", "started_run", "DcpFormat", "PtFormat", "check_room",
     "load_checkpoint", "load_latest", "load_latest_run", "prune_checkpoints", "save_checkpoint",
     "seal_sharded", "write_checkpoint_file", "write_failure", "ModelState", "OptimizerState", "RNGState",
     "Stateful", "load_part", "optimizers_of", "Checkpointer", "RunFolder", "RunLock", "check_free_space",

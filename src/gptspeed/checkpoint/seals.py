@@ -195,6 +195,32 @@ def newest_run_config(run_dir: Path) -> tuple[Path | None, "RunConfig | None"]:
     return path, RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
 
 
+def started_run(run_dir: Path) -> "tuple[RunConfig, dict[str, Any]] | None":
+    """What ``RUN_DIR/config.json`` records of a run that started there
+    (:func:`gptspeed.runinfo.write_run_config`, written before the first step): its configuration
+    and its ``derived`` entries (``run_id``, ``data``, ...) -- for a ``--resume`` of a run killed
+    before its first checkpoint, which restarts as itself. None when there is no such file, or it is
+    not a run's configuration (no ``model`` / ``train`` / ``derived`` objects, or an imported model's,
+    which names its ``source``): the run folder's own rules judge such a file. GptspeedError (one line
+    naming the file) when it is a run's configuration that cannot be read back."""
+    import os
+
+    from gptspeed.config import RunConfig
+    from gptspeed.fileio import read_user_json
+
+    path = Path(run_dir) / "config.json"
+    if not os.path.lexists(path):
+        return None
+    try:
+        doc = read_user_json(path, "run configuration", max_bytes=1 << 20)
+    except GptspeedError:
+        return None  # a folder, a FIFO, not JSON: not a run's (RunFolder refuses it, naming it)
+    if not all(isinstance(doc.get(k), dict) for k in ("model", "train", "derived")) or "source" in doc:
+        return None
+    settings = {k: v for k, v in doc.items() if k not in ("derived", "environment")}
+    return RunConfig.from_dict(settings, f"run configuration {path}"), doc["derived"]
+
+
 def refuse_checkpoints(folder: Path, fix: str) -> None:
     """GptspeedError "FOLDER already holds checkpoints: FIX" if ``folder`` holds any checkpoint
     (valid or not): no command writes a new run over one."""

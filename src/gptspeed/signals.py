@@ -1,4 +1,4 @@
-"""Signals that stop a run cleanly: Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP."""
+"""Signals that stop a run cleanly, in bounded time: Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 
 class StopFlag:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) set ``signum``; the loop
-    finishes its step, saves and exits 128+signum. The notice is printed once: later signals (a
+    stops -- in one process at the unfinished step's next micro-batch, leaving that step; under
+    torchrun at the next log step, where the ranks agree -- saves the last finished step and
+    exits 128+signum (``ranks``: under torchrun, for the notice). The notice is printed once: later signals (a
     scheduler repeating SIGTERM while the checkpoint is written) only wait for the save -- printing
     from a handler that interrupted another print would raise "reentrant call" and kill the
     process before its resume line; SIGTERM and SIGHUP are then ignored (``SIG_IGN``, which also
@@ -19,9 +21,14 @@ class StopFlag:
 
     SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
-    def __init__(self, say=print):
+    def __init__(self, say=print, *, ranks: bool = False):
         self.signum: int | None = None
         self.say = say
+        self.doing = ("finishing this step; the ranks stop together at the next log step and save" if ranks else
+                      "leaving this step at its next micro-batch and saving the last finished one")
+        # asked between micro-batches (gptspeed.step.TrainStep): one process only -- a rank that left
+        # a step alone would leave the others waiting in its gradient all-reduce
+        self.mid_step = None if ranks else self
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
@@ -40,8 +47,7 @@ class StopFlag:
             if repeat != signal.SIGINT:
                 signal.signal(repeat, signal.SIG_IGN)
         with contextlib.suppress(RuntimeError):  # "reentrant call": the signal interrupted a print
-            self.say(f"\n{signal.Signals(signum).name} received: finishing this step and saving a checkpoint "
-                     "(Ctrl-C again to quit now)", flush=True)
+            self.say(f"\n{signal.Signals(signum).name} received: {self.doing} (Ctrl-C again to quit now)", flush=True)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -238,6 +238,16 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
         raise GptspeedError(problem)
 
 
+class StepAbandoned(Exception):
+    """A step left unfinished on a stop signal (:meth:`TrainStep.__call__`): ``done`` of its
+    ``accum`` micro-batches had run; their gradients were dropped and nothing was stepped, so the
+    weights and optimizer state are those of the last finished step."""
+
+    def __init__(self, done: int, accum: int):
+        super().__init__(f"step abandoned after {done} of {accum} micro-batches")
+        self.done, self.accum = done, accum
+
+
 class TrainStep:
     """One optimizer step of a run, built from its configuration; ``step(next_batch)`` runs it.
 
@@ -285,12 +295,21 @@ class TrainStep:
         the forwards of training, evaluation and HellaSwag run inside it; nothing outside them sees it."""
         return sdpa_backend_scope(self.cfg.runtime.sdpa_backend)
 
-    def __call__(self, next_batch: Callable[[], Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, next_batch: Callable[[], Batch],
+                 stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)`` (each
         ``(B, T)`` int64 on the device). Returns device tensors ``(loss, grad_norm, bad)``: the mean
-        loss over the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read."""
+        loss over the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read.
+
+        ``stop`` (one process only: a rank that left the step alone would leave the others waiting
+        in its gradient all-reduce) is asked before each micro-batch: when it says True the step is
+        abandoned -- the gradients accumulated so far are dropped, nothing is stepped -- and
+        :class:`StepAbandoned` is raised, so a stop signal waits for one micro-batch, not a whole step."""
         loss = torch.zeros((), device=self.rt.device)
         for i in range(self.accum):
+            if stop is not None and stop():
+                self.optimizer.zero_grad(set_to_none=True)
+                raise StepAbandoned(i, self.accum)
             x, y = next_batch()
             loss += self.forward_backward(x, y, last_micro_step=i == self.accum - 1)
         grad_norm, bad = self.optimizer_step(loss)

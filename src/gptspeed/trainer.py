@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGState, RunFolder, check_free_space,
-                                 checkpoint_path, estimate_checkpoint_bytes, latest_valid_checkpoint)
+                                 checkpoint_path, estimate_checkpoint_bytes, latest_valid_checkpoint, step_of)
 from gptspeed.config import RunConfig, world_from_env
 from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported beside fit
 from gptspeed.cpu import keep_freed_memory
@@ -49,7 +49,7 @@ from gptspeed.resume import resolve_run
 from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.signals import StopFlag, agree_on_stop
-from gptspeed.step import TrainStep, build_model
+from gptspeed.step import StepAbandoned, TrainStep, build_model, is_out_of_memory
 
 __all__ = ["Trainer", "TrainState", "fit", "build_train_config", "resume_command"]
 
@@ -114,7 +114,7 @@ class Trainer:
         self.run_dir = Path(t.out)
         self.state = TrainState()
         self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
-        self.loader = self.log = None
+        self.loader = self.log = self.stop = None  # self.stop: the stop signals' flag, while training
         self.folder = RunFolder(self.run_dir, rt.is_main)
         self.folder.open()  # the lock first: no other writer reads or writes the folder from here on
         self.barrier()
@@ -214,14 +214,17 @@ class Trainer:
 
             dist.barrier()
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One optimizer step over the loader's next micro-batches (:class:`gptspeed.step.TrainStep`).
-        Returns device tensors ``(loss, grad_norm, bad)``. A shard that went bad under the run
-        (:class:`gptspeed.data.shards.ShardError`) raises GptspeedError naming it, after saving the
-        steps done since the last checkpoint when it can (:func:`save_before_data_error`)."""
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One optimizer step over the loader's next micro-batches (:class:`gptspeed.step.TrainStep`): device tensors
+        ``(loss, grad_norm, bad)``. A shard gone bad under the run (:class:`~gptspeed.data.shards.ShardError`) is a
+        GptspeedError naming it, after saving the steps since the last checkpoint when it can (:func:`save_before_data_error`);
+        out of memory is one line; a step a stop signal leaves (``self.stop.mid_step``) is rewound, and None returned."""
         at = self.loader.mark()  # a few ints: where a failed step rewinds to
         try:
-            return self.stepper(self.loader.next_batch)
+            with out_of_memory_as_one_line(self, f"step {self.step + 1}'s forward and backward"):
+                return self.stepper(self.loader.next_batch, self.stop.mid_step if self.stop else None)
+        except StepAbandoned as e:
+            return save_after_leaving_a_step(self, e, at)
         except ShardError as e:
             raise GptspeedError(f"{e}. {save_before_data_error(self, at)}") from None
 
@@ -233,8 +236,9 @@ class Trainer:
         self.state.skipped_steps += self.divergence.check(self.state.skipped_steps, self.step, good, self.say)
 
     def evaluate(self, stop: Callable[[], bool] | None = None) -> float | None:
-        """The val loss now (:meth:`gptspeed.eval.during.RunEvaluator.val_loss`)."""
-        return self.evals.val_loss(stop)
+        """The val loss now (:meth:`gptspeed.eval.during.RunEvaluator.val_loss`); out of memory is one line."""
+        with out_of_memory_as_one_line(self, f"the val loss after step {self.step}"):
+            return self.evals.val_loss(stop)
 
     def record(self, step: int, **fields) -> None:
         """Write one metrics record (rank 0): progress counters plus ``fields``."""
@@ -286,7 +290,7 @@ class Trainer:
             self.close()
             return summary
         self.wall_start = time.monotonic()  # durations from a monotonic clock: a clock jump cannot make them negative
-        stop = StopFlag(self.say)
+        self.stop = stop = StopFlag(self.say, ranks=self.rt.distributed)
         first_step, stopping = self.step, None
         try:
             stopping = self._start(stop, summary)
@@ -335,7 +339,9 @@ class Trainer:
         target = self.cfg.train.stop_at_val_loss
         while self.step < self.cfg.train.max_steps and stopping is None and summary.get("reached_target") is None:
             lr = set_lr(self.optimizer, self.cfg, self.step)
-            loss, grad_norm, bad = self.train_step()
+            if (done := self.train_step()) is None:  # a signal left the step (one process)
+                return stop.signum
+            loss, grad_norm, bad = done
             self.state.step += 1
             self.state.tokens += self.tokens_per_step
             self.throughput.step_done()
@@ -408,6 +414,50 @@ def save_before_data_error(trainer: "Trainer", at: Any) -> str:
         return f"Saving step {trainer.step} failed too: {e}"
     return (f"Trained {trainer.step:,} steps ({trainer.tokens:,} tokens); the checkpoint of step {trainer.step} was saved: "
             f"fix the {'data' if trainer.data.is_stream else 'shard'}, then --resume")
+
+
+def save_after_leaving_a_step(trainer: "Trainer", left: StepAbandoned, at: Any) -> None:
+    """A stop signal left a step unfinished (:class:`~gptspeed.step.StepAbandoned`: nothing was
+    stepped): rewind the data position to ``at`` (the step's start: a resume reads its batches
+    again), say so, and save the last finished step unless it is saved already (a resumed run that
+    did no step) or there is none (step 0)."""
+    trainer.loader.rewind(at)
+    if left.done:
+        trainer.say(f"step {trainer.step + 1} was left after {left.done} of its {left.accum} micro-batches: "
+                    "a resume redoes it from the same batches")
+    if trainer.step > 0 and not checkpoint_path(trainer.run_dir, trainer.step).exists():
+        trainer.checkpointer.save(trainer.step)
+
+
+@contextlib.contextmanager
+def out_of_memory_as_one_line(trainer: "Trainer", where: str):
+    """Context manager: running out of memory inside (:func:`gptspeed.step.is_out_of_memory`)
+    becomes :func:`out_of_memory_error`'s one line; anything else passes through."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        raise out_of_memory_error(trainer, where) from None
+
+
+def out_of_memory_error(trainer: "Trainer", where: str) -> GptspeedError:
+    """The one line for running out of memory in ``where`` (a step's forward and backward, an
+    evaluation): the micro-batch that did not fit, what to change, and the newest checkpoint, which
+    is intact (nothing is saved: the memory is gone, and the step may have been half done)."""
+    cfg, rt = trainer.cfg, trainer.rt
+    t, T = cfg.train, cfg.model.block_size
+    total = t.total_batch_tokens or t.batch_size * T * rt.world_size
+    ckpt = latest_valid_checkpoint(trainer.run_dir)[0]
+    intact = (f"the checkpoint of step {step_of(ckpt)} is intact" if ckpt is not None else "no checkpoint was written yet")
+    if ckpt is not None and trainer.step > step_of(ckpt):
+        intact += f" (steps {step_of(ckpt) + 1}-{trainer.step} were not saved)"
+    smaller = max(1, t.batch_size // 2)
+    ac = "" if cfg.runtime.activation_checkpointing == "full" else ", or --activation-checkpointing full"
+    return GptspeedError(
+        f"out of memory on {rt.device.type} in {where}, at a micro-batch of --batch-size {t.batch_size} x --seq-len {T} = "
+        f"{t.batch_size * T:,} tokens: use a smaller --batch-size (e.g. {smaller}) with the same --total-batch-tokens "
+        f"{total} (more micro-steps a step, the same run){ac}, then --resume; {intact}")
 
 
 def _finite(x: float | None) -> float | None:

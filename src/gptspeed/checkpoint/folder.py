@@ -34,7 +34,8 @@ class RunLock:
     """One writer per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.gptspeed.lock``,
     which holds the owner's pid and host. The kernel drops the lock when its process dies (even
     by SIGKILL), so a stale lock file never blocks ``--resume``. Raises GptspeedError naming the
-    holder when another live process has it."""
+    holder when another live process has it, and when the lock file cannot be opened (a folder, a
+    symbolic link -- never followed: the lock is truncated -- under its name)."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
@@ -43,7 +44,11 @@ class RunLock:
     def acquire(self) -> "RunLock":
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        except OSError as e:  # a folder, a dangling link, a file it may not write under the lock's name
+            raise GptspeedError(f"cannot take the run folder's lock {self.path}: {e.strerror or e}; it is gptspeed's "
+                                "own file: move whatever is there away (gptspeed makes it again)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -131,8 +136,9 @@ def refuse_foreign_folder(folder: Path, what: str = "--out") -> None:
 
 class RunFolder:
     """The run folder of one writer: created if new, refused if it holds files gptspeed did not
-    write (:func:`refuse_foreign_folder`), locked (:class:`RunLock`) by rank 0 for the whole run,
-    and -- when a new run fails before its first step -- left as it was found: only the files
+    write (:func:`refuse_foreign_folder`) or where something other than a file stands under the
+    name of one of its own (config.json, metrics.jsonl, the lock), locked (:class:`RunLock`) by rank
+    0 for the whole run, and -- when a new run fails before its first step -- left as it was found: only the files
     this run created are removed, and only gptspeed's own stale temporary names are cleaned."""
 
     def __init__(self, path: Path, is_main: bool):
@@ -154,6 +160,11 @@ class RunFolder:
             probe.unlink()
         except OSError as e:
             raise GptspeedError(f"cannot write to run folder {self.path}: {e.strerror or e}") from e
+        for name in ("config.json", "metrics.jsonl"):  # gptspeed's own files, written over as the run goes
+            own = self.path / name
+            if os.path.lexists(own) and not own.is_file():
+                raise GptspeedError(f"{own} is not a file (a folder?), where the run writes its {name}: move it "
+                                    "away, then run again")
         self.lock = RunLock(self.path).acquire()
         self.opened = True
         self.existing = {p.name for p in self.path.iterdir()} - {LOCK_NAME}

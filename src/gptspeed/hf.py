@@ -24,6 +24,7 @@ the token embedding. Loading never unpickles code: safetensors, or ``torch.load(
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -196,10 +197,17 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
     from the file headers), so a config.json that does not describe its weights is refused before
     the run builds a model of the size it claims.
 
+    The switches that need no weights of their own -- ``doc_mask``, ``logit_softcap``,
+    ``residual_dtype`` -- are kept from ``model`` too; those GPT-2's weights cannot take
+    (:data:`INIT_FROM_REFUSED`: rotary positions, RMSNorm, ReLU², QK-norm, an untied head, zero-init
+    projections), from a flag, ``--recipe`` or a config file, are refused before the source is read.
+
     Raises:
         GptspeedError: as :func:`resolve_source` / :func:`read_hf_config` / :func:`check_hf_layout`,
-            or an explicit --n-layer / --n-head / --n-embd that contradicts the source.
+            an explicit --n-layer / --n-head / --n-embd that contradicts the source, or an
+            architecture switch GPT-2's weights cannot take.
     """
+    check_init_from_switches(source, model)
     folder = resolve_source(source)
     hf = read_hf_config(folder)
     for name in ("n_layer", "n_head", "n_embd"):
@@ -208,7 +216,33 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
                                 f"whose {name} is {hf[name]}: leave it out")
     shape = gpt_config_from_hf(hf, block_size=explicit.get("block_size"), vocab_size=model.vocab_size)
     check_hf_layout(read_hf_shapes(folder), shape, where=str(folder), vocab_rows=hf["vocab_size"])
-    return dataclasses.replace(shape, attention=model.attention, loss=model.loss, softmax=model.softmax)
+    return dataclasses.replace(shape, attention=model.attention, loss=model.loss, softmax=model.softmax,
+                               doc_mask=model.doc_mask, logit_softcap=model.logit_softcap,
+                               residual_dtype=model.residual_dtype)
+
+
+# The model settings GPT-2's weights cannot take: another layout or function of its tensors (rotary
+# positions have no wpe, RMSNorm no bias, QK-norm and an untied head tensors of their own), or an
+# initialisation the loaded weights replace (zero-init projections).
+INIT_FROM_REFUSED = ("pos_emb", "norm", "mlp", "qk_norm", "tie_embeddings", "zero_init_proj")
+
+
+def check_init_from_switches(source: str, model: GPTConfig) -> None:
+    """GptspeedError (one line naming them) when ``model`` sets any of :data:`INIT_FROM_REFUSED`
+    away from GPT-2's: ``--init-from`` would silently drop them."""
+    from gptspeed.config import setting_flag
+
+    gpt2 = GPTConfig()
+    named = []
+    for name in INIT_FROM_REFUSED:
+        value = getattr(model, name)
+        if value != getattr(gpt2, name):
+            flag = setting_flag(name)
+            named.append((flag if value else "--no-" + flag[2:]) if isinstance(value, bool) else f"{flag} {value}")
+    if named:
+        raise GptspeedError(f"--init-from {source} starts from GPT-2's weights, which {', '.join(named)} would not fit "
+                            "(from a flag, --recipe or the config file): leave them out, or train from scratch "
+                            "without --init-from")
 
 
 # ----------------------------------------------------------------------------------------- weights
@@ -723,7 +757,7 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     except OSError as e:
         raise GptspeedError(f"cannot write to {out.parent}: {e.strerror or e}") from None
     try:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _save_safetensors(save_file, tensors, tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 50256, "eos_token_id": 50256}, indent=2) + "\n")
@@ -745,7 +779,23 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
         else:
             os.replace(tmp, out)
     except OSError as e:
-        raise GptspeedError(f"could not write {out}: {e.strerror or e}") from None
+        full = ": free some space, then export again" if e.errno == errno.ENOSPC else ""
+        raise GptspeedError(f"could not write {out}: {e.strerror or e}{full} (nothing was written there)") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _save_safetensors(save_file, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``save_file(tensors, path)``, whose write errors (safetensors' Rust writer raises a
+    ``SafetensorError`` "I/O error: No space left on device (os error 28)", not an OSError) are
+    re-raised as the OSError they are, so the export's one line names them."""
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except OSError:
+        raise
+    except Exception as e:  # SafetensorError
+        code = re.search(r"os error (\d+)", str(e))
+        if code is None:
+            raise OSError(f"safetensors could not write {path.name}: {_one_line(e)}") from None
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None

@@ -9,8 +9,10 @@ checks the result before anything runs and raises :class:`GptspeedError` with on
 
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -141,6 +143,10 @@ class GPTConfig:
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
                 "each head gets n_embd / n_head channels"
             )
+        head_dim = self.n_embd // self.n_head
+        if self.pos_emb == "rope" and head_dim % 2:
+            raise GptspeedError(f"--pos-emb rope rotates pairs of channels: the head dimension n_embd / n_head = "
+                                f"{self.n_embd} / {self.n_head} = {head_dim} must be even; change --n-embd or --n-head")
         if self.vocab_size < self.valid_vocab_size:
             raise GptspeedError(
                 f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
@@ -626,6 +632,24 @@ def parse_log_to(text: str) -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------------------------ config files
+class DuplicateKey(Exception):
+    """A config file's mapping names ``key`` twice (at ``line``, YAML only)."""
+
+    def __init__(self, key: Any, line: int | None = None):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, or DuplicateKey for a key given twice."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def _yaml_loader():
     """PyYAML's safe loader, reading ``1e-3`` as a float as YAML 1.2 and JSON do (YAML 1.1, which
     PyYAML implements, wants a dot -- ``1.0e-3`` -- and would make ``1e-3`` a string)."""
@@ -634,7 +658,17 @@ def _yaml_loader():
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node, deep=False):  # a key twice is refused, not "the last one wins"
+            seen = set()
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, collections.abc.Hashable):
+                    if key in seen:
+                        raise DuplicateKey(key, key_node.start_mark.line + 1)
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                                  re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
@@ -646,33 +680,44 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     any other (``.yaml``, ``.yml``, ...). Raises GptspeedError (one line, with the line and column
     of a syntax error) when the file cannot be read -- missing, a folder, a FIFO or a device
     (``/dev/zero``), too large, not UTF-8 (:func:`gptspeed.fileio.read_user_text`) --, does not
-    parse, is nested too deeply to parse, or is not a mapping. A ``~`` in ``path`` is expanded."""
+    parse, is nested too deeply to parse, names a key twice in one mapping (PyYAML and ``json``
+    would keep the last silently), or is not a mapping. A ``~`` in ``path`` is expanded."""
     from gptspeed.fileio import parse_json, read_user_text
 
     path = Path(os.path.expanduser(str(path)))
     kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
     text = read_user_text(path, "config file")
-    if kind == "JSON":
-        raw = parse_json(text, f"config file {path}", expect=None)
-    else:
-        import yaml
-
-        try:
-            raw = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            what = " ".join(str(getattr(e, "problem", None) or e).split())
-            raise GptspeedError(f"config file {path} is not valid YAML: {what}{where}"[:300]) from None
-        except RecursionError:
-            raise GptspeedError(f"config file {path} is nested too deeply to be read") from None
-        except (ValueError, OverflowError) as e:  # a value PyYAML's constructors cannot make (an int of 5,000 digits)
-            what = " ".join(str(e).split())
-            raise GptspeedError(f"config file {path} is not valid YAML: {what}"[:300]) from None
+    try:
+        if kind == "JSON":
+            raw = parse_json(text, f"config file {path}", expect=None)
+            json.loads(text, object_pairs_hook=_no_duplicate_keys)  # parsed: now the keys given twice
+        else:
+            raw = _read_yaml(text, path)
+    except DuplicateKey as e:
+        where = f" (line {e.line})" if e.line else ""
+        raise GptspeedError(f"config file {path}: {_show(e.key)} is given twice{where}: keep one"[:300]) from None
     if not isinstance(raw, dict):
         raise GptspeedError(f"config file {path}: expected a {'JSON object' if kind == 'JSON' else 'YAML mapping'} "
                             f"of settings, got {type(raw).__name__}")
     return raw
+
+
+def _read_yaml(text: str, path: Path) -> Any:
+    """:func:`read_config_file`'s YAML: PyYAML's safe loading (:func:`_yaml_loader`), its errors one line."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise GptspeedError(f"config file {path} is not valid YAML: {what}{where}"[:300]) from None
+    except RecursionError:
+        raise GptspeedError(f"config file {path} is nested too deeply to be read") from None
+    except (ValueError, OverflowError) as e:  # a value PyYAML's constructors cannot make (an int of 5,000 digits)
+        what = " ".join(str(e).split())
+        raise GptspeedError(f"config file {path} is not valid YAML: {what}"[:300]) from None
 
 
 def config_to_yaml(cfg: RunConfig) -> str:

@@ -4,8 +4,11 @@ and :func:`unwrap`, the one place that knows how to get the plain module back.""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -30,8 +33,30 @@ def use_compile_cache() -> Path:
     same model and settings loads the compiled graphs instead of compiling them again. Its
     default, ``/tmp/torchinductor_$USER``, does not survive a reboot or a /tmp cleaner. Returns
     the folder. Source: PyTorch's "Compile Time Caching in torch.compile" tutorial
-    (https://pytorch.org/tutorials/recipes/torch_compile_caching_tutorial.html)."""
+    (https://pytorch.org/tutorials/recipes/torch_compile_caching_tutorial.html).
+
+    A folder that cannot be made or written (``$GPTSPEED_CACHE`` a file, under ``/proc``, read-only)
+    is not fatal: the run compiles into a temporary folder instead (removed at exit, so the next run
+    compiles again), with a one-line note on rank 0; GptspeedError only when no temporary folder
+    can be made either."""
     path = compile_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".gptspeed-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        try:
+            fallback = Path(tempfile.mkdtemp(prefix="gptspeed-inductor-"))
+        except OSError as e2:
+            raise GptspeedError(f"torch.compile needs a folder for its kernels: the compile cache {path} cannot be "
+                                f"made ({e.strerror or e}), nor a temporary folder ({e2.strerror or e2}): set "
+                                "$GPTSPEED_CACHE to a writable folder, or run with --no-compile") from None
+        atexit.register(shutil.rmtree, fallback, ignore_errors=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"note: the compile cache {path} cannot be made ({e.strerror or e}): compiling into {fallback}, "
+                  "which is not kept for the next run; set $GPTSPEED_CACHE to a writable folder", flush=True)
+        path = fallback
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     import torch._inductor.config as inductor_config
 

@@ -328,7 +328,7 @@ class Tuner:
     def _progress(self, row: dict[str, Any]) -> str:
         if row.get("ms_median") is None:
             return f"{row['verdict']}: {row['reason']}"
-        vs = f", {row['ms_median'] and self.ref['ms_median'] / row['ms_median']:.3f}x yours" if self.ref else ""
+        vs = f", {self.ref['ms_median'] / row['ms_median']:.3f}x yours" if self.ref else ""
         return f"{row['verdict']}: {row['tokens_per_s']:,.0f} tokens/s{vs}" + (f" ({row['reason']})" if row["reason"] else "")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from gptspeed.bench.report import fmt_bytes
 
+#: every verdict a row can have (:meth:`gptspeed.bench.tune.Tuner.measure`)
 VERDICTS = ("yours", "verified", "fails verification", "does not fit", "not applicable", "failed",
             "cut by --budget-s", "not tried")
 

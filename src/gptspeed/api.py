@@ -17,7 +17,7 @@ Importing this module imports no torch; :func:`train` and :meth:`Run.generate` d
 from __future__ import annotations
 
 import io
-import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
 
     if not isinstance(config, RunConfig):
         raise GptspeedError(f"train() takes a RunConfig (gptspeed.make_config(...)), got {type(config).__name__}")
+    check_config_shape(config)
     config.validate()  # fields may have been changed since make_config; the data is checked before importing torch
     t = config.train
     if t.data:
@@ -66,6 +67,29 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
     from gptspeed.trainer import fit
 
     return fit(config, echo=echo)
+
+
+def check_config_shape(config: RunConfig) -> None:
+    """GptspeedError (one line) when a configuration was changed into something that is not one:
+    a group replaced (``cfg.model = None``), an attribute that is no setting (``cfg.model.nlayer =
+    4``, a typo that would train the default silently), a preset that is not a string. The
+    settings' values are :meth:`RunConfig.validate`'s business."""
+    import dataclasses
+
+    from gptspeed.config import GROUPS, did_you_mean
+
+    for name, cls in {"": RunConfig, **GROUPS}.items():
+        obj = getattr(config, name) if name else config
+        where = f"config.{name}" if name else "config"
+        if type(obj) is not cls:
+            raise GptspeedError(f"{where} must be a {cls.__name__} (as make_config made it), got {type(obj).__name__}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in vars(obj) if k not in fields]
+        if unknown:
+            raise GptspeedError(f"{where}.{unknown[0]} is not a setting{did_you_mean(unknown[0], fields)}: set one of "
+                                f"{cls.__name__}'s fields, or pass it to make_config")
+    if not isinstance(config.preset, str):
+        raise GptspeedError(f"config.preset must be a string, got {type(config.preset).__name__}")
 
 
 class Run:
@@ -83,10 +107,16 @@ class Run:
 
     def __init__(self, run_dir: str | Path, *, device: str = "auto", dtype: str = "auto"):
         from gptspeed.checkpoint import newest_run_config, read_seal
+        from gptspeed.config import DEVICES, DTYPES
 
+        if not isinstance(run_dir, (str, os.PathLike)):
+            raise GptspeedError(f"load_run takes a run folder's path, got {type(run_dir).__name__}")
+        for what, value, choices in (("device", device, DEVICES), ("dtype", dtype, DTYPES)):
+            if value not in choices:
+                raise GptspeedError(f"load_run: unknown {what} {value!r}: use one of {', '.join(choices)}"[:300])
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
-            raise GptspeedError(f"run folder {run_dir} does not exist")
+            raise GptspeedError(f"run folder {run_dir} {'is not a folder' if self.run_dir.exists() else 'does not exist'}")
         self.device, self.dtype = device, dtype
         self._loaded = None
         ckpt, config = newest_run_config(self.run_dir)
@@ -95,11 +125,10 @@ class Run:
             self.config = config
             seal = read_seal(ckpt) or {}
             self.step = seal.get("step")
-        elif (self.run_dir / "config.json").is_file():
-            try:
-                raw = json.loads((self.run_dir / "config.json").read_text())
-            except (OSError, ValueError) as e:
-                raise GptspeedError(f"{self.run_dir}/config.json cannot be read: {e}") from e
+        elif os.path.lexists(self.run_dir / "config.json"):  # a folder, a FIFO, hostile JSON: one line
+            from gptspeed.fileio import read_user_json
+
+            raw = read_user_json(self.run_dir / "config.json", "run configuration", max_bytes=1 << 20)
             self.config = RunConfig.from_dict({k: v for k, v in raw.items() if k not in ("derived", "environment")},
                                               f"{self.run_dir}/config.json")
             self.step = None
@@ -136,13 +165,17 @@ class Run:
         Raises:
             GptspeedError: bad numbers, an empty prompt, or no valid checkpoint to load.
         """
-        from gptspeed.sample import load_model, sample_text
         from gptspeed.runtime import resolve_runtime
+        from gptspeed.sample import check_sample_arguments, load_model, sample_text
 
+        if not isinstance(prompt, (str, list, tuple)) or not all(isinstance(p, str) for p in prompt):
+            raise GptspeedError(f"generate: prompt must be a text or a list of texts, got {prompt!r}"[:300])
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        check_sample_arguments(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                               num_samples=num_samples, kv_cache=kv_cache)  # before the model loads
         if self._loaded is None:
             model, ckpt = load_model(self.run_dir, resolve_runtime(self.device, self.dtype, compile=False))
             self._loaded = (model, {"run": str(self.run_dir), "step": ckpt["step"]})
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         texts = sample_text(run=str(self.run_dir), prompts=prompts, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_k=top_k, num_samples=num_samples, seed=seed,
                             device=self.device, dtype=self.dtype, kv_cache=kv_cache, out=io.StringIO(),

@@ -190,6 +190,48 @@ def generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, tempe
 
 
 # ------------------------------------------------------------------------------------- the command
+MAX_NEW_TOKENS = 1 << 20  # --max-new-tokens: a million tokens is hours of sampling; beyond is a mistake
+
+
+def check_sample_arguments(prompts, *, max_new_tokens, temperature, top_k, num_samples, kv_cache) -> None:
+    """GptspeedError (one line) for sampling arguments of the wrong type or range -- what the CLI's
+    parser checks, for :func:`sample_text`'s and :meth:`gptspeed.api.Run.generate`'s callers:
+    ``prompts`` a list of texts; ``max_new_tokens``, ``top_k`` and ``num_samples`` integers (not
+    bools), ``temperature`` a number, ``kv_cache`` a bool; then the ranges: ``max_new_tokens``
+    0..:data:`MAX_NEW_TOKENS`, ``top_k`` >= 0 (0: all), ``num_samples`` >= 1, ``temperature``
+    finite and >= 0 (0: greedy)."""
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
+        raise GptspeedError(f"prompts must be a list of texts, got {prompts!r}"[:300])
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--top-k", top_k), ("--num-samples", num_samples)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise GptspeedError(f"{name} must be an integer, got {value!r}"[:300])
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise GptspeedError(f"--temperature must be a number (0: greedy), got {temperature!r}"[:300])
+    if not isinstance(kv_cache, bool):
+        raise GptspeedError(f"kv_cache must be True or False, got {kv_cache!r}"[:300])
+    if max_new_tokens < 0 or num_samples < 1 or not temperature >= 0 or not math.isfinite(temperature) or top_k < 0:
+        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0 (--temperature finite), "
+                            "--num-samples >= 1")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise GptspeedError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens:,}")
+
+
+def check_rows_fit(config, rows: int, length: int, device: torch.device) -> None:
+    """GptspeedError (one line) when ``rows`` sequences of up to ``length`` tokens cannot be sampled
+    in the memory ``device`` has: the KV cache (keys and values of every layer, fp32, up to
+    ``block_size`` positions), the token ids and a row of logits each -- a lower bound; a
+    ``--num-samples`` of millions was killed by the kernel's OOM killer."""
+    from gptspeed.step import device_memory_available, format_bytes
+
+    positions = min(length, config.block_size)
+    need = rows * (4 * 2 * config.n_layer * positions * config.n_embd + 8 * length + 4 * config.vocab_size)
+    available, what = device_memory_available(device)
+    if available is not None and need > available:
+        raise GptspeedError(f"sampling {rows:,} rows of up to {length:,} tokens needs at least {format_bytes(need)} "
+                            f"(KV cache and logits), more than the {format_bytes(available)} {what}: lower "
+                            "--num-samples, the number of prompts or --max-new-tokens")
+
+
 def sample_text(*, run: str | None = None, init_from: str | None = None, prompts: list[str] | None = None,
                 max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 200, num_samples: int = 1,
                 seed: int = 1337, device: str = "auto", dtype: str = "auto", kv_cache: bool = True,
@@ -211,16 +253,16 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
     from gptspeed.tokenizer import decode, encode
 
     out = out or sys.stdout
-    prompts = prompts or ["\n"]
-    if max_new_tokens < 0 or num_samples < 1 or not temperature >= 0 or not math.isfinite(temperature) or top_k < 0:
-        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0 (--temperature finite), "
-                            "--num-samples >= 1")
+    prompts = ["\n"] if prompts is None or (isinstance(prompts, list) and not prompts) else prompts
+    check_sample_arguments(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                           num_samples=num_samples, kv_cache=kv_cache)
     check_seed(seed, "--seed")  # before the model loads: torch.Generator.manual_seed takes 64 bits
     encoded = [encode(p) for p in prompts]
     if not all(encoded):
         raise GptspeedError("a --prompt encodes to no tokens: give some text")
     rt = resolve_runtime(device, dtype, compile=compile)
     model, info = loaded if loaded is not None else load_any_model(rt, run, init_from)
+    check_rows_fit(unwrap(model).config, len(prompts) * num_samples, max(map(len, encoded)) + max_new_tokens, rt.device)
     rows = [(p, e) for p, e in zip(prompts, encoded) for _ in range(num_samples)]
     idx, pad = left_pad([e for _, e in rows], device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(seed)

@@ -55,3 +55,17 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_as_itself(shakespeare_
     assert now == started
     ck = load_checkpoint(list_checkpoints(run)[-1])
     assert ck["step"] == 3 and ck["config"]["model"] == started["model"]
+
+
+def test_a_cpu_run_resumed_with_another_thread_count_says_so(shakespeare_data, tmp_path):
+    """The bit-identical CPU resume holds for the same intra-op thread count (MKL's and PyTorch's
+    reductions split by it); a scheduler that gives the resumed job other CPUs changes PyTorch's
+    default count silently. The resume says so, and how to keep it."""
+    run = tmp_path / "run"
+    assert run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1").returncode == 0
+    doc = json.loads((run / "config.json").read_text())
+    doc["environment"]["threads"] = 99
+    (run / "config.json").write_text(json.dumps(doc))
+    res = run_main("train", "--out", str(run), "--resume", "--max-steps", "2")
+    assert res.returncode == 0, res.stderr
+    assert f"note: {run} ran with 99 CPU threads and resumes with" in res.stdout and "--threads 99 keeps" in res.stdout

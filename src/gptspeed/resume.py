@@ -56,6 +56,8 @@ def resolve_run(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
     cfg = copy.deepcopy(cfg)
     cfg.validate(rt.world_size)  # again: a configuration may have been changed after it was made (a notebook)
     point = find_resume_point(cfg, rt, data_identity, say=say)
+    if point.continues and rt.device_type == "cpu":
+        note_other_thread_count(Path(cfg.train.out), cfg.runtime.threads, say)
     keep_global_batch(cfg, point, rt.world_size)
     if cfg.train.batch_size == AUTO_BATCH_SIZE:
         from gptspeed.step import auto_batch_size
@@ -121,6 +123,27 @@ def restart_point(run_dir: Path, recorded: RunConfig, derived: dict[str, Any], c
     say(f"--resume: no checkpoint in {run_dir} yet: restarting the run of its config.json from step 0{how}")
     run_id = derived.get("run_id")
     return ResumePoint(None, None, None, run_id if isinstance(run_id, str) and run_id else uuid.uuid4().hex)
+
+
+def note_other_thread_count(run_dir: Path, threads: int, say: Callable[..., None] = print) -> None:
+    """Say so when a CPU run resumes with another number of intra-op threads than its config.json
+    recorded at the last start (``environment.threads``; ``threads``: ``--threads``, 0 for PyTorch's
+    default, which follows the CPU affinity a scheduler gives): MKL's and PyTorch's reductions split
+    their work by the thread count, so the losses may then differ from an uninterrupted run's in
+    their last bits (docs/reliability.md, exact resume)."""
+    import torch
+
+    from gptspeed.fileio import read_user_json
+
+    try:
+        env = read_user_json(run_dir / "config.json", "run configuration", max_bytes=1 << 20).get("environment")
+    except GptspeedError:
+        return
+    before = env.get("threads") if isinstance(env, dict) else None
+    now = threads or torch.get_num_threads()
+    if isinstance(before, int) and not isinstance(before, bool) and before != now:
+        say(f"note: {run_dir} ran with {before} CPU threads and resumes with {now}: its losses may differ from an "
+            f"uninterrupted run's in the last bits; --threads {before} keeps them bit-identical")
 
 
 def check_resume(path: Path, cfg: RunConfig, data_identity: dict[str, Any] | None, *, sharded: bool,

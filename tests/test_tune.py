@@ -361,3 +361,21 @@ def test_a_bench_row_reading_a_data_folder_holds_its_read_lock(shakespeare_data,
             lock and lock.release()
         worker._HELD.clear()
     DataFolderLock.for_writing(shakespeare_data).release()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_cpu_dtype_knob_on_both_kinds_of_cpu(monkeypatch, native):
+    """An AVX2-only CPU emulates bf16 (slower than fp32): the knob says so instead of trying it; a CPU
+    with native bf16 tries the other dtype, whichever this host is."""
+    import torch
+
+    from gptspeed.configure import config_from_flags
+
+    monkeypatch.setattr(knobs_mod, "cpu_has_native_bf16", lambda: native)
+    run = config_from_flags(["--preset", "pico"], "test")
+    state = TuneState(torch.device("cpu"), run, {}, 8, {"dtype": "float32", "compile": False})
+    got = knobs_mod._cpu_dtype(state)
+    assert got == [{"dtype": "bfloat16"}] if native else "emulated bf16 runs slower than fp32" in got
+    state.auto = {"dtype": "bfloat16", "compile": False}  # a bf16 run may always try fp32
+    assert knobs_mod._cpu_dtype(state) == [{"dtype": "float32"}]
+    assert knobs_mod._compile(state) == [{"compile": True}]

@@ -55,6 +55,11 @@ def test_gpt2_124m_size_and_flops():
         m = GPT(GPTConfig(vocab_size=50257))
     assert m.num_params(non_embedding=False) == 124_439_808  # OpenAI's GPT-2 small
     assert m.flops_per_token() == pytest.approx(855e6, rel=0.002)  # 6N + 12*L*H*Q*T
+    with torch.device("meta"):
+        untied = GPT(GPTConfig(vocab_size=50257, tie_embeddings=False))
+    # a head of its own adds V*C weights that multiply, and the embedding lookup multiplies nothing: the same FLOPs
+    assert untied.num_params(non_embedding=False) == 124_439_808 + 50257 * 768
+    assert untied.flops_per_token() == m.flops_per_token()
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])

@@ -210,3 +210,36 @@ def test_help_and_user_errors_answer_without_importing_torch(tmp_path):
                 "    rc = e.code\nprint('torch' in sys.modules, file=sys.stderr)" % argv)
         proc = run_python(code)
         assert proc.stderr.strip().splitlines()[-1] == "False", (argv, proc.stderr)
+
+
+def test_every_options_help_names_its_real_default_once_and_never_none():
+    """``--help`` of every command: an option's shown default is the one it has (argparse's own, or the
+    setting's declared default for train's flags), never ``None``, ``False``/``True`` for a switch, or
+    an empty string, and the formatter never adds a second default to a help that names one."""
+    import argparse
+    import dataclasses
+    import re
+
+    from gptspeed.cli import SUBCOMMANDS, build_parser
+    from gptspeed.config import GROUPS, setting_flag
+
+    declared = {setting_flag(f.name): f.default for group, cls in GROUPS.items() if group != "model"
+                for f in dataclasses.fields(cls)}
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) == set(SUBCOMMANDS)
+    for name, sub in subparsers.choices.items():
+        fmt = sub.formatter_class(name)  # what --help uses
+        for action in sub._actions:
+            if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+                continue
+            text = fmt._get_help_string(action) % {**vars(action), "prog": name}
+            where = f"gptspeed {name} {action.option_strings[-1]}: {text}"
+            assert not re.search(r"\(default: (None|False|True|)\)", text), where
+            own = action.help % {**vars(action), "prog": name}
+            if text != own:  # the formatter added the default: argparse's own value, once
+                assert text == f"{own} (default: {action.default})" and "default" not in own, where
+            shown = re.findall(r"\(default: ([^)]*)\)$", own)
+            flag = action.option_strings[0]
+            if shown and action.default is argparse.SUPPRESS and declared.get(flag) is not None:
+                assert shown == [str(declared[flag])], where  # a train flag: the setting's declared default

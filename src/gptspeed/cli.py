@@ -16,11 +16,28 @@ from gptspeed.config import parse_seed
 from gptspeed.errors import GptspeedError
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` with an option's default appended where it says something: not for a default of
+    None or "" (nothing set) or for a switch (``store_true`` / ``store_false``: off or on until given), and
+    not when the help already names its default (``default`` in its text) -- argparse's
+    ``ArgumentDefaultsHelpFormatter`` printed ``(default: None)``, ``--no-peers ... (default: True)``
+    and defaults twice."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default in (None, "", argparse.SUPPRESS) or isinstance(action, (argparse._StoreTrueAction,
+                                                                        argparse._StoreFalseAction))
+                or "default" in text or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """One-line errors; every option's default shown in ``--help``."""
+    """One-line errors; ``--help`` shows each option's default where it says something (:class:`_DefaultsFormatter`)."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message):  # one line, not usage + error

@@ -243,3 +243,19 @@ def test_every_options_help_names_its_real_default_once_and_never_none():
             flag = action.option_strings[0]
             if shown and action.default is argparse.SUPPRESS and declared.get(flag) is not None:
                 assert shown == [str(declared[flag])], where  # a train flag: the setting's declared default
+
+
+def test_the_recipe_help_names_exactly_what_each_recipe_sets():
+    """``--recipe``'s help is written from the recipes themselves: the flags it names for a recipe,
+    given to ``gptspeed train``, make the same run as ``--recipe NAME`` (it once promised an untied
+    head, zero-init and a soft-cap that ``modern`` does not set)."""
+    from gptspeed.config import RECIPES
+    from gptspeed.configure import config_from_flags, recipe_help
+
+    text = recipe_help()
+    for name in RECIPES:
+        part = text.split(f"{name} (", 1)[1].split(")", 1)[0]
+        flags = [] if part == "as the presets" else part.split()
+        named = config_from_flags(["--preset", "pico", *flags], "test").to_dict()
+        assert named == config_from_flags(["--preset", "pico", "--recipe", name], "test").to_dict(), (name, part)
+    assert "untied" not in text

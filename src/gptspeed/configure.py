@@ -85,10 +85,7 @@ def add_train_arguments(s: argparse.ArgumentParser) -> None:
                      "Presets).")
     s.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
-    s.add_argument("--recipe", default=None, metavar="NAME",
-                   help="a named set of settings on top of the preset, before --config and flags: gpt2 (as the presets) | "
-                        "modern (rotary embeddings, QK-norm, ReLU², RMSNorm, untied head, zero-init projections, "
-                        "logit soft-cap, WSD schedule)")
+    s.add_argument("--recipe", default=None, metavar="NAME", help=recipe_help())
     s.add_argument("--config", dest="config_file", default=None,
                    help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
                         "preset: is the base when --preset is not given), applied before flags")
@@ -96,6 +93,18 @@ def add_train_arguments(s: argparse.ArgumentParser) -> None:
                    help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
                         "a file that --config turns back into the same run")
     add_setting_flags(s)
+
+
+def recipe_help() -> str:
+    """``--recipe``'s help, written from :data:`gptspeed.config.RECIPES` itself (each recipe's flags),
+    so it cannot name a switch the recipe does not set."""
+    from gptspeed.config import RECIPES, setting_flag
+
+    def flags(settings: dict[str, Any]) -> str:
+        return " ".join(setting_flag(k) if v is True else f"{setting_flag(k)} {v}" for k, v in settings.items())
+
+    named = " | ".join(f"{name} ({flags(settings) or 'as the presets'})" for name, settings in RECIPES.items())
+    return f"a named set of settings on top of the preset, before --config and flags: {named}"
 
 
 def add_setting_flags(p: argparse.ArgumentParser) -> None:

@@ -154,6 +154,7 @@ class Tuner:
         self.rows: list[dict[str, Any]] = []
         self.ref: dict[str, Any] | None = None  # your row's result
         self.best_row: dict[str, Any] | None = None
+        self.tuned: dict[str, str] = {}  # tuned.yaml's path and the command that trains it, once written
         b = user.train.batch_size
         self.spec0 = StageSpec(
             name=YOURS, settings=run_settings(user), n_layer=user.model.n_layer, n_head=user.model.n_head,
@@ -304,7 +305,7 @@ class Tuner:
                   "knobs": [k.name for k in knobs_for(self.device)]}
         return {"format": "gptspeed-tune", "format_version": 1, "environment": self.env, "config": config,
                 "complete": complete, "elapsed_s": monotonic() - self.t0, "best": self.state.best,
-                "best_flags": describe(self.state.best), "rows": self.rows}
+                "best_flags": describe(self.state.best), "rows": self.rows, **self.tuned}
 
     def save(self, complete: bool) -> dict[str, Any]:
         res = self.result(complete)
@@ -316,14 +317,10 @@ class Tuner:
 
     def finish(self) -> dict[str, Any]:
         """Write ``tuned.yaml`` (your configuration with the kept deltas) and the final report."""
-        tuned = applied(self.cfg.run, self.state.best, {})
         path = self.out / "tuned.yaml"
-        report.write_text_atomic(path, config_to_yaml(tuned))
-        res = self.save(complete=True)
-        res["tuned_yaml"] = str(path)
-        res["train_command"] = f"gptspeed train --config {path} --out RUN_DIR"
-        report.write_text_atomic(self.out / "tune.json", json.dumps(res, indent=2, default=_json_value) + "\n")
-        return res
+        report.write_text_atomic(path, config_to_yaml(applied(self.cfg.run, self.state.best, {})))
+        self.tuned = {"tuned_yaml": str(path), "train_command": f"gptspeed train --config {path} --out RUN_DIR"}
+        return self.save(complete=True)
 
     def _progress(self, row: dict[str, Any]) -> str:
         if row.get("ms_median") is None:

@@ -465,3 +465,53 @@ def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and fragment in err, err
     assert sorted(tmp_path.rglob("*")) == before and (run / "ckpt_00000001.pt").read_bytes() == b"weights"
+
+
+def test_a_softmax_data_row_covers_the_ids_of_its_data_as_train_does(shakespeare_data):
+    """``--softmax data`` (the nano preset's) in a bench row: the head covers the data's ids, as
+    ``train`` sets them, not all 50,257 (which would time a 4x larger head than the run has)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from gptspeed.bench.verify_worker import verify_stage
+    from gptspeed.bench.worker import StageSpec, SyntheticLoader
+    from gptspeed.data.train_data import find_train_data
+
+    base = StageSpec(name="r", settings={"dtype": "float32", "compile": False, "softmax": "data"}, n_layer=1, n_head=2,
+                     n_embd=32, seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu", mode="verify",
+                     synthetic="phrases")
+    full = verify_stage(dataclasses.replace(base, settings={"dtype": "float32", "compile": False}))
+    phrases = verify_stage(base)
+    synthetic = SyntheticLoader(2, 16, 3, base.seed, torch.device("cpu"), "phrases")  # the row's own batches
+    on_data = verify_stage(dataclasses.replace(base, data=str(shakespeare_data)))
+    per_id = 6 * 32  # the head's FLOPs per token per vocabulary row (6 x n_embd)
+    used = len(np.unique(synthetic.tokens))
+    assert 0 < used < 512  # the phrases' ids that occur in the row's tokens
+    assert full["flops_per_token"] - phrases["flops_per_token"] == per_id * (50304 - used)
+    ids = len(find_train_data(str(shakespeare_data)).token_ids())
+    assert full["flops_per_token"] - on_data["flops_per_token"] == per_id * (50304 - ids)
+
+
+def test_a_bench_row_reading_a_data_folder_holds_its_read_lock(shakespeare_data, tmp_path):
+    """A bench worker reads its data folder under the shared lock ``train`` holds: a ``prepare --force``
+    of that folder meanwhile is refused in one line instead of rewriting the shards under the row."""
+    import torch
+
+    from gptspeed.bench import worker
+    from gptspeed.bench.worker import StageSpec, make_loader
+    from gptspeed.data.folder import DataFolderLock
+    from gptspeed.errors import GptspeedError as Error
+
+    spec = StageSpec(name="r", settings={}, n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2, steps=1,
+                     warmup=1, device="cpu", data=str(shakespeare_data))
+    make_loader(spec, torch.device("cpu"))
+    try:
+        with pytest.raises(Error, match="is in use"):
+            DataFolderLock.for_writing(shakespeare_data)
+    finally:
+        for lock in worker._HELD:
+            lock and lock.release()
+        worker._HELD.clear()
+    DataFolderLock.for_writing(shakespeare_data).release()

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import SRC
+
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
 

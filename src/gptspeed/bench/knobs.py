@@ -121,8 +121,6 @@ def _cast_once(state: TuneState) -> list[Delta] | str:
 
 
 def _cpu_dtype(state: TuneState) -> list[Delta] | str:
-    if state.device.type == "cuda":
-        return "on CUDA the dtype is bf16 wherever the GPU has it (the anchors' measurement)"
     now = state.resolved("dtype")
     if now == "float32" and state.device.type == "cpu" and not cpu_has_native_bf16():
         return "this CPU has no native bf16 matmuls (AVX512-BF16 / AMX): emulated bf16 runs slower than fp32"
@@ -130,8 +128,6 @@ def _cpu_dtype(state: TuneState) -> list[Delta] | str:
 
 
 def _compile(state: TuneState) -> list[Delta] | str:
-    if state.device.type == "cuda":
-        return "on CUDA torch.compile is on by default (measured: 130 vs 300 ms a step, the anchors' ladder)"
     return [{"compile": not state.resolved("compile")}]
 
 
@@ -144,16 +140,11 @@ def _threads(state: TuneState) -> list[Delta] | str:
     return [{"threads": n} for n in options] or "one core: nothing to choose"
 
 
-def _cuda_graphs(state: TuneState) -> list[Delta] | str:
-    if state.resolved("compile_tuning") != "default":
-        return f"--compile-tuning is already {state.resolved('compile_tuning')}"
-    return [{"compile_tuning": "reduce-overhead"}]
-
-
-def _autotune(state: TuneState) -> list[Delta] | str:
-    if state.resolved("compile_tuning") != "default":
-        return f"--compile-tuning is already {state.resolved('compile_tuning')}"
-    return [{"compile_tuning": "max-autotune-no-cudagraphs"}]
+def _compile_tuning(mode: str) -> Callable[[TuneState], list[Delta] | str]:
+    def values(state: TuneState) -> list[Delta] | str:
+        now = state.resolved("compile_tuning")
+        return f"--compile-tuning is already {now}" if now != "default" else [{"compile_tuning": mode}]
+    return values
 
 
 CUDA_KNOBS: tuple[Knob, ...] = (  # by expected gain per minute of compiling; inductor's matmul search last
@@ -172,9 +163,9 @@ CUDA_KNOBS: tuple[Knob, ...] = (  # by expected gain per minute of compiling; in
     Knob("fp8", "FP8 matmuls in the blocks' Linear layers large enough to gain", "torchao float8 (tensorwise)",
          _cuda_only(_switch_on("fp8"))),
     Knob("cuda-graphs", "torch.compile mode reduce-overhead (CUDA graphs: one launch per graph)", "torch.compile docs",
-         _cuda_only(_cuda_graphs)),
+         _cuda_only(_compile_tuning("reduce-overhead"))),
     Knob("compile-tuning", "torch.compile mode max-autotune-no-cudagraphs (inductor searches matmul configs)",
-         "torch.compile docs", _cuda_only(_autotune)),
+         "torch.compile docs", _cuda_only(_compile_tuning("max-autotune-no-cudagraphs"))),
 )
 CPU_KNOBS: tuple[Knob, ...] = (
     Knob("dtype", "bf16 autocast or fp32", "torch.autocast; benchmarks/LOG.md issue 14", _cpu_dtype),
@@ -183,7 +174,6 @@ CPU_KNOBS: tuple[Knob, ...] = (
          _choices("loss", ("plain", "fused"))),
     Knob("threads", "PyTorch's intra-op threads", "torch.set_num_threads", _threads),
 )
-ALL_KNOBS = tuple(dict.fromkeys(k.name for k in (*CUDA_KNOBS, *CPU_KNOBS)))
 
 
 def knobs_for(device: torch.device) -> tuple[Knob, ...]:

@@ -34,9 +34,9 @@ import json
 import math
 import shutil
 import tempfile
-from time import monotonic
 from dataclasses import dataclass
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 from gptspeed.bench import report

@@ -17,7 +17,7 @@ import torch
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment as base_environment
 
-__all__ = ["environment", "say", "check_out_dir", "make_out_dir", "fmt_bytes", "progress_line", "vs_prev", "markdown",
+__all__ = ["environment", "say", "check_out_dir", "make_out_dir", "table_cell", "fmt_bytes", "progress_line", "vs_prev", "markdown",
            "plot", "write_partial", "write_outputs", "write_text_atomic"]
 
 
@@ -104,6 +104,11 @@ def make_out_dir(out: str | Path) -> Path:
     except OSError as e:
         raise GptspeedError(f"cannot create --out {path}: {e.strerror or e}") from e
     return path
+
+
+def table_cell(text: object) -> str:
+    """``text`` as one Markdown table cell: ``|`` (a column break) written ``/``, newlines as spaces."""
+    return str(text).replace("|", "/").replace("\n", " ")
 
 
 def fmt_bytes(n: int | None) -> str:

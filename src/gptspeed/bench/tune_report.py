@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptspeed.bench.report import fmt_bytes
+from gptspeed.bench.report import fmt_bytes, table_cell
 
 #: every verdict a row can have (:meth:`gptspeed.bench.tune.Tuner.measure`)
 VERDICTS = ("yours", "verified", "fails verification", "does not fit", "not applicable", "failed",
             "cut by --budget-s", "not tried")
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "/").replace("\n", " ")
 
 
 def _loss(r: dict[str, Any]) -> str:
@@ -31,8 +27,8 @@ def _row(r: dict[str, Any]) -> str:
     mfu = f"{100 * r['mfu']:.1f}%" if ran and r.get("mfu") is not None else "—"
     mem = fmt_bytes(r.get("peak_mem_bytes")) if ran else "—"
     verdict = f"**{r['verdict']}, kept**" if r.get("kept") and r["verdict"] != "yours" else r.get("verdict", "pending")
-    return (f"| {_cell(r['name'])} | {_cell(r.get('flags') or '—')} | {verdict} | {tps} | {vs} | {ms} | {mfu} | {mem} "
-            f"| {_loss(r)} | {_cell(r.get('reason') or '')} |")
+    return (f"| {table_cell(r['name'])} | {table_cell(r.get('flags') or '—')} | {verdict} | {tps} | {vs} | {ms} | {mfu} | {mem} "
+            f"| {_loss(r)} | {table_cell(r.get('reason') or '')} |")
 
 
 def tune_markdown(res: dict[str, Any]) -> str:

@@ -363,10 +363,6 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ bench --verify
-def _cell(text: str) -> str:
-    return text.replace("|", "/").replace("\n", " ")
-
-
 def _verdict(r: dict[str, Any]) -> str:
     return {"failed": "**FAILED**", "not verified": "*not verified*", "pending": "*pending*"}.get(r["verdict"],
                                                                                                  r["verdict"])
@@ -411,9 +407,9 @@ def _sdpa_cell(r: dict[str, Any]) -> str:
 
 def _verify_notes(r: dict[str, Any]) -> str:
     if r["verdict"] in ("refused", "pending"):
-        return _cell(r["verdict_reason"])
+        return report.table_cell(r["verdict_reason"])
     if r["status"] != "ok":
-        return _cell(f"{r['status']}: {r['reason']}")
+        return report.table_cell(f"{r['status']}: {r['reason']}")
     notes = list(r["problems"])
     if r["verdict"] == "not verified" and r["verdict_reason"] != r.get("not_compared"):
         notes.append(r["verdict_reason"])
@@ -425,7 +421,7 @@ def _verify_notes(r: dict[str, Any]) -> str:
     if r.get("batch_size") is not None and (r.get("settings") or {}).get("batch_auto"):
         notes.append(f"--batch-size auto chose B={r['batch_size']} ({r.get('grad_accum')} micro-batch(es) per step, "
                      "the same sequences per step as its reference)")
-    return _cell("; ".join(notes))
+    return report.table_cell("; ".join(notes))
 
 
 def _summary_line(result: dict[str, Any]) -> str:
@@ -470,7 +466,8 @@ def verify_markdown(result: dict[str, Any]) -> str:
         mfu = "—" if not ok or r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         tps = f"{r['tokens_per_s']:,.0f}" if ok else "—"
         lines.append(
-            f"| {r['name']} | {r.get('switches') or '—'} | {_verdict(r)} | {_cell(_loss_cell(r))} | {_sync_cell(r)} "
+            f"| {r['name']} | {r.get('switches') or '—'} | {_verdict(r)} | {report.table_cell(_loss_cell(r))} "
+            f"| {_sync_cell(r)} "
             f"| {_compile_cell(r)} | {_sdpa_cell(r)} | {tps} | {mfu} "
             f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |")
     lines += ["", _summary_line(result)]

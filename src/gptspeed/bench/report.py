@@ -17,7 +17,7 @@ import torch
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment as base_environment
 
-__all__ = ["environment", "say", "check_out_dir", "make_out_dir", "table_cell", "fmt_bytes", "progress_line", "vs_prev", "markdown",
+__all__ = ["environment", "say", "check_out_dir", "make_out_dir", "environment_line", "table_cell", "fmt_bytes", "progress_line", "vs_prev", "markdown",
            "plot", "write_partial", "write_outputs", "write_text_atomic"]
 
 
@@ -106,6 +106,15 @@ def make_out_dir(out: str | Path) -> Path:
     return path
 
 
+def environment_line(env: dict[str, Any]) -> str:
+    """A report's second line: the device (CUDA and driver versions on a GPU), torch, gptspeed at its
+    commit, the date -- from :func:`environment`'s record."""
+    commit = (env.get("git_commit") or "unknown")[:12]
+    return (f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
+            f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
+            f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}")
+
+
 def table_cell(text: object) -> str:
     """``text`` as one Markdown table cell: ``|`` (a column break) written ``/``, newlines as spaces."""
     return str(text).replace("|", "/").replace("\n", " ")
@@ -165,16 +174,13 @@ def markdown(result: dict[str, Any]) -> str:
     ran = [r for r in rows if r["status"] == "ok"]
     params = f" ({ran[0]['params'] / 1e6:.1f}M parameters)" if ran else ""
     data = "synthetic tokens" if c["data"] is None else f"`{c['data']}`"
-    commit = (env.get("git_commit") or "unknown")[:12]
     accum = c.get("grad_accum") or 1
     accum_note = f", {accum} micro-batches per step" if accum > 1 else ""
     backend = "" if c["compile_backend"] == "inductor" else f"; torch.compile backend **{c['compile_backend']}**"
     lines = [
         "## gptspeed bench ladder",
         "",
-        f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
-        f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
-        f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}",
+        environment_line(env),
         "",
         f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}{params}; "
         f"B={c['batch_size']}, T={c['seq_len']}{accum_note} ({c['batch_size'] * c['seq_len'] * accum:,} tokens/step); data: {data}; "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptspeed.bench.report import fmt_bytes, table_cell
+from gptspeed.bench.report import environment_line, fmt_bytes, table_cell
 
 #: every verdict a row can have (:meth:`gptspeed.bench.tune.Tuner.measure`)
 VERDICTS = ("yours", "verified", "fails verification", "does not fit", "not applicable", "failed",
@@ -34,14 +34,11 @@ def _row(r: dict[str, Any]) -> str:
 def tune_markdown(res: dict[str, Any]) -> str:
     """The report (:func:`gptspeed.bench.tune.Tuner.result`) as Markdown."""
     env, c, rows = res["environment"], res["config"], res["rows"]
-    commit = (env.get("git_commit") or "unknown")[:12]
     data = "synthetic phrases (learnable random token phrases)" if c["data"] is None else f"`{c['data']}`"
     lines = [
         "## gptspeed bench --tune",
         "",
-        f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
-        f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
-        f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}",
+        environment_line(env),
         "",
         f"Your run: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}, T={c['seq_len']}, "
         f"B={c['batch_size']} x {c['grad_accum']} micro-batches a step. Measured step: {c['measured_sequences']} "

@@ -441,15 +441,12 @@ def verify_markdown(result: dict[str, Any]) -> str:
     switches, loss agreement with the fp32 reference, syncs per step, graph breaks / recompiles,
     SDPA kernel, tokens/s, MFU, peak memory), the failing rungs, and how to read it."""
     env, c, rungs = result["environment"], result["config"], result["rungs"]
-    commit = (env.get("git_commit") or "unknown")[:12]
     data = "synthetic phrases (learnable random token phrases)" if c["data"] is None else f"`{c['data']}`"
     tol = result["tolerances"]
     lines = [
         "## gptspeed bench --verify",
         "",
-        f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
-        f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
-        f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}",
+        report.environment_line(env),
         "",
         f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}; B={c['batch_size']}, "
         f"T={c['seq_len']}, {c['grad_accum']} micro-batches per step; data: {data}; {c['warmup']} warm-up + "

@@ -30,10 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import harness
 import torch
 
 import gptspeed.model as model_mod
-import harness
 from gptspeed.config import GPTConfig
 from gptspeed.model import GPT
 
@@ -74,20 +74,37 @@ def _tables(times: dict, ref: str, tokens: int) -> tuple[str, dict]:
 
 def _table(times: dict[str, list[list[float]]], ref: str, tokens: int, clock: str) -> tuple[str, dict]:
     rows, out = [], {}
-    lines = [f"{clock} time per step:", "", f"| variant | median ms | IQR ms | min–max ms | tokens/s (median) | "
-             f"median (min–max) of per-round speed-up vs {ref} |", "|---|--:|--:|--:|--:|--:|"]
+    lines = [
+        f"{clock} time per step:",
+        "",
+        f"| variant | median ms | IQR ms | min–max ms | tokens/s (median) | "
+        f"median (min–max) of per-round speed-up vs {ref} |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
     for name, per_round in times.items():
         sp = harness.spread(1000 * t for r in per_round for t in r)
-        s = {"median_ms": sp["median"], "min_ms": sp["min"], "max_ms": sp["max"], "q1_ms": sp["q25"], "q3_ms": sp["q75"],
-             "n": sp["n"]}
+        s = {
+            "median_ms": sp["median"],
+            "min_ms": sp["min"],
+            "max_ms": sp["max"],
+            "q1_ms": sp["q25"],
+            "q3_ms": sp["q75"],
+            "n": sp["n"],
+        }
         speed = harness.ratios(times[ref], per_round)
-        s["ratio_vs_ref_median"], s["ratio_vs_ref_min"], s["ratio_vs_ref_max"] = speed["median"], speed["min"], speed["max"]
+        s["ratio_vs_ref_median"], s["ratio_vs_ref_min"], s["ratio_vs_ref_max"] = (
+            speed["median"],
+            speed["min"],
+            speed["max"],
+        )
         s["tokens_per_s"] = tokens / (s["median_ms"] / 1000)
         s["per_round_s"] = per_round
         out[name] = s
-        rows.append(f"| {name} | {s['median_ms']:.0f} | {s['q1_ms']:.0f}–{s['q3_ms']:.0f} | "
-                    f"{s['min_ms']:.0f}–{s['max_ms']:.0f} | {s['tokens_per_s']:,.0f} | "
-                    f"{s['ratio_vs_ref_median']:.2f}× ({s['ratio_vs_ref_min']:.2f}–{s['ratio_vs_ref_max']:.2f}) |")
+        rows.append(
+            f"| {name} | {s['median_ms']:.0f} | {s['q1_ms']:.0f}–{s['q3_ms']:.0f} | "
+            f"{s['min_ms']:.0f}–{s['max_ms']:.0f} | {s['tokens_per_s']:,.0f} | "
+            f"{s['ratio_vs_ref_median']:.2f}× ({s['ratio_vs_ref_min']:.2f}–{s['ratio_vs_ref_max']:.2f}) |"
+        )
     return "\n".join(lines + rows), out
 
 
@@ -118,6 +135,7 @@ def _train_step(model, opt, next_batch):
 
 def _with_loss_fn(fn, step):
     """``step`` run with ``gptspeed.model``'s fused loss function swapped for ``fn``."""
+
     def run():
         saved = model_mod.fused_linear_cross_entropy
         model_mod.fused_linear_cross_entropy = fn
@@ -144,10 +162,12 @@ def measure_eval(a) -> dict:
             return model(x, y)[1].item()
 
     train = _train_step(model, opt, next_batch)
-    variants = {f"no-grad forward, before ({a.baseline_commit})": _with_loss_fn(old, forward_no_grad),
-                "no-grad forward, after": _with_loss_fn(new, forward_no_grad),
-                f"training step, before ({a.baseline_commit})": _with_loss_fn(old, train),
-                "training step, after": _with_loss_fn(new, train)}
+    variants = {
+        f"no-grad forward, before ({a.baseline_commit})": _with_loss_fn(old, forward_no_grad),
+        "no-grad forward, after": _with_loss_fn(new, forward_no_grad),
+        f"training step, before ({a.baseline_commit})": _with_loss_fn(old, train),
+        "training step, after": _with_loss_fn(new, train),
+    }
     times = _interleave(variants, a.rounds, a.steps, a.warmup)
     table, rows = _tables(times, f"no-grad forward, before ({a.baseline_commit})", a.batch_size * a.seq_len)
     print(f"nano shape {shape}, B={a.batch_size}, fp32, eager, {torch.get_num_threads()} threads")
@@ -190,8 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     out = measure_eval(a) if a.what == "eval" else measure_default(a)
-    out |= {"environment": harness.environment("cpu", ["benchmarks/cpu_loss_paths.py", *(argv or sys.argv[1:])]),
-            "rounds": a.rounds, "steps": a.steps, "threads": a.threads, "load_average_at_end": list(os.getloadavg())}
+    out |= {
+        "environment": harness.environment("cpu", ["benchmarks/cpu_loss_paths.py", *(argv or sys.argv[1:])]),
+        "rounds": a.rounds,
+        "steps": a.steps,
+        "threads": a.threads,
+        "load_average_at_end": list(os.getloadavg()),
+    }
     harness.write_outputs(None, out, None, a.json)
     return 0
 

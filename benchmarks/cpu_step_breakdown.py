@@ -40,19 +40,33 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 import torch
+from vs_peers_cpu import SEED, SHAPES, prepare_data, train_tokens
 
-import harness
 from gptspeed.config import GPTConfig, OptimConfig
 from gptspeed.model import GPT
 from gptspeed.optim import build_optimizer
-from vs_peers_cpu import SEED, SHAPES, prepare_data, train_tokens
 
-ALL = ("gptspeed", "step", "plain-loss", "vocab-50257", "adamw-foreach", "adamw-forloop", "zero-grad-keep",
-       "threads-1", "nanogpt-like", "bf16")
-GPTSPEED_VARIANTS = {"gptspeed": ("float32", False), "bf16": ("bfloat16", False), "compile": ("float32", True),
-                     "bf16-compile": ("bfloat16", True)}
+ALL = (
+    "gptspeed",
+    "step",
+    "plain-loss",
+    "vocab-50257",
+    "adamw-foreach",
+    "adamw-forloop",
+    "zero-grad-keep",
+    "threads-1",
+    "nanogpt-like",
+    "bf16",
+)
+GPTSPEED_VARIANTS = {
+    "gptspeed": ("float32", False),
+    "bf16": ("bfloat16", False),
+    "compile": ("float32", True),
+    "bf16-compile": ("bfloat16", True),
+}
 
 
 def gptspeed_step(model, ocfg, batch_size: int, dtype: str = "float32", compile: bool = False):
@@ -84,6 +98,7 @@ def plain_step(model, optimizer, set_to_none: bool = True):
         optimizer.step()
         optimizer.zero_grad(set_to_none=set_to_none)
         return loss
+
     return step
 
 
@@ -92,18 +107,33 @@ def build(variant: str, shape, threads: int):
     loss = "plain" if variant in ("plain-loss", "nanogpt-like") else "fused"
     vocab = 50257 if variant == "vocab-50257" else 50304
     torch.manual_seed(SEED)
-    model = GPT(GPTConfig(n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd,
-                          block_size=shape.seq_len, vocab_size=vocab, loss=loss))
+    model = GPT(
+        GPTConfig(
+            n_layer=shape.n_layer,
+            n_head=shape.n_head,
+            n_embd=shape.n_embd,
+            block_size=shape.seq_len,
+            vocab_size=vocab,
+            loss=loss,
+        )
+    )
     ocfg = OptimConfig()
     if variant in ("adamw-forloop", "nanogpt-like"):
         ocfg.fused_adamw = False  # torch.optim.AdamW(fused=None, foreach=None): the for-loop on CPU
     if variant in GPTSPEED_VARIANTS:
-        return gptspeed_step(model, ocfg, shape.batch_size, *GPTSPEED_VARIANTS[variant]), variant_threads(variant, threads)
+        return gptspeed_step(model, ocfg, shape.batch_size, *GPTSPEED_VARIANTS[variant]), variant_threads(
+            variant, threads
+        )
     if variant == "adamw-foreach":
         from gptspeed.optim import param_groups
 
-        opt = torch.optim.AdamW(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=(ocfg.beta1, ocfg.beta2),
-                                eps=ocfg.eps, foreach=True)
+        opt = torch.optim.AdamW(
+            param_groups(model, ocfg.weight_decay),
+            lr=ocfg.lr,
+            betas=(ocfg.beta1, ocfg.beta2),
+            eps=ocfg.eps,
+            foreach=True,
+        )
         fused = False
     else:
         opt, fused = build_optimizer(model, ocfg, "cpu")
@@ -125,6 +155,7 @@ def batches(tokens: np.ndarray, shape):
         state["i"] += 1
         buf = torch.from_numpy(tokens[off : off + n + 1].astype(np.int64))
         return buf[:-1].view(shape.batch_size, shape.seq_len), buf[1:].view(shape.batch_size, shape.seq_len)
+
     return next_batch
 
 
@@ -146,9 +177,13 @@ def mask_cost(shape, reps: int = 50) -> dict:
         t_mask.append(t1 - t0)
         t_mm.append(t2 - t1)
     chunks = -(-shape.batch_size * shape.seq_len // rows)
-    return {"chunk_rows": rows, "chunks_per_step": chunks, "mask_ms": 1000 * statistics.median(t_mask),
-            "chunk_matmul_ms": 1000 * statistics.median(t_mm),
-            "mask_ms_per_step": 1000 * statistics.median(t_mask) * chunks}
+    return {
+        "chunk_rows": rows,
+        "chunks_per_step": chunks,
+        "mask_ms": 1000 * statistics.median(t_mask),
+        "chunk_matmul_ms": 1000 * statistics.median(t_mm),
+        "mask_ms_per_step": 1000 * statistics.median(t_mask) * chunks,
+    }
 
 
 def log_cost(reps: int = 2000) -> dict:
@@ -160,11 +195,29 @@ def log_cost(reps: int = 2000) -> dict:
 
     from gptspeed.metrics import RunLog, memory_stats
 
-    rec = {"step": 1, "max_steps": 19073, "tokens": 2048, "documents": 3, "epoch": 0.01, "time_s": 1.0,
-           "skipped_steps": 0, "train_loss": 10.8, "lr": 6e-4, "grad_norm": 1.0, "step_ms": 700.0,
-           "tokens_per_s": 2900.0, "tokens_per_s_per_device": 2900.0, "data_wait_ms": 0.1, "mfu": None,
-           "mem_peak_bytes": 1 << 30, "mem_total_bytes": 1 << 34, "mem_frac": 0.06, "eta_s": 100.0,
-           "epoch_eta_s": 50.0, "includes_warmup": False}
+    rec = {
+        "step": 1,
+        "max_steps": 19073,
+        "tokens": 2048,
+        "documents": 3,
+        "epoch": 0.01,
+        "time_s": 1.0,
+        "skipped_steps": 0,
+        "train_loss": 10.8,
+        "lr": 6e-4,
+        "grad_norm": 1.0,
+        "step_ms": 700.0,
+        "tokens_per_s": 2900.0,
+        "tokens_per_s_per_device": 2900.0,
+        "data_wait_ms": 0.1,
+        "mfu": None,
+        "mem_peak_bytes": 1 << 30,
+        "mem_total_bytes": 1 << 34,
+        "mem_frac": 0.06,
+        "eta_s": 100.0,
+        "epoch_eta_s": 50.0,
+        "includes_warmup": False,
+    }
     ts = []
     with tempfile.TemporaryDirectory() as d, open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
         log = RunLog(Path(d) / "metrics.jsonl", echo=True)
@@ -177,7 +230,8 @@ def log_cost(reps: int = 2000) -> dict:
 
 
 def profile(step, next_batch, steps: int, rows: int = 15) -> dict:
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
 
     step(next_batch)
     with prof(activities=[ProfilerActivity.CPU]) as p:
@@ -185,8 +239,15 @@ def profile(step, next_batch, steps: int, rows: int = 15) -> dict:
             step(next_batch).item()
     avg = sorted(p.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in avg)
-    top = [{"op": e.key, "self_cpu_ms_per_step": e.self_cpu_time_total / 1000 / steps,
-            "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in avg[:rows]]
+    top = [
+        {
+            "op": e.key,
+            "self_cpu_ms_per_step": e.self_cpu_time_total / 1000 / steps,
+            "share": e.self_cpu_time_total / total,
+            "calls_per_step": e.count / steps,
+        }
+        for e in avg[:rows]
+    ]
     return {"total_self_cpu_ms_per_step": total / 1000 / steps, "top": top}
 
 
@@ -230,23 +291,35 @@ def main() -> int:
     def timed(name: str):
         def step() -> None:
             losses[name].append(steps[name](feeds[name]).item())
+
         return step
 
     def round_line(line: str) -> None:
         loads.append(harness.loadavg())
         print(line, flush=True)
 
-    times = harness.time_rounds({n: timed(n) for n in names}, a.rounds, steps=a.steps,
-                                before=lambda n: torch.set_num_threads(variant_threads(n, a.threads)),
-                                after=lambda n: torch.set_num_threads(a.threads), say=round_line)["wall"]
+    times = harness.time_rounds(
+        {n: timed(n) for n in names},
+        a.rounds,
+        steps=a.steps,
+        before=lambda n: torch.set_num_threads(variant_threads(n, a.threads)),
+        after=lambda n: torch.set_num_threads(a.threads),
+        say=round_line,
+    )["wall"]
     steps.clear()
     rows = {}
     for name, per_round in times.items():
         ms = harness.spread(t for r in per_round for t in r)
-        rows[name] = {"median_ms": statistics.median(statistics.median(r) for r in per_round),
-                      "round_medians_ms": [statistics.median(r) for r in per_round], "q25_ms": ms["q25"],
-                      "q75_ms": ms["q75"], "min_ms": ms["min"], "max_ms": ms["max"],
-                      "first_loss": first_loss.get(name), "first_step_s": first_call_s.get(name)}
+        rows[name] = {
+            "median_ms": statistics.median(statistics.median(r) for r in per_round),
+            "round_medians_ms": [statistics.median(r) for r in per_round],
+            "q25_ms": ms["q25"],
+            "q75_ms": ms["q75"],
+            "min_ms": ms["min"],
+            "max_ms": ms["max"],
+            "first_loss": first_loss.get(name),
+            "first_step_s": first_call_s.get(name),
+        }
     ref = a.ref or ("step" if "step" in times else names[0])
     for name in names:  # per-round ratio against the reference row, then its median
         speed = harness.ratios(times[ref], times[name])
@@ -255,23 +328,39 @@ def main() -> int:
         # same initial weights, same batches in the same order: the loss of step i is comparable
         rows[name]["max_abs_loss_diff_vs_" + ref] = max(abs(x - y) for x, y in zip(losses[name], losses[ref]))
         rows[name]["losses"] = losses[name]
-    result = {"environment": harness.environment("cpu"), "shape": shape.__dict__, "settings": vars(a),
-              "loadavg_per_round": loads, "rows": rows, "mask": mask_cost(shape)}
-    print(f"\n{shape.name}: n_layer {shape.n_layer} n_embd {shape.n_embd} B={shape.batch_size} T={shape.seq_len}, "
-          f"fp32 eager, {a.threads} threads, loads {loads}")
-    print(f"| variant | median ms | round medians | min–max | speed vs {ref} (median of per-round ratios) | "
-          f"first step s | loss step 0 | max abs loss diff vs {ref} ({len(losses[ref])} steps) |")
+    result = {
+        "environment": harness.environment("cpu"),
+        "shape": shape.__dict__,
+        "settings": vars(a),
+        "loadavg_per_round": loads,
+        "rows": rows,
+        "mask": mask_cost(shape),
+    }
+    print(
+        f"\n{shape.name}: n_layer {shape.n_layer} n_embd {shape.n_embd} B={shape.batch_size} T={shape.seq_len}, "
+        f"fp32 eager, {a.threads} threads, loads {loads}"
+    )
+    print(
+        f"| variant | median ms | round medians | min–max | speed vs {ref} (median of per-round ratios) | "
+        f"first step s | loss step 0 | max abs loss diff vs {ref} ({len(losses[ref])} steps) |"
+    )
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for name, r in rows.items():
-        print(f"| {name} | {r['median_ms']:.1f} | {', '.join(f'{m:.0f}' for m in r['round_medians_ms'])} | "
-              f"{r['min_ms']:.0f}–{r['max_ms']:.0f} | {r['speed_vs_' + ref]:.3f}× | {r['first_step_s']:.1f} | "
-              f"{r['first_loss']:.4f} | {r['max_abs_loss_diff_vs_' + ref]:.2e} |")
+        print(
+            f"| {name} | {r['median_ms']:.1f} | {', '.join(f'{m:.0f}' for m in r['round_medians_ms'])} | "
+            f"{r['min_ms']:.0f}–{r['max_ms']:.0f} | {r['speed_vs_' + ref]:.3f}× | {r['first_step_s']:.1f} | "
+            f"{r['first_loss']:.4f} | {r['max_abs_loss_diff_vs_' + ref]:.2e} |"
+        )
     result["log_record"] = log_cost()
-    print(f"\none log record (memory_stats + metrics.jsonl line + console line): "
-          f"{result['log_record']['record_us']:.0f} µs")
+    print(
+        f"\none log record (memory_stats + metrics.jsonl line + console line): "
+        f"{result['log_record']['record_us']:.0f} µs"
+    )
     m = result["mask"]
-    print(f"\n-inf padding mask: {m['mask_ms']:.3f} ms per chunk of {m['chunk_rows']} rows (chunk matmul "
-          f"{m['chunk_matmul_ms']:.2f} ms) x {m['chunks_per_step']} chunks = {m['mask_ms_per_step']:.2f} ms/step")
+    print(
+        f"\n-inf padding mask: {m['mask_ms']:.3f} ms per chunk of {m['chunk_rows']} rows (chunk matmul "
+        f"{m['chunk_matmul_ms']:.2f} ms) x {m['chunks_per_step']} chunks = {m['mask_ms_per_step']:.2f} ms/step"
+    )
     if a.profile_steps:
         result["profile"] = {}
         for name in ("gptspeed", "nanogpt-like"):
@@ -282,7 +371,9 @@ def main() -> int:
             print("| op | self CPU ms/step | share | calls/step |")
             print("|---|--:|--:|--:|")
             for r in p["top"]:
-                print(f"| {r['op']} | {r['self_cpu_ms_per_step']:.1f} | {100 * r['share']:.1f}% | {r['calls_per_step']:.0f} |")
+                print(
+                    f"| {r['op']} | {r['self_cpu_ms_per_step']:.1f} | {100 * r['share']:.1f}% | {r['calls_per_step']:.0f} |"
+                )
             del step
     harness.write_outputs(None, result, None, a.json)
     return 0

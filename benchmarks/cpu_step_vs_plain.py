@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+import harness
 import torch
 
-import harness
 from gptspeed.config import GPTConfig, OptimConfig, RunConfig, TrainConfig
 from gptspeed.runtime import resolve_runtime
 from gptspeed.step import TrainStep
@@ -27,8 +27,9 @@ B = 16
 
 
 def make(loss: str, fused_adamw: bool, rt):
-    cfg = RunConfig(model=GPTConfig(**SHAPE, loss=loss), optim=OptimConfig(fused_adamw=fused_adamw),
-                    train=TrainConfig(batch_size=B))
+    cfg = RunConfig(
+        model=GPTConfig(**SHAPE, loss=loss), optim=OptimConfig(fused_adamw=fused_adamw), train=TrainConfig(batch_size=B)
+    )
     return TrainStep(cfg, rt)  # the training step of `gptspeed train`: step(next_batch) -> (loss, norm, bad)
 
 
@@ -50,31 +51,50 @@ def main() -> int:
         cursor["i"] += 1
         return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
 
-    steps = {"nanoGPT-style (plain CE, AdamW)": make("plain", False, rt),
-             "gptspeed (fused CE, fused AdamW)": make("fused", True, rt)}
+    steps = {
+        "nanoGPT-style (plain CE, AdamW)": make("plain", False, rt),
+        "gptspeed (fused CE, fused AdamW)": make("fused", True, rt),
+    }
     variants = {name: (lambda step=step: step(next_batch)[0].item()) for name, step in steps.items()}
-    times = harness.time_rounds(variants, a.rounds, steps=a.steps, warmup=a.warmup,
-                                say=lambda line: print(line, file=sys.stderr, flush=True))["wall"]
+    times = harness.time_rounds(
+        variants, a.rounds, steps=a.steps, warmup=a.warmup, say=lambda line: print(line, file=sys.stderr, flush=True)
+    )["wall"]
     tokens = B * SHAPE["block_size"]
     ref, ours = list(variants)
     rows = {}
     for name, per_round in times.items():
         ms = harness.spread(t for r in per_round for t in r)
-        rows[name] = {"median_ms": ms["median"], "q25_ms": ms["q25"], "q75_ms": ms["q75"], "min_ms": ms["min"],
-                      "max_ms": ms["max"], "tokens_per_s": tokens / ms["median"] * 1000,
-                      "speed_vs_plain": harness.ratios(times[ref], per_round)}
+        rows[name] = {
+            "median_ms": ms["median"],
+            "q25_ms": ms["q25"],
+            "q75_ms": ms["q75"],
+            "min_ms": ms["min"],
+            "max_ms": ms["max"],
+            "tokens_per_s": tokens / ms["median"] * 1000,
+            "speed_vs_plain": harness.ratios(times[ref], per_round),
+        }
     env = harness.environment("cpu")
-    md = [harness.header(env), f"shape {SHAPE}, B={B}, fp32, {torch.get_num_threads()} threads, {a.rounds} interleaved "
-          f"rounds of {a.steps} steps after {a.warmup} warm-up steps", "",
-          "| step | median ms | IQR ms | min–max ms | tokens/s | speed vs plain (median of per-round ratios) |",
-          "|---|--:|--:|--:|--:|--:|"]
+    md = [
+        harness.header(env),
+        f"shape {SHAPE}, B={B}, fp32, {torch.get_num_threads()} threads, {a.rounds} interleaved "
+        f"rounds of {a.steps} steps after {a.warmup} warm-up steps",
+        "",
+        "| step | median ms | IQR ms | min–max ms | tokens/s | speed vs plain (median of per-round ratios) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
     for k, r in rows.items():
         s = r["speed_vs_plain"]
-        md.append(f"| {k} | {r['median_ms']:.1f} | {r['q25_ms']:.1f}–{r['q75_ms']:.1f} | {r['min_ms']:.1f}–{r['max_ms']:.1f} "
-                  f"| {r['tokens_per_s']:,.0f} | {s['median']:.2f}× ({s['min']:.2f}–{s['max']:.2f}) |")
+        md.append(
+            f"| {k} | {r['median_ms']:.1f} | {r['q25_ms']:.1f}–{r['q75_ms']:.1f} | {r['min_ms']:.1f}–{r['max_ms']:.1f} "
+            f"| {r['tokens_per_s']:,.0f} | {s['median']:.2f}× ({s['min']:.2f}–{s['max']:.2f}) |"
+        )
     speedup = rows[ours]["speed_vs_plain"]["median"]
-    harness.emit("\n".join(md) + f"\n\nspeed-up: {speedup:.2f}x\n",
-                 {"rows": rows, "speedup": speedup, "seconds_per_round": times, "environment": env}, a.md, a.json)
+    harness.emit(
+        "\n".join(md) + f"\n\nspeed-up: {speedup:.2f}x\n",
+        {"rows": rows, "speedup": speedup, "seconds_per_round": times, "environment": env},
+        a.md,
+        a.json,
+    )
     return 0
 
 

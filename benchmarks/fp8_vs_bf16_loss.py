@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import harness
+
 from gptspeed.errors import GptspeedError
 from gptspeed.fp8 import check_fp8_device
 from gptspeed.runtime import resolve_device
@@ -49,10 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out or tempfile.mkdtemp(prefix="fp8-parity-"))
     recs = {}
     for name, fp8 in (("bf16", False), ("fp8", True)):
-        cfg = build_train_config(a.preset, dict(
-            data=a.data, out=str(out / name), fp8=fp8, dtype="bfloat16", device="cuda", max_steps=a.steps,
-            batch_size=a.batch_size, total_batch_tokens=a.total_batch_tokens, warmup_steps=a.warmup_steps,
-            eval_every=a.eval_every, log_every=a.eval_every, save_every=0))
+        cfg = build_train_config(
+            a.preset,
+            dict(
+                data=a.data,
+                out=str(out / name),
+                fp8=fp8,
+                dtype="bfloat16",
+                device="cuda",
+                max_steps=a.steps,
+                batch_size=a.batch_size,
+                total_batch_tokens=a.total_batch_tokens,
+                warmup_steps=a.warmup_steps,
+                eval_every=a.eval_every,
+                log_every=a.eval_every,
+                save_every=0,
+            ),
+        )
         fit(cfg, echo=False)
         recs[name] = {r["step"]: r for r in map(json.loads, (out / name / "metrics.jsonl").read_text().splitlines())}
     print(harness.header(harness.environment("cuda")))
@@ -65,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             gap = max(gap, abs(b["val_loss"] - f["val_loss"]))
         fmt = lambda r, k: f"{r[k]:.4f}" if r.get(k) is not None else "-"  # noqa: E731
         tps = lambda r: f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"  # noqa: E731
-        print(f"| {step} | {fmt(b, 'train_loss')} | {fmt(f, 'train_loss')} | {fmt(b, 'val_loss')} | "
-              f"{fmt(f, 'val_loss')} | {tps(f)} | {tps(b)} |")
+        print(
+            f"| {step} | {fmt(b, 'train_loss')} | {fmt(f, 'train_loss')} | {fmt(b, 'val_loss')} | "
+            f"{fmt(f, 'val_loss')} | {tps(f)} | {tps(b)} |"
+        )
     print(f"largest validation-loss gap: {gap:.4f} nats")
     return 0
 

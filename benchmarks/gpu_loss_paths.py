@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import harness
 import torch
 import torch.nn.functional as F
 
-import harness
 from gptspeed.loss import fused_linear_cross_entropy
 
 VALID = 50257
@@ -44,14 +44,18 @@ def liger_problem(device: torch.device) -> str | None:
 
 def variants(device: torch.device, valid: int, vocab: int, backend: str = "inductor") -> dict:
     """name -> ``fn(x, w, t) -> loss`` (or the reason it does not run here, a str)."""
+
     def plain(x, w, t):
         logits = x @ w.t()
         if vocab > valid:
             logits[:, valid:] = float("-inf")
         return F.cross_entropy(logits.float(), t)
 
-    out = {"plain": plain, "plain-compiled": torch.compile(plain, backend=backend),
-           "gptspeed-fused": lambda x, w, t: fused_linear_cross_entropy(x, w, t, valid_vocab_size=valid)}
+    out = {
+        "plain": plain,
+        "plain-compiled": torch.compile(plain, backend=backend),
+        "gptspeed-fused": lambda x, w, t: fused_linear_cross_entropy(x, w, t, valid_vocab_size=valid),
+    }
     problem = liger_problem(device)
     if problem:
         out["liger"] = problem
@@ -84,15 +88,20 @@ def measure(args) -> dict:
     runnable = {k: v for k, v in table.items() if callable(v)}
 
     ref_loss, ref_gx, ref_gw = one_step(table["plain"], x.double(), w.double(), t, None)  # fp64 reference
-    result = {"shape": {"tokens": N, "width": C, "vocab": V, "valid_vocab": valid, "dtype": args.dtype},
-              "variants": {k: {"skipped": v} for k, v in table.items() if not callable(v)}}
+    result = {
+        "shape": {"tokens": N, "width": C, "vocab": V, "valid_vocab": valid, "dtype": args.dtype},
+        "variants": {k: {"skipped": v} for k, v in table.items() if not callable(v)},
+    }
     errors = {}
     for name, fn in runnable.items():
         loss, gx, gw = one_step(fn, x, w, t, dtype)
         rel = lambda a, b: ((a.double() - b).abs().max() / b.abs().max()).item()  # noqa: E731
-        errors[name] = {"loss_rel": abs(loss.item() - ref_loss.item()) / ref_loss.item(), "grad_x_rel": rel(gx, ref_gx),
-                        "grad_w_rel": rel(gw[:valid], ref_gw[:valid]),
-                        "padding_grad_zero": bool((gw[valid:] == 0).all()) if V > valid else True}
+        errors[name] = {
+            "loss_rel": abs(loss.item() - ref_loss.item()) / ref_loss.item(),
+            "grad_x_rel": rel(gx, ref_gx),
+            "grad_w_rel": rel(gw[:valid], ref_gw[:valid]),
+            "padding_grad_zero": bool((gw[valid:] == 0).all()) if V > valid else True,
+        }
         for _ in range(args.warmup):
             one_step(fn, x, w, t, dtype)
     peaks: dict[str, int] = {}
@@ -109,32 +118,46 @@ def measure(args) -> dict:
             peaks[name] = max(peaks.get(name, 0), torch.cuda.max_memory_allocated() - base[name])
 
     steps = {name: (lambda fn=fn: one_step(fn, x, w, t, dtype)) for name, fn in runnable.items()}
-    times = harness.time_rounds(steps, args.rounds, steps=args.steps, device_type=device.type, before=before,
-                                after=after)["wall"]
+    times = harness.time_rounds(
+        steps, args.rounds, steps=args.steps, device_type=device.type, before=before, after=after
+    )["wall"]
     for name in runnable:
         ms = harness.spread(m for r in times[name] for m in r)
-        result["variants"][name] = {"median_ms": ms["median"], "q25_ms": ms["q25"], "q75_ms": ms["q75"],
-                                    "min_ms": ms["min"], "max_ms": ms["max"], "steps": ms["n"],
-                                    "peak_mem_above_inputs_bytes": peaks.get(name), **errors[name]}
+        result["variants"][name] = {
+            "median_ms": ms["median"],
+            "q25_ms": ms["q25"],
+            "q75_ms": ms["q75"],
+            "min_ms": ms["min"],
+            "max_ms": ms["max"],
+            "steps": ms["n"],
+            "peak_mem_above_inputs_bytes": peaks.get(name),
+            **errors[name],
+        }
     result["order"] = list(table)
     return result
 
 
 def markdown(result: dict) -> str:
     s = result["shape"]
-    out = [f"LM-head loss, forward + backward: N={s['tokens']:,} tokens, C={s['width']}, V={s['vocab']:,} "
-           f"({s['valid_vocab']:,} valid), {s['dtype']}", "",
-           "| variant | median ms | IQR ms | min–max ms | peak memory above inputs | loss rel. err | grad x rel. err | "
-           "grad W rel. err | padding grad 0 |", "|---|--:|--:|--:|--:|--:|--:|--:|:-:|"]
+    out = [
+        f"LM-head loss, forward + backward: N={s['tokens']:,} tokens, C={s['width']}, V={s['vocab']:,} "
+        f"({s['valid_vocab']:,} valid), {s['dtype']}",
+        "",
+        "| variant | median ms | IQR ms | min–max ms | peak memory above inputs | loss rel. err | grad x rel. err | "
+        "grad W rel. err | padding grad 0 |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|:-:|",
+    ]
     for name in result["order"]:
         v = result["variants"][name]
         if "skipped" in v:
             out.append(f"| {name} | skipped: {v['skipped']} | | | | | | | |")
             continue
         mem = f"{v['peak_mem_above_inputs_bytes'] / 2**20:,.0f} MiB" if v["peak_mem_above_inputs_bytes"] else "—"
-        out.append(f"| {name} | {v['median_ms']:.2f} | {v['q25_ms']:.2f}–{v['q75_ms']:.2f} | {v['min_ms']:.2f}–{v['max_ms']:.2f} "
-                   f"| {mem} | {v['loss_rel']:.1e} "
-                   f"| {v['grad_x_rel']:.1e} | {v['grad_w_rel']:.1e} | {'yes' if v['padding_grad_zero'] else 'NO'} |")
+        out.append(
+            f"| {name} | {v['median_ms']:.2f} | {v['q25_ms']:.2f}–{v['q75_ms']:.2f} | {v['min_ms']:.2f}–{v['max_ms']:.2f} "
+            f"| {mem} | {v['loss_rel']:.1e} "
+            f"| {v['grad_x_rel']:.1e} | {v['grad_w_rel']:.1e} | {'yes' if v['padding_grad_zero'] else 'NO'} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -148,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of plain-compiled (tests: eager)")
+    ap.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile backend of plain-compiled (tests: eager)"
+    )
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args(argv)

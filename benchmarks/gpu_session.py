@@ -80,8 +80,17 @@ BEYOND_GROUPS = {
 }
 PEER_ROUNDS = 2
 WINDOW = ("window1", "window2")
-PHASES = (*WINDOW, "peers", "verify", "first", "ladder", "cudatests", "profile", *list(VERIFY_GROUPS)[1:],
-          *BEYOND_GROUPS)
+PHASES = (
+    *WINDOW,
+    "peers",
+    "verify",
+    "first",
+    "ladder",
+    "cudatests",
+    "profile",
+    *list(VERIFY_GROUPS)[1:],
+    *BEYOND_GROUPS,
+)
 # The documented device commands of one 15-minute window, in order: each one `gpu_session.py PHASE` command,
 # typed as COMMAND_LINE says, with the run tool's carry [".carry"] and timeout_s RUN_TIMEOUT_S
 COMMANDS = (("window1",), ("window2",))
@@ -145,20 +154,38 @@ def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float
     prepare = ("prepare", PREPARE, "shakespeare-gutenberg tokenized (0 when carried in .carry/prepared)")
     if phase == "window2":
         budget = tune_budget(BUDGET_S - PREPARE)
-        return [prepare, ("tune", budget + 10, f"bench --tune's own --budget-s {budget:.0f} (at most "
-                          f"{TUNE_BUDGET_S:.0f}, cut to what the command has left; each row a fresh process with a "
-                          f"cold compile, ~{row_cold:.0f} s: yours and ~5 candidates), its start and tuned.yaml")]
+        return [
+            prepare,
+            (
+                "tune",
+                budget + 10,
+                f"bench --tune's own --budget-s {budget:.0f} (at most "
+                f"{TUNE_BUDGET_S:.0f}, cut to what the command has left; each row a fresh process with a "
+                f"cold compile, ~{row_cold:.0f} s: yours and ~5 candidates), its start and tuned.yaml",
+            ),
+        ]
     b, accum, steps = LLMC_RECORD
-    return [prepare,
-            ("peers", max(2 * row_cold, build) + llmc + 2 * row_warm + llmc,
-             f"round 1: gptspeed B=16 and B=64 each a cold compile ({row_cold:.0f} s a row; measured 44.9) while "
-             f"llm.c builds ({build:.0f} s), then llm.c ({llmc:.0f} s); round 2 from the compile cache "
-             f"({row_warm:.0f} s a row; measured 19.7) and llm.c"),
-            ("llmc-record", LLMC_START + _steps(2 + steps, b * accum // 16, "bf16"),
-             f"train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0: 2 + {steps} steps of {b * 1024 * accum:,} tokens at "
-             "gptspeed's measured 36.2 ms per 16k tokens (llm.c's record: 35 ms per 16k on 8xH100)"),
-            ("profile", START + cold + _steps(11, 1, "bf16") + TRACE,
-             "a fresh process, one cold compile, 8 + 3 steps at B=16, the trace's export and gzip")]
+    return [
+        prepare,
+        (
+            "peers",
+            max(2 * row_cold, build) + llmc + 2 * row_warm + llmc,
+            f"round 1: gptspeed B=16 and B=64 each a cold compile ({row_cold:.0f} s a row; measured 44.9) while "
+            f"llm.c builds ({build:.0f} s), then llm.c ({llmc:.0f} s); round 2 from the compile cache "
+            f"({row_warm:.0f} s a row; measured 19.7) and llm.c",
+        ),
+        (
+            "llmc-record",
+            LLMC_START + _steps(2 + steps, b * accum // 16, "bf16"),
+            f"train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0: 2 + {steps} steps of {b * 1024 * accum:,} tokens at "
+            "gptspeed's measured 36.2 ms per 16k tokens (llm.c's record: 35 ms per 16k on 8xH100)",
+        ),
+        (
+            "profile",
+            START + cold + _steps(11, 1, "bf16") + TRACE,
+            "a fresh process, one cold compile, 8 + 3 steps at B=16, the trace's export and gzip",
+        ),
+    ]
 
 
 def _estimates(cold: float, build: float) -> dict[str, tuple[float, str]]:
@@ -171,44 +198,83 @@ def _estimates(cold: float, build: float) -> dict[str, tuple[float, str]]:
     beyond = PREPARE + 3 * gpt + 3 * gpt_warm  # the default and 2 variants, 2 rounds
     windows = {phase: window_parts(phase, cold, build) for phase in WINDOW}
     return {
-        **{phase: (sum(sec for _, sec, _ in parts),
-                   "; ".join(f"{part} ~{sec:.0f} s: {why}" for part, sec, why in parts))
-           for phase, parts in windows.items()},
-        "peers": (PREPARE + build + (2 * gpt + llmc) + (PEER_ROUNDS - 1) * (2 * gpt_warm + llmc),
-                  "prepare; llm.c's build; round 1 compiles gptspeed and nanoGPT cold, later rounds load them "
-                  "from their compile caches; llm.c compiles nothing at run time"),
-        "verify": (PREPARE + fp32 + tf32 + bf16 + 3 * comp + warm,
-                   "fp32, TF32, bf16 eager; compile, flash, vocab-pad cold; fused-adamw's model is vocab-pad's "
-                   "graph, loaded from the shared cache"),
-        "first": (5 + PREPARE + (START + cold + 50 * _steps(1, 32, "bf16") + 15)
-                  + (START + WARM + 30 * _steps(1, 32, "bf16") + 5) + (START + WARM + 20 * _steps(1, 32, "bf16") + 10)
-                  + START + 10,
-                  "50 steps of 32 micro-batches (524,288 tokens) with a cold compile, 2 evals and checkpoints; 30 "
-                  "steps and 20 resumed steps from the compile cache; a sample"),
-        "ladder": (PREPARE + START + _steps(38, 1, "fp32") + START + _steps(38, 1, "tf32") + START
-                   + _steps(38, 1, "eager") + 4 * ladder_c,
-                   "3 eager rows, then 4 compiled rows each with its own cold cache (the warm-up is the compile)"),
-        "cudatests": (15 + 45 + 145,
-                      "measured on the H100: the NCCL step 12.5 s, the other cuda tests but verify 41.7 s, verify at "
-                      "2 layers x 128 (7 rungs, 3 cold small compiles) 140.6 s"),
-        "profile": (PREPARE + 60 + START + cold + _steps(11, 1, "bf16") + 30,
-                    "the loss benchmark (~60 s, one small compile); one cold compile, 11 steps, the trace export"),
-        "verify2": (PREPARE + 2 * fp32 + comp + (comp + 25) + comp + warm,
-                    "2 fp32 references (AdamW, Muon); fused-ce, batch-auto (its probe ~25 s, another B: cold) and "
-                    "FP8 cold; Muon's model is fused-ce's graph, loaded from the cache"),
-        "verify3": (PREPARE + 2 * fp32 + _verify_rung("bf16", BLOCK_COLD) + bf16 + 2 * comp,
-                    "2 fp32 references; per-block compile (one block); fp16 eager; fp16 + fused loss and cuDNN "
-                    "attention cold"),
-        "verify4": (PREPARE + fp32 + _verify_rung("bf16", AUTOTUNE),
-                    "the reference; max-autotune-no-cudagraphs's matmul search"),
-        "verify6": (PREPARE + fp32 + 2 * comp, "the fp32 reference; each rung no other group names (fp8-lm-head, "
-                    "bf16-residual) a cold compile"),
-        "verify5": (PREPARE + 2 * _verify_rung("fp32", micro=1) + _verify_rung("bf16", cold + 5, micro=1)
-                    + _verify_rung("bf16", AUTOTUNE / 2, micro=1),
-                    "2 fp32 references at 1 micro-batch; reduce-overhead cold (+5 s of CUDA-graph capture); "
-                    "max-autotune on per-block graphs (one block's search: half the whole model's, estimate)"),
-        **{name: (beyond, "the default and 2 variants, each cold in round 1 and from its cache in round 2")
-           for name in BEYOND_GROUPS},
+        **{
+            phase: (
+                sum(sec for _, sec, _ in parts),
+                "; ".join(f"{part} ~{sec:.0f} s: {why}" for part, sec, why in parts),
+            )
+            for phase, parts in windows.items()
+        },
+        "peers": (
+            PREPARE + build + (2 * gpt + llmc) + (PEER_ROUNDS - 1) * (2 * gpt_warm + llmc),
+            "prepare; llm.c's build; round 1 compiles gptspeed and nanoGPT cold, later rounds load them "
+            "from their compile caches; llm.c compiles nothing at run time",
+        ),
+        "verify": (
+            PREPARE + fp32 + tf32 + bf16 + 3 * comp + warm,
+            "fp32, TF32, bf16 eager; compile, flash, vocab-pad cold; fused-adamw's model is vocab-pad's "
+            "graph, loaded from the shared cache",
+        ),
+        "first": (
+            5
+            + PREPARE
+            + (START + cold + 50 * _steps(1, 32, "bf16") + 15)
+            + (START + WARM + 30 * _steps(1, 32, "bf16") + 5)
+            + (START + WARM + 20 * _steps(1, 32, "bf16") + 10)
+            + START
+            + 10,
+            "50 steps of 32 micro-batches (524,288 tokens) with a cold compile, 2 evals and checkpoints; 30 "
+            "steps and 20 resumed steps from the compile cache; a sample",
+        ),
+        "ladder": (
+            PREPARE
+            + START
+            + _steps(38, 1, "fp32")
+            + START
+            + _steps(38, 1, "tf32")
+            + START
+            + _steps(38, 1, "eager")
+            + 4 * ladder_c,
+            "3 eager rows, then 4 compiled rows each with its own cold cache (the warm-up is the compile)",
+        ),
+        "cudatests": (
+            15 + 45 + 145,
+            "measured on the H100: the NCCL step 12.5 s, the other cuda tests but verify 41.7 s, verify at "
+            "2 layers x 128 (7 rungs, 3 cold small compiles) 140.6 s",
+        ),
+        "profile": (
+            PREPARE + 60 + START + cold + _steps(11, 1, "bf16") + 30,
+            "the loss benchmark (~60 s, one small compile); one cold compile, 11 steps, the trace export",
+        ),
+        "verify2": (
+            PREPARE + 2 * fp32 + comp + (comp + 25) + comp + warm,
+            "2 fp32 references (AdamW, Muon); fused-ce, batch-auto (its probe ~25 s, another B: cold) and "
+            "FP8 cold; Muon's model is fused-ce's graph, loaded from the cache",
+        ),
+        "verify3": (
+            PREPARE + 2 * fp32 + _verify_rung("bf16", BLOCK_COLD) + bf16 + 2 * comp,
+            "2 fp32 references; per-block compile (one block); fp16 eager; fp16 + fused loss and cuDNN attention cold",
+        ),
+        "verify4": (
+            PREPARE + fp32 + _verify_rung("bf16", AUTOTUNE),
+            "the reference; max-autotune-no-cudagraphs's matmul search",
+        ),
+        "verify6": (
+            PREPARE + fp32 + 2 * comp,
+            "the fp32 reference; each rung no other group names (fp8-lm-head, bf16-residual) a cold compile",
+        ),
+        "verify5": (
+            PREPARE
+            + 2 * _verify_rung("fp32", micro=1)
+            + _verify_rung("bf16", cold + 5, micro=1)
+            + _verify_rung("bf16", AUTOTUNE / 2, micro=1),
+            "2 fp32 references at 1 micro-batch; reduce-overhead cold (+5 s of CUDA-graph capture); "
+            "max-autotune on per-block graphs (one block's search: half the whole model's, estimate)",
+        ),
+        **{
+            name: (beyond, "the default and 2 variants, each cold in round 1 and from its cache in round 2")
+            for name in BEYOND_GROUPS
+        },
     }
 
 
@@ -229,13 +295,17 @@ def plan_lines() -> list[str]:
     out = []
     for cmd in COMMANDS:
         mid, high = command_estimate(cmd)
-        out.append(f"{COMMAND_LINE.format(' '.join(cmd))}\n    ~{mid / 60:.1f} min (up to {high / 60:.1f}; run tool: "
-                   f'carry [".carry"], timeout_s {RUN_TIMEOUT_S}) -- setup.sh ~{SETUP} s; '
-                   + "; ".join(estimate(p)[2] for p in cmd))
-    out.append(f"estimates for one H100 (an H200 should be no slower): cold compile {COLD[0]}-{COLD[1]} s (measured "
-               f"19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
-               f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (estimate); the budget stops each at {BUDGET_S:.0f} s "
-               "after setup.sh, packing what finished")
+        out.append(
+            f"{COMMAND_LINE.format(' '.join(cmd))}\n    ~{mid / 60:.1f} min (up to {high / 60:.1f}; run tool: "
+            f'carry [".carry"], timeout_s {RUN_TIMEOUT_S}) -- setup.sh ~{SETUP} s; '
+            + "; ".join(estimate(p)[2] for p in cmd)
+        )
+    out.append(
+        f"estimates for one H100 (an H200 should be no slower): cold compile {COLD[0]}-{COLD[1]} s (measured "
+        f"19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
+        f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (estimate); the budget stops each at {BUDGET_S:.0f} s "
+        "after setup.sh, packing what finished"
+    )
     return out
 
 
@@ -288,8 +358,9 @@ class Session:
         print(f"== {name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
         t = time.monotonic()
         log = (self.dir / f"{name}.log").open("w")
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
         def seen(line: str) -> bool:
             log.write(line + "\n")
@@ -313,8 +384,11 @@ class Session:
             proc.stdout.close()
             log.close()
         code = proc.returncode
-        entry.update(status="timed out" if timed_out else "ok" if code == expect else f"exit {code}",
-                     exit=code, seconds=round(time.monotonic() - t, 1))
+        entry.update(
+            status="timed out" if timed_out else "ok" if code == expect else f"exit {code}",
+            exit=code,
+            seconds=round(time.monotonic() - t, 1),
+        )
         self.summary.append(entry)
         tail = (self.dir / f"{name}.log").read_text().splitlines()[-3:]
         print(f"== {name}: {entry['status']} in {entry['seconds']} s | " + " | ".join(tail)[-600:], flush=True)
@@ -333,12 +407,16 @@ class Session:
         big = sorted(p for p in self.dir.rglob("*") if p.is_file() and p.stat().st_size > self.in_archive_max)
         for path in big:
             self.return_large(path)
-        (self.dir / "summary.json").write_text(json.dumps({"phase": self.phase, "parts": self.summary,
-                                                           "large_files": self.large}, indent=1) + "\n")
+        (self.dir / "summary.json").write_text(
+            json.dumps({"phase": self.phase, "parts": self.summary, "large_files": self.large}, indent=1) + "\n"
+        )
         tmp = self.out / f".{self.phase}.tgz.tmp"
         with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(self.dir, arcname=self.dir.name,
-                    filter=lambda info: None if info.isfile() and info.size > self.in_archive_max else info)
+            tar.add(
+                self.dir,
+                arcname=self.dir.name,
+                filter=lambda info: None if info.isfile() and info.size > self.in_archive_max else info,
+            )
         tmp.replace(self.out / f"{self.phase}.tgz")
 
     def return_large(self, path: Path) -> None:
@@ -352,7 +430,9 @@ class Session:
         name = f"{self.phase}-{rel.replace('/', '-')}.gz"
         rec = self.large[rel] = {"bytes": size}
         files = {p.name for p in self.out.iterdir() if p.is_file() and not p.name.startswith(".")} | {
-            f"{self.phase}.tgz", name}
+            f"{self.phase}.tgz",
+            name,
+        }
         if len(files) > self.out_files_max:
             rec["left_out"] = f"$OUT would hold more than {self.out_files_max} files"
             return
@@ -367,8 +447,9 @@ class Session:
         if tmp.stat().st_size > self.return_max:
             tmp.unlink()
             (self.out / name).unlink(missing_ok=True)
-            rec["left_out"] = (f"over {self.return_max / 2**20:.1f} MiB gzipped (after {read / 2**20:.1f} of "
-                               f"{size / 2**20:.1f} MiB)")
+            rec["left_out"] = (
+                f"over {self.return_max / 2**20:.1f} MiB gzipped (after {read / 2**20:.1f} of {size / 2**20:.1f} MiB)"
+            )
             return
         tmp.replace(self.out / name)
         rec["returned_as"] = name
@@ -400,20 +481,34 @@ def data_dir(s: Session) -> Path:
 
 
 def machine(s: Session) -> None:
-    checks = ("nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit "
-              "--format=csv; which gcc cc nvcc; gcc --version | head -1; nvcc --version | tail -2; "
-              f"{sys.executable} -c \"import sysconfig, os, sys, torch; inc = sysconfig.get_paths()['include']; "
-              "print('python', sys.version.split()[0], '| Python.h', os.path.exists(os.path.join(inc, 'Python.h')), "
-              "'| torch', torch.__version__, '| cuda', torch.version.cuda, '| cudnn', torch.backends.cudnn.version())\"; "
-              f"{sys.executable} -m pip list 2>/dev/null | grep -i -E '^(torch|triton|torchao|transformers|numpy|tiktoken|liger) '")
+    checks = (
+        "nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit "
+        "--format=csv; which gcc cc nvcc; gcc --version | head -1; nvcc --version | tail -2; "
+        f"{sys.executable} -c \"import sysconfig, os, sys, torch; inc = sysconfig.get_paths()['include']; "
+        "print('python', sys.version.split()[0], '| Python.h', os.path.exists(os.path.join(inc, 'Python.h')), "
+        "'| torch', torch.__version__, '| cuda', torch.version.cuda, '| cudnn', torch.backends.cudnn.version())\"; "
+        f"{sys.executable} -m pip list 2>/dev/null | grep -i -E '^(torch|triton|torchao|transformers|numpy|tiktoken|liger) '"
+    )
     s.run("machine", ["bash", "-c", checks], 60)
 
 
 def phase_first(s: Session) -> None:
     machine(s)
     data = data_dir(s)
-    steps = ["--max-steps", "50", "--eval-every", "25", "--save-every", "25", "--log-every", "5",
-             "--eval-tokens", "65536" if not s.smoke else "1024", "--data", str(data)]
+    steps = [
+        "--max-steps",
+        "50",
+        "--eval-every",
+        "25",
+        "--save-every",
+        "25",
+        "--log-every",
+        "5",
+        "--eval-tokens",
+        "65536" if not s.smoke else "1024",
+        "--data",
+        str(data),
+    ]
     if s.smoke:
         steps += ["--batch-size", "4"]
     runs = s.work / "runs"  # checkpoints stay here (1.5 GB at 124M); their metrics are copied into the results
@@ -428,8 +523,13 @@ def phase_first(s: Session) -> None:
             proc.send_signal(signal.SIGINT)
             stopped["sent"] = int(m.group(1))
 
-    s.run("train-interrupted", gptspeed("train", *shape(s), *steps, "--out", str(resumed)), 300, on_line=stop_after_30,
-          expect=128 + signal.SIGINT)
+    s.run(
+        "train-interrupted",
+        gptspeed("train", *shape(s), *steps, "--out", str(resumed)),
+        300,
+        on_line=stop_after_30,
+        expect=128 + signal.SIGINT,
+    )
     s.run("train-resume", gptspeed("train", "--out", str(resumed), "--resume"), 240)
     s.note(part="resume-check", **compare_losses(ref, resumed), sigint_after_step=stopped.get("sent"))
     for run in (ref, resumed):
@@ -437,17 +537,22 @@ def phase_first(s: Session) -> None:
             if (run / name).exists():
                 shutil.copy(run / name, s.dir / f"{run.name}-{name}")
     sample_device = ["--device", "cpu"] if s.smoke else ["--device", "cuda"]
-    s.run("sample", gptspeed("sample", "--run", str(ref), "--prompt", "ROMEO:", "--max-new-tokens", "64",
-                             *sample_device), 120)
+    s.run(
+        "sample",
+        gptspeed("sample", "--run", str(ref), "--prompt", "ROMEO:", "--max-new-tokens", "64", *sample_device),
+        120,
+    )
 
 
 NCCL_TEST = "tests/test_verify.py::test_one_process_ddp_step[nccl-cuda]"
 CUDA_VERIFY_TEST = "tests/test_verify.py::test_verify_on_cuda_at_a_small_shape_passes"
 # pytest -m cuda in parts, the NCCL check first (the only one of NCCL DDP), the verify run last (the longest):
 # (part, what it selects, seconds it may take)
-CUDA_TEST_PARTS = (("pytest-nccl", [NCCL_TEST], 120),
-                   ("pytest-cuda", ["tests", "--deselect", NCCL_TEST, "--deselect", CUDA_VERIFY_TEST], 240),
-                   ("pytest-cuda-verify", [CUDA_VERIFY_TEST], 300))
+CUDA_TEST_PARTS = (
+    ("pytest-nccl", [NCCL_TEST], 120),
+    ("pytest-cuda", ["tests", "--deselect", NCCL_TEST, "--deselect", CUDA_VERIFY_TEST], 240),
+    ("pytest-cuda-verify", [CUDA_VERIFY_TEST], 300),
+)
 
 
 def cuda_tests(s: Session) -> None:
@@ -463,6 +568,7 @@ def cuda_tests(s: Session) -> None:
 
 def compare_losses(ref: Path, resumed: Path) -> dict:
     """The resumed run's train losses against the uninterrupted run's, step by step."""
+
     def losses(run: Path) -> dict[int, float]:
         path = run / "metrics.jsonl"
         if not path.exists():
@@ -473,15 +579,36 @@ def compare_losses(ref: Path, resumed: Path) -> dict:
     a, b = losses(ref), losses(resumed)
     common = sorted(set(a) & set(b))
     diffs = [abs(a[k] - b[k]) / abs(a[k]) for k in common]
-    return {"steps_compared": len(common), "last_step_ref": max(a, default=None),
-            "last_step_resumed": max(b, default=None), "max_rel_diff": max(diffs, default=None)}
+    return {
+        "steps_compared": len(common),
+        "last_step_ref": max(a, default=None),
+        "last_step_resumed": max(b, default=None),
+        "max_rel_diff": max(diffs, default=None),
+    }
 
 
 def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> None:
     data = data_dir(s)
-    size = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
-            "--device", "cpu", "--compile-backend", "eager"] if s.smoke else ["--preset", "gpt2", "--device", "cuda",
-                                                                            "--seq-len", "1024"]
+    size = (
+        [
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "32",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--device",
+            "cpu",
+            "--compile-backend",
+            "eager",
+        ]
+        if s.smoke
+        else ["--preset", "gpt2", "--device", "cuda", "--seq-len", "1024"]
+    )
     s.run(name, gptspeed("bench", *what, *size, "--data", str(data), "--out", str(s.dir / name), *extra), cap_s)
 
 
@@ -511,23 +638,65 @@ def phase_verify(s: Session) -> None:
 
 def phase_ladder(s: Session) -> None:
     steps = ["--steps", "3", "--warmup", "1"] if s.smoke else ["--steps", "30", "--warmup", "8", "--batch-size", "16"]
-    bench(s, "ladder-B16", ["--ladder", "--stages", SEEDS if not s.smoke else "baseline,compile", "--no-peers"], 560,
-          *steps, "--stage-timeout", "240")
+    bench(
+        s,
+        "ladder-B16",
+        ["--ladder", "--stages", SEEDS if not s.smoke else "baseline,compile", "--no-peers"],
+        560,
+        *steps,
+        "--stage-timeout",
+        "240",
+    )
 
 
 # --smoke's shape for the peers: B=2, T=32, 2 micro-batches (128 tokens a step)
-SMOKE_PEERS = ("--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-               "--batch-size", "2", "--accum", "2", "--steps", "2", "--warmup", "1", "--rounds", "1")
+SMOKE_PEERS = (
+    "--device",
+    "cpu",
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "2",
+    "--accum",
+    "2",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--rounds",
+    "1",
+)
 
 
-def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int, extra: tuple[str, ...] = (),
-          cap_s: float = 560) -> None:
+def peers(
+    s: Session, name: str, rows: str, variants: list[str], rounds: int, extra: tuple[str, ...] = (), cap_s: float = 560
+) -> None:
     """``benchmarks/vs_peers_gpu.py`` as part ``name``: ``rows`` interleaved for ``rounds`` rounds, with
     ``variants`` and ``extra`` flags, in the llm.c build folder every part of the session shares."""
     data = data_dir(s)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(data), "--peers", rows,
-           "--rounds", str(rounds), "--work", str(s.work / "peers-gpu"), "--json", str(s.dir / f"{name}.json"),
-           "--md", str(s.dir / f"{name}.md"), *extra]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "vs_peers_gpu.py"),
+        "--data",
+        str(data),
+        "--peers",
+        rows,
+        "--rounds",
+        str(rounds),
+        "--work",
+        str(s.work / "peers-gpu"),
+        "--json",
+        str(s.dir / f"{name}.json"),
+        "--md",
+        str(s.dir / f"{name}.md"),
+        *extra,
+    ]
     if s.smoke:
         cmd += SMOKE_PEERS
     for v in variants:
@@ -538,15 +707,43 @@ def peers(s: Session, name: str, rows: str, variants: list[str], rounds: int, ex
 
 
 def phase_profile(s: Session) -> None:
-    loss = [sys.executable, str(ROOT / "benchmarks" / "gpu_loss_paths.py"), "--json", str(s.dir / "loss.json"),
-            "--md", str(s.dir / "loss.md")]
+    loss = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_loss_paths.py"),
+        "--json",
+        str(s.dir / "loss.json"),
+        "--md",
+        str(s.dir / "loss.md"),
+    ]
     if s.smoke:
-        loss += ["--device", "cpu", "--dtype", "float32", "--tokens", "256", "--vocab", "1024", "--width", "64",
-                 "--rounds", "1", "--steps", "1", "--compile-backend", "eager"]
+        loss += [
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--tokens",
+            "256",
+            "--vocab",
+            "1024",
+            "--width",
+            "64",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--compile-backend",
+            "eager",
+        ]
     s.run("loss", loss, 180)
     steps = ["--steps", "2", "--warmup", "1"] if s.smoke else ["--steps", "3", "--warmup", "8"]
-    bench(s, "profile", ["--profile", "fused-adamw" if not s.smoke else "baseline"], 400, *steps,
-          *(["--batch-size", "16"] if not s.smoke else []))
+    bench(
+        s,
+        "profile",
+        ["--profile", "fused-adamw" if not s.smoke else "baseline"],
+        400,
+        *steps,
+        *(["--batch-size", "16"] if not s.smoke else []),
+    )
 
 
 def phase_window1(s: Session) -> None:
@@ -554,13 +751,37 @@ def phase_window1(s: Session) -> None:
     record's settings; a profile of the default step (module docstring)."""
     b, t, accum = (2, 32, 2) if s.smoke else (16, 1024, 4)
     wide = f"B{b * accum}"  # the same tokens a step in one micro-batch: B64 on the GPU
-    peers(s, "peers", f"gptspeed,{wide},llmc",
-          [f"{wide}: --batch-size {b * accum} --total-batch-tokens {b * t * accum}"], PEER_ROUNDS,
-          (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "150"), cap_s=240)
+    peers(
+        s,
+        "peers",
+        f"gptspeed,{wide},llmc",
+        [f"{wide}: --batch-size {b * accum} --total-batch-tokens {b * t * accum}"],
+        PEER_ROUNDS,
+        (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "150"),
+        cap_s=240,
+    )
     rb, raccum, rsteps = LLMC_RECORD
-    peers(s, "llmc-record", "llmc", [], 1, (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "120", "--warmup", "2",
-                                           "--steps", str(rsteps), "--batch-size", str(rb), "--accum", str(raccum)),
-          cap_s=150)
+    peers(
+        s,
+        "llmc-record",
+        "llmc",
+        [],
+        1,
+        (
+            f"--llmc-flags={LLMC_FLAGS}",
+            "--row-timeout",
+            "120",
+            "--warmup",
+            "2",
+            "--steps",
+            str(rsteps),
+            "--batch-size",
+            str(rb),
+            "--accum",
+            str(raccum),
+        ),
+        cap_s=150,
+    )
     steps = ["--steps", "2", "--warmup", "1"] if s.smoke else ["--steps", "3", "--warmup", "8", "--batch-size", "16"]
     bench(s, "profile", ["--profile", "fused-adamw" if not s.smoke else "baseline"], 180, *steps)
 
@@ -570,16 +791,41 @@ def phase_window2(s: Session) -> None:
     data = data_dir(s)
     budget = tune_budget(s.left())
     if s.smoke:
-        size = ["--preset", "pico", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-                "--batch-size", "2", "--device", "cpu", "--compile-backend", "eager", "--steps", "2", "--warmup", "1"]
+        size = [
+            "--preset",
+            "pico",
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "32",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--device",
+            "cpu",
+            "--compile-backend",
+            "eager",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+        ]
         budget = min(budget, 45.0)
     else:
         size = ["--preset", "gpt2", "--device", "cuda"]
     if budget < 30:
         s.note(part="tune", status="not run: out of time", seconds_left=round(s.left()))
         return
-    s.run("tune", gptspeed("bench", "--tune", *size, "--data", str(data), "--budget-s", f"{budget:.0f}",
-                           "--out", str(s.dir / "tune")), budget + TUNE_MARGIN_S)
+    s.run(
+        "tune",
+        gptspeed(
+            "bench", "--tune", *size, "--data", str(data), "--budget-s", f"{budget:.0f}", "--out", str(s.dir / "tune")
+        ),
+        budget + TUNE_MARGIN_S,
+    )
 
 
 def run_phase(s: Session) -> None:
@@ -608,8 +854,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("phases", nargs="*", metavar="PHASE", help=", ".join(PHASES))
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu-session-out"), help="where <phase>.tgz goes ($OUT)")
-    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
-                    help="seconds all the phases together may take (one device command: at most 600)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help="seconds all the phases together may take (one device command: at most 600)",
+    )
     ap.add_argument("--smoke", action="store_true", help="run the phase on the CPU at the pico shape (tests)")
     ap.add_argument("--plan", action="store_true", help="print the window's two commands and their estimates")
     args = ap.parse_args(argv)
@@ -627,9 +877,12 @@ def main(argv: list[str] | None = None) -> int:
         bad = [p["part"] for p in s.summary if p.get("status") not in (None, "ok")]
         failed += [f"{phase}/{b}" for b in bad]
         mid, high, _ = estimate(phase)
-        print(f"== {phase}: {len(s.summary)} parts, {'failed or cut: ' + ', '.join(bad) if bad else 'all ok'}; "
-              f"{time.monotonic() - s.t0:.0f} s (estimated on an H100: {mid} s, up to {high}); results in "
-              f"{out / (phase + '.tgz')}", flush=True)
+        print(
+            f"== {phase}: {len(s.summary)} parts, {'failed or cut: ' + ', '.join(bad) if bad else 'all ok'}; "
+            f"{time.monotonic() - s.t0:.0f} s (estimated on an H100: {mid} s, up to {high}); results in "
+            f"{out / (phase + '.tgz')}",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

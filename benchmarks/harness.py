@@ -32,16 +32,22 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------------- the order
-def interleave(names: Iterable[str], rounds: int, run_one: Callable[[str, int], Any], *,
-               drop: Callable[[Any], bool] | None = None,
-               after_each: Callable[[dict[str, list]], None] | None = None) -> dict[str, list]:
+def interleave(
+    names: Iterable[str],
+    rounds: int,
+    run_one: Callable[[str, int], Any],
+    *,
+    drop: Callable[[Any], bool] | None = None,
+    after_each: Callable[[dict[str, list]], None] | None = None,
+) -> dict[str, list]:
     """``run_one(name, round)`` for every name in each of ``rounds`` rounds, the order rotated by
     one name each round (A B C, B C A, C A B, ...). Returns each name's results, in round order.
     ``drop(result)`` true: that name leaves the later rounds (it cannot run here);
@@ -87,10 +93,17 @@ def time_calls(fn: Callable[[], Any], n: int, device_type: str = "cpu") -> tuple
     return wall, cpu
 
 
-def time_rounds(variants: dict[str, Callable[[], Any]], rounds: int, *, steps: int = 1, warmup: int = 0,
-                device_type: str = "cpu", before: Callable[[str], None] | None = None,
-                after: Callable[[str], None] | None = None,
-                say: Callable[[str], None] | None = None) -> dict[str, dict[str, list[list[float]]]]:
+def time_rounds(
+    variants: dict[str, Callable[[], Any]],
+    rounds: int,
+    *,
+    steps: int = 1,
+    warmup: int = 0,
+    device_type: str = "cpu",
+    before: Callable[[str], None] | None = None,
+    after: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, list[list[float]]]]:
     """Time in-process variants in interleaved rounds: each takes ``warmup`` untimed calls (in
     order), then in every round ``steps`` timed calls of each, in :func:`interleave`'s order (each
     call :func:`time_calls`). ``before(name)`` / ``after(name)`` run, untimed, around a variant's
@@ -112,11 +125,17 @@ def time_rounds(variants: dict[str, Callable[[], Any]], rounds: int, *, steps: i
     def round_done(results: dict[str, list]) -> None:
         done = [len(r) for r in results.values()]
         if say is not None and len(set(done)) == 1:
-            say(f"[round {done[0]}/{rounds}] " + ", ".join(
-                f"{n} {statistics.median(results[n][-1][0]):.1f}" for n in names) + f" ms (load {loadavg()})")
+            say(
+                f"[round {done[0]}/{rounds}] "
+                + ", ".join(f"{n} {statistics.median(results[n][-1][0]):.1f}" for n in names)
+                + f" ms (load {loadavg()})"
+            )
 
     results = interleave(names, rounds, run_one, after_each=round_done)
-    return {"wall": {n: [w for w, _ in results[n]] for n in names}, "cpu": {n: [c for _, c in results[n]] for n in names}}
+    return {
+        "wall": {n: [w for w, _ in results[n]] for n in names},
+        "cpu": {n: [c for _, c in results[n]] for n in names},
+    }
 
 
 # --------------------------------------------------------------------------- median and spread
@@ -134,8 +153,12 @@ def ratios(ref_rounds: list[list[float]], rounds: list[list[float]]) -> dict[str
     per_round = [statistics.median(r) / statistics.median(x) for r, x in zip(ref_rounds, rounds) if r and x]
     if not per_round:
         return {"median": None, "min": None, "max": None, "per_round": []}
-    return {"median": statistics.median(per_round), "min": min(per_round), "max": max(per_round),
-            "per_round": per_round}
+    return {
+        "median": statistics.median(per_round),
+        "min": min(per_round),
+        "max": max(per_round),
+        "per_round": per_round,
+    }
 
 
 # ----------------------------------------------------------------------------- the environment
@@ -163,8 +186,11 @@ def _nvidia_smi() -> str | None:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
-    q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
-                        "--format=csv,noheader"], capture_output=True, text=True)
+    q = subprocess.run(
+        [smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    )
     return q.stdout.strip() or q.stderr.strip()
 
 
@@ -179,11 +205,20 @@ def environment(device: str = "cpu", argv: list[str] | None = None) -> dict[str,
 
     dev = torch.device(device)
     env = bench_environment(dev, " ".join(["python", *(sys.argv if argv is None else argv)]))
-    env.update(nproc=os.cpu_count(), cpu_flags=cpu_flags(), loadavg_start=loadavg(),
-               torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
+    env.update(
+        nproc=os.cpu_count(),
+        cpu_flags=cpu_flags(),
+        loadavg_start=loadavg(),
+        torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+    )
     try:
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         env["git_dirty"] = bool(dirty)
     except (OSError, subprocess.SubprocessError):
         env["git_dirty"] = None
@@ -199,9 +234,11 @@ def header(env: dict[str, Any]) -> str:
     gpu = f" ({env['nvidia_smi']})" if env.get("nvidia_smi") else ""
     cuda = f", CUDA {env['cuda']}" if env.get("cuda") else ""
     device = "" if env.get("device_type") == "cpu" else f"{env['device']}{gpu} · "
-    return (f"{device}{env.get('cpu')} ({env.get('nproc')} CPUs) · torch {env['torch']}{cuda} · "
-            f"{env.get('threads')} threads · commit {(env.get('git_commit') or '?')[:12]}{dirty} · {env['date']} · "
-            f"load {env.get('loadavg_start')}\n`{env['command']}`\n")
+    return (
+        f"{device}{env.get('cpu')} ({env.get('nproc')} CPUs) · torch {env['torch']}{cuda} · "
+        f"{env.get('threads')} threads · commit {(env.get('git_commit') or '?')[:12]}{dirty} · {env['date']} · "
+        f"load {env.get('loadavg_start')}\n`{env['command']}`\n"
+    )
 
 
 # ----------------------------------------------------------------------------------- processes
@@ -234,8 +271,9 @@ def read_lines(fd: int, on_line: Callable[[str], bool], deadline: float) -> list
 
 
 # ------------------------------------------------------------------------------------- outputs
-def write_outputs(md: str | None, result: Any | None, md_path: str | os.PathLike | None,
-                  json_path: str | os.PathLike | None) -> None:
+def write_outputs(
+    md: str | None, result: Any | None, md_path: str | os.PathLike | None, json_path: str | os.PathLike | None
+) -> None:
     """``md`` to ``md_path`` and ``result`` as JSON to ``json_path``, where given, each atomically
     (:func:`gptspeed.fileio.write_text_atomic`: a reader sees the previous version or this one)."""
     from gptspeed.fileio import write_text_atomic
@@ -246,8 +284,9 @@ def write_outputs(md: str | None, result: Any | None, md_path: str | os.PathLike
         write_text_atomic(json_path, json.dumps(result, indent=1) + "\n")
 
 
-def emit(md: str, result: Any, md_path: str | os.PathLike | None = None,
-         json_path: str | os.PathLike | None = None) -> None:
+def emit(
+    md: str, result: Any, md_path: str | os.PathLike | None = None, json_path: str | os.PathLike | None = None
+) -> None:
     """Print ``md``, then :func:`write_outputs`."""
     print(md, flush=True)
     write_outputs(md, result, md_path, json_path)

@@ -16,9 +16,9 @@ import statistics
 import sys
 import time
 
+import harness
 import torch
 
-import harness
 from gptspeed.config import PRESETS, preset
 from gptspeed.model import GPT
 from gptspeed.runtime import resolve_runtime
@@ -60,10 +60,14 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(cfg).to(rt.device).eval()
     if args.prompt_tokens + args.new_tokens > cfg.block_size:
-        print(f"note: {args.prompt_tokens} + {args.new_tokens} tokens exceed block_size {cfg.block_size}: "
-              "the cached path recomputes the window past it", file=sys.stderr)
-    idx = torch.randint(0, cfg.valid_vocab_size, (args.batch, args.prompt_tokens),
-                        generator=torch.Generator().manual_seed(args.seed)).to(rt.device)
+        print(
+            f"note: {args.prompt_tokens} + {args.new_tokens} tokens exceed block_size {cfg.block_size}: "
+            "the cached path recomputes the window past it",
+            file=sys.stderr,
+        )
+    idx = torch.randint(
+        0, cfg.valid_vocab_size, (args.batch, args.prompt_tokens), generator=torch.Generator().manual_seed(args.seed)
+    ).to(rt.device)
     fns = {"no cache": generate, "KV cache": generate_cached}
     for fn in fns.values():
         for _ in range(args.warmup):
@@ -74,13 +78,17 @@ def main() -> None:
     slow, fast = (n / results[k][0] for k in ("no cache", "KV cache"))
     same = torch.equal(results["no cache"][1], results["KV cache"][1])
     env = harness.environment(rt.device.type)
-    print("| model | device | threads | dtype | batch x (prompt + new) | no cache tok/s | KV cache tok/s | speed-up "
-          "| same tokens | torch | commit |")
+    print(
+        "| model | device | threads | dtype | batch x (prompt + new) | no cache tok/s | KV cache tok/s | speed-up "
+        "| same tokens | torch | commit |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {args.preset} ({model.num_params(False) / 1e6:.0f}M) | {env['device']} | {torch.get_num_threads()} "
-          f"| {rt.dtype}{' +compile' if args.compile else ''} | {args.batch} x ({args.prompt_tokens} + {args.new_tokens}) "
-          f"| {slow:,.1f} | {fast:,.1f} | {fast / slow:.2f}x | {'yes' if same else 'no'} | {env['torch']} "
-          f"| {(env['git_commit'] or '?')[:8]} |")
+    print(
+        f"| {args.preset} ({model.num_params(False) / 1e6:.0f}M) | {env['device']} | {torch.get_num_threads()} "
+        f"| {rt.dtype}{' +compile' if args.compile else ''} | {args.batch} x ({args.prompt_tokens} + {args.new_tokens}) "
+        f"| {slow:,.1f} | {fast:,.1f} | {fast / slow:.2f}x | {'yes' if same else 'no'} | {env['torch']} "
+        f"| {(env['git_commit'] or '?')[:8]} |"
+    )
 
 
 if __name__ == "__main__":

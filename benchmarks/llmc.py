@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from harness import read_lines  # beside this file (benchmarks/)
 
 from gptspeed.errors import GptspeedError
@@ -65,8 +64,16 @@ def llmc_header(config: GPTConfig) -> np.ndarray:
     """The 256-int32 header for a model of shape ``config`` (maxT = ``block_size``, V =
     ``valid_vocab_size``, Vp = ``vocab_size``)."""
     h = np.zeros(HEADER_INTS, dtype="<i4")
-    h[:8] = [LLMC_MAGIC, LLMC_VERSION, config.block_size, config.valid_vocab_size, config.n_layer,
-             config.n_head, config.n_embd, config.vocab_size]
+    h[:8] = [
+        LLMC_MAGIC,
+        LLMC_VERSION,
+        config.block_size,
+        config.valid_vocab_size,
+        config.n_layer,
+        config.n_head,
+        config.n_embd,
+        config.vocab_size,
+    ]
     return h
 
 
@@ -116,10 +123,24 @@ def read_llmc_checkpoint(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, 
         raise GptspeedError(f"{path} is not an llm.c fp32 checkpoint (magic {LLMC_MAGIC}, version {LLMC_VERSION})")
     maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
     config = GPTConfig(block_size=maxT, vocab_size=Vp, valid_vocab_size=V, n_layer=L, n_head=NH, n_embd=C)
-    shapes = {"wte": (Vp, C), "wpe": (maxT, C), "ln1w": (L, C), "ln1b": (L, C), "qkvw": (L, 3 * C, C),
-              "qkvb": (L, 3 * C), "attprojw": (L, C, C), "attprojb": (L, C), "ln2w": (L, C), "ln2b": (L, C),
-              "fcw": (L, 4 * C, C), "fcb": (L, 4 * C), "fcprojw": (L, C, 4 * C), "fcprojb": (L, C),
-              "lnfw": (C,), "lnfb": (C,)}
+    shapes = {
+        "wte": (Vp, C),
+        "wpe": (maxT, C),
+        "ln1w": (L, C),
+        "ln1b": (L, C),
+        "qkvw": (L, 3 * C, C),
+        "qkvb": (L, 3 * C),
+        "attprojw": (L, C, C),
+        "attprojb": (L, C),
+        "ln2w": (L, C),
+        "ln2b": (L, C),
+        "fcw": (L, 4 * C, C),
+        "fcb": (L, 4 * C),
+        "fcprojw": (L, C, 4 * C),
+        "fcprojb": (L, C),
+        "lnfw": (C,),
+        "lnfb": (C,),
+    }
     values = np.frombuffer(raw, dtype="<f4", offset=HEADER_INTS * 4)
     need = sum(int(np.prod(s)) for s in shapes.values())
     if values.size != need:
@@ -153,8 +174,9 @@ def find_c_compiler() -> str | None:
     return None
 
 
-def build_train_gpt2(llmc_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                     cflags: tuple[str, ...] = ("-O2",), cc: str | None = None) -> Path:
+def build_train_gpt2(
+    llmc_dir: str | os.PathLike, out_dir: str | os.PathLike, cflags: tuple[str, ...] = ("-O2",), cc: str | None = None
+) -> Path:
     """Compile llm.c's CPU trainer ``llmc_dir/train_gpt2.c`` (its own source, unmodified) into
     ``out_dir/train_gpt2`` and return that path. ``cflags``: e.g. :data:`MAKEFILE_CFLAGS` for the
     build llm.c's Makefile makes (OpenMP, ``-Ofast``), or the default ``-O2`` (IEEE float, one
@@ -176,8 +198,7 @@ def build_train_gpt2(llmc_dir: str | os.PathLike, out_dir: str | os.PathLike,
     return out
 
 
-def prepare_llmc_dir(work_dir: str | os.PathLike, model: GPT, train_tokens: np.ndarray,
-                     val_tokens: np.ndarray) -> Path:
+def prepare_llmc_dir(work_dir: str | os.PathLike, model: GPT, train_tokens: np.ndarray, val_tokens: np.ndarray) -> Path:
     """Lay out ``work_dir`` as ``train_gpt2`` expects to find it: :data:`LLMC_CHECKPOINT` from
     ``model``'s weights, and the tinyshakespeare train/val shards (gptspeed's shard format) holding
     ``train_tokens`` / ``val_tokens`` (1-D uint16-range ids, each at least ``B*T+1 = 257``).
@@ -195,8 +216,15 @@ def prepare_llmc_dir(work_dir: str | os.PathLike, model: GPT, train_tokens: np.n
     return work
 
 
-def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps: int, *,
-                   threads: int | None = None, timeout_s: float = 3600.0, env: dict | None = None) -> dict:
+def run_train_gpt2(
+    binary: str | os.PathLike,
+    work_dir: str | os.PathLike,
+    steps: int,
+    *,
+    threads: int | None = None,
+    timeout_s: float = 3600.0,
+    env: dict | None = None,
+) -> dict:
     """Run llm.c's ``train_gpt2`` in ``work_dir`` (see :func:`prepare_llmc_dir`) until it has
     printed ``steps`` training steps (its ``main()`` runs 41; it is then killed: the remaining steps,
     evaluations and sampling are not needed), with ``OMP_NUM_THREADS=threads`` if given.
@@ -229,8 +257,9 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
     # step lines of a slow model would arrive only when the process ends)
     master, slave = pty.openpty()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(binary)], cwd=work_dir, env=env, stdout=slave, stderr=slave,
-                            stdin=subprocess.DEVNULL, close_fds=True)
+    proc = subprocess.Popen(
+        [str(binary)], cwd=work_dir, env=env, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, close_fds=True
+    )
     os.close(slave)
     try:
         lines = read_lines(master, on_line, t0 + timeout_s)
@@ -243,18 +272,31 @@ def run_train_gpt2(binary: str | os.PathLike, work_dir: str | os.PathLike, steps
         proc.returncode = status
         os.close(master)
     if len(losses) < steps:
-        raise GptspeedError(f"llm.c's train_gpt2 stopped after {len(losses)} of {steps} steps: "
-                            + " | ".join(lines[-5:]).strip())
-    return {"losses": losses, "step_ms": step_ms, "val_losses": val_losses,
-            "peak_rss_bytes": rusage.ru_maxrss * 1024, "wall_s": time.perf_counter() - t0, "stdout": "\n".join(lines)}
+        raise GptspeedError(
+            f"llm.c's train_gpt2 stopped after {len(losses)} of {steps} steps: " + " | ".join(lines[-5:]).strip()
+        )
+    return {
+        "losses": losses,
+        "step_ms": step_ms,
+        "val_losses": val_losses,
+        "peak_rss_bytes": rusage.ru_maxrss * 1024,
+        "wall_s": time.perf_counter() - t0,
+        "stdout": "\n".join(lines),
+    }
 
 
 # --------------------------------------------------------------------- running llm.c's GPU trainer
 #: train_gpt2cu's flags an llm.c row sets itself, from the row's shape, its steps and its data (llm.c's
 #: ``main()`` reads argv left to right, a later value winning: one of these passed through would silently
 #: change what the row reads or the tokens per step its tokens/s are computed with), and where to set them
-LLMC_ROW_FLAGS = {"-i": "--data", "-j": "--data", "-e": "(a fresh GPT-2 124M, d12)", "-t": "--seq-len",
-                  "-d": "--batch-size x --accum", "-x": "--warmup + --steps"}
+LLMC_ROW_FLAGS = {
+    "-i": "--data",
+    "-j": "--data",
+    "-e": "(a fresh GPT-2 124M, d12)",
+    "-t": "--seq-len",
+    "-d": "--batch-size x --accum",
+    "-x": "--warmup + --steps",
+}
 
 
 def check_llmc_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
@@ -274,8 +316,17 @@ def check_llmc_flags(flags: list[str] | tuple[str, ...]) -> list[str]:
     return flags
 
 
-def llmc_cuda_train_command(binary: str | os.PathLike, train: str, val: str, *, batch_size: int, seq_len: int,
-                            tokens: int, steps: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+def llmc_cuda_train_command(
+    binary: str | os.PathLike,
+    train: str,
+    val: str,
+    *,
+    batch_size: int,
+    seq_len: int,
+    tokens: int,
+    steps: int,
+    extra: list[str] | tuple[str, ...] = (),
+) -> list[str]:
     """The ``train_gpt2cu`` command line of an llm.c row (flags of llm.c's ``train_gpt2.cu`` ``main()``):
     a fresh GPT-2 124M (``-e d12``) on the shards ``train``/``val`` (glob patterns), micro-batch
     ``batch_size`` (``-b``), ``seq_len`` (``-t``), ``tokens`` per optimizer step (``-d``), ``steps``
@@ -283,9 +334,32 @@ def llmc_cuda_train_command(binary: str | os.PathLike, train: str, val: str, *, 
     sampling or checkpoints (``-s 0 -n 0``); then ``extra`` (:func:`check_llmc_flags`), last, so that
     its ``-b`` or ``-r`` wins over the defaults: e.g. ``-r 0`` (no GELU recompute) and ``-b 64``, the
     settings of llm.c's GPT-2 124M record (``-b 64 -t 1024 -d 524288 -r 0``: 140 ms a step on 8xH100)."""
-    return [str(binary), "-e", "d12", "-i", train, "-j", val, "-b", str(batch_size), "-t", str(seq_len),
-            "-d", str(tokens), "-x", str(steps), "-v", "1000000", "-m", "1", "-s", "0", "-n", "0",
-            *check_llmc_flags(extra)]
+    return [
+        str(binary),
+        "-e",
+        "d12",
+        "-i",
+        train,
+        "-j",
+        val,
+        "-b",
+        str(batch_size),
+        "-t",
+        str(seq_len),
+        "-d",
+        str(tokens),
+        "-x",
+        str(steps),
+        "-v",
+        "1000000",
+        "-m",
+        "1",
+        "-s",
+        "0",
+        "-n",
+        "0",
+        *check_llmc_flags(extra),
+    ]
 
 
 # ------------------------------------------------------------------- building llm.c's GPU trainer
@@ -312,8 +386,9 @@ def gpu_compute_capability(smi: str = "nvidia-smi") -> tuple[str | None, str]:
     exe = shutil.which(smi)
     if exe:
         try:
-            out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30)
+            out = subprocess.run(
+                [exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
             caps = [line.strip() for line in out.stdout.splitlines() if line.strip()]
             values = sorted(int(c.replace(".", "")) for c in caps if c.replace(".", "").isdigit())
             if out.returncode == 0 and values:
@@ -332,8 +407,9 @@ def _search_paths(search: list[str] | None) -> list[Path]:
     return [Path(p) for p in (search if search is not None else sys.path) if p and Path(p).is_dir()]
 
 
-def find_cudnn_frontend(work: str | os.PathLike, carry: str | os.PathLike | None = None,
-                        search: list[str] | None = None) -> tuple[Path | None, str]:
+def find_cudnn_frontend(
+    work: str | os.PathLike, carry: str | os.PathLike | None = None, search: list[str] | None = None
+) -> tuple[Path | None, str]:
     """The folder holding cuDNN frontend's headers (``cudnn_frontend.h``; a header-only C++
     library llm.c's ``USE_CUDNN=1`` build needs), and where it was found; ``(None, why)`` if
     nowhere. Looked for in ``$CUDNN_FRONTEND_PATH``; ``<carry>/cudnn-frontend/include``; the
@@ -368,8 +444,10 @@ def find_cudnn_frontend(work: str | os.PathLike, carry: str | os.PathLike | None
     home = Path.home() / "cudnn-frontend" / "include"
     if has(home):
         return home, str(home)
-    return None, ("cuDNN frontend's headers not found: carry them with `bash ../shared/device/carry.sh "
-                  "nvidia-cudnn-frontend==1.32.0` (or set CUDNN_FRONTEND_PATH)")
+    return None, (
+        "cuDNN frontend's headers not found: carry them with `bash ../shared/device/carry.sh "
+        "nvidia-cudnn-frontend==1.32.0` (or set CUDNN_FRONTEND_PATH)"
+    )
 
 
 def find_cudnn(search: list[str] | None = None) -> tuple[Path | None, Path | None, str]:
@@ -396,9 +474,15 @@ def _make_var(flags: list[str], name: str) -> str | None:
     return None
 
 
-def llmc_cuda_make(src: str | os.PathLike, work: str | os.PathLike, extra: list[str] | tuple[str, ...] = (),
-                   cudnn: str = "auto", carry: str | os.PathLike | None = None, search: list[str] | None = None,
-                   smi: str = "nvidia-smi") -> dict:
+def llmc_cuda_make(
+    src: str | os.PathLike,
+    work: str | os.PathLike,
+    extra: list[str] | tuple[str, ...] = (),
+    cudnn: str = "auto",
+    carry: str | os.PathLike | None = None,
+    search: list[str] | None = None,
+    smi: str = "nvidia-smi",
+) -> dict:
     """The ``make`` command that builds llm.c's ``train_gpt2cu`` in ``src`` (a scratch copy of the
     clone) for the GPU it will run on, and what it rests on. Returns ``{"command": [...],
     "line": shell line, "env": variables the binary needs at run time, "compute_capability",
@@ -462,8 +546,11 @@ def llmc_cuda_make(src: str | os.PathLike, work: str | os.PathLike, extra: list[
                 (libdir / "libcudnn.so").unlink(missing_ok=True)
                 (libdir / "libcudnn.so").symlink_to(versioned)
             ldlibs = [] if str(lib) in _SYSTEM_LIBS else [f"-L{libdir}", f"-Xlinker -rpath={lib}"]
-            cmd += ["USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}",
-                    "NVCC_INCLUDES=" + " ".join([*includes, "-include", str(CUDA13_COMPAT)])]
+            cmd += [
+                "USE_CUDNN=1",
+                f"CUDNN_FRONTEND_PATH={headers.resolve()}",
+                "NVCC_INCLUDES=" + " ".join([*includes, "-include", str(CUDA13_COMPAT)]),
+            ]
             if ldlibs:
                 cmd.append("NVCC_LDLIBS=" + " ".join(ldlibs))
                 env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))
@@ -474,5 +561,12 @@ def llmc_cuda_make(src: str | os.PathLike, work: str | os.PathLike, extra: list[
 
     if not cap:
         cap_source += ": nvcc builds for its default architecture"
-    return {"command": cmd, "line": shlex.join(cmd), "env": env, "compute_capability": cap,
-            "capability_source": cap_source, "cudnn": on, "cudnn_note": note}
+    return {
+        "command": cmd,
+        "line": shlex.join(cmd),
+        "env": env,
+        "compute_capability": cap,
+        "capability_source": cap_source,
+        "cudnn": on,
+        "cudnn_note": note,
+    }

@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
-import harness
 from gptspeed.data import find_shards, write_shard
 from gptspeed.data.loader import TokenLoader
 
@@ -43,8 +43,11 @@ def main() -> None:
         else:
             shards = [Path(tmp) / "train_000000.bin"]
             write_shard(shards[0], np.random.default_rng(0).integers(0, 50257, 50_000_000, dtype=np.uint16))
-        loaders = {f"{sampling}, {w} workers": TokenLoader(shards, a.batch_size, a.seq_len, sampling=sampling, workers=w)
-                   for sampling in ("sequential", "random") for w in (0, a.workers)}
+        loaders = {
+            f"{sampling}, {w} workers": TokenLoader(shards, a.batch_size, a.seq_len, sampling=sampling, workers=w)
+            for sampling in ("sequential", "random")
+            for w in (0, a.workers)
+        }
         for loader in loaders.values():
             loader.next_batch()
 
@@ -59,13 +62,20 @@ def main() -> None:
         for loader in loaders.values():
             loader.close()
     env = harness.environment("cpu")
-    md = [harness.header(env), f"{len(shards)} shard(s), B={a.batch_size} T={a.seq_len}, {a.rounds} interleaved rounds",
-          "", "| sampling, loader workers | tokens/s (median of rounds) | min–max | × 600k |", "|---|--:|--:|--:|"]
+    md = [
+        harness.header(env),
+        f"{len(shards)} shard(s), B={a.batch_size} T={a.seq_len}, {a.rounds} interleaved rounds",
+        "",
+        "| sampling, loader workers | tokens/s (median of rounds) | min–max | × 600k |",
+        "|---|--:|--:|--:|",
+    ]
     rows = {}
     for name, r in rates.items():
         s = rows[name] = harness.spread(r)
-        md.append(f"| {name} | {s['median']:,.0f} | {s['min']:,.0f}–{s['max']:,.0f} | "
-                  f"{s['median'] / H100_GPT2_TOKENS_PER_S:.1f}x |")
+        md.append(
+            f"| {name} | {s['median']:,.0f} | {s['min']:,.0f}–{s['max']:,.0f} | "
+            f"{s['median'] / H100_GPT2_TOKENS_PER_S:.1f}x |"
+        )
     harness.emit("\n".join(md) + "\n", {"tokens_per_s": rows, "per_round": rates, "environment": env}, None, a.json)
 
 

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import harness
+
 from gptspeed.runtime import resolve_device
 from gptspeed.trainer import build_train_config, fit
 
@@ -38,8 +39,11 @@ def first_reaching(records: list[dict], target: float) -> tuple[int | None, floa
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", help="prepared data folder (default: tinyshakespeare, prepared into --out; offline, "
-                                  "set GPTSPEED_DATA_MIRROR to a folder holding tinyshakespeare/input.txt)")
+    p.add_argument(
+        "--data",
+        help="prepared data folder (default: tinyshakespeare, prepared into --out; offline, "
+        "set GPTSPEED_DATA_MIRROR to a folder holding tinyshakespeare/input.txt)",
+    )
     p.add_argument("--out", help="folder for both runs (default: a temporary folder)")
     p.add_argument("--preset", default="nano")
     p.add_argument("--steps", type=int, default=200)
@@ -66,26 +70,49 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for opt in ("adamw", "muon"):
         run = out / opt
-        cfg = build_train_config(a.preset, dict(
-            data=data, out=str(run), optimizer=opt, lr=a.lr, muon_lr=a.muon_lr, max_steps=a.steps,
-            warmup_steps=a.warmup_steps, eval_every=a.eval_every, eval_tokens=a.eval_tokens, save_every=0,
-            log_every=a.eval_every, device=a.device))
+        cfg = build_train_config(
+            a.preset,
+            dict(
+                data=data,
+                out=str(run),
+                optimizer=opt,
+                lr=a.lr,
+                muon_lr=a.muon_lr,
+                max_steps=a.steps,
+                warmup_steps=a.warmup_steps,
+                eval_every=a.eval_every,
+                eval_tokens=a.eval_tokens,
+                save_every=0,
+                log_every=a.eval_every,
+                device=a.device,
+            ),
+        )
         summary = fit(cfg, echo=False)
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        results[opt] = {"records": records, "final_val_loss": summary["last_val_loss"],
-                        "time_s": records[-1]["time_s"]}
+        results[opt] = {"records": records, "final_val_loss": summary["last_val_loss"], "time_s": records[-1]["time_s"]}
     target = a.target if a.target is not None else results["adamw"]["final_val_loss"]
 
     env = harness.environment(resolve_device(a.device).type)
-    md = [harness.header(env), f"target val loss {target:.4f} | {a.preset} | {a.steps} steps", "",
-          "| optimizer | final val loss | steps to target | seconds to target | total seconds |", "|---|---|---|---|---|"]
+    md = [
+        harness.header(env),
+        f"target val loss {target:.4f} | {a.preset} | {a.steps} steps",
+        "",
+        "| optimizer | final val loss | steps to target | seconds to target | total seconds |",
+        "|---|---|---|---|---|",
+    ]
     for opt, r in results.items():
         step, secs = first_reaching(r["records"], target)
         r.update(target=target, steps_to_target=step, seconds_to_target=secs)
-        md.append(f"| {opt} | {r['final_val_loss']:.4f} | {step if step is not None else 'not reached'} | "
-                  f"{f'{secs:.1f}' if secs is not None else '-'} | {r['time_s']:.1f} |")
-    harness.emit("\n".join(md) + "\n", {**{k: {kk: vv for kk, vv in v.items() if kk != "records"}
-                                           for k, v in results.items()}, "environment": env}, None, a.json)
+        md.append(
+            f"| {opt} | {r['final_val_loss']:.4f} | {step if step is not None else 'not reached'} | "
+            f"{f'{secs:.1f}' if secs is not None else '-'} | {r['time_s']:.1f} |"
+        )
+    harness.emit(
+        "\n".join(md) + "\n",
+        {**{k: {kk: vv for kk, vv in v.items() if kk != "records"} for k, v in results.items()}, "environment": env},
+        None,
+        a.json,
+    )
     return 0
 
 

@@ -26,6 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import harness
+
 from gptspeed.data.prepare import prepare
 from gptspeed.tokenizer import get_encoding
 
@@ -54,9 +55,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", help="also write the timings, counts and environment here")
-    ap.add_argument("--paragraph-docs", type=int, metavar="CHARS",
-                    help="first rewrite the .txt files as one .jsonl whose documents are runs of whole "
-                         "paragraphs of at least CHARS characters (web-page-sized documents)")
+    ap.add_argument(
+        "--paragraph-docs",
+        type=int,
+        metavar="CHARS",
+        help="first rewrite the .txt files as one .jsonl whose documents are runs of whole "
+        "paragraphs of at least CHARS characters (web-page-sized documents)",
+    )
     a = ap.parse_args()
     keep = tempfile.TemporaryDirectory()
     if a.paragraph_docs:
@@ -85,15 +90,18 @@ def main() -> None:
     runs = {"tiktoken encode_ordinary loop, 1 process": loop}
     tmp = tempfile.TemporaryDirectory()
     for w in (1, a.workers):
+
         def run(w=w) -> int:
             m = prepare(a.source, Path(tmp.name) / f"w{w}", workers=w, force=True, progress=False)
             return m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+
         runs[f"gptspeed prepare --workers {w}"] = run
     counts: dict[str, int] = {}
 
     def counted(name: str):
         def run() -> None:
             counts[name] = runs[name]()
+
         return run
 
     # one warm-up call each (page cache, tokenizer threads and their encodings), then interleaved rounds,
@@ -104,23 +112,41 @@ def main() -> None:
     loop_name = next(iter(runs))
     t_loop, n_loop = min(times[loop_name]), counts[loop_name]
     rows = [(name, min(ts), statistics.median(ts), counts[name]) for name, ts in times.items()]
-    print(f"{len(files)} files, {len(texts):,} documents, {sum(len(t) for t in texts):,} characters; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(
+        f"{len(files)} files, {len(texts):,} documents, {sum(len(t) for t in texts):,} characters; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
     print(f"best and median of {a.repeats} interleaved rounds")
-    print("| what | best s | median s | tokens/s (best) | vs loop (best) | vs loop (median) "
-          "| vs loop (median of rounds) |\n|---|---|---|---|---|---|---|")
+    print(
+        "| what | best s | median s | tokens/s (best) | vs loop (best) | vs loop (median) "
+        "| vs loop (median of rounds) |\n|---|---|---|---|---|---|---|"
+    )
     t_loop_med = statistics.median(times[loop_name])
     for name, t, med, n in rows:
         # each round's ratio to the loop in the same round: robust to slow spells of a shared host
         per_round = harness.ratios(ms[loop_name], ms[name])["median"]
-        print(f"| {name} | {t:.3f} | {med:.3f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x "
-              f"| {t_loop_med / med * n / n_loop:.2f}x | {per_round * n / n_loop:.2f}x |")
+        print(
+            f"| {name} | {t:.3f} | {med:.3f} | {n / t:,.0f} | {t_loop / t * n / n_loop:.2f}x "
+            f"| {t_loop_med / med * n / n_loop:.2f}x | {per_round * n / n_loop:.2f}x |"
+        )
     print(f"loop per core: {n_loop / t_loop:,.0f} tokens/s")
     if a.json:
         env = {**harness.environment("cpu"), "tiktoken": version("tiktoken")}
-        harness.write_outputs(None, {"source": a.source, "paragraph_docs": a.paragraph_docs, "files": len(files),
-                                     "documents": len(texts), "characters": sum(len(t) for t in texts),
-                                     "seconds": times, "tokens": counts, "environment": env}, None, a.json)
+        harness.write_outputs(
+            None,
+            {
+                "source": a.source,
+                "paragraph_docs": a.paragraph_docs,
+                "files": len(files),
+                "documents": len(texts),
+                "characters": sum(len(t) for t in texts),
+                "seconds": times,
+                "tokens": counts,
+                "environment": env,
+            },
+            None,
+            a.json,
+        )
 
 
 if __name__ == "__main__":

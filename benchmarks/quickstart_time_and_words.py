@@ -70,10 +70,16 @@ def main() -> int:
         record.update(train_s=round(seconds, 1), log_head=lines[:8], log_tail=lines[-6:])
     sample_cmd = ["gptspeed", "sample", "--run", a.run, "--prompt", "ROMEO:"]
     _, text = run(sample_cmd)
-    generated = text[len("ROMEO:"):] if text.startswith("ROMEO:") else text
+    generated = text[len("ROMEO:") :] if text.startswith("ROMEO:") else text
     share, missing = real_word_share(generated, corpus)
-    record.update(sample_command=" ".join(sample_cmd), sample=text, words=len(WORD.findall(generated)),
-                  real_word_share=round(share, 4), not_in_corpus=missing, environment=harness.environment("cpu"))
+    record.update(
+        sample_command=" ".join(sample_cmd),
+        sample=text,
+        words=len(WORD.findall(generated)),
+        real_word_share=round(share, 4),
+        not_in_corpus=missing,
+        environment=harness.environment("cpu"),
+    )
     print(json.dumps(record, indent=2))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

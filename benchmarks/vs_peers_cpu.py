@@ -63,9 +63,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import harness
 from harness import loadavg
@@ -73,8 +73,24 @@ from harness import loadavg
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_DIR = Path(os.environ.get("GPTSPEED_PEERS_DIR", ROOT.parent / "shared" / "peers"))
 SHARED_DATA = Path(os.environ.get("GPTSPEED_DATA_MIRROR", ROOT.parent / "shared" / "data"))
-LLMC_OPTIM_FLAGS = ["--lr", "1e-4", "--beta1", "0.9", "--beta2", "0.999", "--eps", "1e-8", "--weight-decay", "0",
-                    "--grad-clip", "0", "--warmup-steps", "0", "--min-lr-ratio", "1"]
+LLMC_OPTIM_FLAGS = [
+    "--lr",
+    "1e-4",
+    "--beta1",
+    "0.9",
+    "--beta2",
+    "0.999",
+    "--eps",
+    "1e-8",
+    "--weight-decay",
+    "0",
+    "--grad-clip",
+    "0",
+    "--warmup-steps",
+    "0",
+    "--min-lr-ratio",
+    "1",
+]
 ALL_PEERS = ("gptspeed", "gptspeed-eager", "nanogpt", "nanogpt-compile", "hf", "hf-compile", "llmc")
 PEER_ROWS = ("nanogpt", "nanogpt-compile", "hf", "hf-compile", "llmc")  # the others are gptspeed's
 SEED = 1337
@@ -100,8 +116,9 @@ class Shape:
 
 
 SHAPES = {
-    "124m": Shape("124m", 12, 12, 768, 4, 64, "gpt2",
-                  ("--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "256")),
+    "124m": Shape(
+        "124m", 12, 12, 768, 4, 64, "gpt2", ("--batch-size", "4", "--seq-len", "64", "--total-batch-tokens", "256")
+    ),
     "small": Shape("small", 4, 4, 128, 16, 128, "nano", ()),  # the nano preset is exactly this shape
     # the pico preset (tests, smoke runs): where a fixed per-step cost (logging) weighs most
     "pico": Shape("pico", 2, 2, 64, 8, 64, "pico", ()),
@@ -123,14 +140,22 @@ class Run:
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def run_until(cmd: list[str], *, cwd: Path, env: dict, on_line: Callable[[str], bool],
-              timeout_s: float) -> tuple[int, int, float, list[str]]:
+def run_until(
+    cmd: list[str], *, cwd: Path, env: dict, on_line: Callable[[str], bool], timeout_s: float
+) -> tuple[int, int, float, list[str]]:
     """Run ``cmd``; feed each output line (stdout+stderr) to ``on_line``; kill the process (and its
     process group: compile workers) as soon as it returns True. Returns ``(exit status, peak RSS
     bytes, wall s from start to that line (or to the end), lines)``."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         lines = harness.read_lines(proc.stdout.fileno(), on_line, t0 + timeout_s)
         wall = time.perf_counter() - t0
@@ -146,16 +171,31 @@ def run_until(cmd: list[str], *, cwd: Path, env: dict, on_line: Callable[[str], 
 
 
 def child_env(threads: int, extra: dict | None = None) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-           "GPTSPEED_DATA_MIRROR": str(SHARED_DATA)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        "GPTSPEED_DATA_MIRROR": str(SHARED_DATA),
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     return {**env, **(extra or {})}
 
 
 # ----------------------------------------------------------------------------- gptspeed (adapter)
-def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, warmup: int, steps: int,
-                 threads: int, env_extra: dict | None = None, planned_steps: int | None = None,
-                 timeout_s: float = 7200.0, device: str = "cpu") -> Run:
+def run_gptspeed(
+    shape: Shape,
+    data: Path,
+    run_dir: Path,
+    flags: list[str],
+    *,
+    warmup: int,
+    steps: int,
+    threads: int,
+    env_extra: dict | None = None,
+    planned_steps: int | None = None,
+    timeout_s: float = 7200.0,
+    device: str = "cpu",
+) -> Run:
     """THE adapter to gptspeed's training: ``gptspeed train`` in a subprocess, read back through its
     ``metrics.jsonl``. Everything this benchmark knows about gptspeed's trainer is here: the CLI
     (preset, shape flags, ``--log-every 1``, ``--eval-every 0``, ``--eval-tokens`` one batch,
@@ -166,9 +206,31 @@ def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, w
     in ms. The first ``warmup`` steps (compile, first allocations) are dropped. The process is
     killed once ``warmup + steps`` steps are logged (or ends by itself at ``planned_steps``)."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "gptspeed", "train", "--data", str(data), "--out", str(run_dir),
-           "--preset", shape.preset, *shape.preset_flags, "--log-every", "1", "--eval-every", "0",
-           "--eval-tokens", str(shape.tokens), "--save-every", "0", "--device", device, "--seed", str(SEED)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gptspeed",
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(run_dir),
+        "--preset",
+        shape.preset,
+        *shape.preset_flags,
+        "--log-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--eval-tokens",
+        str(shape.tokens),
+        "--save-every",
+        "0",
+        "--device",
+        device,
+        "--seed",
+        str(SEED),
+    ]
     if planned_steps is not None:
         cmd += ["--max-steps", str(planned_steps)]
     cmd += flags
@@ -188,8 +250,9 @@ def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, w
             t_warm["t"] = time.perf_counter() - t_start
         return bool(logged) and logged[-1] >= need
 
-    status, rss, wall, lines = run_until(cmd, cwd=run_dir.parent, env=child_env(threads, env_extra),
-                                         on_line=on_line, timeout_s=timeout_s)
+    status, rss, wall, lines = run_until(
+        cmd, cwd=run_dir.parent, env=child_env(threads, env_extra), on_line=on_line, timeout_s=timeout_s
+    )
     records = [json.loads(r) for r in metrics.read_text().splitlines()] if metrics.exists() else []
     train = [r for r in records if r["step"] > 0 and "step_ms" in r]
     info = {"command": shlex.join(cmd), "start_line": start_line.get("line")}
@@ -201,8 +264,9 @@ def run_gptspeed(shape: Shape, data: Path, run_dir: Path, flags: list[str], *, w
         ms += [per_step] * sum(1 for s in range(prev["step"] + 1, r["step"] + 1) if warmup < s <= need)
         prev = r
     losses = [r["train_loss"] for r in train if r["step"] <= need]
-    info.update(step_ms_field=[r["step_ms"] for r in train if warmup < r["step"] <= need],
-                start_to_warm_s=t_warm.get("t"))
+    info.update(
+        step_ms_field=[r["step_ms"] for r in train if warmup < r["step"] <= need], start_to_warm_s=t_warm.get("t")
+    )
     return Run(ms, losses, rss, wall, info=info)
 
 
@@ -212,19 +276,23 @@ def prepare_data(work: Path, data_arg: str | None) -> Path:
         return Path(data_arg)
     out = work / "data" / "tinyshakespeare"
     if not (out / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "gptspeed", "prepare", "tinyshakespeare", "--out", str(out),
-                        "--no-progress"], check=True, env=child_env(os.cpu_count() or 1))
+        subprocess.run(
+            [sys.executable, "-m", "gptspeed", "prepare", "tinyshakespeare", "--out", str(out), "--no-progress"],
+            check=True,
+            env=child_env(os.cpu_count() or 1),
+        )
     return out
 
 
 def train_tokens(data: Path):
+    import numpy as np
+
     from gptspeed.data import find_shards
     from gptspeed.data.shards import read_shard
 
-    import numpy as np
-
-    return np.concatenate([read_shard(p) for p in find_shards(data, "train")]), \
-        np.concatenate([read_shard(p) for p in find_shards(data, "val")])
+    return np.concatenate([read_shard(p) for p in find_shards(data, "train")]), np.concatenate(
+        [read_shard(p) for p in find_shards(data, "val")]
+    )
 
 
 def nanogpt_dir(work: Path, data: Path) -> Path:
@@ -243,18 +311,45 @@ def nanogpt_dir(work: Path, data: Path) -> Path:
     return d
 
 
-def run_nanogpt(shape: Shape, work: Path, data: Path, compile: bool, *, warmup: int, steps: int,
-                threads: int, timeout_s: float = 7200.0, device: str = "cpu", dtype: str = "float32") -> Run:
+def run_nanogpt(
+    shape: Shape,
+    work: Path,
+    data: Path,
+    compile: bool,
+    *,
+    warmup: int,
+    steps: int,
+    threads: int,
+    timeout_s: float = 7200.0,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> Run:
     """nanoGPT's own train.py at ``shape`` (its ``--gradient_accumulation_steps`` = ``shape.accum``);
     step time = its printed ``iter N: ... time X ms`` (wall time per iteration, ``loss.item()``
     included: ``--log_interval=1``)."""
     d = nanogpt_dir(work, data)
-    cmd = [sys.executable, "train.py", f"--device={device}", f"--dtype={dtype}", f"--compile={compile}",
-           f"--batch_size={shape.batch_size}", f"--block_size={shape.seq_len}", f"--n_layer={shape.n_layer}",
-           f"--n_head={shape.n_head}", f"--n_embd={shape.n_embd}", "--bias=True", "--dropout=0.0",
-           f"--gradient_accumulation_steps={shape.accum}", "--max_iters=1000000", "--eval_interval=1000000", "--eval_iters=1",
-           "--log_interval=1", "--dataset=gptspeed_tinyshakespeare", "--always_save_checkpoint=False",
-           f"--out_dir={work / 'nanogpt-out'}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        f"--device={device}",
+        f"--dtype={dtype}",
+        f"--compile={compile}",
+        f"--batch_size={shape.batch_size}",
+        f"--block_size={shape.seq_len}",
+        f"--n_layer={shape.n_layer}",
+        f"--n_head={shape.n_head}",
+        f"--n_embd={shape.n_embd}",
+        "--bias=True",
+        "--dropout=0.0",
+        f"--gradient_accumulation_steps={shape.accum}",
+        "--max_iters=1000000",
+        "--eval_interval=1000000",
+        "--eval_iters=1",
+        "--log_interval=1",
+        "--dataset=gptspeed_tinyshakespeare",
+        "--always_save_checkpoint=False",
+        f"--out_dir={work / 'nanogpt-out'}",
+    ]
     it = re.compile(r"^iter (\d+): loss ([\d.naif]+), time ([\d.]+)ms")
     got: list[tuple[int, float, float]] = []
     t_start, t_warm = time.perf_counter(), {}
@@ -272,14 +367,24 @@ def run_nanogpt(shape: Shape, work: Path, data: Path, compile: bool, *, warmup: 
     status, rss, wall, lines = run_until(cmd, cwd=d, env=env, on_line=on_line, timeout_s=timeout_s)
     if len(got) < warmup + steps:
         return Run([], error="nanoGPT stopped early: " + " | ".join(lines[-4:]), info={"command": shlex.join(cmd)})
-    return Run([ms for i, _, ms in got if i >= warmup][:steps], [loss for _, loss, _ in got], rss, wall,
-               info={"command": f"cd {d} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t")})
+    return Run(
+        [ms for i, _, ms in got if i >= warmup][:steps],
+        [loss for _, loss, _ in got],
+        rss,
+        wall,
+        info={"command": f"cd {d} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t")},
+    )
 
 
-def run_hf(shape: Shape, data: Path, compile: bool, *, warmup: int, steps: int, threads: int,
-           timeout_s: float = 7200.0) -> Run:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-hf", json.dumps(
-        {"shape": shape.name, "data": str(data), "compile": compile, "steps": warmup + steps})]
+def run_hf(
+    shape: Shape, data: Path, compile: bool, *, warmup: int, steps: int, threads: int, timeout_s: float = 7200.0
+) -> Run:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker-hf",
+        json.dumps({"shape": shape.name, "data": str(data), "compile": compile, "steps": warmup + steps}),
+    ]
     got: list[tuple[float, float]] = []
     t_start, t_warm = time.perf_counter(), {}
 
@@ -294,8 +399,13 @@ def run_hf(shape: Shape, data: Path, compile: bool, *, warmup: int, steps: int, 
     status, rss, wall, lines = run_until(cmd, cwd=ROOT, env=child_env(threads), on_line=on_line, timeout_s=timeout_s)
     if len(got) < warmup + steps:
         return Run([], error="hf worker stopped early: " + " | ".join(lines[-4:]))
-    return Run([ms for ms, _ in got[warmup:]], [loss for _, loss in got], rss, wall,
-               info={"command": shlex.join(cmd), "start_to_warm_s": t_warm.get("t")})
+    return Run(
+        [ms for ms, _ in got[warmup:]],
+        [loss for _, loss in got],
+        rss,
+        wall,
+        info={"command": shlex.join(cmd), "start_to_warm_s": t_warm.get("t")},
+    )
 
 
 def hf_worker(spec: dict) -> int:
@@ -307,8 +417,16 @@ def hf_worker(spec: dict) -> int:
     shape = SHAPES[spec["shape"]]
     tokens, _ = train_tokens(Path(spec["data"]))
     torch.manual_seed(SEED)
-    config = GPT2Config(vocab_size=50257, n_positions=shape.seq_len, n_embd=shape.n_embd, n_layer=shape.n_layer,
-                        n_head=shape.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=50257,
+        n_positions=shape.seq_len,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = GPT2LMHeadModel(config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)
@@ -335,7 +453,11 @@ def llmc_binary(work: Path, cflags: tuple[str, ...] | None = None) -> Path:
     from llmc import MAKEFILE_CFLAGS, build_train_gpt2
 
     flags = tuple(cflags) if cflags else tuple(MAKEFILE_CFLAGS)
-    folder = "llmc-bin" if flags == tuple(MAKEFILE_CFLAGS) else "llmc-bin-" + hashlib.sha1(" ".join(flags).encode()).hexdigest()[:8]
+    folder = (
+        "llmc-bin"
+        if flags == tuple(MAKEFILE_CFLAGS)
+        else "llmc-bin-" + hashlib.sha1(" ".join(flags).encode()).hexdigest()[:8]
+    )
     binary = work / folder / "train_gpt2"
     if not binary.exists():
         build_train_gpt2(PEERS_DIR / "llm.c", binary.parent, flags)
@@ -371,11 +493,17 @@ def run_llmc(shape: Shape, work: Path, data: Path, *, warmup: int, steps: int, t
 
     if (shape.batch_size, shape.seq_len) != (LLMC_B, LLMC_T):
         return Run([], error=f"skipped: llm.c's train_gpt2.c hardcodes B={LLMC_B}, T={LLMC_T}")
-    r = run_train_gpt2(llmc_binary(work), llmc_dir(work, shape, data, one_batch=False), warmup + steps,
-                       threads=threads)
-    return Run(r["step_ms"][warmup:], r["losses"], r["peak_rss_bytes"], r["wall_s"],
-               info={"command": f"cd {llmc_dir(work, shape, data, False)} && OMP_NUM_THREADS={threads} "
-                                f"{llmc_binary(work)}", "first_step_ms": r["step_ms"][0]})
+    r = run_train_gpt2(llmc_binary(work), llmc_dir(work, shape, data, one_batch=False), warmup + steps, threads=threads)
+    return Run(
+        r["step_ms"][warmup:],
+        r["losses"],
+        r["peak_rss_bytes"],
+        r["wall_s"],
+        info={
+            "command": f"cd {llmc_dir(work, shape, data, False)} && OMP_NUM_THREADS={threads} {llmc_binary(work)}",
+            "first_step_ms": r["step_ms"][0],
+        },
+    )
 
 
 # ---------------------------------------------------------------------------------------- driver
@@ -391,47 +519,70 @@ def parse_variant(text: str) -> tuple[str, list[str], dict]:
     return name.strip(), flags, env
 
 
-def interleave(rows: list[str], rounds: int, run_one: Callable[[str, int], Run], label: str,
-               after_each: Callable[[dict], None] | None = None) -> dict[str, list[dict]]:
+def interleave(
+    rows: list[str],
+    rounds: int,
+    run_one: Callable[[str, int], Run],
+    label: str,
+    after_each: Callable[[dict], None] | None = None,
+) -> dict[str, list[dict]]:
     """Every row's process in each of ``rounds`` rounds, in :func:`harness.interleave`'s order (rotated
     by one row a round: a fixed order gave two identical gptspeed rows a steady 0.88-0.98x gap),
     ``run_one(row, round)`` giving each process's :class:`Run`. A row whose error starts with
     "skipped" (it cannot run here) is dropped from the later rounds. Returns each row's entries
     (round, load average before it, step times, losses, peak RSS, wall and process seconds, error,
     the run's info, median); ``after_each(per_row)`` runs after every entry."""
+
     def entry(row: str, rnd: int) -> dict:
         t0, load = time.time(), loadavg()
         run = run_one(row, rnd)
-        e = {"round": rnd, "loadavg": load, "step_ms": run.step_ms, "losses": run.losses,
-             "peak_rss_bytes": run.peak_rss_bytes, "wall_s": run.wall_s, "error": run.error,
-             "process_s": time.time() - t0, **run.info}
+        e = {
+            "round": rnd,
+            "loadavg": load,
+            "step_ms": run.step_ms,
+            "losses": run.losses,
+            "peak_rss_bytes": run.peak_rss_bytes,
+            "wall_s": run.wall_s,
+            "error": run.error,
+            "process_s": time.time() - t0,
+            **run.info,
+        }
         if run.step_ms:
             e["median_ms"] = statistics.median(run.step_ms)
         med = f"{e['median_ms']:.1f} ms/step" if run.step_ms else run.error
         print(f"[{label} round {rnd + 1}/{rounds}] {row}: {med} (load {load}; {e['process_s']:.0f} s)", flush=True)
         return e
 
-    return harness.interleave(rows, rounds, entry, drop=lambda e: (e["error"] or "").startswith("skipped"),
-                              after_each=after_each)
+    return harness.interleave(
+        rows, rounds, entry, drop=lambda e: (e["error"] or "").startswith("skipped"), after_each=after_each
+    )
 
 
 def measure(args, shape: Shape, work: Path, data: Path, rows: list[str], variants: dict, after_each=None) -> dict:
     """All rows of one shape, interleaved (:func:`interleave`); ``after_each(summary)`` gets the
     summary so far (:func:`summarize`) after every process."""
+
     def run_one(row: str, rnd: int) -> Run:
         kw = dict(warmup=args.warmup, steps=args.steps, threads=args.threads)
         if row == "gptspeed":
             return run_gptspeed(shape, data, work / "runs" / row, [], planned_steps=args.planned_steps, **kw)
         if row == "gptspeed-eager":
-            return run_gptspeed(shape, data, work / "runs" / row, ["--dtype", "float32", "--no-compile"],
-                                planned_steps=args.planned_steps, **kw)
+            return run_gptspeed(
+                shape,
+                data,
+                work / "runs" / row,
+                ["--dtype", "float32", "--no-compile"],
+                planned_steps=args.planned_steps,
+                **kw,
+            )
         if row in variants:
             flags, env = variants[row]
             fill = dict(round=rnd, shape=shape.name, work=work, run=RUN_ID)
             flags = [f.format(**fill) for f in flags]
             env = {k: v.format(**fill) for k, v in env.items()}
-            return run_gptspeed(shape, data, work / "runs" / row, flags, env_extra=env,
-                                planned_steps=args.planned_steps, **kw)
+            return run_gptspeed(
+                shape, data, work / "runs" / row, flags, env_extra=env, planned_steps=args.planned_steps, **kw
+            )
         if row in ("nanogpt", "nanogpt-compile"):
             return run_nanogpt(shape, work, data, row.endswith("compile"), **kw)
         if row in ("hf", "hf-compile"):
@@ -467,12 +618,17 @@ def summarize(shape: Shape, per_row: dict[str, list[dict]]) -> dict:
             continue
         steps = harness.spread(m for e in entries for m in e["step_ms"])
         rss = [e["peak_rss_bytes"] for e in entries if e["peak_rss_bytes"]]
-        summary[row] = {"median_ms": statistics.median(meds), "round_medians_ms": meds, "min_ms": steps["min"],
-                        "mean_ms": statistics.fmean(m for e in entries for m in e["step_ms"]),
-                        "max_ms": steps["max"], "tokens_per_s": shape.tokens / statistics.median(meds) * 1000,
-                        "peak_rss_bytes": max(rss) if rss else None,
-                        "start_to_warm_s": _median([e.get("start_to_warm_s") for e in entries]),
-                        "first_loss": entries[0]["losses"][0] if entries[0]["losses"] else None}
+        summary[row] = {
+            "median_ms": statistics.median(meds),
+            "round_medians_ms": meds,
+            "min_ms": steps["min"],
+            "mean_ms": statistics.fmean(m for e in entries for m in e["step_ms"]),
+            "max_ms": steps["max"],
+            "tokens_per_s": shape.tokens / statistics.median(meds) * 1000,
+            "peak_rss_bytes": max(rss) if rss else None,
+            "start_to_warm_s": _median([e.get("start_to_warm_s") for e in entries]),
+            "first_loss": entries[0]["losses"][0] if entries[0]["losses"] else None,
+        }
     peers = [r for r in per_row if r in PEER_ROWS and "median_ms" in summary.get(r, {})]
     n_rounds = max((len(v) for v in per_row.values()), default=0)
     ref = next(iter(per_row), None)  # every row against the first, round by round
@@ -480,15 +636,22 @@ def summarize(shape: Shape, per_row: dict[str, list[dict]]) -> dict:
         both = [(_round_steps(per_row[ref], k), _round_steps(per_row[row], k)) for k in range(n_rounds)]
         speed = harness.ratios([a for a, b in both if a and b], [b for a, b in both if a and b])
         if speed["per_round"] and "error" not in summary[row]:
-            summary[row].update(vs=ref, speed_vs_first_row=speed["median"], speed_vs_first_row_per_round=speed["per_round"])
+            summary[row].update(
+                vs=ref, speed_vs_first_row=speed["median"], speed_vs_first_row_per_round=speed["per_round"]
+            )
     per_round = []
     for rnd in range(n_rounds):
         med = {row: statistics.median(ms) for row in per_row if (ms := _round_steps(per_row[row], rnd))}
         ours, eager = med.get("gptspeed"), med.get("gptspeed-eager")
         fastest = min((p for p in peers if p in med), key=med.get, default=None)
-        per_round.append({"round": rnd, "fastest_peer": fastest,
-                          "speedup_vs_fastest_peer": med[fastest] / ours if ours and fastest else None,
-                          "speedup_vs_own_eager_fp32": eager / ours if ours and eager else None})
+        per_round.append(
+            {
+                "round": rnd,
+                "fastest_peer": fastest,
+                "speedup_vs_fastest_peer": med[fastest] / ours if ours and fastest else None,
+                "speedup_vs_own_eager_fp32": eager / ours if ours and eager else None,
+            }
+        )
     return {"shape": shape.__dict__, "rows": summary, "runs": per_row, "per_round": per_round}
 
 
@@ -497,12 +660,16 @@ def markdown(result: dict) -> str:
     for s in result["shapes"]:
         sh = s["shape"]
         accum = sh.get("accum", 1)
-        out.append(f"\n**{sh['name']}**: n_layer {sh['n_layer']}, n_head {sh['n_head']}, n_embd {sh['n_embd']}, "
-                   f"B={sh['batch_size']}, T={sh['seq_len']}{f' x {accum} micro-batches' if accum > 1 else ''} "
-                   f"({sh['batch_size'] * sh['seq_len'] * accum:,} tokens/step)\n")
+        out.append(
+            f"\n**{sh['name']}**: n_layer {sh['n_layer']}, n_head {sh['n_head']}, n_embd {sh['n_embd']}, "
+            f"B={sh['batch_size']}, T={sh['seq_len']}{f' x {accum} micro-batches' if accum > 1 else ''} "
+            f"({sh['batch_size'] * sh['seq_len'] * accum:,} tokens/step)\n"
+        )
         first = next(iter(s["rows"]), "")
-        out.append("| row | median ms/step | round medians (ms) | min–max step ms | tokens/s | peak RSS | "
-                   f"start→warm s | loss step 0 | speed vs {first} (median of per-round ratios) |")
+        out.append(
+            "| row | median ms/step | round medians (ms) | min–max step ms | tokens/s | peak RSS | "
+            f"start→warm s | loss step 0 | speed vs {first} (median of per-round ratios) |"
+        )
         out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
         for row, r in s["rows"].items():
             if "error" in r:
@@ -511,18 +678,24 @@ def markdown(result: dict) -> str:
             rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB" if r["peak_rss_bytes"] else "?"
             loss = f"{r['first_loss']:.4f}" if r["first_loss"] is not None else ""
             warm = f"{r['start_to_warm_s']:.1f}" if r.get("start_to_warm_s") is not None else ""
-            out.append(f"| {row} | {r['median_ms']:,.1f} | {', '.join(f'{m:,.0f}' for m in r['round_medians_ms'])} | "
-                       f"{r['min_ms']:,.0f}–{r['max_ms']:,.0f} | {r['tokens_per_s']:,.0f} | {rss} | {warm} | {loss} | "
-                       f"{r.get('speed_vs_first_row', float('nan')):.3f}× |")
+            out.append(
+                f"| {row} | {r['median_ms']:,.1f} | {', '.join(f'{m:,.0f}' for m in r['round_medians_ms'])} | "
+                f"{r['min_ms']:,.0f}–{r['max_ms']:,.0f} | {r['tokens_per_s']:,.0f} | {rss} | {warm} | {loss} | "
+                f"{r.get('speed_vs_first_row', float('nan')):.3f}× |"
+            )
         out.append("")
-        out.append(f"| round | load (1/5/15 min) before {first} | fastest peer | gptspeed default vs fastest peer "
-                   "| vs own eager fp32 |")
+        out.append(
+            f"| round | load (1/5/15 min) before {first} | fastest peer | gptspeed default vs fastest peer "
+            "| vs own eager fp32 |"
+        )
         out.append("|--:|---|---|--:|--:|")
         for r in s["per_round"]:
             load = next((e["loadavg"] for e in s["runs"].get(first, []) if e["round"] == r["round"]), "")
             f = lambda x: f"{x:.2f}×" if x else "—"  # noqa: E731
-            out.append(f"| {r['round'] + 1} | {load} | {r['fastest_peer'] or '—'} | {f(r['speedup_vs_fastest_peer'])} "
-                       f"| {f(r['speedup_vs_own_eager_fp32'])} |")
+            out.append(
+                f"| {r['round'] + 1} | {load} | {r['fastest_peer'] or '—'} | {f(r['speedup_vs_fastest_peer'])} "
+                f"| {f(r['speedup_vs_own_eager_fp32'])} |"
+            )
         starts = {e.get("start_line") for e in s["runs"].get("gptspeed", []) if e.get("start_line")}
         for line in starts:
             out.append(f"\ngptspeed default's start line: `{line}`")
@@ -538,41 +711,73 @@ def cross_check(args, shape: Shape, work: Path, data: Path, steps: int = 20) -> 
     one.mkdir(parents=True, exist_ok=True)
     shutil.copy(d / "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", one / "train_000000.bin")
     shutil.copy(d / "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", one / "val_000000.bin")
-    flags = ["--dtype", "float32", "--no-compile", "--max-steps", str(steps), *LLMC_OPTIM_FLAGS, *args.cross_check_flags]
+    flags = [
+        "--dtype",
+        "float32",
+        "--no-compile",
+        "--max-steps",
+        str(steps),
+        *LLMC_OPTIM_FLAGS,
+        *args.cross_check_flags,
+    ]
     t0 = time.time()
     ours = run_gptspeed(shape, one, work / "runs" / "cross-check", flags, warmup=0, steps=steps, threads=args.threads)
     t1 = time.time()
     theirs = run_train_gpt2(llmc_binary(work, tuple(args.llmc_cflags.split()) or None), d, steps, threads=args.threads)
     diffs = [abs(a - b) for a, b in zip(ours.losses, theirs["losses"])]
-    return {"shape": shape.__dict__, "steps": steps, "gptspeed_losses": ours.losses, "llmc_losses": theirs["losses"],
-            "max_abs_diff": max(diffs) if diffs else None, "gptspeed_command": ours.info.get("command"),
-            "gptspeed_error": ours.error, "gptspeed_s": t1 - t0, "llmc_s": time.time() - t1,
-            "llmc_val_loss_step0": theirs["val_losses"][:1], "llmc_cflags": args.llmc_cflags or "the Makefile's"}
+    return {
+        "shape": shape.__dict__,
+        "steps": steps,
+        "gptspeed_losses": ours.losses,
+        "llmc_losses": theirs["losses"],
+        "max_abs_diff": max(diffs) if diffs else None,
+        "gptspeed_command": ours.info.get("command"),
+        "gptspeed_error": ours.error,
+        "gptspeed_s": t1 - t0,
+        "llmc_s": time.time() - t1,
+        "llmc_val_loss_step0": theirs["val_losses"][:1],
+        "llmc_cflags": args.llmc_cflags or "the Makefile's",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="124m,small", help="comma list of: " + ", ".join(SHAPES))
-    ap.add_argument("--peers", default="gptspeed,gptspeed-eager,nanogpt,nanogpt-compile,hf,hf-compile,llmc",
-                    help="comma list of rows, in run order: " + ", ".join(ALL_PEERS) + " and --variant names")
-    ap.add_argument("--variant", action="append", default=[],
-                    help="'NAME: FLAGS ENV=VALUE ...': an extra gptspeed train row (add NAME to --peers "
-                         "to choose its place; else it runs last)")
+    ap.add_argument(
+        "--peers",
+        default="gptspeed,gptspeed-eager,nanogpt,nanogpt-compile,hf,hf-compile,llmc",
+        help="comma list of rows, in run order: " + ", ".join(ALL_PEERS) + " and --variant names",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="'NAME: FLAGS ENV=VALUE ...': an extra gptspeed train row (add NAME to --peers "
+        "to choose its place; else it runs last)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per run (>= 1)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="OMP_NUM_THREADS for every row")
-    ap.add_argument("--planned-steps", type=int, default=None,
-                    help="gptspeed rows: --max-steps (default: the preset's, a real run's length)")
+    ap.add_argument(
+        "--planned-steps",
+        type=int,
+        default=None,
+        help="gptspeed rows: --max-steps (default: the preset's, a real run's length)",
+    )
     ap.add_argument("--data", default=None, help="a prepared gptspeed data folder (default: tinyshakespeare)")
     ap.add_argument("--work", default="/tmp/gptspeed-peers", help="scratch folder (peer copies, runs, llm.c build)")
     ap.add_argument("--json", default=None, help="write everything here")
     ap.add_argument("--md", default=None, help="write the tables here")
     ap.add_argument("--cross-check", action="store_true", help="only the loss cross-check against llm.c")
     ap.add_argument("--cross-check-flags", default="", help="extra gptspeed flags for the cross-check")
-    ap.add_argument("--llmc-cflags", default="", help="compiler flags for llm.c's train_gpt2 in the cross-check "
-                    "(default: its Makefile's, -Ofast ...; e.g. '-O3 -march=native -fopenmp -DOMP' without fast-math)")
+    ap.add_argument(
+        "--llmc-cflags",
+        default="",
+        help="compiler flags for llm.c's train_gpt2 in the cross-check "
+        "(default: its Makefile's, -Ofast ...; e.g. '-O3 -march=native -fopenmp -DOMP' without fast-math)",
+    )
     ap.add_argument("--worker-hf", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv[1:])
     if args.worker_hf:
@@ -586,13 +791,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GPTSPEED_DATA_MIRROR", str(SHARED_DATA))
     shapes = [SHAPES[s] for s in args.shapes.split(",")]
     data = prepare_data(work, args.data)
-    env = {**harness.environment("cpu", argv), **{f"{name}_source": str(PEERS_DIR / name) for name in ("nanoGPT", "llm.c")}}
+    env = {
+        **harness.environment("cpu", argv),
+        **{f"{name}_source": str(PEERS_DIR / name) for name in ("nanoGPT", "llm.c")},
+    }
     result = {"environment": env, "settings": {k: v for k, v in vars(args).items() if k != "worker_hf"}}
     if args.cross_check:
         result["cross_check"] = [cross_check(args, s, work, data) for s in shapes]
         for c in result["cross_check"]:
-            print(f"cross-check {c['shape']['name']}: max |gptspeed - llm.c| over {c['steps']} steps = "
-                  f"{c['max_abs_diff']}")
+            print(
+                f"cross-check {c['shape']['name']}: max |gptspeed - llm.c| over {c['steps']} steps = "
+                f"{c['max_abs_diff']}"
+            )
             for i, (a, b) in enumerate(zip(c["gptspeed_losses"], c["llmc_losses"])):
                 print(f"  step {i:2d}  gptspeed {a:.6f}  llm.c {b:.6f}  diff {a - b:+.2e}")
     else:
@@ -607,8 +817,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def partial(summary: dict) -> None:  # after every process: a command cut short keeps its rows
             part = {**result, "complete": False, "shapes": [*done, summary]}
-            harness.write_outputs(head + markdown(part) + "\n**Incomplete**: written after each process.\n", part,
-                                  args.md, args.json)
+            harness.write_outputs(
+                head + markdown(part) + "\n**Incomplete**: written after each process.\n", part, args.md, args.json
+            )
 
         for s in shapes:
             done.append(measure(args, s, work, data, rows, variants, partial))

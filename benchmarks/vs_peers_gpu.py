@@ -95,8 +95,9 @@ def parse_llmc_line(line: str) -> tuple[int, float, float, float] | None:
 CARRY = Path(__file__).resolve().parents[1] / ".carry"
 
 
-def llmc_cuda_binary(work: Path, make_flags: list[str], cudnn: str = "auto",
-                     timeout_s: float | None = None) -> tuple[Path, dict]:
+def llmc_cuda_binary(
+    work: Path, make_flags: list[str], cudnn: str = "auto", timeout_s: float | None = None
+) -> tuple[Path, dict]:
     """llm.c's ``train_gpt2cu``, built once in a scratch copy of the clone (its Makefile writes
     next to the sources) with :func:`gptspeed.llmc.llmc_cuda_make`'s line; returns ``(binary, build)``
     where ``build`` (also ``llmc-build.json``) holds the make line, the compute capability and where
@@ -118,22 +119,31 @@ def llmc_cuda_binary(work: Path, make_flags: list[str], cudnn: str = "auto",
     build = llmc_cuda_make(src, work, make_flags, cudnn=cudnn, carry=CARRY)
     t0 = time.time()
     done = _make(build, work / "llmc-build.log", timeout_s)
-    if (done.returncode != 0 or not binary.exists()) and build["cudnn"] and cudnn == "auto" \
-            and "USE_CUDNN=" not in " ".join(make_flags):
+    if (
+        (done.returncode != 0 or not binary.exists())
+        and build["cudnn"]
+        and cudnn == "auto"
+        and "USE_CUDNN=" not in " ".join(make_flags)
+    ):
         why = f"the USE_CUDNN=1 build failed ({_tail(done, 300)}; llmc-build-cudnn.log)"
         (work / "llmc-build.log").rename(work / "llmc-build-cudnn.log")
         subprocess.run(["make", "-C", str(src), "clean"], capture_output=True, text=True)
         build = {**llmc_cuda_make(src, work, make_flags, cudnn="off", carry=CARRY), "cudnn_note": why}
         done = _make(build, work / "llmc-build.log", timeout_s)
     if done.returncode != 0 or not binary.exists():
-        failed.write_text(f"llm.c build failed ({build['line']}; cuDNN attention {'on' if build['cudnn'] else 'off'}: "
-                          f"{build['cudnn_note']}): {_tail(done, 600)}")
+        failed.write_text(
+            f"llm.c build failed ({build['line']}; cuDNN attention {'on' if build['cudnn'] else 'off'}: "
+            f"{build['cudnn_note']}): {_tail(done, 600)}"
+        )
         raise RuntimeError(failed.read_text())
     build["seconds"] = round(time.time() - t0, 1)
     record.write_text(json.dumps(build, indent=1) + "\n")
-    print(f"built {binary} in {build['seconds']:.0f} s: {build['line']} (GPU_COMPUTE_CAPABILITY "
-          f"{build['compute_capability']} from {build['capability_source']}; cuDNN "
-          f"{'on' if build['cudnn'] else 'off'}: {build['cudnn_note']})", flush=True)
+    print(
+        f"built {binary} in {build['seconds']:.0f} s: {build['line']} (GPU_COMPUTE_CAPABILITY "
+        f"{build['compute_capability']} from {build['capability_source']}; cuDNN "
+        f"{'on' if build['cudnn'] else 'off'}: {build['cudnn_note']})",
+        flush=True,
+    )
     return binary, build
 
 
@@ -149,8 +159,7 @@ def _make(build: dict, log: Path, timeout_s: float | None) -> subprocess.Complet
 
 def _tail(done: subprocess.CompletedProcess, n: int) -> str:
     """make's last output, on one line (its "Entering/Leaving directory" lines left out)."""
-    lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines()
-             if ln.strip() and "ing directory" not in ln]
+    lines = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip() and "ing directory" not in ln]
     return " | ".join(lines)[-n:]
 
 
@@ -184,9 +193,19 @@ def prebuild_llmc(work: Path, make_flags: list[str], cudnn: str = "auto", timeou
     return future
 
 
-def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps: int, make_flags: list[str],
-                  timeout_s: float, cudnn: str = "auto", llmc_flags: list[str] | tuple[str, ...] = (),
-                  env_extra: dict | None = None) -> pc.Run:
+def run_llmc_cuda(
+    shape: pc.Shape,
+    work: Path,
+    data: Path,
+    *,
+    warmup: int,
+    steps: int,
+    make_flags: list[str],
+    timeout_s: float,
+    cudnn: str = "auto",
+    llmc_flags: list[str] | tuple[str, ...] = (),
+    env_extra: dict | None = None,
+) -> pc.Run:
     """One llm.c row: ``train_gpt2cu`` (built by :func:`llmc_cuda_binary`, or waited for when
     :func:`prebuild_llmc` started it) at ``shape`` with ``llmc_flags`` last
     (:func:`llmc.llmc_cuda_train_command`), stopped after ``warmup + steps`` step lines; the timed
@@ -202,8 +221,16 @@ def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps
         return pc.Run([], error=str(e))
     train, val = llmc_data(work, data)
     need = warmup + steps
-    cmd = llmc_cuda_train_command(binary, train, val, batch_size=shape.batch_size, seq_len=shape.seq_len,
-                                  tokens=shape.tokens, steps=need + 1, extra=llmc_flags)
+    cmd = llmc_cuda_train_command(
+        binary,
+        train,
+        val,
+        batch_size=shape.batch_size,
+        seq_len=shape.seq_len,
+        tokens=shape.tokens,
+        steps=need + 1,
+        extra=llmc_flags,
+    )
     got: list[tuple[int, float, float, float]] = []
     t_start, t_warm = time.perf_counter(), {}
 
@@ -215,11 +242,19 @@ def run_llmc_cuda(shape: pc.Shape, work: Path, data: Path, *, warmup: int, steps
                 t_warm["t"] = time.perf_counter() - t_start
         return len(got) >= need
 
-    status, rss, wall, lines = pc.run_until(cmd, cwd=binary.parent, env={**os.environ, **build["env"],
-                                                                        **(env_extra or {})},
-                                            on_line=on_line, timeout_s=timeout_s)
-    info = {"command": f"cd {binary.parent} && " + shlex.join(cmd), "start_to_warm_s": t_warm.get("t"),
-            "build": build, "llmc_flags": list(llmc_flags)}
+    status, rss, wall, lines = pc.run_until(
+        cmd,
+        cwd=binary.parent,
+        env={**os.environ, **build["env"], **(env_extra or {})},
+        on_line=on_line,
+        timeout_s=timeout_s,
+    )
+    info = {
+        "command": f"cd {binary.parent} && " + shlex.join(cmd),
+        "start_to_warm_s": t_warm.get("t"),
+        "build": build,
+        "llmc_flags": list(llmc_flags),
+    }
     if len(got) < need:
         return pc.Run([], error="llm.c stopped early: " + " | ".join(lines[-4:]), info=info)
     info["mfu_percent"] = [m for _, _, _, m in got[warmup:need]]
@@ -231,8 +266,17 @@ def make_shape(args) -> pc.Shape:
     flags = ("--batch-size", str(B), "--seq-len", str(T), "--total-batch-tokens", str(B * T * args.accum))
     if (args.n_layer, args.n_head, args.n_embd) != (12, 12, 768):
         flags += ("--n-layer", str(args.n_layer), "--n-head", str(args.n_head), "--n-embd", str(args.n_embd))
-    return pc.Shape(f"L{args.n_layer}-C{args.n_embd}-B{B}-T{T}-x{args.accum}", args.n_layer, args.n_head, args.n_embd,
-                    B, T, "gpt2", flags, accum=args.accum)
+    return pc.Shape(
+        f"L{args.n_layer}-C{args.n_embd}-B{B}-T{T}-x{args.accum}",
+        args.n_layer,
+        args.n_head,
+        args.n_embd,
+        B,
+        T,
+        "gpt2",
+        flags,
+        accum=args.accum,
+    )
 
 
 def is_llmc(row: str, variants: dict) -> bool:
@@ -251,26 +295,53 @@ def run_row(row: str, args, shape: pc.Shape, work: Path, data: Path, variants: d
     cpu = args.device == "cpu"
     if is_llmc(row, variants):
         if cpu:
-            return pc.Run([], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/vs_peers_cpu.py runs llm.c's "
-                                    "CPU trainer)")
-        return run_llmc_cuda(shape, work, data, make_flags=shlex.split(args.llmc_make), timeout_s=args.row_timeout,
-                             cudnn=getattr(args, "llmc_cudnn", "auto"), llmc_flags=llmc_flags(args, row, variants),
-                             env_extra=variants.get(row, ([], {}))[1], **kw)
+            return pc.Run(
+                [], error="skipped: train_gpt2cu needs a CUDA GPU (benchmarks/vs_peers_cpu.py runs llm.c's CPU trainer)"
+            )
+        return run_llmc_cuda(
+            shape,
+            work,
+            data,
+            make_flags=shlex.split(args.llmc_make),
+            timeout_s=args.row_timeout,
+            cudnn=getattr(args, "llmc_cudnn", "auto"),
+            llmc_flags=llmc_flags(args, row, variants),
+            env_extra=variants.get(row, ([], {}))[1],
+            **kw,
+        )
     if row == "gptspeed" or row in variants:
         extra, env = variants.get(row, ([], {}))
         flags = (["--dtype", "float32", "--no-compile"] if cpu else []) + extra
-        return pc.run_gptspeed(shape, data, work / "runs" / row, flags, threads=os.cpu_count() or 1,
-                               device=args.device, timeout_s=args.row_timeout, env_extra=env, **kw)
+        return pc.run_gptspeed(
+            shape,
+            data,
+            work / "runs" / row,
+            flags,
+            threads=os.cpu_count() or 1,
+            device=args.device,
+            timeout_s=args.row_timeout,
+            env_extra=env,
+            **kw,
+        )
     if row == "nanogpt":
-        return pc.run_nanogpt(shape, work, data, not cpu, threads=os.cpu_count() or 1, device=args.device,
-                              dtype="float32" if cpu else "bfloat16", timeout_s=args.row_timeout, **kw)
+        return pc.run_nanogpt(
+            shape,
+            work,
+            data,
+            not cpu,
+            threads=os.cpu_count() or 1,
+            device=args.device,
+            dtype="float32" if cpu else "bfloat16",
+            timeout_s=args.row_timeout,
+            **kw,
+        )
     raise SystemExit(f"unknown row {row!r}: choose from {', '.join(GPU_PEERS)} or a --variant name")
 
 
-def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict,
-            after_each=None) -> dict:
+def measure(args, shape: pc.Shape, work: Path, data: Path, rows: list[str], variants: dict, after_each=None) -> dict:
     """Every row, interleaved (:func:`vs_peers_cpu.interleave`); a peer that fails to build or start
     is that row's error. ``after_each(summary)`` gets the summary so far after every process."""
+
     def run_one(row: str, rnd: int) -> pc.Run:
         try:
             return run_row(row, args, shape, work, data, variants)
@@ -291,10 +362,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="a prepared gptspeed data folder (train and val shards)")
-    ap.add_argument("--peers", default=",".join(GPU_PEERS), help="comma list of rows, in run order: "
-                    + ", ".join(GPU_PEERS) + " and --variant names")
-    ap.add_argument("--variant", action="append", default=[],
-                    help="'NAME: FLAGS ENV=VALUE': an extra gptspeed train row (flags, environment variables)")
+    ap.add_argument(
+        "--peers",
+        default=",".join(GPU_PEERS),
+        help="comma list of rows, in run order: " + ", ".join(GPU_PEERS) + " and --variant names",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="'NAME: FLAGS ENV=VALUE': an extra gptspeed train row (flags, environment variables)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps per run (compile; >= 1)")
@@ -306,11 +384,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-embd", type=int, default=768)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--llmc-make", default="", help="extra make variables for train_gpt2cu, e.g. 'PRECISION=FP16'")
-    ap.add_argument("--llmc-flags", default="", metavar="'FLAGS'",
-                    help="train_gpt2cu flags for the llm.c rows, added last, e.g. '-r 0' (no GELU recompute) or "
-                         "'-r 0 -b 64'; -i -j -e -t -d -x come from --data, --seq-len, --batch-size x --accum, --steps")
-    ap.add_argument("--llmc-cudnn", default="auto", choices=("auto", "on", "off"),
-                    help="llm.c's cuDNN attention: auto (on when cuDNN frontend's headers are carried), on, off")
+    ap.add_argument(
+        "--llmc-flags",
+        default="",
+        metavar="'FLAGS'",
+        help="train_gpt2cu flags for the llm.c rows, added last, e.g. '-r 0' (no GELU recompute) or "
+        "'-r 0 -b 64'; -i -j -e -t -d -x come from --data, --seq-len, --batch-size x --accum, --steps",
+    )
+    ap.add_argument(
+        "--llmc-cudnn",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="llm.c's cuDNN attention: auto (on when cuDNN frontend's headers are carried), on, off",
+    )
     ap.add_argument("--row-timeout", type=float, default=420.0, help="seconds one process may take")
     ap.add_argument("--work", default="/tmp/gptspeed-peers-gpu", help="scratch folder (peer copies, runs, builds)")
     ap.add_argument("--json", default=None)
@@ -325,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         name, flags, env = pc.parse_variant(v)
         variants[name] = (flags, env)
     from llmc import check_llmc_flags
+
     from gptspeed.errors import GptspeedError
 
     try:  # a typo in llm.c's flags: one line now, not a failed row minutes later
@@ -346,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     def partial(summary: dict) -> None:
         harness.write_outputs(*report(summary, False), args.md, args.json)
 
-    harness.emit(*report(measure(args, shape, work, Path(args.data), rows, variants, partial), True), args.md, args.json)
+    harness.emit(
+        *report(measure(args, shape, work, Path(args.data), rows, variants, partial), True), args.md, args.json
+    )
     return 0
 
 
@@ -356,13 +445,23 @@ INCOMPLETE = "\n**Incomplete**: written after each process; the rounds still to 
 def build_lines(summary: dict) -> str:
     """Under the tables: the make line each llm.c build used (from the rows' ``build`` records) and
     each llm.c row's train_gpt2cu command (its first run's)."""
-    builds = {json.dumps(e["build"], sort_keys=True): e["build"] for entries in summary["runs"].values()
-              for e in entries if e.get("build")}
-    runs = {row: e["command"] for row, entries in summary["runs"].items() for e in entries[:1]
-            if e.get("build") and e.get("command")}
-    return "".join(f"\nllm.c built with `{b['line']}` (GPU_COMPUTE_CAPABILITY {b['compute_capability'] or 'not set'}: "
-                   f"{b['capability_source']}; cuDNN attention {'on' if b['cudnn'] else 'off'}: {b['cudnn_note']})\n"
-                   for b in builds.values()) + "".join(f"\n{row} ran `{cmd}`\n" for row, cmd in runs.items())
+    builds = {
+        json.dumps(e["build"], sort_keys=True): e["build"]
+        for entries in summary["runs"].values()
+        for e in entries
+        if e.get("build")
+    }
+    runs = {
+        row: e["command"]
+        for row, entries in summary["runs"].items()
+        for e in entries[:1]
+        if e.get("build") and e.get("command")
+    }
+    return "".join(
+        f"\nllm.c built with `{b['line']}` (GPU_COMPUTE_CAPABILITY {b['compute_capability'] or 'not set'}: "
+        f"{b['capability_source']}; cuDNN attention {'on' if b['cudnn'] else 'off'}: {b['cudnn_note']})\n"
+        for b in builds.values()
+    ) + "".join(f"\n{row} ran `{cmd}`\n" for row, cmd in runs.items())
 
 
 if __name__ == "__main__":

@@ -81,8 +81,12 @@ def make_step(model_kw: dict, optim_kw: dict | None = None, rt=None, train_kw: d
     from gptspeed.runtime import resolve_runtime
     from gptspeed.step import TrainStep
 
-    cfg = RunConfig(model=GPTConfig(**model_kw), optim=OptimConfig(**(optim_kw or {})), train=TrainConfig(**(train_kw or {})),
-                    runtime=RuntimeConfig(**runtime_kw))
+    cfg = RunConfig(
+        model=GPTConfig(**model_kw),
+        optim=OptimConfig(**(optim_kw or {})),
+        train=TrainConfig(**(train_kw or {})),
+        runtime=RuntimeConfig(**runtime_kw),
+    )
     cfg.validate()
     return TrainStep(cfg, rt or resolve_runtime("cpu", "float32", False))
 
@@ -123,8 +127,11 @@ def fake_packages(monkeypatch, **installed: bool) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: (
-        (object() if installed[name] else None) if name in installed else real(name, *a, **k)))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: (object() if installed[name] else None) if name in installed else real(name, *a, **k),
+    )
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -138,14 +145,25 @@ def child_env(**extra: str) -> dict[str, str]:
 def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -c CODE`` in a bare environment with only ``src`` on the path: what a user's first
     ``import gptspeed`` sees (the "imports no torch" probes print ``'torch' in sys.modules``)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """``python -m gptspeed ARGS`` in a fresh process, output captured as text."""
-    return subprocess.run([sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True,
-                          timeout=timeout, env=child_env(), **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "gptspeed", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        **kw,
+    )
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess:
@@ -169,8 +187,9 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
 def start_cli(*args: str) -> subprocess.Popen:
     """``python -m gptspeed ARGS`` started in the background, stdout and stderr piped as text."""
     env = child_env()
-    return subprocess.Popen([sys.executable, "-m", "gptspeed", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptspeed", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _pump(proc: subprocess.Popen):
@@ -188,6 +207,7 @@ def _pump(proc: subprocess.Popen):
 
         def err():
             proc._err.extend(proc.stderr)
+
         proc._threads = [threading.Thread(target=f, daemon=True) for f in (out, err)]
         for t in proc._threads:
             t.start()

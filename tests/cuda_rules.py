@@ -40,8 +40,14 @@ def _col_major(t: torch.Tensor) -> bool:
     return t.stride(0) == 1 and t.stride(1) >= max(1, t.size(0))
 
 
-def check_scaled_mm(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                    bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> None:
+def check_scaled_mm(
+    mat1: torch.Tensor,
+    mat2: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> None:
     """Raise :class:`CudaRuleError` naming the first rule the call breaks."""
     if mat1.dim() != 2 or mat2.dim() != 2:
         raise CudaRuleError(f"operands must be matrices, got {tuple(mat1.shape)} and {tuple(mat2.shape)}")
@@ -60,7 +66,9 @@ def check_scaled_mm(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torch.Tenso
         if s is None or s.dtype != torch.float32:
             raise CudaRuleError(f"{name} must be an fp32 tensor, got {None if s is None else s.dtype}")
         if s.numel() != 1 and tuple(s.shape) != rowwise:
-            raise CudaRuleError(f"{name} must hold one value (tensorwise) or be {rowwise} (rowwise), got {tuple(s.shape)}")
+            raise CudaRuleError(
+                f"{name} must hold one value (tensorwise) or be {rowwise} (rowwise), got {tuple(s.shape)}"
+            )
     if bias is not None and out_dtype == torch.float32:
         raise CudaRuleError("bias is not supported with an fp32 output")
 
@@ -72,13 +80,32 @@ def cuda_scaled_mm_rules():
     real = torch._scaled_mm
     calls: list[ScaledMMCall] = []
 
-    def strict(mat1, mat2, scale_a=None, scale_b=None, bias=None, scale_result=None, out_dtype=None,
-               use_fast_accum=False, **kwargs):
+    def strict(
+        mat1,
+        mat2,
+        scale_a=None,
+        scale_b=None,
+        bias=None,
+        scale_result=None,
+        out_dtype=None,
+        use_fast_accum=False,
+        **kwargs,
+    ):
         check_scaled_mm(mat1, mat2, scale_a, scale_b, bias, out_dtype)
-        calls.append(ScaledMMCall(tuple(mat1.shape), tuple(mat2.shape), mat1.dtype, mat2.dtype, out_dtype,
-                                  bool(use_fast_accum)))
-        return real(mat1, mat2, scale_a=scale_a, scale_b=scale_b, bias=bias, scale_result=scale_result,
-                    out_dtype=out_dtype, use_fast_accum=use_fast_accum, **kwargs)
+        calls.append(
+            ScaledMMCall(tuple(mat1.shape), tuple(mat2.shape), mat1.dtype, mat2.dtype, out_dtype, bool(use_fast_accum))
+        )
+        return real(
+            mat1,
+            mat2,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            bias=bias,
+            scale_result=scale_result,
+            out_dtype=out_dtype,
+            use_fast_accum=use_fast_accum,
+            **kwargs,
+        )
 
     torch._scaled_mm = strict
     try:

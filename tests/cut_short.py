@@ -17,7 +17,7 @@ from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/harness.py: read_lines
 
-SLEEPER = '''
+SLEEPER = """
 import os
 _name = os.environ.get("GPTSPEED_TEST_SLEEP")
 if _name:  # written by tests/cut_short.py: the row, rung or train process named here never finishes
@@ -35,7 +35,7 @@ if _name:  # written by tests/cut_short.py: the row, rung or train process named
         return build_row
     _worker.build_row = _wrap(_worker.build_row)
     _verify_worker.build_row = _wrap(_verify_worker.build_row)
-'''
+"""
 
 
 def sleeper_env(tmp_path: Path, name: str | None, **extra: str) -> dict[str, str]:
@@ -69,8 +69,7 @@ def reap(env: dict) -> None:
             pass
 
 
-def run_until_line(cmd: list[str], env: dict, pattern: str, timeout: float = 300,
-                   cwd: Path | None = None) -> list[str]:
+def run_until_line(cmd: list[str], env: dict, pattern: str, timeout: float = 300, cwd: Path | None = None) -> list[str]:
     """Run ``cmd`` (stdout and stderr together) in its own process group and SIGKILL the group at
     the first line matching ``pattern`` (a regular expression). Returns the lines read. AssertionError
     if the command ends, or ``timeout`` passes, before such a line."""
@@ -78,11 +77,13 @@ def run_until_line(cmd: list[str], env: dict, pattern: str, timeout: float = 300
 
     from harness import read_lines
 
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
-        lines = read_lines(proc.stdout.fileno(), lambda line: bool(re.search(pattern, line)),
-                           time.perf_counter() + timeout)
+        lines = read_lines(
+            proc.stdout.fileno(), lambda line: bool(re.search(pattern, line)), time.perf_counter() + timeout
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -13,30 +13,51 @@ import sys
 from pathlib import Path
 
 import torch
-
 from conftest import TINY_MODEL  # this script's folder, tests/, is on sys.path
+
 from gptspeed.configure import build_train_config
 from gptspeed.data import find_shards
+from gptspeed.distributed import finish_process, init_distributed
 from gptspeed.eval import hellaswag as hs
 from gptspeed.eval.val_loss import evaluate
-from gptspeed.distributed import finish_process, init_distributed
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
 
-TINY = dict(TINY_MODEL, n_layer=2, batch_size=4, total_batch_tokens=256, eval_every=0,
-            eval_tokens=512, log_every=1, warmup_steps=2, lr=3e-3, device="cpu", dtype="float32")
+TINY = dict(
+    TINY_MODEL,
+    n_layer=2,
+    batch_size=4,
+    total_batch_tokens=256,
+    eval_every=0,
+    eval_tokens=512,
+    log_every=1,
+    warmup_steps=2,
+    lr=3e-3,
+    device="cpu",
+    dtype="float32",
+)
 
 
 def muon_fsdp(data: str, out: Path) -> dict:
     """FSDP2 + Muon: steps, HellaSwag during training, sharded checkpoints, then a resume."""
     run = out / "muon_fsdp"
-    base = dict(TINY, data=data, out=str(run), optimizer="muon", parallel="fsdp", save_every=1, max_steps=2,
-                hellaswag_every=1, hellaswag_examples=4)
+    base = dict(
+        TINY,
+        data=data,
+        out=str(run),
+        optimizer="muon",
+        parallel="fsdp",
+        save_every=1,
+        max_steps=2,
+        hellaswag_every=1,
+        hellaswag_examples=4,
+    )
     rt = resolve_runtime("cpu", "float32", False, "fsdp")
     Trainer(build_train_config("pico", base), rt, echo=False).train()
-    resumed = Trainer(build_train_config(None, dict(out=str(run), resume=True, max_steps=3, parallel="fsdp")), rt,
-                      echo=False).train()
+    resumed = Trainer(
+        build_train_config(None, dict(out=str(run), resume=True, max_steps=3, parallel="fsdp")), rt, echo=False
+    ).train()
     return {"resumed_step": resumed["step"]}
 
 
@@ -80,23 +101,35 @@ def batch_agree(rt: Runtime) -> dict:
     return {"fit": agreed_largest_fitting(fits, lambda v: agree_min(rt, v)), "probed": probed}
 
 
-MODERN = dict(pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", tie_embeddings=False, zero_init_proj=True,
-              logit_softcap=15.0, doc_mask=True, lr_schedule="wsd")
+MODERN = dict(
+    pos_emb="rope",
+    qk_norm=True,
+    mlp="relu2",
+    norm="rmsnorm",
+    tie_embeddings=False,
+    zero_init_proj=True,
+    logit_softcap=15.0,
+    doc_mask=True,
+    lr_schedule="wsd",
+)
 
 
 def modern_fsdp(data: str, out: Path) -> dict:
     """FSDP2 with every switch of issue 32 (the doc mask included): 2 steps, compared by the test with
     one process."""
-    cfg = build_train_config("pico", dict(TINY, **MODERN, data=data, out=str(out / "modern_fsdp"), parallel="fsdp",
-                                          save_every=0, max_steps=2))
+    cfg = build_train_config(
+        "pico",
+        dict(TINY, **MODERN, data=data, out=str(out / "modern_fsdp"), parallel="fsdp", save_every=0, max_steps=2),
+    )
     return Trainer(cfg, resolve_runtime("cpu", "float32", False, "fsdp"), echo=False).train()
 
 
 def muon_ddp(data: str, out: Path) -> dict:
     """DDP + Muon: a checkpoint every step, compared with one process by the test."""
     run = out / "muon_ddp"
-    cfg = build_train_config("pico", dict(TINY, data=data, out=str(run), optimizer="muon", parallel="ddp",
-                                          save_every=1, max_steps=2))
+    cfg = build_train_config(
+        "pico", dict(TINY, data=data, out=str(run), optimizer="muon", parallel="ddp", save_every=1, max_steps=2)
+    )
     return Trainer(cfg, resolve_runtime("cpu", "float32", False, "ddp"), echo=False).train()
 
 
@@ -106,9 +139,14 @@ def main() -> None:
     rt = resolve_runtime("cpu", "float32", False, "fsdp")
     init_distributed(rt)
     torch.set_num_threads(1)
-    scenarios = {"muon_fsdp": lambda: muon_fsdp(data, out), "eval_uneven": lambda: eval_uneven(data, rt),
-                 "fp16_fsdp": lambda: fp16_fsdp(data, rt), "batch_agree": lambda: batch_agree(rt),
-                 "muon_ddp": lambda: muon_ddp(data, out), "modern_fsdp": lambda: modern_fsdp(data, out)}
+    scenarios = {
+        "muon_fsdp": lambda: muon_fsdp(data, out),
+        "eval_uneven": lambda: eval_uneven(data, rt),
+        "fp16_fsdp": lambda: fp16_fsdp(data, rt),
+        "batch_agree": lambda: batch_agree(rt),
+        "muon_ddp": lambda: muon_ddp(data, out),
+        "modern_fsdp": lambda: modern_fsdp(data, out),
+    }
     only = sys.argv[4].split(",") if len(sys.argv) > 4 else list(scenarios)
     seen = {}
     for name in only:

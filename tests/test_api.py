@@ -9,23 +9,32 @@ import json
 import re
 
 import pytest
+from conftest import ROOT, TINY_MODEL, run_python
 
 import gptspeed
 import gptspeed.api
-from conftest import ROOT, TINY_MODEL, run_python
 from gptspeed.errors import GptspeedError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # what the README example's settings are overridden with: a one-block, 32-wide model, 3 steps
-TINY = dict(TINY_MODEL, batch_size=4, warmup_steps=2, max_steps=3, log_every=1, eval_every=0, eval_tokens=512,
-            save_every=0, device="cpu")
+TINY = dict(
+    TINY_MODEL,
+    batch_size=4,
+    warmup_steps=2,
+    max_steps=3,
+    log_every=1,
+    eval_every=0,
+    eval_tokens=512,
+    save_every=0,
+    device="cpu",
+)
 
 
 def readme_example() -> str:
     """The first ```python block of the "In a notebook or script" section of docs/training.md."""
     text = (ROOT / "docs" / "training.md").read_text()
-    section = text[text.index("## In a notebook or script"):]
+    section = text[text.index("## In a notebook or script") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -61,8 +70,11 @@ def test_readme_notebook_example_runs(notebook):
     assert ns["summary"]["last_val_loss"] is not None
     run = ns["run"]
     assert run.step == 3 and run.config.model.n_embd == 32 and run.config.preset == "nano"
-    assert ns["curve"] == [(r["tokens"], r["train_loss"]) for r in map(json.loads, (where / "runs/notebook/metrics.jsonl")
-                                                                        .read_text().splitlines()) if "train_loss" in r]
+    assert ns["curve"] == [
+        (r["tokens"], r["train_loss"])
+        for r in map(json.loads, (where / "runs/notebook/metrics.jsonl").read_text().splitlines())
+        if "train_loss" in r
+    ]
     assert [tokens for tokens, _ in ns["curve"]] == [128, 256, 384]
     assert isinstance(ns["text"], str) and ns["text"]
     assert f"3 {ns['summary']['last_val_loss']}\n" in printed and "\nROMEO:" + ns["text"] + "\n" in printed
@@ -80,8 +92,10 @@ def test_generate_is_what_gptspeed_sample_draws(notebook):
     want = sample_text(run=run_dir, prompts=["ROMEO:", "To be"], device="cpu", out=io.StringIO(), **kw)
     assert run.generate(["ROMEO:", "To be"], **kw) == want
     model = run._loaded[0]
-    assert run.generate("ROMEO:", **kw) == sample_text(run=run_dir, prompts=["ROMEO:"], device="cpu",
-                                                       out=io.StringIO(), **kw)[0]
+    assert (
+        run.generate("ROMEO:", **kw)
+        == sample_text(run=run_dir, prompts=["ROMEO:"], device="cpu", out=io.StringIO(), **kw)[0]
+    )
     assert run._loaded[0] is model
     assert len(run.generate("ROMEO:", num_samples=2, **kw)) == 2
 
@@ -117,8 +131,10 @@ def test_api_errors_are_user_errors(tmp_path):
 
 def test_import_gptspeed_imports_no_torch():
     """The API is there at `import gptspeed`, but its modules (and torch) load only when used."""
-    code = ("import sys, gptspeed; cfg = gptspeed.make_config('pico', n_layer=1); "
-            "print(type(cfg).__name__, callable(gptspeed.train), callable(gptspeed.load_run), 'torch' in sys.modules)")
+    code = (
+        "import sys, gptspeed; cfg = gptspeed.make_config('pico', n_layer=1); "
+        "print(type(cfg).__name__, callable(gptspeed.train), callable(gptspeed.load_run), 'torch' in sys.modules)"
+    )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["RunConfig", "True", "True", "False"]

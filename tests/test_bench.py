@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_MODEL, fake_packages, flags
+
 from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
 from gptspeed.bench.ladder import PEER_NAME, check_rows
@@ -27,15 +27,26 @@ from gptspeed.bench.stages import BASELINE, STAGE_NAMES, STAGES, baseline_with, 
 from gptspeed.bench.worker import init_gpt
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-TINY = [*flags(dict(TINY_MODEL, batch_size=2)), "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu",
-        "--compile-backend", "eager"]
+TINY = [
+    *flags(dict(TINY_MODEL, batch_size=2)),
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--synthetic",
+    "--device",
+    "cpu",
+    "--compile-backend",
+    "eager",
+]
 
 
 def _gptspeed(*args: str, extra_path: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, SRC, env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gptspeed", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -81,21 +92,43 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
             assert r["reason"]
     assert rows["tf32"]["status"] == "skipped" and "NVIDIA" in rows["tf32"]["reason"]
     assert rows["flash"]["reason"] == "not selected (--stages)"
-    assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == ["baseline", "fused-ce", "muon"]
+    assert [n for n, r in rows.items() if r["status"] == "ok" and r["kind"] == "stage"] == [
+        "baseline",
+        "fused-ce",
+        "muon",
+    ]
     # cumulative: the last row has every applicable technique on (bf16 only where this CPU has it natively)
     bf16 = next(p for p in plan_ladder(torch.device("cpu"), None, "eager") if p.stage.name == "bf16").settings
     dtype = "bfloat16" if bf16 is not None else "float32"
-    assert rows["fused-ce"]["settings"] == {"dtype": dtype, "compile": True, "attention": "sdpa",
-                                            "vocab_size": 50304, "fused_adamw": True, "loss": "fused",
-                                            "batch_auto": False, "fp8": False, "optimizer": "adamw",
-                                            "compile_mode": "model", "compile_tuning": "default",
-                                            "sdpa_backend": "auto", "fp8_lm_head": False, "residual_dtype": "float32"}
-    assert rows["compile"]["settings"] == {**rows["fused-ce"]["settings"], "attention": "manual", "vocab_size": 50257,
-                                           "fused_adamw": False, "loss": "plain"}  # planned though not run
+    assert rows["fused-ce"]["settings"] == {
+        "dtype": dtype,
+        "compile": True,
+        "attention": "sdpa",
+        "vocab_size": 50304,
+        "fused_adamw": True,
+        "loss": "fused",
+        "batch_auto": False,
+        "fp8": False,
+        "optimizer": "adamw",
+        "compile_mode": "model",
+        "compile_tuning": "default",
+        "sdpa_backend": "auto",
+        "fp8_lm_head": False,
+        "residual_dtype": "float32",
+    }
+    assert rows["compile"]["settings"] == {
+        **rows["fused-ce"]["settings"],
+        "attention": "manual",
+        "vocab_size": 50257,
+        "fused_adamw": False,
+        "loss": "plain",
+    }  # planned though not run
     assert rows["fused-ce"]["compile"] is True and rows["baseline"]["compile"] is False
     assert rows["fused-ce"]["fused_adamw"] is True and rows["fused-ce"]["dtype"] == dtype
     # rows say what was on, and no single technique is credited with the jump from baseline
-    assert rows["fused-ce"]["switches"] == ("bf16+" if bf16 else "fp32+") + "compile+sdpa+vocab50304+fused-adamw+fused-ce"
+    assert (
+        rows["fused-ce"]["switches"] == ("bf16+" if bf16 else "fp32+") + "compile+sdpa+vocab50304+fused-adamw+fused-ce"
+    )
     assert rows["fused-ce"]["speedup_prev"] is None
     assert rows["fused-ce"]["speedup_prev_na"].startswith("n/a (differs from the previous row by: ")
     assert "compile, attention, vocab-size, fused-adamw, loss" in rows["fused-ce"]["speedup_prev_na"]
@@ -147,14 +180,28 @@ def test_every_row_of_the_default_ladder_trains_here_the_peer_row_too():
     from gptspeed.bench.ladder import base_spec, peer_settings
     from gptspeed.bench.worker import PEER_KIND, run_stage
 
-    cfg = ladder_mod.BenchConfig(out="unused", n_layer=1, n_head=2, n_embd=32, seq_len=32, batch_size=2, steps=1,
-                                 warmup=1, synthetic=True, device="cpu", compile_backend="eager")
+    cfg = ladder_mod.BenchConfig(
+        out="unused",
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=32,
+        batch_size=2,
+        steps=1,
+        warmup=1,
+        synthetic=True,
+        device="cpu",
+        compile_backend="eager",
+    )
     spec0 = base_spec(cfg)
     plan = [p for p in plan_ladder(torch.device("cpu"), None, "eager") if p.settings is not None]
     assert {"baseline", "compile", "fused-ce", "muon", "compile-blocks"} <= {p.stage.name for p in plan}
     specs = [spec0.__class__(**{**spec0.to_dict(), "name": p.stage.name, "settings": p.settings}) for p in plan]
-    specs.append(spec0.__class__(**{**spec0.to_dict(), "name": PEER_NAME, "kind": PEER_KIND,
-                                    "settings": peer_settings(plan[-1].settings)}))
+    specs.append(
+        spec0.__class__(
+            **{**spec0.to_dict(), "name": PEER_NAME, "kind": PEER_KIND, "settings": peer_settings(plan[-1].settings)}
+        )
+    )
     for spec in specs:
         torch._dynamo.reset()
         result = run_stage(spec)
@@ -166,7 +213,9 @@ def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
     # import transformers (a package on PYTHONPATH that raises ImportError hides the real one).
     hide = tmp_path / "hide"
     (hide / "transformers").mkdir(parents=True)
-    (hide / "transformers" / "__init__.py").write_text("raise ImportError('No module named transformers (hidden by a test)')\n")
+    (hide / "transformers" / "__init__.py").write_text(
+        "raise ImportError('No module named transformers (hidden by a test)')\n"
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p))
     real_worker = ladder_mod.run_worker
 
@@ -194,18 +243,21 @@ def test_profile_one_stage(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------ bad flags
-@pytest.mark.parametrize("args, message", [
-    (["--ladder", "--stages", "baseline,warp-drive"], "unknown stage"),
-    (["--ladder", "--steps", "0"], "--steps must be at least 1"),
-    (["--ladder", "--warmup", "0"], "--warmup must be at least 1"),
-    (["--ladder", "--n-head", "3"], "divisible by n_head"),
-    (["--ladder", "--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--ladder", "--stages", "tf32"], "none of the selected stages runs on cpu"),
-    (["--profile", "warp-drive"], "unknown --profile stage"),
-    (["--profile", "tf32"], "does not apply on cpu"),
-    (["--profile", "baseline", "--stages", "baseline"], "--stages selects ladder rows"),
-    (["--ladder", "--seeds", "5", "--force"], "--seeds, --force: only --race reads it"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ladder", "--stages", "baseline,warp-drive"], "unknown stage"),
+        (["--ladder", "--steps", "0"], "--steps must be at least 1"),
+        (["--ladder", "--warmup", "0"], "--warmup must be at least 1"),
+        (["--ladder", "--n-head", "3"], "divisible by n_head"),
+        (["--ladder", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--ladder", "--stages", "tf32"], "none of the selected stages runs on cpu"),
+        (["--profile", "warp-drive"], "unknown --profile stage"),
+        (["--profile", "tf32"], "does not apply on cpu"),
+        (["--profile", "baseline", "--stages", "baseline"], "--stages selects ladder rows"),
+        (["--ladder", "--seeds", "5", "--force"], "--seeds, --force: only --race reads it"),
+    ],
+)
 def test_bad_flags_one_line(tmp_path, capsys, args, message):
     base = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic", "--device", "cpu"]
     code = cli.main(["bench", "--out", str(tmp_path / "o"), *base, *args])
@@ -214,12 +266,15 @@ def test_bad_flags_one_line(tmp_path, capsys, args, message):
     assert err.count("\n") == 1 and message in err and err.startswith("gptspeed bench: error:")
 
 
-@pytest.mark.parametrize("args", [
-    ["--ladder", "--profile", "baseline", "--synthetic"],  # both
-    ["--synthetic"],  # neither
-    ["--ladder", "--synthetic", "--data", "somewhere"],  # two data sources
-    ["--ladder", "--synthetic", "--steps", "many"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--ladder", "--profile", "baseline", "--synthetic"],  # both
+        ["--synthetic"],  # neither
+        ["--ladder", "--synthetic", "--data", "somewhere"],  # two data sources
+        ["--ladder", "--synthetic", "--steps", "many"],
+    ],
+)
 def test_bad_flag_combinations_argparse(tmp_path, capsys, args):
     with pytest.raises(SystemExit) as e:
         cli.main(["bench", "--out", str(tmp_path), *args])
@@ -229,7 +284,9 @@ def test_bad_flag_combinations_argparse(tmp_path, capsys, args):
 
 
 def test_bad_flags_subprocess_one_line_no_traceback(tmp_path):
-    proc = _gptspeed("bench", "--ladder", "--out", str(tmp_path), "--data", str(tmp_path / "missing"), "--device", "cpu")
+    proc = _gptspeed(
+        "bench", "--ladder", "--out", str(tmp_path), "--data", str(tmp_path / "missing"), "--device", "cpu"
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr
@@ -265,8 +322,19 @@ def test_init_is_the_same_function_for_both_vocab_sizes():
 
 def _row(name, ms, loss0, settings: dict, kind="stage", q=(None, None)):
     """A row as a worker returns it, built here: no timing involved."""
-    return {"name": name, "kind": kind, "status": "ok", "ms_median": ms, "ms_min": ms, "ms_max": ms, "ms_q25": q[0],
-            "ms_q75": q[1], "loss_step0": loss0, "dtype": settings["dtype"], "settings": record(settings)}
+    return {
+        "name": name,
+        "kind": kind,
+        "status": "ok",
+        "ms_median": ms,
+        "ms_min": ms,
+        "ms_max": ms,
+        "ms_q25": q[0],
+        "ms_q75": q[1],
+        "loss_step0": loss0,
+        "dtype": settings["dtype"],
+        "settings": record(settings),
+    }
 
 
 FP32 = baseline_with()
@@ -276,8 +344,13 @@ VOCAB = baseline_with(dtype="bfloat16", compile=True, attention="sdpa", vocab_si
 
 
 def test_guard_flags_a_disagreeing_stage():
-    rows = [_row("baseline", 100.0, 10.0, FP32), {"name": "tf32", "status": "skipped"},
-            _row("bf16", 50.0, 10.05, BF16), _row("compile", 25.0, 10.2, COMPILE), _row("flash", 20.0, 10.001, VOCAB)]
+    rows = [
+        _row("baseline", 100.0, 10.0, FP32),
+        {"name": "tf32", "status": "skipped"},
+        _row("bf16", 50.0, 10.05, BF16),
+        _row("compile", 25.0, 10.2, COMPILE),
+        _row("flash", 20.0, 10.001, VOCAB),
+    ]
     check_rows(rows)
     # bf16 rows: 1e-2 relative; 10.2 is 2e-2 off
     assert [r.get("loss_check", {}).get("ok") for r in rows] == [True, None, True, False, True]
@@ -288,10 +361,13 @@ def test_guard_flags_a_disagreeing_stage():
 
 def test_rows_state_their_switches_and_a_speedup_is_credited_to_one_switch_only():
     # vocab-pad run after a deselected flash row: it differs from compile by two switches
-    rows = [_row("baseline", 100.0, 10.8, FP32), _row("bf16", 50.0, 10.8, BF16), _row("compile", 25.0, 10.8, COMPILE),
-            {"name": "flash", "kind": "stage", "status": "skipped", "reason": "not selected (--stages)",
-             "description": ""},
-            _row("vocab-pad", 20.0, 10.8, VOCAB)]
+    rows = [
+        _row("baseline", 100.0, 10.8, FP32),
+        _row("bf16", 50.0, 10.8, BF16),
+        _row("compile", 25.0, 10.8, COMPILE),
+        {"name": "flash", "kind": "stage", "status": "skipped", "reason": "not selected (--stages)", "description": ""},
+        _row("vocab-pad", 20.0, 10.8, VOCAB),
+    ]
     check_rows(rows)
     assert [r.get("switches") for r in rows] == ["fp32", "bf16", "bf16+compile", None, "bf16+compile+sdpa+vocab50304"]
     assert rows[1]["speedup_prev"] == 2.0 and rows[1]["credited_to"] == "dtype"
@@ -300,13 +376,48 @@ def test_rows_state_their_switches_and_a_speedup_is_credited_to_one_switch_only(
     assert rows[4]["speedup_prev_na"] == "n/a (differs from the previous row by: attention, vocab-size)"
     assert rows[4]["speedup_baseline"] == 5.0  # all of its switches together, against the first row
 
-    md = markdown({"environment": {"device": "cpu", "device_type": "cpu", "torch": "x", "gptspeed": "x",
-                                   "git_commit": None, "date": "d", "command": "c"},
-                   "config": {"preset": "pico", "n_layer": 1, "n_head": 1, "n_embd": 8, "batch_size": 1, "seq_len": 8,
-                              "data": None, "warmup": 1, "steps": 1, "compile_backend": "eager"},
-                   "rows": [{**r, "description": "", "mfu": None, "tokens_per_s": 1.0, "peak_mem_bytes": None,
-                             "warmup_s": 0.0, "loss_last": 1.0, "peak_flops_source": "none", "params": 1000} if r["status"] == "ok"
-                            else r for r in rows], "problems": []})
+    md = markdown(
+        {
+            "environment": {
+                "device": "cpu",
+                "device_type": "cpu",
+                "torch": "x",
+                "gptspeed": "x",
+                "git_commit": None,
+                "date": "d",
+                "command": "c",
+            },
+            "config": {
+                "preset": "pico",
+                "n_layer": 1,
+                "n_head": 1,
+                "n_embd": 8,
+                "batch_size": 1,
+                "seq_len": 8,
+                "data": None,
+                "warmup": 1,
+                "steps": 1,
+                "compile_backend": "eager",
+            },
+            "rows": [
+                {
+                    **r,
+                    "description": "",
+                    "mfu": None,
+                    "tokens_per_s": 1.0,
+                    "peak_mem_bytes": None,
+                    "warmup_s": 0.0,
+                    "loss_last": 1.0,
+                    "peak_flops_source": "none",
+                    "params": 1000,
+                }
+                if r["status"] == "ok"
+                else r
+                for r in rows
+            ],
+            "problems": [],
+        }
+    )
     assert "| vocab-pad | bf16+compile+sdpa+vocab50304 |" in md
     assert "n/a (differs from the previous row by: attention, vocab-size)" in md
     assert "| 2.00× (compile) |" in md
@@ -329,15 +440,29 @@ def test_a_spread_wider_than_the_gap_is_flagged_as_noise():
 
 def test_switches_name_every_setting_that_is_on():
     assert switches(record(BASELINE)) == "fp32"
-    everything = baseline_with(dtype="bfloat16", compile=True, attention="sdpa", vocab_size=50304, fused_adamw=True,
-                               loss="fused", batch_size="auto", fp8=True, optimizer="muon", compile_mode="blocks",
-                               compile_tuning="max-autotune", sdpa_backend="cudnn")
+    everything = baseline_with(
+        dtype="bfloat16",
+        compile=True,
+        attention="sdpa",
+        vocab_size=50304,
+        fused_adamw=True,
+        loss="fused",
+        batch_size="auto",
+        fp8=True,
+        optimizer="muon",
+        compile_mode="blocks",
+        compile_tuning="max-autotune",
+        sdpa_backend="cudnn",
+    )
     # in the order the ladder's rungs turn them on; each by its rung's name for it
-    assert switches(record(everything)) == ("bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce+batch-auto+fp8+muon"
-                                            "+compile-blocks+max-autotune+sdpa-cudnn")
+    assert switches(record(everything)) == (
+        "bf16+compile+sdpa+vocab50304+fused-adamw+fused-ce+batch-auto+fp8+muon+compile-blocks+max-autotune+sdpa-cudnn"
+    )
     # a setting no rung changes is named by its flag
-    assert switches(record(baseline_with(loss="liger", compile_tuning="reduce-overhead"))) == \
-        "fp32+loss-liger+reduce-overhead"
+    assert (
+        switches(record(baseline_with(loss="liger", compile_tuning="reduce-overhead")))
+        == "fp32+loss-liger+reduce-overhead"
+    )
 
 
 def test_a_rung_is_a_change_of_settings_checked_as_a_config_files_are():
@@ -353,9 +478,22 @@ def test_a_rung_is_a_change_of_settings_checked_as_a_config_files_are():
         Stage("warp", "", {"loss": "warp"})
     assert next(st for st in STAGES if st.name == "batch-auto").delta == {"batch_size": 0}  # --batch-size auto
     assert record(baseline_with(batch_size="auto"))["batch_auto"] is True and record(BASELINE)["batch_auto"] is False
-    assert list(record(BASELINE)) == ["dtype", "compile", "attention", "vocab_size", "fused_adamw", "loss", "batch_auto",
-                                      "fp8", "optimizer", "compile_mode", "compile_tuning", "sdpa_backend",
-                                      "fp8_lm_head", "residual_dtype"]
+    assert list(record(BASELINE)) == [
+        "dtype",
+        "compile",
+        "attention",
+        "vocab_size",
+        "fused_adamw",
+        "loss",
+        "batch_auto",
+        "fp8",
+        "optimizer",
+        "compile_mode",
+        "compile_tuning",
+        "sdpa_backend",
+        "fp8_lm_head",
+        "residual_dtype",
+    ]
 
 
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):
@@ -368,22 +506,47 @@ def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
 
     monkeypatch.setattr(entry, "run_stage", oom)
-    spec = StageSpec(name="baseline", settings=dict(BASELINE), n_layer=1, n_head=2, n_embd=16, seq_len=1024,
-                     batch_size=64, steps=1, warmup=1, device="cpu")
+    spec = StageSpec(
+        name="baseline",
+        settings=dict(BASELINE),
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        seq_len=1024,
+        batch_size=64,
+        steps=1,
+        warmup=1,
+        device="cpu",
+    )
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "failed" and result["oom"] is True
-    assert result["reason"] == ("out of memory at B=64 (T=1024, 1 micro-batch(es) per step): CUDA out of memory. "
-                                "Tried to allocate 96.00 GiB")
+    assert result["reason"] == (
+        "out of memory at B=64 (T=1024, 1 micro-batch(es) per step): CUDA out of memory. Tried to allocate 96.00 GiB"
+    )
 
 
 def _fake_result(spec, loss0: float) -> dict:
     """What a worker returns, without running one."""
-    return {"status": "ok", "ms_median": 10.0, "ms_min": 9.0, "ms_max": 11.0, "ms_mean_wall": 10.0,
-            "tokens_per_s": 100.0, "mfu": None, "peak_flops_source": "none", "warmup_s": 1.0, "first_step_s": 0.5,
-            "loss_step0": loss0, "loss_last": 10.0, "peak_mem_bytes": 2**20, "params": 1000,
-            "dtype": spec.settings["dtype"], "compile": spec.settings["compile"]}
+    return {
+        "status": "ok",
+        "ms_median": 10.0,
+        "ms_min": 9.0,
+        "ms_max": 11.0,
+        "ms_mean_wall": 10.0,
+        "tokens_per_s": 100.0,
+        "mfu": None,
+        "peak_flops_source": "none",
+        "warmup_s": 1.0,
+        "first_step_s": 0.5,
+        "loss_step0": loss0,
+        "loss_last": 10.0,
+        "peak_mem_bytes": 2**20,
+        "params": 1000,
+        "dtype": spec.settings["dtype"],
+        "compile": spec.settings["compile"],
+    }
 
 
 def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
@@ -395,8 +558,21 @@ def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
         return _fake_result(spec, fake[spec.name])
 
     monkeypatch.setattr(ladder_mod, "run_worker", fake_worker)
-    code = cli.main(["bench", "--ladder", "--out", str(tmp_path), "--stages", "baseline,bf16,compile",
-                     "--synthetic", "--device", "cpu", "--preset", "pico"])
+    code = cli.main(
+        [
+            "bench",
+            "--ladder",
+            "--out",
+            str(tmp_path),
+            "--stages",
+            "baseline,bf16,compile",
+            "--synthetic",
+            "--device",
+            "cpu",
+            "--preset",
+            "pico",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 1
     last = err.strip().splitlines()[-1]  # the lines before it are progress
@@ -414,7 +590,9 @@ def test_rows_that_need_torchao_are_refused_before_they_start_naming_the_package
     fake_packages(monkeypatch, torchao=False, triton=True)
     rows = {p.stage.name: p for p in plan_ladder(torch.device("cuda"), None, "inductor")}
     assert rows["fp8"].settings is None and "pip install 'gptspeed[fp8]'" in rows["fp8"].skip_reason
-    assert not any(p.settings.get("fp8") for p in rows.values() if p.settings is not None)  # the rows after it run without
+    assert not any(
+        p.settings.get("fp8") for p in rows.values() if p.settings is not None
+    )  # the rows after it run without
 
 
 # ------------------------------------------------------------------------------------ cut short
@@ -426,8 +604,19 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
     from cut_short import run_until_line, sleeper_env
 
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "gptspeed", "bench", mode, "--out", str(out), "--stages", "baseline,compile,flash",
-           *TINY, *(["--no-peers"] if mode == "--ladder" else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gptspeed",
+        "bench",
+        mode,
+        "--out",
+        str(out),
+        "--stages",
+        "baseline,compile,flash",
+        *TINY,
+        *(["--no-peers"] if mode == "--ladder" else []),
+    ]
     # killed once the sleeping row has started (its worker's output goes to its log)
     run_until_line(cmd, sleeper_env(tmp_path, "flash"), r"^\[3/3\] flash: ", timeout=120)
     result = json.loads((out / f"{file}.json").read_text())
@@ -444,8 +633,9 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
 
 
-@pytest.mark.parametrize("mode", [["--ladder"], ["--verify"], ["--profile", "baseline"], ["--tune"],
-                                  ["--race", "--arm", "a=--lr 1e-3"]])
+@pytest.mark.parametrize(
+    "mode", [["--ladder"], ["--verify"], ["--profile", "baseline"], ["--tune"], ["--race", "--arm", "a=--lr 1e-3"]]
+)
 def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp_path, capsys):
     """Every bench --out goes through one check (report.check_out_dir) before any work: a run folder
     (a later resume would meet files it did not write), a data folder, a new folder inside either,
@@ -457,10 +647,17 @@ def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp
     (data / "manifest.json").write_text("{}")
     a_file.write_text("notes")
     before = sorted(tmp_path.rglob("*"))
-    shape = [] if "--race" in mode else ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-                                         "--synthetic"]
-    for out, fragment in [(run, "is a run folder"), (data, "is a data folder"), (data / "sub", "would be created inside"),
-                          (a_file, "is a file")]:
+    shape = (
+        []
+        if "--race" in mode
+        else ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic"]
+    )
+    for out, fragment in [
+        (run, "is a run folder"),
+        (data, "is a data folder"),
+        (data / "sub", "would be created inside"),
+        (a_file, "is a file"),
+    ]:
         code = cli.main(["bench", *mode, "--out", str(out), "--preset", "pico", "--device", "cpu", *shape])
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and fragment in err, err
@@ -479,9 +676,20 @@ def test_a_softmax_data_row_covers_the_ids_of_its_data_as_train_does(shakespeare
     from gptspeed.bench.worker import StageSpec, SyntheticLoader
     from gptspeed.data.train_data import find_train_data
 
-    base = StageSpec(name="r", settings={"dtype": "float32", "compile": False, "softmax": "data"}, n_layer=1, n_head=2,
-                     n_embd=32, seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu", mode="verify",
-                     synthetic="phrases")
+    base = StageSpec(
+        name="r",
+        settings={"dtype": "float32", "compile": False, "softmax": "data"},
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=16,
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        device="cpu",
+        mode="verify",
+        synthetic="phrases",
+    )
     full = verify_stage(dataclasses.replace(base, settings={"dtype": "float32", "compile": False}))
     phrases = verify_stage(base)
     synthetic = SyntheticLoader(2, 16, 3, base.seed, torch.device("cpu"), "phrases")  # the row's own batches
@@ -504,8 +712,19 @@ def test_a_bench_row_reading_a_data_folder_holds_its_read_lock(shakespeare_data,
     from gptspeed.data.folder import DataFolderLock
     from gptspeed.errors import GptspeedError as Error
 
-    spec = StageSpec(name="r", settings={}, n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2, steps=1,
-                     warmup=1, device="cpu", data=str(shakespeare_data))
+    spec = StageSpec(
+        name="r",
+        settings={},
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=16,
+        batch_size=2,
+        steps=1,
+        warmup=1,
+        device="cpu",
+        data=str(shakespeare_data),
+    )
     make_loader(spec, torch.device("cpu"))
     try:
         with pytest.raises(Error, match="is in use"):

@@ -13,8 +13,7 @@ from test_bench import TINY, in_process_worker
 
 from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
-from gptspeed.bench.breakdown import (CATEGORIES, H100_ESTIMATE, RULES, attribute, breakdown_events, classify,
-                                      markdown)
+from gptspeed.bench.breakdown import CATEGORIES, H100_ESTIMATE, RULES, attribute, breakdown_events, classify, markdown
 
 ELLIPSIS = "(...)"
 NAMES = {
@@ -28,8 +27,12 @@ NAMES = {
         "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, "
         "false>(cublasLt::cublasSplitKParams<float>, float const*, __nv_bfloat16 const*, __nv_bfloat16*)",
         "void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>" + ELLIPSIS,
-        "triton_tem_fused_addmm_0", "triton_tem_fused_mm_3",
-        "aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm",
+        "triton_tem_fused_addmm_0",
+        "triton_tem_fused_mm_3",
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::_scaled_mm",
     ],
     "attention": [
         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0",
@@ -44,14 +47,17 @@ NAMES = {
         "false, cutlass::bfloat16_t> >(pytorch_flash::Flash_bwd_params)",
         "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
         "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)",
-        "triton_tem_fused_flex_attention_0", "triton_tem_fused_flex_attention_backward_2",
+        "triton_tem_fused_flex_attention_0",
+        "triton_tem_fused_flex_attention_backward_2",
         "aten::_scaled_dot_product_flash_attention_for_cpu",
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
         "aten::_scaled_dot_product_cudnn_attention",
     ],
     "memory-bound": [
-        "triton_poi_fused_add_gelu_mul_3", "triton_red_fused__to_copy_native_layer_norm_1",
-        "triton_per_fused__log_softmax_2", "triton_poi_fused_0",
+        "triton_poi_fused_add_gelu_mul_3",
+        "triton_red_fused__to_copy_native_layer_norm_1",
+        "triton_per_fused__log_softmax_2",
+        "triton_poi_fused_0",
         "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
         "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >"
         + ELLIPSIS,
@@ -63,18 +69,23 @@ NAMES = {
         "true, false>" + ELLIPSIS,
         "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
         "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)",
-        "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>"
-        + ELLIPSIS,
+        "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>" + ELLIPSIS,
         # gpu_kernel_impl_nocast and LoadWithCast contain "cast" but do not cast
         "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add"
         "<float> >(at::TensorIteratorBase&, at::native::CUDAFunctor_add<float> const&)::{lambda(int)#1}>" + ELLIPSIS,
         "void at::native::unrolled_elementwise_kernel<at::native::MulFunctor<float>, std::array<char*, 3ul>, "
         "at::native::memory::LoadWithCast<2>, at::native::memory::StoreWithCast<1> >" + ELLIPSIS,
-        "_layer_norm_forward_kernel", "_cross_entropy_kernel",
-        "aten::_log_softmax", "aten::fill_", "aten::native_layer_norm", "aten::add_",
+        "_layer_norm_forward_kernel",
+        "_cross_entropy_kernel",
+        "aten::_log_softmax",
+        "aten::fill_",
+        "aten::native_layer_norm",
+        "aten::add_",
     ],
     "copies/casts": [
-        "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoD (Device -> Device)", "Memset (Device)",
+        "Memcpy HtoD (Pageable -> Device)",
+        "Memcpy DtoD (Device -> Device)",
+        "Memset (Device)",
         "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda"
         "(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >"
         + ELLIPSIS,
@@ -83,9 +94,13 @@ NAMES = {
         "operator()() const::{lambda(float)#1}>(at::TensorIteratorBase&, ...)::{lambda(int)#1}>" + ELLIPSIS,
         "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<at::native::(anonymous namespace)::"
         "OpaqueType<4u>, unsigned int, 1, 128, 1>" + ELLIPSIS,
-        "triton_poi_fused__to_copy_0", "triton_poi_fused__to_copy_t_5", "triton_poi_fused_clone_view_2",
+        "triton_poi_fused__to_copy_0",
+        "triton_poi_fused__to_copy_t_5",
+        "triton_poi_fused_clone_view_2",
         "void transformer_engine::cast_transpose_kernel<8, true, float, __nv_bfloat16>" + ELLIPSIS,
-        "aten::copy_", "aten::_to_copy", "aten::to",
+        "aten::copy_",
+        "aten::_to_copy",
+        "aten::to",
     ],
     "optimizer": [
         "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
@@ -97,12 +112,17 @@ NAMES = {
         "namespace)::NormType)1, float, float>, float*, int>" + ELLIPSIS,
         "void at::native::lpnorm_cleanup<float, (at::native::(anonymous namespace)::NormType)1, float, float>"
         + ELLIPSIS,
-        "aten::_fused_adamw_", "aten::_foreach_norm", "aten::_foreach_mul_", "Optimizer.step#AdamW.step",
+        "aten::_fused_adamw_",
+        "aten::_foreach_norm",
+        "aten::_foreach_mul_",
+        "Optimizer.step#AdamW.step",
     ],
     "other": [
         "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-        "Torch-Compiled Region: 0/0", "TorchDynamo Cache Lookup",
-        "autograd::engine::evaluate_function: LogSoftmaxBackward0", "NativeLayerNormBackward0",
+        "Torch-Compiled Region: 0/0",
+        "TorchDynamo Cache Lookup",
+        "autograd::engine::evaluate_function: LogSoftmaxBackward0",
+        "NativeLayerNormBackward0",
         "my_custom_kernel",
     ],
 }
@@ -125,9 +145,16 @@ def test_overlapping_intervals_count_once_split_among_them():
 
 
 def _event(name, start, end, device="cuda", kind="kernel", annotation=False, children=()):
-    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), activity_type=kind,
-                           device_type=getattr(torch.autograd.DeviceType, device.upper()), is_async=False,
-                           is_user_annotation=annotation, is_python_function=False, cpu_children=list(children))
+    return SimpleNamespace(
+        name=name,
+        time_range=SimpleNamespace(start=start, end=end),
+        activity_type=kind,
+        device_type=getattr(torch.autograd.DeviceType, device.upper()),
+        is_async=False,
+        is_user_annotation=annotation,
+        is_python_function=False,
+        cpu_children=list(children),
+    )
 
 
 def _shares(bd):
@@ -147,8 +174,17 @@ def test_idle_is_the_wall_span_less_the_union_of_kernels_on_all_streams():
     assert bd["basis"] == "device kernels" and bd["wall_ms_per_step"] == pytest.approx(20e-3 / 2)
     shares = _shares(bd)
     # busy [2, 8] + [10, 12] = 8 us of 20; [4, 6] is split between the matmul and the attention kernel
-    assert shares == pytest.approx({"matmul": 3 / 20, "attention": 3 / 20, "memory-bound": 0, "copies/casts": 2 / 20,
-                                    "optimizer": 0, "other": 0, "idle": 12 / 20})
+    assert shares == pytest.approx(
+        {
+            "matmul": 3 / 20,
+            "attention": 3 / 20,
+            "memory-bound": 0,
+            "copies/casts": 2 / 20,
+            "optimizer": 0,
+            "other": 0,
+            "idle": 12 / 20,
+        }
+    )
     assert sum(shares.values()) == pytest.approx(1)
     matmul = bd["categories"][0]
     assert matmul["kernels"] == 0.5 and matmul["top"] == [("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT", 1.5e-3)]
@@ -156,12 +192,24 @@ def test_idle_is_the_wall_span_less_the_union_of_kernels_on_all_streams():
 
 def test_on_a_cpu_ops_count_their_self_time_and_idle_is_between_top_level_ops():
     addmm = _event("aten::addmm", 1, 8, device="cpu", kind="cpu_op")
-    events = [_event("aten::linear", 0, 10, device="cpu", kind="cpu_op", children=[addmm]), addmm,
-              _event("aten::add", 12, 14, device="cpu", kind="cpu_op")]
+    events = [
+        _event("aten::linear", 0, 10, device="cpu", kind="cpu_op", children=[addmm]),
+        addmm,
+        _event("aten::add", 12, 14, device="cpu", kind="cpu_op"),
+    ]
     bd = breakdown_events(events, steps=1, device="cpu")
     assert bd["basis"] == "cpu ops"
-    assert _shares(bd) == pytest.approx({"matmul": 10 / 14, "attention": 0, "memory-bound": 2 / 14,
-                                         "copies/casts": 0, "optimizer": 0, "other": 0, "idle": 2 / 14})
+    assert _shares(bd) == pytest.approx(
+        {
+            "matmul": 10 / 14,
+            "attention": 0,
+            "memory-bound": 2 / 14,
+            "copies/casts": 0,
+            "optimizer": 0,
+            "other": 0,
+            "idle": 2 / 14,
+        }
+    )
     assert bd["categories"][0]["kernels"] == 2  # linear once (cut in two by addmm) and addmm
 
 
@@ -172,8 +220,11 @@ def test_the_table_carries_the_estimate_only_when_given_and_lists_the_unclassifi
     assert "In `other`" in plain and "`my_custom_kernel` 0.002 ms" in plain
     table = markdown(breakdown_events(events, steps=1, device="cuda:0", estimate=H100_ESTIMATE))
     assert "| estimate (H100) |" in table and "36.3 ms" in table
-    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[-1] for line in table.splitlines()
-            if line.startswith("| ")}
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[-1]
+        for line in table.splitlines()
+        if line.startswith("| ")
+    }
     assert rows["matmul"] == "52%" and rows["optimizer"] == "(in memory-bound)" and rows["other"] == "—"
     accumulated = breakdown_events(events, steps=1, device="cuda:0", micro_batches=4)
     assert accumulated["wall_ms_per_micro_batch"] == pytest.approx(0.0025)

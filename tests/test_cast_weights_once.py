@@ -15,7 +15,7 @@ from conftest import SRC
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
 
-PROBE = r'''
+PROBE = r"""
 import json, os, socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); os.environ["MASTER_PORT"] = str(s.getsockname()[1]); s.close()
 import torch
@@ -53,13 +53,17 @@ for keep in (False, True):
 out["dtypes"] = sorted(dtypes)
 print(json.dumps(out), flush=True)
 finish_process(0)
-'''
+"""
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_the_weights_are_cast_once_a_step_and_the_losses_do_not_change(device):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1", "PROBE_DEVICE": device}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "PROBE_DEVICE": device,
+    }
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -71,11 +75,14 @@ def test_the_weights_are_cast_once_a_step_and_the_losses_do_not_change(device):
     assert out["dtypes"] == ["torch.bfloat16"]  # the blocks compute with FSDP2's bf16 copy
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    (dict(cast_weights_once=True), "--parallel auto --dtype auto"),
-    (dict(cast_weights_once=True, parallel="fsdp", dtype="float32"), "--parallel fsdp --dtype float32"),
-    (dict(cast_weights_once=True, parallel="ddp", dtype="bfloat16"), "--parallel ddp"),
-])
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        (dict(cast_weights_once=True), "--parallel auto --dtype auto"),
+        (dict(cast_weights_once=True, parallel="fsdp", dtype="float32"), "--parallel fsdp --dtype float32"),
+        (dict(cast_weights_once=True, parallel="ddp", dtype="bfloat16"), "--parallel ddp"),
+    ],
+)
 def test_cast_weights_once_is_refused_without_fsdp_and_bf16(settings, fragment):
     cfg = preset("pico").override(settings)
     with pytest.raises(GptspeedError, match="--cast-weights-once keeps FSDP2's bf16 weights") as e:

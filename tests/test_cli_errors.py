@@ -3,7 +3,6 @@
 import shutil
 
 import pytest
-
 from conftest import assert_user_error, run_main
 
 
@@ -15,8 +14,20 @@ def data_copy(shakespeare_data, tmp_path):
 
 
 def train_args(data, out, *extra):
-    return ("train", "--preset", "pico", "--data", str(data), "--out", str(out), "--device", "cpu",
-            "--max-steps", "2", *extra)
+    return (
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "2",
+        *extra,
+    )
 
 
 def test_empty_corpus(tmp_path):
@@ -32,35 +43,40 @@ def test_whitespace_only_corpus_and_tiny_shards_are_refused(tmp_path):
     out = tmp_path / "d"
     assert_user_error(run_main("prepare", str(tmp_path / "blank.txt"), "--out", str(out)), "no text", "only whitespace")
     assert not out.exists()
-    assert_user_error(run_main("prepare", str(tmp_path / "a.txt"), "--out", str(out), "--shard-tokens", "10"),
-                      "--shard-tokens must be an integer of at least 256")
+    assert_user_error(
+        run_main("prepare", str(tmp_path / "a.txt"), "--out", str(out), "--shard-tokens", "10"),
+        "--shard-tokens must be an integer of at least 256",
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--beta1", "1.5"], "--beta1 must be in [0, 1)"),
-    (["--beta2", "-0.5"], "--beta2 must be in [0, 1)"),
-    (["--eps", "-1"], "--eps must be a positive finite number"),
-    (["--lr", "inf"], "--lr must be a positive finite number"),
-    (["--dist-timeout-s", "-1"], "--dist-timeout-s must be a positive number"),
-    (["--loader-workers", "-7"], "--loader-workers must be -1 (auto), 0 or more"),
-    (["--peak-tflops", "-5"], "--peak-tflops must be positive"),
-    # issue 28: seeds out of every consumer's range (torch.manual_seed overflowed; numpy refused -1)
-    (["--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 9,223,372,036,854,775,807"),
-    (["--seed", "-1", "--sampling", "random"], "--seed must be an integer from 0 to"),
-    # counts and sizes with no upper bound: hung, or reached a tensor / timer out of range
-    (["--loader-workers", "100000"], "--loader-workers must be at most 64 (each keeps 4 batches ready"),
-    (["--total-batch-tokens", str(2**40)], "more than 65,536: lower --total-batch-tokens or raise --batch-size"),
-    (["--max-steps", str(10**30)], "--max-steps must be at most 9,007,199,254,740,992 (2**53)"),
-    (["--eval-tokens", str(2**60)], "--eval-tokens must be at most"),
-    (["--log-every", str(10**20)], "--log-every must be at most"),
-    (["--keep-checkpoints", str(10**20)], "--keep-checkpoints must be at most"),
-    (["--batch-size", str(10**20)], "--batch-size must be at most"),
-    (["--n-layer", str(10**20)], "--n-layer must be at most"),
-    (["--seq-len", str(10**20)], "--seq-len must be at most"),
-    (["--dist-timeout-s", "1e300"], "--dist-timeout-s must be at most 2,592,000 (30 days)"),
-    (["--optimizer", "muon", "--muon-lr", "inf"], "--muon-lr must be a finite number"),
-    (["--muon-lr", "nan"], "--muon-lr must be a finite number"),  # every float, in use (muon) or not (adamw)
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--beta1", "1.5"], "--beta1 must be in [0, 1)"),
+        (["--beta2", "-0.5"], "--beta2 must be in [0, 1)"),
+        (["--eps", "-1"], "--eps must be a positive finite number"),
+        (["--lr", "inf"], "--lr must be a positive finite number"),
+        (["--dist-timeout-s", "-1"], "--dist-timeout-s must be a positive number"),
+        (["--loader-workers", "-7"], "--loader-workers must be -1 (auto), 0 or more"),
+        (["--peak-tflops", "-5"], "--peak-tflops must be positive"),
+        # issue 28: seeds out of every consumer's range (torch.manual_seed overflowed; numpy refused -1)
+        (["--seed", "99999999999999999999999"], "--seed must be an integer from 0 to 9,223,372,036,854,775,807"),
+        (["--seed", "-1", "--sampling", "random"], "--seed must be an integer from 0 to"),
+        # counts and sizes with no upper bound: hung, or reached a tensor / timer out of range
+        (["--loader-workers", "100000"], "--loader-workers must be at most 64 (each keeps 4 batches ready"),
+        (["--total-batch-tokens", str(2**40)], "more than 65,536: lower --total-batch-tokens or raise --batch-size"),
+        (["--max-steps", str(10**30)], "--max-steps must be at most 9,007,199,254,740,992 (2**53)"),
+        (["--eval-tokens", str(2**60)], "--eval-tokens must be at most"),
+        (["--log-every", str(10**20)], "--log-every must be at most"),
+        (["--keep-checkpoints", str(10**20)], "--keep-checkpoints must be at most"),
+        (["--batch-size", str(10**20)], "--batch-size must be at most"),
+        (["--n-layer", str(10**20)], "--n-layer must be at most"),
+        (["--seq-len", str(10**20)], "--seq-len must be at most"),
+        (["--dist-timeout-s", "1e300"], "--dist-timeout-s must be at most 2,592,000 (30 days)"),
+        (["--optimizer", "muon", "--muon-lr", "inf"], "--muon-lr must be a finite number"),
+        (["--muon-lr", "nan"], "--muon-lr must be a finite number"),  # every float, in use (muon) or not (adamw)
+    ],
+)
 def test_nonsense_settings_are_one_line(tmp_path, flags, message):
     """Each was accepted, or failed later with a traceback from AdamW, or (--lr inf) as "diverged" at step 2;
     the bounds of issue 28 (seed, loader workers, counts) hung, overflowed or raised in numpy / torch."""
@@ -71,15 +87,20 @@ def test_nonsense_settings_are_one_line(tmp_path, flags, message):
 
 def test_sample_temperature_nan_and_eval_negative_tokens(tmp_path):
     assert_user_error(run_main("sample", "--run", str(tmp_path), "--temperature", "nan"), "--temperature finite")
-    assert_user_error(run_main("eval", "--run", str(tmp_path), "--data", str(tmp_path), "--max-tokens", "-5"),
-                      "--max-tokens must be 0 (all) or more")
+    assert_user_error(
+        run_main("eval", "--run", str(tmp_path), "--data", str(tmp_path), "--max-tokens", "-5"),
+        "--max-tokens must be 0 (all) or more",
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ["sample", "--run", "RUN", "--seed"],
-    ["prepare", "tinyshakespeare", "--out", "RUN/d", "--shuffle-seed"],
-    ["bench", "--ladder", "--out", "RUN/b", "--synthetic", "--seed"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sample", "--run", "RUN", "--seed"],
+        ["prepare", "tinyshakespeare", "--out", "RUN/d", "--shuffle-seed"],
+        ["bench", "--ladder", "--out", "RUN/b", "--synthetic", "--seed"],
+    ],
+)
 def test_every_seed_flag_shares_the_seed_bound(tmp_path, args):
     """`sample --seed` past 64 bits overflowed in torch.Generator.manual_seed; `prepare --shuffle-seed
     -1` and `bench --seed -1` raised in numpy (a traceback; the bench after starting its stage).
@@ -201,13 +222,19 @@ def test_help_and_user_errors_answer_without_importing_torch(tmp_path):
     """`gptspeed <cmd> --help` and a configuration or data error never wait for torch's import."""
     from conftest import run_python
 
-    cases = [["train", "--help"], ["sample", "--help"], ["eval", "--help"],
-             ["train", "--preset", "pico", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "r")],
-             ["train", "--preset", "pico", "--n-embd", "30", "--data", "x", "--out", "y"],
-             ["eval", "--run", "r"]]
+    cases = [
+        ["train", "--help"],
+        ["sample", "--help"],
+        ["eval", "--help"],
+        ["train", "--preset", "pico", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "r")],
+        ["train", "--preset", "pico", "--n-embd", "30", "--data", "x", "--out", "y"],
+        ["eval", "--run", "r"],
+    ]
     for argv in cases:
-        code = ("import sys\nfrom gptspeed.cli import main\ntry:\n    rc = main(%r)\nexcept SystemExit as e:\n"
-                "    rc = e.code\nprint('torch' in sys.modules, file=sys.stderr)" % argv)
+        code = (
+            f"import sys\nfrom gptspeed.cli import main\ntry:\n    rc = main({argv!r})\nexcept SystemExit as e:\n"
+            "    rc = e.code\nprint('torch' in sys.modules, file=sys.stderr)"
+        )
         proc = run_python(code)
         assert proc.stderr.strip().splitlines()[-1] == "False", (argv, proc.stderr)
 
@@ -223,8 +250,12 @@ def test_every_options_help_names_its_real_default_once_and_never_none():
     from gptspeed.cli import SUBCOMMANDS, build_parser
     from gptspeed.config import GROUPS, setting_flag
 
-    declared = {setting_flag(f.name): f.default for group, cls in GROUPS.items() if group != "model"
-                for f in dataclasses.fields(cls)}
+    declared = {
+        setting_flag(f.name): f.default
+        for group, cls in GROUPS.items()
+        if group != "model"
+        for f in dataclasses.fields(cls)
+    }
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(subparsers.choices) == set(SUBCOMMANDS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import assert_user_error, records, run_cli, run_python
+
 from gptspeed.cli import main
 from gptspeed.config import AUTO_BATCH_SIZE, config_to_yaml, preset, read_config_file
 from gptspeed.configure import build_train_config
@@ -14,9 +14,30 @@ from gptspeed.errors import GptspeedError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FLAGS = ["--preset", "pico", "--n-layer", "1", "--n-embd", "32", "--seq-len", "32", "--batch-size", "4",
-         "--max-steps", "3", "--log-every", "1", "--eval-every", "2", "--eval-tokens", "512", "--lr", "3e-3",
-         "--device", "cpu"]
+FLAGS = [
+    "--preset",
+    "pico",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--max-steps",
+    "3",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "2",
+    "--eval-tokens",
+    "512",
+    "--lr",
+    "3e-3",
+    "--device",
+    "cpu",
+]
 
 
 def test_printed_yaml_config_reproduces_the_run(shakespeare_data, tmp_path, capsys):
@@ -38,8 +59,9 @@ def test_printed_yaml_config_reproduces_the_run(shakespeare_data, tmp_path, caps
         assert conf_b[group] == conf_a[group], group
     ra, rb = records(a), records(b)
     assert [r["step"] for r in ra] == [0, 1, 2, 3]
-    assert [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in rb] == \
-        [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in ra]
+    assert [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in rb] == [
+        (r["step"], r.get("train_loss"), r.get("val_loss")) for r in ra
+    ]
 
 
 def test_yaml_values_are_typed_like_json(tmp_path):
@@ -47,8 +69,10 @@ def test_yaml_values_are_typed_like_json(tmp_path):
     the batch size, nested groups or flat keys; the file's preset is the base unless --preset is
     given; flags win over the file."""
     path = tmp_path / "run.yml"
-    path.write_text("preset: nano\nlr: 1e-3\noptim:\n  warmup_ratio: .05\n  fused_adamw: no\n"
-                    "train:\n  batch_size: auto\n  total_batch_tokens: 4096\nruntime:\n  compile: null\n")
+    path.write_text(
+        "preset: nano\nlr: 1e-3\noptim:\n  warmup_ratio: .05\n  fused_adamw: no\n"
+        "train:\n  batch_size: auto\n  total_batch_tokens: 4096\nruntime:\n  compile: null\n"
+    )
     cfg = build_train_config(None, {"max_steps": 7}, str(path))
     assert cfg.preset == "nano" and cfg.model.n_layer == 4  # nano's shape
     assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float) and cfg.optim.warmup_ratio == 0.05
@@ -62,18 +86,21 @@ def test_yaml_values_are_typed_like_json(tmp_path):
     assert build_train_config(None, {}, str(printed)) == cfg
 
 
-@pytest.mark.parametrize("text, fragments", [
-    ("model:\n  n_layr: 3\n", ["unknown setting 'n_layr'", "did you mean 'n_layer'"]),
-    ("seq_len: 32\n", ["unknown setting 'seq_len'", "did you mean 'block_size'"]),  # the flag's name
-    ("modle:\n  n_layer: 3\n", ["unknown setting 'modle'"]),
-    ("lr: fast\n", ["lr must be float, got 'fast'"]),
-    ("optimizer: adam\n", ["optimizer must be one of adamw, muon"]),
-    ("model: 4\n", ["'model' must be a mapping of settings"]),
-    ("lr: 1\nmodel: {n_layer: 3\n", ["is not valid YAML", "(line 3, column 1)"]),
-    ("- lr: 1\n", ["expected a YAML mapping of settings, got list"]),
-    ("preset: nanno\n", ["unknown preset 'nanno'", "did you mean 'nano'"]),
-    ("log_to: tensorbord\n", ["--log-to: unknown tracker 'tensorbord'", "did you mean 'tensorboard'"]),
-])
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("model:\n  n_layr: 3\n", ["unknown setting 'n_layr'", "did you mean 'n_layer'"]),
+        ("seq_len: 32\n", ["unknown setting 'seq_len'", "did you mean 'block_size'"]),  # the flag's name
+        ("modle:\n  n_layer: 3\n", ["unknown setting 'modle'"]),
+        ("lr: fast\n", ["lr must be float, got 'fast'"]),
+        ("optimizer: adam\n", ["optimizer must be one of adamw, muon"]),
+        ("model: 4\n", ["'model' must be a mapping of settings"]),
+        ("lr: 1\nmodel: {n_layer: 3\n", ["is not valid YAML", "(line 3, column 1)"]),
+        ("- lr: 1\n", ["expected a YAML mapping of settings, got list"]),
+        ("preset: nanno\n", ["unknown preset 'nanno'", "did you mean 'nano'"]),
+        ("log_to: tensorbord\n", ["--log-to: unknown tracker 'tensorbord'", "did you mean 'tensorboard'"]),
+    ],
+)
 def test_bad_yaml_is_one_line(tmp_path, text, fragments):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -90,22 +117,28 @@ def test_config_errors_on_the_command_line(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  max_step: 10\n")
     proc = run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r"))
-    assert_user_error(proc, "gptspeed train: error: config file", "unknown setting 'max_step'",
-                      "did you mean 'max_steps'")
+    assert_user_error(
+        proc, "gptspeed train: error: config file", "unknown setting 'max_step'", "did you mean 'max_steps'"
+    )
     assert proc.returncode == 2
-    assert_user_error(run_cli("train", "--preset", "pico", "--log-to", "tensorboard,wandbb", "--print-config"),
-                      "unknown tracker 'wandbb'", "did you mean 'wandb'")
+    assert_user_error(
+        run_cli("train", "--preset", "pico", "--log-to", "tensorboard,wandbb", "--print-config"),
+        "unknown tracker 'wandbb'",
+        "did you mean 'wandb'",
+    )
 
 
 def test_print_config_and_help_import_no_torch():
     """`train --print-config` and `train --help` answer without importing torch (config.py is
     torch-free; YAML comes from PyYAML)."""
-    code = ("import sys, contextlib, io; from gptspeed.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    rc = main(['train', '--preset', 'nano', '--print-config'])\n"
-            "    try: main(['train', '--help'])\n"
-            "    except SystemExit: pass\n"
-            "print(rc, 'torch' in sys.modules, 'yaml' in sys.modules)")
+    code = (
+        "import sys, contextlib, io; from gptspeed.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(['train', '--preset', 'nano', '--print-config'])\n"
+        "    try: main(['train', '--help'])\n"
+        "    except SystemExit: pass\n"
+        "print(rc, 'torch' in sys.modules, 'yaml' in sys.modules)"
+    )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0", "False", "True"]

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, records, run_cli, run_main
+
 from gptspeed.config import preset, read_config_file
 from gptspeed.configure import build_train_config
 from gptspeed.errors import GptspeedError
@@ -37,17 +37,20 @@ def _billion_laughs() -> str:
     return "\n".join([*lines, "lr: [" + ", ".join(["*i"] * 9) + "]"]) + "\n"
 
 
-@pytest.mark.parametrize("name, content, fragments", [
-    ("folder.yaml", None, ["is a folder, not a file"]),
-    ("latin1.yaml", b"lr: caf\xe9\n", ["is not UTF-8 text"]),
-    ("deep.yaml", b"lr: " + b"[" * 100_000 + b"]" * 100_000, ["is nested too deeply to be read"]),
-    ("deep.json", b'{"lr": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", ["is nested too deeply to be read"]),
-    ("nan.json", b'{"lr": NaN}', ["is not valid JSON", "NaN is not JSON"]),
-    ("digits.yaml", b"seed: " + b"9" * 5000 + b"\n", ["is not valid YAML", "digits"]),
-    ("laughs.yaml", _billion_laughs().encode(), ["lr must be float, got [[[", "...]"]),
-    ("seed.yaml", b"seed: 99999999999999999999999\n", ["--seed must be an integer from 0 to"]),
-    ("big.yaml", b"model:\n  n_layer: 100000000000000000000\n", ["--n-layer must be at most"]),
-])
+@pytest.mark.parametrize(
+    "name, content, fragments",
+    [
+        ("folder.yaml", None, ["is a folder, not a file"]),
+        ("latin1.yaml", b"lr: caf\xe9\n", ["is not UTF-8 text"]),
+        ("deep.yaml", b"lr: " + b"[" * 100_000 + b"]" * 100_000, ["is nested too deeply to be read"]),
+        ("deep.json", b'{"lr": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", ["is nested too deeply to be read"]),
+        ("nan.json", b'{"lr": NaN}', ["is not valid JSON", "NaN is not JSON"]),
+        ("digits.yaml", b"seed: " + b"9" * 5000 + b"\n", ["is not valid YAML", "digits"]),
+        ("laughs.yaml", _billion_laughs().encode(), ["lr must be float, got [[[", "...]"]),
+        ("seed.yaml", b"seed: 99999999999999999999999\n", ["--seed must be an integer from 0 to"]),
+        ("big.yaml", b"model:\n  n_layer: 100000000000000000000\n", ["--n-layer must be at most"]),
+    ],
+)
 def test_unreadable_config_files_are_one_line(tmp_path, name, content, fragments):
     """Each used to be a traceback (UnicodeDecodeError from a folder, RecursionError, ValueError
     from int()) or to run forever (the billion laughs' repr); now one line from `gptspeed train`."""
@@ -84,8 +87,11 @@ def test_tilde_is_expanded_in_every_path_setting_from_yaml_flags_and_the_api(tmp
     conf = tmp_path / "run.yaml"
     conf.write_text("out: ~/runs/a\ndata: ~/data/ts\ninit_from: ~/gpt2-folder\n")
     cfg = preset("pico").apply_file(str(conf))  # (build_train_config would load init_from's shape)
-    assert (cfg.train.out, cfg.train.data, cfg.train.init_from) == \
-        (f"{home}/runs/a", f"{home}/data/ts", f"{home}/gpt2-folder")
+    assert (cfg.train.out, cfg.train.data, cfg.train.init_from) == (
+        f"{home}/runs/a",
+        f"{home}/data/ts",
+        f"{home}/gpt2-folder",
+    )
     conf.write_text("out: ~/runs/a\ndata: ~/data/ts\n")
     cfg = build_train_config("pico", {}, str(conf))
     assert (cfg.train.out, cfg.train.data) == (f"{home}/runs/a", f"{home}/data/ts")
@@ -130,35 +136,46 @@ def test_a_model_larger_than_memory_is_refused_before_it_is_built(shakespeare_da
     conf.write_text("model:\n  n_layer: 1000000000\n")
     for how in (["--config", str(conf)], ["--n-layer", "1000000000"]):
         proc = run_main(*pico_args(shakespeare_data, tmp_path / "r", *how))
-        assert_user_error(proc, "49,984,003,223,680 parameters", "TiB of RAM for its fp32 weights", "RAM available",
-                          "lower --n-layer")
+        assert_user_error(
+            proc, "49,984,003,223,680 parameters", "TiB of RAM for its fp32 weights", "RAM available", "lower --n-layer"
+        )
         assert not (tmp_path / "r").exists()
     # weights that fit in RAM but not with gradients and AdamW's state (16 bytes a parameter) on the device
     monkeypatch.setattr(step, "host_memory_available", lambda: 100 << 20)  # 100 MiB
     proc = run_main(*pico_args(shakespeare_data, tmp_path / "r", "--n-layer", "300"))
-    assert_user_error(proc, "needs at least", "for its weights, gradients and optimizer state (16 bytes a parameter)",
-                      "more than the 100.00 MiB of RAM available")
+    assert_user_error(
+        proc,
+        "needs at least",
+        "for its weights, gradients and optimizer state (16 bytes a parameter)",
+        "more than the 100.00 MiB of RAM available",
+    )
 
 
 def test_num_params_matches_the_model():
     from gptspeed.config import GPTConfig
     from gptspeed.model import GPT
 
-    for shape in (dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
-                  dict(n_layer=1, n_head=4, n_embd=32, block_size=16, vocab_size=50257, attention="manual",
-                       softmax="data")):
+    for shape in (
+        dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
+        dict(n_layer=1, n_head=4, n_embd=32, block_size=16, vocab_size=50257, attention="manual", softmax="data"),
+    ):
         cfg = GPTConfig(**shape)
         model = GPT(cfg)
         assert cfg.num_params() == sum(p.numel() for p in model.parameters())
         assert cfg.buffer_bytes() == sum(b.numel() * b.element_size() for b in model.buffers())
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
-                 "to allocate 4096 bytes. Error code 12 (Cannot allocate memory)"),
-    MemoryError(),
-    "torch.OutOfMemoryError",
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 4096 bytes. Error code 12 (Cannot allocate memory)"
+        ),
+        MemoryError(),
+        "torch.OutOfMemoryError",
+    ],
+)
 def test_out_of_memory_while_building_is_one_line(monkeypatch, error):
     """Memory taken by another process between the estimate and the build: torch's allocator error
     became a traceback; now a GptspeedError with the size. Other errors pass through unchanged."""
@@ -194,8 +211,15 @@ def test_truncate_after_drops_junk_lines_and_never_raises(tmp_path, capsys):
 
     path = tmp_path / "metrics.jsonl"
     good = [json.dumps({"step": i, "train_loss": 1.0}) for i in range(6)]
-    junk = ['{"step": "ten"}', "not json at all", "[1, 2, 3]", '{"step": true}', '{"step": 2.0}', "[" * 100_000,
-            '{"no_step": 1}']
+    junk = [
+        '{"step": "ten"}',
+        "not json at all",
+        "[1, 2, 3]",
+        '{"step": true}',
+        '{"step": 2.0}',
+        "[" * 100_000,
+        '{"no_step": 1}',
+    ]
     path.write_text("\n".join([good[0], *junk[:4], *good[1:4], *junk[4:], "", *good[4:]]) + '\n{"step": 7, "tra')
     log = RunLog(path)
     assert log.truncate_after(3) == len(junk) + 1
@@ -240,9 +264,12 @@ def test_a_failed_metrics_append_is_one_line_and_leaves_no_half_record(tmp_path,
     from gptspeed import metrics
     from gptspeed.metrics import RunLog
 
-    with pytest.raises(GptspeedError, match="cannot append to the metrics log /dev/full at step 3: No space left "
-                                            "on device; the newest checkpoint is intact: free some space, then "
-                                            "continue with --resume"):
+    with pytest.raises(
+        GptspeedError,
+        match="cannot append to the metrics log /dev/full at step 3: No space left "
+        "on device; the newest checkpoint is intact: free some space, then "
+        "continue with --resume",
+    ):
         RunLog(Path("/dev/full"), echo=False).write({"step": 3})
     path = tmp_path / "metrics.jsonl"
     log = RunLog(path, echo=False)

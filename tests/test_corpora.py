@@ -47,11 +47,13 @@ def test_formats(tmp_path, fmt):
         write_jsonl(path, DOCS, opener=gzip.open)
     elif fmt == "jsonl.zst":
         import zstandard
+
         data = "".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()
         path.write_bytes(zstandard.ZstdCompressor().compress(data))
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
+
         pq.write_table(pa.table({"text": DOCS}), path, row_group_size=7)
     m = prepare(str(path), tmp_path / "out", progress=False)
     np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS))
@@ -197,6 +199,7 @@ def test_bad_records_name_file_and_line(tmp_path):
 def test_parquet_missing_column(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     pq.write_table(pa.table({"body": DOCS[:3]}), tmp_path / "d.parquet")
     with pytest.raises(GptspeedError, match=r"d\.parquet: no column 'text'.*--text-field"):
         prepare(str(tmp_path / "d.parquet"), tmp_path / "o", progress=False)
@@ -205,12 +208,14 @@ def test_parquet_missing_column(tmp_path):
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_hf_datasets_streaming_on_local_files(tmp_path, fmt):
     import datasets  # noqa: F401  (the test extra installs it)
+
     path = tmp_path / f"d.{fmt}"
     if fmt == "jsonl":
         write_jsonl(path, DOCS)
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
+
         pq.write_table(pa.table({"text": DOCS}), path)
     m = prepare(f"hf:{path}", tmp_path / "out", max_tokens=800, progress=False)
     np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:800])
@@ -234,8 +239,8 @@ def test_stream_loader_windows_and_exact_resume(tmp_path):
     G = 32
     for k in range(10):
         x, y = a.next_batch()
-        np.testing.assert_array_equal(x.flatten().numpy(), stream[k * G:k * G + G])
-        np.testing.assert_array_equal(y.flatten().numpy(), stream[k * G + 1:k * G + G + 1])
+        np.testing.assert_array_equal(x.flatten().numpy(), stream[k * G : k * G + G])
+        np.testing.assert_array_equal(y.flatten().numpy(), stream[k * G + 1 : k * G + G + 1])
     state = a.state_dict()
     b = StreamLoader(f"jsonl:{path}", 2, 16, workers=2)
     b.load_state_dict(state)
@@ -257,9 +262,9 @@ def test_stream_windows_is_an_iterable_dataset(tmp_path, monkeypatch):
     assert isinstance(ds, torch.utils.data.IterableDataset)
     items = list(torch.utils.data.DataLoader(ds, batch_size=None))
     assert len(items) == (len(stream) - 1) // 50
-    for k, (window, docs_in, doc_index, doc_offset) in enumerate(items):
-        np.testing.assert_array_equal(np.asarray(window), stream[k * 50:k * 50 + 51])
-        assert docs_in == np.count_nonzero(stream[k * 50:k * 50 + 50] == EOT_TOKEN)
+    for k, (window, docs_in, _doc_index, _doc_offset) in enumerate(items):
+        np.testing.assert_array_equal(np.asarray(window), stream[k * 50 : k * 50 + 51])
+        assert docs_in == np.count_nonzero(stream[k * 50 : k * 50 + 50] == EOT_TOKEN)
     # the position after a window starts the same stream again from there
     _, _, doc_index, doc_offset = items[3]
     rest = StreamWindows(f"jsonl:{path}", 50, doc_index=doc_index, doc_offset=doc_offset)
@@ -273,13 +278,25 @@ def test_train_from_a_jsonl_stream_and_resume(tmp_path):
     from gptspeed.trainer import build_train_config, fit
 
     path = write_jsonl(tmp_path / "d.jsonl", DOCS * 5)
-    tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, batch_size=4, warmup_steps=1, lr=3e-3,
-                log_every=1, device="cpu", data=f"jsonl:{path}", eval_every=0)
+    tiny = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=32,
+        batch_size=4,
+        warmup_steps=1,
+        lr=3e-3,
+        log_every=1,
+        device="cpu",
+        data=f"jsonl:{path}",
+        eval_every=0,
+    )
     import shutil
 
     full = tmp_path / "full"
-    fit(build_train_config("pico", dict(tiny, out=str(full), max_steps=6, save_every=3, keep_checkpoints=5)),
-        echo=False)
+    fit(
+        build_train_config("pico", dict(tiny, out=str(full), max_steps=6, save_every=3, keep_checkpoints=5)), echo=False
+    )
     part = tmp_path / "part"
     part.mkdir()
     for name in ("ckpt_00000003.pt", "ckpt_00000003.json"):  # stopped right after step 3
@@ -314,8 +331,9 @@ def test_memory_stays_flat_as_the_corpus_grows(tmp_path):
         path = write_jsonl(tmp_path / f"d{n_docs}.jsonl", (f"{i} {line}" for i in range(n_docs)))
         tracemalloc.start()
         try:
-            m = prepare(str(path), tmp_path / f"o{n_docs}", shard_tokens=200_000, workers=2, progress=False,
-                        shuffle_seed=5)
+            m = prepare(
+                str(path), tmp_path / f"o{n_docs}", shard_tokens=200_000, workers=2, progress=False, shuffle_seed=5
+            )
             peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)  # MiB
         finally:
             tracemalloc.stop()

@@ -21,9 +21,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import make_step
 from torch.overrides import TorchFunctionMode
 
-from conftest import make_step
 from gptspeed.errors import GptspeedError
 from gptspeed.parallelize import check_cuda_graphs
 from gptspeed.runtime import Runtime, resolve_runtime
@@ -155,9 +155,23 @@ def test_the_training_loop_reads_the_device_only_at_log_eval_and_save_steps(shak
     from gptspeed.runtime import resolve_runtime as rr
     from gptspeed.trainer import Trainer
 
-    cfg = build_train_config("pico", dict(**SHAPE, data=str(shakespeare_data), out=str(tmp_path / "run"), batch_size=2,
-                                          total_batch_tokens=64, max_steps=6, log_every=100, eval_every=0,
-                                          eval_tokens=64, save_every=0, device="cpu", dtype="float32"))
+    cfg = build_train_config(
+        "pico",
+        dict(
+            **SHAPE,
+            data=str(shakespeare_data),
+            out=str(tmp_path / "run"),
+            batch_size=2,
+            total_batch_tokens=64,
+            max_steps=6,
+            log_every=100,
+            eval_every=0,
+            eval_tokens=64,
+            save_every=0,
+            device="cpu",
+            dtype="float32",
+        ),
+    )
     trainer = Trainer(cfg, rr("cpu", "float32", False), echo=False)
     mode = HostReads()
     paused = {"depth": 0}
@@ -172,6 +186,7 @@ def test_the_training_loop_reads_the_device_only_at_log_eval_and_save_steps(shak
             finally:
                 del mode.reads[before:]
                 paused["depth"] -= 1
+
         setattr(trainer, name, outside)
     save = trainer.checkpointer.save
 
@@ -181,6 +196,7 @@ def test_the_training_loop_reads_the_device_only_at_log_eval_and_save_steps(shak
             return save(step)
         finally:
             del mode.reads[before:]
+
     trainer.checkpointer.save = save_outside
     with mode:
         summary = trainer.train()
@@ -260,8 +276,10 @@ def test_hellaswag_in_blocks_mode_does_not_recompile():
     batches = Batches("cpu")
     t(batches.next_batch)
     graphs = counters["stats"]["unique_graphs"]
-    items = [HellaSwagItem(ctx=tuple(range(1, 4 + k)), endings=tuple((5,) * (1 + e) for e in range(4)), label=k % 4)
-             for k in range(6)]
+    items = [
+        HellaSwagItem(ctx=tuple(range(1, 4 + k)), endings=tuple((5,) * (1 + e) for e in range(4)), label=k % 4)
+        for k in range(6)
+    ]
     result = evaluate_hellaswag(t.model, items, device="cpu", batch_examples=2)
     assert result["examples"] == 6
     t(batches.next_batch)

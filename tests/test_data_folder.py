@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_user_error, run_main
 
 from gptspeed.data import read_shard, write_shard
 from gptspeed.data.prepare import PrepareLock, prepare
@@ -19,10 +20,10 @@ from gptspeed.data.train_data import find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, get_encoding
 
-from conftest import assert_user_error, run_main
-
-DOCS = [f"Document {i}: " + "the quick brown fox jumps over the lazy dog, again and again. " * (4 + i % 5)
-        for i in range(60)]
+DOCS = [
+    f"Document {i}: " + "the quick brown fox jumps over the lazy dog, again and again. " * (4 + i % 5)
+    for i in range(60)
+]
 
 
 def corpus(tmp_path: Path, docs=DOCS) -> Path:
@@ -38,9 +39,23 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def _fit(data: Path, run: Path, **over):
     from gptspeed.trainer import build_train_config, fit
 
-    tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, batch_size=4, warmup_steps=1, log_every=1,
-                device="cpu", dtype="float32", compile=False, eval_every=0, data=str(data), out=str(run),
-                max_steps=4, save_every=100_000)
+    tiny = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=32,
+        batch_size=4,
+        warmup_steps=1,
+        log_every=1,
+        device="cpu",
+        dtype="float32",
+        compile=False,
+        eval_every=0,
+        data=str(data),
+        out=str(run),
+        max_steps=4,
+        save_every=100_000,
+    )
     return fit(build_train_config("pico", {**tiny, **over}), echo=False)
 
 
@@ -69,14 +84,19 @@ def test_prepare_force_is_refused_while_a_train_reads_the_folder(tmp_path, monke
     src, data = corpus(tmp_path), tmp_path / "data"
     prepare(str(src), data, shard_tokens=1000, progress=False)
     before = snapshot(data)
-    seen = _prepare_during_step(monkeypatch, 2, str(src), "--out", str(data), "--force", "--shard-tokens", "300",
-                                "--no-progress")
+    seen = _prepare_during_step(
+        monkeypatch, 2, str(src), "--out", str(data), "--force", "--shard-tokens", "300", "--no-progress"
+    )
     summary = _fit(data, tmp_path / "run", max_steps=12)
     assert summary["step"] == 12
     assert_user_error(seen[0], f"data folder {data} is in use by pid {os.getpid()}", "a running `gptspeed train`")
     assert snapshot(data) == before
-    assert run_main("prepare", str(src), "--out", str(data), "--force", "--shard-tokens", "300",
-                    "--no-progress").returncode == 0  # the run is over: its lock is gone
+    assert (
+        run_main(
+            "prepare", str(src), "--out", str(data), "--force", "--shard-tokens", "300", "--no-progress"
+        ).returncode
+        == 0
+    )  # the run is over: its lock is gone
 
 
 def test_a_train_is_refused_while_a_prepare_writes_the_folder(tmp_path):
@@ -86,8 +106,19 @@ def test_a_train_is_refused_while_a_prepare_writes_the_folder(tmp_path):
     prepare(str(src), data, shard_tokens=1000, progress=False)
     lock = PrepareLock(data).acquire()
     try:
-        proc = run_main("train", "--preset", "pico", "--data", str(data), "--out", str(tmp_path / "run"),
-                        "--device", "cpu", "--max-steps", "1")
+        proc = run_main(
+            "train",
+            "--preset",
+            "pico",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "1",
+        )
         assert_user_error(proc, f"data folder {data} is being prepared by pid {os.getpid()}", "wait for it to finish")
         assert not (tmp_path / "run").exists()
     finally:
@@ -108,8 +139,11 @@ def test_a_shard_changed_where_the_folder_cannot_be_locked_stops_the_run_after_s
     monkeypatch.setattr(DataFolderLock, "_take", classmethod(lambda cls, folder, exclusive: (None, False)))
     src, data, run = corpus(tmp_path), tmp_path / "data", tmp_path / "run"
     prepare(str(src), data, shard_tokens=1000, shuffle_seed=1, progress=False)
-    other = ["--shard-tokens", "300", "--shuffle-seed", "1"] if change == "another shard size" else \
-        ["--shard-tokens", "1000", "--shuffle-seed", "2"]
+    other = (
+        ["--shard-tokens", "300", "--shuffle-seed", "1"]
+        if change == "another shard size"
+        else ["--shard-tokens", "1000", "--shuffle-seed", "2"]
+    )
     seen = _prepare_during_step(monkeypatch, 2, str(src), "--out", str(data), "--force", "--no-progress", *other)
     with pytest.raises(GptspeedError) as e:
         _fit(data, run, max_steps=40)
@@ -154,8 +188,12 @@ def test_prepare_writes_only_into_a_new_empty_or_gptspeed_data_folder(tmp_path, 
     (tmp_path / "empty").mkdir()
     assert run_main("prepare", str(src), "--out", str(tmp_path / "empty"), "--no-progress").returncode == 0
     (tmp_path / "empty" / "README.md").write_text("notes")
-    assert run_main("prepare", str(src), "--out", str(tmp_path / "empty"), "--force", "--shard-tokens", "500",
-                    "--no-progress").returncode == 0
+    assert (
+        run_main(
+            "prepare", str(src), "--out", str(tmp_path / "empty"), "--force", "--shard-tokens", "500", "--no-progress"
+        ).returncode
+        == 0
+    )
     assert (tmp_path / "empty" / "README.md").read_text() == "notes"
 
 
@@ -198,8 +236,9 @@ def _edit_manifest(data: Path, edit) -> None:
     (data / "manifest.json").write_text(json.dumps(m))
 
 
-@pytest.mark.parametrize("case", ["a train shard twice", "a train shard as val", "val linked to train",
-                                  "tokens other than the manifest's"])
+@pytest.mark.parametrize(
+    "case", ["a train shard twice", "a train shard as val", "val linked to train", "tokens other than the manifest's"]
+)
 def test_a_folder_that_is_not_what_its_manifest_says_is_refused(tmp_path, case):
     """A manifest listing a shard twice, or its train shard as val, trained silently (the same tokens
     twice an epoch; a val loss measured on training data). Now one line, where the folder is read."""
@@ -223,8 +262,19 @@ def test_a_folder_that_is_not_what_its_manifest_says_is_refused(tmp_path, case):
         find_train_data(str(data))
     assert expect in str(e.value) and "\n" not in str(e.value), str(e.value)
     if case == "a train shard as val":
-        proc = run_main("train", "--preset", "pico", "--data", str(data), "--out", str(tmp_path / "run"),
-                        "--device", "cpu", "--max-steps", "1")
+        proc = run_main(
+            "train",
+            "--preset",
+            "pico",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "1",
+        )
         assert_user_error(proc, expect)
 
 
@@ -274,11 +324,12 @@ def test_a_huge_document_reaches_the_bpe_in_bounded_pieces_with_the_same_tokens(
     prose = " ".join(rng.choice(words, 200_000))  # ~1M characters, every kind of space and word
     bomb = "a" * 1_000_000
     src = tmp_path / "bomb.jsonl.gz"
-    src.write_bytes(gzip.compress(json.dumps({"text": prose}).encode() + b"\n" + json.dumps({"text": bomb}).encode()
-                                  + b"\n"))
+    src.write_bytes(
+        gzip.compress(json.dumps({"text": prose}).encode() + b"\n" + json.dumps({"text": bomb}).encode() + b"\n")
+    )
     prepare(str(src), tmp_path / "out", shard_tokens=1 << 20, workers=2, progress=False)
     assert lengths and max(lengths) <= 4096
     stream = np.concatenate([read_shard(p) for p in sorted((tmp_path / "out").glob("*.bin"))])  # train_ < val_
     second = int(np.flatnonzero(stream == EOT_TOKEN)[1])
     assert stream[1:second].tolist() == enc.encode_ordinary(prose)
-    assert enc.decode(stream[second + 1:].tolist()) == bomb
+    assert enc.decode(stream[second + 1 :].tolist()) == bomb

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_user_error, run_main
 
 from gptspeed.data import find_shards, load_manifest, read_shard, write_shard
 from gptspeed.data.prepare import PROGRESS_NAME, prepare
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, get_encoding
-
-from conftest import assert_user_error, run_main
 
 DOCS = [f"Document number {i}. " + "Some words here, and more words. " * (3 + i % 7) for i in range(40)]
 
@@ -64,7 +63,7 @@ def test_a_lone_surrogate_is_replaced_as_tiktoken_does_in_prepare_and_stream(tmp
     loader = StreamLoader(f"jsonl:{path}", 2, 16, workers=2)
     got = np.concatenate([loader.next_batch()[0].flatten().numpy() for _ in range((len(want) - 1) // 32)])
     loader.close()
-    np.testing.assert_array_equal(got, want[:len(got)])
+    np.testing.assert_array_equal(got, want[: len(got)])
 
 
 def test_whatever_a_single_json_line_holds_is_a_bad_record(tmp_path, monkeypatch):
@@ -75,8 +74,11 @@ def test_whatever_a_single_json_line_holds_is_a_bad_record(tmp_path, monkeypatch
 
     monkeypatch.setattr(S, "MAX_RECORD_BYTES", 200_000)
     good = [json.dumps({"text": d}).encode() for d in DOCS[:4]]
-    bad = {b"[" * 100_000: "nested too deeply", b'{"n": ' + b"7" * 5000 + b', "text": "x"}': "not readable as JSON",
-           b'{"text": "' + b"y" * 300_000 + b'"}': "longer than 200,000 bytes"}
+    bad = {
+        b"[" * 100_000: "nested too deeply",
+        b'{"n": ' + b"7" * 5000 + b', "text": "x"}': "not readable as JSON",
+        b'{"text": "' + b"y" * 300_000 + b'"}': "longer than 200,000 bytes",
+    }
     for k, (line, what) in enumerate(bad.items()):
         path = tmp_path / f"d{k}.jsonl"
         path.write_bytes(b"\n".join([good[0], good[1], line, good[2], good[3]]) + b"\n")
@@ -101,10 +103,14 @@ def test_a_truncated_zst_or_gz_is_an_error_naming_the_file(tmp_path):
     whole_frame = c.compress(data)
     first, second = c.compress(data[:half]), c.compress(data[half:])
     assert first[:4] == b"\x28\xb5\x2f\xfd"
-    cuts = {"single": whole_frame[:len(whole_frame) // 2], "last-byte": whole_frame[:-1],
-            "second-frame": first + second[:len(second) // 3], "magic-only": whole_frame[:4]}
+    cuts = {
+        "single": whole_frame[: len(whole_frame) // 2],
+        "last-byte": whole_frame[:-1],
+        "second-frame": first + second[: len(second) // 3],
+        "magic-only": whole_frame[:4],
+    }
     gz = gzip.compress(data)
-    for name, blob in [*cuts.items(), ("gz", gz[:len(gz) // 2])]:
+    for name, blob in [*cuts.items(), ("gz", gz[: len(gz) // 2])]:
         path = tmp_path / f"{name}.jsonl.{'gz' if name == 'gz' else 'zst'}"
         path.write_bytes(blob)
         for skip_bad in (False, True):
@@ -122,15 +128,29 @@ def test_a_truncated_zst_or_gz_is_an_error_naming_the_file(tmp_path):
 # --------------------------------------------------------------- 3, 4, 5: finding the shards
 def test_shards_without_a_manifest_are_found_by_their_exact_split_word(tmp_path):
     """``*val*.bin`` took retrieval_/interval_/eval_ files for val shards."""
-    names = ["val_000000.bin", "fineweb_val_000000.bin", "tiny_shakespeare_val.bin", "train_000000.bin",
-             "fineweb_train_000001.bin", "retrieval_train_000000.bin", "interval_000000.bin", "eval_000000.bin",
-             "medieval.bin"]
+    names = [
+        "val_000000.bin",
+        "fineweb_val_000000.bin",
+        "tiny_shakespeare_val.bin",
+        "train_000000.bin",
+        "fineweb_train_000001.bin",
+        "retrieval_train_000000.bin",
+        "interval_000000.bin",
+        "eval_000000.bin",
+        "medieval.bin",
+    ]
     for name in names:
         write_shard(tmp_path / name, np.arange(3))
     assert [p.name for p in find_shards(tmp_path, "val")] == [
-        "fineweb_val_000000.bin", "tiny_shakespeare_val.bin", "val_000000.bin"]
+        "fineweb_val_000000.bin",
+        "tiny_shakespeare_val.bin",
+        "val_000000.bin",
+    ]
     assert [p.name for p in find_shards(tmp_path, "train")] == [
-        "fineweb_train_000001.bin", "retrieval_train_000000.bin", "train_000000.bin"]
+        "fineweb_train_000001.bin",
+        "retrieval_train_000000.bin",
+        "train_000000.bin",
+    ]
     only = tmp_path / "only"
     only.mkdir()
     write_shard(only / "retrieval_000000.bin", np.arange(3))
@@ -154,8 +174,19 @@ def test_manifest_shard_paths_stay_inside_the_folder(tmp_path, shakespeare_data,
     (data / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(GptspeedError, match="not a file name inside"):
         find_shards(data, "train")
-    proc = run_main("train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-steps", "1",
-                    "--preset", "pico", "--device", "cpu")
+    proc = run_main(
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "1",
+        "--preset",
+        "pico",
+        "--device",
+        "cpu",
+    )
     assert_user_error(proc, "not a file name inside")
 
 
@@ -168,8 +199,7 @@ def test_a_manifest_that_is_not_utf8_or_is_a_folder_is_one_line(tmp_path):
     manifest.write_bytes(b'{"format": "gptspeed-shards", "x": "\xff\xfe"}')
     with pytest.raises(GptspeedError, match="manifest .*manifest.json is not UTF-8 text"):
         load_manifest(out)
-    assert_user_error(run_main("prepare", str(src), "--out", str(out)), "manifest.json is not UTF-8",
-                      "--force")
+    assert_user_error(run_main("prepare", str(src), "--out", str(out)), "manifest.json is not UTF-8", "--force")
     manifest.unlink()
     manifest.mkdir()
     with pytest.raises(GptspeedError, match="manifest.json is a folder"):
@@ -191,17 +221,31 @@ def test_prepare_progress_files_that_cannot_be_read_are_started_over_or_refused(
     write_shard(victim, np.arange(5))
     out = tmp_path / "out"
     out.mkdir()
-    for junk in (b"\xff\xfe not utf-8", b"[1, 2]", b'{"chunks": 3}',
-                 json.dumps({"key": "k", "chunks": [{"name": "../victim.bin", "tokens": 5}], "next_doc": 0,
-                             "doc_offset": 0, "documents": 0, "tokens": 5}).encode()):
+    for junk in (
+        b"\xff\xfe not utf-8",
+        b"[1, 2]",
+        b'{"chunks": 3}',
+        json.dumps(
+            {
+                "key": "k",
+                "chunks": [{"name": "../victim.bin", "tokens": 5}],
+                "next_doc": 0,
+                "doc_offset": 0,
+                "documents": 0,
+                "tokens": 5,
+            }
+        ).encode(),
+    ):
         (out / PROGRESS_NAME).write_bytes(junk)
         m = prepare(str(src), out, shard_tokens=1000, progress=False)
         assert m["splits"] == ref["splits"] and shard_bytes(out) == shard_bytes(tmp_path / "ref")
         assert victim.is_file() and not (out / PROGRESS_NAME).exists()
         (out / "manifest.json").unlink()
     (out / PROGRESS_NAME).mkdir()
-    assert_user_error(run_main("prepare", str(src), "--out", str(out), "--shard-tokens", "1000"),
-                      ".prepare-progress.json is not a file")
+    assert_user_error(
+        run_main("prepare", str(src), "--out", str(out), "--shard-tokens", "1000"),
+        ".prepare-progress.json is not a file",
+    )
 
 
 # ------------------------------------------------------------------- 6, 7, 8, 9: prepare's output
@@ -243,8 +287,9 @@ def test_an_out_folder_that_cannot_be_is_one_line(tmp_path):
     src = tmp_path / "d.jsonl"
     src.write_bytes(lines_of(DOCS[:3]))
     (tmp_path / "somefile.txt").write_text("mine")
-    assert_user_error(run_main("prepare", str(src), "--out", str(tmp_path / "somefile.txt" / "sub")),
-                      "a part of its path is a file")
+    assert_user_error(
+        run_main("prepare", str(src), "--out", str(tmp_path / "somefile.txt" / "sub")), "a part of its path is a file"
+    )
     assert_user_error(run_main("prepare", str(src), "--out", str(tmp_path / ("x" * 300))), "too long")
     assert_user_error(run_main("prepare", str(src), "--out", str(tmp_path / ("x" * 300) / "sub")), "too long")
     assert (tmp_path / "somefile.txt").read_text() == "mine"
@@ -273,6 +318,7 @@ def test_a_full_disk_while_writing_shards_is_one_line_and_nothing_looks_prepared
         def half(f):
             f.write(b"\0" * 100)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
         return fileio.write_atomic(path, half, before_rename)
 
     monkeypatch.setattr(shards_mod, "write_atomic", full_disk)
@@ -336,9 +382,23 @@ def test_a_failing_source_is_a_stream_error_naming_it(tmp_path, monkeypatch):
 def _stream_run(path: Path, run: Path, **over):
     from gptspeed.trainer import build_train_config, fit
 
-    tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, batch_size=4, warmup_steps=1, lr=3e-3,
-                log_every=1, device="cpu", data=f"jsonl:{path}", eval_every=0, out=str(run), max_steps=10_000,
-                save_every=100_000, compile=False)
+    tiny = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=32,
+        batch_size=4,
+        warmup_steps=1,
+        lr=3e-3,
+        log_every=1,
+        device="cpu",
+        data=f"jsonl:{path}",
+        eval_every=0,
+        out=str(run),
+        max_steps=10_000,
+        save_every=100_000,
+        compile=False,
+    )
     return fit(build_train_config("pico", {**tiny, **over}), echo=False)
 
 
@@ -353,7 +413,7 @@ def test_a_stream_that_fails_or_ends_saves_the_last_finished_step(tmp_path):
     data = lines_of(docs)
     whole = gzip.compress(data)
     path = tmp_path / "d.jsonl.gz"
-    path.write_bytes(whole[:len(whole) // 2])
+    path.write_bytes(whole[: len(whole) // 2])
     run = tmp_path / "run"
     with pytest.raises(GptspeedError) as e:
         _stream_run(path, run)
@@ -368,9 +428,12 @@ def test_a_stream_that_fails_or_ends_saves_the_last_finished_step(tmp_path):
     assert summary["step"] == step + 2
     # the stream runs out before --max-steps: the same, with the batch count
     short = tmp_path / "short.jsonl"
-    short.write_bytes(data[:data.rindex(b"\n", 0, len(data) // 4) + 1])
+    short.write_bytes(data[: data.rindex(b"\n", 0, len(data) // 4) + 1])
     run2 = tmp_path / "run2"
-    with pytest.raises(GptspeedError, match=r"short\.jsonl ended after [0-9,]+ batches of 4x32 tokens.*"
-                                            r"Trained [0-9,]+ steps \([0-9,]+ tokens\); the checkpoint of step"):
+    with pytest.raises(
+        GptspeedError,
+        match=r"short\.jsonl ended after [0-9,]+ batches of 4x32 tokens.*"
+        r"Trained [0-9,]+ steps \([0-9,]+ tokens\); the checkpoint of step",
+    ):
         _stream_run(short, run2)
     assert len(list_checkpoints(run2)) == 1

@@ -12,30 +12,53 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import SRC, TINY_MODEL, child_env, flags
+
 from gptspeed.checkpoint import check_checkpoint, consolidate, list_checkpoints, load_checkpoint
 from gptspeed.data import find_shards
 from gptspeed.data.loader import TokenLoader
 from gptspeed.trainer import build_train_config, fit
 
 # global batch 4 x 32 x 2 = 256 tokens: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps
-TINY = dict(TINY_MODEL, n_layer=2, batch_size=4, total_batch_tokens=256, max_steps=4,
-            eval_every=0, eval_tokens=512, log_every=1, save_every=2, keep_checkpoints=5, warmup_steps=2,
-            lr=3e-3, device="cpu", dtype="float32")
+TINY = dict(
+    TINY_MODEL,
+    n_layer=2,
+    batch_size=4,
+    total_batch_tokens=256,
+    max_steps=4,
+    eval_every=0,
+    eval_tokens=512,
+    log_every=1,
+    save_every=2,
+    keep_checkpoints=5,
+    warmup_steps=2,
+    lr=3e-3,
+    device="cpu",
+    dtype="float32",
+)
 
 
 def _torchrun_cmd(args, nproc):
     env = child_env(OMP_NUM_THREADS="1")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-            "-m", "gptspeed", *args], env
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "gptspeed",
+        *args,
+    ], env
 
 
 def launch(cmd, env) -> subprocess.Popen:
     """``cmd`` started in a session of its own (torchrun and its workers: one process group to kill),
     stdout and stderr piped as text."""
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -78,7 +101,9 @@ def assert_same(a, b, steps):
             assert (x is None) == (y is None) and (x is None or abs(x - y) < 1e-5), (s, a[s], b[s])
 
 
-HELLASWAG = [{"ctx": "The cat sat on the", "endings": ["mat.", "moon quickly.", "idea of it.", "table"], "label": 0}] * 4
+HELLASWAG = [
+    {"ctx": "The cat sat on the", "endings": ["mat.", "moon quickly.", "idea of it.", "table"], "label": 0}
+] * 4
 
 
 @pytest.fixture(scope="module")
@@ -116,20 +141,36 @@ def _make_runs(shakespeare_data: Path, root: Path) -> dict:
     (root / "scenarios").mkdir()
     env = child_env(OMP_NUM_THREADS="1")
     procs["scenarios"] = launch(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(SRC.parent / "tests" / "dist_scenarios.py"), str(shakespeare_data), str(root / "scenarios"),
-         str(hellaswag)], env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(SRC.parent / "tests" / "dist_scenarios.py"),
+            str(shakespeare_data),
+            str(root / "scenarios"),
+            str(hellaswag),
+        ],
+        env,
+    )
     for mode in ("ddp", "fsdp"):  # both launches at once: most of their time is importing torch
-        cmd, env = _torchrun_cmd(["train", "--preset", "pico", *flags(base), "--parallel", mode,
-                                  "--out", str(root / mode)], 2)
+        cmd, env = _torchrun_cmd(
+            ["train", "--preset", "pico", *flags(base), "--parallel", mode, "--out", str(root / mode)], 2
+        )
         procs[mode] = launch(cmd, env)
     bad = flags(dict(base, total_batch_tokens=384))  # 384 % (4*32*2) != 0
     cmd, env = _torchrun_cmd(["train", "--preset", "pico", *bad, "--out", str(root / "bad")], 2)
     procs["bad"] = launch(cmd, env)
     try:
         fit(build_train_config("pico", dict(base, out=str(root / "single"))), echo=False)
-        out = {"single": str(root / "single"), "data": str(shakespeare_data), "root": str(root),
-               "hellaswag": str(hellaswag)}
+        out = {
+            "single": str(root / "single"),
+            "data": str(shakespeare_data),
+            "root": str(root),
+            "hellaswag": str(hellaswag),
+        }
         for mode, proc in procs.items():
             _, err = collect(proc, 300)
             if mode == "bad":
@@ -198,8 +239,9 @@ def test_consolidated_fsdp_checkpoint_loads_in_one_process(runs, tmp_path):
     out = consolidate(runs["fsdp"], tmp_path / "one")
     ck = load_checkpoint(out)  # sealed, weights_only
     assert ck["step"] == 4 and ck["model"]["transformer.wte.weight"].shape == (50304, 32)
-    res = evaluate_run(str(tmp_path / "one"), str(runs["data"]), batch_size=4, max_tokens=512, device="cpu",
-                       dtype="float32")
+    res = evaluate_run(
+        str(tmp_path / "one"), str(runs["data"]), batch_size=4, max_tokens=512, device="cpu", dtype="float32"
+    )
     assert res["val_loss"] == pytest.approx(losses(runs["fsdp"])[4][1], abs=1e-5)
     single = consolidate(runs["fsdp"] / "ckpt_00000002.dcp", tmp_path / "two.pt")
     assert load_checkpoint(single)["step"] == 2
@@ -228,7 +270,9 @@ def test_indivisible_batch_fails_with_one_line_per_rank_and_no_traceback(runs):
     errors = [l for l in stderr.splitlines() if "gptspeed train: error:" in l]
     # Each rank refuses on its own; torchrun SIGTERMs the others once the first exits, so a slow
     # rank may be stopped before it prints: one or two lines, never a traceback.
-    assert 1 <= len(errors) <= 2 and all("not a multiple of batch_size * seq_len * world_size" in e for e in errors), stderr
+    assert 1 <= len(errors) <= 2 and all("not a multiple of batch_size * seq_len * world_size" in e for e in errors), (
+        stderr
+    )
     assert "[rank0]: Traceback" not in stderr and "[rank1]: Traceback" not in stderr
     assert not (runs["root"] / "bad").exists()
 
@@ -240,8 +284,18 @@ def _single_muon(runs, tmp_path, **extra):
     saved = hs.hellaswag_file
     hs.hellaswag_file = lambda progress=True: runs["hellaswag"]
     try:
-        cfg = build_train_config("pico", dict(TINY, data=str(runs["data"]), out=str(tmp_path / "single_muon"),
-                                              optimizer="muon", save_every=0, max_steps=3, **extra))
+        cfg = build_train_config(
+            "pico",
+            dict(
+                TINY,
+                data=str(runs["data"]),
+                out=str(tmp_path / "single_muon"),
+                optimizer="muon",
+                save_every=0,
+                max_steps=3,
+                **extra,
+            ),
+        )
         fit(cfg, echo=False)
     finally:
         hs.hellaswag_file = saved
@@ -296,11 +350,16 @@ def test_muon_under_ddp_matches_one_process_and_resumes_in_one(runs, tmp_path):
 def test_the_modern_switches_under_fsdp_match_one_process(runs, tmp_path):
     """Issue 32: rotary positions, QK-norm, ReLU², RMSNorm, an untied zero-initialised head, the soft
     cap, the document mask and WSD, sharded over 2 ranks: the same losses as one process."""
-    from dist_scenarios import MODERN, TINY as SCENARIO
+    from dist_scenarios import MODERN
+    from dist_scenarios import TINY as SCENARIO
 
     single = tmp_path / "modern_single"
-    fit(build_train_config("pico", dict(SCENARIO, **MODERN, data=str(runs["data"]), out=str(single), save_every=0,
-                                        max_steps=2)), echo=False)
+    fit(
+        build_train_config(
+            "pico", dict(SCENARIO, **MODERN, data=str(runs["data"]), out=str(single), save_every=0, max_steps=2)
+        ),
+        echo=False,
+    )
     sharded = runs["root"] / "scenarios" / "modern_fsdp"
     train = lambda run: {s: v[0] for s, v in losses(run).items() if s}  # noqa: E731  (train losses only)
     assert train(sharded) == pytest.approx(train(single), abs=1e-5) and set(train(single)) == {1, 2}
@@ -311,6 +370,7 @@ def test_fsdp_eval_with_uneven_batches_matches_one_process(runs):
     """3 val batches on 2 ranks: rank 1 joins rank 0's last forward with a dummy batch (this hung:
     it called a collective while rank 0 was still all-gathering for its forward)."""
     from conftest import make_step
+
     from gptspeed.eval.val_loss import evaluate
 
     trainer = make_step(dict(n_layer=2, n_head=2, n_embd=32, block_size=32), seed=1337)
@@ -363,7 +423,7 @@ def test_a_rank_killed_under_torchrun_max_restarts_resumes_to_the_same_losses(sh
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "single"))), echo=False)
     run = tmp_path / "run"
     cmd, env = _torchrun_cmd(["train", "--preset", "pico", *flags(base), "--out", str(run), "--resume"], 2)
-    cmd[cmd.index("--standalone") + 1:cmd.index("--standalone") + 1] = ["--max-restarts", "2"]
+    cmd[cmd.index("--standalone") + 1 : cmd.index("--standalone") + 1] = ["--max-restarts", "2"]
     proc = launch(cmd, env)
     try:
         deadline = time.monotonic() + 120
@@ -393,8 +453,16 @@ def test_ranks_end_with_status_0_after_a_gloo_collective():
     worker thread releasing the collective's tensors in the interpreter's teardown (the CI failure
     of 2026-11-27: a finished FSDP resume reported failed). One launch of 4 ranks: with the plain
     exit, 3 launches in 6 failed so on a 2-core CPU (tests/gloo_exit.py plain)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-           str(SRC.parent / "tests" / "gloo_exit.py"), "finish"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "4",
+        str(SRC.parent / "tests" / "gloo_exit.py"),
+        "finish",
+    ]
     proc = launch(cmd, child_env(OMP_NUM_THREADS="1"))
     out, err = collect(proc, 120)
     assert "terminate called" not in err and proc.returncode == 0, err[-3000:]

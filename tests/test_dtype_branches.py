@@ -5,27 +5,38 @@ whatever `--dtype auto` picks on this machine (bf16 on CPUs with native bf16, fl
 the README's first command crashed on the former only, and the suite never ran that branch on the
 latter). Two pico runs trained for 2 steps, shared by every case."""
 
-import io
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import assert_user_error, run_main
 
 DTYPES = ["bfloat16", "float32", "float16"]
 SOFTMAXES = ["data", "full"]
 PROMPT = "ROMEO:"
 HS_EXAMPLES = [
-    {"ctx": "A man is sitting on a roof. he", "label": 3,
-     "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.", "is holding a cube.",
-                 "starts pulling up roofing on a roof."]},
-    {"ctx": "A woman puts a tray into the oven. She", "label": 0,
-     "endings": ["closes the door and sets a timer.", "eats the tray.", "sings to the cat.", "waits."]},
-    {"ctx": "KING HENRY: My lord,", "label": 1,
-     "endings": ["the sea is blue.", "I will go.", "a dog barks loudly at the moon tonight.", "yes."]},
+    {
+        "ctx": "A man is sitting on a roof. he",
+        "label": 3,
+        "endings": [
+            "is using wrap to wrap a pair of skis.",
+            "is ripping level tiles off.",
+            "is holding a cube.",
+            "starts pulling up roofing on a roof.",
+        ],
+    },
+    {
+        "ctx": "A woman puts a tray into the oven. She",
+        "label": 0,
+        "endings": ["closes the door and sets a timer.", "eats the tray.", "sings to the cat.", "waits."],
+    },
+    {
+        "ctx": "KING HENRY: My lord,",
+        "label": 1,
+        "endings": ["the sea is blue.", "I will go.", "a dog barks loudly at the moon tonight.", "yes."],
+    },
 ]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,9 +50,25 @@ def runs(shakespeare_data, tmp_path_factory) -> dict:
     out = {}
     for softmax in SOFTMAXES:
         run = root / f"run-{softmax}"
-        res = run_main("train", "--preset", "pico", "--data", str(shakespeare_data), "--out", str(run),
-                       "--max-steps", "2", "--eval-every", "0", "--softmax", softmax, "--device", "cpu",
-                       "--dtype", "float32")
+        res = run_main(
+            "train",
+            "--preset",
+            "pico",
+            "--data",
+            str(shakespeare_data),
+            "--out",
+            str(run),
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "0",
+            "--softmax",
+            softmax,
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        )
         assert res.returncode == 0, res.stderr
         out[softmax] = run
     out["hs"] = root / "hs.jsonl"
@@ -84,8 +111,22 @@ def test_sample(runs, softmax, dtype, kv):
     run = runs[softmax]
     device = device_for(dtype, run)
     flag = ["--no-kv-cache"] if kv == "no-kv-cache" else []
-    res = run_main("sample", "--run", str(run), "--prompt", PROMPT, "--max-new-tokens", "8", "--temperature", "1.0",
-                   "--device", device, "--dtype", dtype, *flag)
+    res = run_main(
+        "sample",
+        "--run",
+        str(run),
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "1.0",
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        *flag,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(PROMPT) and len(res.stdout) > len(PROMPT) + 1
 
@@ -135,8 +176,23 @@ def test_eval_val_loss_and_hellaswag(runs, reference, shakespeare_data, softmax,
 
     run = runs[softmax]
     device = device_for(dtype, run)
-    res = run_main("eval", "--run", str(run), "--data", str(shakespeare_data), "--max-tokens", "1024",
-                   "--batch-size", "2", "--hellaswag-file", str(runs["hs"]), "--device", device, "--dtype", dtype)
+    res = run_main(
+        "eval",
+        "--run",
+        str(run),
+        "--data",
+        str(shakespeare_data),
+        "--max-tokens",
+        "1024",
+        "--batch-size",
+        "2",
+        "--hellaswag-file",
+        str(runs["hs"]),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+    )
     assert res.returncode == 0, res.stderr
     out = strict_json(res.stdout)
     ref_loss, ref_total = reference[softmax]
@@ -172,8 +228,10 @@ def test_export_computes_as_the_run_under_each_dtype(runs, shakespeare_data, dty
     b = run_main("sample", "--init-from", str(export), *greedy)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert a.stdout == b.stdout and a.stdout.startswith(PROMPT)
-    evals = [run_main("eval", src, str(path), "--data", str(shakespeare_data), "--max-tokens", "1024", *common)
-             for src, path in (("--run", run), ("--init-from", export))]
+    evals = [
+        run_main("eval", src, str(path), "--data", str(shakespeare_data), "--max-tokens", "1024", *common)
+        for src, path in (("--run", run), ("--init-from", export))
+    ]
     assert all(e.returncode == 0 for e in evals), [e.stderr for e in evals]
     la, lb = (strict_json(e.stdout)["val_loss"] for e in evals)
     assert abs(la - lb) <= 1e-5 * la, (la, lb)

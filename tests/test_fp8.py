@@ -4,15 +4,20 @@ tests/cuda_rules.py) and stays close to bf16. The GPU parity test is marked ``cu
 
 import pytest
 import torch
-
 from cuda_rules import CudaRuleError, check_scaled_mm, cuda_scaled_mm_rules
+
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
 from gptspeed.fp8 import block_linears, check_fp8_shapes, convert_to_float8, fp8_eligible, large_enough
 from gptspeed.model import GPT, GPTConfig
 
-NEEDS_TORCHAO = ("test_layers_converted_follow_torchaos_tensorwise_rule", "test_conversion_keeps_parameters_and_state_dict",
-                 "test_fp8_training_step", "test_fp8_step_with", "test_cuda_fp8")
+NEEDS_TORCHAO = (
+    "test_layers_converted_follow_torchaos_tensorwise_rule",
+    "test_conversion_keeps_parameters_and_state_dict",
+    "test_fp8_training_step",
+    "test_fp8_step_with",
+    "test_cuda_fp8",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +27,7 @@ def _torchao(request):
     runtime dependencies only)."""
     if request.node.name.startswith(NEEDS_TORCHAO):
         pytest.importorskip("torchao", reason="torchao is not installed (pip install 'gptspeed[fp8]')")
+
 
 SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=64)
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -118,8 +124,24 @@ def test_fp8_shapes_refused_by_validate_before_the_first_step():
 def test_cli_refuses_fp8_with_one_line(tmp_path, capsys):
     from gptspeed.cli import main
 
-    code = main(["train", "--preset", "gpt2", "--data", str(tmp_path), "--out", str(tmp_path / "r"),
-                 "--device", "cpu", "--fp8", "--batch-size", "3", "--seq-len", "37"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "gpt2",
+            "--data",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "r"),
+            "--device",
+            "cpu",
+            "--fp8",
+            "--batch-size",
+            "3",
+            "--seq-len",
+            "37",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1 and "Traceback" not in err
     assert "--fp8" in err and "multiple of 16" in err and not (tmp_path / "r").exists()

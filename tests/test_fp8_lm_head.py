@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import assert_user_error, run_main
 from cuda_rules import cuda_scaled_mm_rules
+
 from gptspeed import fp8 as fp8_mod
 from gptspeed.config import AUTO_BATCH_SIZE, config_to_yaml, preset
 from gptspeed.configure import build_train_config
@@ -28,6 +28,7 @@ def _torchao():
     missing -- when run, not at import, so ``pytest -m cuda`` still collects the GPU test on a machine
     without it (tests/test_gpu_collection.py)."""
     pytest.importorskip("torchao", reason="torchao is not installed (pip install 'gptspeed[fp8]')")
+
 
 SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=64, loss="plain")
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -121,8 +122,10 @@ def test_fp8_head_obeys_cuda_rules_and_stays_close_to_the_bf16_head():
     # forward (M, C) @ (C, V) in e4m3 with fast accumulation; grad input (M, V) @ (V, C) and grad weight
     # (V, M) @ (M, C) with e5m2 output gradients; M = B*T = 64, C = 64, V = 50304
     assert [(c.shape_a, c.shape_b, c.dtype_a, c.dtype_b, c.use_fast_accum) for c in calls] == [
-        ((64, 64), (64, 50304), E4M3, E4M3, True), ((64, 50304), (50304, 64), E5M2, E4M3, False),
-        ((50304, 64), (64, 64), E5M2, E4M3, False)]
+        ((64, 64), (64, 50304), E4M3, E4M3, True),
+        ((64, 50304), (50304, 64), E5M2, E4M3, False),
+        ((50304, 64), (64, 64), E5M2, E4M3, False),
+    ]
     assert torch.isinf(l_fp8[..., 50257:]).all() and torch.isfinite(l_fp8[..., :50257]).all()
     assert _rel(l_fp8[..., :50257], l_ref[..., :50257]) < 0.1
     assert abs(loss_fp8.item() - loss_ref.item()) < 2e-2 * loss_ref.item()
@@ -189,23 +192,44 @@ def test_soft_capped_logits_through_the_fp8_head():
 
 # ------------------------------------------------------------------------------------ the rules
 def _cfg(**kw):
-    base = dict(fp8_lm_head=True, loss="plain", batch_size=4, block_size=64, n_layer=2, n_head=2, n_embd=64,
-                total_batch_tokens=None)
+    base = dict(
+        fp8_lm_head=True,
+        loss="plain",
+        batch_size=4,
+        block_size=64,
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        total_batch_tokens=None,
+    )
     return preset("pico").override({**base, **kw})
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(loss="fused"), "--fp8-lm-head converts the LM head module, which only --loss plain calls (--loss fused "),
-    (dict(loss="liger"), "which only --loss plain calls (--loss liger multiplies by the head's weight in chunks): "
-                         "use --loss plain"),
-    (dict(softmax="data"), "--fp8-lm-head converts the LM head module, which --softmax data bypasses"),
-    (dict(vocab_size=50257), "--fp8-lm-head needs --vocab-size to be a multiple of 16 (CUDA's FP8 matmul); got 50257: "
-                             "use --vocab-size 50304"),
-    (dict(n_embd=40, n_head=2), "--fp8-lm-head needs --n-embd to be a multiple of 16 (CUDA's FP8 matmul); got 40: "
-                                "change --n-embd (e.g. 48)"),
-    (dict(batch_size=3, block_size=37), "--fp8-lm-head needs batch_size * seq_len to be a multiple of 16 (CUDA's FP8 "
-                                        "matmul); got 3 * 37 = 111"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(loss="fused"), "--fp8-lm-head converts the LM head module, which only --loss plain calls (--loss fused "),
+        (
+            dict(loss="liger"),
+            "which only --loss plain calls (--loss liger multiplies by the head's weight in chunks): use --loss plain",
+        ),
+        (dict(softmax="data"), "--fp8-lm-head converts the LM head module, which --softmax data bypasses"),
+        (
+            dict(vocab_size=50257),
+            "--fp8-lm-head needs --vocab-size to be a multiple of 16 (CUDA's FP8 matmul); got 50257: "
+            "use --vocab-size 50304",
+        ),
+        (
+            dict(n_embd=40, n_head=2),
+            "--fp8-lm-head needs --n-embd to be a multiple of 16 (CUDA's FP8 matmul); got 40: "
+            "change --n-embd (e.g. 48)",
+        ),
+        (
+            dict(batch_size=3, block_size=37),
+            "--fp8-lm-head needs batch_size * seq_len to be a multiple of 16 (CUDA's FP8 matmul); got 3 * 37 = 111",
+        ),
+    ],
+)
 def test_each_rule_refuses_for_its_reason_only(change, message):
     with pytest.raises(GptspeedError) as e:
         _cfg(**change).validate()
@@ -223,8 +247,10 @@ def test_what_the_rules_let_through():
     check_fp8_lm_head_loss("auto", resolve_loss("auto", "cuda"), "cuda")  # plain there
     with pytest.raises(GptspeedError) as e:
         check_fp8_lm_head_loss("auto", resolve_loss("auto", "cpu"), "cpu")
-    assert str(e.value) == ("--fp8-lm-head runs only on the plain loss path (the one that calls the LM head module); "
-                            "--loss auto resolves to fused on cpu: use --loss plain")
+    assert str(e.value) == (
+        "--fp8-lm-head runs only on the plain loss path (the one that calls the LM head module); "
+        "--loss auto resolves to fused on cpu: use --loss plain"
+    )
 
 
 def test_the_step_checks_the_device_then_the_resolved_loss(monkeypatch):
@@ -285,8 +311,22 @@ def test_the_flag_round_trips_through_print_config_and_the_banner(tmp_path, caps
 
 
 def test_cli_refuses_the_unpadded_vocabulary_in_one_line(tmp_path):
-    proc = run_main("train", "--preset", "pico", "--data", str(tmp_path), "--out", str(tmp_path / "r"),
-                    "--device", "cpu", "--fp8-lm-head", "--loss", "plain", "--vocab-size", "50257")
+    proc = run_main(
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "r"),
+        "--device",
+        "cpu",
+        "--fp8-lm-head",
+        "--loss",
+        "plain",
+        "--vocab-size",
+        "50257",
+    )
     assert_user_error(proc, "--fp8-lm-head needs --vocab-size to be a multiple of 16", "use --vocab-size 50304")
     assert not (tmp_path / "r").exists()
 

@@ -18,9 +18,11 @@ from gptspeed.errors import GptspeedError  # noqa: E402
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.binary(max_size=1200), header=st.none() | st.tuples(st.integers(-2**31, 2**31 - 1),
-                                                                    st.integers(-2**31, 2**31 - 1),
-                                                                    st.integers(-2**31, 2**31 - 1)))
+@given(
+    data=st.binary(max_size=1200),
+    header=st.none()
+    | st.tuples(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**31), 2**31 - 1), st.integers(-(2**31), 2**31 - 1)),
+)
 def test_fuzz_shard_reader(tmp_path_factory, data, header):
     path = tmp_path_factory.mktemp("fuzz") / "train_000000.bin"
     raw = bytearray(data)
@@ -38,16 +40,37 @@ def test_fuzz_shard_reader(tmp_path_factory, data, header):
     assert len(toks) == count == (len(raw) - 1024) // 2 and version == 1 and toks.dtype == np.dtype("<u2")
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
-                           max_leaves=10)
-FIELDS = ["n_layer", "n_head", "n_embd", "block_size", "lr", "batch_size", "dtype", "compile", "resume", "on_nan",
-          "vocab_size", "attention", "total_batch_tokens", "nonsense"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+    max_leaves=10,
+)
+FIELDS = [
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "lr",
+    "batch_size",
+    "dtype",
+    "compile",
+    "resume",
+    "on_nan",
+    "vocab_size",
+    "attention",
+    "total_batch_tokens",
+    "nonsense",
+]
 
 
 @settings(max_examples=200, deadline=None)
-@given(d=st.dictionaries(st.sampled_from(["model", "optim", "train", "runtime", "preset"]),
-                         st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4) | json_values, max_size=5))
+@given(
+    d=st.dictionaries(
+        st.sampled_from(["model", "optim", "train", "runtime", "preset"]),
+        st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4) | json_values,
+        max_size=5,
+    )
+)
 def test_fuzz_config_from_dict(d):
     try:
         cfg = RunConfig.from_dict(d, "fuzz")
@@ -94,4 +117,3 @@ def test_fuzz_metrics_truncate_after(tmp_path_factory, lines, step, end):
     RunLog(path, echo=False).truncate_after(step)
     assert path.read_text(encoding="utf-8") == "".join(e + "\n" for e in expected)
     assert all(isinstance(json.loads(x)["step"], int) for x in expected)
-

@@ -12,9 +12,20 @@ import sys
 from conftest import ROOT, SRC
 
 # the packages of gptspeed's extras (test, hf, data, plot, fp8, trackers): absent on a bare GPU machine
-OPTIONAL = ("torchao", "hypothesis", "transformers", "safetensors", "huggingface_hub", "matplotlib", "pyarrow",
-            "datasets", "zstandard", "tensorboard", "wandb")
-BLOCK = f'''
+OPTIONAL = (
+    "torchao",
+    "hypothesis",
+    "transformers",
+    "safetensors",
+    "huggingface_hub",
+    "matplotlib",
+    "pyarrow",
+    "datasets",
+    "zstandard",
+    "tensorboard",
+    "wandb",
+)
+BLOCK = f"""
 import importlib.util, sys
 ABSENT = {OPTIONAL!r}
 class _Absent:  # "import X" fails as for a package that is not installed
@@ -26,7 +37,7 @@ sys.meta_path.insert(0, _Absent())
 _find_spec = importlib.util.find_spec
 importlib.util.find_spec = lambda name, package=None: (None if name.split(".")[0] in ABSENT
                                                        else _find_spec(name, package))
-'''
+"""
 
 
 def cuda_tests_in_sources() -> set[str]:
@@ -44,9 +55,29 @@ def cuda_tests_in_sources() -> set[str]:
 def test_every_gpu_test_collects_without_the_optional_packages(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:hypothesispytest", "-o", "addopts=",  # no plugin a bare machine lacks; node ids listed
-                           str(ROOT / "tests")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "cuda",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            "-o",
+            "addopts=",  # no plugin a bare machine lacks; node ids listed
+            str(ROOT / "tests"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "error" not in proc.stdout.lower().split("collected")[-1], proc.stdout[-3000:]
     collected = {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines() if "::" in line}

@@ -26,10 +26,19 @@ import gpu_session  # noqa: E402
 
 def test_the_first_phase_trains_resumes_samples_and_packs_one_archive(tmp_path):
     out = tmp_path / "OUT"
-    env = child_env(OMP_NUM_THREADS="1", GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
-                    GPTSPEED_SESSION_DATA=str(tmp_path / "data"), GPTSPEED_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "first", "--smoke", "--out",
-                           str(out)], capture_output=True, text=True, timeout=400, env=env)
+    env = child_env(
+        OMP_NUM_THREADS="1",
+        GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
+        GPTSPEED_SESSION_DATA=str(tmp_path / "data"),
+        GPTSPEED_CACHE=str(tmp_path / "cache"),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "first", "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert [p.name for p in out.iterdir()] == ["first.tgz"]  # the one file that comes back from $OUT
     with tarfile.open(out / "first.tgz") as tar:
@@ -38,8 +47,14 @@ def test_the_first_phase_trains_resumes_samples_and_packs_one_archive(tmp_path):
         sample = tar.extractfile("first-results/sample.log").read().decode()
     assert not [n for n in names if n.endswith(".pt")]  # checkpoints stay on the machine
     parts = {p["part"]: p for p in summary["parts"]}
-    assert [p for p in parts if p != "resume-check"] == ["machine", "prepare", "train", "train-interrupted",
-                                                         "train-resume", "sample"]  # the cuda tests: their own phase
+    assert [p for p in parts if p != "resume-check"] == [
+        "machine",
+        "prepare",
+        "train",
+        "train-interrupted",
+        "train-resume",
+        "sample",
+    ]  # the cuda tests: their own phase
     assert all(p["status"] == "ok" for p in summary["parts"] if "status" in p), summary
     assert parts["train-interrupted"]["exit"] == 130  # stopped by SIGINT, as planned
     check = parts["resume-check"]
@@ -86,8 +101,13 @@ def test_the_windows_two_commands_end_within_6_minutes_each_by_their_estimates()
         assert f'"{line}"' in docs, line  # the run tool's command string, exactly
     assert '"carry": [".carry"]' in docs and f'"timeout_s": {gpu_session.RUN_TIMEOUT_S}' in docs
     assert "bash ../shared/device/carry.sh liger-kernel==0.8.5 nvidia-cudnn-frontend==1.32.0" in docs
-    plan = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--plan"], capture_output=True,
-                          text=True, timeout=60, env=child_env())
+    plan = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--plan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
     assert plan.returncode == 0 and plan.stdout.count("gpu_session.py ") == len(gpu_session.COMMANDS)
     minutes = [float(m) for m in re.findall(r"up to (\d+\.\d)", plan.stdout)]
     assert len(minutes) == 2 and max(minutes) < 6, plan.stdout
@@ -100,8 +120,9 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     bench --tune of the gpt2 preset with what is left of the budget; every flag one its tool accepts."""
     import shlex
 
-    from gptspeed import cli
     from llmc import check_llmc_flags
+
+    from gptspeed import cli
 
     monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
     monkeypatch.setenv("GPTSPEED_SESSION_DATA", str(tmp_path / "data"))
@@ -132,8 +153,25 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     assert float(tune["--budget-s"]) == gpu_session.tune_budget(gpu_session.BUDGET_S) > 280
     assert ran["tune"][1] <= gpu_session.BUDGET_S - 15  # the part's timeout leaves the packing its time
     variant = peers["--variant"].split(":", 1)[1].split()  # after the peers' shape flags, as vs_peers_gpu.py adds it
-    code = cli.main(["train", "--preset", "gpt2", "--batch-size", "16", "--seq-len", "1024", "--total-batch-tokens",
-                     "65536", *variant, "--data", "d", "--out", "o", "--print-config"])
+    code = cli.main(
+        [
+            "train",
+            "--preset",
+            "gpt2",
+            "--batch-size",
+            "16",
+            "--seq-len",
+            "1024",
+            "--total-batch-tokens",
+            "65536",
+            *variant,
+            "--data",
+            "d",
+            "--out",
+            "o",
+            "--print-config",
+        ]
+    )
     assert code == 0
 
 
@@ -151,8 +189,10 @@ def test_a_file_too_big_for_the_archive_comes_back_gzipped_beside_it_or_is_liste
     (s.dir / "noise.bin").write_bytes(os.urandom(300_000))
     s.pack()
     s.pack()
-    assert sorted(p.name for p in (tmp_path / "OUT").iterdir()) == ["window1-profile-trace-fused-adamw.json.gz",
-                                                                     "window1.tgz"]
+    assert sorted(p.name for p in (tmp_path / "OUT").iterdir()) == [
+        "window1-profile-trace-fused-adamw.json.gz",
+        "window1.tgz",
+    ]
     with gzip.open(tmp_path / "OUT" / "window1-profile-trace-fused-adamw.json.gz", "rt") as f:
         assert f.read() == (s.dir / "profile" / "trace-fused-adamw.json").read_text()
     with tarfile.open(tmp_path / "OUT" / "window1.tgz") as tar:
@@ -169,16 +209,25 @@ def _session_env(tmp_path, shakespeare_data, **extra):
     data.mkdir(parents=True, exist_ok=True)
     if not (data / "tinyshakespeare").exists():
         (data / "tinyshakespeare").symlink_to(shakespeare_data)  # prepared once per test session
-    return child_env(OMP_NUM_THREADS="1", GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
-                     GPTSPEED_SESSION_DATA=str(data), GPTSPEED_CACHE=str(tmp_path / "cache"), **extra)
+    return child_env(
+        OMP_NUM_THREADS="1",
+        GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
+        GPTSPEED_SESSION_DATA=str(data),
+        GPTSPEED_CACHE=str(tmp_path / "cache"),
+        **extra,
+    )
 
 
 def _smoke(phase: str, root, shakespeare_data) -> tuple[subprocess.CompletedProcess, float, object]:
     """``gpu_session.py PHASE --smoke`` in a folder of its own (work, cache, $OUT): ``(process, seconds, $OUT)``."""
     out, t0 = root / phase / "OUT", time.monotonic()
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), phase, "--smoke", "--out",
-                           str(out)], capture_output=True, text=True, timeout=400,
-                          env=_session_env(root / phase, shakespeare_data))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), phase, "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=_session_env(root / phase, shakespeare_data),
+    )
     return proc, time.monotonic() - t0, out
 
 
@@ -247,8 +296,25 @@ def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, c
     for phase, variants in gpu_session.BEYOND_GROUPS.items():
         for v in variants:
             name, flags, env = gpu_session_peers_variant(v)
-            code = cli.main(["train", "--preset", "gpt2", "--batch-size", "16", "--seq-len", "1024",
-                             "--total-batch-tokens", "65536", *flags, "--data", "d", "--out", "o", "--print-config"])
+            code = cli.main(
+                [
+                    "train",
+                    "--preset",
+                    "gpt2",
+                    "--batch-size",
+                    "16",
+                    "--seq-len",
+                    "1024",
+                    "--total-batch-tokens",
+                    "65536",
+                    *flags,
+                    "--data",
+                    "d",
+                    "--out",
+                    "o",
+                    "--print-config",
+                ]
+            )
             assert code == 0, (phase, v, capsys.readouterr().err)
             assert all(k.startswith("TORCHINDUCTOR_") for k in env), v
 
@@ -278,8 +344,9 @@ def test_a_phase_killed_mid_row_returns_its_finished_rows(tmp_path, shakespeare_
             os.killpg(proc.pid, signal.SIGKILL)
 
     monkeypatch.setattr(s, "run", functools.partial(s.run, on_line=kill_when_flash_starts))
-    gpu_session.bench(s, "verify", ["--verify", "--stages", "baseline,compile,flash"], 200, "--steps", "2",
-                      "--warmup", "1")
+    gpu_session.bench(
+        s, "verify", ["--verify", "--stages", "baseline,compile,flash"], 200, "--steps", "2", "--warmup", "1"
+    )
     assert s.summary[-1]["status"].startswith("exit -9")
     with tarfile.open(tmp_path / "OUT" / "verify.tgz") as tar:
         result = json.load(tar.extractfile("verify-results/verify/verify.json"))

@@ -22,6 +22,7 @@ from gptspeed.tokenizer import encode
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
 
 from conftest import child_env  # noqa: E402
+
 CONTEXTS = [
     ("Roof shingle removal", "A man is sitting on a roof.", "he"),
     ("Clean and jerk", "A lady walks to a barbell. She bends down and grabs the pole.", "the lady"),
@@ -31,10 +32,18 @@ CONTEXTS = [
     ("Walking the dog", "A girl leads a dog down the street on a leash.", "the dog"),
 ]
 ENDINGS = [
-    ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.", "is holding a rubik's cube.",
-     "starts pulling up roofing on a roof."],
-    ["swings and lands in her arms.", "pulls the barbell over her shoulders.", "pulls up the barbell.",
-     "stands and lifts the weight over her head."],
+    [
+        "is using wrap to wrap a pair of skis.",
+        "is ripping level tiles off.",
+        "is holding a rubik's cube.",
+        "starts pulling up roofing on a roof.",
+    ],
+    [
+        "swings and lands in her arms.",
+        "pulls the barbell over her shoulders.",
+        "pulls up the barbell.",
+        "stands and lifts the weight over her head.",
+    ],
     ["closes the door and sets a timer.", "eats the tray.", "sings to the cat in a loud voice all day long.", "waits."],
     ["plays a few chords.", "throws the guitar out of the window and runs away.", "sleeps.", "tunes the strings."],
     ["scrubs the wheels with a brush.", "dries it.", "drives away.", "washes the windows and the roof carefully."],
@@ -87,9 +96,23 @@ def reference_losses(ref, ctx: str, endings: list[str]) -> tuple[list[float], li
 def write_jsonl(path: Path, labels: list[int]) -> Path:
     with open(path, "w") as f:
         for i, ((activity, a, b), endings, label) in enumerate(zip(CONTEXTS, ENDINGS, labels)):
-            f.write(json.dumps({"ind": i, "activity_label": activity, "ctx_a": a, "ctx_b": b, "ctx": f"{a} {b}",
-                                "split": "val", "split_type": "indomain", "label": label, "endings": endings,
-                                "source_id": f"test~{i}"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "ind": i,
+                        "activity_label": activity,
+                        "ctx_a": a,
+                        "ctx_b": b,
+                        "ctx": f"{a} {b}",
+                        "split": "val",
+                        "split_type": "indomain",
+                        "label": label,
+                        "endings": endings,
+                        "source_id": f"test~{i}",
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -100,8 +123,9 @@ def expected(models):
     out = []
     for (_, a, b), endings in zip(CONTEXTS, ENDINGS):
         total, mean = reference_losses(ref, f"{a} {b}", endings)
-        out.append((int(np.argmin(total)), int(np.argmin(mean)), sorted(total)[1] - min(total),
-                    sorted(mean)[1] - min(mean)))
+        out.append(
+            (int(np.argmin(total)), int(np.argmin(mean)), sorted(total)[1] - min(total), sorted(mean)[1] - min(mean))
+        )
     assert all(m_tot > 1e-3 and m_mean > 1e-4 for *_, m_tot, m_mean in out), "ambiguous test example"
     return out
 
@@ -174,9 +198,26 @@ def test_eval_cli_prints_json(models, expected, tmp_path):
     _, _, folder = models
     path = write_jsonl(tmp_path / "val.jsonl", [e[1] for e in expected])
     env = child_env(OMP_NUM_THREADS="1", GPTSPEED_CACHE=str(tmp_path / "c"))
-    res = subprocess.run([sys.executable, "-m", "gptspeed", "eval", "--init-from", str(folder), "--hellaswag-file",
-                          str(path), "--max-examples", "5", "--device", "cpu"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gptspeed",
+            "eval",
+            "--init-from",
+            str(folder),
+            "--hellaswag-file",
+            str(path),
+            "--max-examples",
+            "5",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["hellaswag"]["examples"] == 5 and out["hellaswag"]["acc_norm"] == 1.0
@@ -193,9 +234,23 @@ def test_hellaswag_every_during_training(models, expected, tmp_path, monkeypatch
     rng = np.random.default_rng(0)
     write_shard(data / "train_000000.bin", rng.integers(0, 50257, 10_000, dtype=np.uint16))
     write_shard(data / "val_000000.bin", rng.integers(0, 50257, 2_000, dtype=np.uint16))
-    cfg = build_train_config("pico", dict(data=str(data), out=str(tmp_path / "run"), max_steps=2, batch_size=2,
-                                          eval_tokens=128, n_embd=32, block_size=32, hellaswag_every=1,
-                                          hellaswag_examples=4, log_every=5, device="cpu", dtype="float32"))
+    cfg = build_train_config(
+        "pico",
+        dict(
+            data=str(data),
+            out=str(tmp_path / "run"),
+            max_steps=2,
+            batch_size=2,
+            eval_tokens=128,
+            n_embd=32,
+            block_size=32,
+            hellaswag_every=1,
+            hellaswag_examples=4,
+            log_every=5,
+            device="cpu",
+            dtype="float32",
+        ),
+    )
     fit(cfg, echo=False)
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     with_hs = [r for r in records if "hellaswag_acc_norm" in r]

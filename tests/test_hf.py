@@ -13,16 +13,17 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
 
+from conftest import child_env  # noqa: E402
+
 from gptspeed import hf  # noqa: E402
 from gptspeed.checkpoint import save_checkpoint  # noqa: E402
 from gptspeed.config import preset  # noqa: E402
 from gptspeed.data.shards import write_shard  # noqa: E402
 from gptspeed.errors import GptspeedError  # noqa: E402
 from gptspeed.model import GPT, GPTConfig  # noqa: E402
-from gptspeed.sample import load_model  # noqa: E402
 from gptspeed.runtime import resolve_runtime  # noqa: E402
+from gptspeed.sample import load_model  # noqa: E402
 
-from conftest import child_env  # noqa: E402
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
 
 
@@ -37,8 +38,14 @@ def offline(monkeypatch):
 
 def gptspeed_cli(*args, cwd=None):
     env = child_env(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "gptspeed", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gptspeed", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def assert_one_line_error(res):
@@ -122,8 +129,17 @@ def test_export_loads_in_transformers_with_same_logits_and_tokenizer(tmp_path):
     ours = write_run(tmp_path / "run")
     out = hf.export_hf(tmp_path / "run", tmp_path / "hf")
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.json", "generation_config.json", "merges.txt", "model.safetensors", "special_tokens_map.json",
-         "tokenizer_config.json", "vocab.json", hf.EXPORT_MARKER])
+        [
+            "config.json",
+            "generation_config.json",
+            "merges.txt",
+            "model.safetensors",
+            "special_tokens_map.json",
+            "tokenizer_config.json",
+            "vocab.json",
+            hf.EXPORT_MARKER,
+        ]
+    )
     back = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     assert back.config.vocab_size == 50257 and back.config.n_positions == 64
     assert (hf_logits(back, IDX) - our_logits(ours, IDX)[..., :50257]).abs().max() <= 1e-4
@@ -167,11 +183,16 @@ def test_bad_inputs_are_one_line_errors(hf_model, tmp_path):
     _, folder = hf_model
     (tmp_path / "noconfig").mkdir()
     (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "llama" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    )
     (tmp_path / "noweights").mkdir()
     (tmp_path / "noweights" / "config.json").write_text((folder / "config.json").read_text())
-    for source, message in ((tmp_path / "missing", "neither a folder"), (tmp_path / "noconfig", "no config.json"),
-                            (tmp_path / "llama", "'llama' model")):
+    for source, message in (
+        (tmp_path / "missing", "neither a folder"),
+        (tmp_path / "noconfig", "no config.json"),
+        (tmp_path / "llama", "'llama' model"),
+    ):
         res = gptspeed_cli("import-hf", source, "--out", tmp_path / "run")
         assert_one_line_error(res)
         assert message in res.stderr
@@ -221,8 +242,17 @@ def test_train_init_from_and_resume_an_imported_run(hf_model, tmp_path):
 
     ref, folder = hf_model
     data = write_data(tmp_path / "data")
-    common = dict(data=str(data), max_steps=1, batch_size=2, eval_tokens=256, lr=1e-9, warmup_steps=0,
-                  device="cpu", dtype="float32", compile=False)
+    common = dict(
+        data=str(data),
+        max_steps=1,
+        batch_size=2,
+        eval_tokens=256,
+        lr=1e-9,
+        warmup_steps=0,
+        device="cpu",
+        dtype="float32",
+        compile=False,
+    )
     cfg = build_train_config("pico", {**common, "out": str(tmp_path / "a"), "init_from": str(folder), "block_size": 32})
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.model.block_size) == (2, 32, 32)
     fit(cfg, echo=False)
@@ -233,7 +263,8 @@ def test_train_init_from_and_resume_an_imported_run(hf_model, tmp_path):
         build_train_config("pico", {**common, "out": str(tmp_path / "b"), "init_from": str(folder), "n_layer": 4})
 
     hf.import_hf(str(folder), tmp_path / "imported")
-    cfg = build_train_config(None, {**common, "out": str(tmp_path / "imported"), "resume": True,
-                                    "total_batch_tokens": 2 * 64})
+    cfg = build_train_config(
+        None, {**common, "out": str(tmp_path / "imported"), "resume": True, "total_batch_tokens": 2 * 64}
+    )
     summary = fit(cfg, echo=False)
     assert summary["step"] == 1 and summary["last_val_loss"] is not None

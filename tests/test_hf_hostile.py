@@ -16,14 +16,14 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
 
+from conftest import assert_user_error, run_cli, run_main  # noqa: E402
+
 from gptspeed import hf  # noqa: E402
 from gptspeed.checkpoint import save_checkpoint  # noqa: E402
 from gptspeed.config import preset  # noqa: E402
 from gptspeed.data.shards import write_shard  # noqa: E402
 from gptspeed.errors import GptspeedError  # noqa: E402
 from gptspeed.model import GPT, GPTConfig  # noqa: E402
-
-from conftest import assert_user_error, run_cli, run_main  # noqa: E402
 
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)
 
@@ -76,8 +76,11 @@ def write_run(run_dir: Path, poison: float | None = None) -> Path:
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` (relative path -> sha256): to show nothing was touched."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def write_data(folder: Path, manifest: bool = True) -> Path:
@@ -98,10 +101,10 @@ def test_export_never_writes_over_its_run_or_a_data_folder_even_with_force(tmp_p
     data = write_data(tmp_path / "data")
     before_run, before_data = snapshot(run), snapshot(data)
     cases = [
-        (run, "the --run folder"),                  # the tester's case: deleted the checkpoints
+        (run, "the --run folder"),  # the tester's case: deleted the checkpoints
         (tmp_path / "runs", "holding the --run folder"),
-        (data, "data folder"),                      # deleted its shards
-        (run / "hf", "would be written into"),      # a new folder inside the run
+        (data, "data folder"),  # deleted its shards
+        (run / "hf", "would be written into"),  # a new folder inside the run
         (data / "hf", "would be written into"),
     ]
     for out, fragment in cases:
@@ -144,8 +147,9 @@ def test_export_force_replaces_only_an_earlier_export(tmp_path):
     (tmp_path / "file").write_text("x")
     assert_user_error(run_main("export-hf", "--run", str(run), "--out", str(tmp_path / "file"), "--force"), "is a file")
     os.symlink(run, tmp_path / "link")
-    assert_user_error(run_main("export-hf", "--run", str(run), "--out", str(tmp_path / "link"), "--force"),
-                      "symbolic link")
+    assert_user_error(
+        run_main("export-hf", "--run", str(run), "--out", str(tmp_path / "link"), "--force"), "symbolic link"
+    )
     assert (tmp_path / "file").read_text() == "x" and (run / "ckpt_00000007.pt").is_file()
 
 
@@ -157,7 +161,10 @@ def test_import_never_writes_into_the_source_or_a_users_folder(hf_folder, tmp_pa
     data = write_data(tmp_path / "data")
     assert_user_error(run_main("import-hf", str(src), "--out", str(data)), "data folder")
     assert snapshot(src) == before and sorted(p.name for p in data.iterdir()) == [
-        "manifest.json", "train_000000.bin", "val_000000.bin"]
+        "manifest.json",
+        "train_000000.bin",
+        "val_000000.bin",
+    ]
     assert run_main("import-hf", str(src), "--out", str(tmp_path / "run")).returncode == 0
 
 
@@ -180,8 +187,20 @@ def test_import_refuses_non_finite_weights_naming_the_tensor(hf_folder, tmp_path
 @pytest.mark.parametrize("temperature", ["0", "0.8"])
 def test_sample_of_a_diverged_checkpoint_is_one_line(tmp_path, kv, temperature):
     run = write_run(tmp_path / "run", poison=float("nan"))
-    res = run_main("sample", "--run", str(run), "--max-new-tokens", "3", "--device", "cpu", "--dtype", "float32",
-                   "--temperature", temperature, *kv)
+    res = run_main(
+        "sample",
+        "--run",
+        str(run),
+        "--max-new-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--temperature",
+        temperature,
+        *kv,
+    )
     assert_user_error(res, "logits are not finite")
 
 
@@ -190,8 +209,11 @@ def test_sample_next_refuses_impossible_rows_and_overflowing_temperatures():
 
     ok = torch.tensor([[0.0, 1.0, -math.inf]])
     assert sample_next(ok, 0, None, None).tolist() == [1]
-    for logits in (torch.tensor([[0.0, math.nan]]), torch.tensor([[0.0, math.inf]]),
-                   torch.full((1, 3), -math.inf)):  # every token impossible
+    for logits in (
+        torch.tensor([[0.0, math.nan]]),
+        torch.tensor([[0.0, math.inf]]),
+        torch.full((1, 3), -math.inf),
+    ):  # every token impossible
         with pytest.raises(GptspeedError, match="not finite"):
             sample_next(logits, 1.0, None, None)
     with pytest.raises(GptspeedError, match="--temperature 1e-40 is too small"):
@@ -206,7 +228,11 @@ def test_import_refuses_a_config_that_does_not_describe_its_weights(hf_folder, t
     three = copy_hf(hf_folder, tmp_path / "three", config={"n_layer": 3})
     assert_user_error(run_main("import-hf", str(three), "--out", str(tmp_path / "r3")), "lacks 12 tensor(s)", "h.2.")
     wide = copy_hf(hf_folder, tmp_path / "wide", config={"n_embd": 64})
-    assert_user_error(run_main("import-hf", str(wide), "--out", str(tmp_path / "r4")), "28 tensor(s) of the wrong shape", "(32, 96) not (64, 192)")
+    assert_user_error(
+        run_main("import-hf", str(wide), "--out", str(tmp_path / "r4")),
+        "28 tensor(s) of the wrong shape",
+        "(32, 96) not (64, 192)",
+    )
     extra = copy_hf(hf_folder, tmp_path / "extra", tensors={"transformer.h.0.attn.lora_A": torch.zeros(2, 2)})
     assert_user_error(run_main("import-hf", str(extra), "--out", str(tmp_path / "r5")), "h.0.attn.lora_A")
     assert not any((tmp_path / f"r{i}").exists() for i in (1, 3, 4, 5))
@@ -219,7 +245,7 @@ def test_import_refuses_a_config_that_does_not_describe_its_weights(hf_folder, t
 
 def test_a_huge_config_over_small_weights_is_refused_before_building_the_model(hf_folder, tmp_path):
     """config.json claiming 10^9 layers: refused by the weights check, not allocated layer by layer."""
-    huge = copy_hf(hf_folder, tmp_path / "huge", config={"n_layer": 10 ** 9})
+    huge = copy_hf(hf_folder, tmp_path / "huge", config={"n_layer": 10**9})
     with pytest.raises(GptspeedError, match="lacks"):
         hf.load_hf_model(str(huge))
     # train --init-from: the shape is checked against the file headers before the run builds its model
@@ -228,7 +254,7 @@ def test_a_huge_config_over_small_weights_is_refused_before_building_the_model(h
     one = copy_hf(hf_folder, tmp_path / "one", config={"n_layer": 1})
     with pytest.raises(GptspeedError, match=r"holds 12 tensor\(s\)"):
         hf.shape_for_init_from(str(one), preset("pico").model, {})
-    wide = copy_hf(hf_folder, tmp_path / "wide", config={"vocab_size": 10 ** 12})  # wte has 50,257 rows
+    wide = copy_hf(hf_folder, tmp_path / "wide", config={"vocab_size": 10**12})  # wte has 50,257 rows
     with pytest.raises(GptspeedError, match=r"wte.weight \(50257, 32\) not \(1000000000000, 32\)"):
         hf.shape_for_init_from(str(wide), preset("pico").model, {})
 
@@ -257,8 +283,21 @@ def test_eval_of_a_diverged_checkpoint_prints_strict_json(tmp_path):
     data = write_data(tmp_path / "data", manifest=False)
     hs_file = tmp_path / "hs.jsonl"
     hs_file.write_text(json.dumps({"ctx": "A man sits.", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n")
-    res = run_main("eval", "--run", str(run), "--data", str(data), "--max-tokens", "256", "--hellaswag-file",
-                   str(hs_file), "--device", "cpu", "--dtype", "float32")
+    res = run_main(
+        "eval",
+        "--run",
+        str(run),
+        "--data",
+        str(data),
+        "--max-tokens",
+        "256",
+        "--hellaswag-file",
+        str(hs_file),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    )
     assert res.returncode == 0, res.stderr
     out = strict_json(res.stdout)  # "val_loss": NaN was printed before
     assert out["val_loss"] is None and out["perplexity"] is None and out["tokens"] == 256
@@ -357,6 +396,8 @@ def test_a_fifo_shard_is_refused_not_waited_on(hf_folder, tmp_path):
     folder = copy_hf(hf_folder, tmp_path / "fifo")
     (folder / "model.safetensors").unlink()
     os.mkfifo(folder / "part-1.safetensors")
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"wte.weight": "part-1.safetensors"}}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"wte.weight": "part-1.safetensors"}})
+    )
     res = run_cli("import-hf", str(folder), "--out", str(tmp_path / "run"), timeout=120)
     assert_user_error(res, "part-1.safetensors is not a regular file")

@@ -13,14 +13,26 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, records, train_losses
+
 from gptspeed.trainer import build_train_config, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BASE = dict(TINY_MODEL, n_layer=1, batch_size=4, device="cpu", eval_every=2, eval_tokens=256, log_every=1,
-            save_every=2, keep_checkpoints=3, max_steps=3, lr=3e-3, warmup_steps=1)
+BASE = dict(
+    TINY_MODEL,
+    n_layer=1,
+    batch_size=4,
+    device="cpu",
+    eval_every=2,
+    eval_tokens=256,
+    log_every=1,
+    save_every=2,
+    keep_checkpoints=3,
+    max_steps=3,
+    lr=3e-3,
+    warmup_steps=1,
+)
 
 # (dtype, softmax, loss, compile): each host-dependent choice both ways, and the README quickstart's
 # combination on each kind of CPU (nano: --softmax data, the CPU's auto loss = fused; bf16 hosts compile)
@@ -33,10 +45,14 @@ BRANCHES = [
 ]
 
 
-@pytest.mark.parametrize("dtype, softmax, loss, compile", BRANCHES,
-                         ids=["-".join(map(str, b)).replace("True", "compile").replace("False", "eager") for b in BRANCHES])
-def test_each_branch_trains_and_resumes_bit_identically(shakespeare_data, tmp_path, monkeypatch, dtype, softmax,
-                                                         loss, compile):
+@pytest.mark.parametrize(
+    "dtype, softmax, loss, compile",
+    BRANCHES,
+    ids=["-".join(map(str, b)).replace("True", "compile").replace("False", "eager") for b in BRANCHES],
+)
+def test_each_branch_trains_and_resumes_bit_identically(
+    shakespeare_data, tmp_path, monkeypatch, dtype, softmax, loss, compile
+):
     import gptspeed.parallelize as parallelize
     import gptspeed.step as step
 

@@ -10,7 +10,6 @@ from gptspeed.config import preset
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.sample import generate, generate_cached, left_pad, sample_text
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -81,10 +80,12 @@ def test_sample_text_streams_one_row_and_prints_batches(run_dir):
     out = io.StringIO()
     texts = sample_text(run=str(run_dir), prompts=["Hello"], max_new_tokens=8, device="cpu", out=out)
     assert len(texts) == 1 and out.getvalue() == "Hello" + texts[0] + "\n"
-    cache_free = sample_text(run=str(run_dir), prompts=["Hello"], max_new_tokens=8, device="cpu",
-                             kv_cache=False, out=io.StringIO())
+    cache_free = sample_text(
+        run=str(run_dir), prompts=["Hello"], max_new_tokens=8, device="cpu", kv_cache=False, out=io.StringIO()
+    )
     assert cache_free == texts
     out = io.StringIO()
-    texts = sample_text(run=str(run_dir), prompts=["Hello", "Once upon a time"], num_samples=2, max_new_tokens=4,
-                        device="cpu", out=out)
+    texts = sample_text(
+        run=str(run_dir), prompts=["Hello", "Once upon a time"], num_samples=2, max_new_tokens=4, device="cpu", out=out
+    )
     assert len(texts) == 4 and out.getvalue().count("--- sample") == 4 and "(step 3)" in out.getvalue()

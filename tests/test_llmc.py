@@ -19,24 +19,52 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, run_cli
+
 from gptspeed.data.shards import write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # benchmarks/llmc.py: llm.c beside gptspeed, for the benchmarks
-from llmc import (CUDA13_COMPAT, LLMC_B, LLMC_T, MAKEFILE_CFLAGS, build_train_gpt2, find_c_compiler,  # noqa: E402
-                  llmc_cuda_make, llmc_cuda_train_command, llmc_tensors, prepare_llmc_dir, read_llmc_checkpoint,
-                  run_train_gpt2, write_llmc_checkpoint)
+from llmc import (  # noqa: E402
+    CUDA13_COMPAT,
+    LLMC_B,
+    LLMC_T,
+    MAKEFILE_CFLAGS,
+    build_train_gpt2,
+    find_c_compiler,
+    llmc_cuda_make,
+    llmc_cuda_train_command,
+    llmc_tensors,
+    prepare_llmc_dir,
+    read_llmc_checkpoint,
+    run_train_gpt2,
+    write_llmc_checkpoint,
+)
 
 LLMC_DIR = Path(os.environ.get("GPTSPEED_LLMC_DIR", ROOT.parent / "shared" / "peers" / "llm.c"))
 SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=LLMC_T)
 SEED = 1337
 STEPS = 20
 # llm.c's main(): gpt2_update(&model, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, step+1), no clipping, no schedule
-LLMC_OPTIM_FLAGS = ["--lr", "1e-4", "--beta1", "0.9", "--beta2", "0.999", "--eps", "1e-8", "--weight-decay", "0",
-                    "--grad-clip", "0", "--warmup-steps", "0", "--min-lr-ratio", "1"]
+LLMC_OPTIM_FLAGS = [
+    "--lr",
+    "1e-4",
+    "--beta1",
+    "0.9",
+    "--beta2",
+    "0.999",
+    "--eps",
+    "1e-8",
+    "--weight-decay",
+    "0",
+    "--grad-clip",
+    "0",
+    "--warmup-steps",
+    "0",
+    "--min-lr-ratio",
+    "1",
+]
 
 
 def test_checkpoint_layout_round_trips(tmp_path):
@@ -118,12 +146,45 @@ def test_losses_agree_with_llmc_over_20_steps(tmp_path, llmc_binary, monkeypatch
     data.mkdir()
     write_shard(data / "train_000000.bin", train)  # one batch: every step reads it, as llm.c does
     write_shard(data / "val_000000.bin", val)
-    proc = run_cli("train", "--data", str(data), "--out", str(tmp_path / "run"), "--preset", "pico",
-                   "--n-layer", str(SHAPE["n_layer"]), "--n-head", str(SHAPE["n_head"]),
-                   "--n-embd", str(SHAPE["n_embd"]), "--seq-len", str(LLMC_T), "--batch-size", str(LLMC_B),
-                   "--total-batch-tokens", str(LLMC_B * LLMC_T), "--max-steps", str(STEPS), "--log-every", "1",
-                   "--eval-every", "0", "--eval-tokens", str(LLMC_B * LLMC_T), "--save-every", "0",
-                   "--device", "cpu", "--dtype", "float32", "--no-compile", "--seed", str(SEED), *LLMC_OPTIM_FLAGS)
+    proc = run_cli(
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "run"),
+        "--preset",
+        "pico",
+        "--n-layer",
+        str(SHAPE["n_layer"]),
+        "--n-head",
+        str(SHAPE["n_head"]),
+        "--n-embd",
+        str(SHAPE["n_embd"]),
+        "--seq-len",
+        str(LLMC_T),
+        "--batch-size",
+        str(LLMC_B),
+        "--total-batch-tokens",
+        str(LLMC_B * LLMC_T),
+        "--max-steps",
+        str(STEPS),
+        "--log-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--eval-tokens",
+        str(LLMC_B * LLMC_T),
+        "--save-every",
+        "0",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-compile",
+        "--seed",
+        str(SEED),
+        *LLMC_OPTIM_FLAGS,
+    )
     llmc.join()
     assert proc.returncode == 0, proc.stderr
     assert "error" not in result, result.get("error")
@@ -166,7 +227,9 @@ def fake_cudnn(tmp_path) -> tuple[Path, Path]:
 
     carry, site = tmp_path / "carry", tmp_path / "site"
     (carry / "whl").mkdir(parents=True)
-    with zipfile.ZipFile(carry / "whl" / "nvidia_cudnn_frontend-1.32.0-cp312-cp312-manylinux_2_28_x86_64.whl", "w") as z:
+    with zipfile.ZipFile(
+        carry / "whl" / "nvidia_cudnn_frontend-1.32.0-cp312-cp312-manylinux_2_28_x86_64.whl", "w"
+    ) as z:
         z.writestr("include/cudnn_frontend.h", "// header-only\n")
         z.writestr("cudnn/__init__.py", "")
     for d, f in (("include", "cudnn.h"), ("lib", "libcudnn.so.9")):
@@ -185,8 +248,10 @@ def dry_run(build: dict) -> str:
     return proc.stdout
 
 
-@pytest.mark.skipif(not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
-                    reason="needs llm.c's clone in ../shared/peers and make")
+@pytest.mark.skipif(
+    not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
+    reason="needs llm.c's clone in ../shared/peers and make",
+)
 @pytest.mark.parametrize("capability, arch", [("9.0", "90"), ("9.0 8.0", "80")])
 def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability, arch):
     """The make line names GPU_COMPUTE_CAPABILITY from nvidia-smi (the lowest of the GPUs), and llm.c's
@@ -194,13 +259,19 @@ def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability,
     variable, finds nothing: without the flag the nvcc line names no architecture."""
     import shutil
 
-
     fake_gpu_tools(tmp_path, monkeypatch, capability)
     src = tmp_path / "llm.c"
     shutil.copytree(LLMC_DIR, src)
     build = llmc_cuda_make(src, tmp_path / "work", search=[])
-    assert build["command"][:7] == ["make", "-C", str(src), "train_gpt2cu", "NO_MULTI_GPU=1", "NO_USE_MPI=1",
-                                    f"GPU_COMPUTE_CAPABILITY={arch}"]
+    assert build["command"][:7] == [
+        "make",
+        "-C",
+        str(src),
+        "train_gpt2cu",
+        "NO_MULTI_GPU=1",
+        "NO_USE_MPI=1",
+        f"GPU_COMPUTE_CAPABILITY={arch}",
+    ]
     assert build["compute_capability"] == arch and "nvidia-smi" in build["capability_source"]
     assert build["cudnn"] is False and "nvidia-cudnn-frontend" in build["cudnn_note"]
     nvcc = [line for line in dry_run(build).splitlines() if "fake" not in line and "train_gpt2.cu" in line]
@@ -210,8 +281,10 @@ def test_llmc_is_built_for_the_gpu_it_runs_on(tmp_path, monkeypatch, capability,
     assert "--generate-code" not in bare and "train_gpt2.cu" in bare
 
 
-@pytest.mark.skipif(not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
-                    reason="needs llm.c's clone in ../shared/peers and make")
+@pytest.mark.skipif(
+    not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
+    reason="needs llm.c's clone in ../shared/peers and make",
+)
 def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_path, monkeypatch):
     """With cuDNN frontend's headers carried (the wheel in .carry/whl) and cuDNN's wheel installed,
     the line turns on USE_CUDNN=1 and names both include folders, the library folder (a bare
@@ -230,16 +303,21 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
     assert (headers / "cudnn_frontend.h").exists()  # unpacked from the carried wheel
     assert build["cudnn"] is True and "nvidia_cudnn_frontend-1.32.0" in build["cudnn_note"]
     assert build["command"][6:] == [
-        "GPU_COMPUTE_CAPABILITY=90", "USE_CUDNN=1", f"CUDNN_FRONTEND_PATH={headers.resolve()}",
+        "GPU_COMPUTE_CAPABILITY=90",
+        "USE_CUDNN=1",
+        f"CUDNN_FRONTEND_PATH={headers.resolve()}",
         f"NVCC_INCLUDES=-I{headers.resolve()} -I{site / 'nvidia' / 'cudnn' / 'include'} -include {CUDA13_COMPAT}",
-        f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -Xlinker -rpath={lib}"]
+        f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -Xlinker -rpath={lib}",
+    ]
     assert (work / "cudnn-lib" / "libcudnn.so").resolve() == (lib / "libcudnn.so.9").resolve()
     assert build["env"]["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(lib)
     out = dry_run(build)
     assert "cuDNN found" in out
     compiled = [line for line in out.splitlines() if "cudnn_att.cpp" in line or "train_gpt2.cu" in line]
-    assert len(compiled) == 2 and all("-DENABLE_CUDNN" in line and "arch=compute_90" in line
-                                      and f"-include {CUDA13_COMPAT}" in line for line in compiled)
+    assert len(compiled) == 2 and all(
+        "-DENABLE_CUDNN" in line and "arch=compute_90" in line and f"-include {CUDA13_COMPAT}" in line
+        for line in compiled
+    )
     assert f"-I{headers.resolve()}" in compiled[0] and "build/cudnn_att.o" in compiled[1]
     assert "-lcudnn" in compiled[1] and f"-L{work / 'cudnn-lib'}" in compiled[1]
     # asked for explicitly without the headers: one line saying what to carry
@@ -253,16 +331,45 @@ def test_llmc_record_settings_reach_train_gpt2cu_after_the_rows_own_flags():
     """llm.c's GPT-2 124M record settings (-b 64 -t 1024 -d 524288 -r 0): the shape gives -b/-t/-d and
     the passed flags come last, so -r 0 (and a -b of llm.c's own) win; each flag is one that llm.c's
     main() parses (one dash, one or two letters, a value); those the row sets itself are refused."""
-    cmd = llmc_cuda_train_command("bin/train_gpt2cu", "d/train_*.bin", "d/val_*.bin", batch_size=64, seq_len=1024,
-                                  tokens=524288, steps=13, extra=["-r", "0", "-ge", "2"])
-    assert cmd[:15] == ["bin/train_gpt2cu", "-e", "d12", "-i", "d/train_*.bin", "-j", "d/val_*.bin", "-b", "64",
-                        "-t", "1024", "-d", "524288", "-x", "13"]
+    cmd = llmc_cuda_train_command(
+        "bin/train_gpt2cu",
+        "d/train_*.bin",
+        "d/val_*.bin",
+        batch_size=64,
+        seq_len=1024,
+        tokens=524288,
+        steps=13,
+        extra=["-r", "0", "-ge", "2"],
+    )
+    assert cmd[:15] == [
+        "bin/train_gpt2cu",
+        "-e",
+        "d12",
+        "-i",
+        "d/train_*.bin",
+        "-j",
+        "d/val_*.bin",
+        "-b",
+        "64",
+        "-t",
+        "1024",
+        "-d",
+        "524288",
+        "-x",
+        "13",
+    ]
     assert cmd[-4:] == ["-r", "0", "-ge", "2"]
     main = (LLMC_DIR / "train_gpt2.cu").read_text() if (LLMC_DIR / "train_gpt2.cu").exists() else ""
     for flag in ("r", "b", "t", "d", "x", "e", "i", "j", "v", "m", "s", "n"):  # what main() parses
         assert not main or f"argv[i][1] == '{flag}'" in main, flag
-    for bad, says in ((["-t", "2048"], "--seq-len"), (["-x", "5"], "--steps"), (["-i", "x"], "--data"),
-                      (["-r"], "pairs"), (["r", "0"], "not a train_gpt2cu flag"), (["-rrr", "0"], "not a")):
+    for bad, says in (
+        (["-t", "2048"], "--seq-len"),
+        (["-x", "5"], "--steps"),
+        (["-i", "x"], "--data"),
+        (["-r"], "pairs"),
+        (["r", "0"], "not a train_gpt2cu flag"),
+        (["-rrr", "0"], "not a"),
+    ):
         with pytest.raises(GptspeedError, match=says):
             llmc_cuda_train_command("b", "t", "v", batch_size=16, seq_len=1024, tokens=65536, steps=3, extra=bad)
 
@@ -281,7 +388,9 @@ def _real_nvcc_version() -> tuple[str, int] | None:
     return (nvcc, int(m.group(1))) if m else None
 
 
-@pytest.mark.skipif(not (LLMC_DIR / "llmc" / "cuda_utils.cuh").exists(), reason="needs llm.c's clone in ../shared/peers")
+@pytest.mark.skipif(
+    not (LLMC_DIR / "llmc" / "cuda_utils.cuh").exists(), reason="needs llm.c's clone in ../shared/peers"
+)
 def test_the_cuda13_header_lets_llmc_cuda_utils_compile_against_cuda_13(tmp_path):
     """llm.c's cuda_utils.cuh passes an int to cudaMemAdvise, which CUDA 13 takes as a cudaMemLocation
     (the H100 build of 2026-11-27 failed there). Compiled by a real nvcc of CUDA 13 or newer: it fails
@@ -293,8 +402,10 @@ def test_the_cuda13_header_lets_llmc_cuda_utils_compile_against_cuda_13(tmp_path
         pytest.skip(f"needs nvcc of CUDA 13 or newer (found: {found})")
     nvcc = found[0]
     unit = tmp_path / "unit.cu"
-    unit.write_text('#include <assert.h>\n#include "llmc/cuda_utils.cuh"\nint main() { void* p; return '
-                    'cudaMallocConditionallyManaged(&p, 16); }\n')
+    unit.write_text(
+        '#include <assert.h>\n#include "llmc/cuda_utils.cuh"\nint main() { void* p; return '
+        "cudaMallocConditionallyManaged(&p, 16); }\n"
+    )
     base = [nvcc, "-std=c++17", "-O0", "-I", str(LLMC_DIR), "-c", str(unit), "-o", str(tmp_path / "unit.o")]
     bare = subprocess.run(base, capture_output=True, text=True, timeout=300)
     assert bare.returncode != 0 and "cudaMemLocation" in bare.stdout + bare.stderr

@@ -174,8 +174,14 @@ def _explain(model, idx):
 def _graph_stats(explanation):
     """(call_function nodes, of which the loss op) over every traced graph and its subgraphs
     (an autograd.Function is traced into a subgraph of its own)."""
-    ops = [n.target for g in explanation.graphs for sub in g.modules() if isinstance(sub, torch.fx.GraphModule)
-           for n in sub.graph.nodes if n.op == "call_function"]
+    ops = [
+        n.target
+        for g in explanation.graphs
+        for sub in g.modules()
+        if isinstance(sub, torch.fx.GraphModule)
+        for n in sub.graph.nodes
+        if n.op == "call_function"
+    ]
     return len(ops), sum(op is OP for op in ops)
 
 
@@ -293,10 +299,13 @@ def test_cuda_fused_matches_plain_in_16_bit(dtype):
 # ------------------------------------------------------------------------------------ --loss liger
 def test_liger_is_refused_off_cuda_and_without_the_package_before_the_model_is_built(monkeypatch):
     from conftest import fake_packages, make_step
+
     from gptspeed import step as step_mod
 
     monkeypatch.setattr(step_mod, "build_model", lambda *a, **k: pytest.fail("built a model"))
-    with pytest.raises(GptspeedError, match=r"--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU \(not cpu\)"):
+    with pytest.raises(
+        GptspeedError, match=r"--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU \(not cpu\)"
+    ):
         make_step(dict(n_layer=1, n_head=2, n_embd=32, block_size=32, loss="liger"))
     from gptspeed.loss import liger_problem
 

@@ -15,8 +15,9 @@ class Clock:
 
 def test_throughput_mfu_and_eta_over_the_interval_since_restart():
     clock = Clock()
-    tp = Throughput(tokens_per_step=4096, flops_per_token=1e9, peak_flops=1e13, world_size=2, max_steps=100,
-                    clock=clock)
+    tp = Throughput(
+        tokens_per_step=4096, flops_per_token=1e9, peak_flops=1e13, world_size=2, max_steps=100, clock=clock
+    )
     tp.restart(wait_s=1.0)
     for _ in range(4):
         clock.t += 0.5  # 0.5 s per optimizer step
@@ -57,14 +58,17 @@ def test_console_line_shows_epoch_eta_and_documents_only_when_they_inform():
     assert "(epoch ends in 30s)" in line and "docs 12" in line
 
 
-@pytest.mark.parametrize("name,dtype,tflops", [
-    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.5),  # SXM
-    ("NVIDIA H100 PCIe", "bfloat16", 756.5),
-    ("NVIDIA H100 NVL", "bfloat16", 835.5),  # used to get the SXM peak (a substring match on "H100")
-    ("NVIDIA H100 NVL", "tf32", 417.5),
-    ("NVIDIA A100-SXM4-80GB", "bfloat16", 312.0),
-    ("Tesla V100-PCIE-16GB", "float16", 112.0),
-])
+@pytest.mark.parametrize(
+    "name,dtype,tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bfloat16", 989.5),  # SXM
+        ("NVIDIA H100 PCIe", "bfloat16", 756.5),
+        ("NVIDIA H100 NVL", "bfloat16", 835.5),  # used to get the SXM peak (a substring match on "H100")
+        ("NVIDIA H100 NVL", "tf32", 417.5),
+        ("NVIDIA A100-SXM4-80GB", "bfloat16", 312.0),
+        ("Tesla V100-PCIE-16GB", "float16", 112.0),
+    ],
+)
 def test_peaks_match_the_exact_device_name(name, dtype, tflops):
     peak, source = peak_flops_for_name(name, dtype)
     assert peak == pytest.approx(tflops * 1e12) and "datasheet" in source

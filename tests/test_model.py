@@ -66,9 +66,17 @@ def test_gpt2_124m_size_and_flops():
 def test_logits_match_huggingface(attention):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hf_cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=32, vocab_size=50257,
-                                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
+    hf_cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_head=4,
+        n_embd=64,
+        n_positions=32,
+        vocab_size=50257,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
     ours = GPT(small(attention=attention)).eval()
     sd = hf.state_dict()
@@ -89,12 +97,15 @@ def test_logits_match_huggingface(attention):
     assert (got[..., :50257] - ref).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(n_embd=65, n_head=4), "divisible"),
-    (dict(vocab_size=50000), "smaller than"),
-    (dict(n_layer=0), "--n-layer must be at least 1"),
-    (dict(attention="flash3"), "attention"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(n_embd=65, n_head=4), "divisible"),
+        (dict(vocab_size=50000), "smaller than"),
+        (dict(n_layer=0), "--n-layer must be at least 1"),
+        (dict(attention="flash3"), "attention"),
+    ],
+)
 def test_invalid_shapes_are_user_errors(kw, msg):
     from gptspeed.errors import GptspeedError
 

@@ -25,23 +25,47 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_safe_dcp import _Payload, reseal
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                   MetadataIndex, StorageMeta, TensorProperties,
-                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
-from gptspeed.checkpoint import (LOCK_NAME, Checkpointer, RNGState, RunFolder, check_checkpoint, checkpoint_config,
-                                 consolidate, data_changed, folder_run_id, load_checkpoint, load_part,
-                                 newest_run_config, write_checkpoint_file)
+from gptspeed.checkpoint import (
+    LOCK_NAME,
+    Checkpointer,
+    RNGState,
+    RunFolder,
+    check_checkpoint,
+    checkpoint_config,
+    consolidate,
+    data_changed,
+    folder_run_id,
+    load_checkpoint,
+    load_part,
+    newest_run_config,
+    write_checkpoint_file,
+)
 from gptspeed.checkpoint.consolidate import split_optimizer_state
 from gptspeed.checkpoint.dcp_reader import SafeFileSystemReader, _one_line, _SafeBytes, read_metadata
 from gptspeed.checkpoint.folder import foreign_entries
-from gptspeed.checkpoint.formats import (DcpFormat, check_room, load_latest, load_latest_run, save_checkpoint,
-                                         write_failure)
+from gptspeed.checkpoint.formats import (
+    DcpFormat,
+    check_room,
+    load_latest,
+    load_latest_run,
+    save_checkpoint,
+    write_failure,
+)
 from gptspeed.checkpoint.paths import step_of
 from gptspeed.checkpoint.seals import intact_besides
 from gptspeed.errors import GptspeedError
-from test_safe_dcp import _Payload, reseal
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,12 +77,21 @@ SHARD_BYTES = 32  # exactly the bytes of the one tensor below (float32, 2 x 4)
 def _metadata() -> Metadata:
     """A valid metadata object: tensor ``w`` (float32 2x4, one chunk) and bytes entry ``lr``, both in
     ``__0_0.distcp``; planner paths; a StorageMeta."""
-    w = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([2, 4]),
-                              [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([2, 4]))])
-    storage = {MetadataIndex("w", torch.Size([0, 0]), 0): _StorageInfo(SHARD, 0, 24),
-               MetadataIndex("lr"): _StorageInfo(SHARD, 24, 8)}
-    return Metadata({"w": w, "lr": BytesStorageMetadata()}, planner_data={"w": ("w",), "lr": ("lr",)},
-                    storage_data=storage, storage_meta=StorageMeta(save_id="the-save"))
+    w = TensorStorageMetadata(
+        TensorProperties(dtype=torch.float32),
+        torch.Size([2, 4]),
+        [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([2, 4]))],
+    )
+    storage = {
+        MetadataIndex("w", torch.Size([0, 0]), 0): _StorageInfo(SHARD, 0, 24),
+        MetadataIndex("lr"): _StorageInfo(SHARD, 24, 8),
+    }
+    return Metadata(
+        {"w": w, "lr": BytesStorageMetadata()},
+        planner_data={"w": ("w",), "lr": ("lr",)},
+        storage_data=storage,
+        storage_meta=StorageMeta(save_id="the-save"),
+    )
 
 
 def _info(md, fqn="w") -> _StorageInfo:
@@ -78,15 +111,22 @@ def _folder(tmp_path: Path, md) -> Path:
 def _set(attr_path, value):
     """change(md): set ``md.<attr_path>`` (dots; ``w`` = the tensor entry, ``chunk`` its chunk,
     ``info`` its storage entry, ``lr_info`` the bytes entry's) to ``value``."""
+
     def change(md):
-        roots = {"md": md, "w": md.state_dict_metadata["w"], "chunk": md.state_dict_metadata["w"].chunks[0],
-                 "info": _info(md), "lr_info": _info(md, "lr")}
+        roots = {
+            "md": md,
+            "w": md.state_dict_metadata["w"],
+            "chunk": md.state_dict_metadata["w"].chunks[0],
+            "info": _info(md),
+            "lr_info": _info(md, "lr"),
+        }
         *path, last = attr_path.split(".")
         obj = roots[path[0]]
         for name in path[1:]:
             obj = getattr(obj, name)
         setattr(obj, last, value)
         return md
+
     return change
 
 
@@ -96,6 +136,7 @@ def _only_w_with_planner_index(p):
         md.storage_data = {i: v for i, v in md.storage_data.items() if i.fqn == "w"}
         md.planner_data = {"w": ("w", p)}
         return md
+
     return change
 
 
@@ -105,15 +146,18 @@ def _rekey(attr, key):
         first = next(iter(d))
         d[key] = d.pop(first)
         return md
+
     return change
 
 
 def _put(attr, key, value):
     """change(md): ``md.<attr>[key] = value`` (key None: the first key)."""
+
     def change(md):
         d = getattr(md, attr)
         d[next(iter(d)) if key is None else key] = value
         return md
+
     return change
 
 
@@ -126,24 +170,39 @@ def _bigger_tensor(md):
 
 REFUSED = [
     ("not-a-Metadata", lambda md: {"state_dict_metadata": md.state_dict_metadata}, "it holds a dict"),
-    ("entries-not-a-dict", lambda md: _set("md.state_dict_metadata", list(md.state_dict_metadata.values()))(md),
-     "its entries or storage are not dicts"),
-    ("storage-not-a-dict", lambda md: _set("md.storage_data", list(md.storage_data.items()))(md),
-     "its entries or storage are not dicts"),
+    (
+        "entries-not-a-dict",
+        lambda md: _set("md.state_dict_metadata", list(md.state_dict_metadata.values()))(md),
+        "its entries or storage are not dicts",
+    ),
+    (
+        "storage-not-a-dict",
+        lambda md: _set("md.storage_data", list(md.storage_data.items()))(md),
+        "its entries or storage are not dicts",
+    ),
     ("entry-name-not-a-str", _rekey("state_dict_metadata", 5), "an entry named 5"),
     ("entry-properties-not-TensorProperties", _set("w.properties", None), "entry w is malformed"),
     ("entry-dtype-not-a-dtype", _set("w.properties.dtype", "float32"), "entry w is malformed"),
     ("entry-size-not-a-Size", _set("w.size", (2, 4)), "entry w is malformed"),
-    ("entry-chunks-not-a-list", lambda md: _set("w.chunks", tuple(md.state_dict_metadata["w"].chunks))(md),
-     "entry w is malformed"),
+    (
+        "entry-chunks-not-a-list",
+        lambda md: _set("w.chunks", tuple(md.state_dict_metadata["w"].chunks))(md),
+        "entry w is malformed",
+    ),
     ("chunk-not-a-ChunkStorageMetadata", _set("w.chunks", [BytesStorageMetadata()]), "entry w has a malformed chunk"),
     ("chunk-offsets-not-a-Size", _set("chunk.offsets", (0, 0)), "entry w has a malformed chunk"),
     ("chunk-offsets-negative", _set("chunk.offsets", torch.Size([-1, 0])), "entry w has a malformed chunk"),
     ("chunk-sizes-not-a-Size", _set("chunk.sizes", (2, 4)), "entry w has a malformed chunk"),
-    ("chunk-rank-not-the-tensors", lambda md: _set("chunk.sizes", torch.Size([8]))(_set("chunk.offsets", torch.Size([0]))(md)),
-     "entry w has a malformed chunk"),
-    ("entry-of-another-kind", _put("state_dict_metadata", "lr", ChunkStorageMetadata(torch.Size([0]), torch.Size([1]))),
-     "entry lr is a ChunkStorageMetadata"),
+    (
+        "chunk-rank-not-the-tensors",
+        lambda md: _set("chunk.sizes", torch.Size([8]))(_set("chunk.offsets", torch.Size([0]))(md)),
+        "entry w has a malformed chunk",
+    ),
+    (
+        "entry-of-another-kind",
+        _put("state_dict_metadata", "lr", ChunkStorageMetadata(torch.Size([0]), torch.Size([1]))),
+        "entry lr is a ChunkStorageMetadata",
+    ),
     ("planner-not-a-dict", _set("md.planner_data", [("w",)]), "its planner data is not a dict"),
     ("planner-name-not-a-str", _rekey("planner_data", 5), "its planner data for 5 is malformed"),
     ("planner-path-a-str", _set("md.planner_data", {"w": "w"}), "its planner data for w is malformed"),
@@ -157,18 +216,32 @@ REFUSED = [
     ("path-dot", _set("info.relative_path", "."), "a storage entry points outside the folder ('.')"),
     ("path-parent", _set("info.relative_path", ".."), "a storage entry points outside the folder ('..')"),
     ("path-in-a-subfolder", _set("info.relative_path", "sub/x"), "a storage entry points outside the folder ('sub/x')"),
-    ("path-with-a-backslash", _set("info.relative_path", "a\\b"), "a storage entry points outside the folder ('a\\\\b')"),
+    (
+        "path-with-a-backslash",
+        _set("info.relative_path", "a\\b"),
+        "a storage entry points outside the folder ('a\\\\b')",
+    ),
     ("path-with-a-nul", _set("info.relative_path", "a\0b"), "a storage entry points outside the folder ('a\\x00b')"),
-    ("path-names-a-folder", _set("info.relative_path", "sub"), "a storage entry names sub, which is not a file of the folder"),
-    ("path-names-a-missing-file", _set("info.relative_path", "__1_0.distcp"),
-     "a storage entry names __1_0.distcp, which is not a file of the folder"),
+    (
+        "path-names-a-folder",
+        _set("info.relative_path", "sub"),
+        "a storage entry names sub, which is not a file of the folder",
+    ),
+    (
+        "path-names-a-missing-file",
+        _set("info.relative_path", "__1_0.distcp"),
+        "a storage entry names __1_0.distcp, which is not a file of the folder",
+    ),
     ("offset-not-an-int", _set("info.offset", 0.0), f"a storage entry lies outside {SHARD}"),
     ("length-not-an-int", _set("info.length", 24.0), f"a storage entry lies outside {SHARD}"),
     ("offset-negative", _set("info.offset", -1), f"a storage entry lies outside {SHARD}"),
     ("length-negative", _set("lr_info.length", -1), f"a storage entry lies outside {SHARD}"),
     ("past-the-end-of-the-file", _set("info.length", SHARD_BYTES + 1), f"a storage entry lies outside {SHARD}"),
-    ("stream-transforms", _set("info.transform_descriptors", ["zstandard"]),
-     "a storage entry asks for stream transforms ['zstandard'], which gptspeed never writes"),
+    (
+        "stream-transforms",
+        _set("info.transform_descriptors", ["zstandard"]),
+        "a storage entry asks for stream transforms ['zstandard'], which gptspeed never writes",
+    ),
     ("tensors-larger-than-the-files", _bigger_tensor, "its tensors would take 64 bytes, but its files hold 32"),
 ]
 
@@ -216,8 +289,11 @@ def test_a_metadata_folder_in_place_of_the_file_is_no_metadata(tmp_path):
     assert str(e.value) == f"checkpoint {folder} has no .metadata file: it is not a complete sharded checkpoint"
 
 
-@pytest.mark.parametrize("content, why", [(b"", "EOFError"), (b"\x80\x09", "ValueError: unsupported pickle protocol: 9")],
-                         ids=["empty", "unknown-protocol"])
+@pytest.mark.parametrize(
+    "content, why",
+    [(b"", "EOFError"), (b"\x80\x09", "ValueError: unsupported pickle protocol: 9")],
+    ids=["empty", "unknown-protocol"],
+)
 def test_damaged_metadata_names_the_error_and_its_message(tmp_path, content, why):
     folder = _folder(tmp_path, _metadata())
     (folder / ".metadata").write_bytes(content)
@@ -234,11 +310,13 @@ CUT = LONG[:80]
 
 def _long_entry(change_w):
     """change(md): the tensor entry ``w`` renamed to LONG, then ``change_w(entry)`` applied to it."""
+
     def change(md):
         w = md.state_dict_metadata.pop("w")
         change_w(w)
         md.state_dict_metadata[LONG] = w
         return md
+
     return change
 
 
@@ -249,15 +327,32 @@ def _long_path(path):
 
 LONG_REFUSED = [
     ("entry-malformed", _long_entry(lambda w: setattr(w, "properties", None)), f"entry {CUT} is malformed"),
-    ("entry-chunk-malformed", _long_entry(lambda w: setattr(w, "chunks", [BytesStorageMetadata()])),
-     f"entry {CUT} has a malformed chunk"),
-    ("entry-of-another-kind", lambda md: _put("state_dict_metadata", LONG, ChunkStorageMetadata(torch.Size([0]), torch.Size([1])))(md),
-     f"entry {CUT} is a ChunkStorageMetadata"),
-    ("planner-data-malformed", _set("md.planner_data", {"w": ("w",), LONG: "w"}), f"its planner data for {CUT} is malformed"),
-    ("path-outside", _long_path("sub/" + LONG), f"a storage entry points outside the folder ({('sub/' + LONG)[:80]!r})"),
+    (
+        "entry-chunk-malformed",
+        _long_entry(lambda w: setattr(w, "chunks", [BytesStorageMetadata()])),
+        f"entry {CUT} has a malformed chunk",
+    ),
+    (
+        "entry-of-another-kind",
+        lambda md: _put("state_dict_metadata", LONG, ChunkStorageMetadata(torch.Size([0]), torch.Size([1])))(md),
+        f"entry {CUT} is a ChunkStorageMetadata",
+    ),
+    (
+        "planner-data-malformed",
+        _set("md.planner_data", {"w": ("w",), LONG: "w"}),
+        f"its planner data for {CUT} is malformed",
+    ),
+    (
+        "path-outside",
+        _long_path("sub/" + LONG),
+        f"a storage entry points outside the folder ({('sub/' + LONG)[:80]!r})",
+    ),
     ("path-missing", _long_path(LONG), f"a storage entry names {CUT}, which is not a file of the folder"),
-    ("path-too-short", lambda md: _set("info.length", SHARD_BYTES + 1)(_long_path("x" + LONG[1:])(md)),
-     f"a storage entry lies outside {('x' + LONG[1:])[:80]}"),
+    (
+        "path-too-short",
+        lambda md: _set("info.length", SHARD_BYTES + 1)(_long_path("x" + LONG[1:])(md)),
+        f"a storage entry lies outside {('x' + LONG[1:])[:80]}",
+    ),
 ]
 
 
@@ -267,17 +362,19 @@ def test_a_refusal_shows_the_first_80_characters_of_a_long_name(tmp_path, change
     (folder / ("x" + LONG[1:])).write_bytes(b"\0" * SHARD_BYTES)  # a real file, too short for the entry
     with pytest.raises(GptspeedError) as e:
         read_metadata(folder)
-    assert str(e.value) == f"refusing to load {folder}: its .metadata is not a checkpoint's metadata ({reason})", \
+    assert str(e.value) == f"refusing to load {folder}: its .metadata is not a checkpoint's metadata ({reason})", (
         "a name in a refusal must be cut to exactly its first 80 characters"
+    )
 
 
 def test_a_refusal_lists_the_first_3_stream_transforms(tmp_path):
     folder = _folder(tmp_path, _set("info.transform_descriptors", ["t1", "t2", "t3", "t4", "t5"])(_metadata()))
     with pytest.raises(GptspeedError) as e:
         read_metadata(folder)
-    assert str(e.value) == (f"refusing to load {folder}: its .metadata is not a checkpoint's metadata (a storage entry "
-                            "asks for stream transforms ['t1', 't2', 't3'], which gptspeed never writes)"), \
-        "the refusal must list exactly the first 3 stream transforms"
+    assert str(e.value) == (
+        f"refusing to load {folder}: its .metadata is not a checkpoint's metadata (a storage entry "
+        "asks for stream transforms ['t1', 't2', 't3'], which gptspeed never writes)"
+    ), "the refusal must list exactly the first 3 stream transforms"
 
 
 @pytest.mark.parametrize("name", ["XX.XX", "...", ".hidden", "a.b.distcp"])
@@ -306,35 +403,43 @@ def test_damaged_metadata_shows_the_first_160_characters_of_the_error(tmp_path):
     # an allowed global (torch.serialization._get_layout) called with an unknown 300-character layout name:
     # KeyError, whose message is the name quoted
     name = ("abcdefghij" * 30).encode()
-    (folder / ".metadata").write_bytes(b"\x80\x02ctorch.serialization\n_get_layout\nX" + len(name).to_bytes(4, "little")
-                                       + name + b"\x85R.")
+    (folder / ".metadata").write_bytes(
+        b"\x80\x02ctorch.serialization\n_get_layout\nX" + len(name).to_bytes(4, "little") + name + b"\x85R."
+    )
     with pytest.raises(GptspeedError) as e:
         read_metadata(folder)
     shown = ("'" + "abcdefghij" * 30 + "'")[:160]
-    assert str(e.value) == f"checkpoint {folder} is unreadable: its .metadata is damaged (KeyError: {shown})", \
+    assert str(e.value) == f"checkpoint {folder} is unreadable: its .metadata is damaged (KeyError: {shown})", (
         "the error's message must be cut to exactly its first 160 characters"
+    )
 
 
 def test_an_unreadable_bytes_entry_shows_the_first_80_characters_of_its_name(tmp_path):
     item = SimpleNamespace(dest_index=SimpleNamespace(fqn=LONG))
     with pytest.raises(GptspeedError) as e:
         _SafeBytes(None, tmp_path).load_bytes(item, io.BytesIO(b"garbage"))
-    assert str(e.value) == f"refusing to load {tmp_path}: its entry {CUT} is unreadable (UnpicklingError)", \
+    assert str(e.value) == f"refusing to load {tmp_path}: its entry {CUT} is unreadable (UnpicklingError)", (
         "the entry's name must be cut to exactly its first 80 characters"
+    )
 
 
-@pytest.mark.parametrize("error, shown", [
-    (ValueError("first line\nsecond line"), "ValueError: first line"),
-    (ValueError("y" * 300), "ValueError: " + "y" * 200),
-    (ValueError(), "ValueError"),
-    (ValueError(" \n "), "ValueError"),
-], ids=["first-line", "cut-at-200", "no-message", "blank-message"])
+@pytest.mark.parametrize(
+    "error, shown",
+    [
+        (ValueError("first line\nsecond line"), "ValueError: first line"),
+        (ValueError("y" * 300), "ValueError: " + "y" * 200),
+        (ValueError(), "ValueError"),
+        (ValueError(" \n "), "ValueError"),
+    ],
+    ids=["first-line", "cut-at-200", "no-message", "blank-message"],
+)
 def test_a_failed_shard_read_is_one_line_with_the_first_line_of_the_error(tmp_path, error, shown):
     from torch.distributed.checkpoint.api import CheckpointException
 
     failure = CheckpointException("load failed", {0: (error, traceback.StackSummary())})
-    assert str(_one_line(tmp_path, failure)) == f"could not read the shards of {tmp_path} ({shown})", \
+    assert str(_one_line(tmp_path, failure)) == f"could not read the shards of {tmp_path} ({shown})", (
         "the failure must show its type and its message's first line cut at 200 characters, or its type alone"
+    )
 
 
 def test_an_error_torch_raises_itself_while_reading_the_shards_is_one_line_too(tmp_path, monkeypatch):
@@ -352,8 +457,9 @@ def test_an_error_torch_raises_itself_while_reading_the_shards_is_one_line_too(t
     monkeypatch.setattr(dcp_loader, "_load_state_dict", fails)
     with pytest.raises(GptspeedError) as e:
         load_full(folder)
-    assert str(e.value) == f"could not read the shards of {folder} (ValueError: bad shard)", \
+    assert str(e.value) == f"could not read the shards of {folder} (ValueError: bad shard)", (
         "an exception without failures must be shown with its type and first line"
+    )
 
 
 def test_a_bytes_entry_holding_a_tensor_saved_on_a_gpu_is_read_onto_the_cpu(tmp_path, monkeypatch):
@@ -372,8 +478,9 @@ def test_a_bytes_entry_holding_a_tensor_saved_on_a_gpu_is_read_onto_the_cpu(tmp_
     item = SimpleNamespace(dest_index=SimpleNamespace(fqn="extra.t"))
     _SafeBytes(planner, tmp_path).load_bytes(item, io.BytesIO(saved.getvalue()))
     ((got,),) = [list(p.values()) for p in passed]
-    assert got.device.type == "cpu" and torch.equal(got, torch.arange(3.0)), \
+    assert got.device.type == "cpu" and torch.equal(got, torch.arange(3.0)), (
         "a bytes entry's tensor must be loaded with map_location='cpu'"
+    )
 
 
 def test_the_reader_never_falls_back_to_rank_local_metadata(tmp_path):
@@ -400,16 +507,23 @@ RUN_ID = "run-one"
 
 
 def _parts(scale=1.0):
-    return {"model": Part({"w": torch.arange(6.0).reshape(2, 3) * scale, "b": torch.ones(3) * scale}),
-            "optimizer": Part({"state": {"w": {"exp_avg": torch.full((2, 3), 0.5 * scale), "step": torch.tensor(1.0)}},
-                               "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w", "b"]}]}),
-            "rng": Part({"torch": torch.arange(4, dtype=torch.uint8)})}
+    return {
+        "model": Part({"w": torch.arange(6.0).reshape(2, 3) * scale, "b": torch.ones(3) * scale}),
+        "optimizer": Part(
+            {
+                "state": {"w": {"exp_avg": torch.full((2, 3), 0.5 * scale), "step": torch.tensor(1.0)}},
+                "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w", "b"]}],
+            }
+        ),
+        "rng": Part({"torch": torch.arange(4, dtype=torch.uint8)}),
+    }
 
 
 def _save(run: Path, step: int, keep: int = 2, run_id: str = RUN_ID) -> Path:
     fmt = DcpFormat(run, True, lambda: None, keep)
-    return fmt.save(step, _parts(), {"config": CONFIG, "run_id": run_id}, {"optimizer_layout": None},
-                    {"model", "optimizer"})
+    return fmt.save(
+        step, _parts(), {"config": CONFIG, "run_id": run_id}, {"optimizer_layout": None}, {"model", "optimizer"}
+    )
 
 
 @pytest.fixture
@@ -429,7 +543,7 @@ def _damage(ckpt: Path, fqn: str) -> None:
         md = pickle.load(f)
     info = _info(md, fqn)
     data = bytearray((ckpt / SHARD).read_bytes())
-    data[info.offset:info.offset + info.length] = (b"\0garbage" * info.length)[:info.length]
+    data[info.offset : info.offset + info.length] = (b"\0garbage" * info.length)[: info.length]
     (ckpt / SHARD).write_bytes(bytes(data))
     reseal(ckpt)
 
@@ -471,8 +585,12 @@ def test_a_sharded_save_prunes_its_own_run_only(tmp_path):
     write_checkpoint_file(theirs, {"step": 1, "run_id": "another-run"})
     _save(run, 2, keep=1)
     _save(run, 3, keep=1)
-    assert sorted(p.name for p in run.iterdir()) == ["ckpt_00000001.json", "ckpt_00000001.pt",
-                                                     "ckpt_00000003.dcp", "ckpt_00000003.json"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "ckpt_00000001.json",
+        "ckpt_00000001.pt",
+        "ckpt_00000003.dcp",
+        "ckpt_00000003.json",
+    ]
 
 
 def test_a_damaged_bytes_entry_is_named_in_one_line(run, tmp_path):
@@ -480,7 +598,10 @@ def test_a_damaged_bytes_entry_is_named_in_one_line(run, tmp_path):
     _damage(ckpt, "optimizer.param_groups.0.lr")  # a non-tensor entry torch.load cannot read
     with pytest.raises(GptspeedError) as e:
         consolidate(run, tmp_path / "out.pt")
-    assert str(e.value) == f"refusing to load {ckpt}: its entry optimizer.param_groups.0.lr is unreadable (UnpicklingError)"
+    assert (
+        str(e.value)
+        == f"refusing to load {ckpt}: its entry optimizer.param_groups.0.lr is unreadable (UnpicklingError)"
+    )
     assert not (tmp_path / "out.pt").exists()
 
 
@@ -609,15 +730,25 @@ def test_optimizer_state_is_split_by_a_layout_of_three_optimizers():
 
 
 # ------------------------------------------------------------------ the run folder's small rules
-@pytest.mark.parametrize("name, content, foreign", [
-    ("config.json", {"model": {}, "train": {}}, False),
-    ("config.json", {"model": {}}, True),
-    ("config.json", {"train": {}}, True),
-    ("metrics.jsonl", {"step": 3, "train_loss": 1.0}, False),
-    ("metrics.jsonl", {"epoch": 3}, True),
-    ("metrics.jsonl", {"step": "3"}, True),
-], ids=["config-of-a-run", "config-without-train", "config-without-model", "metrics-of-a-run",
-        "metrics-without-step", "metrics-with-a-text-step"])
+@pytest.mark.parametrize(
+    "name, content, foreign",
+    [
+        ("config.json", {"model": {}, "train": {}}, False),
+        ("config.json", {"model": {}}, True),
+        ("config.json", {"train": {}}, True),
+        ("metrics.jsonl", {"step": 3, "train_loss": 1.0}, False),
+        ("metrics.jsonl", {"epoch": 3}, True),
+        ("metrics.jsonl", {"step": "3"}, True),
+    ],
+    ids=[
+        "config-of-a-run",
+        "config-without-train",
+        "config-without-model",
+        "metrics-of-a-run",
+        "metrics-without-step",
+        "metrics-with-a-text-step",
+    ],
+)
 def test_a_config_or_metrics_file_is_gptspeeds_only_in_gptspeeds_form(tmp_path, name, content, foreign):
     (tmp_path / name).write_text(json.dumps(content) + "\n")
     assert foreign_entries(tmp_path) == ([name] if foreign else [])
@@ -644,9 +775,12 @@ def test_load_latest_reads_the_newest_checkpoint_onto_the_cpu_by_default(tmp_pat
 def test_load_latest_and_load_latest_run_put_the_tensors_where_map_location_says(tmp_path):
     from gptspeed.config import RunConfig
 
-    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1, "w": torch.ones(2), "config": RunConfig().to_dict()})
-    assert load_latest(tmp_path, map_location="meta")["w"].device.type == "meta", \
+    write_checkpoint_file(
+        tmp_path / "ckpt_00000001.pt", {"step": 1, "w": torch.ones(2), "config": RunConfig().to_dict()}
+    )
+    assert load_latest(tmp_path, map_location="meta")["w"].device.type == "meta", (
         "load_latest did not pass its map_location on"
+    )
     ck, config = load_latest_run(tmp_path, map_location="meta")
     assert ck["w"].device.type == "meta", "load_latest_run did not pass its map_location on"
     assert config == RunConfig()
@@ -676,8 +810,10 @@ def _edit_seal(ckpt: Path, **changes) -> None:
 
 def _renamed(path, state_step, state_run, name_step, seal_step, seal_run):
     """The one-line refusal of a checkpoint whose step or run id disagrees with its name or seal."""
-    return (f"checkpoint {path} holds step {state_step} of run {state_run}, but its name says step {name_step} and its "
-            f"seal step {seal_step} of run {seal_run}: it was renamed or pieced together; delete it or resume from another")
+    return (
+        f"checkpoint {path} holds step {state_step} of run {state_run}, but its name says step {name_step} and its "
+        f"seal step {seal_step} of run {seal_run}: it was renamed or pieced together; delete it or resume from another"
+    )
 
 
 def test_load_checkpoint_verifies_the_seal_unless_told_not_to(tmp_path):
@@ -686,15 +822,18 @@ def test_load_checkpoint_verifies_the_seal_unless_told_not_to(tmp_path):
     _edit_seal(ckpt, sha256="0" * 64)  # the bytes are the same, the seal no longer vouches for them
     with pytest.raises(GptspeedError) as e:
         load_checkpoint(ckpt)
-    assert str(e.value) == f"checkpoint {ckpt} is not valid: sha256 does not match its seal (corrupted)", \
+    assert str(e.value) == f"checkpoint {ckpt} is not valid: sha256 does not match its seal (corrupted)", (
         "load_checkpoint must check the seal by default"
+    )
     assert load_checkpoint(ckpt, verify=False)["step"] == 1
 
 
 def test_load_checkpoint_puts_the_tensors_where_map_location_says(tmp_path):
     ckpt = tmp_path / "ckpt_00000001.pt"
     write_checkpoint_file(ckpt, {"step": 1, "w": torch.ones(2)})
-    assert load_checkpoint(ckpt, map_location="meta")["w"].device.type == "meta", "map_location was not passed to torch.load"
+    assert load_checkpoint(ckpt, map_location="meta")["w"].device.type == "meta", (
+        "map_location was not passed to torch.load"
+    )
 
 
 def test_load_checkpoint_never_unpickles_code_even_where_torch_is_told_to(tmp_path, monkeypatch):
@@ -759,8 +898,9 @@ def test_a_weights_only_checkpoint_restores_the_model_only_and_returns_the_other
     rest = ck.load(ckpt)
     assert torch.equal(model.sd["w"], torch.full((2,), 7.0))
     assert optimizer.sd == {"state": {}}, "a part the checkpoint does not hold must be left as it is"
-    assert rest == {"format": "gptspeed-checkpoint", "format_version": 2, "step": 1, "note": "hi"}, \
+    assert rest == {"format": "gptspeed-checkpoint", "format_version": 2, "step": 1, "note": "hi"}, (
         "load must return the checkpoint's entries other than the registered parts"
+    )
 
 
 class _Raises:
@@ -774,16 +914,23 @@ class _Raises:
 _TAIL = "resume with the settings it was written with, or start a new --out"
 
 
-@pytest.mark.parametrize("part, state, detail", [
-    # torch's errors: a first line naming the module, then the telling line
-    (torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2)}, 'Missing key(s) in state_dict: "bias".'),
-    (torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2), "bias": torch.zeros(3), "extra": torch.zeros(1)},
-     'Unexpected key(s) in state_dict: "extra".'),
-    # any other error: its first line, cut at 200 characters; its type when it has no message
-    (_Raises(ValueError("bad value\nsecond line")), {}, "bad value"),
-    (_Raises(RuntimeError("x" * 300)), {}, "x" * 200),
-    (_Raises(RuntimeError()), {}, "RuntimeError"),
-], ids=["missing-key", "unexpected-key", "first-line", "cut-at-200", "no-message"])
+@pytest.mark.parametrize(
+    "part, state, detail",
+    [
+        # torch's errors: a first line naming the module, then the telling line
+        (torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2)}, 'Missing key(s) in state_dict: "bias".'),
+        (
+            torch.nn.Linear(2, 3),
+            {"weight": torch.zeros(3, 2), "bias": torch.zeros(3), "extra": torch.zeros(1)},
+            'Unexpected key(s) in state_dict: "extra".',
+        ),
+        # any other error: its first line, cut at 200 characters; its type when it has no message
+        (_Raises(ValueError("bad value\nsecond line")), {}, "bad value"),
+        (_Raises(RuntimeError("x" * 300)), {}, "x" * 200),
+        (_Raises(RuntimeError()), {}, "RuntimeError"),
+    ],
+    ids=["missing-key", "unexpected-key", "first-line", "cut-at-200", "no-message"],
+)
 def test_a_part_that_does_not_fit_is_one_line_with_the_telling_line_of_the_error(part, state, detail):
     with pytest.raises(GptspeedError) as e:
         load_part(Path("run/ckpt_00000002.pt"), "model", part, state)
@@ -798,8 +945,9 @@ def test_rng_state_sets_the_cuda_generator_only_on_a_cuda_device_and_only_when_s
     cpu_state, cuda_state = torch.get_rng_state(), torch.arange(8, dtype=torch.uint8)
     cuda = torch.device("cuda")
     RNGState(cuda).load_state_dict({"torch": cpu_state, "cuda": cuda_state})
-    assert len(calls) == 1 and calls[0][0] is cuda_state and calls[0][1] == cuda, \
+    assert len(calls) == 1 and calls[0][0] is cuda_state and calls[0][1] == cuda, (
         f"the saved CUDA state must be set once on the cuda device, got {calls}"
+    )
     calls.clear()
     RNGState(cuda).load_state_dict({"torch": cpu_state, "cuda": None})
     RNGState(torch.device("cpu")).load_state_dict({"torch": cpu_state, "cuda": cuda_state})
@@ -838,8 +986,10 @@ def test_checkpoint_config_refuses_a_seal_without_a_configuration(tmp_path):
     for path in (ckpt, tmp_path / "ckpt_00000009.pt"):  # ... and one with no seal at all
         with pytest.raises(GptspeedError) as e:
             checkpoint_config(path)
-        assert str(e.value) == (f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
-                                "resume it with the gptspeed that wrote it")
+        assert str(e.value) == (
+            f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
+            "resume it with the gptspeed that wrote it"
+        )
 
 
 def test_newest_run_config_names_the_checkpoint_whose_configuration_is_malformed(tmp_path):
@@ -847,30 +997,39 @@ def test_newest_run_config_names_the_checkpoint_whose_configuration_is_malformed
     write_checkpoint_file(ckpt, {"step": 1, "config": {"model": 5}})
     with pytest.raises(GptspeedError) as e:
         newest_run_config(tmp_path)
-    assert str(e.value) == f"checkpoint {ckpt}: 'model' must be an object, got int", "the error must name the checkpoint"
+    assert str(e.value) == f"checkpoint {ckpt}: 'model' must be an object, got int", (
+        "the error must name the checkpoint"
+    )
 
 
-@pytest.mark.parametrize("recorded, now, changed", [
-    (None, None, False),
-    ({"a": 1}, None, True),
-    (None, {"a": 1}, True),
-    ({}, {"a": 1}, True),
-    ({"a": 1}, {"a": 1, "b": 2}, False),  # a key recorded only later: compared on the recorded keys
-    ({"a": 1}, {"a": 2}, True),
-    ({"a": 1}, {"b": 1}, True),
-])
+@pytest.mark.parametrize(
+    "recorded, now, changed",
+    [
+        (None, None, False),
+        ({"a": 1}, None, True),
+        (None, {"a": 1}, True),
+        ({}, {"a": 1}, True),
+        ({"a": 1}, {"a": 1, "b": 2}, False),  # a key recorded only later: compared on the recorded keys
+        ({"a": 1}, {"a": 2}, True),
+        ({"a": 1}, {"b": 1}, True),
+    ],
+)
 def test_data_changed_compares_the_keys_the_checkpoint_recorded(recorded, now, changed):
     assert data_changed(recorded, now) is changed, f"data_changed({recorded}, {now}) should be {changed}"
 
 
-@pytest.mark.parametrize("config, run_id", [
-    ({"model": {}, "train": {}}, None),
-    ({"derived": [1]}, None),
-    ({"derived": {}}, None),
-    ({"derived": {"run_id": 5}}, None),
-    ({"derived": {"run_id": ""}}, None),
-    ({"derived": {"run_id": "abc"}}, "abc"),
-], ids=["no-derived", "derived-a-list", "no-run-id", "run-id-an-int", "run-id-empty", "run-id"])
+@pytest.mark.parametrize(
+    "config, run_id",
+    [
+        ({"model": {}, "train": {}}, None),
+        ({"derived": [1]}, None),
+        ({"derived": {}}, None),
+        ({"derived": {"run_id": 5}}, None),
+        ({"derived": {"run_id": ""}}, None),
+        ({"derived": {"run_id": "abc"}}, "abc"),
+    ],
+    ids=["no-derived", "derived-a-list", "no-run-id", "run-id-an-int", "run-id-empty", "run-id"],
+)
 def test_folder_run_id_is_a_non_empty_string_or_none(tmp_path, config, run_id):
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert folder_run_id(tmp_path) == run_id, f"config {config}: run id should be {run_id!r}"
@@ -962,9 +1121,10 @@ def test_check_room_says_both_sizes_in_mib_and_which_checkpoint_is_intact(tmp_pa
     _free(monkeypatch, 3 * MiB // 2)  # 1.5 MiB
     with pytest.raises(GptspeedError) as e:
         check_room(tmp_path, 3)
-    assert str(e.value) == (f"not enough space to save step 3 in {tmp_path}: 1.5 MiB free, the last checkpoint took "
-                            "2.5 MiB; the checkpoint of step 1 is intact: free space, then --resume"), \
-        "check_room must give the free space (1.5) and the last checkpoint's size (2.5) in MiB (bytes / 2**20)"
+    assert str(e.value) == (
+        f"not enough space to save step 3 in {tmp_path}: 1.5 MiB free, the last checkpoint took "
+        "2.5 MiB; the checkpoint of step 1 is intact: free space, then --resume"
+    ), "check_room must give the free space (1.5) and the last checkpoint's size (2.5) in MiB (bytes / 2**20)"
 
 
 def test_check_room_lets_a_save_go_when_the_free_space_equals_the_last_checkpoints_size(tmp_path, monkeypatch):
@@ -994,16 +1154,18 @@ def _names(folder: Path) -> list[str]:
 def test_save_checkpoint_keeps_the_newest_two_by_default(tmp_path):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, {"step": step, "run_id": RUN_ID})
-    assert _names(tmp_path) == ["ckpt_00000002.json", "ckpt_00000002.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], \
+    assert _names(tmp_path) == ["ckpt_00000002.json", "ckpt_00000002.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], (
         "save_checkpoint without keep must keep the newest 2 checkpoints"
+    )
 
 
 def test_save_checkpoint_prunes_its_own_runs_checkpoints_only(tmp_path):
     write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1, "run_id": "another-run"})  # copied in
     save_checkpoint(tmp_path, {"step": 2, "run_id": RUN_ID}, keep=1)
     save_checkpoint(tmp_path, {"step": 3, "run_id": RUN_ID}, keep=1)
-    assert _names(tmp_path) == ["ckpt_00000001.json", "ckpt_00000001.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], \
+    assert _names(tmp_path) == ["ckpt_00000001.json", "ckpt_00000001.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], (
         "save_checkpoint must prune by the state's run id: another run's checkpoint is never counted nor deleted"
+    )
 
 
 # ------------------------------------------------------------------ the Checkpointer: defaults, where parts go
@@ -1030,8 +1192,9 @@ def test_a_checkpointer_keeps_the_newest_two_by_default(tmp_path):
     ck = _tiny(Checkpointer(tmp_path, meta={"run_id": RUN_ID}))
     for step in (1, 2, 3):
         ck.save(step)
-    assert _names(tmp_path) == ["ckpt_00000002.json", "ckpt_00000002.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], \
+    assert _names(tmp_path) == ["ckpt_00000002.json", "ckpt_00000002.pt", "ckpt_00000003.json", "ckpt_00000003.pt"], (
         "a Checkpointer made without keep must keep the newest 2 checkpoints"
+    )
 
 
 def test_a_checkpointer_saves_only_at_the_last_step_by_default(tmp_path):
@@ -1058,16 +1221,18 @@ def test_a_pt_checkpoint_records_the_optimizers_layout_and_one_without_an_optimi
     ck.register("optimizer", OptimizerState(model, optimizer))
     state = load_checkpoint(ck.save(1))
     layout = state.get("optimizer_layout")
-    assert layout == [["optimizer", 3]], \
+    assert layout == [["optimizer", 3]], (
         f"the checkpoint must record the optimizer's layout (one optimizer, 3 param groups), got {layout!r}"
+    )
     assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [0.1, 0.2, 0.1 * 3]
     weights = tmp_path / "weights"
     weights.mkdir()
     ck = Checkpointer(weights)
     ck.register("model", ModelState(model))
     state = load_checkpoint(ck.save(1))
-    assert sorted(state) == ["format", "format_version", "model", "step"], \
+    assert sorted(state) == ["format", "format_version", "model", "step"], (
         "a checkpoint without an optimizer records no optimizer_layout"
+    )
 
 
 def test_a_sharded_checkpointer_shards_the_parts_registered_sharded_and_puts_the_others_in_meta_pt(tmp_path):
@@ -1080,14 +1245,17 @@ def test_a_sharded_checkpointer_shards_the_parts_registered_sharded_and_puts_the
     ck.register("rng", Part({"torch": torch.arange(4, dtype=torch.uint8)}))
     final = ck.save(2)
     assert final == tmp_path / "ckpt_00000002.dcp"
-    assert sorted(read_metadata(final).state_dict_metadata) == ["model.bias", "model.weight"], \
+    assert sorted(read_metadata(final).state_dict_metadata) == ["model.bias", "model.weight"], (
         "only the parts registered with sharded=True go into the shards"
+    )
     meta = load_checkpoint(final)
-    assert "model" not in meta and "optimizer" in meta and "rng" in meta, \
+    assert "model" not in meta and "optimizer" in meta and "rng" in meta, (
         f"a part registered without sharded=True must be saved in meta.pt; meta.pt holds {sorted(meta)}"
+    )
     layout = meta.get("optimizer_layout")
-    assert layout == [["optimizer", 3]], \
+    assert layout == [["optimizer", 3]], (
         f"a sharded checkpoint must record the optimizer's layout (one optimizer, 3 param groups), got {layout!r}"
+    )
     # ... and a checkpointer registered the same way restores each part from its place
     model2 = torch.nn.Linear(3, 2)
     torch.nn.init.zeros_(model2.weight)
@@ -1102,7 +1270,9 @@ def test_a_sharded_checkpointer_shards_the_parts_registered_sharded_and_puts_the
 
 # ------------------------------------------------------------------ prune_checkpoints: what is already gone; seals: what they record
 @pytest.mark.parametrize("gone", ["seal", "file"])
-def test_prune_does_not_raise_when_another_process_removed_part_of_an_old_checkpoint_meanwhile(tmp_path, monkeypatch, gone):
+def test_prune_does_not_raise_when_another_process_removed_part_of_an_old_checkpoint_meanwhile(
+    tmp_path, monkeypatch, gone
+):
     import gptspeed.checkpoint.formats as formats
 
     old, new = tmp_path / "ckpt_00000001.pt", tmp_path / "ckpt_00000002.pt"
@@ -1163,9 +1333,14 @@ def test_a_seal_repeats_the_step_config_data_world_size_and_run_id_and_says_the_
         state["optimizer"] = {"state": {}, "param_groups": []}
     write_checkpoint_file(ckpt, state)
     seal = json.loads(ckpt.with_suffix(".json").read_text())
-    assert {k: v for k, v in seal.items() if k not in ("bytes", "sha256")} == \
-        {"step": 3, "config": CONFIG, "data": {"tokens": 10}, "world_size": 4, "run_id": RUN_ID, "kind": kind}, \
-        f"the seal must repeat step, config, data, world_size and run_id, and say kind {kind!r}; it holds {seal}"
+    assert {k: v for k, v in seal.items() if k not in ("bytes", "sha256")} == {
+        "step": 3,
+        "config": CONFIG,
+        "data": {"tokens": 10},
+        "world_size": 4,
+        "run_id": RUN_ID,
+        "kind": kind,
+    }, f"the seal must repeat step, config, data, world_size and run_id, and say kind {kind!r}; it holds {seal}"
 
 
 # ------------------------------------------------------------------ the run folder and its lock
@@ -1179,11 +1354,14 @@ def test_a_checkpoint_that_needs_more_space_than_is_free_names_both_in_gib(tmp_p
     assert f"{tmp_path} has 1.00 GiB free but a checkpoint needs about 1.50 GiB" in str(e.value)
 
 
-@pytest.mark.parametrize("n, shown", [
-    (5, "a0, a1, a2, a3, a4)"),
-    (6, "a0, a1, a2, a3, a4 and 1 more)"),
-    (7, "a0, a1, a2, a3, a4 and 2 more)"),
-])
+@pytest.mark.parametrize(
+    "n, shown",
+    [
+        (5, "a0, a1, a2, a3, a4)"),
+        (6, "a0, a1, a2, a3, a4 and 1 more)"),
+        (7, "a0, a1, a2, a3, a4 and 2 more)"),
+    ],
+)
 def test_a_foreign_folder_shows_its_first_five_entries_and_counts_the_rest(tmp_path, n, shown):
     from gptspeed.checkpoint.folder import refuse_foreign_folder
 
@@ -1280,10 +1458,15 @@ def test_the_checkpoint_size_estimate_is_weights_plus_fp32_moments_plus_one_mib(
     model.a = torch.nn.Parameter(torch.zeros(2, 3))  # 6 fp32: 24 bytes
     model.b = torch.nn.Parameter(torch.zeros(10, dtype=torch.bfloat16))  # 10 bf16: 20 bytes
     weights, moments = 24 + 20, (6 + 10) * 4
-    for states, expected in [(None, weights + 2 * moments + 2**20), (0, weights + 2**20), (1, weights + moments + 2**20)]:
+    for states, expected in [
+        (None, weights + 2 * moments + 2**20),
+        (0, weights + 2**20),
+        (1, weights + moments + 2**20),
+    ]:
         got = estimate_checkpoint_bytes(model) if states is None else estimate_checkpoint_bytes(model, states)
-        assert type(got) is int and got == expected, \
+        assert type(got) is int and got == expected, (
             f"optimizer_states={states}: expected {expected} bytes (weights + fp32 moments + 1 MiB), got {got!r}"
+        )
 
 
 def test_a_model_state_is_the_plain_modules_by_default_and_refuses_an_empty_state():
@@ -1296,9 +1479,11 @@ def test_a_model_state_is_the_plain_modules_by_default_and_refuses_an_empty_stat
     assert part.sharded is False, "ModelState's sharded must default to False"
     with pytest.raises(GptspeedError) as e:
         load_part(Path("ckpt_00000001.pt"), "model", part, {})
-    assert str(e.value) == ('checkpoint ckpt_00000001.pt: its model state does not fit this run (Missing key(s) in '
-                            'state_dict: "weight", "bias".): resume with the settings it was written with, or start a '
-                            'new --out'), f"an empty model state must be refused as missing every weight, got {e.value}"
+    assert str(e.value) == (
+        "checkpoint ckpt_00000001.pt: its model state does not fit this run (Missing key(s) in "
+        'state_dict: "weight", "bias".): resume with the settings it was written with, or start a '
+        "new --out"
+    ), f"an empty model state must be refused as missing every weight, got {e.value}"
 
 
 def test_the_optimizer_layout_names_each_underlying_optimizer_by_the_optimizers_names():
@@ -1306,8 +1491,9 @@ def test_the_optimizer_layout_names_each_underlying_optimizer_by_the_optimizers_
     (MuonWithAdamW: ("adamw", "muon")), "optimizer" for one without names."""
     from gptspeed.checkpoint import OptimizerState
 
-    both = SimpleNamespace(names=("adamw", "muon"), optimizers=[SimpleNamespace(param_groups=[{}, {}]),
-                                                                 SimpleNamespace(param_groups=[{}])])
+    both = SimpleNamespace(
+        names=("adamw", "muon"), optimizers=[SimpleNamespace(param_groups=[{}, {}]), SimpleNamespace(param_groups=[{}])]
+    )
     layout = OptimizerState(None, both).layout()
     assert layout == [["adamw", 2], ["muon", 1]], f"the layout must use the optimizer's names, got {layout!r}"
     assert OptimizerState(None, _ThreeGroups()).layout() == [["optimizer", 3]]
@@ -1320,14 +1506,16 @@ def test_rng_state_saves_the_cuda_generator_of_its_device_under_cuda_and_none_on
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": calls.append(device) or cuda_state)
     cuda = torch.device("cuda", 0)
     sd = RNGState(cuda).state_dict()
-    assert sorted(sd) == ["cuda", "torch"] and sd["cuda"] is cuda_state, \
+    assert sorted(sd) == ["cuda", "torch"] and sd["cuda"] is cuda_state, (
         f"a cuda RNGState must save its CUDA generator's state under 'cuda', got {sd}"
+    )
     assert calls == [cuda], f"the CUDA state must be read from the RNGState's own device, read from {calls}"
     assert torch.equal(sd["torch"], torch.get_rng_state())
     calls.clear()
     sd = RNGState(torch.device("cpu")).state_dict()
-    assert sorted(sd) == ["cuda", "torch"] and sd["cuda"] is None and calls == [], \
+    assert sorted(sd) == ["cuda", "torch"] and sd["cuda"] is None and calls == [], (
         f"a cpu RNGState saves 'cuda': None and reads no CUDA state, got {sd} and reads {calls}"
+    )
 
 
 def test_not_of_run_names_the_first_12_characters_of_both_run_ids(tmp_path):
@@ -1335,9 +1523,10 @@ def test_not_of_run_names_the_first_12_characters_of_both_run_ids(tmp_path):
     ckpt.with_suffix(".json").write_text(json.dumps({"step": 3, "run_id": "abcdefghijklmnopqrstuvwxyz"}))
     from gptspeed.checkpoint import not_of_run
 
-    assert not_of_run(ckpt, "0123456789ABCDEFGHIJ") == \
-        "it belongs to another run (run id abcdefghijkl; this folder's run is 0123456789AB)", \
-        "the reason must name the seal's run id and this folder's, each cut to 12 characters"
+    assert (
+        not_of_run(ckpt, "0123456789ABCDEFGHIJ")
+        == "it belongs to another run (run id abcdefghijkl; this folder's run is 0123456789AB)"
+    ), "the reason must name the seal's run id and this folder's, each cut to 12 characters"
     assert not_of_run(ckpt, "abcdefghijklmnopqrstuvwxyz") is None
 
 
@@ -1366,8 +1555,9 @@ def test_a_copy_with_the_same_names_sizes_and_times_in_another_folder_is_hashed_
         st = (a / name).stat()
         os.utime(b / name, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert check_checkpoint(a / "ckpt_00000001.pt") is None
-    assert check_checkpoint(b / "ckpt_00000001.pt") == "sha256 does not match its seal (corrupted)", \
+    assert check_checkpoint(b / "ckpt_00000001.pt") == "sha256 does not match its seal (corrupted)", (
         "a corrupted copy in another folder must not pass as the verified original"
+    )
 
 
 def test_marking_an_unlistable_checkpoint_verified_vouches_for_no_other(tmp_path):
@@ -1376,5 +1566,6 @@ def test_marking_an_unlistable_checkpoint_verified_vouches_for_no_other(tmp_path
     from gptspeed.checkpoint.seals import mark_verified
 
     mark_verified(tmp_path / "gone" / "ckpt_00000001.pt")
-    assert check_checkpoint(tmp_path / "ckpt_00000002.pt") == "not sealed (interrupted while saving?)", \
+    assert check_checkpoint(tmp_path / "ckpt_00000002.pt") == "not sealed (interrupted while saving?)", (
         "a missing checkpoint must not be taken as verified because another missing path was marked"
+    )

@@ -33,8 +33,10 @@ def random_items(n: int, seed: int, label=None) -> list[HellaSwagItem]:
     items = []
     for _ in range(n):
         ctx = tuple(torch.randint(0, 50000, (int(torch.randint(1, 8, (1,), generator=g)),), generator=g).tolist())
-        endings = tuple(tuple(torch.randint(0, 50000, (int(torch.randint(1, 6, (1,), generator=g)),),
-                                            generator=g).tolist()) for _ in range(4))
+        endings = tuple(
+            tuple(torch.randint(0, 50000, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist())
+            for _ in range(4)
+        )
         items.append(HellaSwagItem(ctx=ctx, endings=endings, label=0 if label is None else label))
     return items
 
@@ -50,7 +52,7 @@ def ending_losses(model, item: HellaSwagItem, autocast=None) -> list[tuple[float
         start = max(len(item.ctx) - drop, 1)
         with torch.no_grad(), autocast if autocast is not None else torch.autocast("cpu", enabled=False):
             logits = model(torch.tensor([toks]))[0][0].float()
-        ce = F.cross_entropy(logits[start - 1:len(toks) - 1], torch.tensor(toks[start:]), reduction="sum")
+        ce = F.cross_entropy(logits[start - 1 : len(toks) - 1], torch.tensor(toks[start:]), reduction="sum")
         out.append((float(ce), len(toks) - start))
     return out
 
@@ -81,8 +83,9 @@ def test_score_items_under_autocast_scores_in_the_autocast_dtype(model):
     bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
     total, _ = score_items(model, items, "cpu", bf16)
     total32, _ = score_items(model, items, "cpu")
-    ref = torch.tensor([[t for t, _ in ending_losses(model, it, torch.autocast("cpu", dtype=torch.bfloat16))]
-                        for it in items])
+    ref = torch.tensor(
+        [[t for t, _ in ending_losses(model, it, torch.autocast("cpu", dtype=torch.bfloat16))] for it in items]
+    )
     assert torch.allclose(total, ref, rtol=1e-3, atol=1e-3) and not torch.equal(total, total32)
 
 
@@ -95,8 +98,13 @@ def test_score_items_makes_every_tensor_on_the_device_asked_for(model, monkeypat
 
     on_meta = copy.deepcopy(model).to("meta")
     real = torch.bincount
-    monkeypatch.setattr(torch, "bincount", lambda t, minlength=0: real(t, minlength=minlength) if not t.is_meta
-                        else torch.zeros(minlength, dtype=torch.long, device=t.device))
+    monkeypatch.setattr(
+        torch,
+        "bincount",
+        lambda t, minlength=0: (
+            real(t, minlength=minlength) if not t.is_meta else torch.zeros(minlength, dtype=torch.long, device=t.device)
+        ),
+    )
     total, count = score_items(on_meta, random_items(3, 2), "meta")
     assert total.device.type == count.device.type == "meta", "score_items left its sums off the device asked for"
     assert total.shape == count.shape == (3, 4)
@@ -112,8 +120,9 @@ def test_evaluate_makes_its_counters_and_labels_on_the_device_asked_for(model):
     with torch.device("meta"):
         got = evaluate_hellaswag(model, items, device="cpu", batch_examples=2)
     keys = ("examples", "correct", "correct_norm", "nan_examples")
-    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, \
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, (
         "evaluate_hellaswag's counts depend on the default device"
+    )
     assert (want["examples"], want["correct"], want["nan_examples"]) == (5, 5, 0)  # labels: the model's own best
 
 
@@ -134,8 +143,10 @@ def test_accuracies_count_the_models_own_best_endings(model, batch):
 
 def test_the_mean_divides_by_the_scored_tokens_one_token_endings_included(model):
     """Endings of 1 token next to longer ones: the mean of a 1-token ending is its loss itself."""
-    items = [HellaSwagItem(ctx=c, endings=((11,), (12, 13, 14), (15,), (16, 17)), label=0)
-             for c in ((1, 2, 3), (4, 5), (6,), (9, 8, 7, 6))]
+    items = [
+        HellaSwagItem(ctx=c, endings=((11,), (12, 13, 14), (15,), (16, 17)), label=0)
+        for c in ((1, 2, 3), (4, 5), (6,), (9, 8, 7, 6))
+    ]
     by_mean = labelled(model, items, True)
     assert evaluate_hellaswag(model, by_mean, device="cpu", batch_examples=2)["correct_norm"] == 4
 
@@ -151,8 +162,13 @@ def test_batches_go_longest_first_and_batch_size_one_is_allowed(model, monkeypat
     items = random_items(6, 5)
     seen = []
     real = hs.score_items
-    monkeypatch.setattr(hs, "score_items", lambda m, batch, *a: seen.append([max(len(it.ctx) + len(e) for e in it.endings)
-                                                                         for it in batch]) or real(m, batch, *a))
+    monkeypatch.setattr(
+        hs,
+        "score_items",
+        lambda m, batch, *a: (
+            seen.append([max(len(it.ctx) + len(e) for e in it.endings) for it in batch]) or real(m, batch, *a)
+        ),
+    )
     evaluate_hellaswag(model, items, device="cpu", batch_examples=1)
     lengths = [s[0] for s in seen]
     assert len(seen) == 6 and lengths == sorted(lengths, reverse=True)
@@ -180,8 +196,16 @@ def test_the_mode_is_restored_and_the_timing_is_the_calls(model, monkeypatch):
     assert model.training
     model.eval()
     assert 0 < r["seconds"] <= wall and r["examples_per_s"] == pytest.approx(3 / r["seconds"])
-    assert set(r) == {"examples", "correct", "correct_norm", "acc", "acc_norm", "seconds", "examples_per_s",
-                      "nan_examples"}
+    assert set(r) == {
+        "examples",
+        "correct",
+        "correct_norm",
+        "acc",
+        "acc_norm",
+        "seconds",
+        "examples_per_s",
+        "nan_examples",
+    }
     monkeypatch.setattr(hs.time, "perf_counter", lambda: 5.0)  # a clock that did not move: no rate
     r = evaluate_hellaswag(model, random_items(2, 7), device="cpu")
     assert r["seconds"] == 0 and r["examples_per_s"] is None
@@ -210,8 +234,9 @@ class FakeDist:
 def test_ranks_take_every_world_size_th_example_and_sum_their_counts(model, monkeypatch):
     items = labelled(model, random_items(7, 8), False)
     alone = [evaluate_hellaswag(model, items[r::2], device="cpu") for r in (0, 1)]
-    fake = FakeDist(rank=1, world=2, others=torch.tensor([alone[0]["examples"], alone[0]["correct"],
-                                                          alone[0]["correct_norm"], 0]))
+    fake = FakeDist(
+        rank=1, world=2, others=torch.tensor([alone[0]["examples"], alone[0]["correct"], alone[0]["correct_norm"], 0])
+    )
     fake.install(monkeypatch)
     r = evaluate_hellaswag(model, items, device="cpu")  # rank and world size from torch.distributed
     assert len(fake.reduced) == 1 and fake.reduced[0].tolist() == [3, 3, alone[1]["correct_norm"], 0]
@@ -234,8 +259,11 @@ def test_the_training_hook_scores_under_the_runs_autocast(model, monkeypatch):
 
     seen = []
     monkeypatch.setattr(hs, "load_hellaswag", lambda max_examples: random_items(2, 10))
-    monkeypatch.setattr(hs, "evaluate_hellaswag", lambda m, items, **kw: seen.append(kw) or
-                        {"acc_norm": 0.5, "acc": 0.25, "examples": 2})
+    monkeypatch.setattr(
+        hs,
+        "evaluate_hellaswag",
+        lambda m, items, **kw: seen.append(kw) or {"acc_norm": 0.5, "acc": 0.25, "examples": 2},
+    )
     cfg = preset("pico").override(dict(hellaswag_every=5, hellaswag_examples=2))
     rt = Runtime(device=torch.device("cpu"), dtype="bfloat16", autocast_dtype=torch.bfloat16, compile=False)
     out = hs.hellaswag_hook(cfg, rt)(model)
@@ -260,8 +288,10 @@ def test_read_examples_skips_blank_lines_and_stops_at_max_examples(tmp_path):
     assert len(hs.read_examples(path, max_examples=2)) == 2
 
 
-@pytest.mark.parametrize("bad", [dict(EX, label=4), dict(EX, label=-1), dict(EX, endings=["a"] * 3), "{not json",
-                                 dict(EX, ctx=3), {"ctx": "x"}])
+@pytest.mark.parametrize(
+    "bad",
+    [dict(EX, label=4), dict(EX, label=-1), dict(EX, endings=["a"] * 3), "{not json", dict(EX, ctx=3), {"ctx": "x"}],
+)
 def test_read_examples_names_the_line_that_is_not_an_example(tmp_path, bad):
     path = write_jsonl(tmp_path / "h.jsonl", [EX, bad])
     with pytest.raises(GptspeedError, match=rf"^{path}:2 is not a HellaSwag example \(ctx, 4 endings, label 0-3\)$"):
@@ -301,8 +331,9 @@ def test_the_mirrors_file_is_used_when_its_hash_is_right(official, tmp_path):
     actual = hashlib.sha256(b"tampered\n").hexdigest()
     with pytest.raises(GptspeedError) as e:
         hs.hellaswag_file()
-    assert str(e.value) == (f"{good} has sha256 {actual}, expected {sha}: replace it with the official file or "
-                            "unset GPTSPEED_DATA_MIRROR")
+    assert str(e.value) == (
+        f"{good} has sha256 {actual}, expected {sha}: replace it with the official file or unset GPTSPEED_DATA_MIRROR"
+    )
 
 
 def test_the_cache_is_used_when_its_hash_is_right_else_downloaded_again(official, tmp_path):
@@ -331,8 +362,11 @@ def test_load_hellaswag_reads_the_official_file_with_progress_by_default(officia
 def test_the_autocast_given_is_the_one_every_batch_is_scored_under(model, monkeypatch):
     seen = []
     real = hs.score_items
-    monkeypatch.setattr(hs, "score_items", lambda m, batch, device, autocast: seen.append((device, autocast))
-                        or real(m, batch, device, autocast))
+    monkeypatch.setattr(
+        hs,
+        "score_items",
+        lambda m, batch, device, autocast: seen.append((device, autocast)) or real(m, batch, device, autocast),
+    )
     bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
     evaluate_hellaswag(model, random_items(3, 11), device="cpu", autocast=bf16, batch_examples=2)
     assert seen == [("cpu", bf16), ("cpu", bf16)]
@@ -348,8 +382,10 @@ def test_an_ending_with_nothing_before_it_is_scored_with_zero_tokens_even_in_the
     """An empty context and a one-token ending: that token has nothing to be predicted from, so
     its ending counts 0 tokens and 0 loss -- also when it is the batch's very last row (the
     counts are still (N, 4), not cut short)."""
-    items = [HellaSwagItem(ctx=(5, 6), endings=((1, 2), (3,), (4, 5), (8,)), label=0),
-             HellaSwagItem(ctx=(), endings=((11, 12, 13), (14, 15), (16, 17), (18,)), label=0)]
+    items = [
+        HellaSwagItem(ctx=(5, 6), endings=((1, 2), (3,), (4, 5), (8,)), label=0),
+        HellaSwagItem(ctx=(), endings=((11, 12, 13), (14, 15), (16, 17), (18,)), label=0),
+    ]
     total, count = score_items(model, items, "cpu")
     assert total.shape == count.shape == (2, 4)
     assert count.tolist() == [[2, 1, 2, 1], [2, 1, 1, 0]]

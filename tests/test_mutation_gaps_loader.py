@@ -106,8 +106,10 @@ def test_a_position_off_the_new_world_sizes_batches_is_refused_naming_both(shard
     assert state["shard_index"] == 0
     with pytest.raises(GptspeedError) as e:
         TokenLoader(shards, B, T, rank=0, world_size=2).load_state_dict(state)
-    assert str(e.value) == ("the checkpoint's data position was saved with world size 1 and does not fall on a batch "
-                            "boundary for world size 2: resume with 1 process(es)")
+    assert str(e.value) == (
+        "the checkpoint's data position was saved with world size 1 and does not fall on a batch "
+        "boundary for world size 2: resume with 1 process(es)"
+    )
 
 
 def test_random_sampling_is_never_re_sharded(shards):
@@ -133,9 +135,12 @@ def test_a_state_without_its_sampling_field_is_sequential(shards):
     b = TokenLoader(shards, B, T)
     b.load_state_dict(state)
     assert b.batches == 4
-    with pytest.raises(GptspeedError, match="^the checkpoint's data position does not fit this data folder or batch "
-                                            r"shape \(different shards, batch size, sequence length, world size, "
-                                            r"sampling or seed\)$"):
+    with pytest.raises(
+        GptspeedError,
+        match="^the checkpoint's data position does not fit this data folder or batch "
+        r"shape \(different shards, batch size, sequence length, world size, "
+        r"sampling or seed\)$",
+    ):
         TokenLoader(shards, B, T, sampling="random").load_state_dict(state)
 
 
@@ -194,8 +199,11 @@ def test_a_state_of_another_batch_split_is_refused_even_with_the_same_global_bat
 
 def test_an_unrecorded_world_size_is_named_as_a_whole_number(shards):
     state = {k: v for k, v in advanced(TokenLoader(shards, B, T), 21).state_dict().items() if k != "world_size"}
-    with pytest.raises(GptspeedError, match="^the checkpoint's data position was saved with world size 1 and does not "
-                                            "fall on a batch boundary for world size 2: resume with 1 process"):
+    with pytest.raises(
+        GptspeedError,
+        match="^the checkpoint's data position was saved with world size 1 and does not "
+        "fall on a batch boundary for world size 2: resume with 1 process",
+    ):
         TokenLoader(shards, B, T, rank=0, world_size=2).load_state_dict(state)
 
 
@@ -204,8 +212,9 @@ def test_eval_schedule_reads_the_whole_split_by_default():
     """No budget given: every window, batch_size at a time, the last of a shard smaller. 101 tokens
     hold 10 windows of 10 (+1): 4 + 4 + 2; 30 tokens hold 2."""
     got = list(eval_schedule([101, 30], 4, 10))
-    assert got == [(0, 0, 4), (0, 4, 4), (0, 8, 2), (1, 0, 2)], \
+    assert got == [(0, 0, 4), (0, 4, 4), (0, 8, 2), (1, 0, 2)], (
         f"the default budget did not read the whole split: {got}"
+    )
 
 
 def test_eval_schedule_takes_a_budget_of_one_token_as_a_budget():
@@ -226,8 +235,9 @@ def test_a_batch_reads_its_b_t_plus_one_tokens_and_not_one_more(tmp_path):
     with open(path, "r+b") as f:
         f.truncate(HEADER_BYTES + 2 * 33)
     x, y = loader.next_batch()
-    assert x.flatten().tolist() == list(range(116, 132)) and y.flatten().tolist() == list(range(117, 133)), \
+    assert x.flatten().tolist() == list(range(116, 132)) and y.flatten().tolist() == list(range(117, 133)), (
         "the second batch is not tokens 16..32 of the shard"
+    )
 
 
 def test_a_bad_token_is_named_with_its_shard_and_its_place_in_the_shard(tmp_path):
@@ -241,8 +251,9 @@ def test_a_bad_token_is_named_with_its_shard_and_its_place_in_the_shard(tmp_path
     loader.next_batch()  # tokens 16..32: fine
     with pytest.raises(GptspeedError) as e:
         loader.next_batch()
-    assert str(e.value).startswith(f"{path}: token id 60000 at token 50 is not below the vocabulary size 1000: "), \
+    assert str(e.value).startswith(f"{path}: token id 60000 at token 50 is not below the vocabulary size 1000: "), (
         f"the message does not name the shard and the token's place in it: {e.value}"
+    )
 
 
 # ------------------------------------------------------------------------------ caches
@@ -344,8 +355,9 @@ def test_the_previous_epochs_permutation_is_kept_and_older_ones_dropped(shards, 
     assert loader._window(106) == last  # a thread behind, after epoch 1 began
     loader._window(214)  # epoch 2's first
     assert loader._window(106) == last
-    assert [e for _, e in draws] == [0, 1, 2, 0], \
+    assert [e for _, e in draws] == [0, 1, 2, 0], (
         f"epochs drawn {[e for _, e in draws]}: epoch 0 kept while epoch 1 began, dropped once epoch 2 did"
+    )
 
 
 def test_wait_s_adds_up_the_time_of_every_batch(shards, monkeypatch):
@@ -377,8 +389,10 @@ def test_a_shard_holds_one_batch_per_full_window_plus_the_one_token_of_its_last_
 def test_a_split_too_short_for_one_batch_says_how_many_tokens_it_has_and_needs(tmp_path):
     with pytest.raises(GptspeedError) as e:
         TokenLoader([_shard_of(tmp_path, 16, "train_000000.bin")], B, T)
-    assert str(e.value) == ("train split has 16 tokens, fewer than one micro-batch needs (batch_size 2 x seq_len 8 "
-                            "x world size 1 + 1 = 17): lower --batch-size / --seq-len or prepare more text"), str(e.value)
+    assert str(e.value) == (
+        "train split has 16 tokens, fewer than one micro-batch needs (batch_size 2 x seq_len 8 "
+        "x world size 1 + 1 = 17): lower --batch-size / --seq-len or prepare more text"
+    ), str(e.value)
     with pytest.raises(GptspeedError, match=r"^train split has 0 tokens, fewer than one micro-batch needs"):
         TokenLoader([], B, T)  # no shard at all: said the same way
 
@@ -387,8 +401,7 @@ def test_by_default_random_sampling_uses_seed_0_and_batches_are_made_in_the_call
     loader = TokenLoader(shards, B, T, sampling="random")
     perm = np.random.default_rng([0, 0]).permutation(loader.batches_per_epoch)
     i = int(perm[0])
-    assert loader._window(0) == window_of(i), \
-        "the default seed is 0"
+    assert loader._window(0) == window_of(i), "the default seed is 0"
     before = {t.name for t in threading.enumerate()}
     loader.next_batch()
     started = {t.name for t in threading.enumerate()} - before
@@ -427,10 +440,12 @@ def test_close_gives_up_on_a_worker_stuck_in_a_read_after_a_bounded_wait(shards,
     try:
         loader.next_batch()  # batch 0; the worker is now stuck in batch 1
         for t in loader._prefetcher._threads:
+
             def join(timeout=None, real_join=t.join):
                 waits.append(timeout)
                 assert timeout is not None, "close() would wait forever for a worker stuck in a read"
                 real_join(0)  # a join that timed out: the thread is left behind (a daemon)
+
             t.join = join
         loader.close()
     finally:
@@ -446,12 +461,14 @@ def test_a_token_id_equal_to_the_vocabulary_size_is_refused_and_the_first_bad_on
     loader_mod.check_token_ids(np.array([1, 9, 3], dtype=np.uint16), 10, "s.bin", 0)  # all below: fine
     with pytest.raises(GptspeedError) as e:
         loader_mod.check_token_ids(np.array([1, 10, 3], dtype=np.uint16), 10, "s.bin", 40)
-    assert str(e.value).startswith("s.bin: token id 10 at token 41 is not below the vocabulary size 10: "), \
+    assert str(e.value).startswith("s.bin: token id 10 at token 41 is not below the vocabulary size 10: "), (
         f"an id equal to the vocabulary size is not refused as the id at token 41: {e.value}"
+    )
     with pytest.raises(GptspeedError) as e:
         loader_mod.check_token_ids(np.array([1, 10, 3, 11], dtype=np.uint16), 10, "s.bin", 0)
-    assert str(e.value).startswith("s.bin: token id 10 at token 1 "), \
+    assert str(e.value).startswith("s.bin: token id 10 at token 1 "), (
         f"the first id >= the vocabulary size (10 at token 1) is not the one named: {e.value}"
+    )
 
 
 def test_host_tensor_pins_the_host_memory_for_a_cuda_device_only(monkeypatch):
@@ -475,7 +492,9 @@ def test_an_int64_array_becomes_a_host_tensor_without_a_copy():
     buf = np.arange(6, dtype=np.int64)
     t = loader_mod.host_tensor(buf, torch.device("cpu"))
     assert np.shares_memory(t.numpy(), buf), "an int64 array was copied on its way to a host tensor"
-    assert np.shares_memory(to_device(buf, torch.device("cpu")).numpy(), buf), "to_device copied an int64 array on the CPU"
+    assert np.shares_memory(to_device(buf, torch.device("cpu")).numpy(), buf), (
+        "to_device copied an int64 array on the CPU"
+    )
 
 
 # ------------------------------------------------------------------------------ evaluation: edges
@@ -483,8 +502,9 @@ def test_eval_schedule_gives_no_batch_for_a_shard_too_short_for_one_window():
     """Shards of 0, 1 and 10 tokens hold no window of 10 (+1): they give no batch (not an empty one)
     whether they come first, between or last; 11 tokens hold exactly one."""
     got = list(eval_schedule([0, 101, 1, 10, 11, 10], 4, 10))
-    assert got == [(1, 0, 4), (1, 4, 4), (1, 8, 2), (4, 0, 1)], \
+    assert got == [(1, 0, 4), (1, 4, 4), (1, 8, 2), (4, 0, 1)], (
         f"shards without a full window gave batches (or rows of 0): {got}"
+    )
 
 
 def _val_shard(path, toks):
@@ -497,17 +517,21 @@ def test_a_val_split_of_exactly_one_sequence_plus_one_token_is_evaluated(tmp_pat
     refused, with the message naming both counts."""
     ok = _val_shard(tmp_path / "val_000000.bin", np.arange(100, 111))
     got = [(x.tolist(), y.tolist()) for x, y in iter_eval_batches([ok], 4, 10)]
-    assert got == [([list(range(100, 110))], [list(range(101, 111))])], \
+    assert got == [([list(range(100, 110))], [list(range(101, 111))])], (
         f"a split of seq_len + 1 tokens did not give its one sequence: {got}"
+    )
     short = _val_shard(tmp_path / "val_000001.bin", np.arange(100, 110))
     with pytest.raises(GptspeedError) as e:
         list(iter_eval_batches([short], 4, 10))
-    assert str(e.value) == ("val split has 10 tokens, fewer than one sequence (seq_len 10 + 1): prepare more text, "
-                            "raise --val-fraction or lower --seq-len"), f"a split of seq_len tokens: {e.value}"
+    assert str(e.value) == (
+        "val split has 10 tokens, fewer than one sequence (seq_len 10 + 1): prepare more text, "
+        "raise --val-fraction or lower --seq-len"
+    ), f"a split of seq_len tokens: {e.value}"
     with pytest.raises(GptspeedError) as e:  # no val shard at all: 0 tokens, the same one line
         list(iter_eval_batches([], 4, 10))
-    assert str(e.value).startswith("val split has 0 tokens, fewer than one sequence (seq_len 10 + 1)"), \
+    assert str(e.value).startswith("val split has 0 tokens, fewer than one sequence (seq_len 10 + 1)"), (
         f"an empty val split: {e.value}"
+    )
 
 
 def test_a_bad_token_in_the_val_split_is_named_with_its_shard_and_its_place_in_the_shard(tmp_path):
@@ -522,5 +546,6 @@ def test_a_bad_token_in_the_val_split_is_named_with_its_shard_and_its_place_in_t
         next(batches)
     with pytest.raises(GptspeedError) as e:
         next(batches)
-    assert str(e.value).startswith(f"{second}: token id 5000 at token 25 is not below the vocabulary size 1000: "), \
+    assert str(e.value).startswith(f"{second}: token id 5000 at token 25 is not below the vocabulary size 1000: "), (
         f"the message does not name the val shard and the token's place in it: {e.value}"
+    )

@@ -5,10 +5,9 @@ CUDA. No subprocess, no GPU."""
 
 import pytest
 import torch
+from conftest import fake_packages
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from conftest import fake_packages
 
 import gptspeed.loss as loss_mod
 from gptspeed.errors import GptspeedError
@@ -56,16 +55,20 @@ def test_gradients_keep_each_inputs_dtype_when_the_two_differ():
 
 def test_liger_is_refused_off_cuda_naming_the_device():
     x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.randint(0, 10, (4,))
-    with pytest.raises(GptspeedError, match=r"^--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU "
-                                            r"\(not cpu\): use --loss fused$"):
+    with pytest.raises(
+        GptspeedError,
+        match=r"^--loss liger runs Liger-Kernel's Triton kernels, which need a CUDA GPU "
+        r"\(not cpu\): use --loss fused$",
+    ):
         liger_linear_cross_entropy(x, w, t)
     assert liger_problem("mps").endswith("(not mps): use --loss fused")
 
 
 def test_liger_on_cuda_needs_the_package(monkeypatch):
     fake_packages(monkeypatch, liger_kernel=False)
-    assert liger_problem("cuda") == ("--loss liger needs Liger-Kernel, which is not installed: pip install "
-                                     "liger-kernel (or use --loss fused)")
+    assert liger_problem("cuda") == (
+        "--loss liger needs Liger-Kernel, which is not installed: pip install liger-kernel (or use --loss fused)"
+    )
     fake_packages(monkeypatch, liger_kernel=True)
     assert liger_problem("cuda") is None
 
@@ -80,8 +83,14 @@ def test_the_loss_of_a_model_whose_config_asks_for_it_goes_through_the_fused_op(
 
     monkeypatch.setattr(model_mod, "fused_linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
     idx = torch.randint(0, 50257, (2, 8))
-    for loss, softmax, fused in (("fused", "full", True), ("auto", "full", True), ("plain", "full", False),
-                                 ("fused", "data", True), ("auto", "data", True), ("plain", "data", False)):
+    for loss, softmax, fused in (
+        ("fused", "full", True),
+        ("auto", "full", True),
+        ("plain", "full", False),
+        ("fused", "data", True),
+        ("auto", "data", True),
+        ("plain", "data", False),
+    ):
         calls.clear()
         torch.manual_seed(0)
         GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, loss=loss, softmax=softmax))(idx, idx)
@@ -98,15 +107,26 @@ class StandInLiger(torch.autograd.Function):
         raise AssertionError("apply is replaced")
 
     @staticmethod
-    def apply(x, w, t, bias=None, ce_weight=None, ignore_index=-100, lse_square_scale=0.0, label_smoothing=0.0,
-              reduction="mean", softcap=None):
+    def apply(
+        x,
+        w,
+        t,
+        bias=None,
+        ce_weight=None,
+        ignore_index=-100,
+        lse_square_scale=0.0,
+        label_smoothing=0.0,
+        reduction="mean",
+        softcap=None,
+    ):
         # Liger's kernel takes these as floats (a None fails its launch): so does the stand-in
         assert type(lse_square_scale) is float and type(label_smoothing) is float, (lse_square_scale, label_smoothing)
         logits = (x @ w.t()).float()
         if softcap is not None:
             logits = softcap * torch.tanh(logits / softcap)
-        loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
-                               label_smoothing=label_smoothing)
+        loss = F.cross_entropy(
+            logits, t, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
         keep = t != ignore_index  # Liger's z-loss: lse_square_scale * logsumexp(logits)^2 over the kept rows
         return loss + lse_square_scale * (torch.logsumexp(logits[keep], -1) ** 2).mean(), None
 
@@ -154,7 +174,7 @@ def test_the_x_gradient_is_rounded_once_to_xs_dtype_not_through_the_weights():
     x = torch.randn(16, 8).bfloat16().requires_grad_()
     w = torch.randn(30, 8).half().requires_grad_()
     t = torch.randint(0, 30, (16,))
-    scale = torch.tensor(2.0 ** 20)
+    scale = torch.tensor(2.0**20)
     (gx,) = torch.autograd.grad(fused_linear_cross_entropy(x, w, t), (x,), grad_outputs=scale)
     xr = x.detach().float().requires_grad_()
     ref = F.cross_entropy(xr @ w.detach().bfloat16().float().t(), t)  # the bf16 products, in fp32
@@ -258,6 +278,7 @@ def test_the_op_run_without_gradients_refuses_to_be_differentiated():
 def _reference_and_fused(x0, w0, t, chunk_rows, softcap=0.0, grad=True):
     """(reference loss, x grad, w grad) from F.cross_entropy on the (soft-capped) logits, and the
     same from the fused op with ``chunk_rows`` rows per chunk."""
+
     def capped(logits):
         return softcap * torch.tanh(logits / softcap) if softcap > 0 else logits
 
@@ -265,8 +286,11 @@ def _reference_and_fused(x0, w0, t, chunk_rows, softcap=0.0, grad=True):
     for fused in (False, True):
         x, w = x0.clone().requires_grad_(grad), w0.clone().requires_grad_(grad)
         with torch.set_grad_enabled(grad):
-            loss = (fused_linear_cross_entropy(x, w, t, chunk_rows=chunk_rows, softcap=softcap) if fused
-                    else F.cross_entropy(capped(x @ w.t()), t))
+            loss = (
+                fused_linear_cross_entropy(x, w, t, chunk_rows=chunk_rows, softcap=softcap)
+                if fused
+                else F.cross_entropy(capped(x @ w.t()), t)
+            )
             if grad:
                 loss.backward()
         out.append((loss.detach(), x.grad, w.grad))

@@ -140,14 +140,18 @@ def test_the_document_mask_with_a_cache_continues_its_documents_and_keeps_its_pa
     document_mask(first, kv)  # the prefill: columns 0..2
     kv.start = 3
     nxt = torch.tensor([[7], [E]])
-    pad = torch.tensor([[True, True, True, True], [False, True, True, True]])[:, None, None, :]  # row 1: column 0 padding
+    pad = torch.tensor([[True, True, True, True], [False, True, True, True]])[
+        :, None, None, :
+    ]  # row 1: column 0 padding
     kv.mask = pad
     got = document_mask(nxt, kv)
     want = reference_doc_mask(nxt, start=3, seg_before=[[0, 1, 1], [0, 0, 0]], pad_mask=pad)
     assert torch.equal(got, want)
     kv.start, kv.mask = 4, None
     got = document_mask(torch.tensor([[E], [9]]), kv)
-    assert torch.equal(got, reference_doc_mask(torch.tensor([[E], [9]]), start=4, seg_before=[[0, 1, 1, 1], [0, 0, 0, 1]]))
+    assert torch.equal(
+        got, reference_doc_mask(torch.tensor([[E], [9]]), start=4, seg_before=[[0, 1, 1, 1], [0, 0, 0, 1]])
+    )
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])
@@ -263,8 +267,9 @@ def test_the_data_softmax_takes_the_unused_head_rows_out_of_the_flops_per_token(
     data.set_softmax_ids([3, 11, 25])
     c = data.config
     want = 6 * (c.vocab_size - 3) * c.n_embd
-    assert full.flops_per_token(8) - data.flops_per_token(8) == want, \
+    assert full.flops_per_token(8) - data.flops_per_token(8) == want, (
         f"the data softmax should save 6*(V-K)*C = {want} FLOPs per token"
+    )
 
 
 # ------------------------------------------------------------------ what the switches do to the outputs
@@ -297,8 +302,9 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_the_queries():
             attn.c_attn.weight[:C].mul_(3.0)
             attn.c_attn.bias[:C].mul_(3.0)
             after = model(x)[0]
-        assert torch.allclose(before, after, atol=1e-4) == qk_norm, \
+        assert torch.allclose(before, after, atol=1e-4) == qk_norm, (
             f"qk_norm={qk_norm}: scaling the queries {'changed' if qk_norm else 'did not change'} the output"
+        )
 
 
 def test_the_relu2_mlp_is_relu_squared_and_the_gelu_one_tanh_gelu():
@@ -306,8 +312,10 @@ def test_the_relu2_mlp_is_relu_squared_and_the_gelu_one_tanh_gelu():
 
     torch.manual_seed(0)
     x = torch.randn(3, 32)
-    for mlp, act in (("relu2", lambda h: torch.relu(h) ** 2),
-                     ("gelu", lambda h: torch.nn.functional.gelu(h, approximate="tanh"))):
+    for mlp, act in (
+        ("relu2", lambda h: torch.relu(h) ** 2),
+        ("gelu", lambda h: torch.nn.functional.gelu(h, approximate="tanh")),
+    ):
         m = MLP(small(mlp=mlp))
         with torch.no_grad():
             torch.testing.assert_close(m(x), m.c_proj(act(m.c_fc(x))), msg=f"--mlp {mlp}")
@@ -343,8 +351,7 @@ def test_the_training_forward_returns_the_loss_alone_unless_logits_are_asked_for
     assert logits is None and loss.ndim == 0, "with targets the forward returns no logits by default"
     logits, again = model(x, y, return_logits=True)
     assert logits is not None and logits.shape == (1, 3, 50304)
-    torch.testing.assert_close(again, torch.nn.functional.cross_entropy(logits.view(-1, 50304)[:, :50257],
-                                                                         y.view(-1)))
+    torch.testing.assert_close(again, torch.nn.functional.cross_entropy(logits.view(-1, 50304)[:, :50257], y.view(-1)))
 
 
 def test_a_sequence_longer_than_the_block_is_refused_naming_both_lengths():

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # every setting away from torch's defaults (Muon: lr 1e-3, momentum 0.95, weight decay 0.1; AdamW:
 # betas (0.9, 0.999), eps 1e-8), so a setting that is not passed on shows
-CFG = OptimConfig(lr=3e-3, muon_lr=0.03, muon_momentum=0.8, weight_decay=0.05, beta1=0.7, beta2=0.9, eps=1e-6,
-                  optimizer="muon")
+CFG = OptimConfig(
+    lr=3e-3, muon_lr=0.03, muon_momentum=0.8, weight_decay=0.05, beta1=0.7, beta2=0.9, eps=1e-6, optimizer="muon"
+)
 
 
 def tiny() -> GPT:
@@ -38,11 +39,23 @@ def reference(model: GPT, cfg: OptimConfig):
     names = dict(model.named_parameters())
     hidden = [p for n, p in names.items() if p.dim() == 2 and n.startswith("transformer.h.")]
     rest = [p for n, p in names.items() if not (p.dim() == 2 and n.startswith("transformer.h."))]
-    muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
-                            nesterov=True, adjust_lr_fn="original")
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    muon = torch.optim.Muon(
+        hidden,
+        lr=cfg.muon_lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.muon_momentum,
+        nesterov=True,
+        adjust_lr_fn="original",
+    )
+    adamw = torch.optim.AdamW(
+        [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+    )
     return muon, adamw
 
 
@@ -112,8 +125,11 @@ def test_muon_state_round_trip_continues_the_same_trajectory():
 @pytest.mark.parametrize("state", [{"state": {}, "param_groups": []}, {"adamw": {}}, {"adamw": {}, "muon": {}, "x": 1}])
 def test_muon_refuses_an_optimizer_state_that_is_not_muon_and_adamw(state):
     opt = MuonWithAdamW(tiny(), CFG, fused=False)
-    with pytest.raises(GptspeedError, match=r"^the checkpoint's optimizer state is not Muon\+AdamW: resume with its "
-                                            r"--optimizer$"):
+    with pytest.raises(
+        GptspeedError,
+        match=r"^the checkpoint's optimizer state is not Muon\+AdamW: resume with its "
+        r"--optimizer$",
+    ):
         opt.load_state_dict(state)
 
 
@@ -160,7 +176,9 @@ def test_registering_an_optimizer_makes_it_a_choice_once(monkeypatch):
     assert optim_mod.register_optimizer(spec) is spec
     assert optim_mod.OPTIMIZERS["toy"] is spec and optim_mod.optimizer_spec("toy") is spec
     optim_mod.register_optimizer(spec)
-    assert optim_mod.CONFIG_OPTIMIZERS.count("toy") == 1 and optim_mod.CONFIG_OPTIMIZERS[:-1] == list(config_mod.OPTIMIZERS)
+    assert optim_mod.CONFIG_OPTIMIZERS.count("toy") == 1 and optim_mod.CONFIG_OPTIMIZERS[:-1] == list(
+        config_mod.OPTIMIZERS
+    )
 
 
 # ------------------------------------------------------------------ the learning-rate schedule, set into the groups
@@ -172,13 +190,16 @@ def test_set_lr_writes_the_schedules_rate_times_each_groups_lr_mult():
     from gptspeed.config import RunConfig, TrainConfig
     from gptspeed.optim import set_lr
 
-    cfg = RunConfig(optim=OptimConfig(lr=1e-2, min_lr_ratio=0.25, warmup_steps=2, lr_schedule="wsd", decay_ratio=0.5),
-                    train=TrainConfig(max_steps=10))
+    cfg = RunConfig(
+        optim=OptimConfig(lr=1e-2, min_lr_ratio=0.25, warmup_steps=2, lr_schedule="wsd", decay_ratio=0.5),
+        train=TrainConfig(max_steps=10),
+    )
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([{"params": [a]}, {"params": [b], "lr_mult": 4.0}], lr=1.0)
     assert set_lr(opt, cfg, 7) == pytest.approx(7e-3, rel=1e-12)
-    assert [g["lr"] for g in opt.param_groups] == pytest.approx([7e-3, 2.8e-2], rel=1e-12), \
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([7e-3, 2.8e-2], rel=1e-12), (
         "each group's lr must be the schedule's rate times its lr_mult (1 without one)"
+    )
     assert set_lr(opt, cfg, 4) == pytest.approx(1e-2, rel=1e-12), "before the decay share wsd holds the peak"
     assert set_lr(opt, cfg, 10) == pytest.approx(2.5e-3, rel=1e-12), "at max_steps: lr * min_lr_ratio"
 
@@ -214,9 +235,15 @@ def test_adamw_steps_like_torchs_adamw_built_from_its_settings():
     ref_model = copy.deepcopy(model)
     opt, _ = build_optimizer(model, ADAMW, "cpu")
     params = list(ref_model.parameters())
-    ref = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": ADAMW.weight_decay},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=ADAMW.lr, betas=(ADAMW.beta1, ADAMW.beta2), eps=ADAMW.eps)
+    ref = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": ADAMW.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=ADAMW.lr,
+        betas=(ADAMW.beta1, ADAMW.beta2),
+        eps=ADAMW.eps,
+    )
     for seed in (1, 2):
         fill_grads(model, seed)
         fill_grads(ref_model, seed)
@@ -232,12 +259,14 @@ def test_adamw_groups_carry_an_lr_mult_of_one():
     opt, _ = build_optimizer(tiny(), ADAMW, "cpu")
     for g in opt.param_groups:
         g["lr"] = ADAMW.lr * g["lr_mult"]  # as the OptimizerSpec docstring says the trainer does
-    assert [g["lr"] for g in opt.param_groups] == [ADAMW.lr, ADAMW.lr], \
+    assert [g["lr"] for g in opt.param_groups] == [ADAMW.lr, ADAMW.lr], (
         "AdamW's groups must run at the schedule's rate (lr_mult 1)"
+    )
 
 
-@pytest.mark.parametrize("device_type, fused", [("cuda", True), ("cpu", True), ("mps", True), ("xla", False),
-                                                ("meta", False)])
+@pytest.mark.parametrize(
+    "device_type, fused", [("cuda", True), ("cpu", True), ("mps", True), ("xla", False), ("meta", False)]
+)
 def test_the_fused_adamw_is_used_where_pytorch_has_its_kernel(device_type, fused):
     """PyTorch documents fused AdamW for CUDA, CPU and MPS: there, with --fused-adamw unset, the
     fused kernel is used and a non-finite step is skipped on the device; elsewhere not."""
@@ -245,5 +274,6 @@ def test_the_fused_adamw_is_used_where_pytorch_has_its_kernel(device_type, fused
 
     assert fused_adamw_available(device_type) is fused
     opt, skips = build_optimizer(tiny(), OptimConfig(optimizer="adamw"), device_type)
-    assert bool(opt.defaults["fused"]) is fused and skips is fused, \
+    assert bool(opt.defaults["fused"]) is fused and skips is fused, (
         f"on {device_type} the fused AdamW must {'' if fused else 'not '}be used"
+    )

@@ -31,8 +31,9 @@ def tiny(block_size: int = 64) -> GPT:
     return model
 
 
-def reference_tokens(model: GPT, prompt: list[int], n: int, temperature: float, top_k, seed: int,
-                     autocast=None) -> list[int]:
+def reference_tokens(
+    model: GPT, prompt: list[int], n: int, temperature: float, top_k, seed: int, autocast=None
+) -> list[int]:
     """The docstrings' sampling, step by step on the whole context (no cache): the last position's
     logits / temperature, the top_k largest kept (torch.topk, sorted), softmax, one multinomial
     draw from a generator seeded with ``seed``."""
@@ -40,7 +41,7 @@ def reference_tokens(model: GPT, prompt: list[int], n: int, temperature: float, 
     seq = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            ctx = torch.tensor([seq[-model.config.block_size:]])
+            ctx = torch.tensor([seq[-model.config.block_size :]])
             with autocast if autocast is not None else torch.autocast("cpu", enabled=False):
                 logits = model(ctx, logits_at=(slice(None), -1))[0][0].float()  # the last position's only
             logits = logits / temperature
@@ -49,7 +50,7 @@ def reference_tokens(model: GPT, prompt: list[int], n: int, temperature: float, 
                 seq.append(int(indices[torch.multinomial(F.softmax(values, dim=-1), 1, generator=g)]))
             else:
                 seq.append(int(torch.multinomial(F.softmax(logits, dim=-1), 1, generator=g)))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 # ------------------------------------------------------------------------------ padding mask
@@ -94,8 +95,11 @@ def test_sample_next_refuses_a_row_without_a_finite_logit_among_finite_rows():
     """A row of -inf only (no possible token) next to healthy rows: the error, not a draw."""
     logits = torch.randn(3, 10)
     logits[1] = float("-inf")
-    with pytest.raises(GptspeedError, match="^the model's logits are not finite \\(NaN or infinite\\): its weights have "
-                                            "diverged or are corrupt; sample from an earlier checkpoint or a healthy model$"):
+    with pytest.raises(
+        GptspeedError,
+        match="^the model's logits are not finite \\(NaN or infinite\\): its weights have "
+        "diverged or are corrupt; sample from an earlier checkpoint or a healthy model$",
+    ):
         sample_next(logits, 1.0, None, torch.Generator().manual_seed(0))
     with pytest.raises(GptspeedError, match="not finite"):
         sample_next(logits, 0.0, None, None)
@@ -189,28 +193,60 @@ def test_sample_text_defaults_are_the_documented_ones(monkeypatch):
 
 def test_sample_text_under_bfloat16_samples_under_autocast():
     model, info = loaded()
-    texts = sample_text(loaded=(model, info), prompts=["Hi"], max_new_tokens=6, device="cpu", dtype="bfloat16",
-                        temperature=1.0, top_k=0, seed=3, out=io.StringIO())
-    want = reference_tokens(model, encode("Hi"), 6, 1.0, None, seed=3,
-                            autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    texts = sample_text(
+        loaded=(model, info),
+        prompts=["Hi"],
+        max_new_tokens=6,
+        device="cpu",
+        dtype="bfloat16",
+        temperature=1.0,
+        top_k=0,
+        seed=3,
+        out=io.StringIO(),
+    )
+    want = reference_tokens(
+        model, encode("Hi"), 6, 1.0, None, seed=3, autocast=torch.autocast("cpu", dtype=torch.bfloat16)
+    )
     assert texts == [decode(want)]
 
 
-@pytest.mark.parametrize("kw", [dict(max_new_tokens=-1), dict(num_samples=0), dict(temperature=-0.1),
-                                dict(temperature=float("nan")), dict(temperature=float("inf")), dict(top_k=-1)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(max_new_tokens=-1),
+        dict(num_samples=0),
+        dict(temperature=-0.1),
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(top_k=-1),
+    ],
+)
 def test_sample_text_refuses_bad_numbers(kw):
-    with pytest.raises(GptspeedError, match=r"^--max-new-tokens, --top-k and --temperature must be >= 0 "
-                                            r"\(--temperature finite\), --num-samples >= 1$"):
+    with pytest.raises(
+        GptspeedError,
+        match=r"^--max-new-tokens, --top-k and --temperature must be >= 0 "
+        r"\(--temperature finite\), --num-samples >= 1$",
+    ):
         sample_text(loaded=loaded(), device="cpu", dtype="float32", out=io.StringIO(), **kw)
 
 
 def test_sample_text_takes_the_smallest_numbers_allowed():
     """0 new tokens, temperature 0 (greedy), top_k 0 (no restriction), one sample: all fine."""
-    assert sample_text(loaded=loaded(), prompts=["a"], max_new_tokens=0, device="cpu", dtype="float32",
-                       out=io.StringIO()) == [""]
+    assert sample_text(
+        loaded=loaded(), prompts=["a"], max_new_tokens=0, device="cpu", dtype="float32", out=io.StringIO()
+    ) == [""]
     model, info = loaded()
-    got = sample_text(loaded=(model, info), prompts=["a"], max_new_tokens=4, temperature=0, top_k=0, num_samples=1,
-                      device="cpu", dtype="float32", out=io.StringIO())
+    got = sample_text(
+        loaded=(model, info),
+        prompts=["a"],
+        max_new_tokens=4,
+        temperature=0,
+        top_k=0,
+        num_samples=1,
+        device="cpu",
+        dtype="float32",
+        out=io.StringIO(),
+    )
     with torch.no_grad():
         seq = encode("a")
         for _ in range(4):
@@ -228,10 +264,12 @@ def test_sample_text_names_the_seed_flag_and_refuses_an_empty_prompt():
 def test_sample_text_without_kv_cache_needs_equal_prompt_lengths():
     prompts = ["Hello", "Hello world"]  # 1 and 2 tokens: one column of padding
     assert [len(encode(p)) for p in prompts] == [1, 2]
-    with pytest.raises(GptspeedError, match=r"^--no-kv-cache needs prompts of equal token length \(it has no padding "
-                                            r"mask\)$"):
-        sample_text(loaded=loaded(), prompts=prompts, kv_cache=False, device="cpu", dtype="float32",
-                    out=io.StringIO())
+    with pytest.raises(
+        GptspeedError,
+        match=r"^--no-kv-cache needs prompts of equal token length \(it has no padding "
+        r"mask\)$",
+    ):
+        sample_text(loaded=loaded(), prompts=prompts, kv_cache=False, device="cpu", dtype="float32", out=io.StringIO())
 
 
 def test_every_tensor_goes_to_the_device_asked_for_not_the_default_one():
@@ -244,9 +282,10 @@ def test_every_tensor_goes_to_the_device_asked_for_not_the_default_one():
     want = [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=pad)]
     with torch.device("meta"):
         assert sample_text(**kw, out=io.StringIO()) == ref
-        assert [t.tolist() for t in generate_cached(model, idx, 4, temperature=0)] == \
-               [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=torch.zeros(2, dtype=torch.long,
-                                                                                                  device="cpu"))]
+        assert [t.tolist() for t in generate_cached(model, idx, 4, temperature=0)] == [
+            t.tolist()
+            for t in generate_cached(model, idx, 4, temperature=0, pad=torch.zeros(2, dtype=torch.long, device="cpu"))
+        ]
         assert [t.tolist() for t in generate_cached(model, idx, 4, temperature=0, pad=pad)] == want
         pos, mask = _window_inputs(pad, 1, 2)
         assert pos.device.type == mask.device.type == "cpu"
@@ -267,6 +306,7 @@ class Recorder:
             self.calls.append((name, idx.clone(), n, kw))
             for t in self.tokens[:n]:
                 yield torch.full((idx.size(0),), t)
+
         return gen
 
 
@@ -274,8 +314,18 @@ class Recorder:
 def test_sample_text_hands_the_sampler_the_runs_settings(monkeypatch, kv_cache):
     rec = Recorder(monkeypatch)
     prompts = ["Hello", "Hello world"] if kv_cache else ["Hello"]
-    sample_text(loaded=loaded(), prompts=prompts, max_new_tokens=2, temperature=0.7, top_k=5, seed=9, device="cpu",
-                dtype="bfloat16", kv_cache=kv_cache, out=io.StringIO())
+    sample_text(
+        loaded=loaded(),
+        prompts=prompts,
+        max_new_tokens=2,
+        temperature=0.7,
+        top_k=5,
+        seed=9,
+        device="cpu",
+        dtype="bfloat16",
+        kv_cache=kv_cache,
+        out=io.StringIO(),
+    )
     ((name, idx, n, kw),) = rec.calls
     want_idx, want_pad = left_pad([encode(p) for p in prompts])
     assert name == ("generate_cached" if kv_cache else "generate") and n == 2 and torch.equal(idx, want_idx)
@@ -288,15 +338,24 @@ def test_sample_text_hands_the_sampler_the_runs_settings(monkeypatch, kv_cache):
 
 def test_sample_text_compiles_the_cached_sampler_when_asked(monkeypatch):
     rec = Recorder(monkeypatch)
-    sample_text(loaded=loaded(), prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", compile=True,
-                out=io.StringIO())
+    sample_text(
+        loaded=loaded(),
+        prompts=["Hi"],
+        max_new_tokens=1,
+        device="cpu",
+        dtype="float32",
+        compile=True,
+        out=io.StringIO(),
+    )
     assert rec.calls[0][3]["compile"] is True
 
 
 def test_sample_text_loads_the_run_or_model_it_is_given(monkeypatch):
     asked = []
     model, info = loaded()
-    monkeypatch.setattr(sample_mod, "load_any_model", lambda rt, run, init_from: asked.append((run, init_from)) or (model, info))
+    monkeypatch.setattr(
+        sample_mod, "load_any_model", lambda rt, run, init_from: asked.append((run, init_from)) or (model, info)
+    )
     sample_text(run="some/run", prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", out=io.StringIO())
     sample_text(init_from="gpt2", prompts=["Hi"], max_new_tokens=1, device="cpu", dtype="float32", out=io.StringIO())
     assert asked == [("some/run", None), (None, "gpt2")]
@@ -338,30 +397,36 @@ def test_one_row_streams_whole_characters_as_they_come(monkeypatch):
             return super().write(s)
 
     out = Out()
-    texts = sample_text(loaded=loaded(), prompts=["x"], max_new_tokens=len(tokens), device="cpu", dtype="float32",
-                        out=out)
+    texts = sample_text(
+        loaded=loaded(), prompts=["x"], max_new_tokens=len(tokens), device="cpu", dtype="float32", out=out
+    )
     assert texts == ["ab\u00e9c\u4e2dd"] and out.getvalue() == "x" + texts[0] + "\n"
     assert not any("\ufffd" in w for w in writes)
     assert writes[:5] == ["x", "a", "b", "\u00e9", "c"]
 
 
-@pytest.mark.parametrize("info, where", [({"run": "r", "step": 5}, "step 5"), ({"init_from": "gpt2", "step": None}, "gpt2"),
-                                         ({"step": None}, "")])
+@pytest.mark.parametrize(
+    "info, where",
+    [({"run": "r", "step": 5}, "step 5"), ({"init_from": "gpt2", "step": None}, "gpt2"), ({"step": None}, "")],
+)
 def test_several_rows_are_printed_under_numbered_headers_naming_the_source(monkeypatch, info, where):
     Recorder(monkeypatch, (464, 318))
     out = io.StringIO()
-    texts = sample_text(loaded=(loaded()[0], info), prompts=["A", "B"], max_new_tokens=2, device="cpu", dtype="float32",
-                        out=out)
-    assert out.getvalue() == "".join(f"--- sample {i} ({where}) ---\n{p}{t}\n" for i, (p, t) in
-                                     enumerate(zip(["A", "B"], texts), 1))
+    texts = sample_text(
+        loaded=(loaded()[0], info), prompts=["A", "B"], max_new_tokens=2, device="cpu", dtype="float32", out=out
+    )
+    assert out.getvalue() == "".join(
+        f"--- sample {i} ({where}) ---\n{p}{t}\n" for i, (p, t) in enumerate(zip(["A", "B"], texts), 1)
+    )
 
 
 def test_sample_text_keeps_the_top_200_by_default():
     """A fresh model's nearly flat distribution, where the top-k cut moves every seeded draw."""
     torch.manual_seed(0)
     flat = GPT(GPTConfig(block_size=64, n_layer=1, n_head=2, n_embd=32)).eval()
-    texts = sample_text(loaded=(flat, {"run": "r", "step": 1}), max_new_tokens=20, device="cpu", dtype="float32",
-                        out=io.StringIO())
+    texts = sample_text(
+        loaded=(flat, {"run": "r", "step": 1}), max_new_tokens=20, device="cpu", dtype="float32", out=io.StringIO()
+    )
     assert texts == [decode(reference_tokens(flat, encode("\n"), 20, 0.8, 200, seed=1337))]
     assert texts != [decode(reference_tokens(flat, encode("\n"), 20, 0.8, 201, seed=1337))]  # the test can tell
 

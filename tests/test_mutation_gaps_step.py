@@ -40,12 +40,27 @@ def reference_format(n: float) -> str:
     i = 0
     while i < 5 and abs(n) >= 1024 ** (i + 1):
         i += 1
-    v = n / 1024 ** i
+    v = n / 1024**i
     return f"{v:.0f} B" if i == 0 else f"{v:,.2f} {units[i]}"
 
 
-@pytest.mark.parametrize("n", [0, 1, 1023, 1024, 1536, 3 * 1024 ** 2 + 1024 ** 2 // 2, 5 * 1024 ** 3, 7 * 1024 ** 4,
-                               2 * 1024 ** 5, 3 * 1024 ** 6, -2048, 10 ** 7])
+@pytest.mark.parametrize(
+    "n",
+    [
+        0,
+        1,
+        1023,
+        1024,
+        1536,
+        3 * 1024**2 + 1024**2 // 2,
+        5 * 1024**3,
+        7 * 1024**4,
+        2 * 1024**5,
+        3 * 1024**6,
+        -2048,
+        10**7,
+    ],
+)
 def test_format_bytes_matches_the_documented_units(n):
     assert step_mod.format_bytes(n) == reference_format(n)
 
@@ -58,6 +73,7 @@ def test_format_bytes_of_unknown_is_a_question_mark():
 def fake_files(monkeypatch, files: dict[str, str], sysconf: dict[str, int] | None = None):
     """``open`` in gptspeed.step reads ``files`` (any other path: FileNotFoundError); os.sysconf
     answers from ``sysconf`` (ValueError for a name it lacks)."""
+
     def fake_open(path, *a, **k):
         if path in files:
             return io.StringIO(files[path])
@@ -77,24 +93,33 @@ V2 = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current")
 V1 = ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")
 
 
-@pytest.mark.parametrize("files, sysconf, want", [
-    ({"/proc/meminfo": MEMINFO}, None, 1000 * 1024),  # MemAvailable, in kB
-    ({"/proc/meminfo": "MemTotal: 16000 kB\n"}, {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 10}, 40960),  # no line
-    ({"/proc/meminfo": "MemAvailable: lots kB\n"}, {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 3}, 12288),  # unreadable
-    ({}, {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 5}, 20480),  # no /proc/meminfo
-    ({}, {"SC_PAGE_SIZE": 4096}, None),  # nothing known
-    ({"/proc/meminfo": MEMINFO, V2[0]: "500000\n", V2[1]: "100000\n"}, None, 400000),  # cgroup v2 caps
-    ({"/proc/meminfo": MEMINFO, V2[0]: "5000000\n", V2[1]: "100000\n"}, None, 1000 * 1024),  # limit above RAM
-    ({"/proc/meminfo": MEMINFO, V2[0]: "max\n", V2[1]: "100000\n", V1[0]: "300000", V1[1]: "0"}, None,
-     1000 * 1024),  # v2 says no limit: v1 is not read
-    ({"/proc/meminfo": MEMINFO, V1[0]: "300000\n", V1[1]: "100000\n"}, None, 200000),  # cgroup v1
-    ({"/proc/meminfo": MEMINFO, V2[0]: "300000", V2[1]: "oops", V1[0]: "250000", V1[1]: "50000"}, None,
-     200000),  # v2 unreadable: v1
-    ({"/proc/meminfo": MEMINFO, V1[0]: str(1 << 60), V1[1]: "1"}, None, 1000 * 1024),  # "no limit" as a number
-    ({"/proc/meminfo": MEMINFO, V1[0]: str((1 << 60) - 1), V1[1]: "1"}, None, 1000 * 1024),
-    ({"/proc/meminfo": MEMINFO, V1[0]: "1024", V1[1]: "1023"}, None, 1),
-    ({"/proc/meminfo": MEMINFO, V1[0]: "1024", V1[1]: "4096"}, None, 0),  # over the limit already
-])
+@pytest.mark.parametrize(
+    "files, sysconf, want",
+    [
+        ({"/proc/meminfo": MEMINFO}, None, 1000 * 1024),  # MemAvailable, in kB
+        ({"/proc/meminfo": "MemTotal: 16000 kB\n"}, {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 10}, 40960),  # no line
+        ({"/proc/meminfo": "MemAvailable: lots kB\n"}, {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 3}, 12288),  # unreadable
+        ({}, {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 5}, 20480),  # no /proc/meminfo
+        ({}, {"SC_PAGE_SIZE": 4096}, None),  # nothing known
+        ({"/proc/meminfo": MEMINFO, V2[0]: "500000\n", V2[1]: "100000\n"}, None, 400000),  # cgroup v2 caps
+        ({"/proc/meminfo": MEMINFO, V2[0]: "5000000\n", V2[1]: "100000\n"}, None, 1000 * 1024),  # limit above RAM
+        (
+            {"/proc/meminfo": MEMINFO, V2[0]: "max\n", V2[1]: "100000\n", V1[0]: "300000", V1[1]: "0"},
+            None,
+            1000 * 1024,
+        ),  # v2 says no limit: v1 is not read
+        ({"/proc/meminfo": MEMINFO, V1[0]: "300000\n", V1[1]: "100000\n"}, None, 200000),  # cgroup v1
+        (
+            {"/proc/meminfo": MEMINFO, V2[0]: "300000", V2[1]: "oops", V1[0]: "250000", V1[1]: "50000"},
+            None,
+            200000,
+        ),  # v2 unreadable: v1
+        ({"/proc/meminfo": MEMINFO, V1[0]: str(1 << 60), V1[1]: "1"}, None, 1000 * 1024),  # "no limit" as a number
+        ({"/proc/meminfo": MEMINFO, V1[0]: str((1 << 60) - 1), V1[1]: "1"}, None, 1000 * 1024),
+        ({"/proc/meminfo": MEMINFO, V1[0]: "1024", V1[1]: "1023"}, None, 1),
+        ({"/proc/meminfo": MEMINFO, V1[0]: "1024", V1[1]: "4096"}, None, 0),  # over the limit already
+    ],
+)
 def test_host_memory_available_reads_meminfo_then_caps_by_the_cgroup(monkeypatch, files, sysconf, want):
     fake_files(monkeypatch, files, sysconf)
     assert step_mod.host_memory_available() == want
@@ -139,7 +164,7 @@ def test_the_device_check_is_sixteen_bytes_a_parameter_sharded_plus_activations(
     m = cfg.model
     need = math.ceil(16 * params / shards) + buffers + 2 * max(1, batch) * m.block_size * m.n_embd * m.n_layer
     rt = dataclasses.replace(CPU, parallel=parallel, world_size=world)
-    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10 ** 12)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10**12)
     monkeypatch.setattr(step_mod, "device_memory_available", lambda device: (need, "of test memory"))
     step_mod.check_model_fits(cfg, rt)
     monkeypatch.setattr(step_mod, "device_memory_available", lambda device: (need - 1, "of test memory"))
@@ -163,12 +188,18 @@ def test_build_model_draws_the_weights_after_seeding_with_the_runs_seed():
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), got.parameters()))
 
 
-@pytest.mark.parametrize("error, oom", [
-    (MemoryError(), True), (torch.OutOfMemoryError("CUDA out of memory"), True),
-    (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"), True),
-    (RuntimeError("[enforce fail at alloc_cpu.cpp] Out Of Memory"), True),
-    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False), (ValueError("out of memory"), False),
-    (OSError("can't allocate memory"), False)])
+@pytest.mark.parametrize(
+    "error, oom",
+    [
+        (MemoryError(), True),
+        (torch.OutOfMemoryError("CUDA out of memory"), True),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"), True),
+        (RuntimeError("[enforce fail at alloc_cpu.cpp] Out Of Memory"), True),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (ValueError("out of memory"), False),
+        (OSError("can't allocate memory"), False),
+    ],
+)
 def test_is_out_of_memory_knows_the_allocators_ways_of_saying_it(error, oom):
     assert step_mod.is_out_of_memory(error) is oom
 
@@ -179,7 +210,7 @@ def test_running_out_of_memory_while_building_is_one_line(monkeypatch, error):
         raise error
 
     monkeypatch.setattr(step_mod, "GPT", gpt)
-    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 5 * 1024 ** 3)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 5 * 1024**3)
     cfg = small()
     with pytest.raises(GptspeedError) as e:
         step_mod.build_model(cfg)
@@ -226,15 +257,18 @@ def test_each_missing_piece_of_the_gpu_toolchain_is_named_with_its_fix(gpu_toolc
     fix = "; or run with --no-compile"
     assert step_mod.compile_toolchain_problem("cuda", env={}) == (
         "torch.compile on a GPU needs a C compiler for Triton's launcher (none of $CC, cc, gcc, clang is on PATH): "
-        "install one, e.g. apt-get install gcc" + fix)
+        "install one, e.g. apt-get install gcc" + fix
+    )
     gpu_toolchain.add("gcc")
     monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"include": str(tmp_path / "none")})
     assert step_mod.compile_toolchain_problem("cuda", env={}) == (
         f"torch.compile on a GPU needs Python's headers for Triton's launcher ({tmp_path / 'none' / 'Python.h'} is "
-        "missing): install them, e.g. apt-get install python3-dev" + fix)
+        "missing): install them, e.g. apt-get install python3-dev" + fix
+    )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert step_mod.compile_toolchain_problem("cuda", env={}) == (
-        "torch.compile on a GPU needs triton (it ships with PyTorch's CUDA wheels: pip install triton)" + fix)
+        "torch.compile on a GPU needs triton (it ships with PyTorch's CUDA wheels: pip install triton)" + fix
+    )
 
 
 def test_the_compiler_named_by_cc_in_the_given_environment_counts(gpu_toolchain, monkeypatch):
@@ -287,13 +321,27 @@ def test_auto_batch_probes_eager_unwrapped_steps_at_each_size(monkeypatch, paral
     said = []
     assert step_mod.auto_batch_size(cfg, rt, say=said.append) == 3
     r = cfg.runtime
-    assert seen == dict(device=rt.device, sequences=8, agreed=5, settings={
-        "model": dataclasses.asdict(cfg.model), "dtype": "float32", "compile": True, "optimizer": cfg.optim.optimizer,
-        "world_size": 1, "parallel": parallel, "compile_mode": r.compile_mode, "compile_tuning": r.compile_tuning,
-        "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "fp8_lm_head": r.fp8_lm_head,
-        "sdpa_backend": r.sdpa_backend})
+    assert seen == dict(
+        device=rt.device,
+        sequences=8,
+        agreed=5,
+        settings={
+            "model": dataclasses.asdict(cfg.model),
+            "dtype": "float32",
+            "compile": True,
+            "optimizer": cfg.optim.optimizer,
+            "world_size": 1,
+            "parallel": parallel,
+            "compile_mode": r.compile_mode,
+            "compile_tuning": r.compile_tuning,
+            "activation_checkpointing": r.activation_checkpointing,
+            "fp8": r.fp8,
+            "fp8_lm_head": r.fp8_lm_head,
+            "sdpa_backend": r.sdpa_backend,
+        },
+    )
     assert type(seen["sequences"]) is int and said == ["probing"]
-    (probe_cfg, _), = built
+    ((probe_cfg, _),) = built
     assert probe_cfg.train.batch_size == 3 and probe_cfg.train.total_batch_tokens is None
     assert cfg.train.batch_size == 4 and cfg.train.total_batch_tokens == 8 * 16  # the run's own is untouched
     assert len(batches) == 2
@@ -316,8 +364,9 @@ def test_auto_batch_probes_on_tokens_made_on_the_runs_device(monkeypatch):
             batches.append(next_batch())
 
     monkeypatch.setattr(step_mod, "TrainStep", Step)
-    monkeypatch.setattr(batchsize, "resolve_auto_batch", lambda device, settings, sequences, make_step, **kw:
-                        make_step(2)() or 2)
+    monkeypatch.setattr(
+        batchsize, "resolve_auto_batch", lambda device, settings, sequences, make_step, **kw: make_step(2)() or 2
+    )
     meta = dataclasses.replace(CPU, device=torch.device("meta"))
     assert step_mod.auto_batch_size(small(), meta, say=lambda m: None) == 2
     ((x, y),) = batches
@@ -327,7 +376,9 @@ def test_auto_batch_probes_on_tokens_made_on_the_runs_device(monkeypatch):
 
 def test_auto_batch_without_a_global_batch_asks_for_no_sequence_count(monkeypatch):
     seen = []
-    monkeypatch.setattr(batchsize, "resolve_auto_batch", lambda device, settings, sequences, *a, **k: seen.append(sequences) or 2)
+    monkeypatch.setattr(
+        batchsize, "resolve_auto_batch", lambda device, settings, sequences, *a, **k: seen.append(sequences) or 2
+    )
     assert step_mod.auto_batch_size(small(total_batch_tokens=None), CPU, say=lambda m: None) == 2
     assert seen == [None]
 
@@ -340,7 +391,7 @@ def test_auto_batch_sizes_that_fail_the_size_check_are_out_of_memory_to_the_prob
     params, buffers = measured(cfg)
     m = cfg.model
     at = lambda b: 16 * params + buffers + 2 * b * m.block_size * m.n_embd * m.n_layer  # noqa: E731
-    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10 ** 12)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10**12)
     monkeypatch.setattr(step_mod, "device_memory_available", lambda device: (at(1), "of test memory"))
     outcomes = []
 
@@ -380,16 +431,18 @@ def test_fp8_without_torchao_is_refused_with_its_install_command(monkeypatch):
     fake_packages(monkeypatch, torchao=False)
     with pytest.raises(GptspeedError) as e:
         step_mod.check_step(unvalidated(fp8=True), CPU, 1)
-    assert str(e.value) == "--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'", \
+    assert str(e.value) == "--fp8 needs torchao, which is not installed: pip install 'gptspeed[fp8]'", (
         "a missing torchao must be named with the command that installs it"
+    )
 
 
 def test_fp8_with_torchao_installed_goes_on_to_the_device_check(torchao_installed):
     """torchao found: the refusal on a CPU is the device's (no FP8 tensor cores), not "install torchao"."""
     with pytest.raises(GptspeedError) as e:
         step_mod.check_step(unvalidated(fp8=True), CPU, 1)
-    assert str(e.value) == "--fp8 needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not cpu", \
+    assert str(e.value) == "--fp8 needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not cpu", (
         "with torchao installed, --fp8 on a CPU must be refused for the device, not for a missing torchao"
+    )
 
 
 def test_no_compile_skips_the_gpu_compile_toolchain_check(monkeypatch):
@@ -431,19 +484,27 @@ def test_a_cuda_device_without_cuda_has_unknown_free_memory(monkeypatch):
 
 
 def test_the_mps_devices_memory_is_its_recommended_working_set(monkeypatch):
-    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 7 * 1024 ** 3, raising=False)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 7 * 1024**3, raising=False)
     monkeypatch.setattr(step_mod, "host_memory_available", lambda: 12345)
-    assert step_mod.device_memory_available(torch.device("mps")) == (7 * 1024 ** 3, "the MPS device can use"), \
+    assert step_mod.device_memory_available(torch.device("mps")) == (7 * 1024**3, "the MPS device can use"), (
         "on MPS the memory is torch.mps.recommended_max_memory(), not the host's RAM"
+    )
 
 
 # ------------------------------------------------------------------------------ the GradScaler
 CPU_FP16 = dataclasses.replace(CPU, dtype="float16", autocast_dtype=torch.float16)
 
 
-@pytest.mark.parametrize("rt, enabled, sharded", [
-    (CPU, False, False), (CPU_FP16, True, False), (dataclasses.replace(CPU_FP16, parallel="ddp"), True, False),
-    (dataclasses.replace(CPU, parallel="fsdp"), False, False), (dataclasses.replace(CPU_FP16, parallel="fsdp"), True, True)])
+@pytest.mark.parametrize(
+    "rt, enabled, sharded",
+    [
+        (CPU, False, False),
+        (CPU_FP16, True, False),
+        (dataclasses.replace(CPU_FP16, parallel="ddp"), True, False),
+        (dataclasses.replace(CPU, parallel="fsdp"), False, False),
+        (dataclasses.replace(CPU_FP16, parallel="fsdp"), True, True),
+    ],
+)
 def test_the_grad_scaler_scales_float16_only_and_is_the_sharded_one_under_fsdp(rt, enabled, sharded):
     """make_scaler's docstring: a GradScaler enabled for float16 only; under FSDP2 with float16 the
     ShardedGradScaler (which agrees on overflow across ranks); otherwise the plain one."""
@@ -452,8 +513,9 @@ def test_the_grad_scaler_scales_float16_only_and_is_the_sharded_one_under_fsdp(r
     scaler = step_mod.make_scaler(rt)
     assert isinstance(scaler, torch.amp.GradScaler)
     assert scaler.is_enabled() is enabled, f"loss scaling must be {'on' if enabled else 'off'} for {rt.dtype}"
-    assert isinstance(scaler, ShardedGradScaler) is sharded, \
+    assert isinstance(scaler, ShardedGradScaler) is sharded, (
         f"parallel {rt.parallel}, {rt.dtype}: the sharded scaler is for FSDP2 with float16 only"
+    )
 
 
 def test_the_grad_scaler_is_made_for_the_runs_device():
@@ -500,20 +562,23 @@ def test_fsdp_with_float16_steps_the_foreach_adamw(monkeypatch):
     replaced by the identity: a process group is not what is under test."""
     monkeypatch.setattr(step_mod, "parallelize", lambda model, rt, **kw: model)
     fsdp = step_mod.TrainStep(small(), dataclasses.replace(CPU_FP16, parallel="fsdp"), model=Recorder([]))
-    assert not fsdp.optimizer.defaults["fused"] and fsdp.skips_on_device is False, \
+    assert not fsdp.optimizer.defaults["fused"] and fsdp.skips_on_device is False, (
         "FSDP2 with float16 must not use the fused AdamW"
+    )
     for rt in (CPU_FP16, dataclasses.replace(CPU, parallel="fsdp")):
         other = step_mod.TrainStep(small(), rt, model=Recorder([]))
-        assert other.optimizer.defaults["fused"] is True and other.skips_on_device is True, \
+        assert other.optimizer.defaults["fused"] is True and other.skips_on_device is True, (
             f"parallel {rt.parallel}, {rt.dtype}: the fused AdamW must be kept"
+        )
 
 
 def test_activation_checkpointing_reaches_the_model():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     step = step_mod.TrainStep(small(activation_checkpointing="full"), CPU)
-    assert all(isinstance(b, CheckpointWrapper) for b in step.model.transformer.h), \
+    assert all(isinstance(b, CheckpointWrapper) for b in step.model.transformer.h), (
         "--activation-checkpointing full must wrap every block"
+    )
 
 
 def test_fp8_reaches_the_model(monkeypatch, torchao_installed):
@@ -545,8 +610,9 @@ def compile_calls(monkeypatch, tmp_path):
 def test_the_step_compiles_with_inductor_in_the_runs_tuning_by_default(compile_calls):
     cfg = small(compile=True, compile_tuning="max-autotune-no-cudagraphs")
     step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, compile=True))
-    assert compile_calls == [(step.model, {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"})], \
+    assert compile_calls == [(step.model, {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"})], (
         "the whole model must be compiled by inductor (the default backend) in --compile-tuning's mode"
+    )
 
 
 def test_the_step_compiles_with_the_backend_it_is_given(compile_calls):
@@ -555,11 +621,13 @@ def test_the_step_compiles_with_the_backend_it_is_given(compile_calls):
 
 
 def test_compile_mode_blocks_compiles_each_block_in_place(compile_calls):
-    step = step_mod.TrainStep(small(compile=True, compile_mode="blocks", n_layer=2), dataclasses.replace(CPU, compile=True),
-                              backend="eager")
+    step = step_mod.TrainStep(
+        small(compile=True, compile_mode="blocks", n_layer=2), dataclasses.replace(CPU, compile=True), backend="eager"
+    )
     assert step.train_model is step.model, "--compile-mode blocks leaves the model itself uncompiled"
-    assert [what.__self__ for what, _ in compile_calls] == list(step.model.transformer.h), \
+    assert [what.__self__ for what, _ in compile_calls] == list(step.model.transformer.h), (
         "--compile-mode blocks must compile each transformer block"
+    )
 
 
 @pytest.fixture
@@ -594,8 +662,9 @@ def test_ddp_reduces_gradients_only_in_the_last_micro_step(group_of_one):
         return x[:, :-1], x[:, 1:]
 
     step(next_batch)
-    assert reduced_in and set(reduced_in) == {1}, \
+    assert reduced_in and set(reduced_in) == {1}, (
         f"gradients were all-reduced in micro-steps {reduced_in}: only the last (1) should reduce"
+    )
 
 
 def test_with_cuda_graphs_each_micro_step_marks_a_new_graph_step_before_its_forward(monkeypatch, gpu_toolchain):
@@ -622,8 +691,10 @@ SIZE_FIX = "lower --n-layer / --n-embd / --vocab-size / --seq-len"  # the size c
 def shape_words(cfg, params: int) -> str:
     """How the size check names the model: its shape and its parameters (counted here)."""
     m = cfg.model
-    return (f"n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size {m.vocab_size}, seq_len {m.block_size}: "
-            f"{params:,} parameters")
+    return (
+        f"n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size {m.vocab_size}, seq_len {m.block_size}: "
+        f"{params:,} parameters"
+    )
 
 
 def test_the_ram_refusal_names_the_weights_the_ram_and_the_fix_word_for_word(monkeypatch):
@@ -636,8 +707,10 @@ def test_the_ram_refusal_names_the_weights_the_ram_and_the_fix_word_for_word(mon
     monkeypatch.setattr(step_mod, "host_memory_available", lambda: need - 1)
     with pytest.raises(step_mod.ModelTooLarge) as e:
         step_mod.check_model_fits(cfg)
-    want = (f"the model ({shape_words(cfg, params)}) needs {reference_format(need)} of RAM for its fp32 weights "
-            f"alone, more than the {reference_format(need - 1)} of RAM available: {SIZE_FIX}")
+    want = (
+        f"the model ({shape_words(cfg, params)}) needs {reference_format(need)} of RAM for its fp32 weights "
+        f"alone, more than the {reference_format(need - 1)} of RAM available: {SIZE_FIX}"
+    )
     assert str(e.value) == want, f"the RAM refusal is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
 
 
@@ -658,15 +731,17 @@ def test_the_device_refusal_gives_each_part_of_the_estimate_word_for_word(monkey
     if world == 23:  # the case is only a test of the rounding while rounding shows
         assert reference_format(state) != reference_format(16 * params / world + buffers)
     rt = dataclasses.replace(CPU, parallel=parallel, world_size=world)
-    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10 ** 12)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 10**12)
     monkeypatch.setattr(step_mod, "device_memory_available", lambda device: (need - 1, "of test memory"))
     with pytest.raises(step_mod.ModelTooLarge) as e:
         step_mod.check_model_fits(cfg, rt)
     sharded = f", sharded over {world} ranks" if world > 1 else ""
-    want = (f"the model ({shape_words(cfg, params)}) needs at least {reference_format(need)} on cpu to train: "
-            f"{reference_format(state)} for its weights, gradients and optimizer state (16 bytes a parameter{sharded}) "
-            f"and {reference_format(activations)} for activations at --batch-size 3, more than the "
-            f"{reference_format(need - 1)} of test memory: {SIZE_FIX} / --batch-size")
+    want = (
+        f"the model ({shape_words(cfg, params)}) needs at least {reference_format(need)} on cpu to train: "
+        f"{reference_format(state)} for its weights, gradients and optimizer state (16 bytes a parameter{sharded}) "
+        f"and {reference_format(activations)} for activations at --batch-size 3, more than the "
+        f"{reference_format(need - 1)} of test memory: {SIZE_FIX} / --batch-size"
+    )
     assert str(e.value) == want, f"the device refusal is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
 
 
@@ -680,17 +755,22 @@ def test_running_out_of_memory_while_building_is_worded_word_for_word(monkeypatc
         raise MemoryError()
 
     monkeypatch.setattr(step_mod, "GPT", gpt)
-    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 5 * 1024 ** 3)
+    monkeypatch.setattr(step_mod, "host_memory_available", lambda: 5 * 1024**3)
     with pytest.raises(GptspeedError) as e:
         step_mod.build_model(cfg)
-    want = (f"out of memory while building the model ({params:,} parameters, {reference_format(4 * params)} of fp32 "
-            "weights; 5.00 GiB of RAM available now): lower --n-layer / --n-embd, or free memory")
-    assert str(e.value) == want, f"the build's out-of-memory line is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
+    want = (
+        f"out of memory while building the model ({params:,} parameters, {reference_format(4 * params)} of fp32 "
+        "weights; 5.00 GiB of RAM available now): lower --n-layer / --n-embd, or free memory"
+    )
+    assert str(e.value) == want, (
+        f"the build's out-of-memory line is worded wrong:\n got {str(e.value)!r}\nwant {want!r}"
+    )
 
 
 @pytest.mark.parametrize("limit_file, usage_file", [V2, V1], ids=["v2", "v1"])
-@pytest.mark.parametrize("limit, want", [(1 << 60, 1 << 61), ((1 << 60) - 1, (1 << 60) - 1 - 5)],
-                         ids=["2^60", "2^60-1"])
+@pytest.mark.parametrize(
+    "limit, want", [(1 << 60, 1 << 61), ((1 << 60) - 1, (1 << 60) - 1 - 5)], ids=["2^60", "2^60-1"]
+)
 def test_a_cgroup_limit_of_two_to_the_sixty_or_more_is_no_limit(monkeypatch, limit_file, usage_file, limit, want):
     """2^61 bytes available (MemAvailable in kB): a cgroup limit of exactly 2^60 reads as "no limit"
     (the RAM stands), one byte less is a limit (limit less usage, 5 bytes, caps it)."""
@@ -736,8 +816,9 @@ def test_a_float16_step_returns_its_bad_flag_as_a_device_bool():
         for p in step.model.parameters():
             p.grad = torch.full_like(p, 0.01)
         _, bad = step.optimizer_step(torch.tensor(loss))
-        assert isinstance(bad, torch.Tensor) and bad.dtype == torch.bool and bool(bad) is want, \
+        assert isinstance(bad, torch.Tensor) and bad.dtype == torch.bool and bool(bad) is want, (
             f"loss {loss}: bad = {bad!r}"
+        )
 
 
 def test_the_steps_loss_is_made_on_the_runs_device_not_the_default_one():
@@ -756,7 +837,6 @@ def test_under_fsdp_the_gradient_norm_is_made_whole(group_of_one):
     norm (here one rank: the unsharded model's gradient norm, computed by hand)."""
     torch.manual_seed(0)
     step = step_mod.TrainStep(small(), dataclasses.replace(CPU, parallel="fsdp"))
-    x = torch.randint(0, 100, (2, 16))
     for p in step.model.parameters():
         p.grad = torch.full_like(p, 0.5)
     count = sum(p.numel() for p in step.model.parameters())

@@ -129,8 +129,14 @@ def test_the_ranks_sums_and_token_counts_add_up_to_the_one_process_mean(model, s
     real_forward = model.forward
     results = {}
     for rank in (1, 0):  # rank 0 last: it gets the sum of both
-        monkeypatch.setattr(model, "forward", lambda x, y=None, _r=rank, **k: shapes[_r].append(
-            (tuple(x.shape), x.dtype, bool(x.any()), y is not None and tuple(y.shape))) or real_forward(x, y, **k))
+        monkeypatch.setattr(
+            model,
+            "forward",
+            lambda x, y=None, _r=rank, **k: (
+                shapes[_r].append((tuple(x.shape), x.dtype, bool(x.any()), y is not None and tuple(y.shape)))
+                or real_forward(x, y, **k)
+            ),
+        )
         rt = dataclasses.replace(CPU, rank=rank, world_size=2, parallel=parallel)
         results[rank] = evaluate(model, rt, split, B, T)
     monkeypatch.setattr(model, "forward", real_forward)
@@ -211,8 +217,9 @@ def run_ranks(model, split, monkeypatch, parallel, seq_len=T, batch_size=B):
     monkeypatch.setattr(torch.distributed, "all_reduce", FakeAllReduce())
     monkeypatch.setattr(val_loss, "reshard", lambda m: None)
     real_forward, devices = model.forward, []
-    monkeypatch.setattr(model, "forward",
-                        lambda x, y=None, **k: devices.append(x.device.type) or real_forward(x, y, **k))
+    monkeypatch.setattr(
+        model, "forward", lambda x, y=None, **k: devices.append(x.device.type) or real_forward(x, y, **k)
+    )
     results = {}
     for rank in (1, 0):
         rt = dataclasses.replace(CPU, rank=rank, world_size=2, parallel=parallel)
@@ -228,8 +235,9 @@ def test_the_several_rank_path_makes_its_tensors_on_the_runtimes_device(model, s
     one = evaluate(model, CPU, split, B, T)
     with torch.device("meta"):
         got, devices = run_ranks(model, split, monkeypatch, parallel)
-    assert set(devices) == {"cpu"}, \
+    assert set(devices) == {"cpu"}, (
         f"a forward was given a batch on {set(devices) - {'cpu'}}, not on the runtime's device (cpu)"
+    )
     assert len(devices) == (6 if parallel == "fsdp" else 5)  # 5 batches, and under FSDP one dummy
     assert got[1] == one[1] and got[0] == pytest.approx(one[0], rel=1e-12)
 

@@ -24,15 +24,25 @@ def load_run_py(tmp_path: Path):
 def write_meta(work: Path, rel: str, codes: dict, hashes: dict) -> None:
     p = work / "mutants" / rel
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes,
-                             "type_check_error_by_key": {}, "durations_by_key": {k: 1.5 for k in codes},
-                             "estimated_durations_by_key": {}}))
+    p.write_text(
+        json.dumps(
+            {
+                "exit_code_by_key": codes,
+                "hash_by_function_name": hashes,
+                "type_check_error_by_key": {},
+                "durations_by_key": {k: 1.5 for k in codes},
+                "estimated_durations_by_key": {},
+            }
+        )
+    )
 
 
 def test_moved_decorator_gives_the_same_function_and_no_decorator_line(tmp_path):
     run = load_run_py(tmp_path)
-    source = ("import torch\n\n\n@torch.no_grad()\ndef double(x):\n    return x * 2\n\n\n"
-              "@staticmethod\ndef kept(x):\n    return x\n")
+    source = (
+        "import torch\n\n\n@torch.no_grad()\ndef double(x):\n    return x * 2\n\n\n"
+        "@staticmethod\ndef kept(x):\n    return x\n"
+    )
     moved = run.move_decorators(source)
     assert "@torch.no_grad()" not in moved, moved
     assert "@staticmethod" in moved, "a decorator outside MOVABLE_DECORATORS must stay where it is"
@@ -44,8 +54,12 @@ def test_moved_decorator_gives_the_same_function_and_no_decorator_line(tmp_path)
 
 def test_cache_round_trip_restores_every_result_in_a_fresh_folder(tmp_path):
     run = load_run_py(tmp_path)
-    codes = {"gptspeed.sample.x_f__mutmut_1": 1, "gptspeed.sample.x_f__mutmut_2": 0,
-             "gptspeed.sample.x_f__mutmut_3": None, "gptspeed.sample.xǁAǁg__mutmut_1": 36}
+    codes = {
+        "gptspeed.sample.x_f__mutmut_1": 1,
+        "gptspeed.sample.x_f__mutmut_2": 0,
+        "gptspeed.sample.x_f__mutmut_3": None,
+        "gptspeed.sample.xǁAǁg__mutmut_1": 36,
+    }
     write_meta(run.WORK, "src/gptspeed/sample.py.meta", codes, {"x_f": "h1", "xǁAǁg": "h2"})
     write_meta(run.WORK, "src/gptspeed/data/loader.py.meta", {"gptspeed.data.loader.x_h__mutmut_1": 3}, {"x_h": "h3"})
     (run.WORK / "run_info.json").write_text(json.dumps({"wall_s": 10.0, "git_commit": "abc"}))
@@ -65,14 +79,18 @@ def test_cache_round_trip_restores_every_result_in_a_fresh_folder(tmp_path):
 
 def test_cache_leaves_out_a_function_whose_mutants_are_not_numbered_from_one(tmp_path):
     run = load_run_py(tmp_path)
-    write_meta(run.WORK, "src/gptspeed/sample.py.meta",
-               {"gptspeed.sample.x_f__mutmut_1": 1, "gptspeed.sample.x_f__mutmut_3": 0,
-                "gptspeed.sample.x_g__mutmut_1": 0}, {"x_f": "h1", "x_g": "h2"})
+    write_meta(
+        run.WORK,
+        "src/gptspeed/sample.py.meta",
+        {"gptspeed.sample.x_f__mutmut_1": 1, "gptspeed.sample.x_f__mutmut_3": 0, "gptspeed.sample.x_g__mutmut_1": 0},
+        {"x_f": "h1", "x_g": "h2"},
+    )
     run.save_cache(wall_s=1.0)
     run.WORK = tmp_path / "fresh"
     run.restore_cache()
-    assert run.exit_codes() == {"gptspeed.sample.x_g__mutmut_1": 0}, \
+    assert run.exit_codes() == {"gptspeed.sample.x_g__mutmut_1": 0}, (
         "results that cannot be put back under their own names must not be restored under others"
+    )
 
 
 def test_run_time_counts_a_killed_segment_up_to_its_last_result(tmp_path):
@@ -115,13 +133,19 @@ def test_a_function_renumbered_by_coverage_is_retested_and_only_it(tmp_path):
     run = load_run_py(tmp_path)
 
     def mutants(counts: dict, hashes: dict):
-        write_meta(run.WORK, "src/gptspeed/step.py.meta",
-                   {f"gptspeed.step.{f}__mutmut_{i}": 1 for f, n in counts.items() for i in range(1, n + 1)}, hashes)
+        write_meta(
+            run.WORK,
+            "src/gptspeed/step.py.meta",
+            {f"gptspeed.step.{f}__mutmut_{i}": 1 for f, n in counts.items() for i in range(1, n + 1)},
+            hashes,
+        )
         return run.mutant_counts()
 
     before = mutants({"x_a": 3, "x_b": 2, "xǁTǁm": 4}, {"x_a": "h", "x_b": "h", "xǁTǁm": "h"})
     assert before == {"gptspeed.step.x_a": (3, "h"), "gptspeed.step.x_b": (2, "h"), "gptspeed.step.xǁTǁm": (4, "h")}
-    after = mutants({"x_a": 5, "x_b": 2, "xǁTǁm": 6, "x_c": 1}, {"x_a": "h", "x_b": "h", "xǁTǁm": "changed", "x_c": "h"})
+    after = mutants(
+        {"x_a": 5, "x_b": 2, "xǁTǁm": 6, "x_c": 1}, {"x_a": "h", "x_b": "h", "xǁTǁm": "changed", "x_c": "h"}
+    )
     assert run.shifted_functions(before, after) == ["gptspeed.step.x_a"]
 
 
@@ -137,30 +161,44 @@ def test_an_explanation_follows_its_mutant_when_mutmut_renumbers_it(tmp_path):
     assert fa != fb and len(fa) == 8 and run.fingerprint("@@ 1 @@\n" + a) == fa  # only the -/+ lines count
     (tmp_path / "survivors.txt").write_text(
         f"# a comment\ngptspeed.m.x_f__mutmut_3 {fa} equivalent f(2) is f(1)\n"
-        f"gptspeed.m.x_f__mutmut_9 {fb} gap g's None\ngptspeed.m.x_h__mutmut_1 equivalent by name\n")
+        f"gptspeed.m.x_f__mutmut_9 {fb} gap g's None\ngptspeed.m.x_h__mutmut_1 equivalent by name\n"
+    )
     run.HERE = tmp_path
     expl = run.load_explanations()
     assert expl["gptspeed.m.x_f__mutmut_3"] == ("equivalent", "f(2) is f(1)", fa)
     assert expl["gptspeed.m.x_h__mutmut_1"] == ("equivalent", "by name", None)
-    found, unmatched = run.match_explanations(expl, {
-        "gptspeed.m.x_f__mutmut_5": a,   # was 3: renumbered, same change
-        "gptspeed.m.x_f__mutmut_3": b,   # number 3 is now g's mutant: explained by g's line, not f's
-        "gptspeed.m.x_g__mutmut_1": a,   # the same change in another function: not explained
-        "gptspeed.m.x_h__mutmut_1": "",
-    })
-    assert found == {"gptspeed.m.x_f__mutmut_5": ("equivalent", "f(2) is f(1)"),
-                     "gptspeed.m.x_f__mutmut_3": ("gap", "g's None"),
-                     "gptspeed.m.x_h__mutmut_1": ("equivalent", "by name")}
+    found, unmatched = run.match_explanations(
+        expl,
+        {
+            "gptspeed.m.x_f__mutmut_5": a,  # was 3: renumbered, same change
+            "gptspeed.m.x_f__mutmut_3": b,  # number 3 is now g's mutant: explained by g's line, not f's
+            "gptspeed.m.x_g__mutmut_1": a,  # the same change in another function: not explained
+            "gptspeed.m.x_h__mutmut_1": "",
+        },
+    )
+    assert found == {
+        "gptspeed.m.x_f__mutmut_5": ("equivalent", "f(2) is f(1)"),
+        "gptspeed.m.x_f__mutmut_3": ("gap", "g's None"),
+        "gptspeed.m.x_h__mutmut_1": ("equivalent", "by name"),
+    }
     found, unmatched = run.match_explanations(expl, {"gptspeed.m.x_f__mutmut_5": a})
     assert unmatched == ["gptspeed.m.x_f__mutmut_9", "gptspeed.m.x_h__mutmut_1"]
 
     # the same change on two identical lines: two mutants, two lines, one fingerprint; each keeps its own
-    (tmp_path / "survivors.txt").write_text(f"gptspeed.m.x_f__mutmut_2 {fa} equivalent first line\n"
-                                            f"gptspeed.m.x_f__mutmut_7 {fa} equivalent second line\n")
-    found, unmatched = run.match_explanations(run.load_explanations(),
-                                              {"gptspeed.m.x_f__mutmut_2": a, "gptspeed.m.x_f__mutmut_7": a})
-    assert found == {"gptspeed.m.x_f__mutmut_2": ("equivalent", "first line"),
-                     "gptspeed.m.x_f__mutmut_7": ("equivalent", "second line")} and unmatched == []
+    (tmp_path / "survivors.txt").write_text(
+        f"gptspeed.m.x_f__mutmut_2 {fa} equivalent first line\ngptspeed.m.x_f__mutmut_7 {fa} equivalent second line\n"
+    )
+    found, unmatched = run.match_explanations(
+        run.load_explanations(), {"gptspeed.m.x_f__mutmut_2": a, "gptspeed.m.x_f__mutmut_7": a}
+    )
+    assert (
+        found
+        == {
+            "gptspeed.m.x_f__mutmut_2": ("equivalent", "first line"),
+            "gptspeed.m.x_f__mutmut_7": ("equivalent", "second line"),
+        }
+        and unmatched == []
+    )
 
 
 def test_the_workdir_is_emptied_only_when_the_script_made_it(tmp_path, monkeypatch, capsys):
@@ -185,7 +223,8 @@ def test_the_workdir_is_emptied_only_when_the_script_made_it(tmp_path, monkeypat
         with pytest.raises(run.WorkdirRefused):
             run.write_snapshot({"src/gptspeed/a.py": b"x = 1\n"}, fresh=True)
     assert (theirs / "chapter1.tex").read_text() == "years of work" and sorted(p.name for p in theirs.iterdir()) == [
-        "chapter1.tex"]
+        "chapter1.tex"
+    ]
     assert a_file.read_text() == "notes"
 
     run.WORK = tmp_path / "made"  # a folder the script makes is its own: a fresh run empties it, marker kept

@@ -4,8 +4,8 @@ declared rules (no GradScaler) hold."""
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, make_step, train_losses
+
 from gptspeed import optim
 from gptspeed.config import OPTIMIZERS as CHOICES
 from gptspeed.errors import GptspeedError
@@ -32,8 +32,19 @@ def toy(monkeypatch):
 
 
 def test_a_registered_optimizer_trains_checkpoints_and_resumes(toy, shakespeare_data, tmp_path):
-    base = dict(TINY_MODEL, data=str(shakespeare_data), optimizer="toy-sgd", lr=0.05, batch_size=4, max_steps=4,
-                save_every=2, eval_every=0, log_every=1, device="cpu", dtype="float32")
+    base = dict(
+        TINY_MODEL,
+        data=str(shakespeare_data),
+        optimizer="toy-sgd",
+        lr=0.05,
+        batch_size=4,
+        max_steps=4,
+        save_every=2,
+        eval_every=0,
+        log_every=1,
+        device="cpu",
+        dtype="float32",
+    )
     full = tmp_path / "full"
     fit(build_train_config("pico", dict(base, out=str(full))), echo=False)
     losses = train_losses(full)

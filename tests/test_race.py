@@ -7,8 +7,8 @@ import json
 import math
 
 import pytest
-
 from conftest import TINY_MODEL, assert_user_error, flags, run_main
+
 from gptspeed.bench import race
 from gptspeed.errors import GptspeedError
 
@@ -26,18 +26,31 @@ def test_the_curve_counts_training_steps_only_and_the_warm_up_at_the_next_speed(
     assert curve[1]["train_s"] == pytest.approx(5 * 0.1)  # steps 1-5 at 100 ms: the warm-up step at the next speed
     assert curve[2]["train_s"] == pytest.approx(0.5 + 5 * 0.2)
     hit = race.time_to_target(curve, 9.5)
-    assert hit == {"reached": True, "time_to_target_s": pytest.approx(0.5), "tokens_to_target": 0,
-                   "steps_to_target": 5, "final_val_loss": 8.0}
+    assert hit == {
+        "reached": True,
+        "time_to_target_s": pytest.approx(0.5),
+        "tokens_to_target": 0,
+        "steps_to_target": 5,
+        "final_val_loss": 8.0,
+    }
     assert race.time_to_target(curve, 7.0)["reached"] is False
 
 
 def test_the_summary_gives_means_ratios_and_a_one_sided_welch_p_value():
     def arm(name, times):
         a = race.Arm(name, [])
-        a.runs = [{"seed": i, "curve": [{"step": 0, "tokens": 0, "train_s": 0.0, "val_loss": 11.0},
-                                        {"step": 10, "tokens": 100, "train_s": t, "val_loss": 3.0}]}
-                  for i, t in enumerate(times)]
+        a.runs = [
+            {
+                "seed": i,
+                "curve": [
+                    {"step": 0, "tokens": 0, "train_s": 0.0, "val_loss": 11.0},
+                    {"step": 10, "tokens": 100, "train_s": t, "val_loss": 3.0},
+                ],
+            }
+            for i, t in enumerate(times)
+        ]
         return a
+
     from scipy import stats
 
     base, fast = [10.0, 11.0, 12.0, 10.5], [5.0, 5.5, 4.5, 5.2]
@@ -68,10 +81,28 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
     monkeypatch.setattr(race, "spawn", in_process)
     shape = flags(dict(TINY_MODEL, batch_size=4, max_steps=6, warmup_steps=1, lr=3e-3, dtype="float32"))
     out = tmp_path / "race"
-    proc = run_main("bench", "--race", "--arm", f"plain={' '.join(shape)}",
-                    "--arm", f"modern=--recipe modern {' '.join(shape)}", "--seeds", "2", "--preset", "pico",
-                    "--data", str(shakespeare_data), "--device", "cpu", "--eval-every", "2", "--eval-tokens", "256",
-                    "--out", str(out))
+    proc = run_main(
+        "bench",
+        "--race",
+        "--arm",
+        f"plain={' '.join(shape)}",
+        "--arm",
+        f"modern=--recipe modern {' '.join(shape)}",
+        "--seeds",
+        "2",
+        "--preset",
+        "pico",
+        "--data",
+        str(shakespeare_data),
+        "--device",
+        "cpu",
+        "--eval-every",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "race.json").read_text())
     assert result["complete"] and [a["name"] for a in result["arms"]] == ["plain", "modern"]
@@ -93,22 +124,30 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
     assert "| plain |" in (out / "race.md").read_text() and (out / "race.png").stat().st_size > 1000
     logs = sorted(p.name for p in (out / "logs").iterdir())
     assert logs == ["modern-seed0.log", "modern-seed1.log", "plain-seed0.log", "plain-seed1.log"]
-    order = [line.split(":")[1].strip() for line in proc.stdout.splitlines() if line.startswith("race:") and "final" not in line]
+    order = [
+        line.split(":")[1].strip()
+        for line in proc.stdout.splitlines()
+        if line.startswith("race:") and "final" not in line
+    ]
     assert order == ["plain seed 0", "modern seed 0", "plain seed 1", "modern seed 1"]  # interleaved
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--arms", "gpt3"], "--arms: unknown recipe 'gpt3'"),
-    (["--arm", "nameless"], 'give NAME="FLAGS"'),
-    (["--arm", "a=--no-such-flag"], "arm a: '--no-such-flag' are not gptspeed train flags"),
-    (["--arm", "a=--lr 1", "--arm", "a=--lr 2"], "arm names must differ"),
-    ([], "--race needs arms"),
-    (["--arms", "gpt2", "--seeds", "0"], "--seeds must be at least 1"),
-    (["--arms", "gpt2", "--n-layer", "4", "--synthetic"], "--n-layer, --synthetic: not read by --race"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--arms", "gpt3"], "--arms: unknown recipe 'gpt3'"),
+        (["--arm", "nameless"], 'give NAME="FLAGS"'),
+        (["--arm", "a=--no-such-flag"], "arm a: '--no-such-flag' are not gptspeed train flags"),
+        (["--arm", "a=--lr 1", "--arm", "a=--lr 2"], "arm names must differ"),
+        ([], "--race needs arms"),
+        (["--arms", "gpt2", "--seeds", "0"], "--seeds must be at least 1"),
+        (["--arms", "gpt2", "--n-layer", "4", "--synthetic"], "--n-layer, --synthetic: not read by --race"),
+    ],
+)
 def test_bad_race_arguments_are_one_line(args, message, tmp_path):
-    assert_user_error(run_main("bench", "--race", *args, "--preset", "pico", "--device", "cpu",
-                               "--out", str(tmp_path / "r")), message)
+    assert_user_error(
+        run_main("bench", "--race", *args, "--preset", "pico", "--device", "cpu", "--out", str(tmp_path / "r")), message
+    )
 
 
 def test_recipes_are_train_settings():
@@ -153,22 +192,28 @@ time.sleep(120)
 def fake_train(monkeypatch, mode: str) -> None:
     import sys
 
-    monkeypatch.setattr(race, "train_command", lambda flags, run_dir: [sys.executable, "-c", FAKE_TRAIN, mode,
-                                                                       str(run_dir)])
+    monkeypatch.setattr(
+        race, "train_command", lambda flags, run_dir: [sys.executable, "-c", FAKE_TRAIN, mode, str(run_dir)]
+    )
 
 
 def tree(root):
     """Every path under ``root`` with its bytes (None for a folder): what must stay untouched."""
-    return {p: (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))} if root.is_dir() else {
-        root: root.read_bytes()}
+    return (
+        {p: (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+        if root.is_dir()
+        else {root: root.read_bytes()}
+    )
 
 
 @pytest.mark.parametrize("name", ["/abs/x", "../../x", "..", ".", "a/b", "a b", "x" * 101])
 def test_an_arm_name_is_a_folder_name_never_a_path(name, tmp_path):
     """An arm's name names its runs' folders (OUT/runs/NAME-seedN): ``/abs/x`` or ``../../x`` used to
     train (and, run again, delete) outside --out."""
-    assert_user_error(run_main("bench", "--race", "--arm", f"{name}=--lr 1e-3", *BASE, "--out", str(tmp_path / "r")),
-                      "an arm's name names its runs' folders")
+    assert_user_error(
+        run_main("bench", "--race", "--arm", f"{name}=--lr 1e-3", *BASE, "--out", str(tmp_path / "r")),
+        "an arm's name names its runs' folders",
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -190,12 +235,21 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
     mixed = tmp_path / "mixed"  # an earlier race whose runs/ holds a folder of the user's
     (mixed / "runs" / "mine").mkdir(parents=True)
     (mixed / "race.json").write_text('{"command": "", "steps_cap": 8, "arms": []}')
-    cases = [(a_file, "is a file"), (run, "is a run folder"), (shakespeare_data, "is a data folder"),
-             (users, "holds what a race did not write (chapter1.tex)"), (mixed, "runs/mine")]
+    cases = [
+        (a_file, "is a file"),
+        (run, "is a run folder"),
+        (shakespeare_data, "is a data folder"),
+        (users, "holds what a race did not write (chapter1.tex)"),
+        (mixed, "runs/mine"),
+    ]
     for out, fragment in cases:
         before = tree(out)
-        assert_user_error(run_main("bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data),
-                                   "--out", str(out), "--force"), fragment)
+        assert_user_error(
+            run_main(
+                "bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out), "--force"
+            ),
+            fragment,
+        )
         assert tree(out) == before, out
 
     earlier = tmp_path / "race"  # an earlier race: refused without --force, replaced with it
@@ -222,23 +276,27 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
     assert json.loads((earlier / "race.json").read_text())["complete"]
 
 
-@pytest.mark.parametrize("arm, message", [
-    ("--seed 5", "--seed is the race's to set"),
-    ("--eval-every 3", "--eval-every is the race's to set"),
-    ("--eval-tokens 128", "--eval-tokens is the race's to set"),
-    ("--stop-at-val-loss 3", "--stop-at-val-loss is the race's to set"),
-    ("--data /elsewhere", "--data is the race's to set"),
-    ("--device cpu", "--device is the race's to set"),
-    ("--print-config", "--print-config prints a configuration"),
-    ("--max-steps 9", "--max-steps 9 is beyond the race's cap of 8"),
-    ("--sdpa-backend cudnn", "arm b: --sdpa-backend cudnn cannot run this attention"),
-    ("--dtype float16", "arm b: --dtype float16 is not supported on a CPU"),
-    ("--loss liger", "arm b: --loss liger runs Liger-Kernel's Triton kernels"),
-    ("CONFIG", "seed: in its --config"),
-])
+@pytest.mark.parametrize(
+    "arm, message",
+    [
+        ("--seed 5", "--seed is the race's to set"),
+        ("--eval-every 3", "--eval-every is the race's to set"),
+        ("--eval-tokens 128", "--eval-tokens is the race's to set"),
+        ("--stop-at-val-loss 3", "--stop-at-val-loss is the race's to set"),
+        ("--data /elsewhere", "--data is the race's to set"),
+        ("--device cpu", "--device is the race's to set"),
+        ("--print-config", "--print-config prints a configuration"),
+        ("--max-steps 9", "--max-steps 9 is beyond the race's cap of 8"),
+        ("--sdpa-backend cudnn", "arm b: --sdpa-backend cudnn cannot run this attention"),
+        ("--dtype float16", "arm b: --dtype float16 is not supported on a CPU"),
+        ("--loss liger", "arm b: --loss liger runs Liger-Kernel's Triton kernels"),
+        ("CONFIG", "seed: in its --config"),
+    ],
+)
 def test_every_arm_is_checked_whole_before_the_first_run(arm, message, shakespeare_data, tmp_path, monkeypatch):
     """A second arm that cannot run, or sets what the race sets itself, used to fail (or be silently
     overridden) after the first arm's whole run: now one line before anything runs or is written."""
+
     def no_run(*a, **k):
         raise AssertionError("a run started")
 
@@ -247,21 +305,38 @@ def test_every_arm_is_checked_whole_before_the_first_run(arm, message, shakespea
         (tmp_path / "b.yaml").write_text("train:\n  max_steps: 4\nruntime:\n  seed: 7\n")
         arm = f"--config {tmp_path / 'b.yaml'}"
     out = tmp_path / "r"
-    assert_user_error(run_main("bench", "--race", "--arm", ARM, "--arm", f"b={ARM[2:]} {arm}", *BASE, "--data",
-                               str(shakespeare_data), "--out", str(out)), message)
+    assert_user_error(
+        run_main(
+            "bench",
+            "--race",
+            "--arm",
+            ARM,
+            "--arm",
+            f"b={ARM[2:]} {arm}",
+            *BASE,
+            "--data",
+            str(shakespeare_data),
+            "--out",
+            str(out),
+        ),
+        message,
+    )
     assert not out.exists()
 
 
 def test_a_race_on_a_stream_without_a_val_split_is_refused(tmp_path):
     out = tmp_path / "r"
-    assert_user_error(run_main("bench", "--race", "--arm", ARM, *BASE, "--data", f"jsonl:{tmp_path / 'x.jsonl'}",
-                               "--out", str(out)), "the race measures the val loss")
+    assert_user_error(
+        run_main("bench", "--race", "--arm", ARM, *BASE, "--data", f"jsonl:{tmp_path / 'x.jsonl'}", "--out", str(out)),
+        "the race measures the val loss",
+    )
     assert not out.exists()
 
 
 @pytest.mark.parametrize("signum, mode", [("SIGTERM", "train"), ("SIGINT", "train"), ("SIGTERM", "deaf")])
-def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(signum, mode, shakespeare_data,
-                                                                                 tmp_path, monkeypatch):
+def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(
+    signum, mode, shakespeare_data, tmp_path, monkeypatch
+):
     """Ctrl-C used to kill the training child 0.25 s after the signal, before its save; SIGTERM left
     it orphaned, training on. Now the running arm is sent SIGTERM (``gptspeed train`` saves its last
     finished step on it), the race waits for it -- at most STOP_WAIT_S, then kills it -- and ends

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import TINY_MODEL, make_step, one_step
+
 from gptspeed.runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,7 +150,9 @@ def test_sampling_draws_from_softmax_over_temperature_restricted_to_top_k(temper
         if p == 0:
             assert counts[i] == 0, f"token {i} is outside the top {top_k} but was drawn {counts[i]} times"
         else:
-            assert abs(f - p) < 5 * s, f"token {i}: frequency {f:.4f}, softmax(logits / {temperature}) top-{top_k} gives {p:.4f}"
+            assert abs(f - p) < 5 * s, (
+                f"token {i}: frequency {f:.4f}, softmax(logits / {temperature}) top-{top_k} gives {p:.4f}"
+            )
 
 
 def test_top_1_and_temperature_0_are_argmax():
@@ -181,8 +183,14 @@ def test_val_loss_weighs_a_partial_last_batch_by_its_tokens(tmp_path):
         model.transformer.wte.weight.mul_(30.0)
     t = torch.from_numpy(tokens.astype(np.int64))
     with torch.no_grad():
-        per_window = [F.cross_entropy(model(t[i * T:(i + 1) * T][None])[0][0, :, :50257].float(),
-                                      t[i * T + 1:(i + 1) * T + 1], reduction="sum") for i in range(windows)]
+        per_window = [
+            F.cross_entropy(
+                model(t[i * T : (i + 1) * T][None])[0][0, :, :50257].float(),
+                t[i * T + 1 : (i + 1) * T + 1],
+                reduction="sum",
+            )
+            for i in range(windows)
+        ]
     reference = float(sum(per_window)) / (windows * T)
     loss, n = evaluate(model, resolve_runtime("cpu", "float32", False), [shard], B, T)
     assert n == windows * T

@@ -12,16 +12,38 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    TINY_MODEL,
+    assert_user_error,
+    finish,
+    flags,
+    make_step,
+    one_step,
+    run_cli,
+    run_main,
+    start_cli,
+    train_losses,
+    wait_for_line,
+)
 
-from conftest import (TINY_MODEL, assert_user_error, flags, finish, make_step, one_step, run_cli, run_main, start_cli, train_losses,
-                      wait_for_line)
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, seal_path
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.trainer import build_train_config, fit
 
-TINY = ["--preset", "pico", *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)), "--log-every", "1",
-        "--eval-every", "0", "--eval-tokens", "1024", "--device", "cpu"]
+TINY = [
+    "--preset",
+    "pico",
+    *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)),
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--eval-tokens",
+    "1024",
+    "--device",
+    "cpu",
+]
 
 
 def start(data, run, *extra):
@@ -36,7 +58,7 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(shakesp
     assert run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(ref), *args).returncode == 0
     run = tmp_path / "run"
     rng = random.Random(4)
-    for attempt in range(3):  # at most 3 steps and a fraction per attempt: the run (14 steps) never ends first
+    for _attempt in range(3):  # at most 3 steps and a fraction per attempt: the run (14 steps) never ends first
         proc = start(shakespeare_data, run, *args, "--resume")
         lines = [wait_for_line(proc, "| loss ") for _ in range(rng.randint(1, 3))]
         step_s = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]).get("step_ms", 100) / 1000
@@ -92,16 +114,18 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_every_checkpoint_valid(shakesp
     out, err = finish(proc)
     assert proc.returncode == 130 and "gptspeed train: interrupted" in err, err
     assert "Traceback" not in err
-    assert list_checkpoints(run) and all(check_checkpoint(ck) is None for ck in list_checkpoints(run)
-                                         if seal_path(ck).exists())
+    assert list_checkpoints(run) and all(
+        check_checkpoint(ck) is None for ck in list_checkpoints(run) if seal_path(ck).exists()
+    )
 
 
 def test_one_writer_per_run_folder_and_a_killed_writer_never_blocks_resume(shakespeare_data, tmp_path):
     run = tmp_path / "run"
     first = start(shakespeare_data, run, "--max-steps", "500", "--save-every", "1")
     wait_for_line(first, "step   1/500")
-    second = run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "500",
-                     "--resume")  # e.g. a job scheduler that requeues a job still running
+    second = run_cli(
+        "train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "500", "--resume"
+    )  # e.g. a job scheduler that requeues a job still running
     assert_user_error(second, "is being written by pid", "another `gptspeed train`")
     assert f"pid {first.pid}" in second.stderr
     first.kill()  # SIGKILL: the lock file stays, its flock dies with the process
@@ -127,26 +151,47 @@ def test_non_finite_step_never_updates_the_weights(fused):
     loss, norm, bad = one_step(trainer, x, x)
     assert bool(bad) and not torch.isfinite(loss)
     for k, v in model.state_dict().items():
-        assert torch.equal(v, before[k]) or (torch.isnan(v).equal(torch.isnan(before[k]))
-                                              and torch.equal(v.nan_to_num(), before[k].nan_to_num())), k
+        assert torch.equal(v, before[k]) or (
+            torch.isnan(v).equal(torch.isnan(before[k])) and torch.equal(v.nan_to_num(), before[k].nan_to_num())
+        ), k
     for k, v in opt.state[params[0]].items():
         assert torch.equal(v, state_before[k]), k  # moments and step count untouched
 
 
 def test_divergence_stops_or_skips(shakespeare_data, tmp_path):
-    base = dict(n_layer=2, n_embd=32, batch_size=8, device="cpu", data=str(shakespeare_data), eval_every=0,
-                lr=1e30, warmup_steps=1, max_steps=6, log_every=3, save_every=1)
+    base = dict(
+        n_layer=2,
+        n_embd=32,
+        batch_size=8,
+        device="cpu",
+        data=str(shakespeare_data),
+        eval_every=0,
+        lr=1e30,
+        warmup_steps=1,
+        max_steps=6,
+        log_every=3,
+        save_every=1,
+    )
     run = tmp_path / "stop"
     with pytest.raises(GptspeedError, match=r"diverged.*step 2 .*last good checkpoint: ckpt_00000001\.pt"):
         fit(build_train_config("pico", dict(base, out=str(run))), echo=False)
     assert [p.name for p in list_checkpoints(run)] == ["ckpt_00000001.pt"]
-    proc = run_main("train", "--out", str(tmp_path / "stop2"), *[f"--{k.replace('_', '-')}={v}" for k, v in base.items()],
-                    "--preset", "pico")
+    proc = run_main(
+        "train",
+        "--out",
+        str(tmp_path / "stop2"),
+        *[f"--{k.replace('_', '-')}={v}" for k, v in base.items()],
+        "--preset",
+        "pico",
+    )
     assert_user_error(proc, "diverged", "--on-nan skip")
     # --on-nan skip goes on past isolated bad steps only: 3 of 4 skipped (every step from step 2 on) is a
     # diverged run, not "done" (each step is a log step here: save_every=1)
-    with pytest.raises(GptspeedError, match=r"diverged: 3 of the 4 steps so far .* skipped.*last good checkpoint: "
-                                            r"ckpt_00000003\.pt"):
+    with pytest.raises(
+        GptspeedError,
+        match=r"diverged: 3 of the 4 steps so far .* skipped.*last good checkpoint: "
+        r"ckpt_00000003\.pt",
+    ):
         fit(build_train_config("pico", dict(base, out=str(tmp_path / "skip"), on_nan="skip")), echo=False)
     ck = load_checkpoint(list_checkpoints(tmp_path / "skip")[-1])
     assert all(torch.isfinite(v).all() for v in ck["model"].values())  # the skipped steps never touched the weights
@@ -163,8 +208,17 @@ def test_on_nan_skip_goes_on_past_an_isolated_bad_step(shakespeare_data, tmp_pat
         return loss, norm, bad | (self.step == 2)  # the step that becomes step 3 is reported non-finite
 
     monkeypatch.setattr(Trainer, "train_step", one_bad)
-    base = dict(n_layer=1, n_embd=32, batch_size=4, device="cpu", data=str(shakespeare_data), eval_every=0,
-                max_steps=6, log_every=2, save_every=0)
+    base = dict(
+        n_layer=1,
+        n_embd=32,
+        batch_size=4,
+        device="cpu",
+        data=str(shakespeare_data),
+        eval_every=0,
+        max_steps=6,
+        log_every=2,
+        save_every=0,
+    )
     summary = fit(build_train_config("pico", dict(base, out=str(tmp_path / "r"), on_nan="skip")))
     assert summary["step"] == 6 and summary["skipped_steps"] == 1
     out = capsys.readouterr().out
@@ -174,8 +228,18 @@ def test_on_nan_skip_goes_on_past_an_isolated_bad_step(shakespeare_data, tmp_pat
 
 def test_resume_skips_damaged_checkpoints_and_says_why(shakespeare_data, tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = dict(n_layer=2, n_embd=32, batch_size=8, device="cpu", data=str(shakespeare_data), eval_every=0,
-               max_steps=4, save_every=1, keep_checkpoints=4, out=str(run))
+    cfg = dict(
+        n_layer=2,
+        n_embd=32,
+        batch_size=8,
+        device="cpu",
+        data=str(shakespeare_data),
+        eval_every=0,
+        max_steps=4,
+        save_every=1,
+        keep_checkpoints=4,
+        out=str(run),
+    )
     fit(build_train_config("pico", cfg), echo=False)
     ck = list_checkpoints(run)
     raw = bytearray(ck[3].read_bytes())
@@ -202,16 +266,20 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where)
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
+
     if where == "torch.save":
         monkeypatch.setattr(torch, "save", full_disk)
     else:
         real_write = ck._HashingWriter.write
-        monkeypatch.setattr(ck._HashingWriter, "write",
-                            lambda self, b: full_disk() if self.bytes > 64 else real_write(self, b))
+        monkeypatch.setattr(
+            ck._HashingWriter, "write", lambda self, b: full_disk() if self.bytes > 64 else real_write(self, b)
+        )
     with pytest.raises(GptspeedError) as e:
         save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3000)})
-    assert str(e.value) == (f"no space left on the device of {tmp_path} while saving step 2; the checkpoint of step 1 "
-                            "is intact: free space, then --resume")
+    assert str(e.value) == (
+        f"no space left on the device of {tmp_path} while saving step 2; the checkpoint of step 1 "
+        "is intact: free space, then --resume"
+    )
     assert list_checkpoints(tmp_path) == [first] and check_checkpoint(first) is None
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -230,8 +298,8 @@ def test_a_checkpoint_never_stands_under_its_name_unsealed(tmp_path, monkeypatch
     import os
 
     import gptspeed.checkpoint.formats as ck
-    from gptspeed.checkpoint import RunFolder
     import gptspeed.fileio as fio
+    from gptspeed.checkpoint import RunFolder
 
     run = tmp_path / "run"
     run.mkdir()
@@ -287,13 +355,18 @@ def test_a_disk_too_full_for_the_next_checkpoint_is_said_before_writing(tmp_path
 def test_full_or_unwritable_run_folder_reported_before_training(shakespeare_data, tmp_path, monkeypatch):
     afile = tmp_path / "file"
     afile.write_text("x")
-    assert_user_error(run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(afile / "run")),
-                      "cannot write to run folder")
+    assert_user_error(
+        run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(afile / "run")),
+        "cannot write to run folder",
+    )
     import shutil as sh
+
     monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(100, 100, 1000))
     with pytest.raises(GptspeedError, match="GiB free but a checkpoint needs"):
-        fit(build_train_config("pico", dict(data=str(shakespeare_data), out=str(tmp_path / "r"), device="cpu")),
-            echo=False)
+        fit(
+            build_train_config("pico", dict(data=str(shakespeare_data), out=str(tmp_path / "r"), device="cpu")),
+            echo=False,
+        )
     assert not list_checkpoints(tmp_path / "r")
 
 
@@ -308,8 +381,10 @@ def test_resume_with_other_data_refused_unless_forced(shakespeare_data, tmp_path
     (other / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(GptspeedError, match=r"different configuration \(data\).*--force-resume"):
         fit(build_train_config(None, dict(out=str(run), resume=True, data=str(other), max_steps=3)), echo=False)
-    s = fit(build_train_config(None, dict(out=str(run), resume=True, data=str(other), max_steps=3,
-                                          force_resume=True)), echo=False)
+    s = fit(
+        build_train_config(None, dict(out=str(run), resume=True, data=str(other), max_steps=3, force_resume=True)),
+        echo=False,
+    )
     assert s["step"] == 3
 
 
@@ -334,16 +409,44 @@ def test_resume_on_changed_shards_is_refused(shakespeare_data, tmp_path, change)
 
 def test_resume_never_writes_over_checkpoints_it_cannot_verify(shakespeare_data, tmp_path):
     run = tmp_path / "run"
-    fit(build_train_config("pico", dict(n_layer=1, n_embd=32, batch_size=8, device="cpu", eval_every=0, max_steps=2,
-                                        save_every=1, data=str(shakespeare_data), out=str(run))), echo=False)
+    fit(
+        build_train_config(
+            "pico",
+            dict(
+                n_layer=1,
+                n_embd=32,
+                batch_size=8,
+                device="cpu",
+                eval_every=0,
+                max_steps=2,
+                save_every=1,
+                data=str(shakespeare_data),
+                out=str(run),
+            ),
+        ),
+        echo=False,
+    )
     for ck in list_checkpoints(run):
         seal_path(ck).unlink()  # every seal gone
+
     def files():  # the lock file is taken (and its time touched) before the refusal: not data
         return {p.name: p.stat().st_mtime_ns for p in run.iterdir() if p.name != ".gptspeed.lock"}
 
     before = files()
-    proc = run_main("train", "--out", str(run), "--resume", "--data", str(shakespeare_data), "--preset", "pico",
-                    "--device", "cpu", "--max-steps", "3")
+    proc = run_main(
+        "train",
+        "--out",
+        str(run),
+        "--resume",
+        "--data",
+        str(shakespeare_data),
+        "--preset",
+        "pico",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "3",
+    )
     assert_user_error(proc, "holds ckpt_00000001.pt, ckpt_00000002.pt, metrics.jsonl", "refusing to write over them")
     assert files() == before
 
@@ -384,8 +487,9 @@ def test_config_file_applies_and_flags_win(tmp_path):
     cfg = build_train_config("pico", {"lr": 0.02}, str(path))
     assert cfg.model.n_layer == 3 and cfg.optim.lr == 0.02
     path.write_text("{not json")
-    assert_user_error(run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r")),
-                      "not valid JSON")
+    assert_user_error(
+        run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r")), "not valid JSON"
+    )
 
 
 def test_the_resume_line_names_the_launcher_and_processes(monkeypatch):
@@ -397,9 +501,11 @@ def test_the_resume_line_names_the_launcher_and_processes(monkeypatch):
     assert resume_command(one, Path("r")) == "gptspeed train --out r --resume"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert resume_command(SimpleNamespace(distributed=True, world_size=2), Path("r")) == (
-        "torchrun --standalone --nproc_per_node 2 -m gptspeed train --out r --resume")
+        "torchrun --standalone --nproc_per_node 2 -m gptspeed train --out r --resume"
+    )
     assert resume_command(SimpleNamespace(distributed=True, world_size=8), Path("r")).startswith(
-        "torchrun --nnodes 4 --nproc_per_node 2 ...")
+        "torchrun --nnodes 4 --nproc_per_node 2 ..."
+    )
 
 
 def test_a_shard_truncated_under_the_run_is_named_and_the_steps_are_saved(shakespeare_data, tmp_path):
@@ -416,8 +522,11 @@ def test_a_shard_truncated_under_the_run_is_named_and_the_steps_are_saved(shakes
     with open(shard, "r+b") as f:  # in place, as a re-prepare or a copy over it would
         f.truncate(1024 + 2 * 8 * 512)  # 8 steps of 512 tokens: a few steps from now
     out, err = finish(proc)
-    assert_user_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
-                      "train_000000.bin shrank to 9,216 bytes", "was saved: fix the shard")
+    assert_user_error(
+        subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+        "train_000000.bin shrank to 9,216 bytes",
+        "was saved: fix the shard",
+    )
     (ck,) = list_checkpoints(run)
     step = int(ck.stem.split("_")[1])
     assert check_checkpoint(ck) is None and step >= 2 and f"checkpoint of step {step} was saved" in err

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import assert_user_error, run_main, train_losses
+
 from gptspeed.config import preset, run_defining_diff
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
@@ -31,8 +31,10 @@ def _model(seed=0, **kw) -> GPT:
 def _stream_dtypes(model: GPT, idx: torch.Tensor, autocast) -> set:
     """The dtypes of every block's input and of the final norm's: the residual stream."""
     seen = set()
-    hooks = [m.register_forward_pre_hook(lambda mod, args: seen.add(args[0].dtype))
-             for m in (*model.transformer.h, model.transformer.ln_f)]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args: seen.add(args[0].dtype))
+        for m in (*model.transformer.h, model.transformer.ln_f)
+    ]
     with autocast:
         model(idx)
     for h in hooks:
@@ -40,8 +42,11 @@ def _stream_dtypes(model: GPT, idx: torch.Tensor, autocast) -> set:
     return seen
 
 
-@pytest.mark.parametrize("kw", [{}, dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp="relu2"),
-                                dict(attention="manual", doc_mask=True)], ids=["gpt2", "modern", "manual-docmask"])
+@pytest.mark.parametrize(
+    "kw",
+    [{}, dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp="relu2"), dict(attention="manual", doc_mask=True)],
+    ids=["gpt2", "modern", "manual-docmask"],
+)
 def test_the_stream_is_bf16_only_with_the_setting_under_bf16_autocast(kw):
     idx = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(1))
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
@@ -55,8 +60,17 @@ def test_the_stream_is_bf16_only_with_the_setting_under_bf16_autocast(kw):
 def _losses(residual: str, compile_backend: str | None, steps: int = 5) -> list[float]:
     """``steps`` AdamW steps of TrainStep (what train builds) in bf16 autocast from the same weights
     on the same batches, with the residual stream in ``residual``."""
-    cfg = preset("pico").override(dict(**SHAPE, residual_dtype=residual, batch_size=4, total_batch_tokens=None,
-                                       device="cpu", dtype="bfloat16", compile=compile_backend is not None))
+    cfg = preset("pico").override(
+        dict(
+            **SHAPE,
+            residual_dtype=residual,
+            batch_size=4,
+            total_batch_tokens=None,
+            device="cpu",
+            dtype="bfloat16",
+            compile=compile_backend is not None,
+        )
+    )
     cfg.validate()
     rt = dataclasses.replace(BF16, compile=compile_backend is not None)
     step = TrainStep(cfg, rt, model=_model(residual_dtype=residual), backend=compile_backend or "inductor")
@@ -108,8 +122,10 @@ def test_refused_with_any_other_dtype_in_one_line(dtype):
     cfg = preset("pico").override(dict(residual_dtype="bfloat16", dtype=dtype))
     with pytest.raises(GptspeedError) as e:
         cfg.validate()
-    assert str(e.value) == (f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {dtype}: use "
-                            "--dtype bfloat16, or --residual-dtype float32")
+    assert str(e.value) == (
+        f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {dtype}: use "
+        "--dtype bfloat16, or --residual-dtype float32"
+    )
     cfg.override(dict(residual_dtype="float32")).validate()
     preset("pico").override(dict(residual_dtype="bfloat16", dtype="auto")).validate()  # known on the device
 
@@ -118,19 +134,35 @@ def test_refused_where_auto_resolves_to_float32():
     """--dtype auto is float32 on a CPU without native bf16 (and on MPS): the step, which knows the
     resolved dtype, refuses it with the reason auto gave."""
     cfg = preset("pico").override(dict(residual_dtype="bfloat16"))
-    rt = dataclasses.replace(BF16, dtype="float32", autocast_dtype=None,
-                             dtype_reason="float32: no native bf16 matmuls on this CPU")
+    rt = dataclasses.replace(
+        BF16, dtype="float32", autocast_dtype=None, dtype_reason="float32: no native bf16 matmuls on this CPU"
+    )
     with pytest.raises(GptspeedError) as e:
         check_step(cfg, rt, 1)
-    assert str(e.value) == ("--residual-dtype bfloat16 needs bf16 autocast; this run computes in float32 (float32: no "
-                            "native bf16 matmuls on this CPU): use --dtype bfloat16, or --residual-dtype float32")
+    assert str(e.value) == (
+        "--residual-dtype bfloat16 needs bf16 autocast; this run computes in float32 (float32: no "
+        "native bf16 matmuls on this CPU): use --dtype bfloat16, or --residual-dtype float32"
+    )
     check_step(cfg, BF16, 1)
     check_step(cfg.override(dict(residual_dtype="float32")), rt, 1)
 
 
 def test_cli_refuses_float32_in_one_line(tmp_path):
-    proc = run_main("train", "--preset", "pico", "--data", str(tmp_path), "--out", str(tmp_path / "r"),
-                    "--device", "cpu", "--dtype", "float32", "--residual-dtype", "bfloat16")
+    proc = run_main(
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "r"),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--residual-dtype",
+        "bfloat16",
+    )
     assert_user_error(proc, "--residual-dtype bfloat16 needs bf16 autocast", "--dtype float32")
     assert not (tmp_path / "r").exists()
 
@@ -140,9 +172,34 @@ def test_a_resume_may_change_it(shakespeare_data, tmp_path, capsys):
     with the bf16 stream (evaluation and the checkpoint under it too), and the banner says so."""
     assert run_defining_diff(preset("pico"), preset("pico").override(dict(residual_dtype="bfloat16"))) == []
     run = tmp_path / "run"
-    common = ["--preset", "pico", "--n-layer", "1", "--n-embd", "32", "--seq-len", "32", "--batch-size", "4",
-              "--data", str(shakespeare_data), "--out", str(run), "--device", "cpu", "--dtype", "bfloat16",
-              "--eval-every", "2", "--eval-tokens", "256", "--log-every", "1", "--save-every", "2"]
+    common = [
+        "--preset",
+        "pico",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+        "--device",
+        "cpu",
+        "--dtype",
+        "bfloat16",
+        "--eval-every",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--log-every",
+        "1",
+        "--save-every",
+        "2",
+    ]
     assert run_main("train", *common, "--max-steps", "2").returncode == 0
     proc = run_main("train", *common, "--max-steps", "4", "--resume", "--residual-dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr

@@ -4,13 +4,27 @@ the config.json it wrote when it started -- never as another run over that confi
 import json
 
 import pytest
-
 from conftest import TINY_MODEL, assert_user_error, flags, run_main, train_losses
+
 from gptspeed.checkpoint import list_checkpoints, load_checkpoint
 from gptspeed.step import TrainStep
 
-TINY = ["--preset", "pico", *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)), "--log-every", "1",
-        "--eval-every", "0", "--eval-tokens", "512", "--device", "cpu", "--dtype", "float32", "--no-compile"]
+TINY = [
+    "--preset",
+    "pico",
+    *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)),
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--eval-tokens",
+    "512",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--no-compile",
+]
 
 
 def settings(run) -> dict:
@@ -62,7 +76,9 @@ def test_a_cpu_run_resumed_with_another_thread_count_says_so(shakespeare_data, t
     reductions split by it); a scheduler that gives the resumed job other CPUs changes PyTorch's
     default count silently. The resume says so, and how to keep it."""
     run = tmp_path / "run"
-    assert run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1").returncode == 0
+    assert (
+        run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1").returncode == 0
+    )
     doc = json.loads((run / "config.json").read_text())
     doc["environment"]["threads"] = 99
     (run / "config.json").write_text(json.dumps(doc))

@@ -8,17 +8,34 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, assert_user_error, flags, run_main
-from gptspeed.checkpoint import (check_checkpoint, folder_run_id, latest_valid_checkpoint, list_checkpoints,
-                                 load_checkpoint, refuse_foreign_folder, seal_path, write_checkpoint_file)
+
+from gptspeed.checkpoint import (
+    check_checkpoint,
+    folder_run_id,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    refuse_foreign_folder,
+    seal_path,
+    write_checkpoint_file,
+)
 from gptspeed.errors import GptspeedError
 from gptspeed.trainer import build_train_config, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BASE = dict(TINY_MODEL, n_layer=1, batch_size=4, device="cpu", dtype="float32", eval_every=0, log_every=1,
-            save_every=1, keep_checkpoints=3)
+BASE = dict(
+    TINY_MODEL,
+    n_layer=1,
+    batch_size=4,
+    device="cpu",
+    dtype="float32",
+    eval_every=0,
+    log_every=1,
+    save_every=1,
+    keep_checkpoints=3,
+)
 
 
 def train(data, out, **kw):
@@ -39,10 +56,15 @@ def test_a_folder_of_the_users_files_is_refused_and_left_untouched(shakespeare_d
     (hf / "metrics.jsonl").write_text("epoch,acc\n1,0.5\n")
     (hf / "model.safetensors").write_bytes(b"\0" * 64)
     before = snapshot(hf)
-    proc = run_main("train", "--preset", "pico", *flags(BASE), "--data", str(shakespeare_data), "--out", str(hf),
-                    "--max-steps", "1")
-    assert_user_error(proc, f"--out {hf} already holds files gptspeed did not write",
-                      "config.json, metrics.jsonl, model.safetensors", "choose another --out")
+    proc = run_main(
+        "train", "--preset", "pico", *flags(BASE), "--data", str(shakespeare_data), "--out", str(hf), "--max-steps", "1"
+    )
+    assert_user_error(
+        proc,
+        f"--out {hf} already holds files gptspeed did not write",
+        "config.json, metrics.jsonl, model.safetensors",
+        "choose another --out",
+    )
     assert snapshot(hf) == before and sorted(p.name for p in hf.iterdir()) == sorted(before)  # not even a lock file
 
 
@@ -50,7 +72,9 @@ def test_the_data_folder_and_the_root_are_not_run_folders(shakespeare_data, tmp_
     data = tmp_path / "data"
     shutil.copytree(shakespeare_data, data)
     before = snapshot(data)
-    proc = run_main("train", "--preset", "pico", *flags(BASE), "--data", str(data), "--out", str(data), "--max-steps", "1")
+    proc = run_main(
+        "train", "--preset", "pico", *flags(BASE), "--data", str(data), "--out", str(data), "--max-steps", "1"
+    )
     assert_user_error(proc, f"--out {data} is a prepared data folder", "choose another --out")
     assert snapshot(data) == before
     with pytest.raises(GptspeedError, match=r"--out / already holds files gptspeed did not write \(.*and \d+ more\)"):
@@ -113,8 +137,11 @@ def test_a_checkpoint_of_another_run_or_step_is_skipped_and_never_pruned_over(sh
     assert reasons["ckpt_00000004.pt"].startswith("it belongs to another run")
     config_before = json.loads((run / "config.json").read_text())
     capsys.readouterr()
-    fit(build_train_config("pico", dict(BASE, data=str(shakespeare_data), out=str(run), max_steps=6, resume=True,
-                                        keep_checkpoints=2)))
+    fit(
+        build_train_config(
+            "pico", dict(BASE, data=str(shakespeare_data), out=str(run), max_steps=6, resume=True, keep_checkpoints=2)
+        )
+    )
     out = capsys.readouterr().out
     assert "skipping ckpt_00000010.pt: its seal is of step 2" in out and "skipping ckpt_00000004.pt: it belongs" in out
     assert "resumed from step 3" in out
@@ -155,10 +182,25 @@ def test_a_checkpoint_whose_content_is_not_the_sealed_step_is_refused(shakespear
 def test_force_resume_with_another_model_shape_is_one_line(shakespeare_data, tmp_path):
     run = tmp_path / "run"
     train(shakespeare_data, run, max_steps=1)
-    proc = run_main("train", "--preset", "pico", *flags(dict(BASE, n_layer=3)), "--data", str(shakespeare_data),
-                    "--out", str(run), "--max-steps", "2", "--resume", "--force-resume")
-    assert_user_error(proc, "checkpoint ckpt_00000001.pt: its model state does not fit this run",
-                      "resume with the settings it was written with")
+    proc = run_main(
+        "train",
+        "--preset",
+        "pico",
+        *flags(dict(BASE, n_layer=3)),
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+        "--max-steps",
+        "2",
+        "--resume",
+        "--force-resume",
+    )
+    assert_user_error(
+        proc,
+        "checkpoint ckpt_00000001.pt: its model state does not fit this run",
+        "resume with the settings it was written with",
+    )
 
 
 # ----------------------------------------------------------------------------- clocks and folders
@@ -206,7 +248,9 @@ def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_one_line_on_sample(
     train(shakespeare_data, run, max_steps=1)
     path = run / "ckpt_00000001.pt"
     state = load_checkpoint(path)
-    state["model"] = {k: (v[:, :16] if v.dim() == 2 and k.endswith("c_fc.weight") else v) for k, v in state["model"].items()}
+    state["model"] = {
+        k: (v[:, :16] if v.dim() == 2 and k.endswith("c_fc.weight") else v) for k, v in state["model"].items()
+    }
     write_checkpoint_file(path, {k: v for k, v in state.items() if k not in ("format", "format_version")})
     proc = run_main("sample", "--run", str(run), "--max-new-tokens", "2")
     assert_user_error(proc, "checkpoint ckpt_00000001.pt: its model state does not fit this run", "c_fc.weight")

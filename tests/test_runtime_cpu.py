@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import child_env
 
 from gptspeed.cpu import cpu_has_native_bf16, default_cpu_dtype
@@ -87,7 +86,8 @@ def test_compile_uses_a_persistent_cache_folder(tmp_path, monkeypatch):
 
 
 def test_auto_compile_on_cpu_only_where_measured_to_pay():
-    from gptspeed.cpu import CPU_BF16_COMPILE_BREAK_EVEN_STEPS as N, default_cpu_compile
+    from gptspeed.cpu import CPU_BF16_COMPILE_BREAK_EVEN_STEPS as N
+    from gptspeed.cpu import default_cpu_compile
 
     # float32: measured no faster than eager, whatever the run's length
     on, reason = default_cpu_compile("float32", 10**6, SAPPHIRE_RAPIDS)
@@ -135,8 +135,9 @@ print(plain, kept, applied, reason, sep="|")
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_keep_freed_memory_stops_page_faulting_a_steps_large_buffers_in_again():
-    res = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, timeout=120,
-                         env=child_env())
+    res = subprocess.run(
+        [sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, timeout=120, env=child_env()
+    )
     assert res.returncode == 0, res.stderr
     plain, kept, applied, reason = res.stdout.strip().split("|")
     assert applied == "True", reason

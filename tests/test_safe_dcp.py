@@ -20,13 +20,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, make_step, run_main
-from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGState, check_checkpoint, consolidate,
-                                 load_checkpoint)
+
+from gptspeed.checkpoint import (
+    Checkpointer,
+    ModelState,
+    OptimizerState,
+    RNGState,
+    check_checkpoint,
+    consolidate,
+    load_checkpoint,
+)
+from gptspeed.checkpoint.dcp_reader import ALLOWED_GLOBALS, load_full, read_metadata
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import sha256_file
-from gptspeed.checkpoint.dcp_reader import ALLOWED_GLOBALS, load_full, read_metadata
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,8 +90,11 @@ def assert_identical(a, b, where="state"):
         for i, (x, z) in enumerate(zip(a, b)):
             assert_identical(x, z, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(-1).view(torch.uint8),
-                                                                         b.view(-1).view(torch.uint8)), where
+        assert (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+        ), where
     else:
         assert a == b, where
 
@@ -183,8 +193,11 @@ def test_crafted_metadata_is_refused_by_consolidate_and_resume_and_runs_nothing(
 
     rewrite_metadata(run / CKPT, plant)
     proc = run_main("consolidate", "--run", str(run), "--out", str(tmp_path / "out"))
-    one_line_refusal(proc, f"refusing to load {run / CKPT}: its .metadata asks for posix.system",
-                     "which a checkpoint's metadata never holds")
+    one_line_refusal(
+        proc,
+        f"refusing to load {run / CKPT}: its .metadata asks for posix.system",
+        "which a checkpoint's metadata never holds",
+    )
     assert not marker.exists() and not (tmp_path / "out").exists()
     # the resume path (train --resume --parallel fsdp loads through Checkpointer.load on every rank)
     step = make_step(MODEL)
@@ -203,8 +216,9 @@ def test_metadata_may_not_set_the_state_of_a_shared_object(run):
     """``find_class`` alone would let BUILD alter an allowed class (here: give DCP's enum an attribute)."""
     from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 
-    (run / CKPT / ".metadata").write_bytes(b"\x80\x02ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
-                                           b"N}X\x05\x00\x00\x00plantK\x01s\x86b.")
+    (run / CKPT / ".metadata").write_bytes(
+        b"\x80\x02ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\nN}X\x05\x00\x00\x00plantK\x01s\x86b."
+    )
     reseal(run / CKPT)
     with pytest.raises(GptspeedError, match=r"sets the state of a enum\.EnumType|sets the state of a enum\.EnumMeta"):
         read_metadata(run / CKPT)
@@ -230,7 +244,9 @@ def test_crafted_bytes_entry_is_refused_and_runs_nothing(run, tmp_path):
 
     rewrite_metadata(run / CKPT, point_lr_at_payload)
     proc = run_main("consolidate", "--run", str(run), "--out", str(tmp_path / "out.pt"))
-    one_line_refusal(proc, f"refusing to load {run / CKPT}: its entry optimizer.param_groups.0.lr asks for posix.system")
+    one_line_refusal(
+        proc, f"refusing to load {run / CKPT}: its entry optimizer.param_groups.0.lr asks for posix.system"
+    )
     assert not marker.exists() and not (tmp_path / "out.pt").exists()
     step = make_step(MODEL)
     ck = Checkpointer(run, sharded=True)
@@ -257,12 +273,15 @@ def _not_metadata(md):
     return {"state_dict_metadata": md.state_dict_metadata}
 
 
-@pytest.mark.parametrize("change, reason", [
-    (_outside, "points outside the folder ('../outside.distcp')"),
-    (_transform, "asks for stream transforms ['zstandard'], which gptspeed never writes"),
-    (_huge, "its tensors would take"),
-    (_not_metadata, "it holds a dict"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (_outside, "points outside the folder ('../outside.distcp')"),
+        (_transform, "asks for stream transforms ['zstandard'], which gptspeed never writes"),
+        (_huge, "its tensors would take"),
+        (_not_metadata, "it holds a dict"),
+    ],
+)
 def test_metadata_describing_what_the_folder_does_not_hold_is_refused(run, change, reason):
     shutil.copyfile(run / CKPT / "__0_0.distcp", run / "outside.distcp")  # a readable file, outside the .dcp
     rewrite_metadata(run / CKPT, change)

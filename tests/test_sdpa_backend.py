@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, run_main
+
 from gptspeed import step as step_mod
 from gptspeed.bench.checks import profiled_names, sdpa_backend
 from gptspeed.config import preset
@@ -89,8 +89,11 @@ def test_every_kernel_trains_to_the_same_losses():
 @pytest.mark.parametrize("backend", ["cudnn", "efficient"])
 def test_a_kernel_this_device_lacks_stops_the_step_before_the_model_is_built(backend, monkeypatch):
     monkeypatch.setattr(step_mod, "build_model", lambda cfg: pytest.fail("built a model"))
-    with pytest.raises(GptspeedError, match=rf"--sdpa-backend {backend} cannot run this attention \(2 heads x 16 "
-                                            r"channels, T=32, float32, cpu\): .*use --sdpa-backend auto"):
+    with pytest.raises(
+        GptspeedError,
+        match=rf"--sdpa-backend {backend} cannot run this attention \(2 heads x 16 "
+        r"channels, T=32, float32, cpu\): .*use --sdpa-backend auto",
+    ):
         TrainStep(tiny(sdpa_backend=backend), CPU)
     assert all(switches().values())  # a refused choice changes nothing
 
@@ -99,8 +102,12 @@ def test_the_probe_uses_the_runs_shape_and_dtype():
     assert sdpa_backend_problem("auto", torch.device("cpu"), torch.float32, 2, 16, 32) is None
     assert sdpa_backend_problem("math", torch.device("cpu"), torch.bfloat16, 12, 64, 128) is None
     said = sdpa_backend_problem("cudnn", torch.device("cpu"), torch.bfloat16, 12, 64, 1024)
-    assert said.startswith("--sdpa-backend cudnn cannot run this attention (12 heads x 64 channels, T=1024, "
-                           "bfloat16, cpu)") and "\n" not in said
+    assert (
+        said.startswith(
+            "--sdpa-backend cudnn cannot run this attention (12 heads x 64 channels, T=1024, bfloat16, cpu)"
+        )
+        and "\n" not in said
+    )
 
 
 def test_manual_attention_with_a_kernel_choice_is_refused():
@@ -110,8 +117,19 @@ def test_manual_attention_with_a_kernel_choice_is_refused():
 
 
 def test_the_cli_refuses_a_missing_kernel_in_one_line(tmp_path):
-    proc = run_main("train", "--preset", "pico", "--device", "cpu", "--sdpa-backend", "cudnn", "--max-steps", "1",
-                    "--out", str(tmp_path / "run"))
+    proc = run_main(
+        "train",
+        "--preset",
+        "pico",
+        "--device",
+        "cpu",
+        "--sdpa-backend",
+        "cudnn",
+        "--max-steps",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "--sdpa-backend cudnn cannot run this attention" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -122,9 +140,19 @@ def test_a_library_run_leaves_every_kernel_allowed(shakespeare_data, tmp_path):
     own attention picks PyTorch's default again (flash on a CPU)."""
     import gptspeed
 
-    cfg = gptspeed.make_config("pico", **TINY_MODEL, batch_size=2, max_steps=2, eval_every=1, eval_tokens=128,
-                               sdpa_backend="math", device="cpu", dtype="float32", data=str(shakespeare_data),
-                               out=str(tmp_path / "run"))
+    cfg = gptspeed.make_config(
+        "pico",
+        **TINY_MODEL,
+        batch_size=2,
+        max_steps=2,
+        eval_every=1,
+        eval_tokens=128,
+        sdpa_backend="math",
+        device="cpu",
+        dtype="float32",
+        data=str(shakespeare_data),
+        out=str(tmp_path / "run"),
+    )
     gptspeed.train(cfg, echo=False)
     assert all(switches().values())
     q = torch.randn(1, 2, 32, 16)
@@ -140,8 +168,16 @@ def test_on_a_gpu_each_kernel_runs_itself_and_trains_like_flash(backend):
     """bf16, GPT-2 124M's attention shape (12 heads x 64, T=1024), one block, eager: the profiled step
     runs the named kernel, and its losses over 3 steps on one batch stay within bf16's 1e-2 of flash's."""
     rt = resolve_runtime("cuda", "bfloat16", False)
-    shape = dict(n_layer=1, n_head=12, n_embd=768, block_size=1024, batch_size=2, total_batch_tokens=2048,
-                 warmup_steps=0, lr=1e-3)
+    shape = dict(
+        n_layer=1,
+        n_head=12,
+        n_embd=768,
+        block_size=1024,
+        batch_size=2,
+        total_batch_tokens=2048,
+        warmup_steps=0,
+        lr=1e-3,
+    )
     losses, ran = {}, {}
     for name in ("flash", backend):
         torch.manual_seed(0)

@@ -7,10 +7,10 @@ import dataclasses
 import math
 
 import pytest
-
 from conftest import run_main
+
 from gptspeed import api
-from gptspeed.config import FIELDS, GPTConfig, GROUPS, MAX_COUNT, RunConfig, preset, run_defining_diff, setting_flag
+from gptspeed.config import FIELDS, GROUPS, MAX_COUNT, GPTConfig, preset, run_defining_diff, setting_flag
 from gptspeed.errors import GptspeedError
 
 
@@ -35,8 +35,12 @@ def bad_values(name):
     return out
 
 
-CASES = [(name, v) for name in FIELDS for v in bad_values(name)
-         if FIELDS[name].metadata.get("parse") != "batch_size" or v != 0]  # 0 is how --batch-size auto is stored
+CASES = [
+    (name, v)
+    for name in FIELDS
+    for v in bad_values(name)
+    if FIELDS[name].metadata.get("parse") != "batch_size" or v != 0
+]  # 0 is how --batch-size auto is stored
 
 
 def test_every_setting_declares_help_and_is_a_flag_or_says_why():
@@ -60,8 +64,10 @@ def test_a_value_a_setting_refuses_is_one_line_from_make_config_and_after_a_chan
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-@pytest.mark.parametrize("name, value", [("optimizer", "lion"), ("on_nan", "ignore"), ("compile_tuning", "fast"),
-                                         ("lr", -1.0), ("n_layer", 0)])
+@pytest.mark.parametrize(
+    "name, value",
+    [("optimizer", "lion"), ("on_nan", "ignore"), ("compile_tuning", "fast"), ("lr", -1.0), ("n_layer", 0)],
+)
 def test_the_issues_cases_from_the_flag_and_a_config_file(name, value, tmp_path):
     """cfg.optim.optimizer = "lion" used to train AdamW without a word (and config.json said lion)."""
     proc = run_main("train", "--preset", "pico", setting_flag(name), str(value), "--out", str(tmp_path / "a"))
@@ -82,8 +88,12 @@ def test_run_defining_settings_come_from_the_declarations():
         b = preset("pico")
         group = next(g for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)})
         old = getattr(getattr(b, group), name)
-        new = {bool: lambda v: not v, int: lambda v: (v or 0) + 1, float: lambda v: (v or 0.0) + 0.5,
-               str: lambda v: (v or "") + "x"}[type(old) if old is not None else float](old)
+        new = {
+            bool: lambda v: not v,
+            int: lambda v: (v or 0) + 1,
+            float: lambda v: (v or 0.0) + 0.5,
+            str: lambda v: (v or "") + "x",
+        }[type(old) if old is not None else float](old)
         setattr(getattr(b, group), name, new)
         expected = f"model.{name}" if name in {f.name for f in dataclasses.fields(GPTConfig)} else name
         assert run_defining_diff(a, b) == [expected], name

@@ -97,8 +97,7 @@ def test_failed_write_keeps_old_file_and_removes_temp(tmp_path, monkeypatch):
         (lambda p: p.write_bytes(b""), "0 bytes"),
         (lambda p: None, "does not exist"),
     ],
-    ids=["magic", "truncated", "odd-extra", "extra", "negative", "short", "version", "empty",
-         "missing"],
+    ids=["magic", "truncated", "odd-extra", "extra", "negative", "short", "version", "empty", "missing"],
 )
 def test_bad_shards(tmp_path, make, match):
     path = tmp_path / "bad.bin"

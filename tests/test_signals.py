@@ -6,11 +6,26 @@ import os
 import signal
 
 from conftest import TINY_MODEL, finish, flags, run_main, start_cli, train_losses, wait_for_line
+
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint
 from gptspeed.data.loader import TokenLoader
 
-TINY = ["--preset", "pico", *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)), "--log-every", "1",
-        "--eval-every", "0", "--eval-tokens", "512", "--device", "cpu", "--dtype", "float32", "--no-compile"]
+TINY = [
+    "--preset",
+    "pico",
+    *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)),
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--eval-tokens",
+    "512",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--no-compile",
+]
 
 
 def test_a_signal_does_not_wait_for_a_long_step_to_finish(shakespeare_data, tmp_path):
@@ -19,10 +34,27 @@ def test_a_signal_does_not_wait_for_a_long_step_to_finish(shakespeare_data, tmp_
     (It waited for the whole step: a scheduler's SIGKILL 30 s later lost everything since the
     last checkpoint.)"""
     run = tmp_path / "run"
-    proc = start_cli("train", "--preset", "pico", *flags(dict(TINY_MODEL, batch_size=1, block_size=16)),
-                     "--total-batch-tokens", str(16 * 4000), "--max-steps", "2", "--eval-tokens", "64",
-                     "--device", "cpu", "--dtype", "float32", "--no-compile", "--data", str(shakespeare_data),
-                     "--out", str(run))
+    proc = start_cli(
+        "train",
+        "--preset",
+        "pico",
+        *flags(dict(TINY_MODEL, batch_size=1, block_size=16)),
+        "--total-batch-tokens",
+        str(16 * 4000),
+        "--max-steps",
+        "2",
+        "--eval-tokens",
+        "64",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-compile",
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+    )
     wait_for_line(proc, "step 0/2 | val")  # the step-0 val loss is printed: the first step begins
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc, timeout=60)
@@ -35,8 +67,17 @@ def test_a_signal_does_not_wait_for_a_long_step_to_finish(shakespeare_data, tmp_
 def test_a_step_left_by_a_signal_is_redone_on_resume_to_the_same_losses(shakespeare_data, tmp_path, monkeypatch):
     """SIGTERM during the 2nd of step 2's 4 micro-batches: no further micro-batch is read, step 1 is
     saved, and the resumed run's losses equal a run that never stopped, at every step."""
-    args = [*TINY, "--data", str(shakespeare_data), "--total-batch-tokens", str(4 * 8 * 64), "--max-steps", "3",
-            "--save-every", "0"]
+    args = [
+        *TINY,
+        "--data",
+        str(shakespeare_data),
+        "--total-batch-tokens",
+        str(4 * 8 * 64),
+        "--max-steps",
+        "3",
+        "--save-every",
+        "0",
+    ]
     ref = tmp_path / "ref"
     assert run_main("train", *args, "--out", str(ref)).returncode == 0
     reads = []

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import assert_user_error, make_step, one_step, run_cli
+
 from gptspeed.config import OptimConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
@@ -79,8 +79,16 @@ def test_muon_resume_from_checkpoint_is_bit_identical(shakespeare_data, tmp_path
     from test_train import TINY, records
 
     full = tmp_path / "full"
-    base = dict(TINY, data=str(shakespeare_data), max_steps=5, save_every=2, keep_checkpoints=5, eval_every=0,
-                optimizer="muon", muon_lr=0.02)
+    base = dict(
+        TINY,
+        data=str(shakespeare_data),
+        max_steps=5,
+        save_every=2,
+        keep_checkpoints=5,
+        eval_every=0,
+        optimizer="muon",
+        muon_lr=0.02,
+    )
     summary = fit(build_train_config("pico", dict(base, out=str(full))), echo=False)
     assert summary["step"] == 5 and summary["interrupted"] is None, summary
     part = tmp_path / "part"
@@ -209,6 +217,7 @@ def test_probe_finds_the_largest_fitting_batch():
         def fits(b):
             calls.append(b)
             return b <= limit_true
+
         assert largest_fitting(fits, limit=1024) == limit_true
         assert len(calls) <= 2 * 11
     assert largest_fitting(lambda b: False) == 0
@@ -240,12 +249,27 @@ def test_auto_batch_cache_and_cpu_refusal(tmp_path, monkeypatch):
     with pytest.raises(GptspeedError, match="needs CUDA"):
         batchsize.resolve_auto_batch(torch.device("cpu"), {}, 512, lambda b: None)
     from gptspeed.config import AUTO_BATCH_SIZE, parse_batch_size
+
     assert parse_batch_size("auto") == AUTO_BATCH_SIZE and parse_batch_size("8") == 8
 
 
 def test_batch_size_auto_on_cpu_is_a_one_line_error(shakespeare_data, tmp_path):
-    proc = run_cli("train", "--preset", "pico", "--data", str(shakespeare_data), "--out", str(tmp_path / "r"),
-                   "--device", "cpu", "--batch-size", "auto", "--total-batch-tokens", "4096", timeout=120)
+    proc = run_cli(
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(tmp_path / "r"),
+        "--device",
+        "cpu",
+        "--batch-size",
+        "auto",
+        "--total-batch-tokens",
+        "4096",
+        timeout=120,
+    )
     assert_user_error(proc, "--batch-size auto", "CUDA")
 
 
@@ -258,8 +282,7 @@ def test_auto_batch_cache_key_names_world_size_and_parallel_mode(monkeypatch):
     from gptspeed.step import auto_batch_size
 
     seen = []
-    monkeypatch.setattr(batchsize, "resolve_auto_batch",
-                        lambda device, settings, *a, **k: seen.append(settings) or 8)
+    monkeypatch.setattr(batchsize, "resolve_auto_batch", lambda device, settings, *a, **k: seen.append(settings) or 8)
     cfg = preset("pico").override(dict(batch_size=0, total_batch_tokens=64 * 64))
     for world, parallel in ((1, "none"), (8, "fsdp"), (8, "ddp")):
         rt = dataclasses.replace(CPU, world_size=world, parallel=parallel)
@@ -285,11 +308,16 @@ def test_issue7_stages_follow_fused_ce_and_skip_with_reasons_on_cpu():
     from gptspeed.bench.stages import STAGE_NAMES, plan_ladder, record
 
     new = ["batch-auto", "fp8", "muon", "compile-blocks", "max-autotune"]
-    assert list(STAGE_NAMES[STAGE_NAMES.index("fused-ce") + 1:]) == new
+    assert list(STAGE_NAMES[STAGE_NAMES.index("fused-ce") + 1 :]) == new
     rows = {r.stage.name: r for r in plan_ladder(torch.device("cpu"), None, "eager")}
     for name in ("batch-auto", "fp8", "max-autotune"):
         assert rows[name].settings is None and "cpu" in rows[name].skip_reason, name
     assert rows["muon"].skip_reason is None and rows["muon"].settings["optimizer"] == "muon"
     last = record(rows["compile-blocks"].settings)
     assert (last["compile_mode"], last["optimizer"], last["loss"], last["fp8"], last["batch_auto"]) == (
-        "blocks", "muon", "fused", False, False)
+        "blocks",
+        "muon",
+        "fused",
+        False,
+        False,
+    )

@@ -10,8 +10,8 @@ import sysconfig
 
 import pytest
 import torch
-
 from conftest import fake_packages, run_main
+
 from gptspeed import step as step_mod
 from gptspeed.compat import check_torch
 from gptspeed.config import preset
@@ -31,14 +31,18 @@ def pico(**overrides):
 @pytest.fixture
 def never_builds(monkeypatch):
     """Fails the test if the step gets as far as building a model (the rules come first)."""
+
     def build(cfg):
         raise AssertionError("the model was built before the step's rules were checked")
+
     monkeypatch.setattr(step_mod, "build_model", build)
 
 
 def test_cuda_graphs_with_accumulation_are_refused_where_the_step_is_built(never_builds):
     cfg = pico(compile_tuning="reduce-overhead", batch_size=4, total_batch_tokens=8 * 64)
-    with pytest.raises(GptspeedError, match="reduce-overhead uses CUDA graphs.*2 micro-steps.*max-autotune-no-cudagraphs") as e:
+    with pytest.raises(
+        GptspeedError, match="reduce-overhead uses CUDA graphs.*2 micro-steps.*max-autotune-no-cudagraphs"
+    ) as e:
         TrainStep(cfg, CUDA)
     # the advice that works: one micro-step per step by lowering the global batch to B x T x processes
     # (raising B until it covers GPT-2's 0.5M tokens, as it used to say, cannot fit in memory)
@@ -59,10 +63,12 @@ def test_muon_with_a_grad_scaler_is_refused_for_the_resolved_dtype(never_builds)
         TrainStep(pico(optimizer="muon"), fp16)
 
 
-@pytest.mark.parametrize("missing, says", [("cc", "C compiler"), ("Python.h", "Python's headers"),
-                                           ("triton", "needs triton")])
-def test_compile_on_a_gpu_needs_triton_a_c_compiler_and_pythons_headers(monkeypatch, tmp_path, never_builds,
-                                                                         missing, says):
+@pytest.mark.parametrize(
+    "missing, says", [("cc", "C compiler"), ("Python.h", "Python's headers"), ("triton", "needs triton")]
+)
+def test_compile_on_a_gpu_needs_triton_a_c_compiler_and_pythons_headers(
+    monkeypatch, tmp_path, never_builds, missing, says
+):
     fake_packages(monkeypatch, triton=missing != "triton")
     if missing == "cc":
         monkeypatch.delenv("CC", raising=False)
@@ -94,8 +100,10 @@ def test_auto_batch_resets_the_peak_memory_after_probing(monkeypatch):
 def test_the_steps_micro_batches_come_from_the_configuration():
     from gptspeed.runtime import resolve_runtime
 
-    step = TrainStep(pico(n_layer=1, n_embd=16, n_head=2, batch_size=2, total_batch_tokens=3 * 2 * 64),
-                     resolve_runtime("cpu", "float32", False))
+    step = TrainStep(
+        pico(n_layer=1, n_embd=16, n_head=2, batch_size=2, total_batch_tokens=3 * 2 * 64),
+        resolve_runtime("cpu", "float32", False),
+    )
     seen = []
 
     def next_batch():
@@ -107,8 +115,9 @@ def test_the_steps_micro_batches_come_from_the_configuration():
     assert step.accum == 3 and len(seen) == 3 and not bad.item() and torch.isfinite(grad_norm)
 
 
-@pytest.mark.parametrize("version, ok", [("2.13.0+cpu", True), ("2.9.1", True), ("2.8.0", False), ("2.4.1+cu121", False),
-                                         ("3.0.0", True)])
+@pytest.mark.parametrize(
+    "version, ok", [("2.13.0+cpu", True), ("2.9.1", True), ("2.8.0", False), ("2.4.1+cu121", False), ("3.0.0", True)]
+)
 def test_torch_older_than_the_minimum_is_one_line(version, ok):
     if ok:
         check_torch(version)

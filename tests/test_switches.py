@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import TINY_MODEL, assert_user_error, run_main, train_losses
+
 from gptspeed.model import GPT, GPTConfig, document_ids
 from gptspeed.optim import lr_at
 from gptspeed.sample import generate, generate_cached, left_pad
@@ -120,8 +120,10 @@ def test_soft_capped_logits_and_loss_through_every_loss_path(loss, softmax):
     capped = cap * torch.tanh(raw / cap)
     target = torch.searchsorted(ids, idx.reshape(-1))
     want = F.cross_entropy(capped.reshape(-1, ids.numel()), target)
-    assert raw.abs().max() > 5 * cap and model(idx)[0][..., :50257].isfinite().logical_and(
-        model(idx)[0][..., :50257].abs() > cap + 1e-5).sum() == 0
+    assert (
+        raw.abs().max() > 5 * cap
+        and model(idx)[0][..., :50257].isfinite().logical_and(model(idx)[0][..., :50257].abs() > cap + 1e-5).sum() == 0
+    )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     g_got = torch.autograd.grad(got, model.lm_head.weight)[0]
     g_want = torch.autograd.grad(want, model.lm_head.weight)[0]
@@ -140,9 +142,21 @@ def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
 
 
 def test_a_modern_run_resumes_to_the_bit_and_cannot_be_exported(shakespeare_data, tmp_path):
-    flags = dict(TINY_MODEL, **{k: v for k, v in ALL.items() if k != "doc_mask"}, doc_mask=True, lr_schedule="wsd",
-                 data=str(shakespeare_data), batch_size=4, max_steps=4, save_every=2, eval_every=0, log_every=1,
-                 device="cpu", dtype="float32", warmup_steps=1)
+    flags = dict(
+        TINY_MODEL,
+        **{k: v for k, v in ALL.items() if k != "doc_mask"},
+        doc_mask=True,
+        lr_schedule="wsd",
+        data=str(shakespeare_data),
+        batch_size=4,
+        max_steps=4,
+        save_every=2,
+        eval_every=0,
+        log_every=1,
+        device="cpu",
+        dtype="float32",
+        warmup_steps=1,
+    )
     full = tmp_path / "full"
     fit(build_train_config("pico", dict(flags, out=str(full))), echo=False)
     part = tmp_path / "part"
@@ -151,7 +165,10 @@ def test_a_modern_run_resumes_to_the_bit_and_cannot_be_exported(shakespeare_data
         (part / name).write_bytes((full / name).read_bytes())
     fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
     assert train_losses(part)[4] == train_losses(full)[4]
-    assert_user_error(run_main("export-hf", "--run", str(full), "--out", str(tmp_path / "hf")),
-                      "not GPT-2's architecture", "--pos-emb rope")
+    assert_user_error(
+        run_main("export-hf", "--run", str(full), "--out", str(tmp_path / "hf")),
+        "not GPT-2's architecture",
+        "--pos-emb rope",
+    )
     proc = run_main("sample", "--run", str(full), "--max-new-tokens", "4", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr

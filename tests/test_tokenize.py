@@ -46,7 +46,11 @@ def test_each_thread_has_its_own_encoding():
         t.join()
     (a1, a2), (b1, b2) = seen
     assert a1 is a2 and b1 is b2 and a1 is not b1  # cached per thread, distinct across threads
-    assert a1.encode_ordinary("per thread") == b1.encode_ordinary("per thread") == get_encoding().encode_ordinary("per thread")
+    assert (
+        a1.encode_ordinary("per thread")
+        == b1.encode_ordinary("per thread")
+        == get_encoding().encode_ordinary("per thread")
+    )
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -138,9 +142,11 @@ def test_prepare_command_does_not_import_torch(tmp_path):
     from conftest import run_python
 
     (tmp_path / "a.txt").write_text("To be, or not to be, that is the question. " * 20)
-    code = ("import sys; from gptspeed.cli import main; "
-            f"rc = main(['prepare', {str(tmp_path / 'a.txt')!r}, '--out', {str(tmp_path / 'd')!r}, '--no-progress']); "
-            "print(rc, 'torch' in sys.modules)")
+    code = (
+        "import sys; from gptspeed.cli import main; "
+        f"rc = main(['prepare', {str(tmp_path / 'a.txt')!r}, '--out', {str(tmp_path / 'd')!r}, '--no-progress']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["0", "False"]

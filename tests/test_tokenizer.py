@@ -42,9 +42,7 @@ def test_endoftext_text_is_ordinary():
     assert decode(ids) == "a<|endoftext|>b"
 
 
-@pytest.mark.parametrize(
-    "text", [PARAGRAPH, "héllo wörld — naïve café 日本語 🙂 \u0000\t\r\n  end", "", "   "]
-)
+@pytest.mark.parametrize("text", [PARAGRAPH, "héllo wörld — naïve café 日本語 🙂 \u0000\t\r\n  end", "", "   "])
 def test_round_trip(text):
     assert decode(encode(text)) == text
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import TINY_MODEL, child_env, records
+
 from gptspeed.trainer import build_train_config, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,8 +51,16 @@ def tracked_run(shakespeare_data, tmp_path_factory):
         mp.setenv("WANDB_CONFIG_DIR", str(home))
         mp.setenv("WANDB_CACHE_DIR", str(home))
         mp.setenv("WANDB_DATA_DIR", str(home))
-        base = dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, save_every=2, keep_checkpoints=5,
-                    log_to="tensorboard,wandb", wandb_project="gptspeed-tests")
+        base = dict(
+            TINY,
+            data=str(shakespeare_data),
+            out=str(run),
+            max_steps=4,
+            save_every=2,
+            keep_checkpoints=5,
+            log_to="tensorboard,wandb",
+            wandb_project="gptspeed-tests",
+        )
         fit(build_train_config("pico", base), echo=False)
         first = records(run)
         for path in run.glob("ckpt_00000004.*"):
@@ -96,9 +104,13 @@ def test_tensorboard_events_hold_the_metrics(tracked_run):
 def wandb_records(run_folder):
     """The records of a W&B offline run folder, read by wandb's own reader of the run's
     transaction log (``wandb leet inspect --json``)."""
-    proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_folder)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
     if proc.returncode != 0 and "No such command" in proc.stderr:
         pytest.skip("this wandb has no `wandb leet inspect` (wandb>=0.31) to read an offline run with")
     assert proc.returncode == 0, proc.stderr
@@ -133,11 +145,35 @@ def test_a_tracker_that_cannot_start_is_one_line(shakespeare_data, tmp_path):
     """TensorBoard missing (its import fails) and W&B not logged in (no API key; or wandb missing):
     one line each on stderr at start, then the run trains to the end, exit 0."""
     run = tmp_path / "run"
-    code = ("import sys; sys.modules['torch.utils.tensorboard'] = None; from gptspeed.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    args = ["train", "--preset", "pico", "--n-layer", "1", "--n-embd", "32", "--seq-len", "32", "--batch-size", "4",
-            "--max-steps", "2", "--eval-tokens", "512", "--device", "cpu", "--data", str(shakespeare_data),
-            "--out", str(run), "--log-to", "jsonl,tensorboard,wandb"]
+    code = (
+        "import sys; sys.modules['torch.utils.tensorboard'] = None; from gptspeed.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    args = [
+        "train",
+        "--preset",
+        "pico",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "2",
+        "--eval-tokens",
+        "512",
+        "--device",
+        "cpu",
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+        "--log-to",
+        "jsonl,tensorboard,wandb",
+    ]
     env = {k: v for k, v in child_env().items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env)
@@ -145,8 +181,10 @@ def test_a_tracker_that_cannot_start_is_one_line(shakespeare_data, tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert "Traceback" not in proc.stderr
     assert len(lines) == 2, proc.stderr
-    assert lines[0].startswith("gptspeed: --log-to tensorboard: not used (tensorboard cannot be imported -- pip "
-                               "install 'gptspeed[tensorboard]'")
+    assert lines[0].startswith(
+        "gptspeed: --log-to tensorboard: not used (tensorboard cannot be imported -- pip "
+        "install 'gptspeed[tensorboard]'"
+    )
     assert lines[1].startswith("gptspeed: --log-to wandb: not used (")
     assert records(run)[-1]["step"] == 2
     assert not (run / "wandb_run_id").exists()
@@ -176,13 +214,19 @@ def test_a_tracker_failing_mid_run_is_dropped_with_one_line(shakespeare_data, tm
 
     monkeypatch.setitem(trackers.TRACKERS, "tensorboard", Flaky)
     run = tmp_path / "run"
-    summary = fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
-                                                  log_to="tensorboard")), echo=False)
+    summary = fit(
+        build_train_config(
+            "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, log_to="tensorboard")
+        ),
+        echo=False,
+    )
     assert summary["step"] == 4 and [r["step"] for r in records(run)] == [0, 1, 2, 3, 4]
     assert calls == {"log": [0, 1], "close": 0}  # dropped: never called again, not closed
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert err == ["gptspeed: --log-to tensorboard stopped at step 1 (training goes on): OSError: disk quota "
-                   "exceeded; metrics.jsonl has every record"]
+    assert err == [
+        "gptspeed: --log-to tensorboard stopped at step 1 (training goes on): OSError: disk quota "
+        "exceeded; metrics.jsonl has every record"
+    ]
 
 
 def test_trackers_are_closed_at_the_end(shakespeare_data, tmp_path, monkeypatch):
@@ -205,7 +249,9 @@ def test_trackers_are_closed_at_the_end(shakespeare_data, tmp_path, monkeypatch)
 
     monkeypatch.setitem(trackers.TRACKERS, "wandb", Recorder)
     run = tmp_path / "run"
-    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=2, log_to="wandb")),
-        echo=False)
+    fit(
+        build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=2, log_to="wandb")),
+        echo=False,
+    )
     fit(build_train_config(None, dict(out=str(run), resume=True, max_steps=3)), echo=False)
     assert seen == [("open", None), 0, 1, 2, "close", ("open", 2), 3, "close"]

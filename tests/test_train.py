@@ -8,18 +8,37 @@ import signal
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_MODEL, finish, records, run_cli, run_main, start_cli, wait_for_line
+
 from gptspeed.checkpoint import list_checkpoints, load_checkpoint
 from gptspeed.trainer import build_train_config, fit
 
-TINY = dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8, warmup_steps=2, lr=3e-3, eval_tokens=1024,
-            log_every=1, device="cpu")
+TINY = dict(
+    TINY_MODEL,
+    n_layer=2,
+    block_size=64,
+    batch_size=8,
+    warmup_steps=2,
+    lr=3e-3,
+    eval_tokens=1024,
+    log_every=1,
+    device="cpu",
+)
 
 
 def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):
-    cfg = build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "run"),
-                                          lr=1.5e-2, max_steps=24, eval_every=24, log_every=8))
+    cfg = build_train_config(
+        "pico",
+        dict(
+            TINY,
+            data=str(shakespeare_data),
+            out=str(tmp_path / "run"),
+            lr=1.5e-2,
+            max_steps=24,
+            eval_every=24,
+            log_every=8,
+        ),
+    )
     summary = fit(cfg, echo=False)
     recs = records(tmp_path / "run")
     start = recs[0]["val_loss"]
@@ -30,12 +49,30 @@ def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):
 
 def test_metrics_config_and_checkpoint_contents(shakespeare_data, tmp_path):
     run = tmp_path / "run"
-    cfg = build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
-                                          total_batch_tokens=1024, eval_every=0))
+    cfg = build_train_config(
+        "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, total_batch_tokens=1024, eval_every=0)
+    )
     fit(cfg, echo=False)
     rec = records(run)[-1]
-    for key in ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "documents", "step_ms", "data_wait_ms",
-                "tokens_per_s", "mfu", "mem_peak_bytes", "mem_frac", "eta_s", "epoch_eta_s", "epoch", "time_s"):
+    for key in (
+        "step",
+        "train_loss",
+        "val_loss",
+        "lr",
+        "grad_norm",
+        "tokens",
+        "documents",
+        "step_ms",
+        "data_wait_ms",
+        "tokens_per_s",
+        "mfu",
+        "mem_peak_bytes",
+        "mem_frac",
+        "eta_s",
+        "epoch_eta_s",
+        "epoch",
+        "time_s",
+    ):
         assert key in rec, key
     assert rec["tokens"] == 4 * 1024  # 2 micro-steps of 8 x 64 per step
     assert rec["documents"] == 1  # tinyshakespeare is one document, its EOT seen in the first batch
@@ -79,9 +116,29 @@ def test_resume_refuses_a_changed_run(shakespeare_data, tmp_path):
 
 
 def test_ctrl_c_saves_and_resumes_to_the_same_losses(shakespeare_data, tmp_path):
-    args = ["train", "--preset", "pico", "--data", str(shakespeare_data), "--n-layer", "2", "--n-embd", "32",
-            "--batch-size", "8", "--max-steps", "10", "--log-every", "1", "--eval-every", "0",
-            "--save-every", "0", "--device", "cpu"]
+    args = [
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(shakespeare_data),
+        "--n-layer",
+        "2",
+        "--n-embd",
+        "32",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "10",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+        "--device",
+        "cpu",
+    ]
     ref = tmp_path / "ref"
     assert run_main(*args, "--out", str(ref)).returncode == 0
     run = tmp_path / "run"
@@ -105,8 +162,23 @@ def test_ctrl_c_during_the_first_evaluation_stops_without_finishing_it(shakespea
     """The val loss before step 1 says it is running, and a Ctrl-C does not wait for it (nor for
     a step): the new run stops with nothing saved and nothing left behind."""
     run = tmp_path / "run"
-    proc = start_cli("train", "--preset", "pico", "--data", str(shakespeare_data), "--out", str(run),
-                     "--eval-tokens", "0", "--seq-len", "16", "--batch-size", "1", "--device", "cpu")
+    proc = start_cli(
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+        "--eval-tokens",
+        "0",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "1",
+        "--device",
+        "cpu",
+    )
     wait_for_line(proc, "step 0: evaluating the val loss")  # ~2,100 batches to go
     proc.send_signal(signal.SIGINT)
     out, err = finish(proc)
@@ -117,17 +189,26 @@ def test_ctrl_c_during_the_first_evaluation_stops_without_finishing_it(shakespea
 
 def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespeare_data, tmp_path, capsys):
     run = tmp_path / "a"
-    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3,
-                                        warmup_steps=5, eval_every=0)))
+    fit(
+        build_train_config(
+            "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3, warmup_steps=5, eval_every=0)
+        )
+    )
     out = capsys.readouterr().out
     assert "warning: warm-up is 5 steps but the run has 3" in out
     # the start line says why dtype and compile (both left to auto) resolved as they did on this CPU
     from gptspeed.cpu import default_cpu_compile, default_cpu_dtype
+
     dtype, why_dtype = default_cpu_dtype()
     assert f"why: dtype {why_dtype} | compile {default_cpu_compile(dtype, 3)[1]} | malloc: " in out
     run = tmp_path / "b"
-    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4,
-                                        warmup_ratio=0.5, lr=1e-3, eval_every=0)), echo=False)
+    fit(
+        build_train_config(
+            "pico",
+            dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, warmup_ratio=0.5, lr=1e-3, eval_every=0),
+        ),
+        echo=False,
+    )
     assert json.loads((run / "config.json").read_text())["derived"]["warmup_steps"] == 2
     lrs = [r["lr"] for r in records(run) if "lr" in r]
     assert lrs[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # a 2-step warm-up, then the cosine from its top
@@ -184,8 +265,12 @@ def test_the_step_0_eval_of_a_compiled_run_compiles_nothing(shakespeare_data, tm
         return real_step(self)
 
     monkeypatch.setattr(Trainer, "train_step", first_step)
-    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "c"), compile=True,
-                                        max_steps=2, eval_every=0)))
+    fit(
+        build_train_config(
+            "pico",
+            dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "c"), compile=True, max_steps=2, eval_every=0),
+        )
+    )
     assert "step 0: evaluating the val loss on 1024 val tokens (eagerly" in capsys.readouterr().out
     assert seen["before_step_1"] == base and frames["ok"] > base  # training compiled; the step-0 eval did not
 
@@ -196,17 +281,31 @@ def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_pat
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in docs))
     run = tmp_path / "run"
-    summary = fit(build_train_config("pico", dict(TINY, data=f"hf:{path}", text_field="body", split="train",
-                                                  out=str(run), max_steps=2, eval_every=0)), echo=False)
+    summary = fit(
+        build_train_config(
+            "pico",
+            dict(TINY, data=f"hf:{path}", text_field="body", split="train", out=str(run), max_steps=2, eval_every=0),
+        ),
+        echo=False,
+    )
     assert summary["step"] == 2 and summary["last_train_loss"] is not None
     ck = load_checkpoint(list_checkpoints(run)[-1])
-    assert ck["loader"]["documents"] > 0 and ck["data"] == {"stream": f"hf:{path}", "text_field": "body",
-                                                            "hf_name": None, "split": "train"}
+    assert ck["loader"]["documents"] > 0 and ck["data"] == {
+        "stream": f"hf:{path}",
+        "text_field": "body",
+        "hf_name": None,
+        "split": "train",
+    }
     from gptspeed.errors import GptspeedError
 
     with pytest.raises(GptspeedError, match="body2"):  # the field the user named, not silently "text"
-        fit(build_train_config("pico", dict(TINY, data=f"hf:{path}", text_field="body2", out=str(tmp_path / "x"),
-                                            max_steps=1, eval_every=0)), echo=False)
+        fit(
+            build_train_config(
+                "pico",
+                dict(TINY, data=f"hf:{path}", text_field="body2", out=str(tmp_path / "x"), max_steps=1, eval_every=0),
+            ),
+            echo=False,
+        )
 
 
 def test_eval_and_sample_commands(shakespeare_data, tmp_path):

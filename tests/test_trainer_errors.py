@@ -5,19 +5,44 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, assert_user_error, flags, run_main
+
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints
 from gptspeed.model import GPT
 
-TINY = ["--preset", "pico", *flags(dict(TINY_MODEL, n_layer=1, block_size=32, batch_size=4)), "--log-every", "1",
-        "--eval-every", "0", "--eval-tokens", "128", "--device", "cpu", "--dtype", "float32", "--no-compile"]
+TINY = [
+    "--preset",
+    "pico",
+    *flags(dict(TINY_MODEL, n_layer=1, block_size=32, batch_size=4)),
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--eval-tokens",
+    "128",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--no-compile",
+]
 
 
-@pytest.mark.parametrize("at_step,error", [(1, MemoryError()), (3, RuntimeError(
-    "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes. Error code 12"))])
-def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(shakespeare_data, tmp_path, monkeypatch,
-                                                                  at_step, error):
+@pytest.mark.parametrize(
+    "at_step,error",
+    [
+        (1, MemoryError()),
+        (
+            3,
+            RuntimeError(
+                "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes. Error code 12"
+            ),
+        ),
+    ],
+)
+def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(
+    shakespeare_data, tmp_path, monkeypatch, at_step, error
+):
     """Out of memory right after the model is built (the first step's forward) was the allocator's
     traceback. Now one line: the micro-batch, a smaller --batch-size at the same --total-batch-tokens,
     activation checkpointing, and the newest checkpoint, intact."""
@@ -32,11 +57,16 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(shakespeare_
 
     monkeypatch.setattr(GPT, "forward", forward)
     run = tmp_path / "run"
-    res = run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "4",
-                   "--save-every", "2")
-    assert_user_error(res, f"out of memory on cpu in step {at_step}'s forward and backward, at a micro-batch of "
-                           "--batch-size 4 x --seq-len 32 = 128 tokens: use a smaller --batch-size (e.g. 2) with the "
-                           "same --total-batch-tokens 128", "--activation-checkpointing full, then --resume")
+    res = run_main(
+        "train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "4", "--save-every", "2"
+    )
+    assert_user_error(
+        res,
+        f"out of memory on cpu in step {at_step}'s forward and backward, at a micro-batch of "
+        "--batch-size 4 x --seq-len 32 = 128 tokens: use a smaller --batch-size (e.g. 2) with the "
+        "same --total-batch-tokens 128",
+        "--activation-checkpointing full, then --resume",
+    )
     if at_step == 1:
         assert "no checkpoint was written yet" in res.stderr and not run.exists()
     else:

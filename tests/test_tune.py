@@ -54,11 +54,23 @@ class FakeWorker:
         n = spec.warmup + spec.steps
         scale = 1.1 if any(s.get(k) == v for k, v in self.off) else 1.0
         tokens = spec.batch_size * spec.grad_accum * spec.seq_len
-        return {"status": "ok", "losses": [scale * (10 - 0.1 * i) for i in range(n)], "skipped": [False] * n,
-                "ms_median": ms, "ms_q25": ms * 0.998, "ms_q75": ms * 1.002, "ms_steps": [ms] * spec.steps,
-                "tokens_per_s": tokens / ms * 1000, "mfu": None, "peak_mem_bytes": spec.batch_size << 20,
-                "batch_size": spec.batch_size, "grad_accum": spec.grad_accum, "tokens_per_step": tokens,
-                "compile": None, "syncs": {"counted": False, "budget": 0}}
+        return {
+            "status": "ok",
+            "losses": [scale * (10 - 0.1 * i) for i in range(n)],
+            "skipped": [False] * n,
+            "ms_median": ms,
+            "ms_q25": ms * 0.998,
+            "ms_q75": ms * 1.002,
+            "ms_steps": [ms] * spec.steps,
+            "tokens_per_s": tokens / ms * 1000,
+            "mfu": None,
+            "peak_mem_bytes": spec.batch_size << 20,
+            "batch_size": spec.batch_size,
+            "grad_accum": spec.grad_accum,
+            "tokens_per_step": tokens,
+            "compile": None,
+            "syncs": {"counted": False, "budget": 0},
+        }
 
 
 def knob(name, values, until_no_gain=False):
@@ -81,10 +93,14 @@ def rows(res):
 
 def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_does_not_fit(tmp_path, monkeypatch):
     # pico: B=8; a global batch of 8 micro-batches lets the measured step hold 2 of them on a CPU (16 sequences)
-    worker = FakeWorker({("batch_size", 16): 0.8, ("loss", "plain"): 0.5, ("compile", True): 0.95}, oom_at=32,
-                        off=[("loss", "plain")])
-    knobs = (knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True),
-             knob("loss", [{"loss": "plain"}]), knob("compile", [{"compile": True}, {"compile": False}]))
+    worker = FakeWorker(
+        {("batch_size", 16): 0.8, ("loss", "plain"): 0.5, ("compile", True): 0.95}, oom_at=32, off=[("loss", "plain")]
+    )
+    knobs = (
+        knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True),
+        knob("loss", [{"loss": "plain"}]),
+        knob("compile", [{"compile": True}, {"compile": False}]),
+    )
     res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 4096")
     r = rows(res)
     assert list(r) == ["yours", "micro-batch=16", "loss=plain", "compile=True", "compile=False"]
@@ -119,9 +135,12 @@ def test_a_larger_batch_that_does_not_fit_is_a_row_and_the_search_goes_on(tmp_pa
 
 def test_refusals_are_rows_not_crashes_and_the_worker_never_runs_a_rule_refused_candidate(tmp_path, monkeypatch):
     worker = FakeWorker(refuse=[("loss", "plain")])
-    knobs = (knob("fp8", [{"fp8": True}]),  # at pico width no layer would convert: gptspeed's own rule
-             knob("cuda-graphs", [{"compile_tuning": "reduce-overhead"}]),
-             knob("loss", [{"loss": "plain"}]), knob("nothing", "why there is nothing to try"))
+    knobs = (
+        knob("fp8", [{"fp8": True}]),  # at pico width no layer would convert: gptspeed's own rule
+        knob("cuda-graphs", [{"compile_tuning": "reduce-overhead"}]),
+        knob("loss", [{"loss": "plain"}]),
+        knob("nothing", "why there is nothing to try"),
+    )
     res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 1024")  # 2 micro-steps
     r = rows(res)
     assert r["fp8=True"]["verdict"] == "not applicable" and "--fp8 would convert no layer" in r["fp8=True"]["reason"]
@@ -135,7 +154,11 @@ def test_refusals_are_rows_not_crashes_and_the_worker_never_runs_a_rule_refused_
 
 def test_the_budget_leaves_untried_rows_listed_and_a_cut_row_keeps_the_rows_before_it(tmp_path, monkeypatch):
     worker = FakeWorker({("compile", True): 0.5}, cost=40)
-    knobs = (knob("compile", [{"compile": True}]), knob("loss", [{"loss": "plain"}]), knob("x", [{"attention": "manual"}]))
+    knobs = (
+        knob("compile", [{"compile": True}]),
+        knob("loss", [{"loss": "plain"}]),
+        knob("x", [{"attention": "manual"}]),
+    )
     res = tune(tmp_path, monkeypatch, worker, knobs, budget_s=90)
     r = rows(res)
     assert r["compile=True"]["kept"]
@@ -151,7 +174,9 @@ def test_the_budget_leaves_untried_rows_listed_and_a_cut_row_keeps_the_rows_befo
 
 
 def test_your_configuration_failing_is_one_line_with_the_report_written(tmp_path, monkeypatch):
-    with pytest.raises(GptspeedError, match=r"your configuration did not run here \(does not fit: out of memory at B=8"):
+    with pytest.raises(
+        GptspeedError, match=r"your configuration did not run here \(does not fit: out of memory at B=8"
+    ):
         tune(tmp_path, monkeypatch, FakeWorker(oom_at=8), ())
     assert json.loads((tmp_path / "tune" / "tune.json").read_text())["rows"][0]["verdict"] == "does not fit"
 
@@ -162,8 +187,9 @@ def cuda_state(flags: list[str] = ()) -> TuneState:
     from gptspeed.configure import config_from_flags
 
     run = config_from_flags(["--preset", "gpt2", *flags], "test")
-    return TuneState(torch.device("cuda"), run, {}, measured_sequences(run, "cuda"),
-                     {"dtype": "bfloat16", "compile": True})
+    return TuneState(
+        torch.device("cuda"), run, {}, measured_sequences(run, "cuda"), {"dtype": "bfloat16", "compile": True}
+    )
 
 
 def test_cuda_knobs_values_for_gpt2():
@@ -172,8 +198,14 @@ def test_cuda_knobs_values_for_gpt2():
     values = {k.name: k.values(state) for k in CUDA_KNOBS}
     assert values["micro-batch"] == [{"batch_size": 32}, {"batch_size": 64}, {"batch_size": 128}]
     assert values["loss"] == [{"loss": "liger"}, {"loss": "fused"}]  # auto is plain on CUDA
-    assert values["sdpa-backend"] == [{"sdpa_backend": "cudnn"}, {"sdpa_backend": "flash"}, {"sdpa_backend": "efficient"}]
-    assert values["fp8-lm-head"] == [{"fp8_lm_head": True}] and values["residual-dtype"] == [{"residual_dtype": "bfloat16"}]
+    assert values["sdpa-backend"] == [
+        {"sdpa_backend": "cudnn"},
+        {"sdpa_backend": "flash"},
+        {"sdpa_backend": "efficient"},
+    ]
+    assert values["fp8-lm-head"] == [{"fp8_lm_head": True}] and values["residual-dtype"] == [
+        {"residual_dtype": "bfloat16"}
+    ]
     assert rule_refusal(state.user, {}, values["fp8-lm-head"][0]) is None  # the plain loss, vocabulary 50304
     assert values["cast-weights-once"] == [{"parallel": "fsdp", "cast_weights_once": True}]
     assert rule_refusal(state.user, {}, values["cast-weights-once"][0]) is None
@@ -185,8 +217,9 @@ def test_cuda_knobs_values_for_gpt2():
     state.best = {"batch_size": 64, "loss": "fused"}
     assert knobs_mod._micro_batch(state) == [{"batch_size": 128}]
     assert knobs_mod._choices("loss", ("plain", "liger", "fused"))(state) == [{"loss": "plain"}, {"loss": "liger"}]
-    assert "cannot accumulate gradients over 8 micro-steps" in rule_refusal(state.user, state.best,
-                                                                              {"compile_tuning": "reduce-overhead"})
+    assert "cannot accumulate gradients over 8 micro-steps" in rule_refusal(
+        state.user, state.best, {"compile_tuning": "reduce-overhead"}
+    )
     state.best = {"batch_size": 128}  # a global batch of 128 sequences in one micro-step: nothing to cast less often
     state.user = state.user.override({"total_batch_tokens": 128 * 1024})
     assert "already cast once a step" in knobs_mod._cast_once(state)
@@ -210,22 +243,41 @@ def test_a_candidate_micro_batch_reads_your_sequences_regrouped():
     from gptspeed.bench.verify_worker import verify_stage
     from gptspeed.bench.worker import StageSpec
 
-    base = StageSpec(name="r", settings={"dtype": "float32", "compile": False}, n_layer=1, n_head=2, n_embd=32,
-                     seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu", mode="verify", grad_accum=2,
-                     synthetic="phrases", extra={"read_micro_batch": 2})
+    base = StageSpec(
+        name="r",
+        settings={"dtype": "float32", "compile": False},
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=16,
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        device="cpu",
+        mode="verify",
+        grad_accum=2,
+        synthetic="phrases",
+        extra={"read_micro_batch": 2},
+    )
     yours = verify_stage(base)
     bigger = verify_stage(dataclasses.replace(base, batch_size=4, grad_accum=1))
     assert bigger["batch_size"] == 4 and bigger["grad_accum"] == 1
     assert bigger["losses"] == pytest.approx(yours["losses"], rel=1e-5)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--preset", "pico", "--device", "cpu"], "--tune needs --data DIR"),
-    (["--preset", "pico", "--synthetic", "--flags=--no-such-flag"], "'--no-such-flag' are not gptspeed train flags"),
-    (["--preset", "pico", "--synthetic", "--stages", "all"], "--stages: not read by --tune"),
-    (["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"], "--no-peers, --seed: not read by --tune"),
-    (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--preset", "pico", "--device", "cpu"], "--tune needs --data DIR"),
+        (
+            ["--preset", "pico", "--synthetic", "--flags=--no-such-flag"],
+            "'--no-such-flag' are not gptspeed train flags",
+        ),
+        (["--preset", "pico", "--synthetic", "--stages", "all"], "--stages: not read by --tune"),
+        (["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"], "--no-peers, --seed: not read by --tune"),
+        (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be positive"),
+    ],
+)
 def test_tune_bad_flags_are_one_line(tmp_path, args, fragment):
     assert_user_error(run_cli("bench", "--tune", "--out", str(tmp_path / "t"), *args), fragment)
 
@@ -244,8 +296,25 @@ def test_tune_refuses_a_run_folder_and_the_ladder_refuses_tune_flags(tmp_path, c
 
 def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     out = tmp_path / "tune"
-    proc = run_cli("bench", "--tune", "--preset", "pico", "--device", "cpu", "--synthetic", "--out", str(out),
-                   "--steps", "2", "--warmup", "1", "--compile-backend", "eager", "--flags", "--dtype float32")
+    proc = run_cli(
+        "bench",
+        "--tune",
+        "--preset",
+        "pico",
+        "--device",
+        "cpu",
+        "--synthetic",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--compile-backend",
+        "eager",
+        "--flags",
+        "--dtype float32",
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "tune.json").read_text())
     r = rows(res)
@@ -263,8 +332,23 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     from gptspeed.api import train
     from gptspeed.configure import config_from_flags
 
-    cfg = config_from_flags(["--config", str(out / "tuned.yaml"), "--max-steps", "2", "--out", str(tmp_path / "run"),
-                             "--device", "cpu", "--eval-every", "0", "--eval-tokens", "1024"], "test")
+    cfg = config_from_flags(
+        [
+            "--config",
+            str(out / "tuned.yaml"),
+            "--max-steps",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--eval-every",
+            "0",
+            "--eval-tokens",
+            "1024",
+        ],
+        "test",
+    )
     assert {k: cfg.runtime.__dict__.get(k, cfg.model.__dict__.get(k)) for k in res["best"]} == res["best"]
     threads = torch.get_num_threads()
     try:
@@ -274,16 +358,40 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     assert (tmp_path / "run" / "config.json").exists()
 
 
-
 @pytest.mark.cuda
 def test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict(tmp_path):
     """``bench --tune`` on CUDA at a small shape: your row runs, the micro-batch is raised, every CUDA
     knob gives a row (FP8 ones are "not applicable" below compute capability 8.9 or without torchao),
     and the tuned configuration trains."""
     out = tmp_path / "tune"
-    proc = run_cli("bench", "--tune", "--device", "cuda", "--synthetic", "--out", str(out), "--n-layer", "2",
-                   "--n-head", "2", "--n-embd", "128", "--seq-len", "128", "--batch-size", "8", "--steps", "3",
-                   "--warmup", "2", "--budget-s", "240", "--flags", "--total-batch-tokens 4096", timeout=300)
+    proc = run_cli(
+        "bench",
+        "--tune",
+        "--device",
+        "cuda",
+        "--synthetic",
+        "--out",
+        str(out),
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "128",
+        "--seq-len",
+        "128",
+        "--batch-size",
+        "8",
+        "--steps",
+        "3",
+        "--warmup",
+        "2",
+        "--budget-s",
+        "240",
+        "--flags",
+        "--total-batch-tokens 4096",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "tune.json").read_text())
     verdicts = {r["name"]: r["verdict"] for r in res["rows"]}
@@ -291,8 +399,20 @@ def test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict(tm
     assert {r["knob"] for r in res["rows"][1:]} >= {"micro-batch", "fp8-lm-head", "residual-dtype", "sdpa-backend"}
     for r in res["rows"]:  # everything but a failure or a candidate that trains differently
         assert r["verdict"] in set(VERDICTS) - {"failed", "fails verification"}, r
-    trained = run_cli("train", "--config", str(out / "tuned.yaml"), "--max-steps", "2", "--out", str(tmp_path / "run"),
-                      "--eval-every", "0", "--eval-tokens", "4096", timeout=300)
+    trained = run_cli(
+        "train",
+        "--config",
+        str(out / "tuned.yaml"),
+        "--max-steps",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--eval-every",
+        "0",
+        "--eval-tokens",
+        "4096",
+        timeout=300,
+    )
     assert trained.returncode == 0, trained.stderr
 
 
@@ -305,14 +425,28 @@ def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yo
     from gptspeed.bench.worker import StageSpec
 
     settings = {"dtype": "bfloat16", "compile": False}
-    base = StageSpec(name="yours", settings=settings, n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2,
-                     steps=2, warmup=1, device="cpu", mode="verify", grad_accum=2, synthetic="phrases")
+    base = StageSpec(
+        name="yours",
+        settings=settings,
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=16,
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        device="cpu",
+        mode="verify",
+        grad_accum=2,
+        synthetic="phrases",
+    )
     yours = run_worker(base, tmp_path / "yours.log")
-    once = run_worker(dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp",
-                                                                       "cast_weights_once": True}), tmp_path / "once.log")
+    once = run_worker(
+        dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp", "cast_weights_once": True}),
+        tmp_path / "once.log",
+    )
     assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
     assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)
-
 
 
 @pytest.mark.parametrize("native", [True, False])

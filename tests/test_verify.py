@@ -19,8 +19,8 @@ import warnings
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL, fake_packages, flags
+
 from gptspeed import cli
 from gptspeed.bench import verify as verify_mod
 from gptspeed.bench.checks import SYNC_MESSAGE, CompileWatch, SyncCounter, sdpa_backend
@@ -28,10 +28,20 @@ from gptspeed.bench.stages import BASELINE, STAGE_NAMES, VERIFY_EXTRA_NAMES, bas
 from gptspeed.bench.verify import compare_losses, plan_verify, rung_problems
 from gptspeed.config import AUTO_BATCH_SIZE
 
-TINY = [*flags(dict(TINY_MODEL, batch_size=2)), "--steps", "2", "--warmup", "1", "--synthetic", "--device", "cpu",
-        "--compile-backend", "eager"]
+TINY = [
+    *flags(dict(TINY_MODEL, batch_size=2)),
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--synthetic",
+    "--device",
+    "cpu",
+    "--compile-backend",
+    "eager",
+]
 
-FAULTS = '''
+FAULTS = """
 import os
 if os.environ.get("GPTSPEED_TEST_FAULTS"):  # written by tests/test_verify.py: make named rungs fail
     import json
@@ -47,7 +57,7 @@ if os.environ.get("GPTSPEED_TEST_FAULTS"):  # written by tests/test_verify.py: m
             raise RuntimeError("injected crash")
         return real_build_row(spec, rt, *rest)
     verify_worker.build_row = build_row
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -119,14 +129,41 @@ def test_verify_end_to_end_records_failures_and_goes_on(tmp_path, monkeypatch, c
 def _fake(spec, losses, **kw):
     """What a verify worker returns, built here."""
     fused = spec.settings["fused_adamw"]
-    return {"status": "ok", "losses": losses, "skipped": [False] * len(losses), "batch_size": spec.batch_size,
-            "grad_accum": spec.grad_accum, "ms_median": 10.0, "ms_q25": 9.0, "ms_q75": 11.0, "tokens_per_s": 100.0,
-            "mfu": None, "peak_flops_source": "none", "peak_mem_bytes": 2**20, "grad_scaler": False,
-            "syncs": {"counted": False, "total": None, "per_step": None, "budget": 0 if fused else 1, "sites": {},
-                      "note": "not counted"},
-            "compile": {"graph_breaks": 0, "graph_break_reasons": [], "recompiles": 0, "recompile_reasons": [],
-                        "frames_compiled": 1, "frames_compiled_per_step": [1, 0]} if spec.settings["compile"] else None,
-            "sdpa": {"backend": "flash", "evidence": []} if spec.settings["attention"] == "sdpa" else None, **kw}
+    return {
+        "status": "ok",
+        "losses": losses,
+        "skipped": [False] * len(losses),
+        "batch_size": spec.batch_size,
+        "grad_accum": spec.grad_accum,
+        "ms_median": 10.0,
+        "ms_q25": 9.0,
+        "ms_q75": 11.0,
+        "tokens_per_s": 100.0,
+        "mfu": None,
+        "peak_flops_source": "none",
+        "peak_mem_bytes": 2**20,
+        "grad_scaler": False,
+        "syncs": {
+            "counted": False,
+            "total": None,
+            "per_step": None,
+            "budget": 0 if fused else 1,
+            "sites": {},
+            "note": "not counted",
+        },
+        "compile": {
+            "graph_breaks": 0,
+            "graph_break_reasons": [],
+            "recompiles": 0,
+            "recompile_reasons": [],
+            "frames_compiled": 1,
+            "frames_compiled_per_step": [1, 0],
+        }
+        if spec.settings["compile"]
+        else None,
+        "sdpa": {"backend": "flash", "evidence": []} if spec.settings["attention"] == "sdpa" else None,
+        **kw,
+    }
 
 
 REF = [10.8, 10.4, 10.0, 9.7]
@@ -152,7 +189,9 @@ def test_a_rung_with_a_wrong_loss_is_flagged_and_the_exit_is_nonzero(tmp_path, m
     assert stderr.strip().splitlines()[-1].startswith("gptspeed bench: verify failed for 1 rung(s): fused-ce")
     check = rungs["fused-ce"]["loss_check"]
     assert not check["ok"] and check["at_step"] in (2, 3) and math.isclose(check["max_rel_diff"], 0.03, rel_tol=1e-6)
-    assert rungs["fused-ce"]["problems"][0].startswith("loss 10.30000 vs baseline's 10.00000 at step 2: 3.0e-02 relative")
+    assert rungs["fused-ce"]["problems"][0].startswith(
+        "loss 10.30000 vs baseline's 10.00000 at step 2: 3.0e-02 relative"
+    )
     assert "| fused-ce | " in stdout and "**FAILED**" in stdout
 
 
@@ -161,7 +200,9 @@ def _on_a_simulated_h100(monkeypatch):
     the workers are faked, the plan sees capability 9.0, the environment is the CPU's)."""
     real_base_spec, real_env = verify_mod.base_spec, verify_mod.report.environment
     monkeypatch.setattr(verify_mod, "base_spec", lambda cfg: dataclasses.replace(real_base_spec(cfg), device="cuda"))
-    monkeypatch.setattr(verify_mod.report, "environment", lambda device, command: real_env(torch.device("cpu"), command))
+    monkeypatch.setattr(
+        verify_mod.report, "environment", lambda device, command: real_env(torch.device("cpu"), command)
+    )
 
 
 def _fake_h100_worker(ran):
@@ -171,6 +212,7 @@ def _fake_h100_worker(ran):
             return {"status": "skipped", "reason": "refused: --fp8 would convert no layer at n_embd 128"}
         losses = REF if spec.name.startswith("baseline") else [x * (1 + 1e-6) for x in REF]
         return _fake(spec, losses)
+
     return fake_worker
 
 
@@ -198,8 +240,9 @@ def test_on_an_h100_the_default_rungs_run_and_the_verdict_is_verified(tmp_path, 
     assert "| reduce-overhead | — | refused |" in md
 
 
-def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_compared(tmp_path, monkeypatch,
-                                                                                         capsys, h100):
+def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_compared(
+    tmp_path, monkeypatch, capsys, h100
+):
     """--stages all on an H100 with 2 micro-steps: reduce-overhead / max-autotune refused up front,
     fp8 refused by its worker at n_embd 128, batch-auto compared with its reference: every rung that
     ran is within tolerance, so the verdict is VERIFIED and the exit 0 (it was "not verified", exit 3).
@@ -208,7 +251,10 @@ def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_
     ran = []
     monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
     out = tmp_path / "v"
-    assert cli.main(["bench", "--verify", "--out", str(out), "--stages", "all", *TINY, "--compile-backend", "inductor"]) == 0
+    assert (
+        cli.main(["bench", "--verify", "--out", str(out), "--stages", "all", *TINY, "--compile-backend", "inductor"])
+        == 0
+    )
     result = json.loads((out / "verify.json").read_text())
     assert result["verdict"] == "verified" and result["not_verified"] == []
     assert result["refused"] == ["fp8", "max-autotune", "reduce-overhead"]
@@ -228,18 +274,31 @@ def test_a_batch_auto_rung_trains_the_same_sequences_per_step_as_its_reference(m
     """--batch-size auto in verify keeps the global batch (B x grad_accum sequences) and regroups
     the same sequences into its micro-batch, so its losses match the fixed-batch rung's; a micro-batch
     larger or smaller than the reference's alike."""
-    from gptspeed.bench import worker, verify_worker
+    from gptspeed.bench import verify_worker, worker
     from gptspeed.bench.worker import StageSpec
 
-    base = dict(n_layer=1, n_head=2, n_embd=32, seq_len=16, batch_size=2, steps=2, warmup=1, device="cpu",
-                grad_accum=2, mode="verify", synthetic="phrases")
+    base = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=16,
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        device="cpu",
+        grad_accum=2,
+        mode="verify",
+        synthetic="phrases",
+    )
     ref = verify_worker.verify_stage(StageSpec(name="ref", settings=dict(BASELINE), **base))
     for auto in (4, 1):
         seen = []
-        monkeypatch.setattr(worker, "auto_batch_size",
-                            lambda cfg, rt, say, auto=auto: seen.append(cfg.train.total_batch_tokens) or auto)
-        got = verify_worker.verify_stage(StageSpec(name="batch-auto", settings=baseline_with(batch_size="auto"),
-                                                   **base))
+        monkeypatch.setattr(
+            worker, "auto_batch_size", lambda cfg, rt, say, auto=auto: seen.append(cfg.train.total_batch_tokens) or auto
+        )
+        got = verify_worker.verify_stage(
+            StageSpec(name="batch-auto", settings=baseline_with(batch_size="auto"), **base)
+        )
         assert seen == [2 * 2 * 16]  # the probe divides the global batch, as train's --total-batch-tokens
         assert (got["batch_size"], got["grad_accum"]) == (auto, 4 // auto)
         assert got["tokens_per_step"] == ref["tokens_per_step"]
@@ -276,20 +335,34 @@ def test_loss_tolerance_is_that_of_the_least_precise_format(monkeypatch):
 
 
 def test_verdicts_name_each_broken_contract():
-    ok = {"status": "ok", "reference": "baseline", "skipped": [False, True], "grad_scaler": True,
-          "loss_check": {"ok": True},
-          "compile": {"graph_breaks": 0, "graph_break_reasons": [], "recompiles": 0, "recompile_reasons": []},
-          "syncs": {"counted": True, "per_step": 1.0, "budget": 1, "sites": {}}}
+    ok = {
+        "status": "ok",
+        "reference": "baseline",
+        "skipped": [False, True],
+        "grad_scaler": True,
+        "loss_check": {"ok": True},
+        "compile": {"graph_breaks": 0, "graph_break_reasons": [], "recompiles": 0, "recompile_reasons": []},
+        "syncs": {"counted": True, "per_step": 1.0, "budget": 1, "sites": {}},
+    }
     assert rung_problems(ok) == []  # a GradScaler skip is by design; 1 sync is within a budget of 1
-    broken = {**ok, "grad_scaler": False,
-              "compile": {"graph_breaks": 2, "graph_break_reasons": ["Data-dependent branching"], "recompiles": 1,
-                          "recompile_reasons": ["0/1 forward: tensor 'x' size mismatch"]},
-              "syncs": {"counted": True, "per_step": 3.0, "budget": 0, "sites": {"gptspeed/trainer.py:144": 3}}}
+    broken = {
+        **ok,
+        "grad_scaler": False,
+        "compile": {
+            "graph_breaks": 2,
+            "graph_break_reasons": ["Data-dependent branching"],
+            "recompiles": 1,
+            "recompile_reasons": ["0/1 forward: tensor 'x' size mismatch"],
+        },
+        "syncs": {"counted": True, "per_step": 3.0, "budget": 0, "sites": {"gptspeed/trainer.py:144": 3}},
+    }
     problems = rung_problems(broken)
-    assert problems == ["step(s) 1 not applied: non-finite loss or gradient",
-                        "2 graph break(s): Data-dependent branching",
-                        "1 recompile(s): 0/1 forward: tensor 'x' size mismatch",
-                        "3 host-device syncs per step, designed for 0 (e.g. at gptspeed/trainer.py:144)"]
+    assert problems == [
+        "step(s) 1 not applied: non-finite loss or gradient",
+        "2 graph break(s): Data-dependent branching",
+        "1 recompile(s): 0/1 forward: tensor 'x' size mismatch",
+        "3 host-device syncs per step, designed for 0 (e.g. at gptspeed/trainer.py:144)",
+    ]
     assert rung_problems({"status": "failed", "reason": "out of memory at B=64"}) == ["failed: out of memory at B=64"]
     assert rung_problems({"status": "skipped", "reason": "needs CUDA"}) == []
 
@@ -309,8 +382,17 @@ def test_plan_on_a_gpu_refuses_cuda_graph_rungs_with_accumulation_before_they_ru
     plan = {r.name: r for r in plan_verify(torch.device("cuda"), None, "inductor")}
     for name in ("reduce-overhead", "max-autotune"):
         assert plan[name].settings is None and plan[name].applies_here
-        assert plan[name].skip_reason.startswith("refused: --compile-tuning ") and "2 micro-steps" in plan[name].skip_reason
-        row = {"name": name, "status": "skipped", "reason": plan[name].skip_reason, "applies_here": True, "problems": []}
+        assert (
+            plan[name].skip_reason.startswith("refused: --compile-tuning ")
+            and "2 micro-steps" in plan[name].skip_reason
+        )
+        row = {
+            "name": name,
+            "status": "skipped",
+            "reason": plan[name].skip_reason,
+            "applies_here": True,
+            "problems": [],
+        }
         verdict, why = verify_mod.rung_verdict(row)
         assert verdict == "refused" and why.startswith("--compile-tuning ") and "2 micro-steps" in why
     assert plan["max-autotune-no-cudagraphs"].skip_reason is None
@@ -319,9 +401,21 @@ def test_plan_on_a_gpu_refuses_cuda_graph_rungs_with_accumulation_before_they_ru
 def test_plan_on_a_gpu_compares_like_with_like(h100):
     plan = {r.name: r for r in plan_verify(torch.device("cuda"), None, "inductor", grad_accum=1)}
     assert list(plan)[:2] == ["baseline", "baseline-muon"]
-    assert all(r.skip_reason is None for r in plan.values()), {n: r.skip_reason for n, r in plan.items() if r.skip_reason}
+    assert all(r.skip_reason is None for r in plan.values()), {
+        n: r.skip_reason for n, r in plan.items() if r.skip_reason
+    }
     assert plan["baseline-muon"].settings == baseline_with(optimizer="muon")
-    for name in ("tf32", "bf16", "compile", "fused-ce", "fp8", "fp16", "fp16-fused-ce", "reduce-overhead", "sdpa-cudnn"):
+    for name in (
+        "tf32",
+        "bf16",
+        "compile",
+        "fused-ce",
+        "fp8",
+        "fp16",
+        "fp16-fused-ce",
+        "reduce-overhead",
+        "sdpa-cudnn",
+    ):
         assert plan[name].reference == "baseline", name
     for name in ("muon", "compile-blocks", "max-autotune"):
         assert plan[name].reference == "baseline-muon", name
@@ -350,18 +444,35 @@ def test_plan_on_a_cpu_skips_with_reasons():
         assert plan[name].skip_reason.startswith("refused: --compile-tuning "), name
 
 
-@pytest.mark.parametrize("row, verdict, why", [
-    (dict(status="skipped", reason="refused: --fp8 would convert no layer", applies_here=True), "refused", "no layer"),
-    (dict(status="skipped", reason="FP8 tensor cores need an NVIDIA GPU", applies_here=False), "skipped", "NVIDIA"),
-    (dict(status="skipped", reason="not selected (--stages)", applies_here=True), "skipped", "not selected"),
-    (dict(status="ok", loss_check=None, not_compared="not compared: the reference baseline did not run (failed)"),
-     "not verified", "did not run"),
-    (dict(status="pending", reason="pending: not run yet"), "pending", "not run yet"),
-    (dict(status="ok", loss_check=dict(steps_compared=1, note="compared up to step 0, the first step not applied")),
-     "not verified", "only 1 step(s) compared"),
-    (dict(status="ok", loss_check=dict(steps_compared=5, note="")), "verified", ""),
-    (dict(status="ok", loss_check=None, kind="reference", not_compared="the reference"), "reference", "reference"),
-])
+@pytest.mark.parametrize(
+    "row, verdict, why",
+    [
+        (
+            dict(status="skipped", reason="refused: --fp8 would convert no layer", applies_here=True),
+            "refused",
+            "no layer",
+        ),
+        (dict(status="skipped", reason="FP8 tensor cores need an NVIDIA GPU", applies_here=False), "skipped", "NVIDIA"),
+        (dict(status="skipped", reason="not selected (--stages)", applies_here=True), "skipped", "not selected"),
+        (
+            dict(
+                status="ok", loss_check=None, not_compared="not compared: the reference baseline did not run (failed)"
+            ),
+            "not verified",
+            "did not run",
+        ),
+        (dict(status="pending", reason="pending: not run yet"), "pending", "not run yet"),
+        (
+            dict(
+                status="ok", loss_check=dict(steps_compared=1, note="compared up to step 0, the first step not applied")
+            ),
+            "not verified",
+            "only 1 step(s) compared",
+        ),
+        (dict(status="ok", loss_check=dict(steps_compared=5, note="")), "verified", ""),
+        (dict(status="ok", loss_check=None, kind="reference", not_compared="the reference"), "reference", "reference"),
+    ],
+)
 def test_a_rung_is_verified_only_when_its_losses_were_compared_over_updates(row, verdict, why):
     got = verify_mod.rung_verdict({"name": "r", "problems": [], **row})
     assert got[0] == verdict and why in got[1]
@@ -404,14 +515,20 @@ def test_compile_watch_counts_graph_breaks_and_recompiles():
     assert r["frames_compiled_per_step"][0] >= 1 and r["frames_compiled_per_step"][1] >= 1
 
 
-@pytest.mark.parametrize("names, backend", [
-    (["aten::_scaled_dot_product_flash_attention", "void pytorch_flash::flash_fwd_kernel<...>"], "flash"),
-    (["aten::_scaled_dot_product_flash_attention_for_cpu"], "flash"),
-    (["aten::_scaled_dot_product_cudnn_attention", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop"], "cudnn"),
-    (["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"], "mem-efficient"),
-    (["aten::_scaled_dot_product_attention_math", "aten::softmax"], "math"),
-    (["aten::mm", "aten::softmax"], None),
-])
+@pytest.mark.parametrize(
+    "names, backend",
+    [
+        (["aten::_scaled_dot_product_flash_attention", "void pytorch_flash::flash_fwd_kernel<...>"], "flash"),
+        (["aten::_scaled_dot_product_flash_attention_for_cpu"], "flash"),
+        (["aten::_scaled_dot_product_cudnn_attention", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop"], "cudnn"),
+        (
+            ["aten::_scaled_dot_product_efficient_attention", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"],
+            "mem-efficient",
+        ),
+        (["aten::_scaled_dot_product_attention_math", "aten::softmax"], "math"),
+        (["aten::mm", "aten::softmax"], None),
+    ],
+)
 def test_sdpa_backend_from_profiler_names(names, backend):
     assert sdpa_backend(names)["backend"] == backend
 
@@ -420,8 +537,19 @@ def test_bench_step_reports_a_step_it_did_not_apply():
     from gptspeed.bench.worker import StageSpec, bench_step, build_row
     from gptspeed.runtime import resolve_runtime
 
-    spec = StageSpec(name="t", settings=dict(BASELINE), n_layer=1, n_head=2, n_embd=16, seq_len=8, batch_size=1,
-                     steps=1, warmup=1, device="cpu", grad_accum=2)
+    spec = StageSpec(
+        name="t",
+        settings=dict(BASELINE),
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        seq_len=8,
+        batch_size=1,
+        steps=1,
+        warmup=1,
+        device="cpu",
+        grad_accum=2,
+    )
     rt = resolve_runtime("cpu", "float32", False)
     step, _ = build_row(spec, rt)
     assert step.accum == 2
@@ -441,13 +569,26 @@ def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_p
     from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(name="fp16", settings=baseline_with(dtype="float16"), n_layer=1, n_head=2, n_embd=16,
-                     seq_len=8, batch_size=1, steps=1, warmup=1, device="cpu", mode="verify")
+    spec = StageSpec(
+        name="fp16",
+        settings=baseline_with(dtype="float16"),
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        seq_len=8,
+        batch_size=1,
+        steps=1,
+        warmup=1,
+        device="cpu",
+        mode="verify",
+    )
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result == {"status": "skipped", "reason": "refused: --dtype float16 is not supported on a CPU: use bfloat16 "
-                                                     "or float32"}
+    assert result == {
+        "status": "skipped",
+        "reason": "refused: --dtype float16 is not supported on a CPU: use bfloat16 or float32",
+    }
 
 
 def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path):
@@ -456,8 +597,19 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(name="fp8", settings=baseline_with(fp8=True), n_layer=1, n_head=2, n_embd=16, seq_len=8,
-                     batch_size=2, steps=1, warmup=1, device="cpu", mode="verify")
+    spec = StageSpec(
+        name="fp8",
+        settings=baseline_with(fp8=True),
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        seq_len=8,
+        batch_size=2,
+        steps=1,
+        warmup=1,
+        device="cpu",
+        mode="verify",
+    )
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
@@ -466,11 +618,14 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     assert verify_mod.rung_verdict(row) == ("refused", result["reason"].removeprefix("refused: "))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--grad-accum", "0"], "--grad-accum must be at least 1"),
-    (["--stages", "fp16,warp-drive"], "unknown stage(s) 'warp-drive'"),
-    (["--stages", "fp16,tf32"], "none of the selected rungs runs on cpu (tf32: TF32 is an NVIDIA"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grad-accum", "0"], "--grad-accum must be at least 1"),
+        (["--stages", "fp16,warp-drive"], "unknown stage(s) 'warp-drive'"),
+        (["--stages", "fp16,tf32"], "none of the selected rungs runs on cpu (tf32: TF32 is an NVIDIA"),
+    ],
+)
 def test_verify_bad_flags_one_line(tmp_path, capsys, args, message):
     code = cli.main(["bench", "--verify", "--out", str(tmp_path / "o"), *TINY, *args])
     err = capsys.readouterr().err
@@ -484,8 +639,29 @@ def test_verify_on_cuda_at_a_small_shape_passes(tmp_path, monkeypatch, capsys):
     The default rung set at 2 layers x 128: ~7 processes and 3 small cold compiles, ~3 minutes by the
     estimate (gpu_session.py's cudatests phase runs it as its own part, last)."""
     out = tmp_path / "verify"
-    argv = ["bench", "--verify", "--out", str(out), "--n-layer", "2", "--n-head", "2", "--n-embd", "128",
-            "--seq-len", "256", "--batch-size", "4", "--steps", "3", "--warmup", "3", "--synthetic", "--device", "cuda"]
+    argv = [
+        "bench",
+        "--verify",
+        "--out",
+        str(out),
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "128",
+        "--seq-len",
+        "256",
+        "--batch-size",
+        "4",
+        "--steps",
+        "3",
+        "--warmup",
+        "3",
+        "--synthetic",
+        "--device",
+        "cuda",
+    ]
     code = cli.main(argv)
     result = json.loads((out / "verify.json").read_text())
     assert code == 0, result["problems"] + result["unverified"]
@@ -535,8 +711,19 @@ def test_one_process_ddp_step(tmp_path, backend, device):
     try:
         dtype = "bfloat16" if device == "cuda" else "float32"
         rt = dataclasses.replace(resolve_runtime(device, dtype, False), parallel="ddp")
-        spec = StageSpec(name="ddp", settings=baseline_with(dtype=dtype, attention="sdpa"), n_layer=1,
-                         n_head=2, n_embd=16, seq_len=16, batch_size=2, steps=1, warmup=1, device=device, grad_accum=2)
+        spec = StageSpec(
+            name="ddp",
+            settings=baseline_with(dtype=dtype, attention="sdpa"),
+            n_layer=1,
+            n_head=2,
+            n_embd=16,
+            seq_len=16,
+            batch_size=2,
+            steps=1,
+            warmup=1,
+            device=device,
+            grad_accum=2,
+        )
         step, _ = build_row(spec, rt)
         assert isinstance(step.train_model, torch.nn.parallel.DistributedDataParallel)
         assert step.sync is not None and step.accum == 2  # no_sync() on the first micro-batch

@@ -10,8 +10,14 @@ light (no torch: ``gptspeed prepare`` relies on it):
 
 __version__ = "0.1.0"
 
-_LAZY = {"make_config": "gptspeed.api", "train": "gptspeed.api", "load_run": "gptspeed.api", "Run": "gptspeed.api",
-         "RunConfig": "gptspeed.config", "GptspeedError": "gptspeed.errors"}
+_LAZY = {
+    "make_config": "gptspeed.api",
+    "train": "gptspeed.api",
+    "load_run": "gptspeed.api",
+    "Run": "gptspeed.api",
+    "RunConfig": "gptspeed.config",
+    "GptspeedError": "gptspeed.errors",
+}
 __all__ = ["__version__", *_LAZY]
 
 

@@ -86,8 +86,10 @@ def check_config_shape(config: RunConfig) -> None:
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in vars(obj) if k not in fields]
         if unknown:
-            raise GptspeedError(f"{where}.{unknown[0]} is not a setting{did_you_mean(unknown[0], fields)}: set one of "
-                                f"{cls.__name__}'s fields, or pass it to make_config")
+            raise GptspeedError(
+                f"{where}.{unknown[0]} is not a setting{did_you_mean(unknown[0], fields)}: set one of "
+                f"{cls.__name__}'s fields, or pass it to make_config"
+            )
     if not isinstance(config.preset, str):
         raise GptspeedError(f"config.preset must be a string, got {type(config.preset).__name__}")
 
@@ -116,7 +118,9 @@ class Run:
                 raise GptspeedError(f"load_run: unknown {what} {value!r}: use one of {', '.join(choices)}"[:300])
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
-            raise GptspeedError(f"run folder {run_dir} {'is not a folder' if self.run_dir.exists() else 'does not exist'}")
+            raise GptspeedError(
+                f"run folder {run_dir} {'is not a folder' if self.run_dir.exists() else 'does not exist'}"
+            )
         self.device, self.dtype = device, dtype
         self._loaded = None
         ckpt, config = newest_run_config(self.run_dir)
@@ -129,8 +133,9 @@ class Run:
             from gptspeed.fileio import read_user_json
 
             raw = read_user_json(self.run_dir / "config.json", "run configuration", max_bytes=1 << 20)
-            self.config = RunConfig.from_dict({k: v for k, v in raw.items() if k not in ("derived", "environment")},
-                                              f"{self.run_dir}/config.json")
+            self.config = RunConfig.from_dict(
+                {k: v for k, v in raw.items() if k not in ("derived", "environment")}, f"{self.run_dir}/config.json"
+            )
             self.step = None
         else:
             raise GptspeedError(f"{run_dir} holds neither a checkpoint nor a config.json: not a run folder")
@@ -145,8 +150,17 @@ class Run:
 
         return read_metrics(self.run_dir)
 
-    def generate(self, prompt: str | list[str] = "\n", *, max_new_tokens: int = 200, temperature: float = 0.8,
-                 top_k: int = 200, num_samples: int = 1, seed: int = 1337, kv_cache: bool = True) -> str | list[str]:
+    def generate(
+        self,
+        prompt: str | list[str] = "\n",
+        *,
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int = 200,
+        num_samples: int = 1,
+        seed: int = 1337,
+        kv_cache: bool = True,
+    ) -> str | list[str]:
         """Continue ``prompt`` -- what ``gptspeed sample --run RUN_DIR`` does
         (:func:`gptspeed.sample.sample_text`; the same seed draws the same tokens).
 
@@ -171,15 +185,31 @@ class Run:
         if not isinstance(prompt, (str, list, tuple)) or not all(isinstance(p, str) for p in prompt):
             raise GptspeedError(f"generate: prompt must be a text or a list of texts, got {prompt!r}"[:300])
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        check_sample_arguments(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                               num_samples=num_samples, kv_cache=kv_cache)  # before the model loads
+        check_sample_arguments(
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            num_samples=num_samples,
+            kv_cache=kv_cache,
+        )  # before the model loads
         if self._loaded is None:
             model, ckpt = load_model(self.run_dir, resolve_runtime(self.device, self.dtype, compile=False))
             self._loaded = (model, {"run": str(self.run_dir), "step": ckpt["step"]})
-        texts = sample_text(run=str(self.run_dir), prompts=prompts, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_k=top_k, num_samples=num_samples, seed=seed,
-                            device=self.device, dtype=self.dtype, kv_cache=kv_cache, out=io.StringIO(),
-                            loaded=self._loaded)
+        texts = sample_text(
+            run=str(self.run_dir),
+            prompts=prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            num_samples=num_samples,
+            seed=seed,
+            device=self.device,
+            dtype=self.dtype,
+            kv_cache=kv_cache,
+            out=io.StringIO(),
+            loaded=self._loaded,
+        )
         return texts[0] if isinstance(prompt, str) and num_samples == 1 else texts
 
 

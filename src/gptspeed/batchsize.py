@@ -19,8 +19,9 @@ import gc
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -70,8 +71,10 @@ def pick_micro_batch(fit: int, sequences_per_step: int | None, safety: float = S
     that divides ``sequences_per_step`` (the global batch in sequences; None = any power of two).
     GptspeedError if ``fit`` is 0 (one sequence does not fit)."""
     if fit < 1:
-        raise GptspeedError("--batch-size auto: not even one sequence fits in GPU memory; "
-                            "lower --seq-len, use --activation-checkpointing full, or a smaller model")
+        raise GptspeedError(
+            "--batch-size auto: not even one sequence fits in GPU memory; "
+            "lower --seq-len, use --activation-checkpointing full, or a smaller model"
+        )
     cap = max(1, int(fit * safety))
     b = 1
     while b * 2 <= cap and (sequences_per_step is None or sequences_per_step % (b * 2) == 0):
@@ -142,9 +145,15 @@ def cuda_fits(make_step: Callable[[int], Callable[[], Any]], device: torch.devic
     return fits
 
 
-def resolve_auto_batch(device: torch.device, settings: dict[str, Any], sequences_per_step: int | None,
-                       make_step: Callable[[int], Callable[[], Any]], limit: int = 1024,
-                       say: Callable[[str], Any] = print, agree: Callable[[int], int] = lambda v: v) -> int:
+def resolve_auto_batch(
+    device: torch.device,
+    settings: dict[str, Any],
+    sequences_per_step: int | None,
+    make_step: Callable[[int], Callable[[], Any]],
+    limit: int = 1024,
+    say: Callable[[str], Any] = print,
+    agree: Callable[[int], int] = lambda v: v,
+) -> int:
     """The micro-batch for ``--batch-size auto`` on ``device``: the cached fit for (device,
     ``settings``) or a fresh probe (then cached), reduced by :func:`pick_micro_batch`. Reports the
     choice through ``say``. GptspeedError (one line) on a CPU or MPS.
@@ -155,8 +164,9 @@ def resolve_auto_batch(device: torch.device, settings: dict[str, Any], sequences
     them has no cached fit, every probe's verdict is agreed (so all ranks probe the same sizes in
     lockstep and none waits in a collective another abandoned), and so is the final micro-batch."""
     if device.type != "cuda":
-        raise GptspeedError(f"--batch-size auto probes GPU memory and needs CUDA; on {device.type} give a number "
-                            "(e.g. --batch-size 16)")
+        raise GptspeedError(
+            f"--batch-size auto probes GPU memory and needs CUDA; on {device.type} give a number (e.g. --batch-size 16)"
+        )
     key = cache_key(torch.cuda.get_device_name(device), settings)
     fit = agree(cached_fit(key) or 0)
     source = "cached"

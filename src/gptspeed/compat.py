@@ -29,8 +29,12 @@ def check_torch(version: str | None = None) -> None:
         try:
             version = metadata.version("torch")
         except metadata.PackageNotFoundError:
-            raise GptspeedError("PyTorch is not installed: pip install torch (CPU machines: pip install torch==2.13.0)") from None
+            raise GptspeedError(
+                "PyTorch is not installed: pip install torch (CPU machines: pip install torch==2.13.0)"
+            ) from None
     need = ".".join(map(str, MIN_TORCH))
     if torch_version_tuple(version) < MIN_TORCH:
-        raise GptspeedError(f"gptspeed needs torch >= {need} (torch.optim.Muon, torch.compiler.set_stance); this is torch "
-                            f"{version}: pip install 'torch>={need}'")
+        raise GptspeedError(
+            f"gptspeed needs torch >= {need} (torch.optim.Muon, torch.compiler.set_stance); this is torch "
+            f"{version}: pip install 'torch>={need}'"
+        )

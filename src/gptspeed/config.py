@@ -29,7 +29,10 @@ ATTENTIONS = ("sdpa", "manual")
 POS_EMBS = ("learned", "rope")  # --pos-emb: GPT-2's learned position embeddings, or rotary (Su et al. 2021)
 MLPS = ("gelu", "relu2")  # --mlp: GPT-2's GELU (tanh approximation), or ReLU squared (So et al. 2021)
 NORMS = ("layernorm", "rmsnorm")  # --norm: GPT-2's LayerNorm, or RMSNorm (Zhang & Sennrich 2019)
-LR_SCHEDULES = ("cosine", "wsd")  # --lr-schedule: warm-up then cosine; or warm-up, stable, decay (Hagele et al. 2024)  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
+LR_SCHEDULES = (
+    "cosine",
+    "wsd",
+)  # --lr-schedule: warm-up then cosine; or warm-up, stable, decay (Hagele et al. 2024)  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
 SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the token ids of the training data
 # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere); liger = Liger-Kernel's fused
 # linear + cross-entropy (CUDA only)
@@ -61,9 +64,22 @@ MAX_THREADS = 4096  # --threads: a bound, not this machine's count (a configurat
 MAX_DIST_TIMEOUT_S = 30 * 86400.0  # --dist-timeout-s: 30 days (torch converts it to int64 milliseconds)
 
 
-def _f(default, help: str, *, flag: str | None = None, choices: tuple | None = None, min: float | None = None,
-       max: float | None = None, min_open: bool = False, finite: bool = False, text: str | None = None,
-       max_note: str | None = None, run_defining: bool = False, cli: bool = True, **meta):
+def _f(
+    default,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: tuple | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    min_open: bool = False,
+    finite: bool = False,
+    text: str | None = None,
+    max_note: str | None = None,
+    run_defining: bool = False,
+    cli: bool = True,
+    **meta,
+):
     """A setting, declared once: its default and ``--help`` text, and everything derived from it --
     the flag (``flag``, default ``--`` + the name with dashes; ``cli=False``: none), the allowed
     ``choices``, the range (``min`` (exclusive with ``min_open``), ``max``; ``finite``: also no
@@ -75,8 +91,17 @@ def _f(default, help: str, *, flag: str | None = None, choices: tuple | None = N
     The CLI (gptspeed.cli), YAML and JSON files, :func:`gptspeed.api.make_config`, ``--print-config``,
     the resume check and the bench's rungs all read these; :meth:`RunConfig.validate` enforces them."""
     rules = dict(choices=choices, min=min, max=max, min_open=min_open, finite=finite, text=text, max_note=max_note)
-    return field(default=default, metadata={"help": help, "flag": flag, "run_defining": run_defining, "cli": cli,
-                                            **{k: v for k, v in rules.items() if v is not None and v is not False}, **meta})
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "flag": flag,
+            "run_defining": run_defining,
+            "cli": cli,
+            **{k: v for k, v in rules.items() if v is not None and v is not False},
+            **meta,
+        },
+    )
 
 
 @dataclass
@@ -89,49 +114,109 @@ class GPTConfig:
     so they are never predicted or sampled and receive no gradient.
     """
 
-    block_size: int = _f(1024, "sequence length T (also the model's number of positions)", flag="--seq-len", min=1,
-                         run_defining=True)
-    vocab_size: int = _f(PADDED_VOCAB_SIZE, "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default",
-                         min=1, run_defining=True)
-    valid_vocab_size: int = _f(GPT2_VOCAB_SIZE, "token ids the tokenizer emits (GPT-2's 50,257)", min=1,
-                               run_defining=True, cli=False)
+    block_size: int = _f(
+        1024, "sequence length T (also the model's number of positions)", flag="--seq-len", min=1, run_defining=True
+    )
+    vocab_size: int = _f(
+        PADDED_VOCAB_SIZE,
+        "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default",
+        min=1,
+        run_defining=True,
+    )
+    valid_vocab_size: int = _f(
+        GPT2_VOCAB_SIZE, "token ids the tokenizer emits (GPT-2's 50,257)", min=1, run_defining=True, cli=False
+    )
     n_layer: int = _f(12, "transformer blocks L", min=1, run_defining=True)
     n_head: int = _f(12, "attention heads H", min=1, run_defining=True)
     n_embd: int = _f(768, "embedding width C (divisible by n_head)", min=1, run_defining=True)
-    attention: str = _f("sdpa", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual",
-                        choices=ATTENTIONS)
-    loss: str = _f("auto", "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full "
-                   "logits) | plain | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)",
-                   choices=LOSSES)
-    residual_dtype: str = _f("float32", "float32 | bfloat16: the residual stream between the blocks under bf16 "
-                             "autocast (bfloat16: the embeddings' sum cast once, so every residual add and every "
-                             "activation saved along the stream is bf16, half the bytes; as the modded-nanogpt "
-                             "speedrun); bfloat16 needs --dtype bfloat16 (or auto resolving to it)",
-                             choices=RESIDUAL_DTYPES)
-    softmax: str = _f("full", "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
-                      "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
-                      "it have probability 0)", choices=SOFTMAXES, run_defining=True)
+    attention: str = _f(
+        "sdpa", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual", choices=ATTENTIONS
+    )
+    loss: str = _f(
+        "auto",
+        "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full "
+        "logits) | plain | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)",
+        choices=LOSSES,
+    )
+    residual_dtype: str = _f(
+        "float32",
+        "float32 | bfloat16: the residual stream between the blocks under bf16 "
+        "autocast (bfloat16: the embeddings' sum cast once, so every residual add and every "
+        "activation saved along the stream is bf16, half the bytes; as the modded-nanogpt "
+        "speedrun); bfloat16 needs --dtype bfloat16 (or auto resolving to it)",
+        choices=RESIDUAL_DTYPES,
+    )
+    softmax: str = _f(
+        "full",
+        "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
+        "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
+        "it have probability 0)",
+        choices=SOFTMAXES,
+        run_defining=True,
+    )
     # the modern-GPT switches (issue 32); the defaults are GPT-2's, and a run with any other value cannot be
     # exported to transformers' GPT-2 format (non_gpt2_switches)
-    pos_emb: str = _f("learned", "learned (GPT-2's position embeddings) | rope (rotary embeddings of queries and keys; "
-                      "Su et al. 2021, RoFormer)", choices=POS_EMBS, run_defining=True)
-    rope_theta: float = _f(10000.0, "--pos-emb rope: the base of the rotary frequencies", min=0, min_open=True,
-                           finite=True, text="a positive finite number", run_defining=True)
-    qk_norm: bool = _f(False, "RMS-normalise queries and keys per head before attention (Dehghani et al. 2023)",
-                       kind="bool", run_defining=True)
-    mlp: str = _f("gelu", "gelu (GPT-2's, tanh approximation) | relu2 (ReLU squared; So et al. 2021, Primer)",
-                  choices=MLPS, run_defining=True)
-    norm: str = _f("layernorm", "layernorm (GPT-2's) | rmsnorm (Zhang & Sennrich 2019; no bias, no mean)",
-                   choices=NORMS, run_defining=True)
-    tie_embeddings: bool = _f(True, "the LM head shares the token embedding's weights (GPT-2; Press & Wolf 2017); "
-                              "--no-tie-embeddings: an LM head of its own", kind="bool", run_defining=True)
-    zero_init_proj: bool = _f(False, "initialise the blocks' output projections (and an untied LM head) to zero, as "
-                              "the modded-nanogpt speedrun does", kind="bool", run_defining=True)
-    logit_softcap: float = _f(0.0, "tanh soft-capping of the logits at this value, cap * tanh(logits / cap) "
-                              "(Gemma 2; 0 = off)", min=0, run_defining=True)
-    doc_mask: bool = _f(False, "attention never crosses <|endoftext|>: each document of a packed window attends only "
-                        "to itself (FlexAttention's block mask on CUDA, an equivalent masked SDPA elsewhere)",
-                        kind="bool", run_defining=True)
+    pos_emb: str = _f(
+        "learned",
+        "learned (GPT-2's position embeddings) | rope (rotary embeddings of queries and keys; "
+        "Su et al. 2021, RoFormer)",
+        choices=POS_EMBS,
+        run_defining=True,
+    )
+    rope_theta: float = _f(
+        10000.0,
+        "--pos-emb rope: the base of the rotary frequencies",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+        run_defining=True,
+    )
+    qk_norm: bool = _f(
+        False,
+        "RMS-normalise queries and keys per head before attention (Dehghani et al. 2023)",
+        kind="bool",
+        run_defining=True,
+    )
+    mlp: str = _f(
+        "gelu",
+        "gelu (GPT-2's, tanh approximation) | relu2 (ReLU squared; So et al. 2021, Primer)",
+        choices=MLPS,
+        run_defining=True,
+    )
+    norm: str = _f(
+        "layernorm",
+        "layernorm (GPT-2's) | rmsnorm (Zhang & Sennrich 2019; no bias, no mean)",
+        choices=NORMS,
+        run_defining=True,
+    )
+    tie_embeddings: bool = _f(
+        True,
+        "the LM head shares the token embedding's weights (GPT-2; Press & Wolf 2017); "
+        "--no-tie-embeddings: an LM head of its own",
+        kind="bool",
+        run_defining=True,
+    )
+    zero_init_proj: bool = _f(
+        False,
+        "initialise the blocks' output projections (and an untied LM head) to zero, as "
+        "the modded-nanogpt speedrun does",
+        kind="bool",
+        run_defining=True,
+    )
+    logit_softcap: float = _f(
+        0.0,
+        "tanh soft-capping of the logits at this value, cap * tanh(logits / cap) (Gemma 2; 0 = off)",
+        min=0,
+        run_defining=True,
+    )
+    doc_mask: bool = _f(
+        False,
+        "attention never crosses <|endoftext|>: each document of a packed window attends only "
+        "to itself (FlexAttention's block mask on CUDA, an equivalent masked SDPA elsewhere)",
+        kind="bool",
+        run_defining=True,
+    )
 
     def validate(self) -> None:
         """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT: every field's
@@ -145,8 +230,10 @@ class GPTConfig:
             )
         head_dim = self.n_embd // self.n_head
         if self.pos_emb == "rope" and head_dim % 2:
-            raise GptspeedError(f"--pos-emb rope rotates pairs of channels: the head dimension n_embd / n_head = "
-                                f"{self.n_embd} / {self.n_head} = {head_dim} must be even; change --n-embd or --n-head")
+            raise GptspeedError(
+                f"--pos-emb rope rotates pairs of channels: the head dimension n_embd / n_head = "
+                f"{self.n_embd} / {self.n_head} = {head_dim} must be even; change --n-embd or --n-head"
+            )
         if self.vocab_size < self.valid_vocab_size:
             raise GptspeedError(
                 f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
@@ -161,7 +248,8 @@ class GPTConfig:
         # per block: ln_1, c_attn (3C^2 + 3C), attn c_proj (C^2 + C), ln_2, c_fc (4C^2 + 4C), mlp c_proj (4C^2 + C)
         per_block = 12 * C * C + 9 * C + 2 * norm
         embeddings = self.vocab_size * C * (1 if self.tie_embeddings else 2) + (
-            self.block_size * C if self.pos_emb == "learned" else 0)
+            self.block_size * C if self.pos_emb == "learned" else 0
+        )
         return embeddings + self.n_layer * per_block + norm  # + ln_f
 
     def non_gpt2_switches(self) -> list[str]:
@@ -175,7 +263,7 @@ class GPTConfig:
     def buffer_bytes(self) -> int:
         """Bytes of the model's buffers: ``--attention manual``'s causal mask (T x T bools per block),
         ``--softmax data``'s token ids (int64)."""
-        mask = self.n_layer * self.block_size ** 2 if self.attention == "manual" else 0
+        mask = self.n_layer * self.block_size**2 if self.attention == "manual" else 0
         return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0)
 
 
@@ -183,31 +271,74 @@ class GPTConfig:
 class OptimConfig:
     """AdamW with linear warm-up then cosine decay (GPT-3 paper, appendix B)."""
 
-    lr: float = _f(6e-4, "peak learning rate", min=0, min_open=True, finite=True, text="a positive finite number",
-                   run_defining=True)
-    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr (cosine decay target)", min=0, max=1,
-                             text="in [0, 1]", run_defining=True)
+    lr: float = _f(
+        6e-4,
+        "peak learning rate",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+        run_defining=True,
+    )
+    min_lr_ratio: float = _f(
+        0.1,
+        "final learning rate as a fraction of --lr (cosine decay target)",
+        min=0,
+        max=1,
+        text="in [0, 1]",
+        run_defining=True,
+    )
     warmup_steps: int = _f(715, "linear warm-up steps", min=0, run_defining=True)
-    warmup_ratio: float | None = _f(None, "linear warm-up as a fraction of --max-steps (e.g. 0.05); replaces "
-                                    "--warmup-steps when given", min=0, max=1, max_note=None, text="in [0, 1)",
-                                    run_defining=True)
-    lr_schedule: str = _f("cosine", "cosine (warm-up, then cosine decay to --min-lr-ratio; GPT-3) | wsd (warm-up, "
-                          "stable at --lr, then linear decay over the last --decay-ratio of the steps; Hagele et al. "
-                          "2024)", choices=LR_SCHEDULES, run_defining=True)
-    decay_ratio: float = _f(0.2, "--lr-schedule wsd: the share of --max-steps that decays (the cooldown)", min=0,
-                            max=1, text="in [0, 1]", run_defining=True)
-    weight_decay: float = _f(0.1, "AdamW weight decay, applied to tensors with 2 or more dims only", min=0,
-                             run_defining=True)
+    warmup_ratio: float | None = _f(
+        None,
+        "linear warm-up as a fraction of --max-steps (e.g. 0.05); replaces --warmup-steps when given",
+        min=0,
+        max=1,
+        max_note=None,
+        text="in [0, 1)",
+        run_defining=True,
+    )
+    lr_schedule: str = _f(
+        "cosine",
+        "cosine (warm-up, then cosine decay to --min-lr-ratio; GPT-3) | wsd (warm-up, "
+        "stable at --lr, then linear decay over the last --decay-ratio of the steps; Hagele et al. "
+        "2024)",
+        choices=LR_SCHEDULES,
+        run_defining=True,
+    )
+    decay_ratio: float = _f(
+        0.2,
+        "--lr-schedule wsd: the share of --max-steps that decays (the cooldown)",
+        min=0,
+        max=1,
+        text="in [0, 1]",
+        run_defining=True,
+    )
+    weight_decay: float = _f(
+        0.1, "AdamW weight decay, applied to tensors with 2 or more dims only", min=0, run_defining=True
+    )
     beta1: float = _f(0.9, "AdamW beta1", min=0, max=1, text="in [0, 1)", run_defining=True)
     beta2: float = _f(0.95, "AdamW beta2", min=0, max=1, text="in [0, 1)", run_defining=True)
-    eps: float = _f(1e-8, "AdamW epsilon", min=0, min_open=True, finite=True, text="a positive finite number",
-                    run_defining=True)
+    eps: float = _f(
+        1e-8, "AdamW epsilon", min=0, min_open=True, finite=True, text="a positive finite number", run_defining=True
+    )
     grad_clip: float = _f(1.0, "clip the global gradient norm to this (0 = off)", min=0, run_defining=True)
     fused_adamw: bool | None = _f(None, "fused AdamW kernel (default: where the device supports it)", kind="bool")
-    optimizer: str = _f("adamw", "adamw | muon (Muon for the blocks' 2-D weights at --muon-lr, AdamW at --lr for "
-                        "embeddings, head, gains and biases)", choices=OPTIMIZERS, run_defining=True)
-    muon_lr: float = _f(0.02, "Muon peak learning rate (scaled by sqrt(max(1, rows/cols)); same schedule as --lr)",
-                        min=0, min_open=True, text="positive", run_defining=True)
+    optimizer: str = _f(
+        "adamw",
+        "adamw | muon (Muon for the blocks' 2-D weights at --muon-lr, AdamW at --lr for "
+        "embeddings, head, gains and biases)",
+        choices=OPTIMIZERS,
+        run_defining=True,
+    )
+    muon_lr: float = _f(
+        0.02,
+        "Muon peak learning rate (scaled by sqrt(max(1, rows/cols)); same schedule as --lr)",
+        min=0,
+        min_open=True,
+        text="positive",
+        run_defining=True,
+    )
     muon_momentum: float = _f(0.95, "Muon (Nesterov) momentum", min=0, max=1, text="in [0, 1)", run_defining=True)
 
 
@@ -215,20 +346,34 @@ class OptimConfig:
 class TrainConfig:
     """What to train on, how long, in which batches, and how to log and save."""
 
-    data: str = _f("", "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
-                   "from a document stream (tokenized while training; no val split); default: tiny Shakespeare, "
-                   "shipped with gptspeed and prepared into the cache on first use", path=True)
-    text_field: str = _f("text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text",
-                          run_defining=True)
+    data: str = _f(
+        "",
+        "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
+        "from a document stream (tokenized while training; no val split); default: tiny Shakespeare, "
+        "shipped with gptspeed and prepared into the cache on first use",
+        path=True,
+    )
+    text_field: str = _f(
+        "text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text", run_defining=True
+    )
     hf_name: str | None = _f(None, "hf: streams: the dataset configuration (e.g. sample-10BT)", run_defining=True)
     split: str = _f("train", "hf: streams: the dataset split", run_defining=True)
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json", path=True)
-    batch_size: int = _f(16, "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
-                         "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
-                         parse="batch_size", min=1, run_defining=True)
+    batch_size: int = _f(
+        16,
+        "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
+        "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
+        parse="batch_size",
+        min=1,
+        run_defining=True,
+    )
     total_batch_tokens: int | None = _f(
-        None, "tokens per optimizer step; gradient accumulation = this / (B * T * world size) (default B*T)", min=1,
-        text="positive", run_defining=True)
+        None,
+        "tokens per optimizer step; gradient accumulation = this / (B * T * world size) (default B*T)",
+        min=1,
+        text="positive",
+        run_defining=True,
+    )
     max_steps: int = _f(19073, "optimizer steps to train for", min=1)
     log_every: int = _f(10, "log a record every N steps", min=1)
     eval_every: int = _f(250, "evaluate val loss every N steps (0 = only at start and end)", min=0)
@@ -236,34 +381,64 @@ class TrainConfig:
     save_every: int = _f(1000, "write a checkpoint every N steps (0 = only at the end and on interrupt)", min=0)
     keep_checkpoints: int = _f(2, "keep the newest K checkpoints", min=1)
     resume: bool = _f(False, "continue from the newest valid checkpoint in --out", kind="flag")
-    force_resume: bool = _f(False, "resume even if the configuration or data changed (the run is then no longer exact)",
-                            kind="flag")
-    on_nan: str = _f("stop", "a step with a non-finite loss or gradient never updates the weights; then "
-                     "stop (keep the last good checkpoint) or skip (count it and go on; a run that skips half its steps "
-                     "stops)", choices=("stop", "skip"))
-    init_from: str = _f("", "start from a Hugging Face GPT-2's weights (a folder, or gpt2 | gpt2-medium | gpt2-large "
-                            "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0",
-                       path=True)
+    force_resume: bool = _f(
+        False, "resume even if the configuration or data changed (the run is then no longer exact)", kind="flag"
+    )
+    on_nan: str = _f(
+        "stop",
+        "a step with a non-finite loss or gradient never updates the weights; then "
+        "stop (keep the last good checkpoint) or skip (count it and go on; a run that skips half its steps "
+        "stops)",
+        choices=("stop", "skip"),
+    )
+    init_from: str = _f(
+        "",
+        "start from a Hugging Face GPT-2's weights (a folder, or gpt2 | gpt2-medium | gpt2-large "
+        "| gpt2-xl, downloaded): its shape replaces the preset's; training starts at step 0",
+        path=True,
+    )
     hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)", min=0)
-    hellaswag_examples: int = _f(0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)",
-                                 min=0)
-    stop_at_val_loss: float | None = _f(None, "end the run at the first evaluation (every --eval-every steps) whose "
-                                        "val loss is at or below this (nats/token): time to a target, as the "
-                                        "modded-nanogpt speedrun measures it", min=0, min_open=True, finite=True,
-                                        text="a positive finite number")
-    sampling: str = _f("sequential", "order of the training windows: sequential (shard order) or random "
-                       "(a permutation per epoch, seeded by --seed; resumable)", choices=("sequential", "random"),
-                       run_defining=True)
-    loader_workers: int = _f(-1, "background threads preparing batches ahead into pinned memory (0 = in the "
-                             "training loop; -1 = auto: 1 on CUDA, 0 elsewhere; at most 64); the batches do not depend on it",
-                             min=-1, text="-1 (auto), 0 or more", max=MAX_LOADER_WORKERS,
-                             max_note="each keeps 4 batches ready; one keeps up with a GPU")
-    log_to: str = _f("jsonl", "where metrics records go, comma-separated: jsonl (RUN_DIR/metrics.jsonl, always on), "
-                     "tensorboard (RUN_DIR/tensorboard; pip install 'gptspeed[tensorboard]'), wandb (Weights & Biases; "
-                     "pip install 'gptspeed[wandb]'; WANDB_MODE=offline needs no account)")
+    hellaswag_examples: int = _f(
+        0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)", min=0
+    )
+    stop_at_val_loss: float | None = _f(
+        None,
+        "end the run at the first evaluation (every --eval-every steps) whose "
+        "val loss is at or below this (nats/token): time to a target, as the "
+        "modded-nanogpt speedrun measures it",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+    )
+    sampling: str = _f(
+        "sequential",
+        "order of the training windows: sequential (shard order) or random "
+        "(a permutation per epoch, seeded by --seed; resumable)",
+        choices=("sequential", "random"),
+        run_defining=True,
+    )
+    loader_workers: int = _f(
+        -1,
+        "background threads preparing batches ahead into pinned memory (0 = in the "
+        "training loop; -1 = auto: 1 on CUDA, 0 elsewhere; at most 64); the batches do not depend on it",
+        min=-1,
+        text="-1 (auto), 0 or more",
+        max=MAX_LOADER_WORKERS,
+        max_note="each keeps 4 batches ready; one keeps up with a GPU",
+    )
+    log_to: str = _f(
+        "jsonl",
+        "where metrics records go, comma-separated: jsonl (RUN_DIR/metrics.jsonl, always on), "
+        "tensorboard (RUN_DIR/tensorboard; pip install 'gptspeed[tensorboard]'), wandb (Weights & Biases; "
+        "pip install 'gptspeed[wandb]'; WANDB_MODE=offline needs no account)",
+    )
     wandb_project: str = _f("gptspeed", "W&B project (with --log-to wandb)")
-    wandb_run_name: str = _f("", "W&B run name (default: the run folder's name); the W&B run id is kept in "
-                             "RUN_DIR/wandb_run_id, so --resume continues the same W&B run")
+    wandb_run_name: str = _f(
+        "",
+        "W&B run name (default: the run folder's name); the W&B run id is kept in "
+        "RUN_DIR/wandb_run_id, so --resume continues the same W&B run",
+    )
 
 
 @dataclass
@@ -273,43 +448,100 @@ class RuntimeConfig:
     device: str = _f("auto", "auto | cuda | mps | cpu", choices=DEVICES)
     dtype: str = _f("auto", "auto | float32 | tf32 | bfloat16 | float16 (auto: bf16 where supported)", choices=DTYPES)
     compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
-    seed: int = _f(1337, "random seed for initialisation and --sampling random (0 to 2**63-1)", min=0, max=MAX_SEED,
-                   text=f"an integer from 0 to {MAX_SEED:,} (2**63 - 1)", run_defining=True)
-    peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: from the built-in table)", min=0,
-                                   min_open=True, finite=True, text="positive")
-    compile_mode: str = _f("model", "what torch.compile compiles: model (one graph) | blocks (each transformer block "
-                           "separately: identical blocks compile once, much faster compile)", choices=COMPILE_MODES)
-    compile_tuning: str = _f("default", "torch.compile mode: default | max-autotune (searches matmul configs; "
-                             "CUDA graphs) | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs)",
-                             choices=COMPILE_TUNINGS)
-    activation_checkpointing: str = _f("none", "recompute activations in backward to save memory: none | selective "
-                                       "(keep matmul and attention outputs, recompute the rest) | full (keep only "
-                                       "each block's input)", choices=CHECKPOINTING)
-    sdpa_backend: str = _f("auto", "F.scaled_dot_product_attention kernel: auto (PyTorch picks: cuDNN's on an "
-                           "H100 with torch 2.11, measured) | flash | cudnn | efficient | math; a named one runs "
-                           "alone, and a run it cannot serve stops at start", choices=SDPA_BACKENDS)
-    fp8: bool = _f(False, "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
-                   "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')", kind="flag")
-    fp8_lm_head: bool = _f(False, "FP8 matmul (torchao float8 training, tensorwise) for the LM head, the largest "
-                           "matmul (n_embd x vocab_size); the tied embedding lookup stays fp32. Needs --loss plain "
-                           "(the one path that calls the head), --softmax full, n_embd and vocab_size multiples of "
-                           "16 (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]'); with or without --fp8",
-                           kind="flag")
-    cast_weights_once: bool = _f(False, "keep the bf16 copy of the weights between the micro-steps of an optimizer "
-                                 "step: cast (and, over several GPUs, all-gathered) once a step instead of once a "
-                                 "micro-step, at the memory of one bf16 copy of the weights (FSDP2's "
-                                 "reshard_after_forward=False and set_reshard_after_backward; needs --parallel fsdp, "
-                                 "which one process may use, and --dtype bfloat16)", kind="flag")
-    keep_freed_memory: bool | None = _f(None, "CPU runs: glibc's malloc keeps freed memory for the next step "
-                                        "instead of page-faulting large buffers in again (default: on for a CPU "
-                                        "device)", kind="bool")
-    threads: int = _f(0, "CPU runs: PyTorch's intra-op threads (torch.set_num_threads); 0 = PyTorch's default, "
-                      "one per physical core", min=0, max=MAX_THREADS, max_note="more than any CPU has")
-    parallel: str = _f("auto", "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when "
-                       "WORLD_SIZE > 1)", choices=("auto", "none", "ddp", "fsdp"))
-    dist_timeout_s: float = _f(600.0, "seconds to wait for the other processes (rendezvous, collectives)", min=0,
-                               min_open=True, finite=True, text="a positive number of seconds", max=MAX_DIST_TIMEOUT_S,
-                               max_note="30 days")
+    seed: int = _f(
+        1337,
+        "random seed for initialisation and --sampling random (0 to 2**63-1)",
+        min=0,
+        max=MAX_SEED,
+        text=f"an integer from 0 to {MAX_SEED:,} (2**63 - 1)",
+        run_defining=True,
+    )
+    peak_tflops: float | None = _f(
+        None,
+        "device peak TFLOPS for MFU (default: from the built-in table)",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="positive",
+    )
+    compile_mode: str = _f(
+        "model",
+        "what torch.compile compiles: model (one graph) | blocks (each transformer block "
+        "separately: identical blocks compile once, much faster compile)",
+        choices=COMPILE_MODES,
+    )
+    compile_tuning: str = _f(
+        "default",
+        "torch.compile mode: default | max-autotune (searches matmul configs; "
+        "CUDA graphs) | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs)",
+        choices=COMPILE_TUNINGS,
+    )
+    activation_checkpointing: str = _f(
+        "none",
+        "recompute activations in backward to save memory: none | selective "
+        "(keep matmul and attention outputs, recompute the rest) | full (keep only "
+        "each block's input)",
+        choices=CHECKPOINTING,
+    )
+    sdpa_backend: str = _f(
+        "auto",
+        "F.scaled_dot_product_attention kernel: auto (PyTorch picks: cuDNN's on an "
+        "H100 with torch 2.11, measured) | flash | cudnn | efficient | math; a named one runs "
+        "alone, and a run it cannot serve stops at start",
+        choices=SDPA_BACKENDS,
+    )
+    fp8: bool = _f(
+        False,
+        "FP8 matmuls (torchao float8 training, tensorwise) for the blocks' Linear layers large "
+        "enough to gain (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]')",
+        kind="flag",
+    )
+    fp8_lm_head: bool = _f(
+        False,
+        "FP8 matmul (torchao float8 training, tensorwise) for the LM head, the largest "
+        "matmul (n_embd x vocab_size); the tied embedding lookup stays fp32. Needs --loss plain "
+        "(the one path that calls the head), --softmax full, n_embd and vocab_size multiples of "
+        "16 (Hopper / Ada GPUs only; pip install 'gptspeed[fp8]'); with or without --fp8",
+        kind="flag",
+    )
+    cast_weights_once: bool = _f(
+        False,
+        "keep the bf16 copy of the weights between the micro-steps of an optimizer "
+        "step: cast (and, over several GPUs, all-gathered) once a step instead of once a "
+        "micro-step, at the memory of one bf16 copy of the weights (FSDP2's "
+        "reshard_after_forward=False and set_reshard_after_backward; needs --parallel fsdp, "
+        "which one process may use, and --dtype bfloat16)",
+        kind="flag",
+    )
+    keep_freed_memory: bool | None = _f(
+        None,
+        "CPU runs: glibc's malloc keeps freed memory for the next step "
+        "instead of page-faulting large buffers in again (default: on for a CPU "
+        "device)",
+        kind="bool",
+    )
+    threads: int = _f(
+        0,
+        "CPU runs: PyTorch's intra-op threads (torch.set_num_threads); 0 = PyTorch's default, one per physical core",
+        min=0,
+        max=MAX_THREADS,
+        max_note="more than any CPU has",
+    )
+    parallel: str = _f(
+        "auto",
+        "auto | none | ddp | fsdp: multi-process training under torchrun (auto: ddp when WORLD_SIZE > 1)",
+        choices=("auto", "none", "ddp", "fsdp"),
+    )
+    dist_timeout_s: float = _f(
+        600.0,
+        "seconds to wait for the other processes (rendezvous, collectives)",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive number of seconds",
+        max=MAX_DIST_TIMEOUT_S,
+        max_note="30 days",
+    )
 
 
 GROUPS = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
@@ -338,7 +570,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Any, source: str = "configuration") -> "RunConfig":
+    def from_dict(cls, d: Any, source: str = "configuration") -> RunConfig:
         """Rebuild from :meth:`to_dict` output (a checkpoint's or config.json's). Raises
         GptspeedError naming ``source`` for anything malformed: not a dict, unknown or missing
         groups or fields, values of the wrong type."""
@@ -356,7 +588,7 @@ class RunConfig:
             raise GptspeedError(f"{source}: 'preset' must be a string")
         return cls(**built, preset=preset_name)
 
-    def apply_file(self, path: str) -> "RunConfig":
+    def apply_file(self, path: str) -> RunConfig:
         """A copy with the settings of a config file applied (:func:`read_config_file`: YAML, or
         JSON for a ``.json`` file): nested like config.json (``{"model": {"n_layer": 4}, "optim":
         {...}}``) or flat (``{"n_layer": 4, "lr": 1e-3}``); ``preset``, ``derived`` and
@@ -373,7 +605,7 @@ class RunConfig:
                 flat[k] = v
         return self.override(check_settings(flat, source))
 
-    def override(self, values: dict[str, Any]) -> "RunConfig":
+    def override(self, values: dict[str, Any]) -> RunConfig:
         """A copy with fields replaced by name (flat: ``{"n_layer": 4, "lr": 1e-3}``). Every value a
         configuration gets from a preset's user -- a flag, a config file, :func:`gptspeed.api.make_config`
         -- comes through here: a path-valued setting has its ``~`` expanded (:func:`expand_path_setting`)."""
@@ -407,7 +639,8 @@ class RunConfig:
             raise GptspeedError(
                 f"--total-batch-tokens {total:,} takes {total // per_step:,} micro-batches of batch_size * seq_len * "
                 f"world_size = {per_step:,} tokens per optimizer step, more than {MAX_GRAD_ACCUM:,}: lower "
-                "--total-batch-tokens or raise --batch-size")
+                "--total-batch-tokens or raise --batch-size"
+            )
         return total // per_step
 
     def validate(self, world_size: int | None = None) -> None:
@@ -432,30 +665,42 @@ class RunConfig:
 
             check_fp8_lm_head(t.batch_size, self.model.block_size, self.model)
         if self.model.residual_dtype == "bfloat16" and r.dtype not in ("auto", "bfloat16"):
-            raise GptspeedError(f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {r.dtype}: use "
-                                "--dtype bfloat16, or --residual-dtype float32")
+            raise GptspeedError(
+                f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {r.dtype}: use "
+                "--dtype bfloat16, or --residual-dtype float32"
+            )
         if r.cast_weights_once and (r.parallel != "fsdp" or r.dtype not in ("auto", "bfloat16")):
-            raise GptspeedError(f"--cast-weights-once keeps FSDP2's bf16 weights between micro-steps: it needs "
-                                f"--parallel fsdp (one process may use it) and --dtype bfloat16; this run has "
-                                f"--parallel {r.parallel} --dtype {r.dtype}")
+            raise GptspeedError(
+                f"--cast-weights-once keeps FSDP2's bf16 weights between micro-steps: it needs "
+                f"--parallel fsdp (one process may use it) and --dtype bfloat16; this run has "
+                f"--parallel {r.parallel} --dtype {r.dtype}"
+            )
         parse_log_to(t.log_to)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
-            raise GptspeedError(f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
-                                f"has --attention {self.model.attention}")
+            raise GptspeedError(
+                f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
+                f"has --attention {self.model.attention}"
+            )
         if t.batch_size == AUTO_BATCH_SIZE:
             if t.total_batch_tokens is None:
                 raise GptspeedError("--batch-size auto needs --total-batch-tokens (the global batch to keep)")
             if t.total_batch_tokens % (self.model.block_size * world_size):
-                raise GptspeedError(f"--total-batch-tokens {t.total_batch_tokens} is not a multiple of seq_len * "
-                                    f"world_size = {self.model.block_size * world_size}")
+                raise GptspeedError(
+                    f"--total-batch-tokens {t.total_batch_tokens} is not a multiple of seq_len * "
+                    f"world_size = {self.model.block_size * world_size}"
+                )
         else:
             self.grad_accum_steps(world_size)
 
     def run_defining(self) -> dict[str, Any]:
         """The settings that define the run (declared ``run_defining``), by name: a resume that
         changes one of them would not continue the same run (:func:`run_defining_diff`)."""
-        return {name: getattr(group, name) for group in self.groups().values() for name, f in
-                {f.name: f for f in dataclasses.fields(group)}.items() if f.metadata.get("run_defining")}
+        return {
+            name: getattr(group, name)
+            for group in self.groups().values()
+            for name, f in {f.name: f for f in dataclasses.fields(group)}.items()
+            if f.metadata.get("run_defining")
+        }
 
 
 def check_fields(group: Any) -> None:
@@ -536,7 +781,7 @@ def expand_path_setting(name: str, value: Any) -> Any:
     if not isinstance(value, str) or name not in PATH_SETTINGS:
         return value
     if name == "data" and value.startswith("jsonl:"):
-        return "jsonl:" + os.path.expanduser(value[len("jsonl:"):])
+        return "jsonl:" + os.path.expanduser(value[len("jsonl:") :])
     if name == "data" and value.startswith("hf:"):
         return value
     return os.path.expanduser(value)
@@ -569,10 +814,12 @@ def _typed(cls, name: str, value: Any, source: str, context: bool = True) -> Any
         return AUTO_BATCH_SIZE
     what = f"{source}: {name}" if context else source
     base = field_type(cls, name)
-    ok = {int: isinstance(value, int) and not isinstance(value, bool),
-          float: isinstance(value, (int, float)) and not isinstance(value, bool),
-          str: isinstance(value, str),
-          bool: isinstance(value, bool)}[base]
+    ok = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+    }[base]
     if not ok:
         raise GptspeedError(f"{what} must be {base.__name__}, got {_show(value)}"[:300])
     if base is float:
@@ -605,7 +852,9 @@ def check_settings(values: dict[str, Any], source: str) -> dict[str, Any]:
     fields: returned with their values typed (an int for a float field becomes a float, ``auto``
     for ``batch_size`` becomes :data:`AUTO_BATCH_SIZE`). Raises GptspeedError (one line, naming
     ``source``) for an unknown name -- with the nearest valid one -- or a value of the wrong type."""
-    owners = {f.name: cls for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)}
+    owners = {
+        f.name: cls for cls in (GPTConfig, OptimConfig, TrainConfig, RuntimeConfig) for f in dataclasses.fields(cls)
+    }
     checked = {}
     for k, v in values.items():
         if not isinstance(k, str) or k not in owners:
@@ -624,8 +873,9 @@ def parse_log_to(text: str) -> tuple[str, ...]:
         if not name:
             continue
         if name not in TRACKERS:
-            raise GptspeedError(f"--log-to: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}: "
-                                f"choose from {', '.join(TRACKERS)}")
+            raise GptspeedError(
+                f"--log-to: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}: choose from {', '.join(TRACKERS)}"
+            )
         if name != "jsonl" and name not in names:
             names.append(name)
     return tuple(names)
@@ -670,8 +920,9 @@ def _yaml_loader():
                     seen.add(key)
             return super().construct_mapping(node, deep)
 
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+    )
     return Loader
 
 
@@ -697,8 +948,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         where = f" (line {e.line})" if e.line else ""
         raise GptspeedError(f"config file {path}: {_show(e.key)} is given twice{where}: keep one"[:300]) from None
     if not isinstance(raw, dict):
-        raise GptspeedError(f"config file {path}: expected a {'JSON object' if kind == 'JSON' else 'YAML mapping'} "
-                            f"of settings, got {type(raw).__name__}")
+        raise GptspeedError(
+            f"config file {path}: expected a {'JSON object' if kind == 'JSON' else 'YAML mapping'} "
+            f"of settings, got {type(raw).__name__}"
+        )
     return raw
 
 
@@ -730,9 +983,11 @@ def config_to_yaml(cfg: RunConfig) -> str:
     if d["train"]["batch_size"] == AUTO_BATCH_SIZE:
         d["train"]["batch_size"] = "auto"
     doc = {"preset": d.pop("preset"), **d}
-    return ("# gptspeed train configuration (every setting; `gptspeed train --help` says what each does).\n"
-            "# Run it with: gptspeed train --config THIS_FILE  (flags given as well override it)\n"
-            + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    return (
+        "# gptspeed train configuration (every setting; `gptspeed train --help` says what each does).\n"
+        "# Run it with: gptspeed train --config THIS_FILE  (flags given as well override it)\n"
+        + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    )
 
 
 def parse_batch_size(text: str) -> int:
@@ -761,8 +1016,9 @@ def parse_seed(text: str) -> int:
     try:
         return check_seed(int(text))
     except (ValueError, GptspeedError):
-        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEED:,} (2**63 - 1), got "
-                                         f"{text[:40]!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 0 to {MAX_SEED:,} (2**63 - 1), got {text[:40]!r}"
+        ) from None
 
 
 def run_defining_diff(a: RunConfig, b: RunConfig) -> list[str]:
@@ -796,15 +1052,19 @@ def _preset(model: dict, optim: dict | None = None, train: dict | None = None) -
 _GPT2_TRAIN = dict(total_batch_tokens=524_288, max_steps=19_073)
 PRESETS: dict[str, RunConfig] = {
     # seconds on a CPU: for tests and smoke runs
-    "pico": _preset(dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
-                    dict(lr=1e-3, warmup_steps=5),
-                    dict(batch_size=8, max_steps=50, log_every=5, eval_every=25, eval_tokens=2048, save_every=0)),
+    "pico": _preset(
+        dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
+        dict(lr=1e-3, warmup_steps=5),
+        dict(batch_size=8, max_steps=50, log_every=5, eval_every=25, eval_tokens=2048, save_every=0),
+    ),
     # minutes on a laptop CPU: the README's quickstart on tinyshakespeare
     # --softmax data: tiny Shakespeare holds 11,707 of GPT-2's 50,257 tokens, and the full LM head was ~89% of a
     # step's FLOPs; the 4x cheaper head buys 350 steps in the time 200 took (benchmarks/LOG.md, "quickstart")
-    "nano": _preset(dict(n_layer=4, n_head=4, n_embd=128, block_size=128, softmax="data"),
-                    dict(lr=2e-3, warmup_steps=20),
-                    dict(batch_size=16, max_steps=350, log_every=10, eval_every=175, eval_tokens=32768, save_every=175)),
+    "nano": _preset(
+        dict(n_layer=4, n_head=4, n_embd=128, block_size=128, softmax="data"),
+        dict(lr=2e-3, warmup_steps=20),
+        dict(batch_size=16, max_steps=350, log_every=10, eval_every=175, eval_tokens=32768, save_every=175),
+    ),
     "gpt2": _preset(dict(n_layer=12, n_head=12, n_embd=768), dict(lr=6e-4), dict(batch_size=16, **_GPT2_TRAIN)),
     "gpt2-medium": _preset(dict(n_layer=24, n_head=16, n_embd=1024), dict(lr=3e-4), dict(batch_size=16, **_GPT2_TRAIN)),
     "gpt2-large": _preset(dict(n_layer=36, n_head=20, n_embd=1280), dict(lr=2.5e-4), dict(batch_size=8, **_GPT2_TRAIN)),
@@ -824,15 +1084,18 @@ for _name, _cfg in PRESETS.items():
 # projections, the three together took more steps to the target, not fewer (docs/race.md). Each stays a switch.
 RECIPES: dict[str, dict[str, Any]] = {
     "gpt2": {},
-    "modern": dict(optimizer="muon", pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm",
-                   lr_schedule="wsd", decay_ratio=0.4),
+    "modern": dict(
+        optimizer="muon", pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", lr_schedule="wsd", decay_ratio=0.4
+    ),
 }
 
 
 def recipe(name: str) -> dict[str, Any]:
     """The settings of recipe ``name`` (:data:`RECIPES`); GptspeedError naming the recipes for another."""
     if name not in RECIPES:
-        raise GptspeedError(f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)}{did_you_mean(name, list(RECIPES))}")
+        raise GptspeedError(
+            f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)}{did_you_mean(name, list(RECIPES))}"
+        )
     return dict(RECIPES[name])
 
 

@@ -20,8 +20,9 @@ from gptspeed.errors import GptspeedError
 __all__ = ["build_train_config", "add_train_arguments", "config_from_arguments", "config_from_flags"]
 
 
-def build_train_config(preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None,
-                       recipe_name: str | None = None) -> RunConfig:
+def build_train_config(
+    preset_name: str | None, overrides: dict[str, Any], config_file: str | None = None, recipe_name: str | None = None
+) -> RunConfig:
     """The configuration ``gptspeed train`` runs with.
 
     Fresh run: the preset (``preset_name``, else the config file's ``preset:``, else ``gpt2``),
@@ -55,8 +56,10 @@ def build_train_config(preset_name: str | None, overrides: dict[str, Any], confi
             if named is not None and not isinstance(named, str):
                 raise GptspeedError(f"config file {config_file}: preset must be a string, got {named!r}"[:300])
             if named is not None and named not in PRESETS and named != "custom":  # custom: an imported model's
-                raise GptspeedError(f"config file {config_file}: unknown preset {named!r}: choose one of "
-                                    f"{', '.join(PRESETS)}{did_you_mean(named, list(PRESETS))}")
+                raise GptspeedError(
+                    f"config file {config_file}: unknown preset {named!r}: choose one of "
+                    f"{', '.join(PRESETS)}{did_you_mean(named, list(PRESETS))}"
+                )
             preset_name = named
         cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
         if preset_name == "custom":
@@ -80,18 +83,31 @@ def add_train_arguments(s: argparse.ArgumentParser) -> None:
     per setting (:func:`add_setting_flags`)."""
     from gptspeed.config import PRESETS
 
-    s.description = ("Flags override the preset; with --resume, the run's own configuration. The defaults shown "
-                     "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (README, "
-                     "Presets).")
-    s.add_argument("--preset", choices=list(PRESETS), default=None,
-                   help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)")
+    s.description = (
+        "Flags override the preset; with --resume, the run's own configuration. The defaults shown "
+        "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (README, "
+        "Presets)."
+    )
+    s.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="model shape and training defaults (default gpt2; pico and nano are CPU-sized)",
+    )
     s.add_argument("--recipe", default=None, metavar="NAME", help=recipe_help())
-    s.add_argument("--config", dest="config_file", default=None,
-                   help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
-                        "preset: is the base when --preset is not given), applied before flags")
-    s.add_argument("--print-config", action="store_true",
-                   help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
-                        "a file that --config turns back into the same run")
+    s.add_argument(
+        "--config",
+        dest="config_file",
+        default=None,
+        help="YAML (or .json) file of settings, flat or nested like --print-config's output (its "
+        "preset: is the base when --preset is not given), applied before flags",
+    )
+    s.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (preset, --config file, flags) as YAML and exit: "
+        "a file that --config turns back into the same run",
+    )
     add_setting_flags(s)
 
 
@@ -135,8 +151,9 @@ def add_setting_flags(p: argparse.ArgumentParser) -> None:
 def config_from_arguments(a: argparse.Namespace) -> RunConfig:
     """The configuration of parsed ``gptspeed train`` arguments (:func:`add_train_arguments`):
     :func:`build_train_config` of the preset, recipe, config file and the flags given."""
-    overrides = {k: v for k, v in vars(a).items()
-                 if k not in ("command", "preset", "config_file", "print_config", "recipe")}
+    overrides = {
+        k: v for k, v in vars(a).items() if k not in ("command", "preset", "config_file", "print_config", "recipe")
+    }
     return build_train_config(a.preset, overrides, a.config_file, a.recipe)
 
 
@@ -151,7 +168,9 @@ def config_from_flags(flags: list[str], source: str, shown: list[str] | None = N
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):
-            raise GptspeedError(f"{source}: {shlex.join(flags if shown is None else shown)!r} are not gptspeed train flags ({message})")
+            raise GptspeedError(
+                f"{source}: {shlex.join(flags if shown is None else shown)!r} are not gptspeed train flags ({message})"
+            )
 
     parser = Parser(prog="gptspeed train", add_help=False)
     add_train_arguments(parser)

@@ -112,8 +112,9 @@ def default_cpu_compile(dtype: str, planned_steps: int | None, cpuinfo: str | No
     :data:`CPU_BF16_COMPILE_BREAK_EVEN_STEPS` ``planned_steps`` (optimizer steps this run will
     take; None = unknown, then off). ``cpuinfo`` as for :func:`cpu_has_native_bf16`."""
     if dtype != "bfloat16":
-        return False, (f"off: on a CPU torch.compile was measured no faster than eager in {dtype} "
-                       "(benchmarks/LOG.md, issue 14)")
+        return False, (
+            f"off: on a CPU torch.compile was measured no faster than eager in {dtype} (benchmarks/LOG.md, issue 14)"
+        )
     if not cpu_has_native_bf16(cpuinfo):
         return False, "off: bf16 without native bf16 matmuls is emulated; compiling it was measured slower"
     n = CPU_BF16_COMPILE_BREAK_EVEN_STEPS

@@ -50,15 +50,20 @@ def init_distributed(rt: Runtime, timeout_s: float = 600.0) -> None:
     start = time.monotonic()
     try:
         store = restart_store(timeout)
-        dist.init_process_group(backend, timeout=timeout, device_id=rt.device if rt.device_type == "cuda" else None,
-                                **({"store": store, "rank": rt.rank, "world_size": rt.world_size} if store else {}))
+        dist.init_process_group(
+            backend,
+            timeout=timeout,
+            device_id=rt.device if rt.device_type == "cuda" else None,
+            **({"store": store, "rank": rt.rank, "world_size": rt.world_size} if store else {}),
+        )
         _joined_gloo = _joined_gloo or backend == "gloo"
     except (RuntimeError, ValueError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
         msg = (str(e).splitlines()[0] if str(e) else type(e).__name__).rstrip(".")
         raise GptspeedError(
             f"rank {rt.rank} of {rt.world_size}: could not join the process group at {where} ({backend}) after "
             f"{time.monotonic() - start:.1f} s (timeout {timeout_s:g} s): {msg}. Check MASTER_ADDR / --rdzv-endpoint, "
-            "the firewall, and that every node was launched") from e
+            "the firewall, and that every node was launched"
+        ) from e
 
 
 def restart_store(timeout):
@@ -82,8 +87,14 @@ def restart_store(timeout):
     return dist.PrefixStore(f"gptspeed/restart_{restart}/", store)
 
 
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
-             "NCCL communicator was aborted", "remote process exited")
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Connection refused",
+    "NCCL communicator was aborted",
+    "remote process exited",
+)
 
 
 def peer_lost(e: BaseException) -> bool:
@@ -103,7 +114,8 @@ def lost_peer_error(rt, step: int, e: BaseException) -> GptspeedError:
     return GptspeedError(
         f"rank {rt.rank} of {rt.world_size}: lost contact with another rank after step {step} "
         f"({str(e).splitlines()[0][:160]}): a process of the job died or was killed. The newest sealed "
-        "checkpoint is intact; torchrun --max-restarts restarts the group, which resumes from it")
+        "checkpoint is intact; torchrun --max-restarts restarts the group, which resumes from it"
+    )
 
 
 #: whether this process joined a gloo process group (CPU ranks): :func:`finish_process` then skips
@@ -160,10 +172,12 @@ def grad_sync_control(train_model: torch.nn.Module, keep_weights: bool = False):
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(inner, FSDPModule):
+
         def sync(last: bool):
             inner.set_requires_gradient_sync(last)
             if keep_weights:
                 inner.set_reshard_after_backward(last)
             return contextlib.nullcontext()
+
         return sync
     return None

@@ -10,7 +10,7 @@ then the run is not training any more, and it stops as ``stop`` does.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -44,13 +44,16 @@ class DivergencePolicy:
         where = int(self.first_bad.item())
         total = skipped + n_bad
         if self.on_nan == "stop" or (total >= 3 and total >= MAX_SKIPPED_SHARE * steps_done):
-            what = (f"non-finite loss or gradient at step {where} (that step did not update the weights)"
-                    if self.on_nan == "stop" else
-                    f"{total} of the {steps_done} steps so far had a non-finite loss or gradient and were skipped "
-                    f"(--on-nan skip goes on past isolated ones only)")
+            what = (
+                f"non-finite loss or gradient at step {where} (that step did not update the weights)"
+                if self.on_nan == "stop"
+                else f"{total} of the {steps_done} steps so far had a non-finite loss or gradient and were skipped "
+                f"(--on-nan skip goes on past isolated ones only)"
+            )
             raise GptspeedError(
                 f"training diverged: {what}; last good checkpoint: {last_good()}. "
-                f"Try a lower --lr, more --warmup-steps, --dtype float32{', or --on-nan skip' if self.on_nan == 'stop' else ''}")
+                f"Try a lower --lr, more --warmup-steps, --dtype float32{', or --on-nan skip' if self.on_nan == 'stop' else ''}"
+            )
         say(f"skipped {n_bad} step(s) with a non-finite loss or gradient (first at step {where})")
         self.bad_count.zero_()
         self.first_bad.fill_(-1)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, BinaryIO
+from typing import Any, BinaryIO
 
 _HASH_CHUNK = 1 << 22
 
@@ -41,8 +42,9 @@ def create_temp(dest: Path) -> tuple[int, Path]:
             continue
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any],
-                 before_rename: Callable[[Any], Any] | None = None) -> Any:
+def write_atomic(
+    path: str | os.PathLike, write: Callable[[BinaryIO], Any], before_rename: Callable[[Any], Any] | None = None
+) -> Any:
     """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it to ``path``.
 
     ``before_rename(result)``, when given, runs between the fsync and the rename (a checkpoint's
@@ -120,8 +122,10 @@ def read_user_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_TEXT
         if not stat.S_ISREG(st.st_mode):
             raise GptspeedError(f"{what} {path} is not a regular file (a pipe, socket or device): give a file")
         if st.st_size > max_bytes:
-            raise GptspeedError(f"{what} {path} is {st.st_size:,} bytes, more than the {max_bytes:,} such a file "
-                                "can hold: is it the right file?")
+            raise GptspeedError(
+                f"{what} {path} is {st.st_size:,} bytes, more than the {max_bytes:,} such a file "
+                "can hold: is it the right file?"
+            )
         with os.fdopen(fd, "rb", closefd=True) as f:
             fd = -1
             data = f.read(max_bytes + 1)
@@ -156,13 +160,15 @@ def parse_json(text: str, what: str, expect: type | None = dict) -> Any:
     except ValueError as e:
         raise GptspeedError(f"{what} is not valid JSON ({e})") from None
     if expect is not None and not isinstance(value, expect):
-        raise GptspeedError(f"{what} holds a JSON {type(value).__name__}, not a JSON "
-                            f"{'object' if expect is dict else expect.__name__}")
+        raise GptspeedError(
+            f"{what} holds a JSON {type(value).__name__}, not a JSON {'object' if expect is dict else expect.__name__}"
+        )
     return value
 
 
-def read_user_json(path: str | os.PathLike, what: str, expect: type | None = dict,
-                   max_bytes: int = MAX_TEXT_BYTES) -> Any:
+def read_user_json(
+    path: str | os.PathLike, what: str, expect: type | None = dict, max_bytes: int = MAX_TEXT_BYTES
+) -> Any:
     """:func:`read_user_text` then :func:`parse_json`: one GptspeedError line for every way the
     file can be wrong (see both)."""
     return parse_json(read_user_text(path, what, max_bytes), f"{what} {path}", expect)

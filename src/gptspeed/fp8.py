@@ -63,8 +63,10 @@ def check_fp8_device(device: torch.device, flag: str = "--fp8") -> None:
         raise GptspeedError(f"{flag} needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not {device.type}")
     cap = torch.cuda.get_device_capability(device)
     if cap < (8, 9):
-        raise GptspeedError(f"{flag} needs compute capability 8.9 or newer (Ada, Hopper); "
-                            f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}")
+        raise GptspeedError(
+            f"{flag} needs compute capability 8.9 or newer (Ada, Hopper); "
+            f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}"
+        )
 
 
 def large_enough(in_features: int, out_features: int) -> bool:
@@ -99,13 +101,17 @@ def check_fp8_shapes(batch_size: int, seq_len: int, model_config) -> None:
     layers = {n: d for n, d in block_linears(model_config.n_embd).items() if fp8_eligible("transformer.h.0." + n, *d)}
     if not layers:
         biggest = max(block_linears(model_config.n_embd).values(), key=lambda d: d[0] * d[1])
-        raise GptspeedError(f"--fp8 would convert no layer: at n_embd {model_config.n_embd} every Linear is too small "
-                            f"for FP8 to pay (largest {biggest[0]}x{biggest[1]}; torchao's rule skips in <= 4096 and "
-                            f"out <= 1024); drop --fp8")
+        raise GptspeedError(
+            f"--fp8 would convert no layer: at n_embd {model_config.n_embd} every Linear is too small "
+            f"for FP8 to pay (largest {biggest[0]}x{biggest[1]}; torchao's rule skips in <= 4096 and "
+            f"out <= 1024); drop --fp8"
+        )
     tokens = batch_size * seq_len
     if batch_size and tokens % GEMM_MULTIPLE:
-        raise GptspeedError(f"--fp8 needs batch_size * seq_len to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 "
-                            f"matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len")
+        raise GptspeedError(
+            f"--fp8 needs batch_size * seq_len to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 "
+            f"matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len"
+        )
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -126,24 +132,34 @@ def check_fp8_lm_head(batch_size: int, seq_len: int, model_config) -> None:
     Raises :class:`GptspeedError`."""
     m = model_config
     if m.loss in ("fused", "liger"):
-        raise GptspeedError(f"--fp8-lm-head converts the LM head module, which only --loss plain calls "
-                            f"(--loss {m.loss} multiplies by the head's weight in chunks): use --loss plain")
+        raise GptspeedError(
+            f"--fp8-lm-head converts the LM head module, which only --loss plain calls "
+            f"(--loss {m.loss} multiplies by the head's weight in chunks): use --loss plain"
+        )
     if m.softmax == "data":
-        raise GptspeedError("--fp8-lm-head converts the LM head module, which --softmax data bypasses (it "
-                            "multiplies by the rows of the data's token ids): use --softmax full, or drop "
-                            "--fp8-lm-head")
+        raise GptspeedError(
+            "--fp8-lm-head converts the LM head module, which --softmax data bypasses (it "
+            "multiplies by the rows of the data's token ids): use --softmax full, or drop "
+            "--fp8-lm-head"
+        )
     if m.vocab_size % GEMM_MULTIPLE:
-        raise GptspeedError(f"--fp8-lm-head needs --vocab-size to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 "
-                            f"matmul); got {m.vocab_size}: use --vocab-size {_round_up(m.vocab_size, 64)} (padded to a "
-                            "multiple of 64; the padding rows are never predicted)")
+        raise GptspeedError(
+            f"--fp8-lm-head needs --vocab-size to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 "
+            f"matmul); got {m.vocab_size}: use --vocab-size {_round_up(m.vocab_size, 64)} (padded to a "
+            "multiple of 64; the padding rows are never predicted)"
+        )
     if m.n_embd % GEMM_MULTIPLE:
-        raise GptspeedError(f"--fp8-lm-head needs --n-embd to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 matmul); "
-                            f"got {m.n_embd}: change --n-embd (e.g. {_round_up(m.n_embd, GEMM_MULTIPLE)}), or drop "
-                            "--fp8-lm-head")
+        raise GptspeedError(
+            f"--fp8-lm-head needs --n-embd to be a multiple of {GEMM_MULTIPLE} (CUDA's FP8 matmul); "
+            f"got {m.n_embd}: change --n-embd (e.g. {_round_up(m.n_embd, GEMM_MULTIPLE)}), or drop "
+            "--fp8-lm-head"
+        )
     tokens = batch_size * seq_len
     if batch_size and tokens % GEMM_MULTIPLE:
-        raise GptspeedError(f"--fp8-lm-head needs batch_size * seq_len to be a multiple of {GEMM_MULTIPLE} (CUDA's "
-                            f"FP8 matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len")
+        raise GptspeedError(
+            f"--fp8-lm-head needs batch_size * seq_len to be a multiple of {GEMM_MULTIPLE} (CUDA's "
+            f"FP8 matmul); got {batch_size} * {seq_len} = {tokens}: change --batch-size or --seq-len"
+        )
 
 
 def check_fp8_lm_head_loss(loss: str, path: str, device_type: str) -> None:
@@ -154,8 +170,10 @@ def check_fp8_lm_head_loss(loss: str, path: str, device_type: str) -> None:
     converts."""
     if path != "plain":
         how = f"--loss {loss} resolves to {path} on {device_type}" if loss == "auto" else f"this run has --loss {loss}"
-        raise GptspeedError(f"--fp8-lm-head runs only on the plain loss path (the one that calls the LM head module); "
-                            f"{how}: use --loss plain")
+        raise GptspeedError(
+            f"--fp8-lm-head runs only on the plain loss path (the one that calls the LM head module); "
+            f"{how}: use --loss plain"
+        )
 
 
 def convert_to_float8(model: nn.Module, *, blocks: bool = True, lm_head: bool = False, skip_small: bool = True) -> int:
@@ -178,8 +196,9 @@ def convert_to_float8(model: nn.Module, *, blocks: bool = True, lm_head: bool = 
     def keep(module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
-        ok = (lm_head and fqn == LM_HEAD) or (blocks and fp8_eligible(fqn, module.in_features, module.out_features,
-                                                                        skip_small))
+        ok = (lm_head and fqn == LM_HEAD) or (
+            blocks and fp8_eligible(fqn, module.in_features, module.out_features, skip_small)
+        )
         if ok:
             names.append(fqn)
         return ok

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
+from gptspeed.config import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
-from gptspeed.config import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig
 from gptspeed.model import GPT
 
 NAMED_MODELS = {
@@ -50,17 +50,42 @@ NAMED_MODELS = {
 """``--init-from`` names -> Hugging Face Hub repositories of OpenAI's GPT-2 releases."""
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-_BLOCK_PARAMS = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-                 "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                 "mlp.c_proj.weight", "mlp.c_proj.bias")
+_BLOCK_PARAMS = (
+    "ln_1.weight",
+    "ln_1.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+)
 _DROPPED = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of old transformers versions
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 # GPT2Config defaults, for config.json files that leave fields out (OpenAI's gpt2 has no n_layer).
-_HF_DEFAULTS = {"vocab_size": GPT2_VOCAB_SIZE, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
-                "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
-                "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                "add_cross_attention": False, "tie_word_embeddings": True}
+_HF_DEFAULTS = {
+    "vocab_size": GPT2_VOCAB_SIZE,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-5,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+}
 
 
 # ----------------------------------------------------------------------------------------- sources
@@ -79,20 +104,23 @@ def resolve_source(source: str) -> Path:
     if source not in NAMED_MODELS:
         if path.exists():
             raise GptspeedError(f"{source} is a file, not a folder: give the folder holding config.json")
-        raise GptspeedError(f"{source} is neither a folder nor a known model name "
-                            f"({', '.join(NAMED_MODELS)})")
+        raise GptspeedError(f"{source} is neither a folder nor a known model name ({', '.join(NAMED_MODELS)})")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise GptspeedError(f"--init-from {source} downloads from the Hugging Face Hub, which needs "
-                            "huggingface_hub: `pip install huggingface_hub` (or give a local folder)") from None
+        raise GptspeedError(
+            f"--init-from {source} downloads from the Hugging Face Hub, which needs "
+            "huggingface_hub: `pip install huggingface_hub` (or give a local folder)"
+        ) from None
     repo = NAMED_MODELS[source]
     try:
         return Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
     except Exception as e:  # offline: LocalEntryNotFoundError, connection errors, HTTP errors ...
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GptspeedError(f"could not download {repo} from the Hugging Face Hub ({reason}): go online once "
-                            f"(it is cached after), or download it elsewhere and pass its folder") from None
+        raise GptspeedError(
+            f"could not download {repo} from the Hugging Face Hub ({reason}): go online once "
+            f"(it is cached after), or download it elsewhere and pass its folder"
+        ) from None
 
 
 def _one_line(e: BaseException) -> str:
@@ -145,8 +173,11 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
         raise GptspeedError(f"{path}: tie_word_embeddings = {_shown(cfg['tie_word_embeddings'])} is not true or false")
     checks = [
         (cfg["activation_function"] in ("gelu_new", "gelu_pytorch_tanh"), "activation_function", "gelu_new"),
-        (cfg["n_inner"] is None or (type(cfg["n_inner"]) is int and cfg["n_inner"] == 4 * cfg["n_embd"]),
-         "n_inner", "null (4 * n_embd)"),
+        (
+            cfg["n_inner"] is None or (type(cfg["n_inner"]) is int and cfg["n_inner"] == 4 * cfg["n_embd"]),
+            "n_inner",
+            "null (4 * n_embd)",
+        ),
         (abs(cfg["layer_norm_epsilon"] - 1e-5) < 1e-12, "layer_norm_epsilon", "1e-05"),
         (cfg["scale_attn_weights"] is True, "scale_attn_weights", "true"),
         (cfg["scale_attn_by_inverse_layer_idx"] is False, "scale_attn_by_inverse_layer_idx", "false"),
@@ -156,8 +187,10 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
         if not ok:
             raise GptspeedError(f"{path}: {name} = {_shown(cfg[name])} is not supported (gptspeed's GPT needs {want})")
     if cfg["vocab_size"] < GPT2_VOCAB_SIZE:
-        raise GptspeedError(f"{path}: vocab_size {cfg['vocab_size']} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: "
-                            "gptspeed uses the GPT-2 tokenizer")
+        raise GptspeedError(
+            f"{path}: vocab_size {cfg['vocab_size']} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: "
+            "gptspeed uses the GPT-2 tokenizer"
+        )
     if cfg["n_embd"] % cfg["n_head"]:
         raise GptspeedError(f"{path}: n_embd {cfg['n_embd']} is not divisible by n_head {cfg['n_head']}")
     return cfg
@@ -169,8 +202,9 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def gpt_config_from_hf(hf: dict[str, Any], *, block_size: int | None = None,
-                       vocab_size: int | None = None) -> GPTConfig:
+def gpt_config_from_hf(
+    hf: dict[str, Any], *, block_size: int | None = None, vocab_size: int | None = None
+) -> GPTConfig:
     """Our :class:`GPTConfig` for an HF GPT-2 config (as from :func:`read_hf_config`).
 
     ``block_size`` defaults to ``n_positions`` (a smaller one keeps the first rows of ``wpe``);
@@ -183,8 +217,14 @@ def gpt_config_from_hf(hf: dict[str, Any], *, block_size: int | None = None,
         raise GptspeedError(f"sequence length {block_size} is longer than the model's {n_positions} positions")
     padded = -(-hf["vocab_size"] // 64) * 64
     vocab_size = max(vocab_size or PADDED_VOCAB_SIZE, padded)
-    return GPTConfig(block_size=block_size, vocab_size=vocab_size, valid_vocab_size=GPT2_VOCAB_SIZE,
-                     n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"])
+    return GPTConfig(
+        block_size=block_size,
+        vocab_size=vocab_size,
+        valid_vocab_size=GPT2_VOCAB_SIZE,
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=hf["n_embd"],
+    )
 
 
 def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any]) -> GPTConfig:
@@ -212,13 +252,21 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
     hf = read_hf_config(folder)
     for name in ("n_layer", "n_head", "n_embd"):
         if name in explicit and explicit[name] != hf[name]:
-            raise GptspeedError(f"--{name.replace('_', '-')} {explicit[name]} contradicts --init-from {source}, "
-                                f"whose {name} is {hf[name]}: leave it out")
+            raise GptspeedError(
+                f"--{name.replace('_', '-')} {explicit[name]} contradicts --init-from {source}, "
+                f"whose {name} is {hf[name]}: leave it out"
+            )
     shape = gpt_config_from_hf(hf, block_size=explicit.get("block_size"), vocab_size=model.vocab_size)
     check_hf_layout(read_hf_shapes(folder), shape, where=str(folder), vocab_rows=hf["vocab_size"])
-    return dataclasses.replace(shape, attention=model.attention, loss=model.loss, softmax=model.softmax,
-                               doc_mask=model.doc_mask, logit_softcap=model.logit_softcap,
-                               residual_dtype=model.residual_dtype)
+    return dataclasses.replace(
+        shape,
+        attention=model.attention,
+        loss=model.loss,
+        softmax=model.softmax,
+        doc_mask=model.doc_mask,
+        logit_softcap=model.logit_softcap,
+        residual_dtype=model.residual_dtype,
+    )
 
 
 # The model settings GPT-2's weights cannot take: another layout or function of its tensors (rotary
@@ -240,9 +288,11 @@ def check_init_from_switches(source: str, model: GPTConfig) -> None:
             flag = setting_flag(name)
             named.append((flag if value else "--no-" + flag[2:]) if isinstance(value, bool) else f"{flag} {value}")
     if named:
-        raise GptspeedError(f"--init-from {source} starts from GPT-2's weights, which {', '.join(named)} would not fit "
-                            "(from a flag, --recipe or the config file): leave them out, or train from scratch "
-                            "without --init-from")
+        raise GptspeedError(
+            f"--init-from {source} starts from GPT-2's weights, which {', '.join(named)} would not fit "
+            "(from a flag, --recipe or the config file): leave them out, or train from scratch "
+            "without --init-from"
+        )
 
 
 # ----------------------------------------------------------------------------------------- weights
@@ -280,8 +330,9 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     try:  # weights_only: tensors and containers only, no pickled code runs
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise GptspeedError(f"{path} is not a readable weights-only PyTorch file ({type(e).__name__}): "
-                            "convert it to safetensors") from None
+        raise GptspeedError(
+            f"{path} is not a readable weights-only PyTorch file ({type(e).__name__}): convert it to safetensors"
+        ) from None
     if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
         raise GptspeedError(f"{path} does not hold a flat state dict of tensors")
     return sd
@@ -305,11 +356,18 @@ def _weight_files(folder: Path) -> tuple[str, list[Path]]:
     if not isinstance(weight_map, dict) or not weight_map:
         raise GptspeedError(f"weights index {index} has no weight_map (tensor name -> shard file)")
     shards = set(map(json.dumps, weight_map.values()))  # any JSON value, hashable
-    bad = next((f for f in map(json.loads, sorted(shards))
-                if not isinstance(f, str) or Path(f).name != f or f in ("", ".", "..")), None)
+    bad = next(
+        (
+            f
+            for f in map(json.loads, sorted(shards))
+            if not isinstance(f, str) or Path(f).name != f or f in ("", ".", "..")
+        ),
+        None,
+    )
     if bad is not None:
-        raise GptspeedError(f"weights index {index} names the shard {_shown(bad)}: shards must be files "
-                            "of the model folder itself")
+        raise GptspeedError(
+            f"weights index {index} names the shard {_shown(bad)}: shards must be files of the model folder itself"
+        )
     return fmt, [folder / json.loads(f) for f in sorted(shards)]
 
 
@@ -377,8 +435,9 @@ def _listed(names: list[str], n: int = 3, total: int | None = None) -> str:
 _LAYER = re.compile(r"^h\.(0|[1-9][0-9]*)\.(.+)$")
 
 
-def check_hf_layout(shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, where: str = "the model",
-                    vocab_rows: int | None = None) -> None:
+def check_hf_layout(
+    shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, where: str = "the model", vocab_rows: int | None = None
+) -> None:
     """Whether the HF tensors ``shapes`` (name without prefix -> shape) are exactly a GPT-2 of
     ``config``'s shape: every tensor one the model uses (besides ``lm_head.weight`` and the
     causal-mask buffers ``h.i.attn.bias`` / ``h.i.attn.masked_bias`` of its own layers), every
@@ -392,10 +451,20 @@ def check_hf_layout(shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, wh
     """
     C, L = config.n_embd, config.n_layer
     top = {"wte.weight": None, "wpe.weight": None, "ln_f.weight": (C,), "ln_f.bias": (C,)}
-    block = {"ln_1.weight": (C,), "ln_1.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
-             "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,), "attn.c_proj.weight": (C, C),
-             "attn.c_proj.bias": (C,), "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
-             "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
+    block = {
+        "ln_1.weight": (C,),
+        "ln_1.bias": (C,),
+        "ln_2.weight": (C,),
+        "ln_2.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C),
+        "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C),
+        "attn.c_proj.bias": (C,),
+        "mlp.c_fc.weight": (C, 4 * C),
+        "mlp.c_fc.bias": (4 * C,),
+        "mlp.c_proj.weight": (4 * C, C),
+        "mlp.c_proj.bias": (C,),
+    }
     assert set(block) == set(_BLOCK_PARAMS)
     shape = f"a GPT-2 with n_layer {L}, n_embd {C}"
     wanted: dict[str, tuple | None] = {}
@@ -410,8 +479,10 @@ def check_hf_layout(shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, wh
         elif not (k == "lm_head.weight" or (own_layer and m[2] in _DROPPED)):
             unexpected.append(k)
     if unexpected:
-        raise GptspeedError(f"{where} holds {len(unexpected)} tensor(s) that {shape} does not have "
-                            f"({_listed(unexpected)}): its config.json does not describe its weights")
+        raise GptspeedError(
+            f"{where} holds {len(unexpected)} tensor(s) that {shape} does not have "
+            f"({_listed(unexpected)}): its config.json does not describe its weights"
+        )
     n_missing = len(top) + len(block) * L - len(wanted)
     if n_missing:
         missing = [k for k in top if k not in shapes]
@@ -419,8 +490,10 @@ def check_hf_layout(shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, wh
             if len(missing) >= 3:
                 break
             missing += [f"h.{i}.{p}" for p in _BLOCK_PARAMS if f"h.{i}.{p}" not in shapes]
-        raise GptspeedError(f"{where} lacks {n_missing} tensor(s) of {shape} ({_listed(missing, total=n_missing)}): "
-                            "its config.json does not describe its weights, or the weights are incomplete")
+        raise GptspeedError(
+            f"{where} lacks {n_missing} tensor(s) of {shape} ({_listed(missing, total=n_missing)}): "
+            "its config.json does not describe its weights, or the weights are incomplete"
+        )
     wrong = [f"{k} {shapes[k]} not {want}" for k, want in wanted.items() if want is not None and shapes[k] != want]
     wte, wpe = shapes["wte.weight"], shapes["wpe.weight"]
     rows = f"{vocab_rows}" if vocab_rows is not None else f"<= {config.vocab_size}"
@@ -429,12 +502,20 @@ def check_hf_layout(shapes: dict[str, tuple[int, ...]], config: GPTConfig, *, wh
     if len(wpe) != 2 or wpe[1] != C or wpe[0] < config.block_size:
         wrong.append(f"wpe.weight {wpe} not (>= {config.block_size}, {C})")
     if wrong:
-        raise GptspeedError(f"{where}: {len(wrong)} tensor(s) of the wrong shape for {shape} ({_listed(wrong)}; "
-                            "Conv1D weights are [in, out]): its config.json does not describe its weights")
+        raise GptspeedError(
+            f"{where}: {len(wrong)} tensor(s) of the wrong shape for {shape} ({_listed(wrong)}; "
+            "Conv1D weights are [in, out]): its config.json does not describe its weights"
+        )
 
 
-def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], config: GPTConfig, *, where: str = "the model",
-                         tied: bool = True, vocab_rows: int | None = None) -> dict[str, torch.Tensor]:
+def hf_to_gpt_state_dict(
+    hf_sd: dict[str, torch.Tensor],
+    config: GPTConfig,
+    *,
+    where: str = "the model",
+    tied: bool = True,
+    vocab_rows: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Our state dict (fp32, ``transformer.``-prefixed, ``lm_head.weight`` = ``wte``) from HF tensors
     (names without prefix). ``wte`` is padded with zero rows to ``config.vocab_size``, ``wpe`` cut
     to ``config.block_size`` rows, Conv1D weights transposed.
@@ -449,8 +530,13 @@ def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], config: GPTConfig, *, w
     """
     check_hf_layout({k: tuple(v.shape) for k, v in hf_sd.items()}, config, where=where, vocab_rows=vocab_rows)
     C, L = config.n_embd, config.n_layer
-    used = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias",
-            *(f"h.{i}.{p}" for i in range(L) for p in _BLOCK_PARAMS)]
+    used = [
+        "wte.weight",
+        "wpe.weight",
+        "ln_f.weight",
+        "ln_f.bias",
+        *(f"h.{i}.{p}" for i in range(L) for p in _BLOCK_PARAMS),
+    ]
     for k in [*used, *(["lm_head.weight"] if "lm_head.weight" in hf_sd and not tied else [])]:
         t = hf_sd[k]
         if not (t.is_floating_point() and bool(torch.isfinite(t).all())):
@@ -484,8 +570,10 @@ def _fill(model: GPT, sd: dict[str, torch.Tensor], where: str) -> None:
     missing = sorted(own - set(sd) - set(_MODEL_BUFFERS))
     unexpected = sorted(set(sd) - own)
     if missing or unexpected:  # a mapping bug rather than a user's file: hf_to_gpt_state_dict checked the names
-        raise GptspeedError(f"{where} does not fill gptspeed's GPT (missing {_listed(missing) or 'none'}; "
-                            f"unexpected {_listed(unexpected) or 'none'})")
+        raise GptspeedError(
+            f"{where} does not fill gptspeed's GPT (missing {_listed(missing) or 'none'}; "
+            f"unexpected {_listed(unexpected) or 'none'})"
+        )
     with torch.no_grad():
         model.load_state_dict(sd, strict=False)
 
@@ -494,8 +582,13 @@ def _read_checked(folder: Path, hf: dict[str, Any], config: GPTConfig) -> dict[s
     """The weights of ``folder`` as our state dict for ``config``, every name, shape and value
     checked (:func:`hf_to_gpt_state_dict`) -- before a model of the config's size is built, so a
     config.json claiming a huge model over small weights is refused, not allocated."""
-    return hf_to_gpt_state_dict(read_hf_state_dict(folder), config, where=str(folder),
-                                tied=hf["tie_word_embeddings"], vocab_rows=hf["vocab_size"])
+    return hf_to_gpt_state_dict(
+        read_hf_state_dict(folder),
+        config,
+        where=str(folder),
+        tied=hf["tie_word_embeddings"],
+        vocab_rows=hf["vocab_size"],
+    )
 
 
 def load_hf_weights(model: GPT, source: str) -> Path:
@@ -536,8 +629,15 @@ def run_config_for(model_config: GPTConfig, **train_fields):
     matches, else the ``gpt2`` preset's training settings, with ``model_config`` as the model."""
     from gptspeed.config import PRESETS, preset
 
-    name = next((n for n, p in PRESETS.items() if (p.model.n_layer, p.model.n_head, p.model.n_embd)
-                 == (model_config.n_layer, model_config.n_head, model_config.n_embd)), None)
+    name = next(
+        (
+            n
+            for n, p in PRESETS.items()
+            if (p.model.n_layer, p.model.n_head, p.model.n_embd)
+            == (model_config.n_layer, model_config.n_head, model_config.n_embd)
+        ),
+        None,
+    )
     cfg = preset(name or "gpt2")
     cfg.model = model_config
     cfg.preset = name or "custom"
@@ -567,8 +667,9 @@ def import_hf(source: str, out: str | Path) -> Path:
     except OSError as e:
         raise GptspeedError(f"cannot create run folder {out}: {e.strerror or e}") from None
     source_info = {"hf_source": str(source), "hf_folder": info["folder"]}
-    path = save_checkpoint(out, {"step": 0, "model": model.state_dict(), "config": cfg.to_dict(),
-                                 "source": source_info}, keep=1)
+    path = save_checkpoint(
+        out, {"step": 0, "model": model.state_dict(), "config": cfg.to_dict(), "source": source_info}, keep=1
+    )
     write_text_atomic(out / "config.json", json.dumps({**cfg.to_dict(), "source": source_info}, indent=2) + "\n")
     return path
 
@@ -578,13 +679,28 @@ def hf_config_dict(config: GPTConfig) -> dict[str, Any]:
     """``config.json`` for ``transformers.GPT2LMHeadModel`` with our shape (vocabulary unpadded).
     Dropout is 0: gptspeed trains without it."""
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": config.valid_vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
-        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
-        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": True, "use_cache": True, "bos_token_id": 50256, "eos_token_id": 50256,
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.valid_vocab_size,
+        "n_positions": config.block_size,
+        "n_ctx": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
         "dtype": "float32",
     }
 
@@ -615,12 +731,23 @@ def write_tokenizer_files(folder: Path, model_max_length: int = 1024) -> None:
     shutil.copyfile(encoder_json, folder / "vocab.json")
     shutil.copyfile(vocab_bpe, folder / "merges.txt")
     eot = "<|endoftext|>"
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length, "add_prefix_space": False,
-        "bos_token": eot, "eos_token": eot, "unk_token": eot,
-    }, indent=2) + "\n")
-    (folder / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": eot, "eos_token": eot, "unk_token": eot}, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "model_max_length": model_max_length,
+                "add_prefix_space": False,
+                "bos_token": eot,
+                "eos_token": eot,
+                "unk_token": eot,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": eot, "eos_token": eot, "unk_token": eot}, indent=2) + "\n"
+    )
 
 
 def _apply_umask(folder: Path) -> None:
@@ -696,30 +823,41 @@ def check_export_target(run: Path, out: Path, force: bool) -> None:
         raise GptspeedError(f"--out {out} is a symbolic link: give the folder to write itself")
     r_run, r_out = run.resolve(), out.resolve()
     if r_out == r_run or r_out in r_run.parents:
-        raise GptspeedError(f"--out {out} is {'the --run folder' if r_out == r_run else 'a folder holding the --run folder'} "
-                            f"{run}: an export never replaces the run it exports; choose another --out (e.g. {run}-hf)")
+        raise GptspeedError(
+            f"--out {out} is {'the --run folder' if r_out == r_run else 'a folder holding the --run folder'} "
+            f"{run}: an export never replaces the run it exports; choose another --out (e.g. {run}-hf)"
+        )
     if not os.path.lexists(out):
         parent = next(p for p in r_out.parents if p.exists())  # the folder the export creates its first entry in
         k = kind(parent)
         if k in ("run folder", "data folder"):
-            raise GptspeedError(f"--out {out} would be written into {parent}, a {_evidence(parent, k)}: an export never "
-                                "writes into one; choose an --out outside it")
+            raise GptspeedError(
+                f"--out {out} would be written into {parent}, a {_evidence(parent, k)}: an export never "
+                "writes into one; choose an --out outside it"
+            )
         return
     k = kind(out)
     if k in ("run folder", "data folder"):
-        raise GptspeedError(f"--out {out} is a {_evidence(out, k)}: export-hf never writes over one, even with --force; "
-                            "choose another --out")
+        raise GptspeedError(
+            f"--out {out} is a {_evidence(out, k)}: export-hf never writes over one, even with --force; "
+            "choose another --out"
+        )
     if k in ("file", "text file"):
-        raise GptspeedError(f"--out {out} is a file, not a folder: export-hf never writes over it; choose another --out")
+        raise GptspeedError(
+            f"--out {out} is a file, not a folder: export-hf never writes over it; choose another --out"
+        )
     if k == "empty folder":
         return
     reason = _not_an_export(out)
     if reason is not None:
-        raise GptspeedError(f"--out {out} is not an earlier export ({reason}): --force replaces only an export-hf "
-                            "folder or an empty folder; choose another --out")
+        raise GptspeedError(
+            f"--out {out} is not an earlier export ({reason}): --force replaces only an export-hf "
+            "folder or an empty folder; choose another --out"
+        )
     if not force:
-        raise GptspeedError(f"{out} already exists (an earlier export): choose another --out or pass --force to "
-                            "replace it")
+        raise GptspeedError(
+            f"{out} already exists (an earlier export): choose another --out or pass --force to replace it"
+        )
 
 
 def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
@@ -745,11 +883,15 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     ckpt, run_config = load_latest_run(run)
     config = run_config.model
     if config.non_gpt2_switches():
-        raise GptspeedError(f"{run} is not GPT-2's architecture ({', '.join(config.non_gpt2_switches())}): "
-                            "transformers' GPT2LMHeadModel cannot hold it; sample and eval it with gptspeed")
+        raise GptspeedError(
+            f"{run} is not GPT-2's architecture ({', '.join(config.non_gpt2_switches())}): "
+            "transformers' GPT2LMHeadModel cannot hold it; sample and eval it with gptspeed"
+        )
     if config.softmax == "data":
-        raise GptspeedError(f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
-                            "data); transformers' GPT-2 has no such restriction, so it cannot be exported faithfully")
+        raise GptspeedError(
+            f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
+            "data); transformers' GPT-2 has no such restriction, so it cannot be exported faithfully"
+        )
     tensors = gpt_to_hf_state_dict(ckpt["model"], config)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -759,13 +901,18 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     try:
         _save_safetensors(save_file, tensors, tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": 50256, "eos_token_id": 50256}, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}, indent=2) + "\n"
+        )
         write_tokenizer_files(tmp, config.block_size)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
-        (tmp / EXPORT_MARKER).write_text(json.dumps(
-            {"exported_by": "gptspeed export-hf", "run": str(run), "step": ckpt.get("step"), "files": files},
-            indent=2) + "\n")
+        (tmp / EXPORT_MARKER).write_text(
+            json.dumps(
+                {"exported_by": "gptspeed export-hf", "run": str(run), "step": ckpt.get("step"), "files": files},
+                indent=2,
+            )
+            + "\n"
+        )
         _apply_umask(tmp)
         if os.path.lexists(out):  # an earlier export or an empty folder (checked): move it aside, swap, delete it
             old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")

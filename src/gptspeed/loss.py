@@ -47,7 +47,6 @@ CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 25}
 CHUNK_ROW_MULTIPLE = 128
 
 
-
 def resolve_loss(name: str, device_type: str) -> str:
     """The loss path to run for ``--loss name`` on a device: ``"fused"`` or ``"plain"``.
 
@@ -78,8 +77,9 @@ def liger_problem(device_type: str) -> str | None:
     return None
 
 
-def liger_linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int | None = None,
-                               softcap: float = 0.0) -> Tensor:
+def liger_linear_cross_entropy(
+    x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int | None = None, softcap: float = 0.0
+) -> Tensor:
     """Mean cross-entropy of ``x @ weight[:valid_vocab_size].T`` against ``targets`` through
     Liger-Kernel's fused linear + cross-entropy (Hsu et al. 2024, "Liger Kernel: Efficient Triton
     Kernels for LLM Training", arXiv:2410.10989; ``liger_kernel.ops.fused_linear_cross_entropy``):
@@ -96,8 +96,9 @@ def liger_linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, valid
     if valid_vocab_size is not None and valid_vocab_size < weight.size(0):
         weight = weight[:valid_vocab_size]
     if softcap:  # positional: bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap
-        return LigerFusedLinearCrossEntropyFunction.apply(x, weight, targets, None, None, -100, 0.0, 0.0, "mean",
-                                                          float(softcap))[0].float()
+        return LigerFusedLinearCrossEntropyFunction.apply(
+            x, weight, targets, None, None, -100, 0.0, 0.0, "mean", float(softcap)
+        )[0].float()
     return LigerFusedLinearCrossEntropyFunction.apply(x, weight, targets)[0].float()  # (loss, z_loss, ...)
 
 
@@ -139,8 +140,16 @@ def _accumulate_fp32(acc: Tensor, a: Tensor, b: Tensor, scratch: Tensor) -> None
 
 
 @torch.library.custom_op("gptspeed::fused_linear_cross_entropy", mutates_args=())
-def _fused_lce(x: Tensor, weight: Tensor, targets: Tensor, valid_vocab_size: int, chunk_rows: int,
-               compute_dtype: torch.dtype, need_grad: bool, softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+def _fused_lce(
+    x: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    valid_vocab_size: int,
+    chunk_rows: int,
+    compute_dtype: torch.dtype,
+    need_grad: bool,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Sum over rows of ``logsumexp(logits) - logits[target]`` and, with ``need_grad``, its
     gradients: ``(loss_sum, grad_x, grad_w)`` = fp32 0-dim, ``(N, C)`` in ``x.dtype``, ``(V, C)``
     fp32; without ``need_grad`` the two gradients are empty and no gradient matmul runs. With
@@ -205,8 +214,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_loss, _grad_grad_x, _grad_grad_w):
     grad_x, grad_w = ctx.saved_tensors
     if grad_x.numel() == 0 and grad_w.numel() == 0:
-        raise RuntimeError("fused_linear_cross_entropy ran without gradients (need_grad=False); "
-                           "it cannot be differentiated")
+        raise RuntimeError(
+            "fused_linear_cross_entropy ran without gradients (need_grad=False); it cannot be differentiated"
+        )
     x_dtype, w_dtype = ctx.dtypes
     g = grad_loss.float()  # carries 1/N and any loss scale: applied in fp32
     dx = grad_x * g if grad_x.dtype == torch.float32 else (grad_x.float() * g).to(x_dtype)
@@ -260,6 +270,7 @@ def fused_linear_cross_entropy(
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(V, x.device.type)
     need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    loss_sum, _, _ = _fused_lce(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype_for(x), need_grad,
-                                float(softcap))
+    loss_sum, _, _ = _fused_lce(
+        x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype_for(x), need_grad, float(softcap)
+    )
     return loss_sum / N

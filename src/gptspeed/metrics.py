@@ -46,14 +46,22 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 # ``torch.cuda.get_device_name`` strings, matched exactly: a name not listed gets no MFU (pass
 # --peak-tflops) rather than a neighbour's peak (an H100 NVL is not an H100 SXM).
 DEVICE_NAMES: dict[str, str] = {
-    "NVIDIA A100-SXM4-40GB": "A100", "NVIDIA A100-SXM4-80GB": "A100", "NVIDIA A100-PCIE-40GB": "A100",
+    "NVIDIA A100-SXM4-40GB": "A100",
+    "NVIDIA A100-SXM4-80GB": "A100",
+    "NVIDIA A100-PCIE-40GB": "A100",
     "NVIDIA A100 80GB PCIe": "A100",
-    "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe", "NVIDIA H100 NVL": "H100 NVL",
+    "NVIDIA H100 80GB HBM3": "H100 SXM",
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H100 NVL": "H100 NVL",
     "NVIDIA H200": "H200 SXM",
-    "NVIDIA A10G": "A10G", "NVIDIA L4": "L4",
-    "NVIDIA GeForce RTX 4090": "RTX 4090", "NVIDIA GeForce RTX 3090": "RTX 3090",
-    "Tesla V100-SXM2-16GB": "V100 SXM2", "Tesla V100-SXM2-32GB": "V100 SXM2",
-    "Tesla V100-PCIE-16GB": "V100 PCIe", "Tesla V100-PCIE-32GB": "V100 PCIe",
+    "NVIDIA A10G": "A10G",
+    "NVIDIA L4": "L4",
+    "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "NVIDIA GeForce RTX 3090": "RTX 3090",
+    "Tesla V100-SXM2-16GB": "V100 SXM2",
+    "Tesla V100-SXM2-32GB": "V100 SXM2",
+    "Tesla V100-PCIE-16GB": "V100 PCIe",
+    "Tesla V100-PCIE-32GB": "V100 PCIe",
     "Tesla T4": "T4",
 }
 DTYPE_FAMILY = {"bfloat16": "bf16", "float16": "bf16", "tf32": "tf32", "float32": "fp32"}
@@ -126,8 +134,9 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -222,8 +231,15 @@ class Throughput:
     ``includes_warmup`` (its interval includes compilation and warm-up).
     """
 
-    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float | None, world_size: int,
-                 max_steps: int, clock=time.perf_counter):
+    def __init__(
+        self,
+        tokens_per_step: int,
+        flops_per_token: float,
+        peak_flops: float | None,
+        world_size: int,
+        max_steps: int,
+        clock=time.perf_counter,
+    ):
         self.tokens_per_step, self.fpt, self.peak = tokens_per_step, flops_per_token, peak_flops
         self.world_size, self.max_steps, self.clock = world_size, max_steps, clock
         self.steps = 0
@@ -251,9 +267,16 @@ class Throughput:
         epoch_eta = None
         if epoch_tokens_left is not None and epoch_tokens_left < steps_left * self.tokens_per_step:
             epoch_eta = epoch_tokens_left / tps
-        fields = dict(step_ms=1000 * dt, data_wait_ms=1000 * (wait_s - self.wait0) / max(1, self.steps), tokens_per_s=tps, tokens_per_s_per_device=tps / self.world_size,
-                      mfu=self.fpt * tps / (self.peak * self.world_size) if self.peak else None,
-                      eta_s=steps_left * dt, epoch_eta_s=epoch_eta, includes_warmup=not self.warm)
+        fields = dict(
+            step_ms=1000 * dt,
+            data_wait_ms=1000 * (wait_s - self.wait0) / max(1, self.steps),
+            tokens_per_s=tps,
+            tokens_per_s_per_device=tps / self.world_size,
+            mfu=self.fpt * tps / (self.peak * self.world_size) if self.peak else None,
+            eta_s=steps_left * dt,
+            epoch_eta_s=epoch_eta,
+            includes_warmup=not self.warm,
+        )
         self.warm = True
         return fields
 
@@ -313,12 +336,16 @@ class RunLog:
             try:
                 write_text_atomic(self.path, new)
             except OSError as e:
-                raise GptspeedError(f"cannot rewrite the metrics log {self.path}: {e.strerror or e}; it is as it "
-                                    "was and the newest checkpoint is intact: free some space (or fix the "
-                                    "folder's permissions) and run again") from None
+                raise GptspeedError(
+                    f"cannot rewrite the metrics log {self.path}: {e.strerror or e}; it is as it "
+                    "was and the newest checkpoint is intact: free some space (or fix the "
+                    "folder's permissions) and run again"
+                ) from None
         if junk and self.echo:
-            print(f"{self.path}: dropped {junk} line(s) that were not metrics records (the first was line "
-                  f"{first_junk})", flush=True)
+            print(
+                f"{self.path}: dropped {junk} line(s) that were not metrics records (the first was line {first_junk})",
+                flush=True,
+            )
         return junk
 
     def write(self, record: dict[str, Any]) -> None:
@@ -347,10 +374,12 @@ class RunLog:
                 os.close(fd)
         except OSError as e:
             full = e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-            raise GptspeedError(f"cannot append to the metrics log {self.path} at step {record.get('step')}: "
-                                f"{e.strerror or e}; the newest checkpoint is intact: "
-                                f"{'free some space' if full else 'make the file writable'}, then continue with "
-                                "--resume") from None
+            raise GptspeedError(
+                f"cannot append to the metrics log {self.path} at step {record.get('step')}: "
+                f"{e.strerror or e}; the newest checkpoint is intact: "
+                f"{'free some space' if full else 'make the file writable'}, then continue with "
+                "--resume"
+            ) from None
         if self.echo:
             print(format_record(record, self.show_documents), flush=True)
         for tracker in list(self.trackers):
@@ -400,5 +429,9 @@ def _tracker_lost(tracker, what: str, e: BaseException) -> None:
     """One line on stderr for a tracker that failed (``what``: where); never raises."""
     from gptspeed.trackers import one_line
 
-    print(f"gptspeed: --log-to {getattr(tracker, 'name', type(tracker).__name__)} {what}: {one_line(e)}; "
-          "metrics.jsonl has every record", file=sys.stderr, flush=True)
+    print(
+        f"gptspeed: --log-to {getattr(tracker, 'name', type(tracker).__name__)} {what}: {one_line(e)}; "
+        "metrics.jsonl has every record",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -82,10 +82,10 @@ class KVCache:
         B, T = idx.shape
         if self.seg is None:
             self.seg = torch.zeros(B, self.size, dtype=torch.long, device=idx.device)
-        before = self.seg[:, self.start - 1:self.start] if self.start else 0
+        before = self.seg[:, self.start - 1 : self.start] if self.start else 0
         new = before + document_ids(idx)
-        self.seg[:, self.start:self.start + T] = new
-        return new, self.seg[:, :self.start + T]
+        self.seg[:, self.start : self.start + T] = new
+        return new, self.seg[:, : self.start + T]
 
     def update(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer ``i``'s new ``k``, ``v`` ``(B, H, T, Q)`` at columns ``start .. start+T-1``;
@@ -95,8 +95,8 @@ class KVCache:
             self.k[i] = k.new_empty(B, H, self.size, Q)
             self.v[i] = v.new_empty(B, H, self.size, Q)
         end = self.start + k.size(2)
-        self.k[i][:, :, self.start:end] = k
-        self.v[i][:, :, self.start:end] = v
+        self.k[i][:, :, self.start : end] = k
+        self.v[i][:, :, self.start : end] = v
         return self.k[i][:, :, :end], self.v[i][:, :, :end]
 
 
@@ -107,7 +107,7 @@ def document_ids(idx: torch.Tensor) -> torch.Tensor:
     return (idx == EOT_TOKEN).long().cumsum(dim=1)
 
 
-def document_mask(idx: torch.Tensor, kv: "KVCache | None" = None) -> torch.Tensor:
+def document_mask(idx: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
     """``doc_mask``'s attention mask for token ids ``idx`` ``(B, T)``: bool ``(B, 1, T, S)``, True
     where query ``t`` may attend key ``s`` -- causal, within the same document, and (with a
     :class:`KVCache`) among the columns its ``mask`` allows; ``S`` is ``T``, or the filled columns."""
@@ -144,8 +144,9 @@ class CausalSelfAttention(nn.Module):
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
 
-    def forward(self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``rope``: :func:`rope_cos_sin`'s tables; ``mask``: a bool ``(B, 1, T, S)`` (True: may
         attend) or a FlexAttention ``BlockMask`` (``doc_mask``), replacing the causal mask."""
         B, T, C = x.shape
@@ -215,8 +216,9 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), kv, rope, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -277,8 +279,12 @@ class GPT(nn.Module):
         ``K / vocab_size`` of the full head's FLOPs. ValueError for ids that are not sorted and unique
         or out of range; AttributeError on a model built with ``softmax="full"``."""
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.softmax_ids.device).flatten()
-        if ids.numel() == 0 or bool((ids[1:] <= ids[:-1]).any()) or int(ids[0]) < 0 or \
-                int(ids[-1]) >= self.config.valid_vocab_size:
+        if (
+            ids.numel() == 0
+            or bool((ids[1:] <= ids[:-1]).any())
+            or int(ids[0]) < 0
+            or int(ids[-1]) >= self.config.valid_vocab_size
+        ):
             raise ValueError(f"softmax ids must be sorted, unique and in [0, {self.config.valid_vocab_size})")
         self.softmax_ids = ids
 
@@ -327,8 +333,9 @@ class GPT(nn.Module):
             n -= (c.vocab_size - self.softmax_ids.numel()) * c.n_embd
         return 6 * n + 12 * c.n_layer * c.n_embd * T
 
-    def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
-                      kv: KVCache | None = None) -> torch.Tensor:
+    def hidden_states(
+        self, idx: torch.Tensor, pos: torch.Tensor | None = None, kv: KVCache | None = None
+    ) -> torch.Tensor:
         """Final-LayerNorm output ``(B, T, C)`` for token ids ``idx`` ``(B, T)`` at positions ``pos``
         (``(B, T)`` or ``(T,)``, default ``0 .. T-1``), through the cache ``kv`` if given. Called
         by :meth:`forward`; call it directly only on an unwrapped model.
@@ -408,8 +415,16 @@ class GPT(nn.Module):
             logits[..., valid:] = float("-inf")
         return logits
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, pos: torch.Tensor | None = None,
-                kv: KVCache | None = None, logits_at=None, return_logits: bool = False):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        pos: torch.Tensor | None = None,
+        kv: KVCache | None = None,
+        logits_at=None,
+        return_logits: bool = False,
+    ):
         h = self.hidden_states(idx, pos, kv)  # (B, T, C)
         if targets is None:
             return self.logits(h if logits_at is None else h[logits_at]), None
@@ -418,8 +433,13 @@ class GPT(nn.Module):
         path = resolve_loss(self.config.loss, h.device.type)
         if path in ("fused", "liger"):
             lce = fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy
-            loss = lce(h.view(-1, h.size(-1)), self.lm_head.weight, targets.reshape(-1), self.config.valid_vocab_size,
-                       softcap=self.config.logit_softcap)
+            loss = lce(
+                h.view(-1, h.size(-1)),
+                self.lm_head.weight,
+                targets.reshape(-1),
+                self.config.valid_vocab_size,
+                softcap=self.config.logit_softcap,
+            )
             return None, loss
         logits = self.logits(h)  # (B, T, V)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))

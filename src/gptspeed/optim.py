@@ -8,8 +8,9 @@ schedule is a pure function of the step, so resuming needs no scheduler state.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -83,8 +84,9 @@ def build_adamw(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
     available (then a non-finite step is skipped on the device); True demands it (ValueError from
     torch if the device has none); False uses PyTorch's default implementation."""
     fused = fused_adamw_available(device_type) if cfg.fused_adamw is None else cfg.fused_adamw
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                            eps=cfg.eps, fused=fused or None)
+    opt = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+    )
     for g in opt.param_groups:
         g["lr_mult"] = 1.0
     return opt, fused
@@ -130,12 +132,21 @@ class MuonWithAdamW:
 
     def __init__(self, model: torch.nn.Module, cfg: OptimConfig, fused: bool):
         hidden, rest = muon_params(model)
-        self.muon = torch.optim.Muon(hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
-                                     momentum=cfg.muon_momentum, nesterov=True, adjust_lr_fn="original")
-        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-        self.adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                       fused=fused or None)
+        self.muon = torch.optim.Muon(
+            hidden,
+            lr=cfg.muon_lr,
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.muon_momentum,
+            nesterov=True,
+            adjust_lr_fn="original",
+        )
+        groups = [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        self.adamw = torch.optim.AdamW(
+            groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+        )
         for g in self.adamw.param_groups:
             g["lr_mult"] = 1.0
         for g in self.muon.param_groups:
@@ -175,15 +186,30 @@ class MuonWithAdamW:
         self.muon.load_state_dict(state["muon"])
 
 
-register_optimizer(OptimizerSpec(
-    "adamw", build_adamw, doc="AdamW (Loshchilov & Hutter 2019), decay on matrices and embeddings only"))
-register_optimizer(OptimizerSpec(
-    "muon", build_muon, grad_scaler=False, verify_rtol=1e-2,  # its Newton-Schulz runs in bf16: bf16's tolerance
-    doc="Muon for the blocks' 2-D weights, AdamW for the rest (Jordan et al. 2024)"))
+register_optimizer(
+    OptimizerSpec("adamw", build_adamw, doc="AdamW (Loshchilov & Hutter 2019), decay on matrices and embeddings only")
+)
+register_optimizer(
+    OptimizerSpec(
+        "muon",
+        build_muon,
+        grad_scaler=False,
+        verify_rtol=1e-2,  # its Newton-Schulz runs in bf16: bf16's tolerance
+        doc="Muon for the blocks' 2-D weights, AdamW for the rest (Jordan et al. 2024)",
+    )
+)
 
 
-def lr_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int,
-          schedule: str = "cosine", decay_ratio: float = 0.2) -> float:
+def lr_at(
+    step: int,
+    *,
+    max_lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    max_steps: int,
+    schedule: str = "cosine",
+    decay_ratio: float = 0.2,
+) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warm-up from ``max_lr/warmup``
     to ``max_lr`` over ``warmup_steps``; then, ``cosine``, cosine decay to ``min_lr`` at
     ``max_steps`` (GPT-3, Brown et al. 2020, appendix B); or ``wsd`` (warm-up, stable, decay:
@@ -209,8 +235,15 @@ def set_lr(optimizer, cfg, step: int) -> float:
     settings, warm-up and ``--max-steps``) into every param group of ``optimizer``, times the
     group's ``lr_mult``. Returns the base learning rate."""
     o = cfg.optim
-    lr = lr_at(step, max_lr=o.lr, min_lr=o.lr * o.min_lr_ratio, warmup_steps=cfg.warmup_steps(),
-               max_steps=cfg.train.max_steps, schedule=o.lr_schedule, decay_ratio=o.decay_ratio)
+    lr = lr_at(
+        step,
+        max_lr=o.lr,
+        min_lr=o.lr * o.min_lr_ratio,
+        warmup_steps=cfg.warmup_steps(),
+        max_steps=cfg.train.max_steps,
+        schedule=o.lr_schedule,
+        decay_ratio=o.decay_ratio,
+    )
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
     return lr

@@ -49,13 +49,18 @@ def use_compile_cache() -> Path:
         try:
             fallback = Path(tempfile.mkdtemp(prefix="gptspeed-inductor-"))
         except OSError as e2:
-            raise GptspeedError(f"torch.compile needs a folder for its kernels: the compile cache {path} cannot be "
-                                f"made ({e.strerror or e}), nor a temporary folder ({e2.strerror or e2}): set "
-                                "$GPTSPEED_CACHE to a writable folder, or run with --no-compile") from None
+            raise GptspeedError(
+                f"torch.compile needs a folder for its kernels: the compile cache {path} cannot be "
+                f"made ({e.strerror or e}), nor a temporary folder ({e2.strerror or e2}): set "
+                "$GPTSPEED_CACHE to a writable folder, or run with --no-compile"
+            ) from None
         atexit.register(shutil.rmtree, fallback, ignore_errors=True)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"note: the compile cache {path} cannot be made ({e.strerror or e}): compiling into {fallback}, "
-                  "which is not kept for the next run; set $GPTSPEED_CACHE to a writable folder", flush=True)
+            print(
+                f"note: the compile cache {path} cannot be made ({e.strerror or e}): compiling into {fallback}, "
+                "which is not kept for the next run; set $GPTSPEED_CACHE to a writable folder",
+                flush=True,
+            )
         path = fallback
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     import torch._inductor.config as inductor_config
@@ -96,7 +101,9 @@ def uses_cuda_graphs(rt: Runtime, compile_tuning: str) -> bool:
     return rt.compile and rt.device_type == "cuda" and compile_tuning in CUDA_GRAPH_TUNINGS
 
 
-def cuda_graphs_refusal(compile_tuning: str, grad_accum_steps: int, tokens_per_micro_step: int | None = None) -> str | None:
+def cuda_graphs_refusal(
+    compile_tuning: str, grad_accum_steps: int, tokens_per_micro_step: int | None = None
+) -> str | None:
     """Why ``compile_tuning`` cannot run with ``grad_accum_steps`` micro-steps (one line), or None:
     every replay of a CUDA-graph backward writes its gradients into the same static buffers, so the
     second micro-step overwrites the gradients of the first that ``.grad`` still points to (PyTorch
@@ -107,15 +114,18 @@ def cuda_graphs_refusal(compile_tuning: str, grad_accum_steps: int, tokens_per_m
     micro-batch until it covers GPT-2's 0.5M-token batch cannot fit in memory."""
     if compile_tuning in CUDA_GRAPH_TUNINGS and grad_accum_steps > 1:
         batch = f" {tokens_per_micro_step:,} (B x T x processes)" if tokens_per_micro_step else " B x T x processes"
-        return (f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
-                f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or lower "
-                f"--total-batch-tokens to{batch} so that one micro-step makes a step (a smaller global batch "
-                "changes the run)")
+        return (
+            f"--compile-tuning {compile_tuning} uses CUDA graphs, which cannot accumulate gradients over "
+            f"{grad_accum_steps} micro-steps: use --compile-tuning max-autotune-no-cudagraphs, or lower "
+            f"--total-batch-tokens to{batch} so that one micro-step makes a step (a smaller global batch "
+            "changes the run)"
+        )
     return None
 
 
-def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int,
-                      tokens_per_micro_step: int | None = None) -> None:
+def check_cuda_graphs(
+    rt: Runtime, compile_tuning: str, grad_accum_steps: int, tokens_per_micro_step: int | None = None
+) -> None:
     """GptspeedError (:func:`cuda_graphs_refusal`'s line) for a run that would replay CUDA graphs
     (:func:`uses_cuda_graphs`) with gradient accumulation."""
     reason = cuda_graphs_refusal(compile_tuning, grad_accum_steps, tokens_per_micro_step)
@@ -123,10 +133,18 @@ def check_cuda_graphs(rt: Runtime, compile_tuning: str, grad_accum_steps: int,
         raise GptspeedError(reason)
 
 
-def parallelize(model: torch.nn.Module, rt: Runtime, *, compile_mode: str = "model", compile_tuning: str = "default",
-                activation_checkpointing: str = "none", fp8: bool = False, fp8_lm_head: bool = False,
-                cast_weights_once: bool = False,
-                backend: str = "inductor") -> torch.nn.Module:
+def parallelize(
+    model: torch.nn.Module,
+    rt: Runtime,
+    *,
+    compile_mode: str = "model",
+    compile_tuning: str = "default",
+    activation_checkpointing: str = "none",
+    fp8: bool = False,
+    fp8_lm_head: bool = False,
+    cast_weights_once: bool = False,
+    backend: str = "inductor",
+) -> torch.nn.Module:
     """Move ``model`` to the device and apply, from outside, in this order: FP8 Linear layers
     (``fp8``: the blocks'; ``fp8_lm_head``: the LM head; :func:`gptspeed.fp8.convert_to_float8`),
     activation checkpointing per block
@@ -211,10 +229,18 @@ def _selective_policy(ctx, op, *args, **kwargs):
     core; with flash attention that core already stores no T x T matrix, so its output is kept."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-            torch.ops.aten._scaled_mm.default}
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+    save = {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten._scaled_mm.default,
+    }
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ):
         packet = getattr(torch.ops.aten, name, None)
         if packet is not None:
             save.add(packet.default)
@@ -246,8 +272,11 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    extra = {} if mode == "full" else {"context_fn": functools.partial(create_selective_checkpoint_contexts,
-                                                                        _selective_policy)}
+    extra = (
+        {}
+        if mode == "full"
+        else {"context_fn": functools.partial(create_selective_checkpoint_contexts, _selective_policy)}
+    )
     blocks = model.transformer.h
     for i, block in enumerate(blocks):
         blocks[i] = checkpoint_wrapper(block, **extra)

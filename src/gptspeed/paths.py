@@ -45,17 +45,23 @@ def describe(path: str | os.PathLike, want: str) -> str:
     k = kind(path)
     if want == "data":
         if k == "text file":
-            return (f": {path} is a text file, not a prepared data folder; tokenize it first with "
-                    f"`gptspeed prepare {path} --out DATA_DIR` and pass --data DATA_DIR")
+            return (
+                f": {path} is a text file, not a prepared data folder; tokenize it first with "
+                f"`gptspeed prepare {path} --out DATA_DIR` and pass --data DATA_DIR"
+            )
         if k == "run folder":
-            return (f": {path} is a run folder (checkpoints / metrics), not a data folder; pass the folder "
-                    "`gptspeed prepare` wrote")
+            return (
+                f": {path} is a run folder (checkpoints / metrics), not a data folder; pass the folder "
+                "`gptspeed prepare` wrote"
+            )
         if k in ("missing", "empty folder"):
             return f": run `gptspeed prepare SOURCE --out {path}` first"
         return f": it is a {k}, not a folder `gptspeed prepare` wrote; prepare one with `gptspeed prepare SOURCE --out NEW_DIR`"
     if k == "data folder":
-        return (f": {path} is a prepared data folder (token shards), not a run folder; pass the --out of a "
-                f"`gptspeed train` (e.g. `gptspeed train --data {path} --out RUN_DIR`)")
+        return (
+            f": {path} is a prepared data folder (token shards), not a run folder; pass the --out of a "
+            f"`gptspeed train` (e.g. `gptspeed train --data {path} --out RUN_DIR`)"
+        )
     if k in ("missing", "empty folder"):
         return f": train first (`gptspeed train --data DATA_DIR --out {path}`)"
     return f": {path} is a {k}, not a gptspeed run folder; pass the --out of a `gptspeed train`"

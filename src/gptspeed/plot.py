@@ -95,8 +95,9 @@ def parse_panels(panels: str | list[str] | tuple[str, ...]) -> list[str]:
     chosen: list[str] = []
     for name in filter(None, names):
         if name not in PANELS:
-            raise GptspeedError(f"--panels: unknown panel {name!r}{did_you_mean(name, PANELS)}: choose from "
-                                f"{', '.join(PANELS)}")
+            raise GptspeedError(
+                f"--panels: unknown panel {name!r}{did_you_mean(name, PANELS)}: choose from {', '.join(PANELS)}"
+            )
         if name not in chosen:
             chosen.append(name)
     if not chosen:
@@ -131,7 +132,7 @@ def draw_runs(run_dirs: list[str | Path], panels: str | list[str] = "loss", *, t
     nrows = -(-len(kinds) // ncols)
     fig, grid = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4.5 * nrows), constrained_layout=True, squeeze=False)
     axes = dict(zip(kinds, grid.flat))
-    for spare in list(grid.flat)[len(kinds):]:
+    for spare in list(grid.flat)[len(kinds) :]:
         spare.set_visible(False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10
     for (_, records), name, color in zip(runs, names, colors):
@@ -141,16 +142,21 @@ def draw_runs(run_dirs: list[str | Path], panels: str | list[str] = "loss", *, t
                 xs, ys = _series(records, x, "train_loss")
                 ax.plot([v * scale for v in xs], ys, color=color, lw=1.2, label=f"{name} train")
                 xs, ys = _series(records, x, "val_loss")
-                ax.plot([v * scale for v in xs], ys, color=color, lw=1.2, ls="--", marker="o", ms=3,
-                        label=f"{name} val")
+                ax.plot(
+                    [v * scale for v in xs], ys, color=color, lw=1.2, ls="--", marker="o", ms=3, label=f"{name} val"
+                )
             elif kind == "tps":
                 xs, ys = _series([r for r in records if not r.get("includes_warmup")], "tokens", "tokens_per_s")
                 ax.plot(xs, ys, color=color, lw=1.2, marker=".", ms=4, label=name)
             else:
                 xs, ys = _series(records, "tokens", "lr")
                 ax.plot(xs, ys, color=color, lw=1.2, label=name)
-    labels = {"loss_tokens": ("tokens", "loss (nats/token)"), "loss_time": ("wall time (min)", "loss (nats/token)"),
-              "tps": ("tokens", "training tokens/s (warm-up intervals left out)"), "lr": ("tokens", "learning rate")}
+    labels = {
+        "loss_tokens": ("tokens", "loss (nats/token)"),
+        "loss_time": ("wall time (min)", "loss (nats/token)"),
+        "tps": ("tokens", "training tokens/s (warm-up intervals left out)"),
+        "lr": ("tokens", "learning rate"),
+    }
     for kind, ax in axes.items():
         ax.set_xlabel(labels[kind][0])
         ax.set_ylabel(labels[kind][1])
@@ -186,21 +192,31 @@ def check_plot_target(out: str | Path, force: bool = False) -> None:
 
     out = Path(out)
     if OWN_NAMES.match(out.name) or STALE_NAMES.match(out.name) or _DATA_NAMES.match(out.name):
-        raise GptspeedError(f"--out {out}: {out.name!r} is the name of a run's or a data folder's own file; plot "
-                            "never writes one, even with --force: name a .png (e.g. loss.png)")
+        raise GptspeedError(
+            f"--out {out}: {out.name!r} is the name of a run's or a data folder's own file; plot "
+            "never writes one, even with --force: name a .png (e.g. loss.png)"
+        )
     if not os.path.lexists(out):
         return
     if out.is_dir() and not out.is_symlink():
         raise GptspeedError(f"--out {out} is a folder: name the PNG file to write (e.g. {out / 'loss.png'})")
     if not out.is_symlink() and not stat.S_ISREG(out.lstat().st_mode):
-        raise GptspeedError(f"--out {out} is not a regular file (a device, a FIFO, a socket): plot never replaces "
-                            "it, even with --force; name a .png")
+        raise GptspeedError(
+            f"--out {out} is not a regular file (a device, a FIFO, a socket): plot never replaces "
+            "it, even with --force; name a .png"
+        )
     if not force:
         raise GptspeedError(f"--out {out} already exists: pass --force to replace it, or name another file")
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None,
-              panels: str | list[str] = "loss", force: bool = False) -> Path:
+def plot_runs(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    *,
+    title: str | None = None,
+    panels: str | list[str] = "loss",
+    force: bool = False,
+) -> Path:
     """Draw ``run_dirs``'s curves (:func:`draw_runs`: ``panels`` from ``loss``, ``tps``, ``lr``)
     into the PNG ``out`` (written to a temporary file, then renamed). ``out`` is checked first
     (:func:`check_plot_target`): an existing file is replaced only with ``force``, and never a

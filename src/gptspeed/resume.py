@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from gptspeed.checkpoint import (data_changed, is_sharded, latest_valid_checkpoint, list_checkpoints, read_seal,
-                                 refuse_checkpoints, started_run)
+from gptspeed.checkpoint import (
+    data_changed,
+    is_sharded,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    read_seal,
+    refuse_checkpoints,
+    started_run,
+)
 from gptspeed.config import AUTO_BATCH_SIZE, RunConfig, run_defining_diff
 from gptspeed.errors import GptspeedError
 
@@ -42,8 +50,9 @@ class ResumePoint:
         return self.kind == "full"
 
 
-def resolve_run(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
-                say: Callable[..., None] = print) -> tuple[RunConfig, ResumePoint]:
+def resolve_run(
+    cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *, say: Callable[..., None] = print
+) -> tuple[RunConfig, ResumePoint]:
     """The final configuration (a copy: ``cfg`` is not changed) and resume point of a run on the
     resolved runtime ``rt``, whose folder is locked already. ``data_identity``: the training data's
     (:attr:`gptspeed.data.train_data.TrainData.identity`), compared with a checkpoint's.
@@ -67,8 +76,9 @@ def resolve_run(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
     return cfg, point
 
 
-def find_resume_point(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *,
-                      say: Callable[..., None] = print) -> ResumePoint:
+def find_resume_point(
+    cfg: RunConfig, rt, data_identity: dict[str, Any] | None, *, say: Callable[..., None] = print
+) -> ResumePoint:
     """Without ``--resume``: a new run, refusing a folder that already holds checkpoints. With it:
     the newest valid checkpoint of the run folder (saying which newer ones were skipped, and why),
     checked to continue this run (:func:`check_resume`); when there is none, the run its
@@ -90,24 +100,34 @@ def find_resume_point(cfg: RunConfig, rt, data_identity: dict[str, Any] | None, 
         # never write over checkpoints that cannot be verified; a run killed before its first save
         # (a metrics.jsonl, no checkpoint) is started again, as resuming it means
         if found:
-            raise GptspeedError(f"--resume: {run_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} "
-                                "but no checkpoint that can be verified (each is unsealed or damaged): refusing to "
-                                "write over them; move them away, or choose another --out")
+            raise GptspeedError(
+                f"--resume: {run_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} "
+                "but no checkpoint that can be verified (each is unsealed or damaged): refusing to "
+                "write over them; move them away, or choose another --out"
+            )
         started = started_run(run_dir)
         if started is None:
             say(f"--resume: no checkpoint in {run_dir}, starting a new run")
             return new
         return restart_point(run_dir, *started, cfg, data_identity, force=t.force_resume, say=say)
-    seal = check_resume(path, cfg, data_identity, sharded=rt.parallel == "fsdp", world_size=rt.world_size,
-                        force=t.force_resume, say=say)
+    seal = check_resume(
+        path, cfg, data_identity, sharded=rt.parallel == "fsdp", world_size=rt.world_size, force=t.force_resume, say=say
+    )
     kind = seal.get("kind", "full")
     run_id = seal.get("run_id") if kind == "full" and isinstance(seal.get("run_id"), str) else new.run_id
     return ResumePoint(path, kind, int(seal.get("world_size", 1)), run_id)
 
 
-def restart_point(run_dir: Path, recorded: RunConfig, derived: dict[str, Any], cfg: RunConfig,
-                  data_identity: dict[str, Any] | None, *, force: bool,
-                  say: Callable[..., None] = print) -> ResumePoint:
+def restart_point(
+    run_dir: Path,
+    recorded: RunConfig,
+    derived: dict[str, Any],
+    cfg: RunConfig,
+    data_identity: dict[str, Any] | None,
+    *,
+    force: bool,
+    say: Callable[..., None] = print,
+) -> ResumePoint:
     """The resume point of a run killed before its first checkpoint, whose ``config.json`` recorded
     ``recorded`` and ``derived`` at its start (:func:`gptspeed.checkpoint.started_run`): it restarts
     from step 0 under its own run id -- refused (GptspeedError), unless ``force``, when ``cfg``
@@ -116,9 +136,11 @@ def restart_point(run_dir: Path, recorded: RunConfig, derived: dict[str, Any], c
     if data_changed(derived.get("data"), data_identity):
         changed.append("data")
     if changed and not force:
-        raise GptspeedError(f"--resume: {run_dir} has no checkpoint yet, and its config.json records another run "
-                            f"(changed: {', '.join(changed)}): use the original settings, a new --out, or --force-resume "
-                            "to restart it with these")
+        raise GptspeedError(
+            f"--resume: {run_dir} has no checkpoint yet, and its config.json records another run "
+            f"(changed: {', '.join(changed)}): use the original settings, a new --out, or --force-resume "
+            "to restart it with these"
+        )
     how = f" with changed {', '.join(changed)} (--force-resume)" if changed else ""
     say(f"--resume: no checkpoint in {run_dir} yet: restarting the run of its config.json from step 0{how}")
     run_id = derived.get("run_id")
@@ -142,12 +164,22 @@ def note_other_thread_count(run_dir: Path, threads: int, say: Callable[..., None
     before = env.get("threads") if isinstance(env, dict) else None
     now = threads or torch.get_num_threads()
     if isinstance(before, int) and not isinstance(before, bool) and before != now:
-        say(f"note: {run_dir} ran with {before} CPU threads and resumes with {now}: its losses may differ from an "
-            f"uninterrupted run's in the last bits; --threads {before} keeps them bit-identical")
+        say(
+            f"note: {run_dir} ran with {before} CPU threads and resumes with {now}: its losses may differ from an "
+            f"uninterrupted run's in the last bits; --threads {before} keeps them bit-identical"
+        )
 
 
-def check_resume(path: Path, cfg: RunConfig, data_identity: dict[str, Any] | None, *, sharded: bool,
-                 world_size: int, force: bool, say: Callable[..., None] = print) -> dict[str, Any]:
+def check_resume(
+    path: Path,
+    cfg: RunConfig,
+    data_identity: dict[str, Any] | None,
+    *,
+    sharded: bool,
+    world_size: int,
+    force: bool,
+    say: Callable[..., None] = print,
+) -> dict[str, Any]:
     """Refuse (GptspeedError) to resume ``path`` when it would not continue the same run: a
     run-defining setting changed (:func:`gptspeed.config.run_defining_diff`), other data, or the
     other format (a sharded checkpoint needs ``--parallel fsdp``, a single file needs it off). A
@@ -155,16 +187,22 @@ def check_resume(path: Path, cfg: RunConfig, data_identity: dict[str, Any] | Non
     instead. Reads the seal only. Returns it."""
     seal = read_seal(path) or {}
     if not isinstance(seal.get("config"), dict):
-        raise GptspeedError(f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
-                            "resume it with the gptspeed that wrote it")
+        raise GptspeedError(
+            f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
+            "resume it with the gptspeed that wrote it"
+        )
     full = seal.get("kind") == "full"
     if full:
         if sharded and not is_sharded(path):
-            raise GptspeedError(f"cannot resume the single-file checkpoint {path.name} with --parallel fsdp: "
-                                "resume it with --parallel ddp (or one process), or start a new --out")
+            raise GptspeedError(
+                f"cannot resume the single-file checkpoint {path.name} with --parallel fsdp: "
+                "resume it with --parallel ddp (or one process), or start a new --out"
+            )
         if not sharded and is_sharded(path):
-            raise GptspeedError(f"{path.name} is a sharded (FSDP) checkpoint: resume with --parallel fsdp, or make a "
-                                f"single file with `gptspeed consolidate --run {path.parent} --out NEW_RUN`")
+            raise GptspeedError(
+                f"{path.name} is a sharded (FSDP) checkpoint: resume with --parallel fsdp, or make a "
+                f"single file with `gptspeed consolidate --run {path.parent} --out NEW_RUN`"
+            )
         if seal.get("world_size", 1) != world_size:  # the loader re-shards its position or refuses (naming both)
             say(f"resuming {path.name} (world size {seal.get('world_size', 1)}) with world size {world_size}")
     changed = run_defining_diff(RunConfig.from_dict(seal["config"], f"checkpoint {path}"), cfg)
@@ -173,8 +211,10 @@ def check_resume(path: Path, cfg: RunConfig, data_identity: dict[str, Any] | Non
     elif data_changed(seal.get("data"), data_identity):
         changed.append("data")
     if changed and not force:
-        raise GptspeedError(f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
-                            "use the original settings, a new --out, or --force-resume")
+        raise GptspeedError(
+            f"cannot resume {path.name} with a different configuration ({', '.join(changed)}): "
+            "use the original settings, a new --out, or --force-resume"
+        )
     if changed:
         say(f"--force-resume: continuing {path.name} with changed {', '.join(changed)}")
     return seal
@@ -199,4 +239,5 @@ def keep_global_batch(cfg: RunConfig, point: ResumePoint, world_size: int) -> No
             f"cannot resume {point.path.name} with {world_size} process(es): its global batch of "
             f"{t.total_batch_tokens:,} tokens is not a multiple of --batch-size x --seq-len x processes = {per:,}; "
             f"resume with {point.world_size or 1} process(es), or with --force-resume and a --batch-size or "
-            "--total-batch-tokens that fits (the run then changes)") from None
+            "--total-batch-tokens that fits (the run then changes)"
+        ) from None

@@ -28,13 +28,25 @@ def run_derived(trainer) -> dict[str, Any]:
     gradient accumulation, tokens per step, parameters, FLOPs per token, the device's peak, the
     data's identity and the run id."""
     t, cfg, rt = trainer, trainer.cfg, trainer.rt
-    return {"grad_accum_steps": t.accum, "tokens_per_step": t.tokens_per_step,
-            "params": t.model.num_params(False), "params_non_embedding": t.model.num_params(),
-            "flops_per_token": t.flops_per_token, "fused_adamw": t.skips_on_device, "dtype": rt.dtype,
-            "compile": rt.compile, "device": str(rt.device), "world_size": rt.world_size,
-            "parallel": rt.parallel, "warmup_steps": cfg.warmup_steps(), "peak_flops": t.peak,
-            "peak_flops_source": t.peak_source, "train_tokens_per_epoch": t.loader.tokens_per_epoch,
-            "data": t.data.identity, "run_id": t.resume.run_id}
+    return {
+        "grad_accum_steps": t.accum,
+        "tokens_per_step": t.tokens_per_step,
+        "params": t.model.num_params(False),
+        "params_non_embedding": t.model.num_params(),
+        "flops_per_token": t.flops_per_token,
+        "fused_adamw": t.skips_on_device,
+        "dtype": rt.dtype,
+        "compile": rt.compile,
+        "device": str(rt.device),
+        "world_size": rt.world_size,
+        "parallel": rt.parallel,
+        "warmup_steps": cfg.warmup_steps(),
+        "peak_flops": t.peak,
+        "peak_flops_source": t.peak_source,
+        "train_tokens_per_epoch": t.loader.tokens_per_epoch,
+        "data": t.data.identity,
+        "run_id": t.resume.run_id,
+    }
 
 
 def banner(cfg: RunConfig, rt: Runtime, derived: dict[str, Any], *, malloc_reason: str, step: int) -> list[str]:
@@ -42,23 +54,34 @@ def banner(cfg: RunConfig, rt: Runtime, derived: dict[str, Any], *, malloc_reaso
     optimizer, batch), why (the choices ``auto`` made), and warnings."""
     t, r = cfg.train, cfg.runtime
     B, T, W = t.batch_size, cfg.model.block_size, rt.world_size
-    what = [f"gptspeed: {derived['params'] / 1e6:.2f}M parameters", f"{environment(rt.device)['device']} ({rt.device})",
-            rt.dtype, f"compile {r.compile_mode + ' ' + r.compile_tuning if rt.compile else 'off'}",
-            f"{cfg.optim.optimizer}{' (fused AdamW)' if derived['fused_adamw'] else ''}"]
+    what = [
+        f"gptspeed: {derived['params'] / 1e6:.2f}M parameters",
+        f"{environment(rt.device)['device']} ({rt.device})",
+        rt.dtype,
+        f"compile {r.compile_mode + ' ' + r.compile_tuning if rt.compile else 'off'}",
+        f"{cfg.optim.optimizer}{' (fused AdamW)' if derived['fused_adamw'] else ''}",
+    ]
     what += ["fp8"] if r.fp8 else []  # the blocks' Linear layers large enough to gain (gptspeed.fp8)
     what += ["fp8 lm_head"] if r.fp8_lm_head else []
     what += ["residual bf16"] if cfg.model.residual_dtype == "bfloat16" else []
     what += [f"sdpa {r.sdpa_backend}"] if r.sdpa_backend != "auto" else []
-    what += [f"activation checkpointing {r.activation_checkpointing}",
-             f"B={B} T={T} x {derived['grad_accum_steps']} micro-steps" + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
-             + f" = {derived['tokens_per_step']:,} tokens/step"]
-    lines = [" | ".join(what),
-             f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or ('on' if rt.compile else 'off')} "
-             f"| malloc: {malloc_reason}"]
+    what += [
+        f"activation checkpointing {r.activation_checkpointing}",
+        f"B={B} T={T} x {derived['grad_accum_steps']} micro-steps"
+        + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
+        + f" = {derived['tokens_per_step']:,} tokens/step",
+    ]
+    lines = [
+        " | ".join(what),
+        f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or ('on' if rt.compile else 'off')} "
+        f"| malloc: {malloc_reason}",
+    ]
     warmup = cfg.warmup_steps()
     if warmup >= t.max_steps:
-        lines.append(f"warning: warm-up is {warmup} steps but the run has {t.max_steps}: the learning rate never "
-                     f"reaches --lr {cfg.optim.lr:g}; lower --warmup-steps or give --warmup-ratio (e.g. 0.05)")
+        lines.append(
+            f"warning: warm-up is {warmup} steps but the run has {t.max_steps}: the learning rate never "
+            f"reaches --lr {cfg.optim.lr:g}; lower --warmup-steps or give --warmup-ratio (e.g. 0.05)"
+        )
     if step:
         lines.append(f"resumed from step {step}")
     if derived["peak_flops"] is None:
@@ -74,6 +97,9 @@ def resume_command(rt: Runtime, run_dir: Path) -> str:
         return f"gptspeed train --out {run_dir} --resume"
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size))
     nodes = max(1, rt.world_size // per_node)
-    launch = (f"torchrun --standalone --nproc_per_node {per_node}" if nodes == 1 else
-              f"torchrun --nnodes {nodes} --nproc_per_node {per_node} ...")
+    launch = (
+        f"torchrun --standalone --nproc_per_node {per_node}"
+        if nodes == 1
+        else f"torchrun --nnodes {nodes} --nproc_per_node {per_node} ..."
+    )
     return f"{launch} -m gptspeed train --out {run_dir} --resume"

@@ -8,7 +8,6 @@ defaults and allocator), :mod:`gptspeed.parallelize` (FP8, activation checkpoint
 :mod:`gptspeed.distributed` (the process group).
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gptspeed.errors import GptspeedError
 from gptspeed.config import world_from_env
 from gptspeed.cpu import default_cpu_compile, default_cpu_dtype
+from gptspeed.errors import GptspeedError
 
 
 @dataclass
@@ -115,8 +114,13 @@ def resolve_parallel(parallel: str, world_size: int) -> str:
     return parallel
 
 
-def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | None = None,
-                    parallel: str = "auto", planned_steps: int | None = None) -> Runtime:
+def resolve_runtime(
+    device: str = "auto",
+    dtype: str = "auto",
+    compile: bool | None = None,
+    parallel: str = "auto",
+    planned_steps: int | None = None,
+) -> Runtime:
     """Validate and resolve the execution settings; raises GptspeedError (one line) on a bad mix.
 
     Rank and world size come from torchrun's environment (:func:`world_from_env`); ``parallel``
@@ -142,7 +146,9 @@ def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | N
         else:
             dtype, dtype_reason = "float32", "float32: the default on MPS"
     if dtype == "tf32" and dev.type != "cuda":
-        raise GptspeedError(f"--dtype tf32 needs an NVIDIA GPU (Ampere or newer); on {dev.type} use float32 or bfloat16")
+        raise GptspeedError(
+            f"--dtype tf32 needs an NVIDIA GPU (Ampere or newer); on {dev.type} use float32 or bfloat16"
+        )
     if dtype == "float16" and dev.type == "cpu":
         raise GptspeedError("--dtype float16 is not supported on a CPU: use bfloat16 or float32")
     if dtype == "bfloat16" and not bf16_supported(dev):
@@ -156,9 +162,17 @@ def resolve_runtime(device: str = "auto", dtype: str = "auto", compile: bool | N
             compile = dev.type == "cuda"
             compile_reason = "on: kernel fusion pays on CUDA" if compile else f"off: the default on {dev.type}"
     rank, world = world_from_env()
-    return Runtime(device=dev, dtype=dtype, autocast_dtype=autocast_dtype, compile=compile,
-                   parallel=resolve_parallel(parallel, world), rank=rank, world_size=world,
-                   dtype_reason=dtype_reason, compile_reason=compile_reason)
+    return Runtime(
+        device=dev,
+        dtype=dtype,
+        autocast_dtype=autocast_dtype,
+        compile=compile,
+        parallel=resolve_parallel(parallel, world),
+        rank=rank,
+        world_size=world,
+        dtype_reason=dtype_reason,
+        compile_reason=compile_reason,
+    )
 
 
 def apply_matmul_precision(rt: Runtime) -> None:
@@ -173,8 +187,9 @@ def apply_matmul_precision(rt: Runtime) -> None:
 
 # --sdpa-backend name -> the switch of torch.backends.cuda that enables it. These switches are
 # process-wide and, despite their module's name, also decide the CPU's choice (flash or math).
-def sdpa_backend_problem(name: str, device: torch.device, dtype: torch.dtype, n_head: int, head_dim: int,
-                         seq_len: int) -> str | None:
+def sdpa_backend_problem(
+    name: str, device: torch.device, dtype: torch.dtype, n_head: int, head_dim: int, seq_len: int
+) -> str | None:
     """Why ``--sdpa-backend name`` cannot serve this run's attention, or None.
 
     Runs one causal ``F.scaled_dot_product_attention`` forward and backward of the run's shape
@@ -192,8 +207,10 @@ def sdpa_backend_problem(name: str, device: torch.device, dtype: torch.dtype, n_
             F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return (f"--sdpa-backend {name} cannot run this attention ({n_head} heads x {head_dim} channels, T={seq_len}, "
-                f"{str(dtype).removeprefix('torch.')}, {device.type}): {first[:160]}; use --sdpa-backend auto")
+        return (
+            f"--sdpa-backend {name} cannot run this attention ({n_head} heads x {head_dim} channels, T={seq_len}, "
+            f"{str(dtype).removeprefix('torch.')}, {device.type}): {first[:160]}; use --sdpa-backend auto"
+        )
     return None
 
 
@@ -215,5 +232,9 @@ def sdpa_backend_scope(name: str):
 def _sdpa_kernel(name: str):
     from torch.nn.attention import SDPBackend
 
-    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]

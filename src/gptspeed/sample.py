@@ -12,12 +12,12 @@ window of the last ``block_size`` tokens each step, exactly as :func:`generate` 
 
 from __future__ import annotations
 
-import math
-
 import contextlib
+import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 import torch
 from torch.nn import functional as F
@@ -65,8 +65,9 @@ def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | 
     return model.to(rt.device).eval(), {"init_from": init_from, "step": None}
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
-                generator: torch.Generator | None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
     """One token per row from ``logits`` ``(B, V)`` float: greedy (argmax) when ``temperature`` is
     0, else softmax(logits / temperature) restricted to the ``top_k`` most likely tokens (Fan et al.
     2018), one ``torch.multinomial`` draw per row. Returns ``(B,)`` int64.
@@ -81,13 +82,17 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
     """
     top = logits.amax(dim=-1)  # NaN if any logit is NaN; +inf; -inf when no token is possible
     if not bool(torch.isfinite(top).all()):
-        raise GptspeedError("the model's logits are not finite (NaN or infinite): its weights have diverged or are "
-                            "corrupt; sample from an earlier checkpoint or a healthy model")
+        raise GptspeedError(
+            "the model's logits are not finite (NaN or infinite): its weights have diverged or are "
+            "corrupt; sample from an earlier checkpoint or a healthy model"
+        )
     if temperature == 0:
         return logits.argmax(dim=-1)
     if not bool(torch.isfinite(top / temperature).all()):
-        raise GptspeedError(f"--temperature {temperature:g} is too small for these logits (they overflow once divided "
-                            "by it): use a larger one, or 0 for greedy decoding")
+        raise GptspeedError(
+            f"--temperature {temperature:g} is too small for these logits (they overflow once divided "
+            "by it): use a larger one, or 0 for greedy decoding"
+        )
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
         values, indices = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted
@@ -99,9 +104,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
 
 
 @torch.no_grad()
-def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None,
-             autocast=None) -> Iterator[torch.Tensor]:
+def generate(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    autocast=None,
+) -> Iterator[torch.Tensor]:
     """Autoregressive sampling without a KV cache (each step re-reads the last ``block_size``
     tokens). ``idx`` is ``(B, T0)`` int64; yields each new column ``(B,)`` int64 as it is drawn.
 
@@ -120,8 +132,11 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
 
 # ---------------------------------------------------------------------------------------- KV cache
 LAST = (slice(None), -1)  # ``logits_at`` for the last position of every row
-def left_pad(prompts: list[list[int]], pad_id: int = EOT_TOKEN,
-             device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+
+
+def left_pad(
+    prompts: list[list[int]], pad_id: int = EOT_TOKEN, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of different lengths as one ``(B, T0)`` int64 batch, right-aligned (left-padded with
     ``pad_id``), and the pad count per row ``(B,)`` int64. Raises ValueError on an empty prompt."""
     if any(len(p) == 0 for p in prompts):
@@ -147,9 +162,18 @@ def _window_inputs(pad: torch.Tensor, start: int, T: int):
 
 
 @torch.no_grad()
-def generate_cached(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                    top_k: int | None = None, generator: torch.Generator | None = None, autocast=None,
-                    pad: torch.Tensor | None = None, compile: bool | str = False) -> Iterator[torch.Tensor]:
+def generate_cached(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    autocast=None,
+    pad: torch.Tensor | None = None,
+    compile: bool | str = False,
+) -> Iterator[torch.Tensor]:
     """Autoregressive sampling with a KV cache; same contract and same tokens as :func:`generate`.
 
     ``idx`` ``(B, T0)`` int64; ``pad`` ``(B,)`` int64 = left-padding columns per row (from
@@ -210,8 +234,9 @@ def check_sample_arguments(prompts, *, max_new_tokens, temperature, top_k, num_s
     if not isinstance(kv_cache, bool):
         raise GptspeedError(f"kv_cache must be True or False, got {kv_cache!r}"[:300])
     if max_new_tokens < 0 or num_samples < 1 or not temperature >= 0 or not math.isfinite(temperature) or top_k < 0:
-        raise GptspeedError("--max-new-tokens, --top-k and --temperature must be >= 0 (--temperature finite), "
-                            "--num-samples >= 1")
+        raise GptspeedError(
+            "--max-new-tokens, --top-k and --temperature must be >= 0 (--temperature finite), --num-samples >= 1"
+        )
     if max_new_tokens > MAX_NEW_TOKENS:
         raise GptspeedError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens:,}")
 
@@ -227,16 +252,30 @@ def check_rows_fit(config, rows: int, length: int, device: torch.device) -> None
     need = rows * (4 * 2 * config.n_layer * positions * config.n_embd + 8 * length + 4 * config.vocab_size)
     available, what = device_memory_available(device)
     if available is not None and need > available:
-        raise GptspeedError(f"sampling {rows:,} rows of up to {length:,} tokens needs at least {format_bytes(need)} "
-                            f"(KV cache and logits), more than the {format_bytes(available)} {what}: lower "
-                            "--num-samples, the number of prompts or --max-new-tokens")
+        raise GptspeedError(
+            f"sampling {rows:,} rows of up to {length:,} tokens needs at least {format_bytes(need)} "
+            f"(KV cache and logits), more than the {format_bytes(available)} {what}: lower "
+            "--num-samples, the number of prompts or --max-new-tokens"
+        )
 
 
-def sample_text(*, run: str | None = None, init_from: str | None = None, prompts: list[str] | None = None,
-                max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 200, num_samples: int = 1,
-                seed: int = 1337, device: str = "auto", dtype: str = "auto", kv_cache: bool = True,
-                compile: bool = False, out: TextIO | None = None,
-                loaded: tuple[GPT, dict] | None = None) -> list[str]:
+def sample_text(
+    *,
+    run: str | None = None,
+    init_from: str | None = None,
+    prompts: list[str] | None = None,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int = 200,
+    num_samples: int = 1,
+    seed: int = 1337,
+    device: str = "auto",
+    dtype: str = "auto",
+    kv_cache: bool = True,
+    compile: bool = False,
+    out: TextIO | None = None,
+    loaded: tuple[GPT, dict] | None = None,
+) -> list[str]:
     """``gptspeed sample``: continue each prompt ``num_samples`` times, all rows in one batch.
 
     ``loaded``: a model already loaded by :func:`load_any_model` (``(model, info)``, on the device
@@ -254,8 +293,14 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
 
     out = out or sys.stdout
     prompts = ["\n"] if prompts is None or (isinstance(prompts, list) and not prompts) else prompts
-    check_sample_arguments(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                           num_samples=num_samples, kv_cache=kv_cache)
+    check_sample_arguments(
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        num_samples=num_samples,
+        kv_cache=kv_cache,
+    )
     check_seed(seed, "--seed")  # before the model loads: torch.Generator.manual_seed takes 64 bits
     encoded = [encode(p) for p in prompts]
     if not all(encoded):
@@ -269,8 +314,11 @@ def sample_text(*, run: str | None = None, init_from: str | None = None, prompts
     kw = dict(temperature=temperature, top_k=top_k or None, generator=gen, autocast=rt.autocast())
     if not kv_cache and bool((pad > 0).any()):
         raise GptspeedError("--no-kv-cache needs prompts of equal token length (it has no padding mask)")
-    tokens = (generate_cached(model, idx, max_new_tokens, pad=pad, compile=rt.compile, **kw) if kv_cache
-              else generate(model, idx, max_new_tokens, **kw))
+    tokens = (
+        generate_cached(model, idx, max_new_tokens, pad=pad, compile=rt.compile, **kw)
+        if kv_cache
+        else generate(model, idx, max_new_tokens, **kw)
+    )
     new: list[list[int]] = [[] for _ in rows]
     stream = len(rows) == 1
     if stream:

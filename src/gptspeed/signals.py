@@ -24,8 +24,11 @@ class StopFlag:
     def __init__(self, say=print, *, ranks: bool = False):
         self.signum: int | None = None
         self.say = say
-        self.doing = ("finishing this step; the ranks stop together at the next log step and save" if ranks else
-                      "leaving this step at its next micro-batch and saving the last finished one")
+        self.doing = (
+            "finishing this step; the ranks stop together at the next log step and save"
+            if ranks
+            else "leaving this step at its next micro-batch and saving the last finished one"
+        )
         # asked between micro-batches (gptspeed.step.TrainStep): one process only -- a rank that left
         # a step alone would leave the others waiting in its gradient all-reduce
         self.mid_step = None if ranks else self

@@ -20,8 +20,8 @@ import importlib.util
 import os
 import shutil
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -59,9 +59,11 @@ def build_model(cfg: RunConfig, rt: Runtime | None = None) -> GPT:
         if not is_out_of_memory(e):
             raise
         params = cfg.model.num_params()
-        raise GptspeedError(f"out of memory while building the model ({params:,} parameters, "
-                            f"{format_bytes(4 * params)} of fp32 weights; {format_bytes(host_memory_available())} of "
-                            "RAM available now): lower --n-layer / --n-embd, or free memory") from None
+        raise GptspeedError(
+            f"out of memory while building the model ({params:,} parameters, "
+            f"{format_bytes(4 * params)} of fp32 weights; {format_bytes(host_memory_available())} of "
+            "RAM available now): lower --n-layer / --n-embd, or free memory"
+        ) from None
 
 
 def is_out_of_memory(e: BaseException) -> bool:
@@ -103,9 +105,10 @@ def host_memory_available() -> int | None:
             avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             return None
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             with open(limit_file) as f:
                 limit = f.read().strip()
@@ -154,14 +157,18 @@ def check_model_fits(cfg: RunConfig, rt: Runtime | None = None) -> None:
     batch that fits on a GPU), but one that fails here never could have run."""
     m = cfg.model
     params = m.num_params()
-    shape = (f"n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size {m.vocab_size}, seq_len {m.block_size}: "
-             f"{params:,} parameters")
+    shape = (
+        f"n_layer {m.n_layer}, n_embd {m.n_embd}, vocab_size {m.vocab_size}, seq_len {m.block_size}: "
+        f"{params:,} parameters"
+    )
     fix = "lower --n-layer / --n-embd / --vocab-size / --seq-len"
     weights = 4 * params + m.buffer_bytes()
     host = host_memory_available()
     if host is not None and weights > host:
-        raise ModelTooLarge(f"the model ({shape}) needs {format_bytes(weights)} of RAM for its fp32 weights alone, "
-                            f"more than the {format_bytes(host)} of RAM available: {fix}")
+        raise ModelTooLarge(
+            f"the model ({shape}) needs {format_bytes(weights)} of RAM for its fp32 weights alone, "
+            f"more than the {format_bytes(host)} of RAM available: {fix}"
+        )
     if rt is None:
         return
     shards = rt.world_size if rt.parallel == "fsdp" else 1
@@ -174,7 +181,8 @@ def check_model_fits(cfg: RunConfig, rt: Runtime | None = None) -> None:
             f"the model ({shape}) needs at least {format_bytes(state + activations)} on {rt.device.type} to train: "
             f"{format_bytes(state)} for its weights, gradients and optimizer state ({TRAINING_BYTES_PER_PARAM} bytes a "
             f"parameter{sharded}) and {format_bytes(activations)} for activations at --batch-size "
-            f"{max(1, cfg.train.batch_size)}, more than the {format_bytes(available)} {what}: {fix} / --batch-size")
+            f"{max(1, cfg.train.batch_size)}, more than the {format_bytes(available)} {what}: {fix} / --batch-size"
+        )
 
 
 def compile_toolchain_problem(device_type: str, env: dict[str, str] | None = None) -> str | None:
@@ -190,12 +198,16 @@ def compile_toolchain_problem(device_type: str, env: dict[str, str] | None = Non
         return "torch.compile on a GPU needs triton (it ships with PyTorch's CUDA wheels: pip install triton)" + fix
     cc = env.get("CC")
     if not ((cc and shutil.which(cc)) or any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
-        return ("torch.compile on a GPU needs a C compiler for Triton's launcher (none of $CC, cc, gcc, clang is on "
-                "PATH): install one, e.g. apt-get install gcc" + fix)
+        return (
+            "torch.compile on a GPU needs a C compiler for Triton's launcher (none of $CC, cc, gcc, clang is on "
+            "PATH): install one, e.g. apt-get install gcc" + fix
+        )
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not include.exists():
-        return (f"torch.compile on a GPU needs Python's headers for Triton's launcher ({include} is missing): install "
-                "them, e.g. apt-get install python3-dev" + fix)
+        return (
+            f"torch.compile on a GPU needs Python's headers for Triton's launcher ({include} is missing): install "
+            "them, e.g. apt-get install python3-dev" + fix
+        )
     return None
 
 
@@ -221,19 +233,23 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
             check_fp8_lm_head_loss(cfg.model.loss, resolve_loss(cfg.model.loss, rt.device_type), rt.device_type)
     if cfg.model.residual_dtype == "bfloat16" and rt.autocast_dtype is not torch.bfloat16:
         why = f" ({rt.dtype_reason})" if rt.dtype_reason else ""
-        raise GptspeedError(f"--residual-dtype bfloat16 needs bf16 autocast; this run computes in {rt.dtype}{why}: use "
-                            "--dtype bfloat16, or --residual-dtype float32")
+        raise GptspeedError(
+            f"--residual-dtype bfloat16 needs bf16 autocast; this run computes in {rt.dtype}{why}: use "
+            "--dtype bfloat16, or --residual-dtype float32"
+        )
     if cfg.model.loss == "liger" and (problem := liger_problem(rt.device_type)):
         raise GptspeedError(problem)
     if rt.use_grad_scaler and not optimizer_spec(cfg.optim.optimizer).grad_scaler:
-        raise GptspeedError(f"--optimizer {cfg.optim.optimizer} does not support float16 (loss scaling): "
-                            "use --dtype bfloat16")
+        raise GptspeedError(
+            f"--optimizer {cfg.optim.optimizer} does not support float16 (loss scaling): use --dtype bfloat16"
+        )
     problem = compile_toolchain_problem(rt.device_type) if rt.compile else None
     if problem:
         raise GptspeedError(problem)
     m = cfg.model
-    problem = sdpa_backend_problem(r.sdpa_backend, rt.device, rt.autocast_dtype or torch.float32, m.n_head,
-                                   m.n_embd // m.n_head, m.block_size)
+    problem = sdpa_backend_problem(
+        r.sdpa_backend, rt.device, rt.autocast_dtype or torch.float32, m.n_head, m.n_embd // m.n_head, m.block_size
+    )
     if problem:
         raise GptspeedError(problem)
 
@@ -265,8 +281,7 @@ class TrainStep:
     ``(logits_or_None, loss)``. Raises GptspeedError for a combination gptspeed refuses.
     """
 
-    def __init__(self, cfg: RunConfig, rt: Runtime, *, model: torch.nn.Module | None = None,
-                 backend: str = "inductor"):
+    def __init__(self, cfg: RunConfig, rt: Runtime, *, model: torch.nn.Module | None = None, backend: str = "inductor"):
         self.cfg, self.rt = cfg, rt
         self.accum = cfg.grad_accum_steps(rt.world_size)
         check_step(cfg, rt, self.accum)
@@ -274,10 +289,17 @@ class TrainStep:
         if r.threads and rt.device_type == "cpu":  # before the model is built: its init runs on these threads too
             torch.set_num_threads(r.threads)
         self.model = build_model(cfg, rt) if model is None else model
-        self.train_model = parallelize(self.model, rt, compile_mode=r.compile_mode, compile_tuning=r.compile_tuning,
-                                       activation_checkpointing=r.activation_checkpointing, fp8=r.fp8,
-                                       fp8_lm_head=r.fp8_lm_head, cast_weights_once=r.cast_weights_once,
-                                       backend=backend)
+        self.train_model = parallelize(
+            self.model,
+            rt,
+            compile_mode=r.compile_mode,
+            compile_tuning=r.compile_tuning,
+            activation_checkpointing=r.activation_checkpointing,
+            fp8=r.fp8,
+            fp8_lm_head=r.fp8_lm_head,
+            cast_weights_once=r.cast_weights_once,
+            backend=backend,
+        )
         self.sync = grad_sync_control(self.train_model, keep_weights=r.cast_weights_once)
         optim = cfg.optim
         if rt.parallel == "fsdp" and rt.use_grad_scaler:
@@ -295,8 +317,9 @@ class TrainStep:
         the forwards of training, evaluation and HellaSwag run inside it; nothing outside them sees it."""
         return sdpa_backend_scope(self.cfg.runtime.sdpa_backend)
 
-    def __call__(self, next_batch: Callable[[], Batch],
-                 stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, next_batch: Callable[[], Batch], stop: Callable[[], bool] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)`` (each
         ``(B, T)`` int64 on the device). Returns device tensors ``(loss, grad_norm, bad)``: the mean
         loss over the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read.
@@ -425,11 +448,20 @@ def auto_batch_size(cfg: RunConfig, rt: Runtime, say=print) -> int:
         return lambda: step(lambda: (x[:, :-1], x[:, 1:]))
 
     r = cfg.runtime
-    settings = {"model": dataclasses.asdict(cfg.model), "dtype": rt.dtype, "compile": rt.compile,
-                "optimizer": cfg.optim.optimizer, "world_size": rt.world_size, "parallel": rt.parallel,
-                "compile_mode": r.compile_mode, "compile_tuning": r.compile_tuning,
-                "activation_checkpointing": r.activation_checkpointing, "fp8": r.fp8, "fp8_lm_head": r.fp8_lm_head,
-                "sdpa_backend": r.sdpa_backend}
+    settings = {
+        "model": dataclasses.asdict(cfg.model),
+        "dtype": rt.dtype,
+        "compile": rt.compile,
+        "optimizer": cfg.optim.optimizer,
+        "world_size": rt.world_size,
+        "parallel": rt.parallel,
+        "compile_mode": r.compile_mode,
+        "compile_tuning": r.compile_tuning,
+        "activation_checkpointing": r.activation_checkpointing,
+        "fp8": r.fp8,
+        "fp8_lm_head": r.fp8_lm_head,
+        "sdpa_backend": r.sdpa_backend,
+    }
     b = resolve_auto_batch(rt.device, settings, sequences, make_step, say=say, agree=lambda v: agree_min(rt, v))
     reset_peak_memory(rt.device)
     return b

@@ -25,8 +25,9 @@ run goes on without it; one that fails later is dropped by the RunLog with one l
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from gptspeed.config import parse_log_to
 from gptspeed.fileio import write_text_atomic
@@ -55,8 +56,7 @@ def one_line(e: BaseException) -> str:
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a record (bools as 0/1), ``step`` and None values left out."""
-    return {k: float(v) for k, v in record.items()
-            if k != "step" and isinstance(v, (int, float))}
+    return {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -92,11 +92,11 @@ class TensorBoardTracker:
         from torch.utils.tensorboard.summary import hparams
 
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
-        self.writer = SummaryWriter(log_dir=str(self.log_dir),
-                                    purge_step=0 if resume_step is None else resume_step + 1)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=0 if resume_step is None else resume_step + 1)
         exp, ssi, self._session_end = hparams(
             {k: v for k, v in flatten(config).items() if isinstance(v, (bool, int, float, str))},
-            {"train_loss": 0.0, "val_loss": 0.0})  # the metrics the HParams table shows (their tags)
+            {"train_loss": 0.0, "val_loss": 0.0},
+        )  # the metrics the HParams table shows (their tags)
         self.writer.file_writer.add_summary(exp)
         self.writer.file_writer.add_summary(ssi)
         from gptspeed.config import RunConfig, config_to_yaml
@@ -140,10 +140,15 @@ class WandbTracker:
         train = config.get("train", {})
         id_file = run_dir / WANDB_ID_FILE
         run_id = id_file.read_text().strip() if resume_step is not None and id_file.is_file() else None
-        self.run = wandb.init(project=train.get("wandb_project") or "gptspeed",
-                              name=train.get("wandb_run_name") or run_dir.resolve().name,
-                              id=run_id or None, resume="allow" if run_id else None, dir=str(run_dir),
-                              config=config, job_type="train")
+        self.run = wandb.init(
+            project=train.get("wandb_project") or "gptspeed",
+            name=train.get("wandb_run_name") or run_dir.resolve().name,
+            id=run_id or None,
+            resume="allow" if run_id else None,
+            dir=str(run_dir),
+            config=config,
+            job_type="train",
+        )
         write_text_atomic(id_file, self.run.id + "\n")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # x-axis = the record's step, not wandb's own counter
@@ -160,8 +165,13 @@ TRACKERS: dict[str, Callable[..., Tracker]] = {"tensorboard": TensorBoardTracker
 INSTALL = {"tensorboard": "pip install 'gptspeed[tensorboard]'", "wandb": "pip install 'gptspeed[wandb]'"}
 
 
-def open_trackers(names: str | Iterable[str], run_dir: str | Path, config: dict[str, Any],
-                  resume_step: int | None = None, say: Callable[..., Any] = print) -> list[Tracker]:
+def open_trackers(
+    names: str | Iterable[str],
+    run_dir: str | Path,
+    config: dict[str, Any],
+    resume_step: int | None = None,
+    say: Callable[..., Any] = print,
+) -> list[Tracker]:
     """The trackers ``names`` asks for (``--log-to``: ``"tensorboard,wandb"`` or a list; ``jsonl``
     is the RunLog's own file and opens nothing), each started for ``run_dir``.
 
@@ -187,8 +197,10 @@ def open_trackers(names: str | Iterable[str], run_dir: str | Path, config: dict[
         try:
             started.append(TRACKERS[name](Path(run_dir), config, resume_step))
         except ImportError as e:
-            _warn(f"gptspeed: --log-to {name}: not used ({name} cannot be imported -- {INSTALL[name]}: "
-                  f"{one_line(e)}); training goes on with metrics.jsonl")
+            _warn(
+                f"gptspeed: --log-to {name}: not used ({name} cannot be imported -- {INSTALL[name]}: "
+                f"{one_line(e)}); training goes on with metrics.jsonl"
+            )
             continue
         except Exception as e:  # noqa: BLE001 -- not logged in, network, a bad setting: never stop the run
             _warn(f"gptspeed: --log-to {name}: not used ({one_line(e)}); training goes on with metrics.jsonl")

@@ -26,13 +26,24 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from gptspeed.checkpoint import (Checkpointer, ModelState, OptimizerState, RNGState, RunFolder, check_free_space,
-                                 checkpoint_path, estimate_checkpoint_bytes, latest_valid_checkpoint, step_of)
+from gptspeed.checkpoint import (
+    Checkpointer,
+    ModelState,
+    OptimizerState,
+    RNGState,
+    RunFolder,
+    check_free_space,
+    checkpoint_path,
+    estimate_checkpoint_bytes,
+    latest_valid_checkpoint,
+    step_of,
+)
 from gptspeed.config import RunConfig, world_from_env
 from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported beside fit
 from gptspeed.cpu import keep_freed_memory
@@ -70,8 +81,12 @@ def due_at(step: int, first_interval: bool, cfg: RunConfig, save: bool, hellaswa
     ``--log-every`` steps and at the first step after a (re)start."""
     t = cfg.train
     last = step == t.max_steps
-    d = Due(log=False, eval=last or (t.eval_every > 0 and step % t.eval_every == 0), save=save,
-            hellaswag=hellaswag and (last or step % t.hellaswag_every == 0))
+    d = Due(
+        log=False,
+        eval=last or (t.eval_every > 0 and step % t.eval_every == 0),
+        save=save,
+        hellaswag=hellaswag and (last or step % t.hellaswag_every == 0),
+    )
     d.log = first_interval or d.eval or d.save or d.hellaswag or step % t.log_every == 0
     return d
 
@@ -131,23 +146,46 @@ class Trainer:
         """Every part, in order: the data loader, the step (every rule checked before the device is
         touched), the checkpointer with every part registered, the counters, the metrics log."""
         cfg, rt, t = self.cfg, self.rt, self.cfg.train
-        self.state.tokens_per_step = t.batch_size * cfg.model.block_size * cfg.grad_accum_steps(rt.world_size) * rt.world_size
+        self.state.tokens_per_step = (
+            t.batch_size * cfg.model.block_size * cfg.grad_accum_steps(rt.world_size) * rt.world_size
+        )
         workers = t.loader_workers if t.loader_workers >= 0 else int(rt.device_type == "cuda")
-        self.loader = self.data.loader(t.batch_size, cfg.model.block_size, rank=rt.rank, world_size=rt.world_size,
-                                       device=rt.device, max_token_id=cfg.model.valid_vocab_size,
-                                       sampling=t.sampling, seed=cfg.runtime.seed, workers=workers)
+        self.loader = self.data.loader(
+            t.batch_size,
+            cfg.model.block_size,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            device=rt.device,
+            max_token_id=cfg.model.valid_vocab_size,
+            sampling=t.sampling,
+            seed=cfg.runtime.seed,
+            workers=workers,
+        )
         self.data.check_val(cfg.model.block_size)
         keep = cfg.runtime.keep_freed_memory
-        self.malloc_reason = (keep_freed_memory()[1] if (rt.device_type == "cpu" if keep is None else keep)
-                              else "the system malloc as it is (off)")
+        self.malloc_reason = (
+            keep_freed_memory()[1]
+            if (rt.device_type == "cpu" if keep is None else keep)
+            else "the system malloc as it is (off)"
+        )
         self._build_step()
         self.evals = RunEvaluator(cfg, rt, self.data, self.stepper)  # loads HellaSwag's examples now, if asked for
         check_free_space(self.run_dir, estimate_checkpoint_bytes(self.model))
         self.checkpointer = Checkpointer(
-            self.run_dir, sharded=rt.parallel == "fsdp", is_main=rt.is_main, barrier=self.barrier,
-            keep=t.keep_checkpoints, every=t.save_every, last_step=t.max_steps,
-            meta={"config": cfg.to_dict(), "data": self.data.identity, "world_size": rt.world_size,
-                  "run_id": self.resume.run_id})
+            self.run_dir,
+            sharded=rt.parallel == "fsdp",
+            is_main=rt.is_main,
+            barrier=self.barrier,
+            keep=t.keep_checkpoints,
+            every=t.save_every,
+            last_step=t.max_steps,
+            meta={
+                "config": cfg.to_dict(),
+                "data": self.data.identity,
+                "world_size": rt.world_size,
+                "run_id": self.resume.run_id,
+            },
+        )
         self._register_state()
         if self.resume.path is not None:
             self.checkpointer.load(self.resume.path)
@@ -176,8 +214,9 @@ class Trainer:
 
         t = self.cfg.train
         before = {p.name for p in self.run_dir.iterdir()}
-        trackers = open_trackers(t.log_to, self.run_dir, self.cfg.to_dict(),
-                                 self.state.step if self.resume.continues else None, say=self.say)
+        trackers = open_trackers(
+            t.log_to, self.run_dir, self.cfg.to_dict(), self.state.step if self.resume.continues else None, say=self.say
+        )
         self.folder.written |= {p.name for p in self.run_dir.iterdir()} - before  # their files and folders
         show_docs = self.data.documents is None or self.data.documents > 1
         self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs, trackers=trackers)
@@ -230,6 +269,7 @@ class Trainer:
 
     def check_divergence(self) -> None:
         """The ``--on-nan`` policy at a log step (:class:`gptspeed.divergence.DivergencePolicy`)."""
+
         def good() -> str:
             return (latest_valid_checkpoint(self.run_dir)[0] or Path("none")).name
 
@@ -244,12 +284,22 @@ class Trainer:
         """Write one metrics record (rank 0): progress counters plus ``fields``."""
         if self.log is None:
             return
-        self.log.write({"step": step, "max_steps": self.cfg.train.max_steps, "tokens": self.tokens,
-                        "documents": self.loader.documents, "epoch": self.loader.epoch + self.loader.epoch_progress(),
-                        "time_s": time.monotonic() - self.wall_start, "skipped_steps": self.skipped_steps, **fields})
+        self.log.write(
+            {
+                "step": step,
+                "max_steps": self.cfg.train.max_steps,
+                "tokens": self.tokens,
+                "documents": self.loader.documents,
+                "epoch": self.loader.epoch + self.loader.epoch_progress(),
+                "time_s": time.monotonic() - self.wall_start,
+                "skipped_steps": self.skipped_steps,
+                **fields,
+            }
+        )
 
-    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, due: Due,
-                 stop: StopFlag) -> dict[str, Any]:
+    def log_step(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, due: Due, stop: StopFlag
+    ) -> dict[str, Any]:
         """The record of a log step: losses and norms read (the step's one sync), throughput since
         the last record, memory, and the evaluations due. Returns its fields."""
         if self.rt.distributed:
@@ -265,9 +315,14 @@ class Trainer:
         fields = self.throughput.measure(self.step, left, self.loader.wait_s)
         self.check_divergence()
         mem_peak, mem_total = memory_stats(self.rt.device)
-        fields.update(train_loss=_finite(loss.item()), lr=lr, grad_norm=_finite(grad_norm.item()),
-                      mem_peak_bytes=mem_peak, mem_total_bytes=mem_total,
-                      mem_frac=mem_peak / mem_total if mem_peak and mem_total else None)
+        fields.update(
+            train_loss=_finite(loss.item()),
+            lr=lr,
+            grad_norm=_finite(grad_norm.item()),
+            mem_peak_bytes=mem_peak,
+            mem_total_bytes=mem_total,
+            mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
+        )
         if due.eval:
             fields["val_loss"] = self.evaluate(stop)
         if due.hellaswag:
@@ -282,11 +337,19 @@ class Trainer:
         ``last_train_loss``, ``last_val_loss``, ``skipped_steps``, ``interrupted`` (the signal
         number that stopped it, or None), ``run_dir``. GptspeedError when training diverges with
         ``--on-nan stop`` (or most steps were skipped with ``skip``)."""
-        summary = {"step": self.step, "last_train_loss": None, "last_val_loss": None,
-                   "skipped_steps": self.skipped_steps, "interrupted": None, "run_dir": str(self.run_dir)}
+        summary = {
+            "step": self.step,
+            "last_train_loss": None,
+            "last_val_loss": None,
+            "skipped_steps": self.skipped_steps,
+            "interrupted": None,
+            "run_dir": str(self.run_dir),
+        }
         if self.step >= self.cfg.train.max_steps:
-            self.say(f"{self.run_dir} is already at step {self.step} of {self.cfg.train.max_steps}: nothing to do "
-                     "(raise --max-steps to go on)")
+            self.say(
+                f"{self.run_dir} is already at step {self.step} of {self.cfg.train.max_steps}: nothing to do "
+                "(raise --max-steps to go on)"
+            )
             self.close()
             return summary
         self.wall_start = time.monotonic()  # durations from a monotonic clock: a clock jump cannot make them negative
@@ -375,15 +438,21 @@ class Trainer:
             self.say("stopped before the first step: nothing to save")
             self.folder.abandon()
         elif stopping is not None:
-            self.say(f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
-                     f"Resume with: {resume_command(self.rt, self.run_dir)}")
+            self.say(
+                f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
+                f"Resume with: {resume_command(self.rt, self.run_dir)}"
+            )
         else:
             if summary.get("reached_target") is not None:
-                self.say(f"reached --stop-at-val-loss {self.cfg.train.stop_at_val_loss:g}: val loss "
-                         f"{summary['last_val_loss']:.4f} at step {self.step}")
+                self.say(
+                    f"reached --stop-at-val-loss {self.cfg.train.stop_at_val_loss:g}: val loss "
+                    f"{summary['last_val_loss']:.4f} at step {self.step}"
+                )
             skipped = f" ({self.skipped_steps} skipped as non-finite in all)" if self.skipped_steps else ""
-            self.say(f"done: {self.step - first_step} steps{skipped} in "
-                     f"{format_duration(time.monotonic() - self.wall_start)}; checkpoint in {self.run_dir}")
+            self.say(
+                f"done: {self.step - first_step} steps{skipped} in "
+                f"{format_duration(time.monotonic() - self.wall_start)}; checkpoint in {self.run_dir}"
+            )
         return summary
 
     def close(self) -> None:
@@ -396,7 +465,7 @@ class Trainer:
         self.data.close()  # the data folder's shared lock (gptspeed.data.folder): a prepare may write it again
 
 
-def save_before_data_error(trainer: "Trainer", at: Any) -> str:
+def save_before_data_error(trainer: Trainer, at: Any) -> str:
     """The data-error rescue: save the checkpoint of ``trainer``'s last finished step after its
     loader failed mid-step (its position rewound to the step's start with ``at``; the weights and
     optimizer are untouched until the last micro-batch is in). One process only: with several, the others wait in a
@@ -412,25 +481,29 @@ def save_before_data_error(trainer: "Trainer", at: Any) -> str:
         trainer.checkpointer.save(trainer.step)
     except GptspeedError as e:
         return f"Saving step {trainer.step} failed too: {e}"
-    return (f"Trained {trainer.step:,} steps ({trainer.tokens:,} tokens); the checkpoint of step {trainer.step} was saved: "
-            f"fix the {'data' if trainer.data.is_stream else 'shard'}, then --resume")
+    return (
+        f"Trained {trainer.step:,} steps ({trainer.tokens:,} tokens); the checkpoint of step {trainer.step} was saved: "
+        f"fix the {'data' if trainer.data.is_stream else 'shard'}, then --resume"
+    )
 
 
-def save_after_leaving_a_step(trainer: "Trainer", left: StepAbandoned, at: Any) -> None:
+def save_after_leaving_a_step(trainer: Trainer, left: StepAbandoned, at: Any) -> None:
     """A stop signal left a step unfinished (:class:`~gptspeed.step.StepAbandoned`: nothing was
     stepped): rewind the data position to ``at`` (the step's start: a resume reads its batches
     again), say so, and save the last finished step unless it is saved already (a resumed run that
     did no step) or there is none (step 0)."""
     trainer.loader.rewind(at)
     if left.done:
-        trainer.say(f"step {trainer.step + 1} was left after {left.done} of its {left.accum} micro-batches: "
-                    "a resume redoes it from the same batches")
+        trainer.say(
+            f"step {trainer.step + 1} was left after {left.done} of its {left.accum} micro-batches: "
+            "a resume redoes it from the same batches"
+        )
     if trainer.step > 0 and not checkpoint_path(trainer.run_dir, trainer.step).exists():
         trainer.checkpointer.save(trainer.step)
 
 
 @contextlib.contextmanager
-def out_of_memory_as_one_line(trainer: "Trainer", where: str):
+def out_of_memory_as_one_line(trainer: Trainer, where: str):
     """Context manager: running out of memory inside (:func:`gptspeed.step.is_out_of_memory`)
     becomes :func:`out_of_memory_error`'s one line; anything else passes through."""
     try:
@@ -441,7 +514,7 @@ def out_of_memory_as_one_line(trainer: "Trainer", where: str):
         raise out_of_memory_error(trainer, where) from None
 
 
-def out_of_memory_error(trainer: "Trainer", where: str) -> GptspeedError:
+def out_of_memory_error(trainer: Trainer, where: str) -> GptspeedError:
     """The one line for running out of memory in ``where`` (a step's forward and backward, an
     evaluation): the micro-batch that did not fit, what to change, and the newest checkpoint, which
     is intact (nothing is saved: the memory is gone, and the step may have been half done)."""
@@ -449,7 +522,9 @@ def out_of_memory_error(trainer: "Trainer", where: str) -> GptspeedError:
     t, T = cfg.train, cfg.model.block_size
     total = t.total_batch_tokens or t.batch_size * T * rt.world_size
     ckpt = latest_valid_checkpoint(trainer.run_dir)[0]
-    intact = (f"the checkpoint of step {step_of(ckpt)} is intact" if ckpt is not None else "no checkpoint was written yet")
+    intact = (
+        f"the checkpoint of step {step_of(ckpt)} is intact" if ckpt is not None else "no checkpoint was written yet"
+    )
     if ckpt is not None and trainer.step > step_of(ckpt):
         intact += f" (steps {step_of(ckpt) + 1}-{trainer.step} were not saved)"
     smaller = max(1, t.batch_size // 2)
@@ -457,7 +532,8 @@ def out_of_memory_error(trainer: "Trainer", where: str) -> GptspeedError:
     return GptspeedError(
         f"out of memory on {rt.device.type} in {where}, at a micro-batch of --batch-size {t.batch_size} x --seq-len {T} = "
         f"{t.batch_size * T:,} tokens: use a smaller --batch-size (e.g. {smaller}) with the same --total-batch-tokens "
-        f"{total} (more micro-steps a step, the same run){ac}, then --resume; {intact}")
+        f"{total} (more micro-steps a step, the same run){ac}, then --resume; {intact}"
+    )
 
 
 def _finite(x: float | None) -> float | None:
@@ -479,8 +555,10 @@ def check_same_config(cfg: RunConfig, rt: Runtime) -> None:
     dist.all_gather_object(hashes, config_hash(cfg))
     if len(set(hashes)) > 1:
         odd = [r for r, h in enumerate(hashes) if h != hashes[0]]
-        raise GptspeedError(f"ranks were launched with different configurations (ranks {odd} differ from rank 0): "
-                            "give every node the same flags and config file")
+        raise GptspeedError(
+            f"ranks were launched with different configurations (ranks {odd} differ from rank 0): "
+            "give every node the same flags and config file"
+        )
 
 
 def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
@@ -506,8 +584,9 @@ def fit(cfg: RunConfig, echo: bool = True) -> dict[str, Any]:
         from gptspeed.data.prepare import default_train_data
 
         t.data = str(default_train_data(say=print if echo and world_from_env()[0] == 0 else lambda m: None))
-    rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel,
-                         planned_steps=t.max_steps)
+    rt = resolve_runtime(
+        cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel, planned_steps=t.max_steps
+    )
     try:
         init_distributed(rt, cfg.runtime.dist_timeout_s)
         check_same_config(cfg, rt)

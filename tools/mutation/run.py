@@ -57,9 +57,25 @@ MODULES = {
 MOVABLE_DECORATORS = ("torch.no_grad(", "torch.library.custom_op(")
 #: mutmut's exit-code -> status table (mutmut.stats.status_by_exit_code), kept here so the report
 #: does not depend on mutmut internals beyond the .meta files
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 2: "interrupted",
-          None: "not checked", 34: "skipped", 35: "suspicious", 36: "timeout", 37: "type check",
-          -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    2: "interrupted",
+    None: "not checked",
+    34: "skipped",
+    35: "suspicious",
+    36: "timeout",
+    37: "type check",
+    -24: "timeout",
+    24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -11: "segfault",
+    -9: "segfault",
+}
 
 
 #: ``mutmut`` itself, with its call-context bookkeeping (a ContextVar set and reset around every call
@@ -99,13 +115,15 @@ def move_decorators(source: str) -> str:
         # import annotations`` but not the module they resolve in: resolve them here (custom_op
         # reads them to infer the op's schema)
         f = node.name
-        assign = (f"import typing as _t; _w = getattr({f}, '__wrapped__', {f}); "
-                  f"_w.__annotations__ = _t.get_type_hints(_w)  # moved by tools/mutation/run.py\n")
+        assign = (
+            f"import typing as _t; _w = getattr({f}, '__wrapped__', {f}); "
+            f"_w.__annotations__ = _t.get_type_hints(_w)  # moved by tools/mutation/run.py\n"
+        )
         assign += "".join(f"{f} = {t}({f})  # moved by tools/mutation/run.py\n" for t in reversed(texts))
         edits.append((first, last, node.end_lineno, assign))
     for first, last, end, assign in reversed(edits):
         lines[end:end] = [assign]
-        del lines[first:last + 1]
+        del lines[first : last + 1]
     return "".join(lines)
 
 
@@ -122,17 +140,20 @@ def snapshot_files(worktree: bool) -> dict[str, bytes]:
             if rel and (REPO / rel).is_file():
                 files[rel] = (REPO / rel).read_bytes()
     else:
-        import tarfile
         import io
+        import tarfile
 
-        tar = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", *SNAPSHOT], cwd=REPO,
-                             check=True, capture_output=True).stdout
+        tar = subprocess.run(
+            ["git", "archive", "--format=tar", "HEAD", "--", *SNAPSHOT], cwd=REPO, check=True, capture_output=True
+        ).stdout
         with tarfile.open(fileobj=io.BytesIO(tar)) as t:
             for m in t.getmembers():
                 if m.isfile():
                     files[m.name] = t.extractfile(m).read()
     for rel in files:
-        if rel.endswith(".py") and any(rel == p or (p.endswith("/") and rel.startswith(p)) for p, _ in MODULES.values()):
+        if rel.endswith(".py") and any(
+            rel == p or (p.endswith("/") and rel.startswith(p)) for p, _ in MODULES.values()
+        ):
             files[rel] = move_decorators(files[rel].decode()).encode()
     return files
 
@@ -159,9 +180,11 @@ def claim_workdir(work: Path) -> None:
         entries = sorted(p.name for p in work.iterdir())
         if entries:
             shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
-            raise WorkdirRefused(f"--workdir {work} holds files this script did not write ({shown}; no {MARKER}): it "
-                                 "empties its work folder, so it uses only one it made; name a new or empty folder "
-                                 f"(an earlier run's folder of this script: `touch {work / MARKER}`)")
+            raise WorkdirRefused(
+                f"--workdir {work} holds files this script did not write ({shown}; no {MARKER}): it "
+                "empties its work folder, so it uses only one it made; name a new or empty folder "
+                f"(an earlier run's folder of this script: `touch {work / MARKER}`)"
+            )
     (work / MARKER).write_text("made by tools/mutation/run.py, which empties and deletes this folder at will\n")
 
 
@@ -189,7 +212,7 @@ def write_snapshot(files: dict[str, bytes], fresh: bool) -> None:
         (WORK / "mutants" / rel).unlink(missing_ok=True)
     for top in SNAPSHOT:
         root = WORK / top
-        for p in ([root] if root.is_file() else root.rglob("*") if root.is_dir() else []):
+        for p in [root] if root.is_file() else root.rglob("*") if root.is_dir() else []:
             if p.is_file() and str(p.relative_to(WORK)) not in files and "__pycache__" not in p.parts:
                 p.unlink()
 
@@ -201,13 +224,26 @@ def precheck(env: dict[str, str]) -> list[str]:
     import tomllib
 
     cfg = tomllib.loads((WORK / "pyproject.toml").read_text())["tool"]["mutmut"]
-    cmd = [sys.executable, "-m", "pytest", *cfg.get("pytest_add_cli_args", []),
-           *cfg.get("pytest_add_cli_args_test_selection", []), "-q", "-rfE", "--tb=no"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *cfg.get("pytest_add_cli_args", []),
+        *cfg.get("pytest_add_cli_args_test_selection", []),
+        "-q",
+        "-rfE",
+        "--tb=no",
+    ]
     env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(WORK / "src"), env.get("PYTHONPATH")) if p)}
     print("checking that the selected tests pass on the unmutated code ...", flush=True)
     out = subprocess.run(cmd, cwd=WORK, env=env, capture_output=True, text=True).stdout
-    failing = sorted({line.split(" ", 1)[1].split(" - ", 1)[0] for line in out.splitlines()
-                      if line.startswith(("FAILED ", "ERROR "))})
+    failing = sorted(
+        {
+            line.split(" ", 1)[1].split(" - ", 1)[0]
+            for line in out.splitlines()
+            if line.startswith(("FAILED ", "ERROR "))
+        }
+    )
     if failing:
         text = (WORK / "pyproject.toml").read_text()
         anchor = "pytest_add_cli_args = [\n"
@@ -261,8 +297,9 @@ def load_results(prefixes: list[str]) -> dict[str, str]:
     """Mutant name -> status, from mutmut's .meta files. mutmut resets every result when the test
     selection or the pytest arguments change (its config fingerprint): such a run starts again, as
     it should -- the old verdicts were reached with other tests."""
-    return {name: STATUS.get(code, "suspicious") for name, code in exit_codes().items()
-            if name.startswith(tuple(prefixes))}
+    return {
+        name: STATUS.get(code, "suspicious") for name, code in exit_codes().items() if name.startswith(tuple(prefixes))
+    }
 
 
 def run_time(info: dict) -> float:
@@ -295,8 +332,12 @@ def save_cache(wall_s: float) -> None:
             codes.setdefault(func, []).append((int(i), code))
         files[str(meta.relative_to(WORK / "mutants"))] = {
             "hash_by_function_name": m["hash_by_function_name"],
-            "exit_codes": {f: [c for _, c in sorted(v)] for f, v in codes.items()
-                           if sorted(i for i, _ in v) == list(range(1, len(v) + 1))}}
+            "exit_codes": {
+                f: [c for _, c in sorted(v)]
+                for f, v in codes.items()
+                if sorted(i for i, _ in v) == list(range(1, len(v) + 1))
+            },
+        }
     data = {"git_commit": run_commit(), "wall_s": round(wall_s), "files": files}
     tmp = CACHE.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False) + "\n")
@@ -313,9 +354,17 @@ def restore_cache() -> int:
         codes = {f"{f}__mutmut_{i}": c for f, cs in m["exit_codes"].items() for i, c in enumerate(cs, 1)}
         p = WORK / "mutants" / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": m["hash_by_function_name"],
-                                 "type_check_error_by_key": {}, "durations_by_key": {},
-                                 "estimated_durations_by_key": {}}))
+        p.write_text(
+            json.dumps(
+                {
+                    "exit_code_by_key": codes,
+                    "hash_by_function_name": m["hash_by_function_name"],
+                    "type_check_error_by_key": {},
+                    "durations_by_key": {},
+                    "estimated_durations_by_key": {},
+                }
+            )
+        )
         n += sum(c is not None for c in codes.values())
     (WORK / "run_info.json").write_text(json.dumps({"wall_s": data.get("wall_s", 0.0), "argv": ["(restored)"]}))
     return n
@@ -370,12 +419,15 @@ def diffs(names: list[str]) -> dict[str, str]:
     """The diff of each mutant (mutmut show), read in the snapshot."""
     if not names:
         return {}
-    code = ("import json, sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
-            "out = {}\nfor n in json.load(sys.stdin):\n"
-            "    try: out[n] = get_diff_for_mutant(n)\n"
-            "    except Exception as e: out[n] = f'(no diff: {e})'\nprint(json.dumps(out))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=WORK, input=json.dumps(names), capture_output=True,
-                       text=True, check=True)
+    code = (
+        "import json, sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
+        "out = {}\nfor n in json.load(sys.stdin):\n"
+        "    try: out[n] = get_diff_for_mutant(n)\n"
+        "    except Exception as e: out[n] = f'(no diff: {e})'\nprint(json.dumps(out))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=WORK, input=json.dumps(names), capture_output=True, text=True, check=True
+    )
     return json.loads(r.stdout)
 
 
@@ -394,7 +446,9 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+    )
 
 
 def report(modules: list[str], results: dict[str, str], wall_s: float, args, out_dir: Path) -> dict:
@@ -404,7 +458,7 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
     d = diffs(survivors)
     expl, unmatched = match_explanations(load_explanations(), {n: d.get(n, "") for n in survivors})
     counts = {}
-    for n, s in results.items():
+    for _n, s in results.items():
         counts[s] = counts.get(s, 0) + 1
     per_module = {}
     for m in modules:
@@ -428,22 +482,34 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
         "no_tests": counts.get("no tests", 0),
         "skipped": counts.get("skipped", 0),
         "not_checked": counts.get("not checked", 0),
-        "other": {k: v for k, v in counts.items()
-                  if k not in ("killed", "survived", "timeout", "no tests", "skipped", "not checked")},
+        "other": {
+            k: v
+            for k, v in counts.items()
+            if k not in ("killed", "survived", "timeout", "no tests", "skipped", "not checked")
+        },
         "killed_pct": round(100 * killed / checked, 2) if checked else None,  # of the mutants checked
         "detected_pct": round(100 * (killed + counts.get("timeout", 0)) / checked, 2) if checked else None,
         "wall_s": round(wall_s),
         "max_children": args.max_children,
         "machine": machine(),
         "per_module": per_module,
-        "survivors": [{"name": n, "status": "survived", "explained_as": expl.get(n, ("unexplained", ""))[0],
-                       "why": expl.get(n, ("", ""))[1], "diff": short_diff(d.get(n, "")),
-                       "fingerprint": fingerprint(d.get(n, ""))} for n in survivors],
+        "survivors": [
+            {
+                "name": n,
+                "status": "survived",
+                "explained_as": expl.get(n, ("unexplained", ""))[0],
+                "why": expl.get(n, ("", ""))[1],
+                "diff": short_diff(d.get(n, "")),
+                "fingerprint": fingerprint(d.get(n, "")),
+            }
+            for n in survivors
+        ],
         "not_killed_other": sorted(n for n, s in results.items() if s not in ("killed", "survived", "not checked")),
         # explained, but matching no survivor of a module this run mutated: killed now, or changed
         "explained_but_not_surviving": [n for n in unmatched if n.startswith(tuple(MODULES[m][1] for m in modules))],
         "tests_failing_unmutated": json.loads((WORK / "failing_tests.json").read_text())
-        if (WORK / "failing_tests.json").exists() else [],
+        if (WORK / "failing_tests.json").exists()
+        else [],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "last_run.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
@@ -453,8 +519,10 @@ def report(modules: list[str], results: dict[str, str], wall_s: float, args, out
 
 def markdown(r: dict) -> str:
     lines = [
-        "# Mutation check: last recorded run", "",
-        f"Written by `{r['command']}` (tools/mutation/README.md says how to read it).", "",
+        "# Mutation check: last recorded run",
+        "",
+        f"Written by `{r['command']}` (tools/mutation/README.md says how to read it).",
+        "",
         f"- date: {r['date']}, commit {r['git_commit'][:12]} ({r['source']})",
         f"- library: {r['library']}, {r['max_children']} workers",
         f"- machine: {r['machine']}",
@@ -464,20 +532,27 @@ def markdown(r: dict) -> str:
         + (f"; other {r['other']}" if r["other"] else ""),
         f"- not checked (the run stopped before them): {r.get('not_checked', 0)}; the percentages are of the "
         f"{r['mutants'] - r.get('not_checked', 0)} checked",
-        f"- killed or timed out: {r['detected_pct']}%", "",
+        f"- killed or timed out: {r['detected_pct']}%",
+        "",
         "| module | mutants | killed | survived | timeout | no tests | not checked |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for m, c in r["per_module"].items():
-        lines.append(f"| {m} | {c['mutants']} | {c.get('killed', 0)} | {c.get('survived', 0)} | "
-                     f"{c.get('timeout', 0)} | {c.get('no tests', 0)} | {c.get('not checked', 0)} |")
+        lines.append(
+            f"| {m} | {c['mutants']} | {c.get('killed', 0)} | {c.get('survived', 0)} | "
+            f"{c.get('timeout', 0)} | {c.get('no tests', 0)} | {c.get('not checked', 0)} |"
+        )
     if r["tests_failing_unmutated"]:
-        lines += ["", "Left out of this run, failing on the unmutated code: "
-                  + ", ".join(f"`{t}`" for t in r["tests_failing_unmutated"])]
+        lines += [
+            "",
+            "Left out of this run, failing on the unmutated code: "
+            + ", ".join(f"`{t}`" for t in r["tests_failing_unmutated"]),
+        ]
     lines += ["", f"## Survivors ({len(r['survivors'])})", ""]
     for s in r["survivors"]:
-        lines.append(f"- `{s['name']}` `{s['fingerprint']}` -- **{s['explained_as']}**"
-                     + (f": {s['why']}" if s["why"] else ""))
+        lines.append(
+            f"- `{s['name']}` `{s['fingerprint']}` -- **{s['explained_as']}**" + (f": {s['why']}" if s["why"] else "")
+        )
         if s["diff"]:
             lines += ["  ```diff"] + ["  " + l for l in s["diff"].splitlines()] + ["  ```"]
     if r["not_killed_other"]:
@@ -491,20 +566,31 @@ def markdown(r: dict) -> str:
 def main() -> int:
     global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("modules", nargs="*", metavar="MODULE",
-                    help=f"core modules to mutate (default: all): {', '.join(MODULES)}")
+    ap.add_argument(
+        "modules", nargs="*", metavar="MODULE", help=f"core modules to mutate (default: all): {', '.join(MODULES)}"
+    )
     ap.add_argument("--worktree", action="store_true", help="snapshot the working tree instead of HEAD")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep .mutation/ (mutmut's cache of mutants and results) and refresh only changed files")
-    ap.add_argument("--survivors", action="store_true",
-                    help="retest only the survivors of the run kept in .mutation/ (implies --resume)")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep .mutation/ (mutmut's cache of mutants and results) and refresh only changed files",
+    )
+    ap.add_argument(
+        "--survivors",
+        action="store_true",
+        help="retest only the survivors of the run kept in .mutation/ (implies --resume)",
+    )
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once")
-    ap.add_argument("--record", action="store_true",
-                    help="write tools/mutation/last_run.* even for a partial or working-tree run")
+    ap.add_argument(
+        "--record", action="store_true", help="write tools/mutation/last_run.* even for a partial or working-tree run"
+    )
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from .mutation/ and exit")
     ap.add_argument("--workdir", type=Path, default=WORK, help="where the snapshot and mutmut's cache live")
-    ap.add_argument("--no-precheck", action="store_true",
-                    help="skip the run of the selected tests on the unmutated code (which deselects the failing ones)")
+    ap.add_argument(
+        "--no-precheck",
+        action="store_true",
+        help="skip the run of the selected tests on the unmutated code (which deselects the failing ones)",
+    )
     args = ap.parse_args()
     WORK = args.workdir.expanduser().resolve()
     try:
@@ -548,25 +634,57 @@ def main() -> int:
         failing = [] if args.no_precheck else precheck(env)
         (WORK / "failing_tests.json").write_text(json.dumps(failing))
         info = WORK / "run_info.json"
-        before_s = (run_time(json.loads(info.read_text()))  # a stopped run continued: its time adds up
-                    if args.resume and not args.survivors and info.exists() else 0.0)
-        info.write_text(json.dumps({"wall_s": before_s, "started": time.time() - (time.monotonic() - t0),
-                                    "argv": sys.argv[1:], "git_commit": git("rev-parse", "HEAD").strip()}))
+        before_s = (
+            run_time(json.loads(info.read_text()))  # a stopped run continued: its time adds up
+            if args.resume and not args.survivors and info.exists()
+            else 0.0
+        )
+        info.write_text(
+            json.dumps(
+                {
+                    "wall_s": before_s,
+                    "started": time.time() - (time.monotonic() - t0),
+                    "argv": sys.argv[1:],
+                    "git_commit": git("rev-parse", "HEAD").strip(),
+                }
+            )
+        )
         log = WORK / "mutmut.log"
-        print(f"mutmut run in {WORK} ({len(names) or 'every unchecked mutant, no'} name patterns), log: {log}",
-              flush=True)
+        print(
+            f"mutmut run in {WORK} ({len(names) or 'every unchecked mutant, no'} name patterns), log: {log}", flush=True
+        )
         before = mutant_counts() if args.resume else {}
         with open(log, "w") as f:
-            rc = subprocess.run([sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *names],
-                                cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(
+                [sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *names],
+                cwd=WORK,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            ).returncode
         shifted = shifted_functions(before, mutant_counts()) if rc == 0 else []
         if shifted:  # results carried over by a number that now names another mutant: test them again
-            print(f"retesting {len(shifted)} functions whose mutants were renumbered (coverage changed): "
-                  f"{', '.join(shifted)}", flush=True)
+            print(
+                f"retesting {len(shifted)} functions whose mutants were renumbered (coverage changed): "
+                f"{', '.join(shifted)}",
+                flush=True,
+            )
             with open(log, "a") as f:
-                rc = subprocess.run([sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children),
-                                     *(fn + "__mutmut_*" for fn in shifted)],
-                                    cwd=WORK, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        MUTMUT,
+                        "run",
+                        "--max-children",
+                        str(args.max_children),
+                        *(fn + "__mutmut_*" for fn in shifted),
+                    ],
+                    cwd=WORK,
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                ).returncode
         if rc != 0:
             tail = log.read_text(errors="replace").splitlines()[-30:]
             print("\n".join(l for l in tail if "DEBUG" not in l), file=sys.stderr)
@@ -585,9 +703,11 @@ def main() -> int:
     if out_dir == HERE:
         save_cache(wall)
     unexplained = [s["name"] for s in r["survivors"] if s["explained_as"] == "unexplained"]
-    print(f"{r['mutants']} mutants: {r['killed']} killed ({r['killed_pct']}%), {r['survived']} survived "
-          f"({len(unexplained)} unexplained), {r['timeouts']} timeouts, {r['no_tests']} without tests; "
-          f"{wall / 60:.0f} min; report: {out_dir / 'last_run.md'}")
+    print(
+        f"{r['mutants']} mutants: {r['killed']} killed ({r['killed_pct']}%), {r['survived']} survived "
+        f"({len(unexplained)} unexplained), {r['timeouts']} timeouts, {r['no_tests']} without tests; "
+        f"{wall / 60:.0f} min; report: {out_dir / 'last_run.md'}"
+    )
     return 0
 
 

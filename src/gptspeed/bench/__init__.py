@@ -9,9 +9,16 @@
   against fp32 (loss, host-device syncs, graph breaks, recompiles, the SDPA kernel).
 """
 
-
-_LAZY = {"BenchConfig": "ladder", "profile_stage": "ladder", "run_ladder": "ladder", "BASELINE": "stages",
-         "STAGE_NAMES": "stages", "STAGES": "stages", "Stage": "stages", "run_verify": "verify"}
+_LAZY = {
+    "BenchConfig": "ladder",
+    "profile_stage": "ladder",
+    "run_ladder": "ladder",
+    "BASELINE": "stages",
+    "STAGE_NAMES": "stages",
+    "STAGES": "stages",
+    "Stage": "stages",
+    "run_verify": "verify",
+}
 __all__ = sorted(_LAZY)
 
 

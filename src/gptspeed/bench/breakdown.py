@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 CATEGORIES = ("matmul", "attention", "memory-bound", "copies/casts", "optimizer", "other", "idle")
 DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")  # kineto's names (torch/profiler/_chrome_trace_export.py)
@@ -47,45 +48,63 @@ class Rule:
 # Ordered: the first match wins. Kernel names are as torch.profiler reports them (demangled C++); CPU op names
 # are ATen's. Correct these after a GPU run: the breakdown lists what fell through to `other` ("unclassified").
 RULES: tuple[Rule, ...] = (
-    Rule("other", r"^autograd::|Backward\d+$",
-         "autograd's record_function per node ('autograd::engine::evaluate_function: LogSoftmaxBackward0') and the "
-         "node's own (LogSoftmaxBackward0): their self time is the engine's, not the op's (first, or 'Softmax' "
-         "would file it as memory-bound)"),
-    Rule("optimizer", r"FusedAdam|fused_adam|multi_tensor_apply|lpnorm_cleanup|^aten::_fused_adamw?_|^aten::_foreach_"
-         r"|^Optimizer\.(step|zero_grad)#",
-         "ATen's fused AdamW runs multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata, FusedAdamMathFunctor..> "
-         "(aten/src/ATen/native/cuda/fused_adam_utils.cuh); the foreach ops (clip_grad_norm_'s _foreach_norm: "
-         "LpNormFunctor + lpnorm_cleanup, its _foreach_mul_) run multi_tensor_apply_kernel too "
-         "(ForeachReduceOp.cu); torch.optim's record_function 'Optimizer.step#AdamW.step'"),
-    Rule("attention", r"flash_fwd|flash_bwd|pytorch_flash::|fmha_cutlass|PyTorchMemEffAttention|flex_attention"
-         r"|^cudnn|_sdpa_|^aten::_?scaled_dot_product|^aten::_(flash|efficient|cudnn)_attention",
-         "SDPA's kernels: cuDNN's cudnn_generated_fort_native_sdpa_sm90_flash_fprop/bprop_wgmma_f16_knob_*; "
-         "the vendored FlashAttention-2 pytorch_flash::flash_fwd_kernel / flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel "
-         "/ flash_bwd_dot_do_o_kernel / flash_bwd_convert_dq_kernel; memory-efficient fmha_cutlassF/B_* "
-         "(PyTorchMemEffAttention::AttentionKernel); FlexAttention's Triton template "
-         "triton_tem_fused_flex_attention_*; "
-         "on a CPU aten::_scaled_dot_product_flash_attention_for_cpu(_backward). cuDNN runs only SDPA in a GPT-2 "
-         "step (no convolutions), so any cudnn kernel is attention. Before matmul: these names contain 'cutlass'"),
-    Rule("matmul", r"nvjet|xmma|(?i:gemm|gemv)|cutlass|cublas|Cijk_|splitKreduce|_scaled_mm|^triton_tem_"
-         r"|^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm)$",
-         "cuBLAS/cuBLASLt on Hopper: nvjet_tst_* (newer cuBLAS), sm90_xmma_gemm_*, cutlass3x_sm90_*; on Ampere "
-         "ampere_*gemm* / cutlass_80_*gemm; cublasLt::splitKreduce_kernel and cuBLASLt epilogues; gemv*/gemmSN_*; "
-         "ROCm's Cijk_*; Inductor's Triton matmul templates triton_tem_fused_mm/addmm/bmm_* (max-autotune); "
-         "FP8 _scaled_mm"),
-    Rule("copies/casts", r"^Memcpy|^Memset|copy_kernel|CatArrayBatchedCopy|(?<![A-Za-z])cast"
-         r"|^triton_poi_fused_((_to_copy|clone|copy|t|view|permute|transpose|expand|_unsafe_view|unsqueeze|squeeze"
-         r"|slice|select|cat|convert_element_type)_)+\d+$|^aten::(copy_|to|_to_copy|clone|contiguous|cat)$",
-         "kineto's 'Memcpy HtoD (Pageable -> Device)', 'Memset (Device)'; ATen's direct_copy_kernel_cuda / "
-         "bfloat16_copy_kernel_cuda inside elementwise_kernel<..>, CatArrayBatchedCopy (torch.cat/stack); Inductor "
-         "kernels that only cast or move (triton_poi_fused__to_copy_0: autocast's per-micro-batch weight casts); "
-         "'cast' as a word (not gpu_kernel_impl_nocast or LoadWithCast)"),
-    Rule("memory-bound", r"^triton_(poi|red|per)_|at::native::|elementwise_kernel|reduce_kernel|(?i:layer_?norm|softmax"
-         r"|cross_?entropy)|nll_loss|GammaBeta|^aten::",
-         "Inductor's Triton pointwise / reduction / persistent-reduction kernels (triton_poi_ / triton_red_ / "
-         "triton_per_); ATen's CUDA kernels (vectorized_elementwise_kernel, reduce_kernel, "
-         "vectorized_layer_norm_kernel, "
-         "GammaBetaBackwardCUDAKernel, cunn_SoftMaxForward, nll_loss_*, index/embedding kernels); Liger's Triton "
-         "layer-norm / cross-entropy kernels; on a CPU every other aten:: op"),
+    Rule(
+        "other",
+        r"^autograd::|Backward\d+$",
+        "autograd's record_function per node ('autograd::engine::evaluate_function: LogSoftmaxBackward0') and the "
+        "node's own (LogSoftmaxBackward0): their self time is the engine's, not the op's (first, or 'Softmax' "
+        "would file it as memory-bound)",
+    ),
+    Rule(
+        "optimizer",
+        r"FusedAdam|fused_adam|multi_tensor_apply|lpnorm_cleanup|^aten::_fused_adamw?_|^aten::_foreach_"
+        r"|^Optimizer\.(step|zero_grad)#",
+        "ATen's fused AdamW runs multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata, FusedAdamMathFunctor..> "
+        "(aten/src/ATen/native/cuda/fused_adam_utils.cuh); the foreach ops (clip_grad_norm_'s _foreach_norm: "
+        "LpNormFunctor + lpnorm_cleanup, its _foreach_mul_) run multi_tensor_apply_kernel too "
+        "(ForeachReduceOp.cu); torch.optim's record_function 'Optimizer.step#AdamW.step'",
+    ),
+    Rule(
+        "attention",
+        r"flash_fwd|flash_bwd|pytorch_flash::|fmha_cutlass|PyTorchMemEffAttention|flex_attention"
+        r"|^cudnn|_sdpa_|^aten::_?scaled_dot_product|^aten::_(flash|efficient|cudnn)_attention",
+        "SDPA's kernels: cuDNN's cudnn_generated_fort_native_sdpa_sm90_flash_fprop/bprop_wgmma_f16_knob_*; "
+        "the vendored FlashAttention-2 pytorch_flash::flash_fwd_kernel / flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel "
+        "/ flash_bwd_dot_do_o_kernel / flash_bwd_convert_dq_kernel; memory-efficient fmha_cutlassF/B_* "
+        "(PyTorchMemEffAttention::AttentionKernel); FlexAttention's Triton template "
+        "triton_tem_fused_flex_attention_*; "
+        "on a CPU aten::_scaled_dot_product_flash_attention_for_cpu(_backward). cuDNN runs only SDPA in a GPT-2 "
+        "step (no convolutions), so any cudnn kernel is attention. Before matmul: these names contain 'cutlass'",
+    ),
+    Rule(
+        "matmul",
+        r"nvjet|xmma|(?i:gemm|gemv)|cutlass|cublas|Cijk_|splitKreduce|_scaled_mm|^triton_tem_"
+        r"|^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm)$",
+        "cuBLAS/cuBLASLt on Hopper: nvjet_tst_* (newer cuBLAS), sm90_xmma_gemm_*, cutlass3x_sm90_*; on Ampere "
+        "ampere_*gemm* / cutlass_80_*gemm; cublasLt::splitKreduce_kernel and cuBLASLt epilogues; gemv*/gemmSN_*; "
+        "ROCm's Cijk_*; Inductor's Triton matmul templates triton_tem_fused_mm/addmm/bmm_* (max-autotune); "
+        "FP8 _scaled_mm",
+    ),
+    Rule(
+        "copies/casts",
+        r"^Memcpy|^Memset|copy_kernel|CatArrayBatchedCopy|(?<![A-Za-z])cast"
+        r"|^triton_poi_fused_((_to_copy|clone|copy|t|view|permute|transpose|expand|_unsafe_view|unsqueeze|squeeze"
+        r"|slice|select|cat|convert_element_type)_)+\d+$|^aten::(copy_|to|_to_copy|clone|contiguous|cat)$",
+        "kineto's 'Memcpy HtoD (Pageable -> Device)', 'Memset (Device)'; ATen's direct_copy_kernel_cuda / "
+        "bfloat16_copy_kernel_cuda inside elementwise_kernel<..>, CatArrayBatchedCopy (torch.cat/stack); Inductor "
+        "kernels that only cast or move (triton_poi_fused__to_copy_0: autocast's per-micro-batch weight casts); "
+        "'cast' as a word (not gpu_kernel_impl_nocast or LoadWithCast)",
+    ),
+    Rule(
+        "memory-bound",
+        r"^triton_(poi|red|per)_|at::native::|elementwise_kernel|reduce_kernel|(?i:layer_?norm|softmax"
+        r"|cross_?entropy)|nll_loss|GammaBeta|^aten::",
+        "Inductor's Triton pointwise / reduction / persistent-reduction kernels (triton_poi_ / triton_red_ / "
+        "triton_per_); ATen's CUDA kernels (vectorized_elementwise_kernel, reduce_kernel, "
+        "vectorized_layer_norm_kernel, "
+        "GammaBetaBackwardCUDAKernel, cunn_SoftMaxForward, nll_loss_*, index/embedding kernels); Liger's Triton "
+        "layer-norm / cross-entropy kernels; on a CPU every other aten:: op",
+    ),
 )
 _COMPILED = tuple((rule.category, re.compile(rule.pattern)) for rule in RULES)
 
@@ -95,10 +114,14 @@ H100_ESTIMATE: dict[str, Any] = {
     "setting": "GPT-2 124M, T=1024, 16,384 tokens a micro-batch, 36.3 ms a micro-batch on an H100",
     "source": "issue 'Every GPU minute decisive': an estimate on paper, not a measurement",
     "shares": {"matmul": 0.52, "attention": 0.12, "memory-bound": 0.30, "idle": 0.05},
-    "notes": {"matmul": "the LM head ~31% of it",
-              "memory-bound": "LayerNorm, fp32 residual, GELU, bias gradients, cross-entropy passes, per-micro-batch "
-                              "weight casts and gradient accumulation",
-              "copies/casts": "in memory-bound", "optimizer": "in memory-bound", "idle": "launch gaps"},
+    "notes": {
+        "matmul": "the LM head ~31% of it",
+        "memory-bound": "LayerNorm, fp32 residual, GELU, bias gradients, cross-entropy passes, per-micro-batch "
+        "weight casts and gradient accumulation",
+        "copies/casts": "in memory-bound",
+        "optimizer": "in memory-bound",
+        "idle": "launch gaps",
+    },
 }
 
 
@@ -165,8 +188,13 @@ def device_intervals(events) -> list[tuple[str, float, float]]:
 
 
 def _cpu_events(events) -> list:
-    return [e for e in events if _device_type(e) == "cpu" and not getattr(e, "is_async", False)
-            and not getattr(e, "is_python_function", False)]
+    return [
+        e
+        for e in events
+        if _device_type(e) == "cpu"
+        and not getattr(e, "is_async", False)
+        and not getattr(e, "is_python_function", False)
+    ]
 
 
 def cpu_self_intervals(events) -> list[tuple[str, float, float]]:
@@ -195,8 +223,9 @@ def _span(cpu_events, kernels: list[tuple[str, float, float]]) -> tuple[float, f
     return min(s for s, _ in times), max(e for _, e in times)
 
 
-def breakdown_events(events, steps: int, device: str, estimate: dict[str, Any] | None = None,
-                     micro_batches: int = 1) -> dict[str, Any]:
+def breakdown_events(
+    events, steps: int, device: str, estimate: dict[str, Any] | None = None, micro_batches: int = 1
+) -> dict[str, Any]:
     """The breakdown of profiler ``events`` (``prof.events()``, or objects with the same fields:
     ``name``, ``time_range.start/end`` in us, ``device_type``, ...) over ``steps`` profiled steps of
     ``micro_batches`` micro-batches each.
@@ -223,8 +252,15 @@ def breakdown_events(events, steps: int, device: str, estimate: dict[str, Any] |
     return {**bd, "micro_batches": micro_batches, "wall_ms_per_micro_batch": bd["wall_ms_per_step"] / micro_batches}
 
 
-def summarize(per_name: dict[str, list[float]], idle_us: float, wall_us: float, steps: int, device: str,
-              basis: str, estimate: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    per_name: dict[str, list[float]],
+    idle_us: float,
+    wall_us: float,
+    steps: int,
+    device: str,
+    basis: str,
+    estimate: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Group ``{name: [us, count]}`` by :func:`classify` into the breakdown dict
     (:func:`breakdown_events` documents it); times become ms per step."""
     ms = 1e-3 / steps
@@ -235,16 +271,30 @@ def summarize(per_name: dict[str, list[float]], idle_us: float, wall_us: float, 
     for category in CATEGORIES:
         items = sorted(groups[category], key=lambda x: -x[1])
         us = idle_us if category == "idle" else sum(x[1] for x in items)
-        rows.append({"category": category, "ms_per_step": us * ms, "share": us / wall_us if wall_us > 0 else 0.0,
-                     "kernels": sum(x[2] for x in items) / steps,
-                     "top": [(name[:400], t * ms) for name, t, _ in items[:TOP]]})
+        rows.append(
+            {
+                "category": category,
+                "ms_per_step": us * ms,
+                "share": us / wall_us if wall_us > 0 else 0.0,
+                "kernels": sum(x[2] for x in items) / steps,
+                "top": [(name[:400], t * ms) for name, t, _ in items[:TOP]],
+            }
+        )
     unclassified = [(name[:400], t * ms) for name, t, _ in sorted(groups["other"], key=lambda x: -x[1])]
-    return {"device": device, "basis": basis, "steps": steps, "wall_ms_per_step": wall_us * ms,
-            "categories": rows, "unclassified": unclassified[:UNCLASSIFIED], "estimate": estimate}
+    return {
+        "device": device,
+        "basis": basis,
+        "steps": steps,
+        "wall_ms_per_step": wall_us * ms,
+        "categories": rows,
+        "unclassified": unclassified[:UNCLASSIFIED],
+        "estimate": estimate,
+    }
 
 
-def breakdown(prof, steps: int, device: str, estimate: dict[str, Any] | None = None,
-              micro_batches: int = 1) -> dict[str, Any]:
+def breakdown(
+    prof, steps: int, device: str, estimate: dict[str, Any] | None = None, micro_batches: int = 1
+) -> dict[str, Any]:
     """:func:`breakdown_events` of a finished :class:`torch.profiler.profile` ``prof``."""
     return breakdown_events(prof.events(), steps, device, estimate, micro_batches)
 
@@ -274,31 +324,45 @@ def markdown(bd: dict[str, Any]) -> str:
     head = ["category", "ms/step", "share", f"{unit}/step", f"top {unit} (ms/step)"] + ([est["label"]] if est else [])
     micro = bd.get("micro_batches", 1)
     per_micro = f" of {micro} micro-batches ({bd['wall_ms_per_step'] / micro:.3f} ms each)" if micro > 1 else ""
-    lines = [f"Where the step's time goes: {bd['device']}, {bd['steps']} profiled step(s), "
-             f"{bd['wall_ms_per_step']:.3f} ms a step{per_micro} (the profile's wall span), "
-             f"summed from the {bd['basis']}; "
-             "idle = no " + ("kernel running" if unit == "kernels" else "op running") + ".", "",
-             "| " + " | ".join(head) + " |", "|---|---:|---:|---:|---|" + ("---:|" if est else "")]
+    lines = [
+        f"Where the step's time goes: {bd['device']}, {bd['steps']} profiled step(s), "
+        f"{bd['wall_ms_per_step']:.3f} ms a step{per_micro} (the profile's wall span), "
+        f"summed from the {bd['basis']}; "
+        "idle = no " + ("kernel running" if unit == "kernels" else "op running") + ".",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|---:|---:|---:|---|" + ("---:|" if est else ""),
+    ]
     for row in bd["categories"]:
         top = "; ".join(f"`{_short(n)}` {t:.3f}" for n, t in row["top"]) or "—"
-        cells = [row["category"], f"{row['ms_per_step']:.3f}", f"{row['share']:.1%}",
-                 f"{row['kernels']:g}" if row["category"] != "idle" else "—", top]
+        cells = [
+            row["category"],
+            f"{row['ms_per_step']:.3f}",
+            f"{row['share']:.1%}",
+            f"{row['kernels']:g}" if row["category"] != "idle" else "—",
+            top,
+        ]
         lines.append("| " + " | ".join(cells + ([_estimate_cell(est, row["category"])] if est else [])) + " |")
     total = sum(r["share"] for r in bd["categories"])
     est_total = [f"{sum(est['shares'].values()):.0%}"] if est else []
-    lines.append("| " + " | ".join(["**total**", f"{bd['wall_ms_per_step']:.3f}", f"{total:.1%}", "", ""] + est_total)
-                 + " |")
+    lines.append(
+        "| " + " | ".join(["**total**", f"{bd['wall_ms_per_step']:.3f}", f"{total:.1%}", "", ""] + est_total) + " |"
+    )
     if bd["unclassified"]:
-        lines += ["", "In `other` (no rule of gptspeed.bench.breakdown.RULES matched): "
-                  + "; ".join(f"`{_short(n)}` {t:.3f} ms" for n, t in bd["unclassified"][:TOP])]
+        lines += [
+            "",
+            "In `other` (no rule of gptspeed.bench.breakdown.RULES matched): "
+            + "; ".join(f"`{_short(n)}` {t:.3f} ms" for n, t in bd["unclassified"][:TOP]),
+        ]
     if est:
         notes = "; ".join(f"{k}: {v}" for k, v in est["notes"].items() if not v.startswith("in "))
         lines += ["", f"{est['label']}: {est['setting']} ({est['source']}); {notes}."]
     return "\n".join(lines) + "\n"
 
 
-def write_breakdown(prof, out: Path, name: str, steps: int, device: str, estimate: dict[str, Any] | None = None,
-                    micro_batches: int = 1) -> dict[str, Any]:
+def write_breakdown(
+    prof, out: Path, name: str, steps: int, device: str, estimate: dict[str, Any] | None = None, micro_batches: int = 1
+) -> dict[str, Any]:
     """Write ``profile-NAME-breakdown.json`` (the dict of :func:`breakdown_events`) and
     ``profile-NAME-breakdown.md`` (:func:`markdown`) into ``out`` (a few KB each, whatever the trace's
     size). Returns ``{"breakdown": json path, "breakdown_md": md path, "breakdown_table": the table}``."""

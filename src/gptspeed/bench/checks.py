@@ -22,7 +22,8 @@ import sys
 import tempfile
 import warnings
 from collections import Counter
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ class SyncCounter:
         self.sites: dict[str, int] = {}
         self.other_stderr = ""
 
-    def __enter__(self) -> "SyncCounter":
+    def __enter__(self) -> SyncCounter:
         self._catch = warnings.catch_warnings(record=True)
         self._records = self._catch.__enter__()
         warnings.simplefilter("always")
@@ -124,13 +125,15 @@ class CompileWatch:
         new_breaks = {r: n - self._breaks0.get(r, 0) for r, n in breaks.items() if n > self._breaks0.get(r, 0)}
         recompiles: list[str] = []
         get = getattr(self._utils, "get_compilation_metrics", None)
-        for m in (get() if get else []):
+        for m in get() if get else []:
             if id(m) in self._metrics0:
                 continue
             match = _COMPILE_ID.search(str(getattr(m, "compile_id", "") or ""))
             if match and int(match.group(2)) > 0:
-                recompiles.append(f"{m.compile_id} {getattr(m, 'co_name', '?')}: "
-                                  f"{(getattr(m, 'recompile_reason', None) or 'no reason recorded').strip()}")
+                recompiles.append(
+                    f"{m.compile_id} {getattr(m, 'co_name', '?')}: "
+                    f"{(getattr(m, 'recompile_reason', None) or 'no reason recorded').strip()}"
+                )
         return {
             "graph_breaks": sum(new_breaks.values()),
             "graph_break_reasons": [r.strip().splitlines()[0][:200] for r in new_breaks],
@@ -148,8 +151,11 @@ _SDPA_OPS = (
     ("mem-efficient", ("_scaled_dot_product_efficient_attention", "_efficient_attention_forward")),
     ("math", ("_scaled_dot_product_attention_math",)),
 )
-_SDPA_KERNELS = (("cudnn", ("cudnn",)), ("flash", ("flash_fwd", "flash::", "flash_bwd")),
-                 ("mem-efficient", ("fmha", "efficient_attention")))
+_SDPA_KERNELS = (
+    ("cudnn", ("cudnn",)),
+    ("flash", ("flash_fwd", "flash::", "flash_bwd")),
+    ("mem-efficient", ("fmha", "efficient_attention")),
+)
 
 
 def sdpa_backend(names: Iterable[str]) -> dict[str, Any]:

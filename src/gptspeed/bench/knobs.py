@@ -17,8 +17,9 @@ stream +2-4%, max-autotune 0-4%, CUDA graphs +1-3%, Liger's loss -8% to +2%, FP8
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -82,6 +83,7 @@ def _cuda_only(values: Callable[[TuneState], list[Delta] | str]) -> Callable[[Tu
         if state.device.type != "cuda":
             return f"a CUDA knob; this device is {state.device.type}"
         return values(state)
+
     return wrapped
 
 
@@ -97,12 +99,14 @@ def _choices(name: str, options: tuple[Any, ...]) -> Callable[[TuneState], list[
     def values(state: TuneState) -> list[Delta] | str:
         now = state.resolved(name)
         return [{name: v} for v in options if v != now] or f"{name} is already {now}"
+
     return values
 
 
 def _switch_on(name: str) -> Callable[[TuneState], list[Delta] | str]:
     def values(state: TuneState) -> list[Delta] | str:
         return "already on" if state.value(name) else [{name: True}]
+
     return values
 
 
@@ -114,7 +118,9 @@ def _residual(state: TuneState) -> list[Delta] | str:
 
 def _cast_once(state: TuneState) -> list[Delta] | str:
     if state.resolved("dtype") != "bfloat16":
-        return f"FSDP2's bf16 copy of the weights needs --dtype bfloat16; this run computes in {state.resolved('dtype')}"
+        return (
+            f"FSDP2's bf16 copy of the weights needs --dtype bfloat16; this run computes in {state.resolved('dtype')}"
+        )
     if state.global_sequences() // state.value("batch_size") == 1:
         return "one micro-step a step: the weights are already cast once a step"
     return "already on" if state.value("cast_weights_once") else [{"parallel": "fsdp", "cast_weights_once": True}]
@@ -144,34 +150,72 @@ def _compile_tuning(mode: str) -> Callable[[TuneState], list[Delta] | str]:
     def values(state: TuneState) -> list[Delta] | str:
         now = state.resolved("compile_tuning")
         return f"--compile-tuning is already {now}" if now != "default" else [{"compile_tuning": mode}]
+
     return values
 
 
 CUDA_KNOBS: tuple[Knob, ...] = (  # by expected gain per minute of compiling; inductor's matmul search last
-    Knob("micro-batch", "raise the micro-batch B (same global batch: fewer, larger micro-steps)",
-         "build-nanogpt: raise the batch to fill memory after each saving", _cuda_only(_micro_batch),
-         until_no_gain=True),
-    Knob("fp8-lm-head", "FP8 matmul for the tied LM head (the largest matmul)", "modded-nanogpt records; torchao float8",
-         _cuda_only(_switch_on("fp8_lm_head"))),
+    Knob(
+        "micro-batch",
+        "raise the micro-batch B (same global batch: fewer, larger micro-steps)",
+        "build-nanogpt: raise the batch to fill memory after each saving",
+        _cuda_only(_micro_batch),
+        until_no_gain=True,
+    ),
+    Knob(
+        "fp8-lm-head",
+        "FP8 matmul for the tied LM head (the largest matmul)",
+        "modded-nanogpt records; torchao float8",
+        _cuda_only(_switch_on("fp8_lm_head")),
+    ),
     Knob("residual-dtype", "a bf16 residual stream", "modded-nanogpt", _cuda_only(_residual)),
-    Knob("cast-weights-once", "the bf16 weights cast once a step, not once a micro-step (one-process FSDP2 keeps "
-         "its unsharded copy between micro-steps)", "FSDP2 set_reshard_after_backward", _cuda_only(_cast_once)),
-    Knob("sdpa-backend", "the attention kernel", "torch.nn.attention.SDPBackend",
-         _cuda_only(_choices("sdpa_backend", ("cudnn", "flash", "efficient")))),
-    Knob("loss", "the loss path: plain (full logits), liger (Liger-Kernel), fused (gptspeed's chunked)",
-         "Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024", _cuda_only(_choices("loss", ("plain", "liger", "fused")))),
-    Knob("fp8", "FP8 matmuls in the blocks' Linear layers large enough to gain", "torchao float8 (tensorwise)",
-         _cuda_only(_switch_on("fp8"))),
-    Knob("cuda-graphs", "torch.compile mode reduce-overhead (CUDA graphs: one launch per graph)", "torch.compile docs",
-         _cuda_only(_compile_tuning("reduce-overhead"))),
-    Knob("compile-tuning", "torch.compile mode max-autotune-no-cudagraphs (inductor searches matmul configs)",
-         "torch.compile docs", _cuda_only(_compile_tuning("max-autotune-no-cudagraphs"))),
+    Knob(
+        "cast-weights-once",
+        "the bf16 weights cast once a step, not once a micro-step (one-process FSDP2 keeps "
+        "its unsharded copy between micro-steps)",
+        "FSDP2 set_reshard_after_backward",
+        _cuda_only(_cast_once),
+    ),
+    Knob(
+        "sdpa-backend",
+        "the attention kernel",
+        "torch.nn.attention.SDPBackend",
+        _cuda_only(_choices("sdpa_backend", ("cudnn", "flash", "efficient"))),
+    ),
+    Knob(
+        "loss",
+        "the loss path: plain (full logits), liger (Liger-Kernel), fused (gptspeed's chunked)",
+        "Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024",
+        _cuda_only(_choices("loss", ("plain", "liger", "fused"))),
+    ),
+    Knob(
+        "fp8",
+        "FP8 matmuls in the blocks' Linear layers large enough to gain",
+        "torchao float8 (tensorwise)",
+        _cuda_only(_switch_on("fp8")),
+    ),
+    Knob(
+        "cuda-graphs",
+        "torch.compile mode reduce-overhead (CUDA graphs: one launch per graph)",
+        "torch.compile docs",
+        _cuda_only(_compile_tuning("reduce-overhead")),
+    ),
+    Knob(
+        "compile-tuning",
+        "torch.compile mode max-autotune-no-cudagraphs (inductor searches matmul configs)",
+        "torch.compile docs",
+        _cuda_only(_compile_tuning("max-autotune-no-cudagraphs")),
+    ),
 )
 CPU_KNOBS: tuple[Knob, ...] = (
     Knob("dtype", "bf16 autocast or fp32", "torch.autocast; benchmarks/LOG.md issue 14", _cpu_dtype),
     Knob("compile", "torch.compile on or off", "torch.compile (TorchInductor)", _compile),
-    Knob("loss", "the loss path: plain (full logits) or fused (chunked)", "Wijmans et al. 2024",
-         _choices("loss", ("plain", "fused"))),
+    Knob(
+        "loss",
+        "the loss path: plain (full logits) or fused (chunked)",
+        "Wijmans et al. 2024",
+        _choices("loss", ("plain", "fused")),
+    ),
     Knob("threads", "PyTorch's intra-op threads", "torch.set_num_threads", _threads),
 )
 

@@ -23,8 +23,17 @@ from typing import Any
 
 import gptspeed
 from gptspeed.bench import report
-from gptspeed.bench.stages import (BASELINE, STAGE_NAMES, differences, loss_rtol, parse_stage_list, plan_ladder,
-                                   record, stage_settings, switches)
+from gptspeed.bench.stages import (
+    BASELINE,
+    STAGE_NAMES,
+    differences,
+    loss_rtol,
+    parse_stage_list,
+    plan_ladder,
+    record,
+    stage_settings,
+    switches,
+)
 from gptspeed.bench.worker import PEER_KIND, StageSpec
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
@@ -77,8 +86,12 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
 
     p = preset(cfg.preset)
     pick = lambda v, d: d if v is None else v  # noqa: E731
-    shape = GPTConfig(n_layer=pick(cfg.n_layer, p.model.n_layer), n_head=pick(cfg.n_head, p.model.n_head),
-                      n_embd=pick(cfg.n_embd, p.model.n_embd), block_size=pick(cfg.seq_len, p.model.block_size))
+    shape = GPTConfig(
+        n_layer=pick(cfg.n_layer, p.model.n_layer),
+        n_head=pick(cfg.n_head, p.model.n_head),
+        n_embd=pick(cfg.n_embd, p.model.n_embd),
+        block_size=pick(cfg.seq_len, p.model.block_size),
+    )
     shape.validate()
     batch = pick(cfg.batch_size, p.train.batch_size)
     if batch < 1:
@@ -94,10 +107,14 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
     if cfg.stage_timeout is not None and not cfg.stage_timeout > 0:
         raise GptspeedError(f"--stage-timeout must be positive, got {cfg.stage_timeout}")
     if cfg.compile_backend not in COMPILE_BACKENDS:
-        raise GptspeedError(f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got {cfg.compile_backend!r}")
+        raise GptspeedError(
+            f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got {cfg.compile_backend!r}"
+        )
     if cfg.synthetic == (cfg.data is not None):
-        raise GptspeedError("give either --data DIR (a folder from `gptspeed prepare`) or --synthetic (random tokens), "
-                            "not both or neither")
+        raise GptspeedError(
+            "give either --data DIR (a folder from `gptspeed prepare`) or --synthetic (random tokens), "
+            "not both or neither"
+        )
     data = None
     if cfg.data is not None:
         from gptspeed.data import find_shards
@@ -106,10 +123,24 @@ def base_spec(cfg: BenchConfig) -> StageSpec:
         TokenLoader(find_shards(cfg.data, "train"), batch, shape.block_size)  # GptspeedError if too small
         data = str(Path(cfg.data).resolve())
     device = resolve_device(cfg.device)
-    return StageSpec(name="", settings=dict(BASELINE), n_layer=shape.n_layer, n_head=shape.n_head,
-                     n_embd=shape.n_embd, seq_len=shape.block_size, batch_size=batch, steps=cfg.steps,
-                     warmup=cfg.warmup, device=device.type, seed=cfg.seed, lr=p.optim.lr, data=data,
-                     compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops, grad_accum=cfg.grad_accum or 1)
+    return StageSpec(
+        name="",
+        settings=dict(BASELINE),
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        n_embd=shape.n_embd,
+        seq_len=shape.block_size,
+        batch_size=batch,
+        steps=cfg.steps,
+        warmup=cfg.warmup,
+        device=device.type,
+        seed=cfg.seed,
+        lr=p.optim.lr,
+        data=data,
+        compile_backend=cfg.compile_backend,
+        peak_tflops=cfg.peak_tflops,
+        grad_accum=cfg.grad_accum or 1,
+    )
 
 
 def _worker_env(cache_dir: Path) -> dict[str, str]:
@@ -131,8 +162,9 @@ def _last_line(text: str) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
-def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None,
-               cache_dir: Path | None = None) -> dict[str, Any]:
+def run_worker(
+    spec: StageSpec, log_path: Path, timeout: float | None = None, cache_dir: Path | None = None
+) -> dict[str, Any]:
     """Run one row in a fresh ``python -m gptspeed.bench`` process; its output goes to
     ``log_path``. Returns the worker's result (``status`` ok or skipped) or ``{"status":
     "failed", "reason": ...}`` with the last line it printed.
@@ -148,11 +180,18 @@ def run_worker(spec: StageSpec, log_path: Path, timeout: float | None = None,
         spec_path.write_text(json.dumps(spec.to_dict()))
         with open(log_path, "w") as log:
             try:
-                proc = subprocess.run([sys.executable, "-m", "gptspeed.bench", str(spec_path), str(result_path)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=_worker_env(cache_dir or tmp),
-                                      timeout=timeout)
+                proc = subprocess.run(
+                    [sys.executable, "-m", "gptspeed.bench", str(spec_path), str(result_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=_worker_env(cache_dir or tmp),
+                    timeout=timeout,
+                )
             except subprocess.TimeoutExpired:
-                return {"status": "failed", "reason": f"timed out after {timeout:g} s (--stage-timeout); log {log_path}"}
+                return {
+                    "status": "failed",
+                    "reason": f"timed out after {timeout:g} s (--stage-timeout); log {log_path}",
+                }
         if proc.returncode != 0 or not result_path.exists():
             line = _last_line(log_path.read_text(errors="replace")).removeprefix("gptspeed bench: error: ")
             return {"status": "failed", "reason": f"{line} (exit {proc.returncode}; log {log_path})"}
@@ -206,8 +245,9 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
             else:
                 r["speedup_prev_na"] = f"n/a (differs from the previous row by: {', '.join(diff) or 'nothing'})"
         r["speedup_baseline"] = ref["ms_median"] / r["ms_median"]
-        rtol = max(loss_rtol(row.get("settings") or {"dtype": row.get("dtype", "float32")}, updates=False)
-                   for row in (r, ref))
+        rtol = max(
+            loss_rtol(row.get("settings") or {"dtype": row.get("dtype", "float32")}, updates=False) for row in (r, ref)
+        )
         l0, l_ref = r["loss_step0"], ref["loss_step0"]
         rel = abs(l0 - l_ref) / abs(l_ref) if math.isfinite(l0) and math.isfinite(l_ref) else math.inf
         r["loss_check"] = {"reference": ref["name"], "rel_diff": rel, "rtol": rtol, "ok": rel <= rtol}
@@ -220,8 +260,13 @@ def _planned_rows(plan, spec0: StageSpec, peers: bool) -> tuple[list[dict[str, A
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[dict[str, Any], StageSpec]] = []
     for p in plan:
-        row: dict[str, Any] = {"name": p.stage.name, "kind": "stage", "description": p.stage.description,
-                               "source": p.stage.source, "settings": record(p.settings) if p.settings else None}
+        row: dict[str, Any] = {
+            "name": p.stage.name,
+            "kind": "stage",
+            "description": p.stage.description,
+            "source": p.stage.source,
+            "settings": record(p.settings) if p.settings else None,
+        }
         if p.skip_reason is not None:
             rows.append({**row, "status": "skipped", "reason": p.skip_reason})
             continue
@@ -230,9 +275,15 @@ def _planned_rows(plan, spec0: StageSpec, peers: bool) -> tuple[list[dict[str, A
     if peers:
         last = [p for p in plan if p.skip_reason is None][-1]
         settings = peer_settings(last.settings)
-        row = {"name": PEER_NAME, "kind": "peer", "description": PEER_DESCRIPTION,
-               "source": f"{PEER_SOURCE} {last.stage.name}", "settings": record(settings),
-               "status": "pending", "reason": "not run yet"}
+        row = {
+            "name": PEER_NAME,
+            "kind": "peer",
+            "description": PEER_DESCRIPTION,
+            "source": f"{PEER_SOURCE} {last.stage.name}",
+            "settings": record(settings),
+            "status": "pending",
+            "reason": "not run yet",
+        }
         rows.append(row)
         jobs.append((row, dataclasses.replace(spec0, name=PEER_NAME, kind=PEER_KIND, settings=settings)))
     return rows, jobs
@@ -267,16 +318,28 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
         done = [dict(r) for r in rows]
         check_rows(done)
         problems = [f"{r['name']}: failed: {r['reason']}" for r in done if r["status"] == "failed"]
-        problems += [f"{r['name']}: step-0 loss {r['loss_step0']:.6f} differs from {r['loss_check']['reference']}'s by "
-                     f"{r['loss_check']['rel_diff']:.2e} relative (tolerance {r['loss_check']['rtol']:.0e})"
-                     for r in done if r["status"] == "ok" and not r["loss_check"]["ok"]]
+        problems += [
+            f"{r['name']}: step-0 loss {r['loss_step0']:.6f} differs from {r['loss_check']['reference']}'s by "
+            f"{r['loss_check']['rel_diff']:.2e} relative (tolerance {r['loss_check']['rtol']:.0e})"
+            for r in done
+            if r["status"] == "ok" and not r["loss_check"]["ok"]
+        ]
         return {
-            "format": "gptspeed-ladder", "format_version": 1,
+            "format": "gptspeed-ladder",
+            "format_version": 1,
             "environment": env,
-            "config": {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
-                       ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data")},
-                       "device": spec0.device, "stage_order": list(STAGE_NAMES)},
-            "complete": complete, "rows": done, "ok": complete and not problems, "problems": problems,
+            "config": {
+                **dataclasses.asdict(cfg),
+                **{
+                    k: getattr(spec0, k) for k in ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data")
+                },
+                "device": spec0.device,
+                "stage_order": list(STAGE_NAMES),
+            },
+            "complete": complete,
+            "rows": done,
+            "ok": complete and not problems,
+            "problems": problems,
         }
 
     report.write_partial(result(False), out)

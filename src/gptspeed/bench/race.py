@@ -49,16 +49,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gptspeed.config import RECIPES
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 
-
 ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")  # a folder name under --out/runs, never a path
+
 
 @dataclass
 class Arm:
@@ -76,22 +77,25 @@ def parse_arms(names: str | None, specs: list[str] | None) -> list[Arm]:
     arms = []
     for name in [n.strip() for n in (names or "").split(",") if n.strip()]:
         if name not in RECIPES:
-            raise GptspeedError(f"--arms: unknown recipe {name!r}: choose from {', '.join(RECIPES)}, or give "
-                                f"--arm {name}=\"FLAGS\"")
+            raise GptspeedError(
+                f'--arms: unknown recipe {name!r}: choose from {", ".join(RECIPES)}, or give --arm {name}="FLAGS"'
+            )
         arms.append(Arm(name, ["--recipe", name]))
     for spec in specs or []:
         name, eq, flags = spec.partition("=")
         if not eq or not name.strip():
-            raise GptspeedError(f"--arm {spec!r}: give NAME=\"FLAGS\" (e.g. --arm muon=\"--optimizer muon\")")
+            raise GptspeedError(f'--arm {spec!r}: give NAME="FLAGS" (e.g. --arm muon="--optimizer muon")')
         if not ARM_NAME.match(name.strip()) or name.strip() in (".", ".."):
-            raise GptspeedError(f"--arm {spec[:200]!r}: an arm's name names its runs' folders under --out: letters, "
-                                f"digits, '-', '_' and '.' only, at most 100 (got {name.strip()[:100]!r})")
+            raise GptspeedError(
+                f"--arm {spec[:200]!r}: an arm's name names its runs' folders under --out: letters, "
+                f"digits, '-', '_' and '.' only, at most 100 (got {name.strip()[:100]!r})"
+            )
         try:
             arms.append(Arm(name.strip(), shlex.split(flags)))
         except ValueError as e:
             raise GptspeedError(f"--arm {spec!r}: {e}") from None
     if not arms:
-        raise GptspeedError("--race needs arms: --arms gpt2,modern and/or --arm NAME=\"FLAGS\"")
+        raise GptspeedError('--race needs arms: --arms gpt2,modern and/or --arm NAME="FLAGS"')
     names_seen = [a.name for a in arms]
     if len(set(names_seen)) != len(names_seen):
         raise GptspeedError(f"--race: arm names must differ, got {', '.join(names_seen)}")
@@ -140,7 +144,7 @@ def given_settings(arm: Arm) -> dict[str, str]:
         given["print_config"] = "--print-config"
     if a.config_file:
         for k, v in read_config_file(a.config_file).items():
-            for name in (v if k in GROUPS and isinstance(v, dict) else {k: v}):
+            for name in v if k in GROUPS and isinstance(v, dict) else {k: v}:
                 given.setdefault(name, f"{name}: in its --config {a.config_file}")
     return given
 
@@ -161,8 +165,10 @@ def check_arms(arms: list[Arm], base: list[str], data: str) -> list:
     train_data = find_train_data(data)
     if not train_data.has_val:
         what = "a stream" if train_data.is_stream else f"{data} has no val shards"
-        raise GptspeedError(f"--data {data}: the race measures the val loss, and {what} has no val split: give "
-                            "a folder from `gptspeed prepare` (it has one)")
+        raise GptspeedError(
+            f"--data {data}: the race measures the val loss, and {what} has no val split: give "
+            "a folder from `gptspeed prepare` (it has one)"
+        )
     configs = []
     for arm in arms:
         try:
@@ -171,15 +177,20 @@ def check_arms(arms: list[Arm], base: list[str], data: str) -> list:
             raise GptspeedError(str(e) if str(e).startswith(f"arm {arm.name}:") else f"arm {arm.name}: {e}") from None
         for name, how in given_settings(arm).items():
             if name == "print_config":
-                raise GptspeedError(f"arm {arm.name}: --print-config prints a configuration instead of training; drop "
-                                    "it from the arm (`gptspeed train --print-config FLAGS` shows an arm's)")
+                raise GptspeedError(
+                    f"arm {arm.name}: --print-config prints a configuration instead of training; drop "
+                    "it from the arm (`gptspeed train --print-config FLAGS` shows an arm's)"
+                )
             if name in RACE_SETTINGS:
-                raise GptspeedError(f"arm {arm.name}: {how} is the race's to set ({RACE_SETTINGS[name]}); drop it "
-                                    "from the arm")
+                raise GptspeedError(
+                    f"arm {arm.name}: {how} is the race's to set ({RACE_SETTINGS[name]}); drop it from the arm"
+                )
         cap = 2 * (configs[0] if configs else cfg).train.max_steps
         if cfg.train.max_steps > cap:
-            raise GptspeedError(f"arm {arm.name}: --max-steps {cfg.train.max_steps} is beyond the race's cap of "
-                                f"{cap} (twice the first arm's steps): lower it, or raise the first arm's")
+            raise GptspeedError(
+                f"arm {arm.name}: --max-steps {cfg.train.max_steps} is beyond the race's cap of "
+                f"{cap} (twice the first arm's steps): lower it, or raise the first arm's"
+            )
         try:
             r = cfg.runtime
             rt = resolve_runtime(r.device, r.dtype, r.compile, r.parallel, planned_steps=cfg.train.max_steps)
@@ -218,17 +229,26 @@ def time_to_target(curve: list[dict[str, Any]], target: float) -> dict[str, Any]
     """The first point of ``curve`` at or below ``target``: ``reached``, ``time_to_target_s``,
     ``tokens_to_target``, ``steps_to_target`` (None when never reached), ``final_val_loss``."""
     hit = next((p for p in curve if p["step"] > 0 and p["val_loss"] <= target), None)
-    return {"reached": hit is not None, "time_to_target_s": hit["train_s"] if hit else None,
-            "tokens_to_target": hit["tokens"] if hit else None, "steps_to_target": hit["step"] if hit else None,
-            "final_val_loss": curve[-1]["val_loss"] if curve else None}
+    return {
+        "reached": hit is not None,
+        "time_to_target_s": hit["train_s"] if hit else None,
+        "tokens_to_target": hit["tokens"] if hit else None,
+        "steps_to_target": hit["step"] if hit else None,
+        "final_val_loss": curve[-1]["val_loss"] if curve else None,
+    }
 
 
 def whole_run(curve: list[dict[str, Any]]) -> dict[str, Any]:
     """:func:`time_to_target`'s record for a run that defines the target: reached at its last
     evaluation, in its whole training time, tokens and steps."""
     end = curve[-1]
-    return {"reached": True, "time_to_target_s": end["train_s"], "tokens_to_target": end["tokens"],
-            "steps_to_target": end["step"], "final_val_loss": end["val_loss"]}
+    return {
+        "reached": True,
+        "time_to_target_s": end["train_s"],
+        "tokens_to_target": end["tokens"],
+        "steps_to_target": end["step"],
+        "final_val_loss": end["val_loss"],
+    }
 
 
 def summarize(arms: list[Arm], target: float, *, first_defines_target: bool = False) -> list[dict[str, Any]]:
@@ -239,8 +259,13 @@ def summarize(arms: list[Arm], target: float, *, first_defines_target: bool = Fa
     out, first_times = [], None
     for arm in arms:
         defines = first_defines_target and arm is arms[0]
-        runs = [{"seed": r["seed"], **(whole_run(r["curve"]) if defines and r["curve"] else
-                                       time_to_target(r["curve"], target))} for r in arm.runs]
+        runs = [
+            {
+                "seed": r["seed"],
+                **(whole_run(r["curve"]) if defines and r["curve"] else time_to_target(r["curve"], target)),
+            }
+            for r in arm.runs
+        ]
         times = [r["time_to_target_s"] for r in runs if r["reached"]]
         row = {"name": arm.name, "flags": arm.flags, "runs": runs, "reached": len(times), "of": len(runs)}
         for key in ("time_to_target_s", "tokens_to_target", "steps_to_target", "final_val_loss"):
@@ -249,8 +274,9 @@ def summarize(arms: list[Arm], target: float, *, first_defines_target: bool = Fa
             row[f"{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else None
         if first_times is None:
             first_times = times
-        row["time_ratio"] = (row["time_to_target_s_mean"] / statistics.fmean(first_times)
-                             if times and first_times else None)
+        row["time_ratio"] = (
+            row["time_to_target_s_mean"] / statistics.fmean(first_times) if times and first_times else None
+        )
         row["p_value"] = welch_p(times, first_times) if arm is not arms[0] else None
         out.append(row)
     return out
@@ -331,9 +357,18 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
     cap = 2 * configs[0].train.max_steps
     eval_every = cfg.eval_every or max(1, configs[0].train.max_steps // 15)
     eval_tokens = cfg.eval_tokens if cfg.eval_tokens is not None else configs[0].train.eval_tokens
-    race = {"command": command, "preset": cfg.preset, "data": data, "seeds": cfg.seeds, "eval_every": eval_every,
-            "eval_tokens": eval_tokens, "steps_cap": cap, "target_val_loss": cfg.target_val_loss, "complete": False,
-            "arms": []}
+    race = {
+        "command": command,
+        "preset": cfg.preset,
+        "data": data,
+        "seeds": cfg.seeds,
+        "eval_every": eval_every,
+        "eval_tokens": eval_tokens,
+        "steps_cap": cap,
+        "target_val_loss": cfg.target_val_loss,
+        "complete": False,
+        "arms": [],
+    }
     race["environment"] = environment_record(cfg.device)
     lock = open_race_folder(out, cfg.force)
     stop = StopFlag(say=say)
@@ -343,10 +378,21 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
             for arm, arm_cfg in zip(cfg.arms, configs):
                 if stop():
                     raise _stopped(stop.signum, f"before {arm.name} seed {seed} started", out, cfg.arms)
-                flags = [*base, "--save-every", "0", *arm.flags, "--seed", str(1337 + seed),
-                         "--eval-every", str(eval_every), "--eval-tokens", str(eval_tokens),
-                         "--max-steps", str(arm_cfg.train.max_steps),
-                         *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else [])]
+                flags = [
+                    *base,
+                    "--save-every",
+                    "0",
+                    *arm.flags,
+                    "--seed",
+                    str(1337 + seed),
+                    "--eval-every",
+                    str(eval_every),
+                    "--eval-tokens",
+                    str(eval_tokens),
+                    "--max-steps",
+                    str(arm_cfg.train.max_steps),
+                    *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else []),
+                ]
                 arm.runs.append(_one_run(out, arm, seed, flags, cfg.timeout_s, say, stop, cfg.arms))
                 _write(out, race, cfg)
         race["complete"] = True
@@ -359,8 +405,11 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
 
 def _stopped(signum: int, where: str, out: Path, arms: list[Arm]) -> RaceStopped:
     done = sum(len(a.runs) for a in arms)
-    return RaceStopped(f"race stopped by {signal.Signals(signum).name} {where}; {out / 'race.json'} holds the "
-                       f"{done} run(s) finished before (not a complete race)", signum)
+    return RaceStopped(
+        f"race stopped by {signal.Signals(signum).name} {where}; {out / 'race.json'} holds the "
+        f"{done} run(s) finished before (not a complete race)",
+        signum,
+    )
 
 
 #: what a race writes into its ``--out`` (and the run lock it holds there)
@@ -392,10 +441,13 @@ def _race_entries(out: Path) -> list[str]:
     fix = "a race writes only into a new or empty folder, or an earlier race's; choose another --out"
     names = [n for n in sorted(os.listdir(out)) if n != LOCK_NAME and not _RACE_TEMP.match(n)]
     foreign = [n for n in names if n not in RACE_NAMES]
-    for sub, ok in (("runs", lambda p: _RUN_NAME.match(p.name) and p.is_dir() and not p.is_symlink()
-                     and not foreign_entries(p)),
-                    ("logs", lambda p: p.name.endswith(".log") and _RUN_NAME.match(p.name[:-4]) and p.is_file()
-                     and not p.is_symlink())):
+    for sub, ok in (
+        ("runs", lambda p: _RUN_NAME.match(p.name) and p.is_dir() and not p.is_symlink() and not foreign_entries(p)),
+        (
+            "logs",
+            lambda p: p.name.endswith(".log") and _RUN_NAME.match(p.name[:-4]) and p.is_file() and not p.is_symlink(),
+        ),
+    ):
         folder = out / sub
         if sub in names:
             if folder.is_symlink() or not folder.is_dir():
@@ -419,8 +471,10 @@ def _race_entries(out: Path) -> list[str]:
 def _refuse_earlier_race(out: Path, names: list[str], force: bool) -> None:
     if names and not force:
         runs = len(list((out / "runs").iterdir())) if "runs" in names else 0
-        raise GptspeedError(f"--out {out} holds an earlier race ({runs} run folder(s), {', '.join(names)}): pass "
-                            "--force to replace it, or choose another --out")
+        raise GptspeedError(
+            f"--out {out} holds an earlier race ({runs} run folder(s), {', '.join(names)}): pass "
+            "--force to replace it, or choose another --out"
+        )
 
 
 def open_race_folder(out: Path, force: bool):
@@ -442,8 +496,10 @@ def open_race_folder(out: Path, force: bool):
             holder = (out / LOCK_NAME).read_text(errors="replace")[:200].strip() or "another process"
         except OSError:
             holder = "another process"
-        raise GptspeedError(f"--out {out} is in use by {holder} (another `gptspeed bench --race`): wait for it to "
-                            "end or stop it, or choose another --out") from None
+        raise GptspeedError(
+            f"--out {out} is in use by {holder} (another `gptspeed bench --race`): wait for it to "
+            "end or stop it, or choose another --out"
+        ) from None
     except OSError as e:
         raise GptspeedError(f"cannot create or lock --out {out}: {e.strerror or e}") from None
     try:
@@ -461,8 +517,10 @@ def open_race_folder(out: Path, force: bool):
             for log in sorted((out / "logs").iterdir()) if "logs" in names else []:
                 log.unlink()
         except OSError as e:
-            raise GptspeedError(f"cannot remove the earlier race in --out {out}: {e.strerror or e} "
-                                f"({getattr(e, 'filename', None) or out})") from None
+            raise GptspeedError(
+                f"cannot remove the earlier race in --out {out}: {e.strerror or e} "
+                f"({getattr(e, 'filename', None) or out})"
+            ) from None
     except BaseException:
         lock.release()
         raise
@@ -482,8 +540,16 @@ def train_command(flags: list[str], run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "gptspeed", "train", *flags, "--out", str(run_dir)]
 
 
-def _one_run(out: Path, arm: Arm, seed: int, flags: list[str], timeout_s: float | None,
-             say: Callable[..., None], stop=None, arms: list[Arm] | None = None) -> dict[str, Any]:
+def _one_run(
+    out: Path,
+    arm: Arm,
+    seed: int,
+    flags: list[str],
+    timeout_s: float | None,
+    say: Callable[..., None],
+    stop=None,
+    arms: list[Arm] | None = None,
+) -> dict[str, Any]:
     """One ``gptspeed train`` process of ``arm`` at ``seed``; its training curve. Its run folder is
     new: the race's ``out`` was emptied of any earlier race by :func:`open_race_folder`."""
     run_dir = out / "runs" / f"{arm.name}-seed{seed}"
@@ -502,16 +568,22 @@ def _one_run(out: Path, arm: Arm, seed: int, flags: list[str], timeout_s: float 
 
         ckpts = list_checkpoints(run_dir)
         kept = f"its last checkpoint is {ckpts[-1]}" if ckpts else f"it had saved no checkpoint (log: {log})"
-        how = (f"did not stop within {STOP_WAIT_S:g} s and was killed" if code == -signal.SIGKILL else
-               f"saved and stopped (exit {code})")
+        how = (
+            f"did not stop within {STOP_WAIT_S:g} s and was killed"
+            if code == -signal.SIGKILL
+            else f"saved and stopped (exit {code})"
+        )
         raise _stopped(stop.signum, f"while {arm.name} seed {seed} ran: it {how}, {kept}", out, arms or [arm])
     if code != 0:
         last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
         raise GptspeedError(f"race: {arm.name} seed {seed} failed (exit {code}): {last[0][:200]} (log: {log})")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = training_curve(records)
-    say(f"race: {arm.name} seed {seed}: final val {curve[-1]['val_loss']:.4f} after {curve[-1]['train_s']:.1f} s of "
-        f"training ({time.monotonic() - t0:.0f} s in all)", flush=True)
+    say(
+        f"race: {arm.name} seed {seed}: final val {curve[-1]['val_loss']:.4f} after {curve[-1]['train_s']:.1f} s of "
+        f"training ({time.monotonic() - t0:.0f} s in all)",
+        flush=True,
+    )
     return {"seed": seed, "curve": curve, "run_dir": str(run_dir)}
 
 
@@ -537,8 +609,11 @@ def spawn(cmd: list[str], log, timeout_s: float | None, stop=None, say: Callable
             if stop is not None and stop() and asked is None:
                 proc.send_signal(signal.SIGTERM)
                 asked = now
-                say(f"race: asked the running arm (pid {proc.pid}) to save and stop; waiting for it, at most "
-                    f"{STOP_WAIT_S:g} s", flush=True)
+                say(
+                    f"race: asked the running arm (pid {proc.pid}) to save and stop; waiting for it, at most "
+                    f"{STOP_WAIT_S:g} s",
+                    flush=True,
+                )
             if asked is not None and now - asked > STOP_WAIT_S:
                 proc.kill()
                 return proc.wait()
@@ -556,8 +631,11 @@ def _write(out: Path, race: dict[str, Any], cfg: RaceConfig) -> None:
     target = cfg.target_val_loss if cfg.target_val_loss is not None else (statistics.fmean(firsts) if firsts else None)
     race["target_val_loss"] = target
     defines = cfg.target_val_loss is None
-    race["target_from"] = ("--target-val-loss" if not defines else
-                           f"{cfg.arms[0].name}'s mean final val loss; its time is its whole training")
+    race["target_from"] = (
+        "--target-val-loss"
+        if not defines
+        else f"{cfg.arms[0].name}'s mean final val loss; its time is its whole training"
+    )
     race["arms"] = summarize(cfg.arms, target, first_defines_target=defines) if target is not None else []
     for arm, row in zip(cfg.arms, race["arms"]):
         for run, curve_run in zip(row["runs"], arm.runs):
@@ -576,21 +654,34 @@ def race_markdown(race: dict[str, Any]) -> str:
     """The race as a Markdown table: per arm, runs that reached the target, time / tokens / steps to
     it (mean ± std), the time ratio to the first arm and the p-value."""
     env = race.get("environment", {})
-    lines = [f"## gptspeed bench --race ({'complete' if race['complete'] else 'in progress'})", "",
-             f"{env.get('device', '?')} · torch {env.get('torch', '?')} · gptspeed {env.get('git_commit', '?')} · "
-             f"{env.get('date', '')}", "", f"Command: `{race.get('command', '')}`", "",
-             f"Target val loss **{race['target_val_loss']:.4f}** ({race['target_from']}); eval every "
-             f"{race['eval_every']} steps; step cap {race['steps_cap']}.", "",
-             "| arm | reached | time to target (s) | tokens to target | steps | final val loss | time ratio | p (faster) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## gptspeed bench --race ({'complete' if race['complete'] else 'in progress'})",
+        "",
+        f"{env.get('device', '?')} · torch {env.get('torch', '?')} · gptspeed {env.get('git_commit', '?')} · "
+        f"{env.get('date', '')}",
+        "",
+        f"Command: `{race.get('command', '')}`",
+        "",
+        f"Target val loss **{race['target_val_loss']:.4f}** ({race['target_from']}); eval every "
+        f"{race['eval_every']} steps; step cap {race['steps_cap']}.",
+        "",
+        "| arm | reached | time to target (s) | tokens to target | steps | final val loss | time ratio | p (faster) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for a in race["arms"]:
         t = f"{_fmt(a['time_to_target_s_mean'], '.1f')} ± {_fmt(a['time_to_target_s_std'], '.1f')}"
-        lines.append(f"| {a['name']} | {a['reached']}/{a['of']} | {t} | {_fmt(a['tokens_to_target_mean'], ',.0f')} | "
-                     f"{_fmt(a['steps_to_target_mean'], '.0f')} | {_fmt(a['final_val_loss_mean'], '.4f')} | "
-                     f"{_fmt(a['time_ratio'], '.2f')} | {_fmt(a['p_value'], '.2g')} |")
-    lines += ["", "Training time only: evaluation is not timed, and the first step (compilation, warm-up) counts at "
-              "the next steps' speed. A run that never reaches the target is not in the means. p: one-sided Welch "
-              "t-test that the arm's time to target is below the first arm's.", ""]
+        lines.append(
+            f"| {a['name']} | {a['reached']}/{a['of']} | {t} | {_fmt(a['tokens_to_target_mean'], ',.0f')} | "
+            f"{_fmt(a['steps_to_target_mean'], '.0f')} | {_fmt(a['final_val_loss_mean'], '.4f')} | "
+            f"{_fmt(a['time_ratio'], '.2f')} | {_fmt(a['p_value'], '.2g')} |"
+        )
+    lines += [
+        "",
+        "Training time only: evaluation is not timed, and the first step (compilation, warm-up) counts at "
+        "the next steps' speed. A run that never reaches the target is not in the means. p: one-sided Welch "
+        "t-test that the arm's time to target is below the first arm's.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -17,8 +17,22 @@ import torch
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment as base_environment
 
-__all__ = ["environment", "say", "check_out_dir", "make_out_dir", "environment_line", "table_cell", "fmt_bytes", "progress_line", "vs_prev", "markdown",
-           "plot", "write_partial", "write_outputs", "write_text_atomic"]
+__all__ = [
+    "environment",
+    "say",
+    "check_out_dir",
+    "make_out_dir",
+    "environment_line",
+    "table_cell",
+    "fmt_bytes",
+    "progress_line",
+    "vs_prev",
+    "markdown",
+    "plot",
+    "write_partial",
+    "write_outputs",
+    "write_text_atomic",
+]
 
 
 def _version(package: str) -> str | None:
@@ -30,8 +44,12 @@ def _version(package: str) -> str | None:
 
 def _nvidia_driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -84,12 +102,15 @@ def check_out_dir(out: str | Path) -> Path:
     if k == "missing":
         parent = next((p for p in path.absolute().parents if p.exists()), None)
         if parent is not None and what(parent):
-            raise GptspeedError(f"--out {path} would be created inside {parent}, a {what(parent)}: bench never writes "
-                                "into one; choose an --out outside it (e.g. bench/NAME)")
+            raise GptspeedError(
+                f"--out {path} would be created inside {parent}, a {what(parent)}: bench never writes "
+                "into one; choose an --out outside it (e.g. bench/NAME)"
+            )
         return path
     if what(path):
-        raise GptspeedError(f"--out {path} is a {what(path)}: bench never writes into one; choose another --out "
-                            "(e.g. bench/NAME)")
+        raise GptspeedError(
+            f"--out {path} is a {what(path)}: bench never writes into one; choose another --out (e.g. bench/NAME)"
+        )
     return path
 
 
@@ -110,9 +131,11 @@ def environment_line(env: dict[str, Any]) -> str:
     """A report's second line: the device (CUDA and driver versions on a GPU), torch, gptspeed at its
     commit, the date -- from :func:`environment`'s record."""
     commit = (env.get("git_commit") or "unknown")[:12]
-    return (f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
-            f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
-            f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}")
+    return (
+        f"{env['device']} ({env['device_type']}{', CUDA ' + str(env['cuda']) if env.get('cuda') else ''}"
+        f"{', driver ' + env['driver'] if env.get('driver') else ''}) · torch {env['torch']} · "
+        f"gptspeed {env['gptspeed']} @ {commit} · {env['date']}"
+    )
 
 
 def table_cell(text: object) -> str:
@@ -143,8 +166,10 @@ def progress_line(r: dict[str, Any]) -> str:
     """One line about a row that just finished (for stderr while the ladder runs)."""
     if r["status"] != "ok":
         return f"{r['status']}: {r['reason']}"
-    return (f"{_ms(r['ms_median'])} ms/step (min {_ms(r['ms_min'])}, max {_ms(r['ms_max'])}), "
-            f"{r['tokens_per_s']:,.0f} tokens/s, step-0 loss {r['loss_step0']:.4f}, warm-up {r['warmup_s']:.1f} s")
+    return (
+        f"{_ms(r['ms_median'])} ms/step (min {_ms(r['ms_min'])}, max {_ms(r['ms_max'])}), "
+        f"{r['tokens_per_s']:,.0f} tokens/s, step-0 loss {r['loss_step0']:.4f}, warm-up {r['warmup_s']:.1f} s"
+    )
 
 
 def vs_prev(r: dict[str, Any]) -> str:
@@ -201,12 +226,20 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {_label(r)} | {r.get('switches') or '—'} | {_ms(r['ms_median'])} | {iqr} | {_ms(r['ms_min'])}–{_ms(r['ms_max'])} "
             f"| {r['tokens_per_s']:,.0f} | {mfu} | {fmt_bytes(r['peak_mem_bytes'])} | {r['warmup_s']:.1f} "
-            f"| {r['loss_step0']:.4f} | {r['loss_last']:.4f} | {vs_prev(r)} | {_x(r['speedup_baseline'])} | {_notes(r)} |")
-    lines += ["", "Rows are cumulative: each adds its change to every row that ran or would run above it; the "
-                  "switches column says what was on.", ""]
+            f"| {r['loss_step0']:.4f} | {r['loss_last']:.4f} | {vs_prev(r)} | {_x(r['speedup_baseline'])} | {_notes(r)} |"
+        )
+    lines += [
+        "",
+        "Rows are cumulative: each adds its change to every row that ran or would run above it; the "
+        "switches column says what was on.",
+        "",
+    ]
     lines += [f"- **{_label(r)}**: {r['description']}" + (f" ({r['source']})" if r.get("source") else "") for r in rows]
-    mem = ("peak memory allocated by PyTorch on the GPU" if env["device_type"] == "cuda"
-           else "peak resident memory of the row's process")
+    mem = (
+        "peak memory allocated by PyTorch on the GPU"
+        if env["device_type"] == "cuda"
+        else "peak resident memory of the row's process"
+    )
     mfu_note = next((r["peak_flops_source"] for r in ran if r["mfu"] is None), None)
     lines += [
         "",
@@ -216,15 +249,18 @@ def markdown(result: dict[str, Any]) -> str:
         "brackets) -- n/a when they differ by more than one, and marked *noise* when either row's IQR is wider than "
         "the gap between the two medians. vs first row: speed-up over the first row that ran, all of this row's "
         "switches together. Step-0 losses must agree with the first row's within the dtype's tolerance (fp32 1e-4, "
-        "tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2 relative)."
-        + (f" MFU: {mfu_note}." if mfu_note else ""),
+        "tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2 relative)." + (f" MFU: {mfu_note}." if mfu_note else ""),
     ]
     if result["problems"]:
         lines += ["", "**Problems:** " + "; ".join(result["problems"])]
     if not result.get("complete", True):
         pending = [r["name"] for r in rows if r["status"] == "pending"]
-        lines += ["", f"**Incomplete**: written after each row; {len(pending)} row(s) not run yet"
-                      + (f" ({', '.join(pending)})" if pending else "") + "."]
+        lines += [
+            "",
+            f"**Incomplete**: written after each row; {len(pending)} row(s) not run yet"
+            + (f" ({', '.join(pending)})" if pending else "")
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -252,16 +288,34 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
         label = f"{r['speedup_baseline']:.2f}×"
         if r["speedup_prev"] is not None:
             label += f"\n({r['speedup_prev']:.2f}× prev)"
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, r["ms_max"]), xytext=(0, 3),  # above the error bar
-                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            label,
+            (bar.get_x() + bar.get_width() / 2, r["ms_max"]),
+            xytext=(0, 3),  # above the error bar
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     c, env = result["config"], result["environment"]
     ax.set_ylabel("ms / step (median; lower is better)")
-    ax.set_title(f"gptspeed ladder — {env['device']}\nL={c['n_layer']} H={c['n_head']} C={c['n_embd']}, "
-                 f"B={c['batch_size']} T={c['seq_len']}, torch {env['torch']}", fontsize=9)
+    ax.set_title(
+        f"gptspeed ladder — {env['device']}\nL={c['n_layer']} H={c['n_head']} C={c['n_embd']}, "
+        f"B={c['batch_size']} T={c['seq_len']}, torch {env['torch']}",
+        fontsize=9,
+    )
     ax.set_ylim(0, max(r["ms_max"] for r in rows) * 1.45)
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    ax.text(0.99, 0.98, "on each bar: speed-up over the first row\n(and over the row before it)", transform=ax.transAxes,
-            ha="right", va="top", fontsize=7, color="#555555")
+    ax.text(
+        0.99,
+        0.98,
+        "on each bar: speed-up over the first row\n(and over the row before it)",
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=7,
+        color="#555555",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -286,4 +340,3 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         result["plot_skipped"] = skipped
         print(f"gptspeed bench: ladder.png not written: {skipped}", file=sys.stderr)
     print(write_partial(result, out), end="")
-

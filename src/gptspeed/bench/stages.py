@@ -25,13 +25,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from gptspeed.config import (AUTO_BATCH_SIZE, FIELDS, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, check_settings,
-                             setting_flag)
+from gptspeed.config import AUTO_BATCH_SIZE, FIELDS, GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, check_settings, setting_flag
 from gptspeed.cpu import cpu_has_native_bf16
 from gptspeed.errors import GptspeedError
 from gptspeed.optim import OPTIMIZERS, fused_adamw_available
@@ -40,9 +40,17 @@ from gptspeed.runtime import bf16_supported
 # The ladder's first rung, as settings of the run configuration: build-nanogpt's starting point (fp32, eager,
 # the manual attention, the tokenizer's 50,257 embedding rows, AdamW without the fused kernel, the full-logits
 # loss). Every other setting a rung changes starts at the configuration's default.
-BASELINE: dict[str, Any] = check_settings({"dtype": "float32", "compile": False, "attention": "manual",
-                                           "vocab_size": GPT2_VOCAB_SIZE, "fused_adamw": False, "loss": "plain"},
-                                          "the bench's baseline")
+BASELINE: dict[str, Any] = check_settings(
+    {
+        "dtype": "float32",
+        "compile": False,
+        "attention": "manual",
+        "vocab_size": GPT2_VOCAB_SIZE,
+        "fused_adamw": False,
+        "loss": "plain",
+    },
+    "the bench's baseline",
+)
 
 
 def baseline_with(**changes: Any) -> dict[str, Any]:
@@ -130,6 +138,7 @@ def _fused_adamw(device: torch.device, compile_backend: str) -> str | None:
 def _cuda_only(what: str):
     def applies(device: torch.device, compile_backend: str) -> str | None:
         return None if device.type == "cuda" else f"{what} needs CUDA; not {device.type}"
+
     return applies
 
 
@@ -180,39 +189,89 @@ def _cuda_compile_tuning(device: torch.device, compile_backend: str) -> str | No
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("baseline", "fp32, manual attention, vocab 50257, eager, plain AdamW, full-logits loss", {},
-          source="build-nanogpt ladder, first rung"),
-    Stage("tf32", "TF32 tensor cores for fp32 matmuls", {"dtype": "tf32"}, _tf32,
-          source="torch.set_float32_matmul_precision('high')"),
-    Stage("bf16", "bf16 autocast (fp32 master weights)", {"dtype": "bfloat16"}, _bf16,
-          source="torch.autocast; Micikevicius et al. 2018"),
-    Stage("compile", "torch.compile the model", {"compile": True}, _compile,
-          source="torch.compile (TorchInductor)"),
-    Stage("flash", "F.scaled_dot_product_attention (flash kernels)", {"attention": "sdpa"},
-          source="Dao et al. 2022, FlashAttention; torch SDPA", label="sdpa"),
-    Stage("vocab-pad", f"vocabulary padded {GPT2_VOCAB_SIZE} -> {PADDED_VOCAB_SIZE}",
-          {"vocab_size": PADDED_VOCAB_SIZE}, source="build-nanogpt ('nice numbers')", label=f"vocab{PADDED_VOCAB_SIZE}"),
-    Stage("fused-adamw", "AdamW(fused=True)", {"fused_adamw": True}, _fused_adamw,
-          source="torch.optim.AdamW docs"),
-    Stage("fused-ce", "chunked linear + cross-entropy, no full logits", {"loss": "fused"},
-          source="Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024"),
+    Stage(
+        "baseline",
+        "fp32, manual attention, vocab 50257, eager, plain AdamW, full-logits loss",
+        {},
+        source="build-nanogpt ladder, first rung",
+    ),
+    Stage(
+        "tf32",
+        "TF32 tensor cores for fp32 matmuls",
+        {"dtype": "tf32"},
+        _tf32,
+        source="torch.set_float32_matmul_precision('high')",
+    ),
+    Stage(
+        "bf16",
+        "bf16 autocast (fp32 master weights)",
+        {"dtype": "bfloat16"},
+        _bf16,
+        source="torch.autocast; Micikevicius et al. 2018",
+    ),
+    Stage("compile", "torch.compile the model", {"compile": True}, _compile, source="torch.compile (TorchInductor)"),
+    Stage(
+        "flash",
+        "F.scaled_dot_product_attention (flash kernels)",
+        {"attention": "sdpa"},
+        source="Dao et al. 2022, FlashAttention; torch SDPA",
+        label="sdpa",
+    ),
+    Stage(
+        "vocab-pad",
+        f"vocabulary padded {GPT2_VOCAB_SIZE} -> {PADDED_VOCAB_SIZE}",
+        {"vocab_size": PADDED_VOCAB_SIZE},
+        source="build-nanogpt ('nice numbers')",
+        label=f"vocab{PADDED_VOCAB_SIZE}",
+    ),
+    Stage("fused-adamw", "AdamW(fused=True)", {"fused_adamw": True}, _fused_adamw, source="torch.optim.AdamW docs"),
+    Stage(
+        "fused-ce",
+        "chunked linear + cross-entropy, no full logits",
+        {"loss": "fused"},
+        source="Liger-Kernel (Hsu et al. 2024); Wijmans et al. 2024",
+    ),
     # issue 7: beyond the seeds on one GPU
-    Stage("batch-auto", "largest power-of-two micro-batch that fits (probed, cached)", {"batch_size": "auto"},
-          _cuda_only("--batch-size auto (an out-of-memory probe)"), source="gptspeed.batchsize"),
-    Stage("fp8", "FP8 (e4m3 / e5m2, per-tensor scaling) matmuls in the blocks' Linear layers", {"fp8": True}, _fp8,
-          source="Micikevicius et al. 2022, FP8 Formats for Deep Learning; torch._scaled_mm"),
-    Stage("muon", "Muon for the blocks' 2-D weights, AdamW for the rest", {"optimizer": "muon"},
-          source="Jordan et al. 2024 (Muon); torch.optim.Muon; modded-nanogpt"),
-    Stage("compile-blocks", "torch.compile each transformer block (compile once, reuse)", {"compile_mode": "blocks"},
-          _compile, source="torch.compile regional compilation recipe"),
-    Stage("max-autotune", "torch.compile mode max-autotune (tuned matmuls, CUDA graphs)",
-          {"compile_tuning": "max-autotune"}, _cuda_compile_tuning, source="torch.compile docs"),
+    Stage(
+        "batch-auto",
+        "largest power-of-two micro-batch that fits (probed, cached)",
+        {"batch_size": "auto"},
+        _cuda_only("--batch-size auto (an out-of-memory probe)"),
+        source="gptspeed.batchsize",
+    ),
+    Stage(
+        "fp8",
+        "FP8 (e4m3 / e5m2, per-tensor scaling) matmuls in the blocks' Linear layers",
+        {"fp8": True},
+        _fp8,
+        source="Micikevicius et al. 2022, FP8 Formats for Deep Learning; torch._scaled_mm",
+    ),
+    Stage(
+        "muon",
+        "Muon for the blocks' 2-D weights, AdamW for the rest",
+        {"optimizer": "muon"},
+        source="Jordan et al. 2024 (Muon); torch.optim.Muon; modded-nanogpt",
+    ),
+    Stage(
+        "compile-blocks",
+        "torch.compile each transformer block (compile once, reuse)",
+        {"compile_mode": "blocks"},
+        _compile,
+        source="torch.compile regional compilation recipe",
+    ),
+    Stage(
+        "max-autotune",
+        "torch.compile mode max-autotune (tuned matmuls, CUDA graphs)",
+        {"compile_tuning": "max-autotune"},
+        _cuda_compile_tuning,
+        source="torch.compile docs",
+    ),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 # The seeds' rungs: build-nanogpt's ladder, fp32 -> ... -> fused AdamW. The last one is what
 # ``gptspeed train`` runs on CUDA with no speed flag (bf16, compile, SDPA, vocabulary 50304, fused
 # AdamW, the plain loss), so these rungs are also "the default's switches", one at a time.
-SEED_STAGES = STAGE_NAMES[:STAGE_NAMES.index("fused-adamw") + 1]
+SEED_STAGES = STAGE_NAMES[: STAGE_NAMES.index("fused-adamw") + 1]
 ALL_STAGES = "all"  # --stages all: every rung
 
 
@@ -224,34 +283,73 @@ def _bf16_cuda(device: torch.device, compile_backend: str) -> str | None:
 
 def _fp16(device: torch.device, compile_backend: str) -> str | None:
     if device.type != "cuda":
-        return (f"float16 autocast + GradScaler is the path of CUDA GPUs without bf16 (V100, T4); "
-                f"gptspeed does not run it on {device.type}")
+        return (
+            f"float16 autocast + GradScaler is the path of CUDA GPUs without bf16 (V100, T4); "
+            f"gptspeed does not run it on {device.type}"
+        )
     return None
 
 
 # Rungs only ``bench --verify`` runs: other ways to train that a user can pick with a flag, checked
 # against the same fp32 reference. Not in the ladder (they are alternatives, not cumulative steps).
 VERIFY_EXTRAS: tuple[Stage, ...] = (
-    Stage("fp16", "float16 autocast with a GradScaler (--dtype auto on GPUs without bf16)", {"dtype": "float16"},
-          _fp16, source="torch.amp.GradScaler; Micikevicius et al. 2018", base="baseline"),
-    Stage("sdpa-cudnn", "fused-adamw's settings (CUDA's default) with cuDNN attention (--sdpa-backend cudnn)",
-          {"sdpa_backend": "cudnn"}, _cuda_only("cuDNN attention"), source="torch.nn.attention.SDPBackend.CUDNN_ATTENTION",
-          base="fused-adamw"),
-    Stage("fp16-fused-ce", "fused-ce's settings in float16 (GradScaler + the chunked loss)", {"dtype": "float16"},
-          _fp16, source="torch.amp.GradScaler", base="fused-ce"),
-    Stage("reduce-overhead", "fused-ce's settings, torch.compile mode reduce-overhead (CUDA graphs)",
-          {"compile": True, "compile_tuning": "reduce-overhead"}, _cuda_compile_tuning, source="torch.compile docs",
-          base="fused-ce"),
-    Stage("max-autotune-no-cudagraphs", "fused-ce's settings, torch.compile mode max-autotune-no-cudagraphs",
-          {"compile": True, "compile_tuning": "max-autotune-no-cudagraphs"}, _cuda_compile_tuning,
-          source="torch.compile docs", base="fused-ce"),
+    Stage(
+        "fp16",
+        "float16 autocast with a GradScaler (--dtype auto on GPUs without bf16)",
+        {"dtype": "float16"},
+        _fp16,
+        source="torch.amp.GradScaler; Micikevicius et al. 2018",
+        base="baseline",
+    ),
+    Stage(
+        "sdpa-cudnn",
+        "fused-adamw's settings (CUDA's default) with cuDNN attention (--sdpa-backend cudnn)",
+        {"sdpa_backend": "cudnn"},
+        _cuda_only("cuDNN attention"),
+        source="torch.nn.attention.SDPBackend.CUDNN_ATTENTION",
+        base="fused-adamw",
+    ),
+    Stage(
+        "fp16-fused-ce",
+        "fused-ce's settings in float16 (GradScaler + the chunked loss)",
+        {"dtype": "float16"},
+        _fp16,
+        source="torch.amp.GradScaler",
+        base="fused-ce",
+    ),
+    Stage(
+        "reduce-overhead",
+        "fused-ce's settings, torch.compile mode reduce-overhead (CUDA graphs)",
+        {"compile": True, "compile_tuning": "reduce-overhead"},
+        _cuda_compile_tuning,
+        source="torch.compile docs",
+        base="fused-ce",
+    ),
+    Stage(
+        "max-autotune-no-cudagraphs",
+        "fused-ce's settings, torch.compile mode max-autotune-no-cudagraphs",
+        {"compile": True, "compile_tuning": "max-autotune-no-cudagraphs"},
+        _cuda_compile_tuning,
+        source="torch.compile docs",
+        base="fused-ce",
+    ),
     # the LM head is the largest matmul (768 x 50304 at 124M); fused-adamw's settings call it (--loss plain)
-    Stage("fp8-lm-head", "fused-adamw's settings (CUDA's default) with an FP8 LM head (--fp8-lm-head)",
-          {"fp8_lm_head": True}, _fp8, source="torchao float8 training; modded-nanogpt speedrun (FP8 head)",
-          base="fused-adamw"),
-    Stage("bf16-residual", "fused-adamw's settings (CUDA's default) with a bf16 residual stream "
-          "(--residual-dtype bfloat16)", {"residual_dtype": "bfloat16"}, _bf16_cuda,
-          source="modded-nanogpt speedrun (bf16 residual stream)", base="fused-adamw"),
+    Stage(
+        "fp8-lm-head",
+        "fused-adamw's settings (CUDA's default) with an FP8 LM head (--fp8-lm-head)",
+        {"fp8_lm_head": True},
+        _fp8,
+        source="torchao float8 training; modded-nanogpt speedrun (FP8 head)",
+        base="fused-adamw",
+    ),
+    Stage(
+        "bf16-residual",
+        "fused-adamw's settings (CUDA's default) with a bf16 residual stream (--residual-dtype bfloat16)",
+        {"residual_dtype": "bfloat16"},
+        _bf16_cuda,
+        source="modded-nanogpt speedrun (bf16 residual stream)",
+        base="fused-adamw",
+    ),
 )
 VERIFY_EXTRA_NAMES = tuple(s.name for s in VERIFY_EXTRAS)
 # Every setting a rung changes, in the order the rungs first change it: what a row records (:func:`record`)
@@ -318,13 +416,16 @@ def parse_stage_list(text: str | None, allowed: tuple[str, ...] = STAGE_NAMES) -
     names = [n.strip() for n in text.split(",")]
     bad = [n for n in names if n not in allowed]
     if bad or not names:
-        raise GptspeedError(f"unknown stage(s) {', '.join(repr(b) for b in bad) or repr(text)} in --stages: "
-                            f"choose from {', '.join(allowed)} (or {ALL_STAGES})")
+        raise GptspeedError(
+            f"unknown stage(s) {', '.join(repr(b) for b in bad) or repr(text)} in --stages: "
+            f"choose from {', '.join(allowed)} (or {ALL_STAGES})"
+        )
     return names
 
 
-def plan_ladder(device: torch.device, selected: list[str] | None = None,
-                compile_backend: str = "inductor") -> list[PlannedRow]:
+def plan_ladder(
+    device: torch.device, selected: list[str] | None = None, compile_backend: str = "inductor"
+) -> list[PlannedRow]:
     """Every stage of :data:`STAGES`, in order, with the cumulative settings it runs with."""
     rows = []
     settings = dict(BASELINE)

@@ -52,8 +52,9 @@ MIN_GAIN = 0.01  # a candidate is kept only when at least 1% faster (and faster 
 STEP_FACTOR = {"cuda": 8}  # micro-batches of your size in the measured step at most: 8 on CUDA, else 2
 # Settings the tune's rows do not take from your configuration: the worker sets them (device, seed, peak,
 # the batch) or they have no meaning in one process (parallelism)
-NOT_PASSED = frozenset({"device", "seed", "peak_tflops", "parallel", "dist_timeout_s", "batch_size",
-                        "total_batch_tokens"})
+NOT_PASSED = frozenset(
+    {"device", "seed", "peak_tflops", "parallel", "dist_timeout_s", "batch_size", "total_batch_tokens"}
+)
 YOURS = "yours"
 
 
@@ -147,8 +148,9 @@ class Tuner:
         self.cfg, self.t0 = cfg, monotonic()
         self.device: torch.device = resolve_device(cfg.device)
         user = cfg.run
-        self.state = TuneState(self.device, user, {}, measured_sequences(user, self.device.type),
-                               auto_settings(user, self.device))
+        self.state = TuneState(
+            self.device, user, {}, measured_sequences(user, self.device.type), auto_settings(user, self.device)
+        )
         self.out = report.make_out_dir(cfg.out)
         self.env = report.environment(self.device, command)
         self.rows: list[dict[str, Any]] = []
@@ -157,11 +159,26 @@ class Tuner:
         self.tuned: dict[str, str] = {}  # tuned.yaml's path and the command that trains it, once written
         b = user.train.batch_size
         self.spec0 = StageSpec(
-            name=YOURS, settings=run_settings(user), n_layer=user.model.n_layer, n_head=user.model.n_head,
-            n_embd=user.model.n_embd, seq_len=user.model.block_size, batch_size=b, steps=cfg.steps, warmup=cfg.warmup,
-            device=self.device.type, seed=user.runtime.seed, lr=user.optim.lr, data=cfg.data,
-            compile_backend=cfg.compile_backend, peak_tflops=cfg.peak_tflops or user.runtime.peak_tflops,
-            mode="verify", grad_accum=self.state.sequences // b, synthetic="phrases", extra={"read_micro_batch": b})
+            name=YOURS,
+            settings=run_settings(user),
+            n_layer=user.model.n_layer,
+            n_head=user.model.n_head,
+            n_embd=user.model.n_embd,
+            seq_len=user.model.block_size,
+            batch_size=b,
+            steps=cfg.steps,
+            warmup=cfg.warmup,
+            device=self.device.type,
+            seed=user.runtime.seed,
+            lr=user.optim.lr,
+            data=cfg.data,
+            compile_backend=cfg.compile_backend,
+            peak_tflops=cfg.peak_tflops or user.runtime.peak_tflops,
+            mode="verify",
+            grad_accum=self.state.sequences // b,
+            synthetic="phrases",
+            extra={"read_micro_batch": b},
+        )
 
     def left(self) -> float:
         return self.cfg.budget_s - (monotonic() - self.t0)
@@ -169,20 +186,31 @@ class Tuner:
     # ------------------------------------------------------------------ running and judging one row
     def measure(self, name: str, knob: str, delta: Delta, cache: Path) -> dict[str, Any]:
         """Run one candidate (or your row, ``delta`` empty) and add its row; returns the row."""
-        row = {"name": name, "knob": knob, "delta": delta, "flags": describe(delta),
-               "from": describe(self.state.best), "kept": False}
+        row = {
+            "name": name,
+            "knob": knob,
+            "delta": delta,
+            "flags": describe(delta),
+            "from": describe(self.state.best),
+            "kept": False,
+        }
         self.rows.append(row)
         refusal = rule_refusal(self.cfg.run, self.state.best, delta) if delta else None
         if refusal:
             return self._verdict(row, "not applicable", refusal)
         need = 0.5 * (self.ref or {}).get("wall_s", 0)
         if self.left() < max(need, 5.0):
-            return self._verdict(row, "not tried", f"--budget-s: {max(0, self.left()):.0f} s left, a row takes ~{need:.0f} s")
+            return self._verdict(
+                row, "not tried", f"--budget-s: {max(0, self.left()):.0f} s left, a row takes ~{need:.0f} s"
+            )
         settings = {**self.spec0.settings, **self.state.best, **delta}
         b = settings.pop("batch_size", self.spec0.batch_size)
-        spec = dataclasses.replace(self.spec0, name=name, settings=settings, batch_size=b,
-                                   grad_accum=self.state.sequences // b)
-        report.say(f"[{len(self.rows)}] {name}: {row['flags']} (from {row['from']}; {self.left():.0f} s of budget left)")
+        spec = dataclasses.replace(
+            self.spec0, name=name, settings=settings, batch_size=b, grad_accum=self.state.sequences // b
+        )
+        report.say(
+            f"[{len(self.rows)}] {name}: {row['flags']} (from {row['from']}; {self.left():.0f} s of budget left)"
+        )
         t = monotonic()
         timeout = self.left()
         result = run_worker(spec, self.out / "logs" / f"{name}.log", timeout, cache_dir=cache)
@@ -198,9 +226,31 @@ class Tuner:
         return row
 
     def _judge(self, row: dict[str, Any], result: dict[str, Any], cut: bool) -> None:
-        keep = ("ms_median", "ms_q25", "ms_q75", "ms_steps", "tokens_per_s", "mfu", "peak_mem_bytes", "mem_total_bytes",
-                "first_step_s", "batch_size", "grad_accum", "tokens_per_step", "dtype", "compile", "sdpa", "syncs",
-                "threads", "losses", "skipped", "grad_scaler", "fused_adamw", "params", "peak_flops_source")
+        keep = (
+            "ms_median",
+            "ms_q25",
+            "ms_q75",
+            "ms_steps",
+            "tokens_per_s",
+            "mfu",
+            "peak_mem_bytes",
+            "mem_total_bytes",
+            "first_step_s",
+            "batch_size",
+            "grad_accum",
+            "tokens_per_step",
+            "dtype",
+            "compile",
+            "sdpa",
+            "syncs",
+            "threads",
+            "losses",
+            "skipped",
+            "grad_scaler",
+            "fused_adamw",
+            "params",
+            "peak_flops_source",
+        )
         row.update({k: result[k] for k in keep if k in result}, status=result["status"])
         if result["status"] == "skipped":
             reason = result["reason"].removeprefix("refused: ")
@@ -240,8 +290,10 @@ class Tuner:
             mine = self.measure(YOURS, "", {}, cache)
             if mine["verdict"] != YOURS:
                 self.save(complete=True)
-                raise GptspeedError(f"--tune: your configuration did not run here ({mine['verdict']}: "
-                                    f"{mine['reason']}); see {self.out}/tune.md")
+                raise GptspeedError(
+                    f"--tune: your configuration did not run here ({mine['verdict']}: "
+                    f"{mine['reason']}); see {self.out}/tune.md"
+                )
             self.ref = self.best_row = mine
             mine["kept"] = True
             self.search(cache)
@@ -268,15 +320,27 @@ class Tuner:
         (:meth:`faster`). Returns True when a ``until_no_gain`` knob stopped at a row that did not fit."""
         values = knob.values(self.state)
         if isinstance(values, str):
-            self.rows.append({"name": knob.name, "knob": knob.name, "delta": {}, "flags": "", "kept": False,
-                              "from": describe(self.state.best), "verdict": "not applicable", "reason": values})
+            self.rows.append(
+                {
+                    "name": knob.name,
+                    "knob": knob.name,
+                    "delta": {},
+                    "flags": "",
+                    "kept": False,
+                    "from": describe(self.state.best),
+                    "verdict": "not applicable",
+                    "reason": values,
+                }
+            )
             self.save(complete=False)
             return False
         winner, gain_best = None, 0.0
         for delta in values[:1] if once else values:
             row = self.measure(f"{knob.name}={'+'.join(str(v) for v in delta.values())}", knob.name, delta, cache)
             gain = self.faster(row)
-            if knob.until_no_gain:  # each value larger than the last: keep each gain at once, stop at the first non-gain
+            if (
+                knob.until_no_gain
+            ):  # each value larger than the last: keep each gain at once, stop at the first non-gain
                 if gain is None:
                     return row["verdict"] == "does not fit"
                 self._keep(row)
@@ -298,14 +362,34 @@ class Tuner:
             if ref and r.get("ms_median"):
                 r["vs_yours"] = ref["ms_median"] / r["ms_median"]
         u = self.cfg.run
-        config = {"preset": u.preset, "n_layer": u.model.n_layer, "n_head": u.model.n_head, "n_embd": u.model.n_embd,
-                  "seq_len": u.model.block_size, "batch_size": u.train.batch_size, "grad_accum": u.grad_accum_steps(1),
-                  "measured_sequences": self.state.sequences, "steps": self.cfg.steps, "warmup": self.cfg.warmup,
-                  "data": self.cfg.data, "budget_s": self.cfg.budget_s, "min_gain": MIN_GAIN,
-                  "knobs": [k.name for k in knobs_for(self.device)]}
-        return {"format": "gptspeed-tune", "format_version": 1, "environment": self.env, "config": config,
-                "complete": complete, "elapsed_s": monotonic() - self.t0, "best": self.state.best,
-                "best_flags": describe(self.state.best), "rows": self.rows, **self.tuned}
+        config = {
+            "preset": u.preset,
+            "n_layer": u.model.n_layer,
+            "n_head": u.model.n_head,
+            "n_embd": u.model.n_embd,
+            "seq_len": u.model.block_size,
+            "batch_size": u.train.batch_size,
+            "grad_accum": u.grad_accum_steps(1),
+            "measured_sequences": self.state.sequences,
+            "steps": self.cfg.steps,
+            "warmup": self.cfg.warmup,
+            "data": self.cfg.data,
+            "budget_s": self.cfg.budget_s,
+            "min_gain": MIN_GAIN,
+            "knobs": [k.name for k in knobs_for(self.device)],
+        }
+        return {
+            "format": "gptspeed-tune",
+            "format_version": 1,
+            "environment": self.env,
+            "config": config,
+            "complete": complete,
+            "elapsed_s": monotonic() - self.t0,
+            "best": self.state.best,
+            "best_flags": describe(self.state.best),
+            "rows": self.rows,
+            **self.tuned,
+        }
 
     def save(self, complete: bool) -> dict[str, Any]:
         res = self.result(complete)
@@ -326,7 +410,9 @@ class Tuner:
         if row.get("ms_median") is None:
             return f"{row['verdict']}: {row['reason']}"
         vs = f", {self.ref['ms_median'] / row['ms_median']:.3f}x yours" if self.ref else ""
-        return f"{row['verdict']}: {row['tokens_per_s']:,.0f} tokens/s{vs}" + (f" ({row['reason']})" if row["reason"] else "")
+        return f"{row['verdict']}: {row['tokens_per_s']:,.0f} tokens/s{vs}" + (
+            f" ({row['reason']})" if row["reason"] else ""
+        )
 
 
 def _json_value(v: Any) -> Any:

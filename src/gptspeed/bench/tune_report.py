@@ -8,8 +8,16 @@ from typing import Any
 from gptspeed.bench.report import environment_line, fmt_bytes, table_cell
 
 #: every verdict a row can have (:meth:`gptspeed.bench.tune.Tuner.measure`)
-VERDICTS = ("yours", "verified", "fails verification", "does not fit", "not applicable", "failed",
-            "cut by --budget-s", "not tried")
+VERDICTS = (
+    "yours",
+    "verified",
+    "fails verification",
+    "does not fit",
+    "not applicable",
+    "failed",
+    "cut by --budget-s",
+    "not tried",
+)
 
 
 def _loss(r: dict[str, Any]) -> str:
@@ -27,8 +35,10 @@ def _row(r: dict[str, Any]) -> str:
     mfu = f"{100 * r['mfu']:.1f}%" if ran and r.get("mfu") is not None else "—"
     mem = fmt_bytes(r.get("peak_mem_bytes")) if ran else "—"
     verdict = f"**{r['verdict']}, kept**" if r.get("kept") and r["verdict"] != "yours" else r.get("verdict", "pending")
-    return (f"| {table_cell(r['name'])} | {table_cell(r.get('flags') or '—')} | {verdict} | {tps} | {vs} | {ms} | {mfu} | {mem} "
-            f"| {_loss(r)} | {table_cell(r.get('reason') or '')} |")
+    return (
+        f"| {table_cell(r['name'])} | {table_cell(r.get('flags') or '—')} | {verdict} | {tps} | {vs} | {ms} | {mfu} | {mem} "
+        f"| {_loss(r)} | {table_cell(r.get('reason') or '')} |"
+    )
 
 
 def tune_markdown(res: dict[str, Any]) -> str:
@@ -45,7 +55,8 @@ def tune_markdown(res: dict[str, Any]) -> str:
         f"sequences (the same for every row, regrouped into each row's micro-batch); {c['warmup']} warm-up + "
         f"{c['steps']} timed steps a row, each in a fresh process from the same weights on the same batches; "
         f"data: {data}. Budget {c['budget_s']:g} s ({res['elapsed_s']:.0f} s used"
-        + ("" if res["complete"] else ", still running or cut short") + ").",
+        + ("" if res["complete"] else ", still running or cut short")
+        + ").",
         "",
         f"Command: `{env['command']}`",
         "",
@@ -58,11 +69,14 @@ def tune_markdown(res: dict[str, Any]) -> str:
     kept = [r for r in rows if r.get("kept") and r["verdict"] != "yours"]
     if kept:
         best = kept[-1]
-        lines.append(f"**Kept: `{res['best_flags']}`: {best['tokens_per_s']:,.0f} tokens/s, "
-                     f"{best.get('vs_yours', 1):.3f}x your configuration.**")
+        lines.append(
+            f"**Kept: `{res['best_flags']}`: {best['tokens_per_s']:,.0f} tokens/s, "
+            f"{best.get('vs_yours', 1):.3f}x your configuration.**"
+        )
     elif res["complete"]:
-        lines.append("**Nothing beat your configuration by more than the noise: it is the fastest verified one "
-                     "tried here.**")
+        lines.append(
+            "**Nothing beat your configuration by more than the noise: it is the fastest verified one tried here.**"
+        )
     untried = [r["name"] for r in rows if r.get("verdict") == "not tried"]
     if untried:
         lines.append(f"Not tried (budget): {', '.join(untried)}.")

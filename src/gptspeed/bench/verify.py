@@ -47,8 +47,21 @@ from typing import Any
 
 from gptspeed.bench import report
 from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
-from gptspeed.bench.stages import (ALL_STAGES, BASELINE, LOSS_RTOL, SEED_STAGES, STAGE_NAMES, STAGES, VERIFY_EXTRA_NAMES,
-                                   VERIFY_EXTRAS, loss_rtol, parse_stage_list, plan_ladder, record, switches)
+from gptspeed.bench.stages import (
+    ALL_STAGES,
+    BASELINE,
+    LOSS_RTOL,
+    SEED_STAGES,
+    STAGE_NAMES,
+    STAGES,
+    VERIFY_EXTRA_NAMES,
+    VERIFY_EXTRAS,
+    loss_rtol,
+    parse_stage_list,
+    plan_ladder,
+    record,
+    switches,
+)
 from gptspeed.errors import GptspeedError
 from gptspeed.parallelize import cuda_graphs_refusal
 
@@ -56,8 +69,10 @@ REFERENCE = "baseline"
 DEFAULT_GRAD_ACCUM = 2
 DEFAULT_RUNGS = SEED_STAGES  # without --stages: the seeds' rungs, i.e. train's default switches one at a time
 NOT_SELECTED = "not selected (--stages)"
-NOT_IN_DEFAULT = (f"not in the default rung set (the seeds' rungs, {DEFAULT_RUNGS[0]} .. {DEFAULT_RUNGS[-1]}); "
-                  f"--stages {ALL_STAGES} runs every rung")
+NOT_IN_DEFAULT = (
+    f"not in the default rung set (the seeds' rungs, {DEFAULT_RUNGS[0]} .. {DEFAULT_RUNGS[-1]}); "
+    f"--stages {ALL_STAGES} runs every rung"
+)
 REFUSED = "refused: "  # how a refusal's reason starts (the plan's, and a verify worker's GptspeedError)
 PENDING = "pending: not run yet (the command was cut before this rung, or is still running)"
 
@@ -99,8 +114,13 @@ def _fixed_batch(settings: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if settings is None else {k: v for k, v in settings.items() if k != "batch_size"}
 
 
-def plan_verify(device, selected: list[str] | None = None, compile_backend: str = "inductor",
-                grad_accum: int = DEFAULT_GRAD_ACCUM, unselected: str = NOT_SELECTED) -> list[Rung]:
+def plan_verify(
+    device,
+    selected: list[str] | None = None,
+    compile_backend: str = "inductor",
+    grad_accum: int = DEFAULT_GRAD_ACCUM,
+    unselected: str = NOT_SELECTED,
+) -> list[Rung]:
     """Every ladder stage and every :data:`VERIFY_EXTRAS` rung, in order, with the settings it
     runs with on ``device`` (``--batch-size auto`` only on the ``batch-auto`` rung itself: the others
     keep the fixed micro-batch), the references they need inserted after ``baseline``, and a skip
@@ -119,16 +139,20 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
     for p in ladder:
         st = p.stage
         settings = p.settings if st.name == "batch-auto" else _fixed_batch(p.settings)
-        rungs.append(Rung(st.name, "stage", st.description, st.source, settings, p.skip_reason,
-                          applies_here=settings is not None))
+        rungs.append(
+            Rung(
+                st.name, "stage", st.description, st.source, settings, p.skip_reason, applies_here=settings is not None
+            )
+        )
     for st in VERIFY_EXTRAS:
         base = by_name[st.base].settings
         reason = st.applies(device, compile_backend)
         if reason is None and base is None:
             reason = f"its base rung {st.base} does not run here ({by_name[st.base].skip_reason})"
         settings = None if reason else {**_fixed_batch(base), **st.delta}
-        rungs.append(Rung(st.name, "extra", st.description, st.source, settings, reason,
-                          applies_here=settings is not None))
+        rungs.append(
+            Rung(st.name, "extra", st.description, st.source, settings, reason, applies_here=settings is not None)
+        )
     stages = {st.name: st for st in (*STAGES, *VERIFY_EXTRAS)}
     for r in rungs:
         refusal = cuda_graphs_refusal(stages[r.name].delta.get("compile_tuning", "default"), grad_accum)
@@ -147,8 +171,13 @@ def plan_verify(device, selected: list[str] | None = None, compile_backend: str 
         name = REFERENCE if record(ref) == record(BASELINE) else f"{REFERENCE}-{ref['optimizer']}"
         r.reference = name
         if name != REFERENCE and name not in refs:
-            refs[name] = Rung(name, "reference", f"the fp32 reference for rungs that train with {ref['optimizer']}",
-                              "fp32, eager, manual attention, vocab 50257, plain loss", ref)
+            refs[name] = Rung(
+                name,
+                "reference",
+                f"the fp32 reference for rungs that train with {ref['optimizer']}",
+                "fp32, eager, manual attention, vocab 50257, plain loss",
+                ref,
+            )
     base = rungs[0]
     needed = any(r.reference == REFERENCE for r in rungs)
     if base.skip_reason is not None and needed:
@@ -171,19 +200,32 @@ def compare_losses(row: dict[str, Any], ref: dict[str, Any], rtol: float) -> dic
     n = min(len(a), len(b))
     first_skip = next((i for i in range(n) if skip_a[i] or skip_b[i]), None)
     upto = n if first_skip is None else first_skip + 1
-    rel = [abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) and y != 0 else math.inf
-           for x, y in zip(a[:upto], b[:upto])]
+    rel = [
+        abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) and y != 0 else math.inf
+        for x, y in zip(a[:upto], b[:upto])
+    ]
     worst = max(range(upto), key=lambda i: rel[i])
     note = ""
     if first_skip is not None:
         note = f"compared up to step {first_skip}, the first step not applied (of {n})"
     moved = b[0] - min(b[:upto]) if all(math.isfinite(v) for v in b[:upto]) else math.inf
     if moved < 5 * rtol * abs(b[0]):
-        note = (note + "; " if note else "") + (f"the reference's loss moved only {moved:.3f} over the compared "
-                                                 "steps: agreement says little (use --data or more --steps)")
-    return {"max_rel_diff": rel[worst], "at_step": worst, "steps_compared": upto, "rtol": rtol,
-            "ok": rel[worst] <= rtol, "loss_at_worst": a[worst], "ref_at_worst": b[worst],
-            "ref_loss_first": b[0], "ref_loss_last": b[upto - 1], "note": note}
+        note = (note + "; " if note else "") + (
+            f"the reference's loss moved only {moved:.3f} over the compared "
+            "steps: agreement says little (use --data or more --steps)"
+        )
+    return {
+        "max_rel_diff": rel[worst],
+        "at_step": worst,
+        "steps_compared": upto,
+        "rtol": rtol,
+        "ok": rel[worst] <= rtol,
+        "loss_at_worst": a[worst],
+        "ref_at_worst": b[worst],
+        "ref_loss_first": b[0],
+        "ref_loss_last": b[upto - 1],
+        "note": note,
+    }
 
 
 def rung_problems(row: dict[str, Any]) -> list[str]:
@@ -197,8 +239,10 @@ def rung_problems(row: dict[str, Any]) -> list[str]:
     out = []
     check = row.get("loss_check")
     if check is not None and not check["ok"]:
-        out.append(f"loss {check['loss_at_worst']:.5f} vs {row['reference']}'s {check['ref_at_worst']:.5f} at step "
-                   f"{check['at_step']}: {check['max_rel_diff']:.1e} relative, tolerance {check['rtol']:.0e}")
+        out.append(
+            f"loss {check['loss_at_worst']:.5f} vs {row['reference']}'s {check['ref_at_worst']:.5f} at step "
+            f"{check['at_step']}: {check['max_rel_diff']:.1e} relative, tolerance {check['rtol']:.0e}"
+        )
     skipped = [i for i, s in enumerate(row.get("skipped", [])) if s]
     if skipped and not row.get("grad_scaler"):
         out.append(f"step(s) {', '.join(map(str, skipped[:5]))} not applied: non-finite loss or gradient")
@@ -211,7 +255,9 @@ def rung_problems(row: dict[str, Any]) -> list[str]:
     syncs = row.get("syncs") or {}
     if syncs.get("counted") and syncs["per_step"] > syncs["budget"]:
         where = next(iter(syncs.get("sites") or {}), "a C++ / backward thread")
-        out.append(f"{syncs['per_step']:g} host-device syncs per step, designed for {syncs['budget']} (e.g. at {where})")
+        out.append(
+            f"{syncs['per_step']:g} host-device syncs per step, designed for {syncs['budget']} (e.g. at {where})"
+        )
     return out
 
 
@@ -244,8 +290,10 @@ def rung_verdict(row: dict[str, Any]) -> tuple[str, str]:
             return "reference", row.get("not_compared") or "the reference"
         return "not verified", row.get("not_compared") or "not compared"
     if check["steps_compared"] < MIN_STEPS_COMPARED:
-        return "not verified", (f"only {check['steps_compared']} step(s) compared ({check['note'] or 'too few steps'}): "
-                                "no update checked; run more --steps or --warmup")
+        return "not verified", (
+            f"only {check['steps_compared']} step(s) compared ({check['note'] or 'too few steps'}): "
+            "no update checked; run more --steps or --warmup"
+        )
     return "verified", ""
 
 
@@ -281,19 +329,31 @@ def assess(plan: list[Rung], rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         verdict = "not verified"
     else:
         verdict = "verified"
-    return {"verdict": verdict, "ok": verdict == "verified", "failing": failing, "not_verified": not_verified,
-            "refused": refused, "pending": pending,
-            "problems": [f"{name}: {p}" for name in failing for p in rows[name]["problems"]],
-            "unverified": [f"{name}: {rows[name]['verdict_reason']}" for name in not_verified],
-            "refusals": [f"{name}: {rows[name]['verdict_reason']}" for name in refused]}
+    return {
+        "verdict": verdict,
+        "ok": verdict == "verified",
+        "failing": failing,
+        "not_verified": not_verified,
+        "refused": refused,
+        "pending": pending,
+        "problems": [f"{name}: {p}" for name in failing for p in rows[name]["problems"]],
+        "unverified": [f"{name}: {rows[name]['verdict_reason']}" for name in not_verified],
+        "refusals": [f"{name}: {rows[name]['verdict_reason']}" for name in refused],
+    }
 
 
 def _planned_row(r: Rung) -> dict[str, Any]:
     """A rung's row before it runs: ``skipped`` with its reason, or ``pending``."""
-    row: dict[str, Any] = {"name": r.name, "kind": r.kind, "description": r.description, "source": r.source,
-                           "settings": record(r.settings) if r.settings else None,
-                           "switches": switches(record(r.settings)) if r.settings else None, "reference": r.reference,
-                           "applies_here": r.applies_here}
+    row: dict[str, Any] = {
+        "name": r.name,
+        "kind": r.kind,
+        "description": r.description,
+        "source": r.source,
+        "settings": record(r.settings) if r.settings else None,
+        "switches": switches(record(r.settings)) if r.settings else None,
+        "reference": r.reference,
+        "applies_here": r.applies_here,
+    }
     if r.skip_reason is not None:
         return {**row, "status": "skipped", "reason": r.skip_reason}
     return {**row, "status": "pending", "reason": PENDING}
@@ -327,15 +387,29 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
 
     env = report.environment(device, command)
     rows = {r.name: _planned_row(r) for r in plan}
-    config = {**dataclasses.asdict(cfg), **{k: getattr(spec0, k) for k in
-              ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")},
-              "grad_accum": accum, "device": spec0.device,
-              "rungs": "the default set (the seeds' rungs)" if cfg.stages is None else cfg.stages,
-              "compile_cache": "one fresh TorchInductor/Triton cache shared by this run's rungs"}
+    config = {
+        **dataclasses.asdict(cfg),
+        **{
+            k: getattr(spec0, k)
+            for k in ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")
+        },
+        "grad_accum": accum,
+        "device": spec0.device,
+        "rungs": "the default set (the seeds' rungs)" if cfg.stages is None else cfg.stages,
+        "compile_cache": "one fresh TorchInductor/Triton cache shared by this run's rungs",
+    }
 
     def result(complete: bool) -> dict[str, Any]:
-        return {"format": "gptspeed-verify", "format_version": 2, "environment": env, "config": config,
-                "tolerances": LOSS_RTOL, "complete": complete, "rungs": list(rows.values()), **assess(plan, rows)}
+        return {
+            "format": "gptspeed-verify",
+            "format_version": 2,
+            "environment": env,
+            "config": config,
+            "tolerances": LOSS_RTOL,
+            "complete": complete,
+            "rungs": list(rows.values()),
+            **assess(plan, rows),
+        }
 
     def save(res: dict[str, Any]) -> str:
         table = verify_markdown(res)
@@ -364,8 +438,9 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ bench --verify
 def _verdict(r: dict[str, Any]) -> str:
-    return {"failed": "**FAILED**", "not verified": "*not verified*", "pending": "*pending*"}.get(r["verdict"],
-                                                                                                 r["verdict"])
+    return {"failed": "**FAILED**", "not verified": "*not verified*", "pending": "*pending*"}.get(
+        r["verdict"], r["verdict"]
+    )
 
 
 def _loss_cell(r: dict[str, Any]) -> str:
@@ -374,8 +449,10 @@ def _loss_cell(r: dict[str, Any]) -> str:
     check = r.get("loss_check")
     if check is None:
         return r.get("not_compared") or "—"
-    return (f"{check['max_rel_diff']:.1e} at step {check['at_step']} vs {r['reference']} "
-            f"(≤ {check['rtol']:.0e}; {check['steps_compared']} steps)")
+    return (
+        f"{check['max_rel_diff']:.1e} at step {check['at_step']} vs {r['reference']} "
+        f"(≤ {check['rtol']:.0e}; {check['steps_compared']} steps)"
+    )
 
 
 def _sync_cell(r: dict[str, Any]) -> str:
@@ -419,21 +496,26 @@ def _verify_notes(r: dict[str, Any]) -> str:
     if r.get("grad_scaler") and any(r.get("skipped", [])):
         notes.append(f"GradScaler skipped {sum(r['skipped'])} step(s) (float16 overflow, by design)")
     if r.get("batch_size") is not None and (r.get("settings") or {}).get("batch_auto"):
-        notes.append(f"--batch-size auto chose B={r['batch_size']} ({r.get('grad_accum')} micro-batch(es) per step, "
-                     "the same sequences per step as its reference)")
+        notes.append(
+            f"--batch-size auto chose B={r['batch_size']} ({r.get('grad_accum')} micro-batch(es) per step, "
+            "the same sequences per step as its reference)"
+        )
     return report.table_cell("; ".join(notes))
 
 
 def _summary_line(result: dict[str, Any]) -> str:
     """The verdict and the count of each kind of rung, in bold, naming the failing, unverified and refused ones."""
     count = {v: sum(1 for r in result["rungs"] if r["verdict"] == v) for v in ("verified", "not verified", "skipped")}
-    return (f"**{result['verdict'].upper()}: {count['verified']} verified, {count['not verified']} not verified, "
-            f"{len(result['failing'])} failing, {len(result['refused'])} refused by a rule before they started, "
-            f"{count['skipped']} skipped (do not apply here or not selected)"
-            + (f", {len(result['pending'])} pending (not run yet)" if result["pending"] else "") + ".**"
-            + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")
-            + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")
-            + (f" Refused: {', '.join(result['refused'])}." if result["refused"] else ""))
+    return (
+        f"**{result['verdict'].upper()}: {count['verified']} verified, {count['not verified']} not verified, "
+        f"{len(result['failing'])} failing, {len(result['refused'])} refused by a rule before they started, "
+        f"{count['skipped']} skipped (do not apply here or not selected)"
+        + (f", {len(result['pending'])} pending (not run yet)" if result["pending"] else "")
+        + ".**"
+        + (f" Failing: {', '.join(result['failing'])}." if result["failing"] else "")
+        + (f" Not verified: {', '.join(result['not_verified'])}." if result["not_verified"] else "")
+        + (f" Refused: {', '.join(result['refused'])}." if result["refused"] else "")
+    )
 
 
 def verify_markdown(result: dict[str, Any]) -> str:
@@ -466,7 +548,8 @@ def verify_markdown(result: dict[str, Any]) -> str:
             f"| {r['name']} | {r.get('switches') or '—'} | {_verdict(r)} | {report.table_cell(_loss_cell(r))} "
             f"| {_sync_cell(r)} "
             f"| {_compile_cell(r)} | {_sdpa_cell(r)} | {tps} | {mfu} "
-            f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |")
+            f"| {report.fmt_bytes(r.get('peak_mem_bytes')) if ok else '—'} | {_verify_notes(r)} |"
+        )
     lines += ["", _summary_line(result)]
     mfu_note = next((r["peak_flops_source"] for r in rungs if r["status"] == "ok" and r.get("mfu") is None), None)
     lines += [
@@ -476,7 +559,7 @@ def verify_markdown(result: dict[str, Any]) -> str:
         f"the rung's least precise format (fp32 {tol['float32']:.0e}, tf32 {tol['tf32']:.0e}, bf16 "
         f"{tol['bfloat16']:.0e}, fp16 {tol['float16']:.0e}, fp8 {tol['fp8']:.0e}; or the optimizer's own when looser: "
         "Muon's is bf16's, its Newton-Schulz runs in bf16). *syncs/step*: synchronising "
-        "CUDA calls per steady step under `torch.cuda.set_sync_debug_mode(\"warn\")`; the budget is the step's "
+        'CUDA calls per steady step under `torch.cuda.set_sync_debug_mode("warn")`; the budget is the step\'s '
         "design (0 with fused AdamW, 1 otherwise); a CPU runs synchronously, so there it is not counted. *graph "
         "breaks / recompiles*: TorchDynamo's own counters over the whole run, both must be 0. *SDPA kernel*: the "
         "attention operator a profiled step ran. tokens/s from the median steady step; peak mem: "
@@ -488,13 +571,19 @@ def verify_markdown(result: dict[str, Any]) -> str:
     if result["unverified"]:
         lines += ["", "**Not verified:**", ""] + [f"- {p}" for p in result["unverified"]]
     if result["refusals"]:
-        lines += ["", "**Refused** (a rule of gptspeed's, before the rung started; `gptspeed train` refuses the same "
-                      "settings in one line):", ""] + [f"- {p}" for p in result["refusals"]]
+        lines += [
+            "",
+            "**Refused** (a rule of gptspeed's, before the rung started; `gptspeed train` refuses the same "
+            "settings in one line):",
+            "",
+        ] + [f"- {p}" for p in result["refusals"]]
     return "\n".join(lines) + "\n"
 
 
 def _progress(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{row['status']}: {row['reason']}"
-    return (f"{row['ms_median']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, loss {row['losses'][0]:.4f} -> "
-            f"{row['losses'][-1]:.4f}")
+    return (
+        f"{row['ms_median']:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, loss {row['losses'][0]:.4f} -> "
+        f"{row['losses'][-1]:.4f}"
+    )

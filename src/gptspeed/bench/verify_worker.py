@@ -25,8 +25,16 @@ from typing import Any
 import torch
 
 from gptspeed.bench.checks import CompileWatch, SyncCounter, profiled_names, sdpa_backend
-from gptspeed.bench.worker import (StageSpec, bench_step, build_row, make_loader, quartiles, resolve_batch, run_config,
-                                   timed_steps)
+from gptspeed.bench.worker import (
+    StageSpec,
+    bench_step,
+    build_row,
+    make_loader,
+    quartiles,
+    resolve_batch,
+    run_config,
+    timed_steps,
+)
 from gptspeed.distributed import init_distributed
 from gptspeed.metrics import memory_stats, peak_flops, reset_peak_memory
 from gptspeed.runtime import resolve_runtime
@@ -106,28 +114,48 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     tps = tokens / (median / 1000)
     peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
     return {
-        "status": "ok", "losses": loss_values, "skipped": [bool(v) for v in torch.stack(skipped).cpu().tolist()],
-        "batch_size": spec.batch_size, "seq_len": spec.seq_len, "grad_accum": spec.grad_accum, "tokens_per_step": tokens,
-        "ms_steps": ms, "ms_median": median, "ms_q25": q25, "ms_q75": q75, "ms_min": min(ms), "ms_max": max(ms),
-        "tokens_per_s": tps, "flops_per_token": flops_per_token,
-        "mfu": flops_per_token * tps / peak if peak else None, "peak_flops_source": peak_source,
-        "peak_mem_bytes": mem_peak, "mem_total_bytes": mem_total, "first_step_s": first_step_s,
+        "status": "ok",
+        "losses": loss_values,
+        "skipped": [bool(v) for v in torch.stack(skipped).cpu().tolist()],
+        "batch_size": spec.batch_size,
+        "seq_len": spec.seq_len,
+        "grad_accum": spec.grad_accum,
+        "tokens_per_step": tokens,
+        "ms_steps": ms,
+        "ms_median": median,
+        "ms_q25": q25,
+        "ms_q75": q75,
+        "ms_min": min(ms),
+        "ms_max": max(ms),
+        "tokens_per_s": tps,
+        "flops_per_token": flops_per_token,
+        "mfu": flops_per_token * tps / peak if peak else None,
+        "peak_flops_source": peak_source,
+        "peak_mem_bytes": mem_peak,
+        "mem_total_bytes": mem_total,
+        "first_step_s": first_step_s,
         "syncs": sync_report(counter, sync_budget(train.skips_on_device), spec.steps),
-        "compile": watch.result() if watch is not None else None, "sdpa": sdpa,
-        "dtype": rt.dtype, "device": str(rt.device), "grad_scaler": rt.use_grad_scaler, "fused_adamw": train.skips_on_device,
-        "params": sum(p.numel() for p in train.model.parameters()), "threads": torch.get_num_threads(),
+        "compile": watch.result() if watch is not None else None,
+        "sdpa": sdpa,
+        "dtype": rt.dtype,
+        "device": str(rt.device),
+        "grad_scaler": rt.use_grad_scaler,
+        "fused_adamw": train.skips_on_device,
+        "params": sum(p.numel() for p in train.model.parameters()),
+        "threads": torch.get_num_threads(),
     }
 
 
-def regroup(batches: list[tuple[torch.Tensor, torch.Tensor]], per_step: int,
-            micro_batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def regroup(
+    batches: list[tuple[torch.Tensor, torch.Tensor]], per_step: int, micro_batch: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same sequences in other micro-batches: ``batches`` holds ``per_step`` micro-batches
     ``(x, y)`` per optimizer step; each step's rows are concatenated, in order, and cut into
     micro-batches of ``micro_batch`` rows (which must divide the step's rows). The mean loss and
     the gradient of a step are unchanged (every micro-batch has the same number of tokens)."""
     out = []
     for i in range(0, len(batches), per_step):
-        step = batches[i:i + per_step]
+        step = batches[i : i + per_step]
         x, y = torch.cat([b[0] for b in step]), torch.cat([b[1] for b in step])
         if x.size(0) % micro_batch:
             raise ValueError(f"a micro-batch of {micro_batch} does not divide the {x.size(0)} sequences of a step")
@@ -139,9 +167,21 @@ def sync_report(counter: SyncCounter | None, budget: int, steps: int) -> dict[st
     """``{"counted", "total", "per_step", "budget", "sites", "note"}`` from the steady steps'
     :class:`SyncCounter` (None off CUDA: not counted). Other stderr the counter caught is echoed."""
     if counter is None:
-        return {"counted": False, "total": None, "per_step": None, "budget": budget, "sites": {},
-                "note": SYNCS_NOT_COUNTED}
+        return {
+            "counted": False,
+            "total": None,
+            "per_step": None,
+            "budget": budget,
+            "sites": {},
+            "note": SYNCS_NOT_COUNTED,
+        }
     if counter.other_stderr.strip():
         print(counter.other_stderr, file=sys.stderr)
-    return {"counted": True, "total": counter.count, "per_step": counter.count / steps, "budget": budget,
-            "sites": counter.sites, "note": ""}
+    return {
+        "counted": True,
+        "total": counter.count,
+        "per_step": counter.count / steps,
+        "budget": budget,
+        "sites": counter.sites,
+        "note": "",
+    }

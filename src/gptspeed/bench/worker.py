@@ -18,9 +18,10 @@ import dataclasses
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,8 +81,9 @@ class SyntheticLoader:
     rungs that train differently end on different losses (``bench --verify``).
     """
 
-    def __init__(self, batch_size: int, seq_len: int, n_batches: int, seed: int, device: torch.device,
-                 kind: str = "uniform"):
+    def __init__(
+        self, batch_size: int, seq_len: int, n_batches: int, seed: int, device: torch.device, kind: str = "uniform"
+    ):
         self.B, self.T, self.device = batch_size, seq_len, device
         rng = np.random.default_rng(seed)
         n = n_batches * batch_size * seq_len + 1
@@ -152,10 +154,21 @@ def build_hf_gpt2(cfg: GPTConfig, seed: int) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     transformers.logging.set_verbosity_error()
-    hf_cfg = GPT2Config(vocab_size=GPT2_VOCAB_SIZE, n_positions=cfg.block_size, n_embd=cfg.n_embd,
-                        n_layer=cfg.n_layer, n_head=cfg.n_head, activation_function="gelu_new",
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
-                        tie_word_embeddings=True, use_cache=False, attn_implementation="sdpa")
+    hf_cfg = GPT2Config(
+        vocab_size=GPT2_VOCAB_SIZE,
+        n_positions=cfg.block_size,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
     model = GPT2LMHeadModel(hf_cfg)
     ours = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), seed).state_dict()
     from gptspeed.hf import CONV1D  # HF GPT-2's Conv1D weights are [in, out]; ours are nn.Linear, [out, in]
@@ -187,12 +200,22 @@ def run_config(spec: StageSpec) -> RunConfig:
     gradient clipping at 1.0 -- checked as ``train`` checks a configuration (the settings'
     names, types and choices, then :meth:`RunConfig.validate`). The bench differs from ``train``
     only in these settings. GptspeedError for a combination gptspeed refuses."""
-    cfg = RunConfig(preset="bench").override({
-        "block_size": spec.seq_len, "n_layer": spec.n_layer, "n_head": spec.n_head, "n_embd": spec.n_embd,
-        "lr": spec.lr, "grad_clip": GRAD_CLIP, "batch_size": spec.batch_size,
-        "total_batch_tokens": spec.batch_size * spec.seq_len * spec.grad_accum, "device": spec.device,
-        "seed": spec.seed, "peak_tflops": spec.peak_tflops,
-        **check_settings(spec.settings, f"bench rung {spec.name}")})
+    cfg = RunConfig(preset="bench").override(
+        {
+            "block_size": spec.seq_len,
+            "n_layer": spec.n_layer,
+            "n_head": spec.n_head,
+            "n_embd": spec.n_embd,
+            "lr": spec.lr,
+            "grad_clip": GRAD_CLIP,
+            "batch_size": spec.batch_size,
+            "total_batch_tokens": spec.batch_size * spec.seq_len * spec.grad_accum,
+            "device": spec.device,
+            "seed": spec.seed,
+            "peak_tflops": spec.peak_tflops,
+            **check_settings(spec.settings, f"bench rung {spec.name}"),
+        }
+    )
     cfg.validate()
     return cfg
 
@@ -217,7 +240,9 @@ def build_row(spec: StageSpec, rt: Runtime, loader=None) -> tuple[TrainStep, int
     cfg = run_config(spec)
     if spec.kind == PEER_KIND:
         model = _HFForward(build_hf_gpt2(cfg.model, spec.seed))
-        fpt = init_gpt(dataclasses.replace(cfg.model, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(spec.seq_len)
+        fpt = init_gpt(dataclasses.replace(cfg.model, vocab_size=GPT2_VOCAB_SIZE), spec.seed).flops_per_token(
+            spec.seq_len
+        )
     else:
         model = init_gpt(cfg.model, spec.seed)
         if cfg.model.softmax == "data":
@@ -320,14 +345,32 @@ def run_stage(spec: StageSpec) -> dict[str, Any]:
     tps = tokens / (median / 1000)
     q25, q75 = quartiles(ms)
     result.update(
-        ms_median=median, ms_min=min(ms), ms_max=max(ms), ms_q25=q25, ms_q75=q75, ms_steps=ms,
+        ms_median=median,
+        ms_min=min(ms),
+        ms_max=max(ms),
+        ms_q25=q25,
+        ms_q75=q75,
+        ms_steps=ms,
         ms_mean_wall=1000 * wall / spec.steps,
-        tokens_per_step=tokens, tokens_per_s=tps, flops_per_token=fpt,
-        mfu=fpt * tps / peak if peak else None, peak_flops=peak, peak_flops_source=peak_source,
-        first_step_s=first_step_s, warmup_s=warmup_s, loss_step0=loss0, loss_last=losses[-1].item(),
-        peak_mem_bytes=mem_peak, mem_total_bytes=mem_total,
-        params=sum(p.numel() for p in model.parameters()), fused_adamw=fused, batch_size=spec.batch_size,
-        dtype=rt.dtype, compile=rt.compile, device=str(rt.device), threads=torch.get_num_threads(),
+        tokens_per_step=tokens,
+        tokens_per_s=tps,
+        flops_per_token=fpt,
+        mfu=fpt * tps / peak if peak else None,
+        peak_flops=peak,
+        peak_flops_source=peak_source,
+        first_step_s=first_step_s,
+        warmup_s=warmup_s,
+        loss_step0=loss0,
+        loss_last=losses[-1].item(),
+        peak_mem_bytes=mem_peak,
+        mem_total_bytes=mem_total,
+        params=sum(p.numel() for p in model.parameters()),
+        fused_adamw=fused,
+        batch_size=spec.batch_size,
+        dtype=rt.dtype,
+        compile=rt.compile,
+        device=str(rt.device),
+        threads=torch.get_num_threads(),
     )
     return result
 
@@ -344,8 +387,10 @@ def quartiles(ms: list[float]) -> tuple[float, float]:
 def oom_reason(e: BaseException, spec: StageSpec) -> str:
     """One line for a row that ran out of device memory, naming the micro-batch."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return (f"out of memory at B={spec.batch_size} (T={spec.seq_len}, {spec.grad_accum} micro-batch(es) per step): "
-            f"{first[:200]}")
+    return (
+        f"out of memory at B={spec.batch_size} (T={spec.seq_len}, {spec.grad_accum} micro-batch(es) per step): "
+        f"{first[:200]}"
+    )
 
 
 def free_device_memory() -> None:
@@ -378,5 +423,8 @@ def _write_profile(prof, out: Path, name: str, rt: Runtime, steps: int, micro_ba
     sort = "self_cuda_time_total" if rt.device_type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=20)
     (out / f"profile-{name}.txt").write_text(table + "\n")
-    return {"trace": str(trace), "profile_table": table,
-            **write_breakdown(prof, out, name, steps, str(rt.device), estimate_for(rt.device_type), micro_batches)}
+    return {
+        "trace": str(trace),
+        "profile_table": table,
+        **write_breakdown(prof, out, name, steps, str(rt.device), estimate_for(rt.device_type), micro_batches),
+    }

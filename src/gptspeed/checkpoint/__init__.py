@@ -21,30 +21,106 @@ exists: :mod:`gptspeed.resume`. Modules here import torch only inside the functi
 reading seals (and the configuration a resume continues with) costs no torch import.
 """
 
-from gptspeed.checkpoint.paths import (
-    CKPT_RE, FORMAT, FORMAT_VERSION, LOCK_NAME, OWN_NAMES, SHARDED_META, STALE_NAMES, checkpoint_path,
-    is_sharded, list_checkpoints, seal_path, step_of)
-from gptspeed.checkpoint.seals import (
-    check_checkpoint, checkpoint_config, data_changed, folder_run_id, latest_valid_checkpoint,
-    newest_run_config, not_of_run, read_seal, refuse_checkpoints, seal_info, started_run)
-from gptspeed.checkpoint.formats import (
-    DcpFormat, PtFormat, check_room, load_checkpoint, load_latest, load_latest_run, prune_checkpoints,
-    save_checkpoint, seal_sharded, write_checkpoint_file, write_failure)
-from gptspeed.checkpoint.parts import ModelState, OptimizerState, RNGState, Stateful, load_part, optimizers_of
-from gptspeed.checkpoint.manager import Checkpointer
-from gptspeed.checkpoint.folder import (
-    RunFolder, RunLock, check_free_space, estimate_checkpoint_bytes, foreign_entries,
-    refuse_foreign_folder)
 from gptspeed.checkpoint.consolidate import consolidate, split_optimizer_state
+from gptspeed.checkpoint.folder import (
+    RunFolder,
+    RunLock,
+    check_free_space,
+    estimate_checkpoint_bytes,
+    foreign_entries,
+    refuse_foreign_folder,
+)
+from gptspeed.checkpoint.formats import (
+    DcpFormat,
+    PtFormat,
+    check_room,
+    load_checkpoint,
+    load_latest,
+    load_latest_run,
+    prune_checkpoints,
+    save_checkpoint,
+    seal_sharded,
+    write_checkpoint_file,
+    write_failure,
+)
+from gptspeed.checkpoint.manager import Checkpointer
+from gptspeed.checkpoint.parts import ModelState, OptimizerState, RNGState, Stateful, load_part, optimizers_of
+from gptspeed.checkpoint.paths import (
+    CKPT_RE,
+    FORMAT,
+    FORMAT_VERSION,
+    LOCK_NAME,
+    OWN_NAMES,
+    SHARDED_META,
+    STALE_NAMES,
+    checkpoint_path,
+    is_sharded,
+    list_checkpoints,
+    seal_path,
+    step_of,
+)
+from gptspeed.checkpoint.seals import (
+    check_checkpoint,
+    checkpoint_config,
+    data_changed,
+    folder_run_id,
+    latest_valid_checkpoint,
+    newest_run_config,
+    not_of_run,
+    read_seal,
+    refuse_checkpoints,
+    seal_info,
+    started_run,
+)
 
 __all__ = [
-    "CKPT_RE", "FORMAT", "FORMAT_VERSION", "LOCK_NAME", "OWN_NAMES", "SHARDED_META", "STALE_NAMES",
-    "checkpoint_path", "is_sharded", "list_checkpoints", "seal_path", "step_of", "check_checkpoint",
-    "checkpoint_config", "data_changed", "folder_run_id", "latest_valid_checkpoint", "newest_run_config",
-    "not_of_run", "read_seal", "refuse_checkpoints", "seal_info", "started_run", "DcpFormat", "PtFormat", "check_room",
-    "load_checkpoint", "load_latest", "load_latest_run", "prune_checkpoints", "save_checkpoint",
-    "seal_sharded", "write_checkpoint_file", "write_failure", "ModelState", "OptimizerState", "RNGState",
-    "Stateful", "load_part", "optimizers_of", "Checkpointer", "RunFolder", "RunLock", "check_free_space",
-    "estimate_checkpoint_bytes", "foreign_entries", "refuse_foreign_folder", "consolidate",
+    "CKPT_RE",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "LOCK_NAME",
+    "OWN_NAMES",
+    "SHARDED_META",
+    "STALE_NAMES",
+    "checkpoint_path",
+    "is_sharded",
+    "list_checkpoints",
+    "seal_path",
+    "step_of",
+    "check_checkpoint",
+    "checkpoint_config",
+    "data_changed",
+    "folder_run_id",
+    "latest_valid_checkpoint",
+    "newest_run_config",
+    "not_of_run",
+    "read_seal",
+    "refuse_checkpoints",
+    "seal_info",
+    "started_run",
+    "DcpFormat",
+    "PtFormat",
+    "check_room",
+    "load_checkpoint",
+    "load_latest",
+    "load_latest_run",
+    "prune_checkpoints",
+    "save_checkpoint",
+    "seal_sharded",
+    "write_checkpoint_file",
+    "write_failure",
+    "ModelState",
+    "OptimizerState",
+    "RNGState",
+    "Stateful",
+    "load_part",
+    "optimizers_of",
+    "Checkpointer",
+    "RunFolder",
+    "RunLock",
+    "check_free_space",
+    "estimate_checkpoint_bytes",
+    "foreign_entries",
+    "refuse_foreign_folder",
+    "consolidate",
     "split_optimizer_state",
 ]

@@ -39,7 +39,7 @@ def split_optimizer_state(optim: dict[str, Any], layout: list[list] | None) -> d
         return _optim_by_index(optim)
     out, first = {}, 0
     for name, n_groups in layout:
-        out[name] = _optim_by_index(optim, optim["param_groups"][first:first + n_groups])
+        out[name] = _optim_by_index(optim, optim["param_groups"][first : first + n_groups])
         first += n_groups
     return out
 
@@ -53,8 +53,10 @@ def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Pat
     import filecmp
 
     if CKPT_RE.match(out.name):
-        raise GptspeedError(f"--out {out} is a checkpoint's name: consolidate never writes over or beside a run's "
-                            f"checkpoints; name another file (e.g. {out.with_name('model.pt')}) or a new run folder")
+        raise GptspeedError(
+            f"--out {out} is a checkpoint's name: consolidate never writes over or beside a run's "
+            f"checkpoints; name another file (e.g. {out.with_name('model.pt')}) or a new run folder"
+        )
     as_file = out.suffix == ".pt"
     where = (Path(os.path.realpath(out.parent)) / out.name) if as_file else Path(os.path.realpath(out))
     source = Path(os.path.realpath(run_dir))
@@ -62,26 +64,32 @@ def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Pat
         raise GptspeedError(f"--out {out} is inside {run_dir}, the run being consolidated: choose a path outside it")
     if not as_file:
         if out.exists() and not out.is_dir():
-            raise GptspeedError(f"--out {out} is a file: name a FILE.pt to write, "
-                                f"or a folder to receive ckpt_{step:08d}.pt")
+            raise GptspeedError(
+                f"--out {out} is a file: name a FILE.pt to write, or a folder to receive ckpt_{step:08d}.pt"
+            )
         refuse_checkpoints(out, "choose a new or empty folder, or a FILE.pt")
         refuse_foreign_folder(out)
         for name in ("config.json", "metrics.jsonl"):
             mine, theirs = run_dir / name, out / name
             if (theirs.exists() or theirs.is_symlink()) and not (
-                    mine.is_file() and theirs.is_file() and filecmp.cmp(mine, theirs, shallow=False)):
-                raise GptspeedError(f"--out {out} already holds a {name} that is not {run_dir}'s: consolidate never "
-                                    "overwrites another run's files; choose a new or empty folder")
+                mine.is_file() and theirs.is_file() and filecmp.cmp(mine, theirs, shallow=False)
+            ):
+                raise GptspeedError(
+                    f"--out {out} already holds a {name} that is not {run_dir}'s: consolidate never "
+                    "overwrites another run's files; choose a new or empty folder"
+                )
         return checkpoint_path(out, step)
     if out.is_dir():
-        raise GptspeedError(f"--out {out} is a folder: name a FILE.pt, "
-                            f"or a folder without .pt to receive ckpt_{step:08d}.pt")
+        raise GptspeedError(
+            f"--out {out} is a folder: name a FILE.pt, or a folder without .pt to receive ckpt_{step:08d}.pt"
+        )
     seal = seal_path(out)
     if seal.exists() or seal.is_symlink():
         old = read_seal(out)
         if not (seal.is_file() and old is not None and "sha256" in old and "bytes" in old):
-            raise GptspeedError(f"--out {out} would replace {seal}, which is not a checkpoint's seal: "
-                                "name another file")
+            raise GptspeedError(
+                f"--out {out} would replace {seal}, which is not a checkpoint's seal: name another file"
+            )
     if (out.exists() or out.is_symlink()) and not force:
         raise GptspeedError(f"--out {out} already exists: pass --force to replace it, or name another file")
     return out

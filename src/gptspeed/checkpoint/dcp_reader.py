@@ -45,12 +45,17 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                   MetadataIndex, StorageMeta, TensorProperties,
-                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
 from gptspeed.errors import GptspeedError
-
 
 METADATA_NAME = ".metadata"
 
@@ -64,21 +69,53 @@ _DCP = "torch.distributed.checkpoint"
 #: (``StorageMeta.checkpoint_id``, a ``PosixPath``; ``pathlib._local`` from Python 3.13).
 
 
-ALLOWED_GLOBALS = frozenset({
-    f"{_DCP}.metadata.Metadata", f"{_DCP}.metadata.StorageMeta", f"{_DCP}.metadata.MetadataIndex",
-    f"{_DCP}.metadata.TensorStorageMetadata", f"{_DCP}.metadata.BytesStorageMetadata",
-    f"{_DCP}.metadata.ChunkStorageMetadata", f"{_DCP}.metadata.TensorProperties",
-    f"{_DCP}.metadata._MEM_FORMAT_ENCODING", f"{_DCP}.filesystem._StorageInfo",
-    "torch.Size", "torch.serialization._get_layout",
-    *(f"torch.{d}" for d in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-                             "uint8", "bool", "float8_e4m3fn", "float8_e5m2")),
-    "pathlib.PosixPath", "pathlib._local.PosixPath",
-})
+ALLOWED_GLOBALS = frozenset(
+    {
+        f"{_DCP}.metadata.Metadata",
+        f"{_DCP}.metadata.StorageMeta",
+        f"{_DCP}.metadata.MetadataIndex",
+        f"{_DCP}.metadata.TensorStorageMetadata",
+        f"{_DCP}.metadata.BytesStorageMetadata",
+        f"{_DCP}.metadata.ChunkStorageMetadata",
+        f"{_DCP}.metadata.TensorProperties",
+        f"{_DCP}.metadata._MEM_FORMAT_ENCODING",
+        f"{_DCP}.filesystem._StorageInfo",
+        "torch.Size",
+        "torch.serialization._get_layout",
+        *(
+            f"torch.{d}"
+            for d in (
+                "float32",
+                "float16",
+                "bfloat16",
+                "float64",
+                "int64",
+                "int32",
+                "int16",
+                "int8",
+                "uint8",
+                "bool",
+                "float8_e4m3fn",
+                "float8_e5m2",
+            )
+        ),
+        "pathlib.PosixPath",
+        "pathlib._local.PosixPath",
+    }
+)
 # The only types whose state a .metadata pickle may set (BUILD): fresh instances of these.
 
 
-_BUILDABLE = (Metadata, StorageMeta, MetadataIndex, TensorStorageMetadata, BytesStorageMetadata,
-              ChunkStorageMetadata, TensorProperties, _StorageInfo)
+_BUILDABLE = (
+    Metadata,
+    StorageMeta,
+    MetadataIndex,
+    TensorStorageMetadata,
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    TensorProperties,
+    _StorageInfo,
+)
 
 
 class _Refused(Exception):
@@ -104,8 +141,10 @@ class _MetadataUnpickler(pickle._Unpickler):
     def _load_build(self) -> None:
         target = self.stack[-2]  # BUILD pops the state and applies it to the object beneath
         if type(target) not in _BUILDABLE:
-            raise _Refused(f"sets the state of a {type(target).__module__}.{type(target).__qualname__}, "
-                           "which a checkpoint's metadata never does")
+            raise _Refused(
+                f"sets the state of a {type(target).__module__}.{type(target).__qualname__}, "
+                "which a checkpoint's metadata never does"
+            )
         pickle._Unpickler.load_build(self)
 
     dispatch[pickle.BUILD[0]] = _load_build
@@ -140,8 +179,10 @@ def read_metadata(folder: Path) -> Metadata:
         raise _refuse(folder, str(e)) from None
     except Exception as e:  # pickle raises many types for a damaged file
         first = (str(e).strip().splitlines() or [""])[0][:160]
-        raise GptspeedError(f"checkpoint {folder} is unreadable: its {METADATA_NAME} is damaged "
-                            f"({type(e).__name__}{': ' + first if first else ''})") from None
+        raise GptspeedError(
+            f"checkpoint {folder} is unreadable: its {METADATA_NAME} is damaged "
+            f"({type(e).__name__}{': ' + first if first else ''})"
+        ) from None
     why = _check_metadata(md, folder)
     if why:
         raise _refuse(folder, f"is not a checkpoint's metadata ({why})")
@@ -167,12 +208,20 @@ def _check_metadata(md: Any, folder: Path) -> str | None:
             return f"an entry named {key!r}"
         if type(entry) is TensorStorageMetadata:
             props = entry.properties
-            if type(props) is not TensorProperties or not isinstance(props.dtype, torch.dtype) \
-                    or not _is_size(entry.size) or type(entry.chunks) is not list:
+            if (
+                type(props) is not TensorProperties
+                or not isinstance(props.dtype, torch.dtype)
+                or not _is_size(entry.size)
+                or type(entry.chunks) is not list
+            ):
                 return f"entry {key[:80]} is malformed"
             for chunk in entry.chunks:
-                if type(chunk) is not ChunkStorageMetadata or not _is_size(chunk.offsets) or not _is_size(chunk.sizes) \
-                        or not len(chunk.offsets) == len(chunk.sizes) == len(entry.size):
+                if (
+                    type(chunk) is not ChunkStorageMetadata
+                    or not _is_size(chunk.offsets)
+                    or not _is_size(chunk.sizes)
+                    or not len(chunk.offsets) == len(chunk.sizes) == len(entry.size)
+                ):
                     return f"entry {key[:80]} has a malformed chunk"
             numel = 1
             for n in entry.size:
@@ -184,8 +233,11 @@ def _check_metadata(md: Any, folder: Path) -> str | None:
         if type(planner) is not dict:
             return "its planner data is not a dict"
         for key, where in planner.items():
-            if type(key) is not str or type(where) not in (tuple, list) or not all(
-                    type(p) is str or (type(p) is int and 0 <= p < max(len(entries), 1)) for p in where):
+            if (
+                type(key) is not str
+                or type(where) not in (tuple, list)
+                or not all(type(p) is str or (type(p) is int and 0 <= p < max(len(entries), 1)) for p in where)
+            ):
                 return f"its planner data for {str(key)[:80]} is malformed"
     sizes: dict[str, int] = {}
     for index, info in storage.items():
@@ -199,8 +251,13 @@ def _check_metadata(md: Any, folder: Path) -> str | None:
             if size is None:
                 return f"a storage entry names {name[:80]}, which is not a file of the folder"
             sizes[name] = size
-        if type(info.offset) is not int or type(info.length) is not int or info.offset < 0 or info.length < 0 \
-                or info.offset + info.length > sizes[name]:
+        if (
+            type(info.offset) is not int
+            or type(info.length) is not int
+            or info.offset < 0
+            or info.length < 0
+            or info.offset + info.length > sizes[name]
+        ):
             return f"a storage entry lies outside {name[:80]}"
         transforms = getattr(info, "transform_descriptors", None)  # a field of newer torch versions only
         if transforms:
@@ -234,8 +291,9 @@ class _SafeBytes:
             obj = torch.load(value, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises many types for a foreign or damaged entry
             m = _UNSUPPORTED_GLOBAL.search(str(e))
-            what = f"asks for {m.group(1)}, which a checkpoint never holds" if m else \
-                f"is unreadable ({type(e).__name__})"
+            what = (
+                f"asks for {m.group(1)}, which a checkpoint never holds" if m else f"is unreadable ({type(e).__name__})"
+            )
             raise GptspeedError(f"refusing to load {self._folder}: its entry {str(fqn)[:80]} {what}") from None
         clean = io.BytesIO()
         torch.save(obj, clean)

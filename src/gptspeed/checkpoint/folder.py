@@ -26,8 +26,10 @@ def check_free_space(run_dir: Path, need_bytes: int) -> None:
     """GptspeedError if ``run_dir``'s file system has less than ``need_bytes`` free."""
     free = shutil.disk_usage(run_dir).free
     if free < need_bytes:
-        raise GptspeedError(f"{run_dir} has {free / 2**30:.2f} GiB free but a checkpoint needs about "
-                            f"{need_bytes / 2**30:.2f} GiB: free some space or choose another --out")
+        raise GptspeedError(
+            f"{run_dir} has {free / 2**30:.2f} GiB free but a checkpoint needs about "
+            f"{need_bytes / 2**30:.2f} GiB: free some space or choose another --out"
+        )
 
 
 class RunLock:
@@ -41,21 +43,25 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         import fcntl
 
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
         except OSError as e:  # a folder, a dangling link, a file it may not write under the lock's name
-            raise GptspeedError(f"cannot take the run folder's lock {self.path}: {e.strerror or e}; it is gptspeed's "
-                                "own file: move whatever is there away (gptspeed makes it again)") from None
+            raise GptspeedError(
+                f"cannot take the run folder's lock {self.path}: {e.strerror or e}; it is gptspeed's "
+                "own file: move whatever is there away (gptspeed makes it again)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise GptspeedError(f"{self.path.parent} is being written by {holder} (another `gptspeed train`): "
-                                "wait for it to finish or stop it, or choose another --out") from None
+            raise GptspeedError(
+                f"{self.path.parent} is being written by {holder} (another `gptspeed train`): "
+                "wait for it to finish or stop it, or choose another --out"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         self._fd = fd
@@ -127,11 +133,15 @@ def refuse_foreign_folder(folder: Path, what: str = "--out") -> None:
     from gptspeed.paths import kind
 
     if kind(folder) == "data folder":
-        raise GptspeedError(f"{what} {folder} is a prepared data folder (token shards): a run needs a folder of its own; "
-                            f"choose another {what} (e.g. runs/NAME)")
+        raise GptspeedError(
+            f"{what} {folder} is a prepared data folder (token shards): a run needs a folder of its own; "
+            f"choose another {what} (e.g. runs/NAME)"
+        )
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-    raise GptspeedError(f"{what} {folder} already holds files gptspeed did not write ({shown}): a run folder must be new, "
-                        f"empty or a gptspeed run's; choose another {what}")
+    raise GptspeedError(
+        f"{what} {folder} already holds files gptspeed did not write ({shown}): a run folder must be new, "
+        f"empty or a gptspeed run's; choose another {what}"
+    )
 
 
 class RunFolder:
@@ -163,8 +173,9 @@ class RunFolder:
         for name in ("config.json", "metrics.jsonl"):  # gptspeed's own files, written over as the run goes
             own = self.path / name
             if os.path.lexists(own) and not own.is_file():
-                raise GptspeedError(f"{own} is not a file (a folder?), where the run writes its {name}: move it "
-                                    "away, then run again")
+                raise GptspeedError(
+                    f"{own} is not a file (a folder?), where the run writes its {name}: move it away, then run again"
+                )
         self.lock = RunLock(self.path).acquire()
         self.opened = True
         self.existing = {p.name for p in self.path.iterdir()} - {LOCK_NAME}

@@ -18,14 +18,30 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from gptspeed.checkpoint.parts import Stateful
-from gptspeed.checkpoint.paths import CKPT_RE, FORMAT, FORMAT_VERSION, SHARDED_META, checkpoint_path, is_sharded, \
-    list_checkpoints, seal_path
-from gptspeed.checkpoint.seals import (check_checkpoint, intact_besides, latest_valid_checkpoint, mark_verified,
-                                       not_of_run, read_seal, seal_info)
+from gptspeed.checkpoint.paths import (
+    CKPT_RE,
+    FORMAT,
+    FORMAT_VERSION,
+    SHARDED_META,
+    checkpoint_path,
+    is_sharded,
+    list_checkpoints,
+    seal_path,
+)
+from gptspeed.checkpoint.seals import (
+    check_checkpoint,
+    intact_besides,
+    latest_valid_checkpoint,
+    mark_verified,
+    not_of_run,
+    read_seal,
+    seal_info,
+)
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import fsync_dir, sha256_file, write_atomic, write_text_atomic
 
@@ -74,8 +90,10 @@ def check_room(run_dir: Path, step: int) -> None:
         return
     need, free = older[-1].stat().st_size, shutil.disk_usage(run_dir).free
     if free < need:
-        raise GptspeedError(f"not enough space to save step {step} in {run_dir}: {free / 2**20:,.1f} MiB free, the last "
-                            f"checkpoint took {need / 2**20:,.1f} MiB; {intact_besides(final)}: free space, then --resume")
+        raise GptspeedError(
+            f"not enough space to save step {step} in {run_dir}: {free / 2**20:,.1f} MiB free, the last "
+            f"checkpoint took {need / 2**20:,.1f} MiB; {intact_besides(final)}: free space, then --resume"
+        )
 
 
 def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
@@ -101,8 +119,9 @@ def write_checkpoint_file(final: Path, state: dict[str, Any]) -> None:
         return w
 
     def seal(w) -> None:  # before the rename: a .pt never stands under its name unsealed
-        write_text_atomic(seal_path(final), json.dumps({**seal_info(state), "bytes": w.bytes,
-                                                        "sha256": w.sha.hexdigest()}))
+        write_text_atomic(
+            seal_path(final), json.dumps({**seal_info(state), "bytes": w.bytes, "sha256": w.sha.hexdigest()})
+        )
 
     try:
         seal_path(final).unlink(missing_ok=True)  # an old seal must never vouch for new bytes
@@ -183,23 +202,32 @@ def load_checkpoint(path: Path, map_location: Any = "cpu", verify: bool = True) 
     try:
         state = torch.load(file, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many types for a damaged file
-        raise GptspeedError(f"checkpoint {path} is unreadable ({type(e).__name__}): delete it or resume from another") from e
+        raise GptspeedError(
+            f"checkpoint {path} is unreadable ({type(e).__name__}): delete it or resume from another"
+        ) from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise GptspeedError(f"{path} is not a gptspeed checkpoint")
     if state.get("format_version") != FORMAT_VERSION:
-        raise GptspeedError(f"checkpoint {path} has format {state.get('format_version')!r}; this gptspeed reads format "
-                            f"{FORMAT_VERSION}: resume it with the gptspeed that wrote it")
+        raise GptspeedError(
+            f"checkpoint {path} has format {state.get('format_version')!r}; this gptspeed reads format "
+            f"{FORMAT_VERSION}: resume it with the gptspeed that wrote it"
+        )
     seal, m = read_seal(path) or {}, CKPT_RE.match(path.name)
     named = int(m.group(1)) if m else seal.get("step", state.get("step"))
-    if state.get("step") != named or ("step" in seal and seal["step"] != named) or \
-            ("run_id" in seal and seal["run_id"] != state.get("run_id")):
-        raise GptspeedError(f"checkpoint {path} holds step {state.get('step')!r} of run {str(state.get('run_id'))[:12]}, "
-                            f"but its name says step {named} and its seal step {seal.get('step')!r} of run "
-                            f"{str(seal.get('run_id'))[:12]}: it was renamed or pieced together; delete it or resume from another")
+    if (
+        state.get("step") != named
+        or ("step" in seal and seal["step"] != named)
+        or ("run_id" in seal and seal["run_id"] != state.get("run_id"))
+    ):
+        raise GptspeedError(
+            f"checkpoint {path} holds step {state.get('step')!r} of run {str(state.get('run_id'))[:12]}, "
+            f"but its name says step {named} and its seal step {seal.get('step')!r} of run "
+            f"{str(seal.get('run_id'))[:12]}: it was renamed or pieced together; delete it or resume from another"
+        )
     return state
 
 
-def load_latest_run(run_dir: Path, map_location: Any = "cpu") -> tuple[dict[str, Any], "RunConfig"]:
+def load_latest_run(run_dir: Path, map_location: Any = "cpu") -> tuple[dict[str, Any], RunConfig]:
     """:func:`load_latest` and the :class:`~gptspeed.config.RunConfig` the checkpoint holds."""
     from gptspeed.config import RunConfig
 
@@ -219,8 +247,10 @@ def load_latest(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any]:
 
         raise GptspeedError(f"no checkpoint in {run_dir}{describe(run_dir, want='run')}")
     if is_sharded(path):
-        raise GptspeedError(f"{path} is a sharded (FSDP) checkpoint: make a single file first with "
-                            f"`gptspeed consolidate --run {run_dir} --out RUN_OR_FILE`")
+        raise GptspeedError(
+            f"{path} is a sharded (FSDP) checkpoint: make a single file first with "
+            f"`gptspeed consolidate --run {run_dir} --out RUN_OR_FILE`"
+        )
     return load_checkpoint(path, map_location, verify=False)
 
 
@@ -258,8 +288,14 @@ class DcpFormat:
     def __init__(self, run_dir: Path, is_main: bool, barrier: Callable[[], None], keep: int):
         self.run_dir, self.is_main, self.barrier, self.keep = Path(run_dir), is_main, barrier, keep
 
-    def save(self, step: int, parts: dict[str, Stateful], meta: dict[str, Any], extra: dict[str, Any],
-             sharded_names: set[str] = frozenset()) -> Path:
+    def save(
+        self,
+        step: int,
+        parts: dict[str, Stateful],
+        meta: dict[str, Any],
+        extra: dict[str, Any],
+        sharded_names: set[str] = frozenset(),
+    ) -> Path:
         final = checkpoint_path(self.run_dir, step, sharded=True)
         folder = final.with_name(f".{final.name}.tmp")  # renamed to `final` once sealed; stale ones go at start
         if self.is_main:
@@ -276,8 +312,15 @@ class DcpFormat:
         self.barrier()
         return final
 
-    def _write(self, step: int, folder: Path, parts: dict[str, Stateful], meta: dict[str, Any],
-               extra: dict[str, Any], sharded_names: set[str]) -> None:
+    def _write(
+        self,
+        step: int,
+        folder: Path,
+        parts: dict[str, Stateful],
+        meta: dict[str, Any],
+        extra: dict[str, Any],
+        sharded_names: set[str],
+    ) -> None:
         import torch
         import torch.distributed.checkpoint as dcp
 
@@ -286,8 +329,18 @@ class DcpFormat:
         try:
             dcp.save(shards, checkpoint_id=folder)
             if self.is_main:
-                torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "sharded": True, "step": step, **meta,
-                            **rest, **extra}, folder / SHARDED_META)
+                torch.save(
+                    {
+                        "format": FORMAT,
+                        "format_version": FORMAT_VERSION,
+                        "sharded": True,
+                        "step": step,
+                        **meta,
+                        **rest,
+                        **extra,
+                    },
+                    folder / SHARDED_META,
+                )
         except OSError as e:
             raise GptspeedError(f"could not write checkpoint {folder}: {e.strerror or e}") from e
 

@@ -3,8 +3,9 @@ restored on resume -- in the run's format (:mod:`gptspeed.checkpoint.formats`)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gptspeed.checkpoint.formats import DcpFormat, PtFormat
 from gptspeed.checkpoint.parts import OptimizerState, Stateful, load_part
@@ -28,9 +29,18 @@ class Checkpointer:
         every, last_step: when to save: every ``every`` steps (0: never) and at ``last_step``.
     """
 
-    def __init__(self, run_dir: Path, *, sharded: bool = False, is_main: bool = True,
-                 barrier: Callable[[], None] = lambda: None, keep: int = 2, meta: dict[str, Any] | None = None,
-                 every: int = 0, last_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        sharded: bool = False,
+        is_main: bool = True,
+        barrier: Callable[[], None] = lambda: None,
+        keep: int = 2,
+        meta: dict[str, Any] | None = None,
+        every: int = 0,
+        last_step: int | None = None,
+    ):
         self.run_dir = Path(run_dir)
         fmt = DcpFormat if sharded else PtFormat
         self.format = fmt(self.run_dir, is_main, barrier, keep)

@@ -108,7 +108,15 @@ def load_part(path: Path, name: str, part: Stateful, state: Any) -> None:
         part.load_state_dict(state)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
         first = str(e).strip().splitlines()
-        detail = next((line.strip() for line in first if "size mismatch" in line or "Missing key" in line
-                       or "Unexpected key" in line), first[0] if first else type(e).__name__)
-        raise GptspeedError(f"checkpoint {Path(path).name}: its {name} state does not fit this run ({detail[:200]}): "
-                            "resume with the settings it was written with, or start a new --out") from None
+        detail = next(
+            (
+                line.strip()
+                for line in first
+                if "size mismatch" in line or "Missing key" in line or "Unexpected key" in line
+            ),
+            first[0] if first else type(e).__name__,
+        )
+        raise GptspeedError(
+            f"checkpoint {Path(path).name}: its {name} state does not fit this run ({detail[:200]}): "
+            "resume with the settings it was written with, or start a new --out"
+        ) from None

@@ -147,8 +147,10 @@ def not_of_run(path: Path, run_id: str | None) -> str | None:
         return None  # unsealed or damaged: check_checkpoint says so
     m = CKPT_RE.match(Path(path).name)
     if m and seal.get("step") != int(m.group(1)):
-        return (f"its seal is of step {seal.get('step')!r}, its name of step {int(m.group(1))} "
-                "(renamed, or copied in from another run?)")
+        return (
+            f"its seal is of step {seal.get('step')!r}, its name of step {int(m.group(1))} "
+            "(renamed, or copied in from another run?)"
+        )
     theirs = seal.get("run_id")
     if run_id and theirs and theirs != run_id:
         return f"it belongs to another run (run id {str(theirs)[:12]}; this folder's run is {run_id[:12]})"
@@ -179,11 +181,13 @@ def checkpoint_config(path: Path) -> dict[str, Any]:
     seal = read_seal(path)
     if seal is not None and isinstance(seal.get("config"), dict):
         return seal["config"]
-    raise GptspeedError(f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
-                        "resume it with the gptspeed that wrote it")
+    raise GptspeedError(
+        f"checkpoint {path} was written by an older gptspeed (its seal holds no configuration): "
+        "resume it with the gptspeed that wrote it"
+    )
 
 
-def newest_run_config(run_dir: Path) -> tuple[Path | None, "RunConfig | None"]:
+def newest_run_config(run_dir: Path) -> tuple[Path | None, RunConfig | None]:
     """The newest valid checkpoint of ``run_dir`` and the :class:`~gptspeed.config.RunConfig` it
     was written with (read from its seal: no torch import), or ``(None, None)`` when there is none.
     GptspeedError if the recorded configuration cannot be read."""
@@ -195,7 +199,7 @@ def newest_run_config(run_dir: Path) -> tuple[Path | None, "RunConfig | None"]:
     return path, RunConfig.from_dict(checkpoint_config(path), f"checkpoint {path}")
 
 
-def started_run(run_dir: Path) -> "tuple[RunConfig, dict[str, Any]] | None":
+def started_run(run_dir: Path) -> tuple[RunConfig, dict[str, Any]] | None:
     """What ``RUN_DIR/config.json`` records of a run that started there
     (:func:`gptspeed.runinfo.write_run_config`, written before the first step): its configuration
     and its ``derived`` entries (``run_id``, ``data``, ...) -- for a ``--resume`` of a run killed
@@ -229,7 +233,7 @@ def refuse_checkpoints(folder: Path, fix: str) -> None:
 
 
 def intact_besides(final: Path) -> str:
-    """"the checkpoint of step M is intact" for the newest valid checkpoint beside ``final`` (the
+    """ "the checkpoint of step M is intact" for the newest valid checkpoint beside ``final`` (the
     one being written), or "no earlier checkpoint exists"."""
     older = [p for p in list_checkpoints(final.parent) if p != final and check_checkpoint(p) is None]
     return f"the checkpoint of step {step_of(older[-1])} is intact" if older else "no earlier checkpoint exists"

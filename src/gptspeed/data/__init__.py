@@ -104,7 +104,7 @@ def shard_name_split(name: str) -> str | None:
     neither). None when the name holds neither word, or both."""
     if name.startswith(".") or not name.endswith(".bin"):
         return None
-    found = {m.group(1) for m in _SPLIT_WORD.finditer(name[:-len(".bin")])}
+    found = {m.group(1) for m in _SPLIT_WORD.finditer(name[: -len(".bin")])}
     return found.pop() if len(found) == 1 else None
 
 
@@ -112,11 +112,19 @@ def _manifest_shard(data_dir: Path, name: object) -> Path:
     """``data_dir / name`` for a shard name listed in the manifest; GptspeedError unless ``name``
     is a plain file name in the folder (no folder part, no ``..``, not absolute): a manifest
     never makes the folder train on another folder's files under its own identity."""
-    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
-            or "\0" in name or Path(name).is_absolute()):
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or Path(name).is_absolute()
+    ):
         raise GptspeedError(
             f"{data_dir / MANIFEST_NAME} lists the shard {name!r}, which is not a file name inside "
-            f"{data_dir} (a manifest names its own shards only): prepare the folder again with --force")
+            f"{data_dir} (a manifest names its own shards only): prepare the folder again with --force"
+        )
     return data_dir / name
 
 
@@ -157,14 +165,14 @@ def find_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
         for p in paths:
             if not p.is_file():
                 raise GptspeedError(
-                    f"shard {p} listed in {data_dir / MANIFEST_NAME} is missing: "
-                    "prepare the folder again with --force"
+                    f"shard {p} listed in {data_dir / MANIFEST_NAME} is missing: prepare the folder again with --force"
                 )
     else:
         if os.path.lexists(data_dir / PREPARE_PROGRESS_NAME):
             raise GptspeedError(
                 f"{data_dir} holds an unfinished `gptspeed prepare` ({PREPARE_PROGRESS_NAME} and no "
-                f"{MANIFEST_NAME}): run the same prepare again to finish it")
+                f"{MANIFEST_NAME}): run the same prepare again to finish it"
+            )
         paths = sorted(p for p in data_dir.iterdir() if shard_name_split(p.name) == split and p.is_file())
     if not paths:
         raise GptspeedError(

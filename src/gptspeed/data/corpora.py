@@ -150,11 +150,7 @@ CORPORA: dict[str, Corpus] = {
     for c in (
         Corpus(
             name="tinyshakespeare",
-            files={
-                "tinyshakespeare/input.txt": (
-                    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-                )
-            },
+            files={"tinyshakespeare/input.txt": ("86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")},
             url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
             about="40,000 lines of Shakespeare in one file (karpathy/char-rnn), 338,025 tokens; shipped with gptspeed",
             embedded="tinyshakespeare.txt.xz",
@@ -186,8 +182,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gptspeed").expanduser()
 
 
-def _atomic_write(dest: Path, chunks: Iterator[bytes] | bytes, expect: str | None = None,
-                  what: object = None) -> None:
+def _atomic_write(dest: Path, chunks: Iterator[bytes] | bytes, expect: str | None = None, what: object = None) -> None:
     """Write to a hidden temp file beside ``dest``, fsync, and rename it onto ``dest``
     (:func:`gptspeed.fileio.write_atomic`) -- only if its sha256 is ``expect`` (when given; else
     GptspeedError naming ``what`` and both hashes, and ``dest`` is untouched)."""
@@ -199,22 +194,27 @@ def _atomic_write(dest: Path, chunks: Iterator[bytes] | bytes, expect: str | Non
             h.update(chunk)
             f.write(chunk)
         if expect is not None and h.hexdigest() != expect:
-            raise _mismatch(what or dest, h.hexdigest(), expect,
-                            f"the source is corrupt or changed upstream; set {MIRROR_ENV}")
+            raise _mismatch(
+                what or dest, h.hexdigest(), expect, f"the source is corrupt or changed upstream; set {MIRROR_ENV}"
+            )
 
     write_atomic(dest, write)
 
 
-def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str,
-              progress: bool) -> None:
+def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str, progress: bool) -> None:
     """Fetch the first URL that answers into ``dest`` (temp file, sha256 check, rename)."""
     error = None
     for url in urls:
         try:
             with urllib.request.urlopen(url, timeout=60) as resp:
                 total = int(resp.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}",
-                          disable=None if progress else True) as bar:  # None: only on a terminal
+                with tqdm(
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    desc=f"download {dest.name}",
+                    disable=None if progress else True,
+                ) as bar:  # None: only on a terminal
 
                     def chunks() -> Iterator[bytes]:
                         while block := resp.read(1 << 20):
@@ -234,8 +234,7 @@ def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str,
 
 def _fetch_corpus(corpus: Corpus, root: Path, progress: bool) -> None:
     """Download the files of ``corpus`` missing or corrupt under ``root``, verifying each."""
-    todo = {rel: d for rel, d in corpus.files.items()
-            if not (root / rel).is_file() or sha256_file(root / rel) != d}
+    todo = {rel: d for rel, d in corpus.files.items() if not (root / rel).is_file() or sha256_file(root / rel) != d}
     if not todo:
         return
     if corpus.embedded is not None:
@@ -278,8 +277,9 @@ def embedded_bytes(corpus: Corpus) -> bytes:
     try:
         return lzma.decompress(path.read_bytes())
     except (OSError, lzma.LZMAError) as e:
-        raise GptspeedError(f"the embedded copy of {corpus.name} ({path}) cannot be read ({e}): reinstall gptspeed "
-                            f"or set {MIRROR_ENV}") from None
+        raise GptspeedError(
+            f"the embedded copy of {corpus.name} ({path}) cannot be read ({e}): reinstall gptspeed or set {MIRROR_ENV}"
+        ) from None
 
 
 def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
@@ -301,8 +301,9 @@ def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
         for rel in rels:
             actual = sha256_file(Path(mirror) / rel)
             if actual != corpus.files[rel]:
-                raise _mismatch(Path(mirror) / rel, actual, corpus.files[rel],
-                                f"replace the file or unset {MIRROR_ENV}")
+                raise _mismatch(
+                    Path(mirror) / rel, actual, corpus.files[rel], f"replace the file or unset {MIRROR_ENV}"
+                )
         return [Path(mirror) / rel for rel in rels]
     root = cache_dir()
     _fetch_corpus(corpus, root, progress)
@@ -325,10 +326,18 @@ class HFCorpus:
 HF_CORPORA: dict[str, HFCorpus] = {
     c.name: c
     for c in (
-        HFCorpus("tinystories", "roneneldan/TinyStories", None,
-                 about="short synthetic stories (about 470M tokens), online via datasets"),
-        HFCorpus("fineweb-edu-10B", "HuggingFaceFW/fineweb-edu", "sample-10BT",
-                 about="FineWeb-Edu sample-10BT (10B tokens, about 20 GB of shards), online via datasets"),
+        HFCorpus(
+            "tinystories",
+            "roneneldan/TinyStories",
+            None,
+            about="short synthetic stories (about 470M tokens), online via datasets",
+        ),
+        HFCorpus(
+            "fineweb-edu-10B",
+            "HuggingFaceFW/fineweb-edu",
+            "sample-10BT",
+            about="FineWeb-Edu sample-10BT (10B tokens, about 20 GB of shards), online via datasets",
+        ),
     )
 }
 
@@ -354,8 +363,10 @@ def resolve_source(source: str, *, progress: bool = True) -> tuple[list[Path], l
     if path.is_dir():
         paths = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p))
         if not paths:
-            raise GptspeedError(f"no *.txt files (nor {', '.join('*' + s for s in SUFFIXES[1:])}) in folder {path}: "
-                                "point SOURCE at text, jsonl or parquet files")
+            raise GptspeedError(
+                f"no *.txt files (nor {', '.join('*' + s for s in SUFFIXES[1:])}) in folder {path}: "
+                "point SOURCE at text, jsonl or parquet files"
+            )
         return paths, [p.relative_to(path).as_posix() for p in paths]
     if any(c in source for c in "*?["):
         paths = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True))

@@ -44,7 +44,7 @@ class DataFolderLock:
         self.folder, self._fd = folder, fd
 
     @classmethod
-    def _take(cls, folder: Path, exclusive: bool) -> tuple["DataFolderLock | None", bool]:
+    def _take(cls, folder: Path, exclusive: bool) -> tuple[DataFolderLock | None, bool]:
         """(the lock or None, whether another process holds it the other way)."""
         try:
             import fcntl
@@ -66,19 +66,21 @@ class DataFolderLock:
         return cls(folder, fd), False
 
     @classmethod
-    def for_reading(cls, folder: str | os.PathLike) -> "DataFolderLock | None":
+    def for_reading(cls, folder: str | os.PathLike) -> DataFolderLock | None:
         """A shared lock: any number of readers, no ``prepare``. GptspeedError naming the prepare
         (its ``.prepare.lock``) when one is writing the folder."""
         folder = Path(folder)
         lock, busy = cls._take(folder, exclusive=False)
         if busy:
             holder = _prepare_holder(folder)
-            raise GptspeedError(f"data folder {folder} is being prepared{holder} (a `gptspeed prepare` is writing "
-                                "its shards): wait for it to finish, then start again")
+            raise GptspeedError(
+                f"data folder {folder} is being prepared{holder} (a `gptspeed prepare` is writing "
+                "its shards): wait for it to finish, then start again"
+            )
         return lock
 
     @classmethod
-    def for_writing(cls, folder: str | os.PathLike) -> "DataFolderLock | None":
+    def for_writing(cls, folder: str | os.PathLike) -> DataFolderLock | None:
         """An exclusive lock: no reader. GptspeedError naming the readers (their pids, where
         ``/proc/locks`` tells) when a ``gptspeed train`` or another reader holds the folder."""
         folder = Path(folder)
@@ -86,9 +88,11 @@ class DataFolderLock:
         if busy:
             pids = _reader_pids(folder)
             who = f" by pid {', '.join(map(str, pids))}" if pids else ""
-            raise GptspeedError(f"data folder {folder} is in use{who} (a running `gptspeed train` reads its shards; "
-                                "preparing it again would change them under the run): wait for the run to finish or "
-                                "stop it, or prepare into another --out")
+            raise GptspeedError(
+                f"data folder {folder} is in use{who} (a running `gptspeed train` reads its shards; "
+                "preparing it again would change them under the run): wait for the run to finish or "
+                "stop it, or prepare into another --out"
+            )
         return lock
 
     def release(self) -> None:
@@ -192,5 +196,7 @@ def check_prepare_target(out: Path) -> None:
     foreign = foreign_entries(real)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise GptspeedError(f"--out {out} already holds files `gptspeed prepare` did not write ({shown}): a data folder "
-                            "must be new, empty or one gptspeed prepared; choose another --out")
+        raise GptspeedError(
+            f"--out {out} already holds files `gptspeed prepare` did not write ({shown}): a data folder "
+            "must be new, empty or one gptspeed prepared; choose another --out"
+        )

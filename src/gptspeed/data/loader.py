@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -86,10 +86,22 @@ class TokenLoader:
     ``wait_s`` seconds :meth:`next_batch` spent waiting for (or, without workers, making) batches.
     """
 
-    def __init__(self, shards: list[Path], batch_size: int, seq_len: int, *, rank: int = 0,
-                 world_size: int = 1, device: torch.device | str = "cpu", max_token_id: int | None = None,
-                 sampling: str = "sequential", seed: int = 0, workers: int = 0, prefetch: int = 4,
-                 expect: list[tuple[int, str]] | None = None):
+    def __init__(
+        self,
+        shards: list[Path],
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | str = "cpu",
+        max_token_id: int | None = None,
+        sampling: str = "sequential",
+        seed: int = 0,
+        workers: int = 0,
+        prefetch: int = 4,
+        expect: list[tuple[int, str]] | None = None,
+    ):
         if sampling not in SAMPLING:
             raise GptspeedError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
         if workers < 0:
@@ -161,8 +173,10 @@ class TokenLoader:
             changed = "its tokens are not those it held when the run started"
         if changed is not None:
             shard.close()
-            raise ShardError(f"shard {shard.path} changed under the running job ({changed}): it was re-prepared or "
-                             "replaced; put the run's data back to --resume, or start a new run on the new data")
+            raise ShardError(
+                f"shard {shard.path} changed under the running job ({changed}): it was re-prepared or "
+                "replaced; put the run's data back to --resume, or start a new run on the new data"
+            )
         return shard
 
     def _make(self, g: int) -> tuple[torch.Tensor, int]:
@@ -226,10 +240,18 @@ class TokenLoader:
     def state_dict(self) -> dict:
         """What has been consumed: plain ints and strings (fits in a checkpoint)."""
         s, pos = self._window(self.batches)
-        return {"batches": self.batches, "shard_index": s, "position": pos, "epoch": self.epoch,
-                "documents": self.documents, "shards": [p.name for p in self.shards],
-                "global_tokens": self.global_tokens, "world_size": self.world_size, "sampling": self.sampling,
-                "seed": self.seed}
+        return {
+            "batches": self.batches,
+            "shard_index": s,
+            "position": pos,
+            "epoch": self.epoch,
+            "documents": self.documents,
+            "shards": [p.name for p in self.shards],
+            "global_tokens": self.global_tokens,
+            "world_size": self.world_size,
+            "sampling": self.sampling,
+            "seed": self.seed,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly after the last batch consumed when ``state`` was taken.
@@ -243,17 +265,23 @@ class TokenLoader:
         seed, or with another world size at a position that cannot be re-sharded (naming both).
         """
         saved_world = state.get("world_size", state["global_tokens"] // (self.B * self.T) or 1)
-        same = (state["shards"] == [p.name for p in self.shards]
-                and state["global_tokens"] == self.B * self.T * saved_world
-                and state.get("sampling", "sequential") == self.sampling
-                and (self.sampling == "sequential" or state.get("seed") == self.seed))
+        same = (
+            state["shards"] == [p.name for p in self.shards]
+            and state["global_tokens"] == self.B * self.T * saved_world
+            and state.get("sampling", "sequential") == self.sampling
+            and (self.sampling == "sequential" or state.get("seed") == self.seed)
+        )
         if saved_world != self.world_size and same:
             s, pos = state["shard_index"], state["position"]
-            if (self.sampling != "sequential" or pos % self.global_tokens
-                    or pos // self.global_tokens >= self.batches_per_shard[s]):
+            if (
+                self.sampling != "sequential"
+                or pos % self.global_tokens
+                or pos // self.global_tokens >= self.batches_per_shard[s]
+            ):
                 raise GptspeedError(
                     f"the checkpoint's data position was saved with world size {saved_world} and does not fall on a "
-                    f"batch boundary for world size {self.world_size}: resume with {saved_world} process(es)")
+                    f"batch boundary for world size {self.world_size}: resume with {saved_world} process(es)"
+                )
             state = {k: v for k, v in state.items() if k != "batches"}  # re-derived from (epoch, shard, position)
         if not same:
             raise GptspeedError(
@@ -265,13 +293,15 @@ class TokenLoader:
             self.batches = int(state["batches"])
         else:  # a state from before the batch counter: (epoch, shard, position), sequential
             s, pos = state["shard_index"], state["position"]
-            self.batches = (state["epoch"] * self.batches_per_epoch + int(self._first_window[s])
-                            + pos // self.global_tokens)
+            self.batches = (
+                state["epoch"] * self.batches_per_epoch + int(self._first_window[s]) + pos // self.global_tokens
+            )
         self.documents = state["documents"]
 
 
-def eval_schedule(lengths: list[int], batch_size: int, seq_len: int,
-                  max_tokens: int = 0) -> Iterator[tuple[int, int, int]]:
+def eval_schedule(
+    lengths: list[int], batch_size: int, seq_len: int, max_tokens: int = 0
+) -> Iterator[tuple[int, int, int]]:
     """The evaluation batches of shards holding ``lengths`` tokens, all ranks together, in order:
     ``(shard index, first window, rows)`` -- consecutive windows of ``seq_len`` (+1) tokens,
     ``batch_size`` at a time (the last batch of a shard may be smaller), until ``max_tokens``
@@ -287,18 +317,26 @@ def eval_schedule(lengths: list[int], batch_size: int, seq_len: int,
             yield s, first, rows
 
 
-def eval_batches_per_rank(shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0,
-                          world_size: int = 1) -> int:
+def eval_batches_per_rank(
+    shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0, world_size: int = 1
+) -> int:
     """The most evaluation batches any rank gets from :func:`iter_eval_batches` (batches are dealt
     round-robin), known to every rank without communicating."""
     total = sum(1 for _ in eval_schedule([read_header(p)[1] for p in shards], batch_size, seq_len, max_tokens))
     return -(-total // world_size)
 
 
-def iter_eval_batches(shards: list[Path], batch_size: int, seq_len: int, max_tokens: int = 0, *,
-                      rank: int = 0, world_size: int = 1,
-                      device: torch.device | str = "cpu",
-                      max_token_id: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def iter_eval_batches(
+    shards: list[Path],
+    batch_size: int,
+    seq_len: int,
+    max_tokens: int = 0,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | str = "cpu",
+    max_token_id: int | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic evaluation batches (:func:`eval_schedule`), dealt round-robin to ranks: this
     rank's ``(x, y)``, each ``(rows, seq_len)`` int64 on ``device``.
 

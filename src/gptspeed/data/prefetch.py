@@ -41,8 +41,10 @@ class Prefetcher:
         self._stop = threading.Event()
         self._queues: list[queue.Queue] = [queue.Queue(max(1, depth)) for _ in sources]
         self._next = 0
-        self._threads = [threading.Thread(target=self._run, args=(src, q), name=f"{name}-{k}", daemon=True)
-                         for k, (src, q) in enumerate(zip(sources, self._queues))]
+        self._threads = [
+            threading.Thread(target=self._run, args=(src, q), name=f"{name}-{k}", daemon=True)
+            for k, (src, q) in enumerate(zip(sources, self._queues))
+        ]
         for t in self._threads:
             t.start()
 

@@ -56,8 +56,7 @@ import numpy as np
 from tqdm import tqdm
 
 import gptspeed
-from gptspeed.data import (MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, PREPARE_PROGRESS_NAME,
-                           load_manifest)
+from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, PREPARE_PROGRESS_NAME, load_manifest
 from gptspeed.data.corpora import CORPORA, HF_CORPORA, resolve_source
 from gptspeed.data.folder import PREPARE_LOCK_NAME, DataFolderLock, check_prepare_target
 from gptspeed.data.shards import read_shard, write_shard
@@ -95,7 +94,7 @@ class PrepareLock:
         self._fd: int | None = None
         self._folder: DataFolderLock | None = None
 
-    def acquire(self) -> "PrepareLock":
+    def acquire(self) -> PrepareLock:
         import fcntl
         import socket
 
@@ -103,15 +102,18 @@ class PrepareLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError as e:
-                raise GptspeedError(f"cannot write the data folder {self.path.parent}: {e.strerror or e}: "
-                                    "choose another --out") from None
+                raise GptspeedError(
+                    f"cannot write the data folder {self.path.parent}: {e.strerror or e}: choose another --out"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
                 os.close(fd)
-                raise GptspeedError(f"{self.path.parent} is being prepared by {holder} (another `gptspeed "
-                                    "prepare`): wait for it to finish or stop it, or choose another --out") from None
+                raise GptspeedError(
+                    f"{self.path.parent} is being prepared by {holder} (another `gptspeed "
+                    "prepare`): wait for it to finish or stop it, or choose another --out"
+                ) from None
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(self.path))
             except FileNotFoundError:
@@ -148,8 +150,15 @@ def _clear(out: Path) -> None:
     """Remove a previous preparation: manifest first (the folder is then incomplete), shards,
     staging chunks and the progress file."""
     (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for pattern in (*_SHARD_GLOBS, ".stream_*.bin", ".stream_*.tmp", "..stream_*.tmp", PROGRESS_NAME,
-                    ".prepare-progress.json.*.tmp", "..prepare-progress.json.*.tmp"):
+    for pattern in (
+        *_SHARD_GLOBS,
+        ".stream_*.bin",
+        ".stream_*.tmp",
+        "..stream_*.tmp",
+        PROGRESS_NAME,
+        ".prepare-progress.json.*.tmp",
+        "..prepare-progress.json.*.tmp",
+    ):
         for p in out.glob(pattern):
             if p.is_file():
                 p.unlink()
@@ -170,12 +179,12 @@ class _Concat:
     def slice(self, a: int, b: int) -> np.ndarray:
         i = int(np.searchsorted(self.starts, a, side="right")) - 1
         if 0 <= i < len(self.arrays) and b <= self.starts[i + 1]:  # inside one chunk: a view
-            return self.arrays[i][a - self.starts[i]:b - self.starts[i]]
+            return self.arrays[i][a - self.starts[i] : b - self.starts[i]]
         parts = []
         for i, arr in enumerate(self.arrays):
             lo, hi = max(a, int(self.starts[i])), min(b, int(self.starts[i + 1]))
             if lo < hi:
-                parts.append(arr[lo - self.starts[i]:hi - self.starts[i]])
+                parts.append(arr[lo - self.starts[i] : hi - self.starts[i]])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
 
     def find_eot(self, lo: int, hi: int, last: bool, block: int = 1 << 22) -> int | None:
@@ -215,8 +224,9 @@ def split_cut(tokens: _Concat, val_fraction: float) -> int:
 def document_starts(tokens: _Concat, block: int = 1 << 22) -> np.ndarray:
     """Positions (int64) of every EOT in the stream, i.e. of every document's first token, in
     order; reads the stream once, ``block`` tokens at a time."""
-    parts = [np.flatnonzero(tokens.slice(a, min(tokens.n, a + block)) == EOT_TOKEN) + a
-             for a in range(0, tokens.n, block)]
+    parts = [
+        np.flatnonzero(tokens.slice(a, min(tokens.n, a + block)) == EOT_TOKEN) + a for a in range(0, tokens.n, block)
+    ]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -233,7 +243,7 @@ class _ShardWriter:
         p = 0
         while p < len(piece):
             take = min(len(self.buf) - self.fill, len(piece) - p)
-            self.buf[self.fill:self.fill + take] = piece[p:p + take]
+            self.buf[self.fill : self.fill + take] = piece[p : p + take]
             self.fill, p = self.fill + take, p + take
             if self.fill == len(self.buf):
                 self.flush()
@@ -241,7 +251,7 @@ class _ShardWriter:
     def flush(self) -> None:
         if self.fill:
             self.shards.append(f"{self.split}_{len(self.shards):06d}.bin")
-            write_shard(self.out / self.shards[-1], self.buf[:self.fill])
+            write_shard(self.out / self.shards[-1], self.buf[: self.fill])
             self.fill = 0
 
 
@@ -271,8 +281,15 @@ def shuffled_order(tokens: _Concat, seed: int, val_fraction: float) -> tuple[np.
     return spans, order, place_cut(tokens.n, val_fraction, find_start)
 
 
-def write_shuffled(tokens: _Concat, spans: np.ndarray, order: np.ndarray, cut: int, out: Path,
-                   shard_tokens: int, progress: bool = False) -> tuple[_ShardWriter, _ShardWriter]:
+def write_shuffled(
+    tokens: _Concat,
+    spans: np.ndarray,
+    order: np.ndarray,
+    cut: int,
+    out: Path,
+    shard_tokens: int,
+    progress: bool = False,
+) -> tuple[_ShardWriter, _ShardWriter]:
     """Write the documents ``spans[order]`` of ``tokens``: the first ``cut`` tokens as train
     shards, the rest as val shards. Documents are read from the memory-mapped staging chunks in
     permuted order (random reads); one shard buffer in memory.
@@ -288,10 +305,10 @@ def write_shuffled(tokens: _Concat, spans: np.ndarray, order: np.ndarray, cut: i
             a, length = (int(v) for v in spans[k])
             piece = tokens.slice(a, a + length)
             if val is None and pos + length > cut:  # the cut falls in (or right before) this one
-                train.add(piece[:cut - pos])
+                train.add(piece[: cut - pos])
                 train.flush()
                 val = _ShardWriter(out, "val", shard_tokens, buf)
-                piece = piece[cut - pos:]
+                piece = piece[cut - pos :]
             (train if val is None else val).add(piece)
             pos += length
             bar.update(1)
@@ -304,8 +321,16 @@ def _write_progress(out: Path, progress: dict) -> None:
     write_text_atomic(out / PROGRESS_NAME, json.dumps(progress, indent=1) + "\n")
 
 
-def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_tokens: int,
-           max_tokens: int | None, progress: bool) -> None:
+def _stage(
+    docs: Iterator[str],
+    out: Path,
+    state: dict,
+    *,
+    workers: int,
+    shard_tokens: int,
+    max_tokens: int | None,
+    progress: bool,
+) -> None:
     """Tokenize ``docs`` (after the ``state["next_doc"]`` already staged) into staging chunks
     ``.stream_NNNNNN.bin`` of ``shard_tokens`` tokens, recording each finished chunk in ``state``
     and the progress file, then the last partial chunk in ``state`` only."""
@@ -328,7 +353,7 @@ def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_t
                 take = min(len(buf) - fill, len(doc) - p)
                 if max_tokens is not None:
                     take = min(take, max_tokens - total - fill)
-                buf[fill:fill + take] = doc[p:p + take]
+                buf[fill : fill + take] = doc[p : p + take]
                 fill, p = fill + take, p + take
                 full = fill == len(buf)
                 done = max_tokens is not None and total + fill >= max_tokens
@@ -345,15 +370,15 @@ def _stage(docs: Iterator[str], out: Path, state: dict, *, workers: int, shard_t
             if done:
                 break
             if doc_index % 64 == 0:
-                bar.set_postfix_str(f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s",
-                                    refresh=False)
+                bar.set_postfix_str(
+                    f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s", refresh=False
+                )
         if fill:
             name = _STAGE.format(len(state["chunks"]))
             write_shard(out / name, buf[:fill])
             total += fill
             state["chunks"].append({"name": name, "tokens": fill})
             state.update(documents=n_docs, tokens=total)
-
 
 
 MIN_SHARD_TOKENS = 256  # a shard is a file: --shard-tokens 10 wrote tens of thousands of files for a small corpus
@@ -395,21 +420,33 @@ class _Input:
             except OSError:
                 now = None
             if now != stamp:
-                raise GptspeedError(f"{path} changed while it was being prepared (a download or a writer not finished?): "
-                                    "nothing was marked prepared; run the same command again once it is complete")
+                raise GptspeedError(
+                    f"{path} changed while it was being prepared (a download or a writer not finished?): "
+                    "nothing was marked prepared; run the same command again once it is complete"
+                )
 
 
-def _check_arguments(val_fraction: float, shard_tokens: int, workers: int, max_tokens: int | None,
-                     out: Path, shuffle_seed: int | None = None) -> int:
+def _check_arguments(
+    val_fraction: float,
+    shard_tokens: int,
+    workers: int,
+    max_tokens: int | None,
+    out: Path,
+    shuffle_seed: int | None = None,
+) -> int:
     """GptspeedError for a bad argument of :func:`prepare`; returns the tokenizing threads to use."""
     if not 0.0 < val_fraction < 1.0:
         raise GptspeedError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < MIN_SHARD_TOKENS:
-        raise GptspeedError(f"--shard-tokens must be an integer of at least {MIN_SHARD_TOKENS} (one file per shard: "
-                            f"fewer would write a file every few tokens), got {shard_tokens!r}")
+        raise GptspeedError(
+            f"--shard-tokens must be an integer of at least {MIN_SHARD_TOKENS} (one file per shard: "
+            f"fewer would write a file every few tokens), got {shard_tokens!r}"
+        )
     if shard_tokens > MAX_SHARD_TOKENS:
-        raise GptspeedError(f"--shard-tokens must be at most {MAX_SHARD_TOKENS:,} (2^31-1: a shard's header "
-                            f"counts its tokens in an int32), got {shard_tokens:,}")
+        raise GptspeedError(
+            f"--shard-tokens must be at most {MAX_SHARD_TOKENS:,} (2^31-1: a shard's header "
+            f"counts its tokens in an int32), got {shard_tokens:,}"
+        )
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise GptspeedError(f"workers must be 0 (one per CPU) or a positive integer, got {workers!r}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
@@ -434,7 +471,9 @@ def _check_out(out: Path) -> None:
     except NotADirectoryError:
         raise GptspeedError(f"output {out}: a part of its path is a file, not a folder: choose another --out") from None
     except OSError as e:
-        why = "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
+        why = (
+            "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
+        )
         raise GptspeedError(f"output {out}: {why}: choose another --out") from None
     import stat
 
@@ -455,7 +494,9 @@ def _make_out(out: Path) -> bool:
         _check_out(out)  # a folder made meanwhile is fine
         return False
     except OSError as e:
-        why = "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
+        why = (
+            "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
+        )
         raise GptspeedError(f"cannot create the output folder {out}: {why}: choose another --out") from None
 
 
@@ -487,11 +528,25 @@ def _reuse(out: Path, source: str, val_fraction: float, shard_tokens: int, input
     """The manifest of ``out``, prepared before from the same input and settings, with
     ``"reused": True``; GptspeedError if it was prepared from anything else."""
     old = load_manifest(out)
-    old_settings = old.get("settings", {"text_field": "text", "shuffle_seed": None, "skip_bad": False,
-                                        "max_tokens": None, "dataset": None, "hf_name": None, "split": "train"})
-    same = (old.get("source") == source and old.get("val_fraction") == val_fraction
-            and old.get("shard_tokens") == shard_tokens and old.get("input_sha256") == input_sha
-            and old_settings == settings)
+    old_settings = old.get(
+        "settings",
+        {
+            "text_field": "text",
+            "shuffle_seed": None,
+            "skip_bad": False,
+            "max_tokens": None,
+            "dataset": None,
+            "hf_name": None,
+            "split": "train",
+        },
+    )
+    same = (
+        old.get("source") == source
+        and old.get("val_fraction") == val_fraction
+        and old.get("shard_tokens") == shard_tokens
+        and old.get("input_sha256") == input_sha
+        and old_settings == settings
+    )
     if not same:
         raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
     return {**old, "reused": True}
@@ -519,19 +574,30 @@ def _read_progress(out: Path) -> dict | None:
     except OSError as e:
         raise GptspeedError(f"cannot read {path}: {e.strerror or e}") from None
     if not stat.S_ISREG(mode):
-        raise GptspeedError(f"{path} is not a file (gptspeed keeps the progress of a prepare under that name): "
-                            "remove it, or choose another --out")
+        raise GptspeedError(
+            f"{path} is not a file (gptspeed keeps the progress of a prepare under that name): "
+            "remove it, or choose another --out"
+        )
     try:
         state = read_user_json(path, "prepare progress file")
     except GptspeedError:
         return None
     ints = ("next_doc", "doc_offset", "documents", "tokens")
     chunks = state.get("chunks")
-    if (not isinstance(state.get("key"), str) or any(type(state.get(k)) is not int or state[k] < 0 for k in ints)
-            or not isinstance(chunks, list)
-            or not all(isinstance(c, dict) and isinstance(c.get("name"), str) and re.fullmatch(_STAGE_RE, c["name"])
-                       and type(c.get("tokens")) is int and c["tokens"] > 0 for c in chunks)
-            or [c["name"] for c in chunks] != [_STAGE.format(i) for i in range(len(chunks))]):
+    if (
+        not isinstance(state.get("key"), str)
+        or any(type(state.get(k)) is not int or state[k] < 0 for k in ints)
+        or not isinstance(chunks, list)
+        or not all(
+            isinstance(c, dict)
+            and isinstance(c.get("name"), str)
+            and re.fullmatch(_STAGE_RE, c["name"])
+            and type(c.get("tokens")) is int
+            and c["tokens"] > 0
+            for c in chunks
+        )
+        or [c["name"] for c in chunks] != [_STAGE.format(i) for i in range(len(chunks))]
+    ):
         return None
     return state
 
@@ -551,8 +617,18 @@ def _staging_state(out: Path, key: str, force: bool) -> dict:
     return state
 
 
-def _stage_input(inp: _Input, out: Path, state: dict, *, text_field: str, skip_bad: bool, workers: int,
-                 shard_tokens: int, max_tokens: int | None, progress: bool) -> None:
+def _stage_input(
+    inp: _Input,
+    out: Path,
+    state: dict,
+    *,
+    text_field: str,
+    skip_bad: bool,
+    workers: int,
+    shard_tokens: int,
+    max_tokens: int | None,
+    progress: bool,
+) -> None:
     """Read and tokenize every document of ``inp`` into staging chunks (:func:`_stage`), unless
     ``state`` says that was done; marks ``state`` complete, with its bad records and whether any
     text was seen."""
@@ -560,19 +636,34 @@ def _stage_input(inp: _Input, out: Path, state: dict, *, text_field: str, skip_b
         return
     stats = SourceStats()
     if inp.dataset is not None:
-        docs = iter_hf(inp.dataset, config=inp.hf_name, split=inp.split, text_field=text_field, stats=stats,
-                       skip_bad=skip_bad)
+        docs = iter_hf(
+            inp.dataset, config=inp.hf_name, split=inp.split, text_field=text_field, stats=stats, skip_bad=skip_bad
+        )
     else:
         docs = iter_files(inp.paths, text_field, stats, skip_bad=skip_bad)
     seen = {"text": bool(state.get("has_text"))}
-    _stage(_noting_text(docs, seen), out, state, workers=workers, shard_tokens=shard_tokens,
-           max_tokens=max_tokens, progress=progress)
+    _stage(
+        _noting_text(docs, seen),
+        out,
+        state,
+        workers=workers,
+        shard_tokens=shard_tokens,
+        max_tokens=max_tokens,
+        progress=progress,
+    )
     state.update(complete=True, bad_records=stats.bad, has_text=seen["text"])
     _write_progress(out, state)
 
 
-def _write_splits(out: Path, state: dict, source: str, val_fraction: float, shard_tokens: int,
-                  shuffle_seed: int | None, progress: bool) -> dict:
+def _write_splits(
+    out: Path,
+    state: dict,
+    source: str,
+    val_fraction: float,
+    shard_tokens: int,
+    shuffle_seed: int | None,
+    progress: bool,
+) -> dict:
     """Staged chunks -> the train and val shards (:func:`split_cut`, or :func:`shuffled_order`
     with a seed); the chunks are removed or renamed. Returns the manifest's ``splits``.
     GptspeedError (and ``out`` cleared) for no text, or too little to give both splits a token."""
@@ -617,12 +708,15 @@ def _write_splits(out: Path, state: dict, source: str, val_fraction: float, shar
             os.replace(chunk_paths[i], out / train_shards[i])
         for p in chunk_paths[k:]:
             p.unlink(missing_ok=True)
-    return {"train": {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards},
-            "val": {"tokens": total - cut, "documents": val_docs, "shards": val_shards}}
+    return {
+        "train": {"tokens": cut, "documents": n_docs - val_docs, "shards": train_shards},
+        "val": {"tokens": total - cut, "documents": val_docs, "shards": val_shards},
+    }
 
 
-def _manifest(source: str, inp: _Input, val_fraction: float, shard_tokens: int, splits: dict, settings: dict,
-              state: dict) -> dict:
+def _manifest(
+    source: str, inp: _Input, val_fraction: float, shard_tokens: int, splits: dict, settings: dict, state: dict
+) -> dict:
     """The ``manifest.json`` of a finished prepare (fields: :func:`prepare`'s Returns)."""
     return {
         "format": MANIFEST_FORMAT,
@@ -711,17 +805,35 @@ def prepare(
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out, shuffle_seed)
     check_prepare_target(out)  # never /, the home folder, or a folder of other files
     inp = _resolve_input(source, hf_name, split, progress)
-    settings = {"text_field": text_field, "shuffle_seed": shuffle_seed, "skip_bad": skip_bad,
-                "max_tokens": max_tokens, "dataset": inp.dataset, "hf_name": inp.hf_name, "split": inp.split}
+    settings = {
+        "text_field": text_field,
+        "shuffle_seed": shuffle_seed,
+        "skip_bad": skip_bad,
+        "max_tokens": max_tokens,
+        "dataset": inp.dataset,
+        "hf_name": inp.hf_name,
+        "split": inp.split,
+    }
     if os.path.lexists(out / MANIFEST_NAME) and not force:
         return _reuse(out, source, val_fraction, shard_tokens, inp.sha256, settings)
     created = _make_out(out)
     lock = PrepareLock(out).acquire()
     try:
-        manifest = _prepare_locked(source, inp, out, force=force, settings=settings, val_fraction=val_fraction,
-                                   shard_tokens=shard_tokens, workers=workers, text_field=text_field,
-                                   skip_bad=skip_bad, max_tokens=max_tokens, shuffle_seed=shuffle_seed,
-                                   progress=progress)
+        manifest = _prepare_locked(
+            source,
+            inp,
+            out,
+            force=force,
+            settings=settings,
+            val_fraction=val_fraction,
+            shard_tokens=shard_tokens,
+            workers=workers,
+            text_field=text_field,
+            skip_bad=skip_bad,
+            max_tokens=max_tokens,
+            shuffle_seed=shuffle_seed,
+            progress=progress,
+        )
     except BaseException:
         if created:  # a prepare that fails leaves no new folder behind, unless it holds chunks to resume from
             _remove_if_nothing_staged(out, lock)
@@ -748,17 +860,39 @@ def _remove_if_nothing_staged(out: Path, lock: PrepareLock) -> None:
         pass
 
 
-def _prepare_locked(source: str, inp: _Input, out: Path, *, force: bool, settings: dict, val_fraction: float,
-                    shard_tokens: int, workers: int, text_field: str, skip_bad: bool, max_tokens: int | None,
-                    shuffle_seed: int | None, progress: bool) -> dict:
+def _prepare_locked(
+    source: str,
+    inp: _Input,
+    out: Path,
+    *,
+    force: bool,
+    settings: dict,
+    val_fraction: float,
+    shard_tokens: int,
+    workers: int,
+    text_field: str,
+    skip_bad: bool,
+    max_tokens: int | None,
+    shuffle_seed: int | None,
+    progress: bool,
+) -> dict:
     """:func:`prepare`'s work in ``out``, whose :class:`PrepareLock` the caller holds: stage, split,
     write the manifest (then drop the progress file). An OSError (a full disk) becomes one line
     naming the folder; what was written stays hidden or unlisted (see the module docstring)."""
     try:
         key = hashlib.sha256(json.dumps([source, inp.sha256, shard_tokens, settings]).encode()).hexdigest()
         state = _staging_state(out, key, force)
-        _stage_input(inp, out, state, text_field=text_field, skip_bad=skip_bad, workers=workers,
-                     shard_tokens=shard_tokens, max_tokens=max_tokens, progress=progress)
+        _stage_input(
+            inp,
+            out,
+            state,
+            text_field=text_field,
+            skip_bad=skip_bad,
+            workers=workers,
+            shard_tokens=shard_tokens,
+            max_tokens=max_tokens,
+            progress=progress,
+        )
         inp.check_unchanged()  # the tokens are of the text the manifest's hashes name
         splits = _write_splits(out, state, source, val_fraction, shard_tokens, shuffle_seed, progress)
         manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
@@ -769,8 +903,10 @@ def _prepare_locked(source: str, inp: _Input, out: Path, *, force: bool, setting
 
         what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
         name = f" (at {Path(e.filename).name})" if getattr(e, "filename", None) else ""
-        raise GptspeedError(f"cannot write the data folder {out}: {what}{name}; nothing there is marked prepared: "
-                            "make room (or fix the folder), then run the same command again to resume") from None
+        raise GptspeedError(
+            f"cannot write the data folder {out}: {what}{name}; nothing there is marked prepared: "
+            "make room (or fix the folder), then run the same command again to resume"
+        ) from None
     return manifest
 
 
@@ -790,8 +926,10 @@ def default_train_data(say: Callable[[str], object] = print) -> Path:
         say(f"no --data: training on {DEFAULT_CORPUS} (shipped with gptspeed), prepared in {out}")
         return out
     if os.path.lexists(out):  # every preparation is renamed into place whole: this is not one of them
-        raise GptspeedError(f"the data cache {out} exists but is not a prepared folder (no {MANIFEST_NAME}): "
-                            "remove it, set GPTSPEED_CACHE, or give --data")
+        raise GptspeedError(
+            f"the data cache {out} exists but is not a prepared folder (no {MANIFEST_NAME}): "
+            "remove it, set GPTSPEED_CACHE, or give --data"
+        )
     say(f"no --data: preparing {DEFAULT_CORPUS} (shipped with gptspeed) into {out} once, then training on it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -799,16 +937,19 @@ def default_train_data(say: Callable[[str], object] = print) -> Path:
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     except OSError as e:
-        raise GptspeedError(f"cannot write the data cache {out.parent}: {e.strerror or e}; set GPTSPEED_CACHE "
-                            "or give --data") from None
+        raise GptspeedError(
+            f"cannot write the data cache {out.parent}: {e.strerror or e}; set GPTSPEED_CACHE or give --data"
+        ) from None
     try:
         prepare(DEFAULT_CORPUS, tmp, force=True, progress=False)
         try:
             os.rename(tmp, out)
         except OSError as e:  # another run prepared it first: keep theirs if it is complete
             if not (out / MANIFEST_NAME).is_file():
-                raise GptspeedError(f"the data cache {out} exists but is not a prepared folder ({e.strerror or e}): "
-                                    "remove it, set GPTSPEED_CACHE, or give --data") from None
+                raise GptspeedError(
+                    f"the data cache {out} exists but is not a prepared folder ({e.strerror or e}): "
+                    "remove it, set GPTSPEED_CACHE, or give --data"
+                ) from None
     finally:
         if tmp.exists():
             import shutil

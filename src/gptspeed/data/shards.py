@@ -53,9 +53,7 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"shard tokens must be integers, got dtype {tokens.dtype}")
     if tokens.size and (tokens.min() < 0 or tokens.max() > 65535):
-        raise ValueError(
-            f"shard tokens must be in [0, 65535], got min {tokens.min()} max {tokens.max()}"
-        )
+        raise ValueError(f"shard tokens must be in [0, 65535], got min {tokens.min()} max {tokens.max()}")
     if tokens.size > np.iinfo(np.int32).max:
         raise ValueError(f"a shard holds at most 2**31-1 tokens, got {tokens.size}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
@@ -94,8 +92,7 @@ def read_header(path: str | os.PathLike) -> tuple[int, int]:
     magic, version, count = (int(x) for x in header[:3])
     if magic != SHARD_MAGIC:
         raise ShardError(
-            f"shard {path} starts with magic {magic}, expected {SHARD_MAGIC}: it is not an "
-            "llm.c/gptspeed token shard"
+            f"shard {path} starts with magic {magic}, expected {SHARD_MAGIC}: it is not an llm.c/gptspeed token shard"
         )
     if version != SHARD_VERSION:
         raise ShardError(
@@ -189,7 +186,8 @@ class MappedShard:
         if size < need:
             raise ShardError(
                 f"shard {self.path} shrank to {size:,} bytes while being read (its tokens up to {stop:,} need "
-                f"{need:,}): it was truncated or re-prepared under the running job; restore it, or {_REPREPARE}")
+                f"{need:,}): it was truncated or re-prepared under the running job; restore it, or {_REPREPARE}"
+            )
         return self.tokens[start:stop]
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ def is_stream_source(data: str) -> bool:
     name a prepared folder."""
     return data.startswith(STREAM_PREFIXES)
 
+
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 """File name endings a folder or glob source picks up."""
 
@@ -115,13 +116,13 @@ class ZstdFrames(io.RawIOBase):
                     return 0
             if self._frame is None:
                 self._frame = self._dctx.decompressobj()
-            chunk, self._input = self._input[:self.IN_CHUNK], self._input[self.IN_CHUNK:]
+            chunk, self._input = self._input[: self.IN_CHUNK], self._input[self.IN_CHUNK :]
             self._out, self._pos = self._frame.decompress(chunk), 0
             if self._frame.eof:  # the frame is complete: what follows it starts the next one
                 self._input = self._frame.unused_data + self._input
                 self._frame = None
         n = min(len(b), len(self._out) - self._pos)
-        b[:n] = self._out[self._pos:self._pos + n]
+        b[:n] = self._out[self._pos : self._pos + n]
         self._pos += n
         return n
 
@@ -140,7 +141,8 @@ def _open_lines(path: Path, fmt: str) -> io.BufferedIOBase:
             import zstandard
         except ImportError:
             raise GptspeedError(
-                f"{path}: reading .zst needs the zstandard package: pip install 'gptspeed[data]'") from None
+                f"{path}: reading .zst needs the zstandard package: pip install 'gptspeed[data]'"
+            ) from None
         return io.BufferedReader(ZstdFrames(open(path, "rb"), zstandard.ZstdDecompressor()), 1 << 16)
     return open(path, "rb")
 
@@ -192,8 +194,9 @@ def _is_decode_error(e: BaseException) -> bool:
     return isinstance(e, (OSError, EOFError, zlib.error)) or type(e).__module__.startswith("zstandard")
 
 
-def iter_jsonl(path: Path, text_field: str, stats: SourceStats, skip_bad: bool = False,
-               fmt: str = "jsonl") -> Iterator[str]:
+def iter_jsonl(
+    path: Path, text_field: str, stats: SourceStats, skip_bad: bool = False, fmt: str = "jsonl"
+) -> Iterator[str]:
     """The ``text_field`` strings of a JSON-lines file (optionally gzip/zstd), in line order.
 
     Blank lines are ignored. A line that is not UTF-8 JSON (or is nested too deeply to parse, or
@@ -223,8 +226,11 @@ def iter_jsonl(path: Path, text_field: str, stats: SourceStats, skip_bad: bool =
                 return
             lineno += 1
             if raw is None:
-                _bad(stats, skip_bad, f"{path}:{lineno}: a line longer than {MAX_RECORD_BYTES:,} bytes "
-                                      "(is it a JSON-lines file?)")
+                _bad(
+                    stats,
+                    skip_bad,
+                    f"{path}:{lineno}: a line longer than {MAX_RECORD_BYTES:,} bytes (is it a JSON-lines file?)",
+                )
                 continue
             if not raw.strip():
                 continue
@@ -251,16 +257,20 @@ def iter_parquet(path: Path, text_field: str, stats: SourceStats, skip_bad: bool
     except Exception as e:
         raise GptspeedError(f"cannot read {path} as parquet ({e})") from None
     if text_field not in pf.schema_arrow.names:
-        raise GptspeedError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
-                            "choose it with --text-field")
+        raise GptspeedError(
+            f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
+            "choose it with --text-field"
+        )
     row = 0
     batches = pf.iter_batches(columns=[text_field], batch_size=1024)
     while True:
         try:
             batch = next(batches, None)
         except Exception as e:  # pyarrow's errors for a corrupt or truncated file
-            raise GptspeedError(f"cannot read {path} as parquet after row {row:,} ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''}): the file is corrupt or truncated") from None
+            raise GptspeedError(
+                f"cannot read {path} as parquet after row {row:,} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}): the file is corrupt or truncated"
+            ) from None
         if batch is None:
             return
         for text in batch.column(0).to_pylist():
@@ -302,8 +312,15 @@ def iter_files(paths: list[Path], text_field: str, stats: SourceStats, *, skip_b
         yield from iter_file(p, text_field, stats, skip_bad)
 
 
-def iter_hf(name: str, *, config: str | None = None, split: str = "train", text_field: str = "text",
-            stats: SourceStats | None = None, skip_bad: bool = False) -> Iterator[str]:
+def iter_hf(
+    name: str,
+    *,
+    config: str | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    stats: SourceStats | None = None,
+    skip_bad: bool = False,
+) -> Iterator[str]:
     """Documents of a Hugging Face dataset in streaming mode (``datasets.load_dataset(...,
     streaming=True)``): nothing is downloaded ahead, records arrive as they are read.
 
@@ -328,8 +345,10 @@ def iter_hf(name: str, *, config: str | None = None, split: str = "train", text_
         else:
             ds = datasets.load_dataset(name, config, split=split, streaming=True)
     except Exception as e:
-        raise GptspeedError(f"cannot open dataset {name!r} (config {config!r}, split {split!r}): "
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise GptspeedError(
+            f"cannot open dataset {name!r} (config {config!r}, split {split!r}): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
 
     def records() -> Iterator[str]:
         it, i = iter(ds), 0
@@ -338,8 +357,9 @@ def iter_hf(name: str, *, config: str | None = None, split: str = "train", text_
                 rec = next(it, StopIteration)
             except Exception as e:  # the dataset's own reader failed (network, a corrupt file)
                 first = str(e).splitlines()[0] if str(e) else ""
-                raise GptspeedError(f"cannot read dataset {name!r} after record {i:,}: {type(e).__name__}: "
-                                    f"{first[:300]}") from None
+                raise GptspeedError(
+                    f"cannot read dataset {name!r} after record {i:,}: {type(e).__name__}: {first[:300]}"
+                ) from None
             if rec is StopIteration:
                 return
             i += 1

@@ -40,29 +40,31 @@ from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
 
-
 class StreamError(ShardError):
     """The document stream failed (unreadable, corrupt or truncated input, a bad record, an
     exception of its source) or ended; the message, one line, names the stream. A
     :class:`~gptspeed.data.shards.ShardError`, so the trainer saves the last finished step."""
 
 
-BAD_RECORD_HINT = ("streaming training stops at a bad record: fix or remove it, or prepare shards with "
-                   "`gptspeed prepare --skip-bad`")
+BAD_RECORD_HINT = (
+    "streaming training stops at a bad record: fix or remove it, or prepare shards with `gptspeed prepare --skip-bad`"
+)
 
 
-def iter_stream_documents(data: str, text_field: str = "text", split: str = "train",
-                          hf_name: str | None = None) -> Iterator[str]:
+def iter_stream_documents(
+    data: str, text_field: str = "text", split: str = "train", hf_name: str | None = None
+) -> Iterator[str]:
     """Documents of ``jsonl:PATH`` (also .jsonl.gz/.zst/.parquet/.txt) or ``hf:NAME``.
     GptspeedError naming the file and line for a bad record (no records are skipped)."""
     if data.startswith("jsonl:"):
-        path = Path(data[len("jsonl:"):]).expanduser()
+        path = Path(data[len("jsonl:") :]).expanduser()
         if not path.is_file():
             raise GptspeedError(f"{path} does not exist: give --data jsonl:PATH of a file")
         return iter_file(path, text_field, SourceStats(hint=BAD_RECORD_HINT))
     if data.startswith("hf:"):
-        return iter_hf(data[3:], config=hf_name, split=split, text_field=text_field,
-                       stats=SourceStats(hint=BAD_RECORD_HINT))
+        return iter_hf(
+            data[3:], config=hf_name, split=split, text_field=text_field, stats=SourceStats(hint=BAD_RECORD_HINT)
+        )
     raise GptspeedError(f"--data {data!r} is not a stream (jsonl:PATH or hf:NAME)")
 
 
@@ -89,8 +91,18 @@ class StreamWindows(torch.utils.data.IterableDataset):
     stream, so they raise GptspeedError.
     """
 
-    def __init__(self, data: str, global_tokens: int, *, text_field: str = "text", split: str = "train",
-                 hf_name: str | None = None, workers: int = 1, doc_index: int = 0, doc_offset: int = 0):
+    def __init__(
+        self,
+        data: str,
+        global_tokens: int,
+        *,
+        text_field: str = "text",
+        split: str = "train",
+        hf_name: str | None = None,
+        workers: int = 1,
+        doc_index: int = 0,
+        doc_offset: int = 0,
+    ):
         super().__init__()
         self.data, self.global_tokens, self.workers = data, global_tokens, workers
         self.text_field, self.split, self.hf_name = text_field, split, hf_name
@@ -99,11 +111,14 @@ class StreamWindows(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[tuple[np.ndarray, int, int, int]]:
         info = torch.utils.data.get_worker_info()
         if info is not None and info.num_workers > 1:
-            raise GptspeedError("StreamWindows is one ordered stream: use it with DataLoader(num_workers=0 or 1); "
-                                "it tokenizes in its own threads (workers=N)")
+            raise GptspeedError(
+                "StreamWindows is one ordered stream: use it with DataLoader(num_workers=0 or 1); "
+                "it tokenizes in its own threads (workers=N)"
+            )
         G = self.global_tokens
-        docs = itertools.islice(iter_stream_documents(self.data, self.text_field, self.split, self.hf_name),
-                                self.doc_index, None)
+        docs = itertools.islice(
+            iter_stream_documents(self.data, self.text_field, self.split, self.hf_name), self.doc_index, None
+        )
         # tokens not yet emitted: pieces joined once per window, not once per document
         pending: list[np.ndarray] = []
         n_pending = 0
@@ -112,7 +127,7 @@ class StreamWindows(torch.utils.data.IterableDataset):
         first = True
         for i, doc in enumerate(tokenize_stream(docs, self.workers), start=self.doc_index):
             if first:
-                doc = doc[self.doc_offset:] if len(doc) else doc
+                doc = doc[self.doc_offset :] if len(doc) else doc
                 off0, first = self.doc_offset, False
             else:
                 off0 = 0
@@ -125,7 +140,7 @@ class StreamWindows(torch.utils.data.IterableDataset):
                 continue
             buf = np.concatenate(pending)
             while len(buf) >= G + 1:
-                window = buf[:G + 1]
+                window = buf[: G + 1]
                 docs_in = int(np.count_nonzero(window[:G] == EOT_TOKEN))
                 buf = buf[G:]
                 left = G  # drop G tokens from the runs
@@ -157,9 +172,21 @@ class StreamLoader:
     :meth:`next_batch` waited). State: :meth:`state_dict` (consumed position only).
     """
 
-    def __init__(self, data: str, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1,
-                 device: torch.device | str = "cpu", text_field: str = "text", split: str = "train",
-                 hf_name: str | None = None, workers: int = 1, prefetch: int = 8):
+    def __init__(
+        self,
+        data: str,
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | str = "cpu",
+        text_field: str = "text",
+        split: str = "train",
+        hf_name: str | None = None,
+        workers: int = 1,
+        prefetch: int = 8,
+    ):
         self.data, self.text_field, self.split, self.hf_name = data, text_field, split, hf_name
         self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
         self.device = torch.device(device)
@@ -174,13 +201,20 @@ class StreamLoader:
         """This rank's batches from the consumed position on: ``(host tensor, documents started in
         the window, next document index, token offset in it)``. After the last one :class:`_StreamEnd`;
         StreamError (one line, naming the stream) for anything the stream raised on the way."""
-        windows = StreamWindows(self.data, self.global_tokens, text_field=self.text_field, split=self.split,
-                                hf_name=self.hf_name, workers=self.workers, doc_index=self.doc_index,
-                                doc_offset=self.doc_offset)
+        windows = StreamWindows(
+            self.data,
+            self.global_tokens,
+            text_field=self.text_field,
+            split=self.split,
+            hf_name=self.hf_name,
+            workers=self.workers,
+            doc_index=self.doc_index,
+            doc_offset=self.doc_offset,
+        )
         start = self.rank * self.B * self.T
         try:
             for window, docs_in, di, do in windows:
-                yield host_tensor(window[start:start + self.B * self.T + 1], self.device), docs_in, di, do
+                yield host_tensor(window[start : start + self.B * self.T + 1], self.device), docs_in, di, do
         except GptspeedError as e:  # already one line naming the file (and line)
             raise StreamError(f"the stream {self.data} failed: {e}") from None
         except Exception as e:  # a dataset's reader, the network, ...: named, still one line
@@ -202,9 +236,11 @@ class StreamLoader:
         except _StreamEnd:
             self._prefetcher = None  # get() closed it
             tokens = self.batches * self.global_tokens
-            raise StreamError(f"the stream {self.data} ended after {self.batches:,} batches of {self.B}x{self.T} "
-                              f"tokens ({tokens:,} tokens in all; streams have no epochs): lower --max-steps or "
-                              "give more data") from None
+            raise StreamError(
+                f"the stream {self.data} ended after {self.batches:,} batches of {self.B}x{self.T} "
+                f"tokens ({tokens:,} tokens in all; streams have no epochs): lower --max-steps or "
+                "give more data"
+            ) from None
         except Exception:
             self._prefetcher = None  # get() closed it: the next call starts again from the consumed position
             raise
@@ -235,8 +271,14 @@ class StreamLoader:
 
     def state_dict(self) -> dict:
         """Consumed position: documents fully consumed and the token offset into the next one."""
-        return {"stream": self.data, "doc_index": self.doc_index, "doc_offset": self.doc_offset,
-                "documents": self.documents, "batches": self.batches, "global_tokens": self.global_tokens}
+        return {
+            "stream": self.data,
+            "doc_index": self.doc_index,
+            "doc_offset": self.doc_offset,
+            "documents": self.documents,
+            "batches": self.batches,
+            "global_tokens": self.global_tokens,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after the last consumed batch (re-reads the consumed documents, see module doc).

@@ -106,8 +106,9 @@ def _encode_ordinary(text: str, piece_chars: int | None) -> list[np.ndarray]:
     enc = thread_encoding()
     pieces = document_pieces(text, piece_chars)
     first = enc.encode_to_numpy(next(pieces), allowed_special=set(), disallowed_special=())
-    rest = [enc.encode_to_numpy(piece, allowed_special=set(), disallowed_special=()).astype(np.uint16)
-            for piece in pieces]
+    rest = [
+        enc.encode_to_numpy(piece, allowed_special=set(), disallowed_special=()).astype(np.uint16) for piece in pieces
+    ]
     return [first, *rest]
 
 
@@ -145,7 +146,7 @@ def encode_document(text: str, piece_chars: int | None = None) -> np.ndarray:
     doc[0] = EOT_TOKEN
     pos = 1
     for part in parts:  # every GPT-2 id < 50257 < 2**16
-        doc[pos:pos + len(part)] = part
+        doc[pos : pos + len(part)] = part
         pos += len(part)
     return doc
 
@@ -177,7 +178,8 @@ def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         pool = _pools.get(key)
         if pool is None:
             pool = _pools[key] = concurrent.futures.ThreadPoolExecutor(
-                workers, thread_name_prefix=f"gptspeed-tokenize-{workers}")
+                workers, thread_name_prefix=f"gptspeed-tokenize-{workers}"
+            )
         return pool
 
 

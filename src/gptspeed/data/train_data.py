@@ -91,8 +91,12 @@ class TrainData:
         shards = [[p.name, read_header(p)[1], shard_fingerprint(p)] for p in self.train_shards]
         m = self.manifest
         if m and m.get("input_sha256"):
-            return {"input_sha256": m["input_sha256"], "val_fraction": m.get("val_fraction"),
-                    "settings": m.get("settings"), "shards": shards}
+            return {
+                "input_sha256": m["input_sha256"],
+                "val_fraction": m.get("val_fraction"),
+                "settings": m.get("settings"),
+                "shards": shards,
+            }
         return {"shards": shards}
 
     @property
@@ -104,9 +108,19 @@ class TrainData:
         """Whether there is a val split to evaluate on (prepared shards have one; a stream has none)."""
         return bool(self.val_shards)
 
-    def loader(self, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1, device: Any = "cpu",
-               max_token_id: int | None = None, sampling: str = "sequential", seed: int = 0,
-               workers: int = 0) -> TrainLoader:
+    def loader(
+        self,
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: Any = "cpu",
+        max_token_id: int | None = None,
+        sampling: str = "sequential",
+        seed: int = 0,
+        workers: int = 0,
+    ) -> TrainLoader:
         """The loader for this data: a :class:`~gptspeed.data.loader.TokenLoader` over the train
         shards, or a :class:`~gptspeed.data.stream.StreamLoader` (one process only; GptspeedError
         under torchrun). ``workers``: background threads (a stream always tokenizes in at least one)."""
@@ -114,17 +128,30 @@ class TrainData:
             from gptspeed.data.stream import StreamLoader
 
             if world_size > 1:
-                raise GptspeedError("streaming training (--data jsonl:/hf:) runs in one process: prepare shards "
-                                    "for torchrun")
-            return StreamLoader(self.spec, batch_size, seq_len, device=device, workers=max(1, workers),
-                                **self.stream_options)
+                raise GptspeedError(
+                    "streaming training (--data jsonl:/hf:) runs in one process: prepare shards for torchrun"
+                )
+            return StreamLoader(
+                self.spec, batch_size, seq_len, device=device, workers=max(1, workers), **self.stream_options
+            )
         from gptspeed.data.loader import TokenLoader
 
         expect = [(n, fp) for _, n, fp in self.identity["shards"]]  # each shard is checked when first opened
-        return TokenLoader(self.train_shards, batch_size, seq_len, rank=rank, world_size=world_size, device=device,
-                           max_token_id=max_token_id, sampling=sampling, seed=seed, workers=workers, expect=expect)
+        return TokenLoader(
+            self.train_shards,
+            batch_size,
+            seq_len,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            max_token_id=max_token_id,
+            sampling=sampling,
+            seed=seed,
+            workers=workers,
+            expect=expect,
+        )
 
-    def token_ids(self, max_tokens: int = 2_000_000_000) -> "Any":
+    def token_ids(self, max_tokens: int = 2_000_000_000) -> Any:
         """The sorted token ids that occur in the train and val shards (``numpy`` int64), for
         ``--softmax data``: one counting pass over the memory-mapped shards (``numpy.bincount``).
         GptspeedError for a stream (its tokens are not known ahead) or more than ``max_tokens``
@@ -134,13 +161,17 @@ class TrainData:
         from gptspeed.data.shards import read_header, read_shard
 
         if self.is_stream:
-            raise GptspeedError("--softmax data needs a prepared folder (its tokens are counted before training), "
-                                "not a stream: run `gptspeed prepare`, or use --softmax full")
+            raise GptspeedError(
+                "--softmax data needs a prepared folder (its tokens are counted before training), "
+                "not a stream: run `gptspeed prepare`, or use --softmax full"
+            )
         shards = self.train_shards + self.val_shards
         total = sum(read_header(p)[1] for p in shards)
         if total > max_tokens:
-            raise GptspeedError(f"--softmax data counts every token before training; {total:,} is too many "
-                                f"(at most {max_tokens:,}): use --softmax full")
+            raise GptspeedError(
+                f"--softmax data counts every token before training; {total:,} is too many "
+                f"(at most {max_tokens:,}): use --softmax full"
+            )
         counts = np.zeros(1 << 16, dtype=np.int64)
         for p in shards:
             tokens = read_shard(p)
@@ -155,7 +186,8 @@ class TrainData:
         if longest is not None and longest < seq_len + 1:
             raise GptspeedError(
                 f"val split has {longest:,} tokens, fewer than one sequence (seq_len {seq_len} + 1): "
-                "prepare more text, raise --val-fraction or lower --seq-len")
+                "prepare more text, raise --val-fraction or lower --seq-len"
+            )
 
 
 def check_consistent(data_dir: Path, train: list[Path], val: list[Path], manifest: dict[str, Any] | None) -> None:
@@ -175,11 +207,17 @@ def check_consistent(data_dir: Path, train: list[Path], val: list[Path], manifes
                 continue  # gone meanwhile: reading it names it
             other = seen.get((st.st_dev, st.st_ino))
             if other is not None:
-                what = (f"lists the shard {p.name} twice in its {split} split" if other == (split, p.name)
-                        else f"lists {p.name} as both a train and a val shard" if other[1] == p.name
-                        else f"has {other[0]} shard {other[1]} and {split} shard {p.name} as the same file (a link)")
-                raise GptspeedError(f"data folder {data_dir} {what}: the model would train or validate on the same "
-                                    "tokens twice; prepare the folder again with --force")
+                what = (
+                    f"lists the shard {p.name} twice in its {split} split"
+                    if other == (split, p.name)
+                    else f"lists {p.name} as both a train and a val shard"
+                    if other[1] == p.name
+                    else f"has {other[0]} shard {other[1]} and {split} shard {p.name} as the same file (a link)"
+                )
+                raise GptspeedError(
+                    f"data folder {data_dir} {what}: the model would train or validate on the same "
+                    "tokens twice; prepare the folder again with --force"
+                )
             seen[(st.st_dev, st.st_ino)] = (split, p.name)
     if not manifest:
         return
@@ -189,13 +227,16 @@ def check_consistent(data_dir: Path, train: list[Path], val: list[Path], manifes
             continue
         held = sum(read_header(p)[1] for p in paths)
         if held != said:
-            raise GptspeedError(f"the {split} shards of {data_dir} hold {held:,} tokens but its manifest says {said:,}: "
-                                "shards were changed or replaced after `gptspeed prepare`; prepare the folder again "
-                                "with --force")
+            raise GptspeedError(
+                f"the {split} shards of {data_dir} hold {held:,} tokens but its manifest says {said:,}: "
+                "shards were changed or replaced after `gptspeed prepare`; prepare the folder again "
+                "with --force"
+            )
 
 
-def find_train_data(data: str, *, text_field: str = "text", hf_name: str | None = None,
-                    split: str = "train") -> TrainData:
+def find_train_data(
+    data: str, *, text_field: str = "text", hf_name: str | None = None, split: str = "train"
+) -> TrainData:
     """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
     ``hf_name`` and ``split``) or a prepared folder: locked shared
     (:meth:`~gptspeed.data.folder.DataFolderLock.for_reading`, kept by the result), then its train

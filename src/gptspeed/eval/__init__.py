@@ -9,10 +9,19 @@ from pathlib import Path
 from gptspeed.errors import GptspeedError
 
 
-def evaluate_run(run_dir: str | Path | None = None, data_dir: str | Path | None = None, *,
-                 init_from: str | None = None, hellaswag: bool = False, hellaswag_file: str | None = None,
-                 max_examples: int = 0,
-                 batch_size: int = 8, max_tokens: int = 0, device: str = "auto", dtype: str = "auto") -> dict:
+def evaluate_run(
+    run_dir: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    *,
+    init_from: str | None = None,
+    hellaswag: bool = False,
+    hellaswag_file: str | None = None,
+    max_examples: int = 0,
+    batch_size: int = 8,
+    max_tokens: int = 0,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> dict:
     """``gptspeed eval``: for the newest checkpoint of ``run_dir`` (or the HF model ``init_from``),
     the val loss on the val split of ``data_dir`` (``step``, ``val_loss``, ``perplexity``,
     ``tokens``, ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
@@ -50,8 +59,9 @@ def evaluate_run(run_dir: str | Path | None = None, data_dir: str | Path | None 
         perplexity = math.exp(loss) if loss < _MAX_EXP else math.inf  # NaN stays NaN
         result.update(val_loss=loss, perplexity=perplexity, tokens=n, data=str(data_dir))
     if items is not None:
-        result["hellaswag"] = evaluate_hellaswag(model, items, device=rt.device, autocast=rt.autocast(),
-                                                 batch_examples=batch_size)
+        result["hellaswag"] = evaluate_hellaswag(
+            model, items, device=rt.device, autocast=rt.autocast(), batch_examples=batch_size
+        )
     return json_safe(result)
 
 
@@ -83,10 +93,11 @@ def json_safe(result: dict) -> dict:
         if nan or (isinstance(loss, float) and math.isnan(loss)):
             why = "the model's weights have diverged or are corrupt"
         elif isinstance(loss, float) and math.isinf(loss):
-            why = ("the model gives a val token probability 0 (a --softmax data model evaluated on data with other "
-                   "tokens?) or its weights have diverged")
+            why = (
+                "the model gives a val token probability 0 (a --softmax data model evaluated on data with other "
+                "tokens?) or its weights have diverged"
+            )
         else:
             why = "too large for a float (the perplexity is exp(val_loss))"
         out["note"] = f"not finite, shown as null: {', '.join(bad)}: {why}"
     return out
-

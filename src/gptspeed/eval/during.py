@@ -4,7 +4,8 @@ forwards are collectives)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class RunEvaluator:
@@ -31,8 +32,16 @@ class RunEvaluator:
 
         t, m = self.cfg.train, self.cfg.model
         with self.stepper.attention():
-            return evaluate(self.stepper.train_model, self.rt, self.data.val_shards, t.batch_size, m.block_size,
-                            t.eval_tokens, m.valid_vocab_size, stop=stop)[0]
+            return evaluate(
+                self.stepper.train_model,
+                self.rt,
+                self.data.val_shards,
+                t.batch_size,
+                m.block_size,
+                t.eval_tokens,
+                m.valid_vocab_size,
+                stop=stop,
+            )[0]
 
     def hellaswag(self) -> dict[str, Any]:
         """``hellaswag_acc_norm``, ``hellaswag_acc``, ``hellaswag_examples`` of the model now."""

@@ -19,9 +19,10 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -64,7 +65,9 @@ def hellaswag_file(progress: bool = True) -> Path:
         path = Path(mirror) / RELATIVE_PATH
         actual = sha256_file(path)
         if actual != HELLASWAG_VAL_SHA256:
-            raise _mismatch(path, actual, HELLASWAG_VAL_SHA256, f"replace it with the official file or unset {MIRROR_ENV}")
+            raise _mismatch(
+                path, actual, HELLASWAG_VAL_SHA256, f"replace it with the official file or unset {MIRROR_ENV}"
+            )
         return path
     path = cache_dir() / RELATIVE_PATH
     if not path.is_file() or sha256_file(path) != HELLASWAG_VAL_SHA256:
@@ -88,8 +91,12 @@ def read_examples(path: str | Path, max_examples: int = 0) -> list[dict[str, Any
                     continue
                 try:
                     ex = json.loads(line)
-                    ok = (isinstance(ex["ctx"], str) and len(ex["endings"]) == 4
-                          and all(isinstance(e, str) for e in ex["endings"]) and int(ex["label"]) in range(4))
+                    ok = (
+                        isinstance(ex["ctx"], str)
+                        and len(ex["endings"]) == 4
+                        and all(isinstance(e, str) for e in ex["endings"])
+                        and int(ex["label"]) in range(4)
+                    )
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     ok = False
                 if not ok:
@@ -109,9 +116,11 @@ def render(example: dict[str, Any]) -> HellaSwagItem:
     ``encode(" " + ending)`` for each ending (GPT-2 BPE, :func:`gptspeed.tokenizer.encode`)."""
     from gptspeed.tokenizer import encode
 
-    return HellaSwagItem(ctx=tuple(encode(example["ctx"])),
-                         endings=tuple(tuple(encode(" " + e)) for e in example["endings"]),
-                         label=int(example["label"]))
+    return HellaSwagItem(
+        ctx=tuple(encode(example["ctx"])),
+        endings=tuple(tuple(encode(" " + e)) for e in example["endings"]),
+        label=int(example["label"]),
+    )
 
 
 def load_hellaswag(path: str | Path | None = None, max_examples: int = 0, progress: bool = True) -> list[HellaSwagItem]:
@@ -122,8 +131,9 @@ def load_hellaswag(path: str | Path | None = None, max_examples: int = 0, progre
 
 
 @torch.no_grad()
-def score_items(model: torch.nn.Module, items: list[HellaSwagItem], device: torch.device | str,
-                autocast=None) -> tuple[torch.Tensor, torch.Tensor]:
+def score_items(
+    model: torch.nn.Module, items: list[HellaSwagItem], device: torch.device | str, autocast=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of every ending of ``items`` (N examples) in one forward pass of 4N rows.
 
     Rows are ``ctx + ending``, right-padded (causal attention: padding never affects earlier
@@ -163,9 +173,16 @@ def score_items(model: torch.nn.Module, items: list[HellaSwagItem], device: torc
     return total.view(-1, 4), count.view(-1, 4)
 
 
-def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, device: torch.device | str,
-                       autocast=None, batch_examples: int = 16, rank: int | None = None,
-                       world_size: int | None = None) -> dict[str, Any]:
+def evaluate_hellaswag(
+    model: torch.nn.Module,
+    items: list[HellaSwagItem],
+    *,
+    device: torch.device | str,
+    autocast=None,
+    batch_examples: int = 16,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> dict[str, Any]:
     """HellaSwag accuracy of ``model`` (a GPT, possibly sharded by FSDP2 or with compiled blocks).
     It runs eagerly (``torch.compiler.set_stance("force_eager")``; a compiled model's module is
     used), so HellaSwag's row lengths never trigger recompiles.
@@ -208,9 +225,16 @@ def evaluate_hellaswag(model: torch.nn.Module, items: list[HellaSwagItem], *, de
     seconds = time.perf_counter() - t0
     m.train(was_training)
     n, correct, correct_norm, nan = stats.tolist()
-    return {"examples": n, "correct": correct, "correct_norm": correct_norm, "acc": correct / max(n, 1),
-            "acc_norm": correct_norm / max(n, 1), "seconds": seconds, "examples_per_s": n / seconds if seconds else None,
-            "nan_examples": nan}
+    return {
+        "examples": n,
+        "correct": correct,
+        "correct_norm": correct_norm,
+        "acc": correct / max(n, 1),
+        "acc_norm": correct_norm / max(n, 1),
+        "seconds": seconds,
+        "examples_per_s": n / seconds if seconds else None,
+        "nan_examples": nan,
+    }
 
 
 def hellaswag_hook(cfg, rt) -> Callable[[torch.nn.Module], dict[str, Any]] | None:

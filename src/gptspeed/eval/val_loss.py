@@ -9,8 +9,8 @@ ranks that have fewer batches join the others' collectives with full-size dummy 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -32,9 +32,16 @@ def reshard(model: torch.nn.Module) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size: int, seq_len: int,
-             max_tokens: int = 0, max_token_id: int | None = None,
-             stop: Callable[[], bool] | None = None) -> tuple[float | None, int]:
+def evaluate(
+    model: torch.nn.Module,
+    rt: Runtime,
+    shards: list[Path],
+    batch_size: int,
+    seq_len: int,
+    max_tokens: int = 0,
+    max_token_id: int | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> tuple[float | None, int]:
     """Mean cross-entropy (nats/token) over the first ``max_tokens`` tokens of ``shards`` (0 =
     all), in batches of ``batch_size`` windows of ``seq_len``. Returns ``(loss, tokens)``; one
     host-device sync at the end.
@@ -50,12 +57,20 @@ def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=rt.device)
     n = batches = 0
-    for x, y in iter_eval_batches(shards, batch_size, seq_len, max_tokens, rank=rt.rank,
-                                  world_size=rt.world_size, device=rt.device, max_token_id=max_token_id):
+    for x, y in iter_eval_batches(
+        shards,
+        batch_size,
+        seq_len,
+        max_tokens,
+        rank=rt.rank,
+        world_size=rt.world_size,
+        device=rt.device,
+        max_token_id=max_token_id,
+    ):
         if stop is not None and not rt.distributed and stop():
             model.train(was_training)
             return None, n
-        with rt.autocast(), (eager() if x.size(0) != batch_size else contextlib.nullcontext()):
+        with rt.autocast(), eager() if x.size(0) != batch_size else contextlib.nullcontext():
             _, loss = model(x, y)
         total += loss.double() * y.numel()
         n += y.numel()
@@ -76,4 +91,3 @@ def evaluate(model: torch.nn.Module, rt: Runtime, shards: list[Path], batch_size
         reshard(model)
     model.train(was_training)
     return (total / n).item(), n
-

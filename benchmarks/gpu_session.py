@@ -544,8 +544,8 @@ def phase_first(s: Session) -> None:
     )
 
 
-NCCL_TEST = "tests/test_verify.py::test_one_process_ddp_step[nccl-cuda]"
-CUDA_VERIFY_TEST = "tests/test_verify.py::test_verify_on_cuda_at_a_small_shape_passes"
+NCCL_TEST = "tests/bench/test_worker.py::test_one_process_ddp_step[nccl-cuda]"
+CUDA_VERIFY_TEST = "tests/bench/test_verify.py::test_verify_on_cuda_at_a_small_shape_passes"
 # pytest -m cuda in parts, the NCCL check first (the only one of NCCL DDP), the verify run last (the longest):
 # (part, what it selects, seconds it may take)
 CUDA_TEST_PARTS = (

@@ -1,5 +1,5 @@
 """llm.c beside gptspeed, for the benchmarks (the llm.c peer rows, the loss cross-check) and
-tests/test_llmc.py: a gptspeed GPT written in llm.c's checkpoint format so llm.c's ``train_gpt2``
+tests/benchmarks/test_llmc.py: a gptspeed GPT written in llm.c's checkpoint format so llm.c's ``train_gpt2``
 trains it, llm.c's CPU trainer built and run, its GPU trainer's make line and command line.
 
 llm.c (github.com/karpathy/llm.c, ``train_gpt2.c``: ``gpt2_build_from_checkpoint`` and

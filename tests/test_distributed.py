@@ -1,6 +1,6 @@
-"""Multi-process training through torchrun on CPU (gloo, 2 processes, tiny model): DDP and FSDP2
-reproduce one process with the same global batch, ranks see disjoint data, sharded checkpoints
-resume and consolidate, and a broken launch fails on every rank with one line, without hanging."""
+"""``gptspeed.distributed``: several processes: joining the process group torchrun set up (a store per restart round), telling a lost peer from a bug, leaving the group, and gradient-sync control for accumulation."""
+
+from __future__ import annotations
 
 import json
 import os
@@ -12,12 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SRC, TINY_MODEL, child_env, flags
 
 from gptspeed.checkpoint import check_checkpoint, consolidate, list_checkpoints, load_checkpoint
 from gptspeed.data import find_shards
 from gptspeed.data.loader import TokenLoader
 from gptspeed.trainer import build_train_config, fit
+
+from support.cli import child_env
+from support.paths import SRC
+from support.training import TINY_MODEL, flags
 
 # global batch 4 x 32 x 2 = 256 tokens: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps
 TINY = dict(
@@ -109,7 +112,7 @@ HELLASWAG = [
 @pytest.fixture(scope="module")
 def runs(shakespeare_data, tmp_path_factory):
     """One process x 2 micro-steps (in-process), and 2 ranks x 1 micro-step with DDP and FSDP2; and,
-    launched at the same time, tests/dist_scenarios.py: issue 12's GPU-path cases on 2 ranks.
+    launched at the same time, tests/support/dist_scenarios.py: the GPU-path cases on 2 ranks.
 
     Made once per test session: under pytest-xdist the first worker to need them makes them in the
     session's folder (a file lock, as xdist's documentation shows) and the others read them, instead
@@ -148,7 +151,7 @@ def _make_runs(shakespeare_data: Path, root: Path) -> dict:
             "--standalone",
             "--nproc_per_node",
             "2",
-            str(SRC.parent / "tests" / "dist_scenarios.py"),
+            str(SRC.parent / "tests" / "support" / "dist_scenarios.py"),
             str(shakespeare_data),
             str(root / "scenarios"),
             str(hellaswag),
@@ -185,6 +188,47 @@ def _make_runs(shakespeare_data: Path, root: Path) -> dict:
         for proc in procs.values():
             kill_group(proc)
     return out
+
+
+# --------------------------------------------------------------- the GPU paths on 2 ranks
+def _single_muon(runs, tmp_path, **extra):
+    from gptspeed.eval import hellaswag as hs
+
+    saved = hs.hellaswag_file
+    hs.hellaswag_file = lambda progress=True: runs["hellaswag"]
+    try:
+        cfg = build_train_config(
+            "pico",
+            dict(
+                TINY,
+                data=str(runs["data"]),
+                out=str(tmp_path / "single_muon"),
+                optimizer="muon",
+                save_every=0,
+                max_steps=3,
+                **extra,
+            ),
+        )
+        fit(cfg, echo=False)
+    finally:
+        hs.hellaswag_file = saved
+    return tmp_path / "single_muon"
+
+
+def _worker_pid(launcher_pid: int, rank: int) -> int | None:
+    """The pid of torchrun's worker of ``rank`` (a child of the launcher with RANK=rank), or None."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher_pid and f"RANK={rank}".encode() in env:
+            return int(entry)
+    return None
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -277,31 +321,6 @@ def test_indivisible_batch_fails_with_one_line_per_rank_and_no_traceback(runs):
     assert not (runs["root"] / "bad").exists()
 
 
-# --------------------------------------------------------------- issue 12: the GPU paths on 2 ranks
-def _single_muon(runs, tmp_path, **extra):
-    from gptspeed.eval import hellaswag as hs
-
-    saved = hs.hellaswag_file
-    hs.hellaswag_file = lambda progress=True: runs["hellaswag"]
-    try:
-        cfg = build_train_config(
-            "pico",
-            dict(
-                TINY,
-                data=str(runs["data"]),
-                out=str(tmp_path / "single_muon"),
-                optimizer="muon",
-                save_every=0,
-                max_steps=3,
-                **extra,
-            ),
-        )
-        fit(cfg, echo=False)
-    finally:
-        hs.hellaswag_file = saved
-    return tmp_path / "single_muon"
-
-
 def test_fsdp_muon_trains_evaluates_hellaswag_checkpoints_and_consolidates(runs, tmp_path):
     """FSDP2 + Muon used to crash at the first checkpoint (get_state_dict was handed MuonWithAdamW),
     and FSDP2 + --hellaswag-every at the first HellaSwag (mixed Tensor / DTensor)."""
@@ -348,10 +367,10 @@ def test_muon_under_ddp_matches_one_process_and_resumes_in_one(runs, tmp_path):
 
 
 def test_the_modern_switches_under_fsdp_match_one_process(runs, tmp_path):
-    """Issue 32: rotary positions, QK-norm, ReLU², RMSNorm, an untied zero-initialised head, the soft
+    """Rotary positions, QK-norm, ReLU², RMSNorm, an untied zero-initialised head, the soft
     cap, the document mask and WSD, sharded over 2 ranks: the same losses as one process."""
-    from dist_scenarios import MODERN
-    from dist_scenarios import TINY as SCENARIO
+    from support.dist_scenarios import MODERN
+    from support.dist_scenarios import TINY as SCENARIO
 
     single = tmp_path / "modern_single"
     fit(
@@ -369,9 +388,9 @@ def test_the_modern_switches_under_fsdp_match_one_process(runs, tmp_path):
 def test_fsdp_eval_with_uneven_batches_matches_one_process(runs):
     """3 val batches on 2 ranks: rank 1 joins rank 0's last forward with a dummy batch (this hung:
     it called a collective while rank 0 was still all-gathering for its forward)."""
-    from conftest import make_step
-
     from gptspeed.eval.val_loss import evaluate
+
+    from support.training import make_step
 
     trainer = make_step(dict(n_layer=2, n_head=2, n_embd=32, block_size=32), seed=1337)
     loss, n = evaluate(trainer.train_model, trainer.rt, find_shards(runs["data"], "val"), 4, 32, max_tokens=384)
@@ -393,22 +412,6 @@ def test_auto_batch_size_ranks_probe_in_lockstep_and_agree(runs):
     """Rank 0 fits 40 sequences, rank 1 fits 24: both probe the same sizes and take 24."""
     a, b = (r["batch_agree"] for r in runs["scenarios"])
     assert a == b and a["fit"] == 24 and a["probed"][:6] == [1, 2, 4, 8, 16, 32]
-
-
-def _worker_pid(launcher_pid: int, rank: int) -> int | None:
-    """The pid of torchrun's worker of ``rank`` (a child of the launcher with RANK=rank), or None."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{entry}/stat").read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == launcher_pid and f"RANK={rank}".encode() in env:
-            return int(entry)
-    return None
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds torchrun's workers through /proc")
@@ -452,7 +455,7 @@ def test_ranks_end_with_status_0_after_a_gloo_collective():
     """A rank that ends after a gloo collective exits through finish_process: no SIGABRT from a
     worker thread releasing the collective's tensors in the interpreter's teardown (the CI failure
     of 2026-11-27: a finished FSDP resume reported failed). One launch of 4 ranks: with the plain
-    exit, 3 launches in 6 failed so on a 2-core CPU (tests/gloo_exit.py plain)."""
+    exit, 3 launches in 6 failed so on a 2-core CPU (tests/support/gloo_exit.py plain)."""
     cmd = [
         sys.executable,
         "-m",
@@ -460,7 +463,7 @@ def test_ranks_end_with_status_0_after_a_gloo_collective():
         "--standalone",
         "--nproc_per_node",
         "4",
-        str(SRC.parent / "tests" / "gloo_exit.py"),
+        str(SRC.parent / "tests" / "support" / "gloo_exit.py"),
         "finish",
     ]
     proc = launch(cmd, child_env(OMP_NUM_THREADS="1"))

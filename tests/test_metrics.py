@@ -1,8 +1,27 @@
-"""Throughput, MFU and ETA as a unit on a fake clock; the console line; the GPU peak table."""
+"""``gptspeed.metrics``: measurement: device peaks and MFU, memory, environment, and the run log (console + JSONL)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
 
 import pytest
 
+from gptspeed.errors import GptspeedError
 from gptspeed.metrics import Throughput, format_record, peak_flops_for_name
+
+from support.strategies import HealthCheck, given, json_values, settings, st
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+metrics_lines = st.one_of(
+    st.builds(lambda step, loss: json.dumps({"step": step, "train_loss": loss}), st.integers(-5, 50), st.floats()),
+    json_values.map(json.dumps),  # any JSON: lists, strings, objects whose step is not an integer
+    st.text(max_size=30).filter(lambda t: "\n" not in t),  # not JSON, or a torn line (U+2028, \r... included)
+)
 
 
 class Clock:
@@ -11,6 +30,102 @@ class Clock:
 
     def __call__(self):
         return self.t
+
+
+# ------------------------------------------------------------------------------- metrics.jsonl
+def test_truncate_after_drops_junk_lines_and_never_raises(tmp_path, capsys):
+    """A junk line ({"step": "ten"}, a non-JSON line, a JSON list, a line nested 100k deep, a
+    record cut short by a crash) made --resume raise in truncate_after. Records up to the step
+    are kept in order; everything else goes, and one line says how many."""
+    from gptspeed.metrics import RunLog
+
+    path = tmp_path / "metrics.jsonl"
+    good = [json.dumps({"step": i, "train_loss": 1.0}) for i in range(6)]
+    junk = [
+        '{"step": "ten"}',
+        "not json at all",
+        "[1, 2, 3]",
+        '{"step": true}',
+        '{"step": 2.0}',
+        "[" * 100_000,
+        '{"no_step": 1}',
+    ]
+    path.write_text("\n".join([good[0], *junk[:4], *good[1:4], *junk[4:], "", *good[4:]]) + '\n{"step": 7, "tra')
+    log = RunLog(path)
+    assert log.truncate_after(3) == len(junk) + 1
+    assert path.read_text() == "".join(g + "\n" for g in good[:4])
+    assert "dropped 8 line(s) that were not metrics records (the first was line 2)" in capsys.readouterr().out
+    assert log.truncate_after(3) == 0 and path.read_text() == "".join(g + "\n" for g in good[:4])  # nothing to do
+    log.truncate_after(-1)  # a new run: the log starts afresh
+    assert path.read_text() == ""
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "latin1"])
+def test_a_metrics_log_that_is_not_a_utf8_file_is_one_line(tmp_path, kind):
+    from gptspeed.metrics import RunLog
+
+    path = tmp_path / "metrics.jsonl"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes(b'{"step": 1, "note": "caf\xe9"}\n')
+    with pytest.raises(GptspeedError, match=f"metrics log {path} is ") as e:
+        RunLog(path, echo=False).truncate_after(5)
+    assert "\n" not in str(e.value)
+
+
+def test_a_failed_metrics_append_is_one_line_and_leaves_no_half_record(tmp_path, monkeypatch):
+    """Disk full on a metrics append was a raw OSError traceback; a partly written line would be
+    left looking like a record cut short. Now the file is cut back and the error is one line."""
+    from gptspeed import metrics
+    from gptspeed.metrics import RunLog
+
+    with pytest.raises(
+        GptspeedError,
+        match="cannot append to the metrics log /dev/full at step 3: No space left "
+        "on device; the newest checkpoint is intact: free some space, then "
+        "continue with --resume",
+    ):
+        RunLog(Path("/dev/full"), echo=False).write({"step": 3})
+    path = tmp_path / "metrics.jsonl"
+    log = RunLog(path, echo=False)
+    log.write({"step": 1, "train_loss": 2.0})
+    before = path.read_bytes()
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        if len(data) > 8:
+            return real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics.os, "write", half_then_full)
+    with pytest.raises(GptspeedError, match="at step 2: No space left on device"):
+        log.write({"step": 2, "train_loss": 1.5})
+    assert path.read_bytes() == before
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(metrics_lines, max_size=12), step=st.integers(-1, 40), end=st.sampled_from(["\n", ""]))
+def test_fuzz_metrics_truncate_after(tmp_path_factory, lines, step, end):
+    """Whatever metrics.jsonl holds, --resume's truncate_after never raises: it keeps exactly the
+    records (objects with an integer step) up to ``step``, in order, each a whole line."""
+    from gptspeed.metrics import RunLog
+
+    path = tmp_path_factory.mktemp("log") / "metrics.jsonl"
+    path.write_text("\n".join(lines) + end, encoding="utf-8")
+    expected = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and type(r.get("step")) is int and r["step"] <= step:
+            expected.append(line)
+    RunLog(path, echo=False).truncate_after(step)
+    assert path.read_text(encoding="utf-8") == "".join(e + "\n" for e in expected)
+    assert all(isinstance(json.loads(x)["step"], int) for x in expected)
 
 
 def test_throughput_mfu_and_eta_over_the_interval_since_restart():

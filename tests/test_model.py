@@ -1,13 +1,168 @@
+"""``gptspeed.model``: GPT-2, as OpenAI released it, in one file -- and the modern switches, each off by default."""
+
+from __future__ import annotations
+
+import dataclasses
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from gptspeed.model import GPT, GPTConfig
+from gptspeed.config import preset, run_defining_diff
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPT, GPTConfig, document_ids
+from gptspeed.optim import lr_at
+from gptspeed.runtime import resolve_runtime
+from gptspeed.sample import generate, generate_cached, left_pad
+from gptspeed.step import TrainStep, check_step
+from gptspeed.tokenizer import EOT_TOKEN
+from gptspeed.trainer import build_train_config, fit
+
+from support.cli import assert_user_error, run_main
+from support.training import TINY_MODEL, train_losses
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small(**kw) -> GPTConfig:
     return GPTConfig(**{**dict(n_layer=2, n_head=4, n_embd=64, block_size=32), **kw})
+
+
+# ------------------------------------------------------------------ --softmax data (the data's token ids only)
+IDS = torch.tensor(sorted({3, 17, 198, 464, 1000, 5000, 11, 50256, 25, 262, 13}))
+
+
+def data_softmax_model(loss="plain", seed=0):
+    torch.manual_seed(seed)
+    model = GPT(small(softmax="data", loss=loss))
+    model.set_softmax_ids(IDS)
+    return model
+
+
+def _vocab_sized_zero_fills(model, idx, **kw) -> list[tuple]:
+    """Shapes of the ``(B, T, V)`` tensors filled with zeros in one forward and backward of ``model``
+    compiled with ``aot_eager`` (AOTAutograd's joint graph, run eagerly): a gradient made for the
+    logits output. (The cross-entropy's own backward fills a ``(B*T, V)`` gradient: not counted.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    compiled(idx, idx, **kw)[1].backward()  # warm-up: trace and compile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = compiled(idx, idx, **kw)
+        out[1].backward()
+    fills = []
+    for e in prof.events():
+        if e.name in ("aten::zero_", "aten::zeros", "aten::zeros_like", "aten::fill_", "aten::new_zeros"):
+            for shape in e.input_shapes or []:
+                if len(shape) == 3 and shape[-1] == model.config.vocab_size:
+                    fills.append((e.name, tuple(shape)))
+    return fills
+
+
+def small_one_layer(**kw) -> GPTConfig:
+    return GPTConfig(**{**dict(n_layer=1, n_head=2, n_embd=32, block_size=16), **kw})
+
+
+# ------------------------------------------------------------------------------ document mask
+def reference_doc_mask(idx, start=0, seg_before=None, pad_mask=None):
+    """allowed[b, 0, t, s]: key s at or before query start+t, in the same document (documents
+    start at each <|endoftext|>), and allowed by the cache's padding mask if any."""
+    from gptspeed.tokenizer import EOT_TOKEN
+
+    B, T = idx.shape
+    S = start + T
+    m = torch.zeros(B, 1, T, S, dtype=torch.bool)
+    for b in range(B):
+        docs = list(seg_before[b]) if seg_before is not None else []
+        d = docs[-1] if docs else 0
+        for t in range(T):
+            d += int(idx[b, t]) == EOT_TOKEN
+            docs.append(d)
+        for t in range(T):
+            for s in range(S):
+                m[b, 0, t, s] = s <= start + t and docs[s] == docs[start + t]
+    return m if pad_mask is None else m & pad_mask
+
+
+SHAPE = dict(block_size=32, n_layer=2, n_head=2, n_embd=64)
+
+
+BF16 = resolve_runtime("cpu", "bfloat16", False)  # forced: on a CPU without native bf16, emulated
+
+
+def _model(seed=0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**SHAPE, **kw}))
+
+
+def _stream_dtypes(model: GPT, idx: torch.Tensor, autocast) -> set:
+    """The dtypes of every block's input and of the final norm's: the residual stream."""
+    seen = set()
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args: seen.add(args[0].dtype))
+        for m in (*model.transformer.h, model.transformer.ln_f)
+    ]
+    with autocast:
+        model(idx)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def _losses(residual: str, compile_backend: str | None, steps: int = 5) -> list[float]:
+    """``steps`` AdamW steps of TrainStep (what train builds) in bf16 autocast from the same weights
+    on the same batches, with the residual stream in ``residual``."""
+    cfg = preset("pico").override(
+        dict(
+            **SHAPE,
+            residual_dtype=residual,
+            batch_size=4,
+            total_batch_tokens=None,
+            device="cpu",
+            dtype="bfloat16",
+            compile=compile_backend is not None,
+        )
+    )
+    cfg.validate()
+    rt = dataclasses.replace(BF16, compile=compile_backend is not None)
+    step = TrainStep(cfg, rt, model=_model(residual_dtype=residual), backend=compile_backend or "inductor")
+    g = torch.Generator().manual_seed(2)
+    data = torch.randint(0, 50257, (4, 33), generator=g)
+    return [step(lambda: (data[:, :-1], data[:, 1:]))[0].item() for _ in range(steps)]
+
+
+SWITCHES = {
+    "rope": dict(pos_emb="rope"),
+    "qk-norm": dict(qk_norm=True),
+    "relu2": dict(mlp="relu2"),
+    "rmsnorm": dict(norm="rmsnorm"),
+    "untied": dict(tie_embeddings=False),
+    "zero-init": dict(zero_init_proj=True),
+    "softcap": dict(logit_softcap=15.0),
+    "doc-mask": dict(doc_mask=True),
+}
+
+
+ALL = {k: v for s in SWITCHES.values() for k, v in s.items()}
+
+
+CASES = {**SWITCHES, "all": ALL, "all-manual": dict(ALL, attention="manual")}
+
+
+def tiny(seed=0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**dict(TINY_MODEL, n_layer=2), **kw}))
+
+
+def with_documents(B=2, T=32, seed=0) -> torch.Tensor:
+    """Token ids with an <|endoftext|> inside every row (documents packed as gptspeed writes them)."""
+    idx = torch.randint(0, 50000, (B, T), generator=torch.Generator().manual_seed(seed))
+    idx[:, 0] = EOT_TOKEN
+    idx[:, T // 3] = EOT_TOKEN
+    idx[0, 2 * T // 3] = EOT_TOKEN
+    return idx
 
 
 def test_shapes_and_padding_never_predicted():
@@ -113,17 +268,6 @@ def test_invalid_shapes_are_user_errors(kw, msg):
         GPT(small(**kw))
 
 
-# ------------------------------------------------------------------ --softmax data (the data's token ids only)
-IDS = torch.tensor(sorted({3, 17, 198, 464, 1000, 5000, 11, 50256, 25, 262, 13}))
-
-
-def data_softmax_model(loss="plain", seed=0):
-    torch.manual_seed(seed)
-    model = GPT(small(softmax="data", loss=loss))
-    model.set_softmax_ids(IDS)
-    return model
-
-
 @pytest.mark.parametrize("loss", ["plain", "fused"])
 def test_data_softmax_is_the_full_softmax_with_every_other_token_at_probability_zero(loss):
     model = data_softmax_model(loss)
@@ -163,29 +307,8 @@ def test_data_softmax_ids_travel_with_the_weights_and_are_checked():
     assert "softmax_ids" not in GPT(small()).state_dict()  # the default model's checkpoints are unchanged
 
 
-def _vocab_sized_zero_fills(model, idx, **kw) -> list[tuple]:
-    """Shapes of the ``(B, T, V)`` tensors filled with zeros in one forward and backward of ``model``
-    compiled with ``aot_eager`` (AOTAutograd's joint graph, run eagerly): a gradient made for the
-    logits output. (The cross-entropy's own backward fills a ``(B*T, V)`` gradient: not counted.)"""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
-    compiled(idx, idx, **kw)[1].backward()  # warm-up: trace and compile
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        out = compiled(idx, idx, **kw)
-        out[1].backward()
-    fills = []
-    for e in prof.events():
-        if e.name in ("aten::zero_", "aten::zeros", "aten::zeros_like", "aten::fill_", "aten::new_zeros"):
-            for shape in e.input_shapes or []:
-                if len(shape) == 3 and shape[-1] == model.config.vocab_size:
-                    fills.append((e.name, tuple(shape)))
-    return fills
-
-
 def test_the_training_forward_returns_no_logits_so_no_vocab_sized_gradient_is_made():
-    """Issue 30 item 4: the training forward used to return the full (B, T, V) logits, which the step
+    """The training forward used to return the full (B, T, V) logits, which the step
     throws away; AOTAutograd then built a zero gradient for that output (1.65 GB at GPT-2 124M,
     B=16, bf16) and the backward read it."""
     torch.manual_seed(0)
@@ -195,3 +318,667 @@ def test_the_training_forward_returns_no_logits_so_no_vocab_sized_gradient_is_ma
     assert _vocab_sized_zero_fills(model, idx) == []
     # the reference: asking for the logits too brings the zero gradient back (the count can see it)
     assert _vocab_sized_zero_fills(model, idx, return_logits=True) != []
+
+
+@pytest.mark.parametrize("bad", [[1, 5, 3], [0, 5, 50257], [2, 2, 9]])
+def test_softmax_ids_out_of_order_or_range_anywhere_are_refused(bad):
+    """Checked over every neighbouring pair and at the last id, not just against the first."""
+    model = GPT(small_one_layer(softmax="data"))
+    with pytest.raises(ValueError, match=r"^softmax ids must be sorted, unique and in \[0, 50257\)$"):
+        model.set_softmax_ids(bad)
+
+
+def test_softmax_ids_of_any_integer_like_input_are_int64_where_the_model_is():
+    model = GPT(small_one_layer(softmax="data"))
+    ids = torch.tensor([[0.0, 5.0], [7.0, 9.0]])
+    with torch.device("meta"):  # the default device elsewhere: the ids still go where the buffer is
+        model.set_softmax_ids(ids)
+    assert model.softmax_ids.dtype == torch.int64 and model.softmax_ids.tolist() == [0, 5, 7, 9]
+    with torch.device("meta"):
+        model.set_softmax_ids([1, 2])
+    assert model.softmax_ids.dtype == torch.int64 and model.softmax_ids.device.type == "cpu"
+    assert model.softmax_ids.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("loss", ["plain", "fused"])
+def test_a_target_beyond_the_largest_id_has_infinite_loss(loss):
+    """A target above every id (searchsorted's K) is outside like any other: loss +inf, no error."""
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(softmax="data", loss=loss))
+    model.set_softmax_ids([3, 11, 25])
+    x = torch.tensor([[3, 11, 25, 3]])
+    assert math.isfinite(model(x, x)[1].item())
+    y = x.clone()
+    y[0, 2] = 4000
+    assert math.isinf(model(x, y)[1].item())
+
+
+# ------------------------------------------------------------------------------ rotary embeddings
+def test_rope_tables_are_cos_and_sin_of_position_times_theta_to_the_minus_2i_over_d():
+    from gptspeed.model import rope_cos_sin
+
+    pos = torch.tensor([0, 1, 5, 17])
+    cos, sin = rope_cos_sin(pos, 8, 500.0)
+    want = [[p * 500.0 ** (-2 * i / 8) for i in range(4)] for p in (0, 1, 5, 17)]
+    assert cos.shape == sin.shape == (1, 1, 4, 4) and cos.dtype == sin.dtype == torch.float32
+    assert torch.allclose(cos[0, 0], torch.tensor(want).cos(), atol=1e-6)
+    assert torch.allclose(sin[0, 0], torch.tensor(want).sin(), atol=1e-6)
+    rows = torch.tensor([[0, 1, 2], [3, 4, 5]])  # per-row positions: (B, 1, T, Q/2)
+    cos2, sin2 = rope_cos_sin(rows, 8, 500.0)
+    assert cos2.shape == (2, 1, 3, 4) and torch.equal(cos2[1, 0], rope_cos_sin(rows[1], 8, 500.0)[0][0, 0])
+
+
+def test_rope_tables_are_fp32_on_the_positions_device_whatever_the_defaults():
+    from gptspeed.model import rope_cos_sin
+
+    want = rope_cos_sin(torch.arange(6), 8, 10000.0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.device("meta"):
+            cos, sin = rope_cos_sin(torch.arange(6, device="cpu"), 8, 10000.0)
+    finally:
+        torch.set_default_dtype(old)
+    assert cos.device.type == "cpu" and cos.dtype == sin.dtype == torch.float32
+    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+
+
+def test_rope_rotates_pairs_so_attention_scores_depend_on_distance_only():
+    """The rotary property (Su et al. 2021): <R(m) q, R(n) k> depends on n - m only, and the
+    rotation keeps norms; in bf16 the result stays bf16."""
+    from gptspeed.model import apply_rope, rope_cos_sin
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+
+    def rot(x, p):
+        return apply_rope(x, *rope_cos_sin(torch.tensor([p]), 8, 100.0))
+
+    score = lambda m, n: float((rot(q, m) * rot(k, n)).sum())  # noqa: E731
+    assert score(3, 7) == pytest.approx(score(10, 14), abs=1e-5) == pytest.approx(score(0, 4), abs=1e-5)
+    assert score(0, 4) != pytest.approx(score(0, 5), abs=1e-3)
+    assert float(rot(q, 9).norm()) == pytest.approx(float(q.norm()), rel=1e-5)
+    x1, x2 = q[..., :4], q[..., 4:]  # the "rotate half" layout: pair (i, i + Q/2) turned by angle_i
+    c, s = rope_cos_sin(torch.tensor([2]), 8, 100.0)
+    assert torch.allclose(rot(q, 2), torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1), atol=1e-6)
+    assert rot(q.bfloat16(), 2).dtype == torch.bfloat16
+
+
+def test_the_document_mask_is_causal_within_each_document():
+    from gptspeed.model import document_mask
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    idx = torch.tensor([[5, 6, E, 7, 8, E, 9], [E, 1, 2, 3, E, 4, 5]])
+    assert torch.equal(document_mask(idx), reference_doc_mask(idx))
+    with torch.device("meta"):  # explicit devices
+        assert document_mask(idx).device.type == "cpu"
+
+
+def test_the_document_mask_with_a_cache_continues_its_documents_and_keeps_its_padding_mask():
+    from gptspeed.model import KVCache, document_mask
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    first = torch.tensor([[5, E, 6], [1, 2, 3]])
+    kv = KVCache(1, 8)
+    document_mask(first, kv)  # the prefill: columns 0..2
+    kv.start = 3
+    nxt = torch.tensor([[7], [E]])
+    pad = torch.tensor([[True, True, True, True], [False, True, True, True]])[
+        :, None, None, :
+    ]  # row 1: column 0 padding
+    kv.mask = pad
+    got = document_mask(nxt, kv)
+    want = reference_doc_mask(nxt, start=3, seg_before=[[0, 1, 1], [0, 0, 0]], pad_mask=pad)
+    assert torch.equal(got, want)
+    kv.start, kv.mask = 4, None
+    got = document_mask(torch.tensor([[E], [9]]), kv)
+    assert torch.equal(
+        got, reference_doc_mask(torch.tensor([[E], [9]]), start=4, seg_before=[[0, 1, 1, 1], [0, 0, 0, 1]])
+    )
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_generation_with_the_document_mask_draws_what_the_uncached_path_draws(attention):
+    """A prompt holding a document boundary, continued past it: the KV-cache path (masks built
+    against the cached columns' documents) draws the cache-free tokens."""
+    from gptspeed.sample import generate, generate_cached
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(doc_mask=True, attention=attention, block_size=32)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)
+        model.transformer.wte.weight[E] *= 3  # make <|endoftext|> likely, so documents also start while sampling
+    idx = torch.tensor([[11, 12, E, 13, 14], [E, 21, 22, 23, 24]])
+    for seed in (1, 2):
+        a = torch.stack(list(generate(model, idx, 12, generator=torch.Generator().manual_seed(seed))), 1)
+        b = torch.stack(list(generate_cached(model, idx, 12, generator=torch.Generator().manual_seed(seed))), 1)
+        assert torch.equal(a, b)
+
+
+def test_cached_generation_with_the_document_mask_keeps_its_ids_where_the_tokens_are():
+    """With the default device set elsewhere (meta: no data), left-padded prompts holding document
+    boundaries draw the same tokens with the KV cache: the cache's document ids are made on the
+    tokens' device, not the default one (on a GPU, ids on the CPU could not be compared there)."""
+    from gptspeed.sample import generate_cached, left_pad
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(doc_mask=True, block_size=32)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)
+    idx, pad = left_pad([[11, 12, E, 13, 14], [E, 21, 22]])
+
+    def run():
+        return torch.stack(list(generate_cached(model, idx, 6, pad=pad, generator=torch.Generator().manual_seed(1))), 1)
+
+    want = run()
+    with torch.device("meta"):
+        got = run()
+    assert torch.equal(got, want), "the cached document mask depends on the default device"
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_a_cached_step_after_a_document_boundary_sees_only_its_own_document(attention, pos_emb):
+    """With doc_mask and a KV cache, a token decoded after an <|endoftext|> attends to its own
+    document only: its logits are those of the same weights without the mask run on that document
+    alone (at the same positions), not influenced by the earlier document in the cache."""
+    from gptspeed.model import KVCache
+    from gptspeed.tokenizer import EOT_TOKEN as E
+
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(doc_mask=True, attention=attention, pos_emb=pos_emb)).eval()
+    plain = GPT(small_one_layer(doc_mask=False, attention=attention, pos_emb=pos_emb)).eval()
+    plain.load_state_dict(model.state_dict())
+    prompt = torch.tensor([[101, 102, 103, E, 201], [301, E, 401, 402, 403]])
+    nxt = torch.tensor([[202], [404]])
+    with torch.no_grad():
+        kv = KVCache(1, 16)
+        model(prompt, kv=kv)  # the prefill: columns 0..4
+        kv.start = 5
+        got = model(nxt, pos=torch.tensor([5]), kv=kv)[0][:, -1]  # (B, V)
+        for b, first in ((0, 3), (1, 1)):  # the last document of each row: from its EOT on
+            doc = torch.cat([prompt[b, first:], nxt[b]])[None]
+            want = plain(doc, pos=torch.arange(first, 6))[0][0, -1]
+            torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-5)
+            whole = plain(torch.cat([prompt[b], nxt[b]])[None])[0][0, -1]  # the whole row: differs
+            assert (whole - want)[:50257].abs().max() > 1e-3
+
+
+def test_data_softmax_logits_are_soft_capped_like_gemma2_and_minus_inf_elsewhere():
+    """``--softmax data`` with ``logit_softcap``: the ids' logits are ``cap * tanh(z / cap)`` of the
+    plain head ``z = h @ W[id]``, every other column -inf."""
+    torch.manual_seed(0)
+    cap = 3.0
+    model = GPT(small_one_layer(softmax="data", logit_softcap=cap))
+    ids = [2, 17, 300, 50000]
+    model.set_softmax_ids(ids)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(50.0)  # raw logits well past the cap
+        h = torch.randn(2, 3, 32)
+        got = model.logits(h)
+        z = h @ model.lm_head.weight[ids].t()
+    assert z.abs().max() > 2 * cap
+    torch.testing.assert_close(got[..., ids], cap * torch.tanh(z / cap), rtol=1e-5, atol=1e-5)
+    others = torch.ones(got.size(-1), dtype=torch.bool)
+    others[ids] = False
+    assert bool((got[..., others] == float("-inf")).all())
+
+
+def test_weights_without_softmax_ids_load_into_a_data_softmax_model_keeping_its_ids():
+    """As gptspeed.hf fills a ``--softmax data`` model from GPT-2 weights (strict=False, no
+    ``softmax_ids`` in them): every weight is loaded and the model keeps the ids it has."""
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(softmax="data"))
+    model.set_softmax_ids([4, 9, 1000])
+    weights = {k: torch.randn_like(v) for k, v in GPT(small_one_layer()).state_dict().items()}
+    weights["lm_head.weight"] = weights["transformer.wte.weight"]  # tied
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert missing == ["softmax_ids"] and unexpected == []
+    assert model.softmax_ids.tolist() == [4, 9, 1000]
+    assert torch.equal(model.transformer.wte.weight, weights["transformer.wte.weight"])
+    assert torch.equal(model.transformer.h[0].attn.c_attn.weight, weights["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_the_data_softmax_takes_the_unused_head_rows_out_of_the_flops_per_token():
+    """With K of the V vocabulary rows in the softmax, the LM head multiplies by K rows: the
+    training FLOPs per token drop by 6 * (V - K) * C against the full softmax (6N counts each
+    weight's multiply-add forward and twice backward), the attention term unchanged."""
+    full = GPT(small_one_layer())
+    data = GPT(small_one_layer(softmax="data"))
+    data.set_softmax_ids([3, 11, 25])
+    c = data.config
+    want = 6 * (c.vocab_size - 3) * c.n_embd
+    assert full.flops_per_token(8) - data.flops_per_token(8) == want, (
+        f"the data softmax should save 6*(V-K)*C = {want} FLOPs per token"
+    )
+
+
+# ------------------------------------------------------------------ what the switches do to the outputs
+def test_rope_makes_the_output_depend_on_the_order_of_the_tokens_before():
+    """Causal attention with no position information is blind to the order of earlier tokens: the
+    output at position 2 of [a, b, c] and [b, a, c] would be the same. With --pos-emb rope (no
+    learned positions) the rotations are the only position information, in every block: the two
+    must differ."""
+    torch.manual_seed(0)
+    for n_layer in (1, 2):
+        model = GPT(small_one_layer(n_layer=n_layer, pos_emb="rope")).eval()
+        assert "wpe" not in model.transformer
+        with torch.no_grad():
+            a = model(torch.tensor([[5, 9, 3]]))[0][0, 2]
+            b = model(torch.tensor([[9, 5, 3]]))[0][0, 2]
+        assert not torch.allclose(a, b, atol=1e-5), f"rope, {n_layer} layers: the output ignores the order before it"
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_the_queries():
+    """--qk-norm RMS-normalises q and k per head (Dehghani et al. 2023): scaling the query projection
+    by 3 leaves the output as it was; without it the attention sharpens and the output changes."""
+    torch.manual_seed(0)
+    x = torch.tensor([[5, 9, 3, 7, 1]])
+    for qk_norm in (True, False):
+        model = GPT(small_one_layer(qk_norm=qk_norm)).eval()
+        with torch.no_grad():
+            before = model(x)[0]
+            attn = model.transformer.h[0].attn
+            C = attn.c_attn.in_features
+            attn.c_attn.weight[:C].mul_(3.0)
+            attn.c_attn.bias[:C].mul_(3.0)
+            after = model(x)[0]
+        assert torch.allclose(before, after, atol=1e-4) == qk_norm, (
+            f"qk_norm={qk_norm}: scaling the queries {'changed' if qk_norm else 'did not change'} the output"
+        )
+
+
+def test_the_relu2_mlp_is_relu_squared_and_the_gelu_one_tanh_gelu():
+    from gptspeed.model import MLP
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 32)
+    for mlp, act in (
+        ("relu2", lambda h: torch.relu(h) ** 2),
+        ("gelu", lambda h: torch.nn.functional.gelu(h, approximate="tanh")),
+    ):
+        m = MLP(small_one_layer(mlp=mlp))
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), m.c_proj(act(m.c_fc(x))), msg=f"--mlp {mlp}")
+
+
+def test_the_manual_attentions_causal_mask_is_not_saved_with_the_weights():
+    """The mask is rebuilt from block_size: a state dict (checkpoint, export) holds weights only."""
+    model = GPT(small_one_layer(attention="manual"))
+    assert any(name.endswith("causal_mask") for name, _ in model.named_buffers())
+    assert not [k for k in model.state_dict() if k.endswith("causal_mask")], "the causal mask was saved"
+
+
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_a_cached_prefill_of_any_length_is_causal(T):
+    """A prompt of T tokens through a fresh cache gives the cache-free logits (T=2 included: the
+    first token must not see the second)."""
+    from gptspeed.model import KVCache
+
+    torch.manual_seed(0)
+    model = GPT(small_one_layer()).eval()
+    x = torch.tensor([[5, 9, 3]])[:, :T]
+    with torch.no_grad():
+        free = model(x)[0]
+        cached = model(x, kv=KVCache(1, 8))[0]
+    torch.testing.assert_close(cached, free, atol=1e-5, rtol=1e-5)
+
+
+def test_the_training_forward_returns_the_loss_alone_unless_logits_are_asked_for():
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(loss="plain"))  # the path that computes logits (the fused one never makes them)
+    x, y = torch.tensor([[5, 9, 3]]), torch.tensor([[9, 3, 7]])
+    logits, loss = model(x, y)
+    assert logits is None and loss.ndim == 0, "with targets the forward returns no logits by default"
+    logits, again = model(x, y, return_logits=True)
+    assert logits is not None and logits.shape == (1, 3, 50304)
+    torch.testing.assert_close(again, torch.nn.functional.cross_entropy(logits.view(-1, 50304)[:, :50257], y.view(-1)))
+
+
+def test_a_sequence_longer_than_the_block_is_refused_naming_both_lengths():
+    model = GPT(small_one_layer())
+    with pytest.raises(ValueError, match=r"^sequence length 17 exceeds block_size 16$"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("layer", ["CausalSelfAttention", "Block"])
+def test_a_layer_made_alone_caches_into_layer_0(layer):
+    """An attention layer or a block built outside a GPT (no layer index given) reads and writes
+    layer 0 of a KV cache: the same output with the cache as without, layer 0 filled to its size."""
+    import gptspeed.model as m
+
+    torch.manual_seed(0)
+    module = getattr(m, layer)(small_one_layer()).eval()
+    x = torch.randn(1, 3, 32)
+    kv = m.KVCache(n_layer=1, size=8)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x, kv), module(x))
+    assert kv.k[0] is not None and kv.k[0].shape[2] == 8
+
+
+def test_embeddings_start_as_gpt2s_token_n_0_002_and_positions_n_0_001():
+    """GPT-2's initialisation (OpenAI's model.py): token embedding N(0, 0.02), learned positions
+    N(0, 0.01). Checked on 50304 x 32 and 16 x 32 draws: mean and standard deviation. Untied: a
+    tied token embedding is the LM head's weight, which the Linear init draws again."""
+    torch.manual_seed(0)
+    model = GPT(small_one_layer(tie_embeddings=False))
+    for name, weight, std in (("wte", model.transformer.wte.weight, 0.02), ("wpe", model.transformer.wpe.weight, 0.01)):
+        w = weight.detach()
+        n = w.numel()
+        assert abs(float(w.mean())) < 5 * std / math.sqrt(n), f"{name}: mean {float(w.mean()):.4g}, not 0"
+        assert float(w.std()) == pytest.approx(std, rel=0.25 if n < 1000 else 0.02), f"{name}: std {float(w.std()):.4g}"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, dict(pos_emb="rope", norm="rmsnorm", qk_norm=True, mlp="relu2"), dict(attention="manual", doc_mask=True)],
+    ids=["gpt2", "modern", "manual-docmask"],
+)
+def test_the_stream_is_bf16_only_with_the_setting_under_bf16_autocast(kw):
+    idx = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(1))
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    assert _stream_dtypes(_model(residual_dtype="bfloat16", **kw), idx, bf16()) == {torch.bfloat16}
+    assert _stream_dtypes(_model(**kw), idx, bf16()) == {torch.float32}  # the default: fp32 under autocast too
+    # outside bf16 autocast (sampling or evaluating such a run in float32) the stream stays fp32: no crash
+    for autocast in (torch.autocast("cpu", enabled=False), torch.autocast("cpu", dtype=torch.float16)):
+        assert _stream_dtypes(_model(residual_dtype="bfloat16", **kw), idx, autocast) == {torch.float32}
+
+
+@pytest.mark.parametrize("compile_backend", [None, "aot_eager"], ids=["eager", "compiled"])
+def test_training_stays_within_bf16_tolerance_of_the_fp32_stream(compile_backend):
+    """bf16 keeps 7 mantissa bits (unit roundoff 2^-8 = 3.9e-3) in each residual add: the losses stay
+    within 1e-2 relative of the fp32 stream's, bench --verify's bf16 tolerance (measured here: 5e-5
+    over the 5 steps, eager and compiled alike); and they are not the same numbers (the branch ran)."""
+    ref, got = _losses("float32", compile_backend), _losses("bfloat16", compile_backend)
+    assert ref[-1] < ref[0] and got[-1] < got[0]  # the one batch is being learnt
+    assert max(abs(a - b) / a for a, b in zip(ref, got)) < 1e-2
+    assert ref != got
+
+
+@pytest.mark.parametrize("kw", [{}, dict(pos_emb="rope")], ids=["learned", "rope"])
+def test_kv_cache_sampling_with_a_bf16_residual_stream_draws_the_cache_free_tokens(kw):
+    model = _model(residual_dtype="bfloat16", **kw).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(20)  # peaked logits: greedy choices far apart, bf16 rounding or not
+    idx = torch.randint(0, 50257, (2, 5), generator=torch.Generator().manual_seed(3))
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    ref = torch.stack(list(generate(model, idx, 12, temperature=0, autocast=bf16())), dim=1)
+    got = torch.stack(list(generate_cached(model, idx, 12, temperature=0, autocast=bf16())), dim=1)
+    assert torch.equal(ref, got)
+    batch, pad = left_pad([[11, 12, 13, 14], [21, 22]])  # left padding too
+    cached = torch.stack(list(generate_cached(model, batch, 6, temperature=0, pad=pad, autocast=bf16())), dim=1)
+    alone = torch.stack(list(generate(model, torch.tensor([[21, 22]]), 6, temperature=0, autocast=bf16())), dim=1)
+    assert torch.equal(cached[1], alone[0])
+
+
+def test_the_kv_cache_holds_the_autocast_dtype():
+    from gptspeed.model import KVCache
+
+    model = _model(residual_dtype="bfloat16").eval()
+    cache = KVCache(2, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.tensor([[1, 2, 3]]), kv=cache)
+    assert {t.dtype for t in (*cache.k, *cache.v)} == {torch.bfloat16}
+
+
+# ------------------------------------------------------------------------------------ the rules
+@pytest.mark.parametrize("dtype", ["float32", "tf32", "float16"])
+def test_refused_with_any_other_dtype_in_one_line(dtype):
+    cfg = preset("pico").override(dict(residual_dtype="bfloat16", dtype=dtype))
+    with pytest.raises(GptspeedError) as e:
+        cfg.validate()
+    assert str(e.value) == (
+        f"--residual-dtype bfloat16 needs bf16 autocast; this run has --dtype {dtype}: use "
+        "--dtype bfloat16, or --residual-dtype float32"
+    )
+    cfg.override(dict(residual_dtype="float32")).validate()
+    preset("pico").override(dict(residual_dtype="bfloat16", dtype="auto")).validate()  # known on the device
+
+
+def test_refused_where_auto_resolves_to_float32():
+    """--dtype auto is float32 on a CPU without native bf16 (and on MPS): the step, which knows the
+    resolved dtype, refuses it with the reason auto gave."""
+    cfg = preset("pico").override(dict(residual_dtype="bfloat16"))
+    rt = dataclasses.replace(
+        BF16, dtype="float32", autocast_dtype=None, dtype_reason="float32: no native bf16 matmuls on this CPU"
+    )
+    with pytest.raises(GptspeedError) as e:
+        check_step(cfg, rt, 1)
+    assert str(e.value) == (
+        "--residual-dtype bfloat16 needs bf16 autocast; this run computes in float32 (float32: no "
+        "native bf16 matmuls on this CPU): use --dtype bfloat16, or --residual-dtype float32"
+    )
+    check_step(cfg, BF16, 1)
+    check_step(cfg.override(dict(residual_dtype="float32")), rt, 1)
+
+
+def test_cli_refuses_float32_in_one_line(tmp_path):
+    proc = run_main(
+        "train",
+        "--preset",
+        "pico",
+        "--data",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "r"),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--residual-dtype",
+        "bfloat16",
+    )
+    assert_user_error(proc, "--residual-dtype bfloat16 needs bf16 autocast", "--dtype float32")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_resume_may_change_it(shakespeare_data, tmp_path, capsys):
+    """A precision choice, like --dtype: not run-defining. A run trained with the fp32 stream resumes
+    with the bf16 stream (evaluation and the checkpoint under it too), and the banner says so."""
+    assert run_defining_diff(preset("pico"), preset("pico").override(dict(residual_dtype="bfloat16"))) == []
+    run = tmp_path / "run"
+    common = [
+        "--preset",
+        "pico",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+        "--device",
+        "cpu",
+        "--dtype",
+        "bfloat16",
+        "--eval-every",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--log-every",
+        "1",
+        "--save-every",
+        "2",
+    ]
+    assert run_main("train", *common, "--max-steps", "2").returncode == 0
+    proc = run_main("train", *common, "--max-steps", "4", "--resume", "--residual-dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    assert "residual bf16" in proc.stdout
+    losses = train_losses(run)
+    assert sorted(losses) == [1, 2, 3, 4] and all(v == v for v in losses.values())
+
+
+# ------------------------------------------------------------------------------------------- GPU
+@pytest.mark.cuda
+def test_cuda_bf16_stream_trains_like_the_fp32_stream_compiled():
+    """On a bf16 GPU, under torch.compile (inductor, the default there): 10 AdamW steps at GPT-2 124M's
+    width (2 blocks) with the bf16 stream vs the fp32 stream from the same weights on the same
+    batches; the losses stay within bf16's 1e-2 relative, and the blocks' inputs are bf16."""
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("needs a GPU with bf16 (Ampere or newer)")
+    from gptspeed.parallelize import parallelize
+
+    rt = resolve_runtime("cuda", "bfloat16", True)
+    shape = dict(block_size=256, vocab_size=50304, n_layer=2, n_head=12, n_embd=768, loss="plain")
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(**shape)).state_dict()
+    losses = {}
+    for residual in ("float32", "bfloat16"):
+        model = GPT(GPTConfig(**shape, residual_dtype=residual))
+        model.load_state_dict(base)
+        seen = set()
+        hook = model.transformer.h[1].register_forward_pre_hook(lambda mod, args: seen.add(args[0].dtype))
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model.cuda()(torch.zeros(1, 8, dtype=torch.long, device="cuda"))
+        hook.remove()
+        train_model = parallelize(model, rt)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+        curve = []
+        for step in range(10):
+            g = torch.Generator().manual_seed(step)
+            data = torch.randint(0, 50257, (8, 257), generator=g).cuda()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = train_model(data[:, :-1], data[:, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            curve.append(loss.item())
+        losses[residual] = curve
+        assert seen == {torch.bfloat16 if residual == "bfloat16" else torch.float32}
+    assert max(abs(a - b) / a for a, b in zip(losses["float32"], losses["bfloat16"])) < 1e-2, losses
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_switch_trains_every_parameter_and_counts_them(name):
+    model = tiny(**CASES[name]).train()
+    assert model.config.num_params() == sum(p.numel() for p in model.parameters())  # the size check's count
+    idx = with_documents()
+    logits, _ = model(idx)
+    assert logits.shape == (2, 32, 50304) and torch.isinf(logits[..., 50257:]).all()
+    _, loss = model(idx, idx)
+    assert loss.shape == () and torch.isfinite(loss)
+    loss.backward()
+    silent = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert silent == []
+    if model.config.zero_init_proj:  # zero-initialised output projections learn from the first step
+        assert model.transformer.h[0].mlp.c_proj.weight.abs().max() == 0
+        # (with an untied head zeroed too, only the head has a gradient at the first step, as in the speedrun)
+        first = model.lm_head if not model.config.tie_embeddings else model.transformer.h[0].mlp.c_proj
+        assert first.weight.grad.abs().max() > 0
+    if not model.config.tie_embeddings:
+        assert model.lm_head.weight is not model.transformer.wte.weight
+    if model.config.pos_emb == "rope":
+        assert "wpe" not in model.transformer
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_kv_cache_sampling_draws_the_cache_free_tokens(name):
+    model = tiny(**CASES[name]).eval()
+    idx = with_documents(B=2, T=6, seed=3)
+    g = lambda: torch.Generator().manual_seed(1)  # noqa: E731
+    ref = torch.stack(list(generate(model, idx, 30, temperature=1.0, generator=g())), dim=1)  # past block_size too
+    got = torch.stack(list(generate_cached(model, idx, 30, temperature=1.0, generator=g())), dim=1)
+    assert torch.equal(ref, got)
+    prompts = [[EOT_TOKEN, 11, 12, EOT_TOKEN, 14], [21, 22]]  # left padding too
+    batch, pad = left_pad(prompts)
+    cached = torch.stack(list(generate_cached(model, batch, 8, temperature=0, pad=pad)), dim=1)
+    for row, prompt in enumerate(prompts):
+        alone = torch.stack(list(generate(model, torch.tensor([prompt]), 8, temperature=0)), dim=1)
+        assert torch.equal(cached[row], alone[0])
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_with_the_document_mask_each_document_computes_as_if_alone(attention):
+    """--doc-mask with rotary positions (relative: a document's logits do not depend on where in the
+    window it starts): the logits of a packed window equal those of each document run alone."""
+    model = tiny(pos_emb="rope", doc_mask=True, attention=attention).eval()
+    idx = with_documents(B=1, T=30)
+    starts = [0, 10, 20]
+    packed = model(idx)[0]
+    for a, b in zip(starts, starts[1:] + [30]):
+        alone = model(idx[:, a:b])[0]
+        torch.testing.assert_close(packed[:, a:b], alone, rtol=1e-4, atol=1e-4)
+    free = tiny(pos_emb="rope", attention=attention).eval()  # the same weights without the mask see across
+    free.load_state_dict(model.state_dict())
+    assert not torch.allclose(free(idx)[0][:, 10:20], model(idx[:, 10:20])[0], atol=1e-3)
+    assert document_ids(idx)[0].tolist() == [1] * 10 + [2] * 10 + [3] * 10
+
+
+@pytest.mark.parametrize("loss", ["plain", "fused"])
+@pytest.mark.parametrize("softmax", ["full", "data"])
+def test_soft_capped_logits_and_loss_through_every_loss_path(loss, softmax):
+    """cap * tanh(logits / cap) (Gemma 2): the logits stay within +-cap, and each loss path's loss and
+    gradients equal the formula's, computed here from the plain logits."""
+    cap = 2.0
+    model = tiny(logit_softcap=cap, loss=loss, softmax=softmax)
+    idx = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(5))
+    if softmax == "data":
+        model.set_softmax_ids(torch.unique(idx))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(50)  # logits far beyond the cap
+    _, got = model(idx, idx)
+    h = model.hidden_states(idx)
+    ids = model.softmax_ids if softmax == "data" else torch.arange(50257)
+    raw = h @ model.lm_head.weight[ids].t()
+    capped = cap * torch.tanh(raw / cap)
+    target = torch.searchsorted(ids, idx.reshape(-1))
+    want = F.cross_entropy(capped.reshape(-1, ids.numel()), target)
+    assert (
+        raw.abs().max() > 5 * cap
+        and model(idx)[0][..., :50257].isfinite().logical_and(model(idx)[0][..., :50257].abs() > cap + 1e-5).sum() == 0
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    g_got = torch.autograd.grad(got, model.lm_head.weight)[0]
+    g_want = torch.autograd.grad(want, model.lm_head.weight)[0]
+    torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
+    kw = dict(max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100, schedule="wsd", decay_ratio=0.2)
+    lrs = [lr_at(s, **kw) for s in range(101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(lr == 1.0 for lr in lrs[10:80])
+    assert lrs[90] == pytest.approx(0.55) and lrs[100] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))
+    cosine = lr_at(55, **{**kw, "schedule": "cosine"})
+    assert cosine == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_a_modern_run_resumes_to_the_bit_and_cannot_be_exported(shakespeare_data, tmp_path):
+    flags = dict(
+        TINY_MODEL,
+        **{k: v for k, v in ALL.items() if k != "doc_mask"},
+        doc_mask=True,
+        lr_schedule="wsd",
+        data=str(shakespeare_data),
+        batch_size=4,
+        max_steps=4,
+        save_every=2,
+        eval_every=0,
+        log_every=1,
+        device="cpu",
+        dtype="float32",
+        warmup_steps=1,
+    )
+    full = tmp_path / "full"
+    fit(build_train_config("pico", dict(flags, out=str(full))), echo=False)
+    part = tmp_path / "part"
+    part.mkdir()
+    for name in ("ckpt_00000002.pt", "ckpt_00000002.json", "config.json"):
+        (part / name).write_bytes((full / name).read_bytes())
+    fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
+    assert train_losses(part)[4] == train_losses(full)[4]
+    assert_user_error(
+        run_main("export-hf", "--run", str(full), "--out", str(tmp_path / "hf")),
+        "not GPT-2's architecture",
+        "--pos-emb rope",
+    )
+    proc = run_main("sample", "--run", str(full), "--max-new-tokens", "4", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,6 @@
-"""Training-curve pictures (gptspeed.plot): loss, tokens/s and learning-rate panels."""
+"""``gptspeed.plot``: training curves as a picture: ``gptspeed plot RUN_DIR [RUN_DIR ...] --out loss.png [--panels loss,tps,lr]``."""
+
+from __future__ import annotations
 
 import importlib.util
 import json
@@ -7,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env
 
 from gptspeed.cli import main
 from gptspeed.errors import GptspeedError
 from gptspeed.plot import draw_runs, parse_panels, plot_runs, read_metrics
+
+from support.cli import child_env
 
 needs_matplotlib = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed (pip install -e '.[plot]')"
@@ -130,7 +133,7 @@ def test_plot_never_writes_over_a_runs_or_a_data_folders_files_and_needs_force_f
     """``plot --out`` used to replace any file: a run's newest checkpoint or its metrics.jsonl (the
     run then cannot resume). As consolidate and export-hf: never a run's or a data folder's own file,
     not even with --force; --force for any other file that exists; a folder or a device is one line."""
-    from conftest import assert_user_error, run_main
+    from support.cli import assert_user_error, run_main
 
     run = write_metrics(tmp_path / "run")
     data = tmp_path / "data"
@@ -167,7 +170,7 @@ def test_plot_of_extreme_values_and_odd_names_draws_without_a_traceback(tmp_path
     """NaN, Infinity, 1e308 and a 400-digit integer in metrics.jsonl (JSON from Python can hold them)
     and a folder or title with matplotlib's mathtext ``$`` used to end in a traceback: such values
     are left out of the curves, the names drawn as written."""
-    from conftest import run_main
+    from support.cli import run_main
 
     run = tmp_path / "a$\\frac$"
     run.mkdir()

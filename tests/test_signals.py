@@ -1,14 +1,15 @@
-"""A stop signal saves in bounded time: one process leaves the unfinished step at its next
-micro-batch (its gradients dropped, its data position rewound) and saves the last finished step;
-the resumed run redoes that step from the same batches, to the same losses."""
+"""``gptspeed.signals``: signals that stop a run cleanly, in bounded time: Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP."""
+
+from __future__ import annotations
 
 import os
 import signal
 
-from conftest import TINY_MODEL, finish, flags, run_main, start_cli, train_losses, wait_for_line
-
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint
 from gptspeed.data.loader import TokenLoader
+
+from support.cli import finish, run_main, start_cli, wait_for_line
+from support.training import TINY_MODEL, flags, train_losses
 
 TINY = [
     "--preset",

@@ -1,5 +1,4 @@
-"""--log-to tensorboard,wandb: the trackers get what metrics.jsonl gets, read back with each
-tracker's own reader; a tracker that cannot start or fails mid-run never stops training."""
+"""``gptspeed.trackers``: experiment trackers: every metrics record also goes to TensorBoard and/or Weights & Biases."""
 
 from __future__ import annotations
 
@@ -10,16 +9,27 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY_MODEL, child_env, records
 
 from gptspeed.trainer import build_train_config, fit
 
+from support.cli import child_env
+from support.training import TINY_MODEL, records
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
 TINY = dict(TINY_MODEL, batch_size=4, warmup_steps=2, eval_tokens=512, eval_every=0, log_every=1, device="cpu")
+
+
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+
+
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
 NO_TENSORBOARD = "the tensorboard package is not installed (pip install -e '.[tensorboard]')"
+
+
 NO_WANDB = "wandb is not installed (pip install -e '.[wandb]')"
 
 
@@ -70,6 +80,22 @@ def tracked_run(shakespeare_data, tmp_path_factory):
     return run, first
 
 
+def wandb_records(run_folder):
+    """The records of a W&B offline run folder, read by wandb's own reader of the run's
+    transaction log (``wandb leet inspect --json``)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
+    if proc.returncode != 0 and "No such command" in proc.stderr:
+        pytest.skip("this wandb has no `wandb leet inspect` (wandb>=0.31) to read an offline run with")
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
 @pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
 def test_tensorboard_events_hold_the_metrics(tracked_run):
     """Read with TensorBoard's own EventAccumulator: every numeric field of every record of
@@ -99,22 +125,6 @@ def test_tensorboard_events_hold_the_metrics(tracked_run):
     start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
     assert start.hparams["model.n_embd"].number_value == 32
     assert start.hparams["train.log_to"].string_value == "tensorboard,wandb"
-
-
-def wandb_records(run_folder):
-    """The records of a W&B offline run folder, read by wandb's own reader of the run's
-    transaction log (``wandb leet inspect --json``)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_folder)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
-    )
-    if proc.returncode != 0 and "No such command" in proc.stderr:
-        pytest.skip("this wandb has no `wandb leet inspect` (wandb>=0.31) to read an offline run with")
-    assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.skipif(not HAS_WANDB, reason=NO_WANDB)

@@ -75,7 +75,7 @@ def keep_freed_memory() -> tuple[bool, str]:
     the ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables).
 
     The heap grows to the step's peak in the first steps (measured: within ~10 steps of two such
-    buffers); from then on a step's buffers are reused without a page fault (tests/test_runtime_cpu.py).
+    buffers); from then on a step's buffers are reused without a page fault (tests/test_runtime.py).
     The process keeps its peak heap for its lifetime (the resident size a training run has anyway).
     Not glibc (macOS, musl), or no ``mallopt``: nothing changes, ``(False, reason)``.
     """

@@ -135,7 +135,7 @@ def finish_process(code: int) -> NoReturn:
     the interpreter's teardown, the release needs the GIL of a finalizing interpreter, the thread is
     ended by force inside a C++ destructor, and the rank dies with SIGABRT ("terminate called
     without an active exception") after its run was done and saved: torchrun then reports the job
-    failed. Measured on a 2-core CPU: 1 FSDP resume in 40 under load; tests/gloo_exit.py (DDP built,
+    failed. Measured on a 2-core CPU: 1 FSDP resume in 40 under load; tests/support/gloo_exit.py (DDP built,
     one all_reduce, exit) 3 launches in 16 with 2 ranks, 3 in 6 with 4, and 0 in 16 through this
     function. pytorch/pytorch#179291 describes the same teardown race (its fix was
     withdrawn). Nothing of the run is lost by the skip: the trainer has closed its files, logs and

@@ -38,7 +38,7 @@ the three matmuls of a layer ``(M, K) @ (K, N)`` is an inner dimension once (M =
 micro-batch in the weight gradient), so ``batch_size * seq_len`` must be a multiple of 16:
 :func:`check_fp8_shapes` refuses a configuration that breaks it before anything runs. A CPU's
 ``_scaled_mm`` checks none of this, so the tests run the FP8 path under a helper that does
-(``tests/cuda_rules.py``).
+(``tests/support/cuda_rules.py``).
 """
 
 from __future__ import annotations

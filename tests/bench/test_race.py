@@ -1,0 +1,379 @@
+"""``gptspeed.bench.race``: ``gptspeed bench --race``: wall-clock training time to a target validation loss, arm against arm."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gptspeed.bench import race
+from gptspeed.errors import GptspeedError
+
+from support.cli import assert_user_error, run_main
+from support.training import TINY_MODEL, flags
+
+# ------------------------------------------------------------------ the race keeps the user's files
+BASE = ["--preset", "pico", "--device", "cpu", "--seeds", "1", "--eval-every", "2", "--eval-tokens", "256"]
+
+
+ARM = "a=--max-steps 4 --dtype float32 --n-layer 1 --n-head 2 --n-embd 32 --seq-len 32 --batch-size 4"
+
+
+#: a stand-in for ``gptspeed train`` (python -c FAKE MODE RUN_DIR): ``finish`` writes a finished run's
+#: metrics; ``train`` waits for SIGTERM, then saves a checkpoint and exits 143, as train does; ``deaf``
+#: ignores SIGTERM
+FAKE_TRAIN = """
+import json, os, signal, sys, time
+mode, run = sys.argv[1], sys.argv[2]
+os.makedirs(run, exist_ok=True)
+if mode == "finish":
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+        for step, loss in ((0, 10.0), (2, 9.0), (4, 8.0)):
+            f.write(json.dumps({"step": step, "tokens": 128 * step, "step_ms": 10.0, "val_loss": loss}) + "\\n")
+    sys.exit(0)
+def save(signum, frame):
+    open(os.path.join(run, "ckpt_00000003.pt"), "w").write("saved")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "deaf" else save)
+print("training", os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def fake_train(monkeypatch, mode: str) -> None:
+    import sys
+
+    monkeypatch.setattr(
+        race, "train_command", lambda flags, run_dir: [sys.executable, "-c", FAKE_TRAIN, mode, str(run_dir)]
+    )
+
+
+def tree(root):
+    """Every path under ``root`` with its bytes (None for a folder): what must stay untouched."""
+    return (
+        {p: (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+        if root.is_dir()
+        else {root: root.read_bytes()}
+    )
+
+
+def test_the_curve_counts_training_steps_only_and_the_warm_up_at_the_next_speed():
+    records = [
+        {"step": 0, "val_loss": 10.9},  # the step-0 evaluation: no training yet
+        {"step": 1, "step_ms": 5000.0, "includes_warmup": True, "train_loss": 10.8},  # compile: not timed
+        {"step": 5, "step_ms": 100.0, "train_loss": 9.0, "val_loss": 9.5},
+        {"step": 10, "step_ms": 200.0, "val_loss": 8.0},
+    ]
+    curve = race.training_curve(records)
+    assert [p["step"] for p in curve] == [0, 5, 10]
+    assert curve[0]["train_s"] == 0
+    assert curve[1]["train_s"] == pytest.approx(5 * 0.1)  # steps 1-5 at 100 ms: the warm-up step at the next speed
+    assert curve[2]["train_s"] == pytest.approx(0.5 + 5 * 0.2)
+    hit = race.time_to_target(curve, 9.5)
+    assert hit == {
+        "reached": True,
+        "time_to_target_s": pytest.approx(0.5),
+        "tokens_to_target": 0,
+        "steps_to_target": 5,
+        "final_val_loss": 8.0,
+    }
+    assert race.time_to_target(curve, 7.0)["reached"] is False
+
+
+def test_the_summary_gives_means_ratios_and_a_one_sided_welch_p_value():
+    def arm(name, times):
+        a = race.Arm(name, [])
+        a.runs = [
+            {
+                "seed": i,
+                "curve": [
+                    {"step": 0, "tokens": 0, "train_s": 0.0, "val_loss": 11.0},
+                    {"step": 10, "tokens": 100, "train_s": t, "val_loss": 3.0},
+                ],
+            }
+            for i, t in enumerate(times)
+        ]
+        return a
+
+    from scipy import stats
+
+    base, fast = [10.0, 11.0, 12.0, 10.5], [5.0, 5.5, 4.5, 5.2]
+    rows = race.summarize([arm("gpt2", base), arm("modern", fast)], target=3.5)
+    assert rows[0]["time_ratio"] == 1.0 and rows[0]["p_value"] is None and rows[0]["reached"] == 4
+    assert rows[1]["time_to_target_s_mean"] == pytest.approx(sum(fast) / 4)
+    assert rows[1]["time_ratio"] == pytest.approx(sum(fast) / sum(base))
+    assert rows[1]["p_value"] == pytest.approx(stats.ttest_ind(fast, base, equal_var=False, alternative="less").pvalue)
+    assert rows[1]["p_value"] < 0.01
+    slow = race.summarize([arm("gpt2", base), arm("slow", [20.0, 21.0])], target=3.5)[1]
+    assert slow["p_value"] > 0.9  # one-sided: a slower arm is not "faster"
+    # a target below the first arm's finals: not reached, unless the first arm defines the target
+    assert race.summarize([arm("gpt2", base), arm("modern", fast)], target=2.0)[0]["reached"] == 0
+    defined = race.summarize([arm("gpt2", base), arm("modern", fast)], target=2.0, first_defines_target=True)
+    assert defined[0]["reached"] == 4 and defined[0]["time_to_target_s_mean"] == pytest.approx(sum(base) / 4)
+    assert defined[1]["reached"] == 0 and defined[1]["time_ratio"] is None
+
+
+def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypatch):
+    from gptspeed import cli
+
+    def in_process(cmd, log, timeout_s, stop=None, say=print):
+        import contextlib
+
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            return cli.main(cmd[3:])  # [python, -m, gptspeed, train, ...]
+
+    monkeypatch.setattr(race, "spawn", in_process)
+    shape = flags(dict(TINY_MODEL, batch_size=4, max_steps=6, warmup_steps=1, lr=3e-3, dtype="float32"))
+    out = tmp_path / "race"
+    proc = run_main(
+        "bench",
+        "--race",
+        "--arm",
+        f"plain={' '.join(shape)}",
+        "--arm",
+        f"modern=--recipe modern {' '.join(shape)}",
+        "--seeds",
+        "2",
+        "--preset",
+        "pico",
+        "--data",
+        str(shakespeare_data),
+        "--device",
+        "cpu",
+        "--eval-every",
+        "2",
+        "--eval-tokens",
+        "256",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "race.json").read_text())
+    assert result["complete"] and [a["name"] for a in result["arms"]] == ["plain", "modern"]
+    seeds = [(a["name"], r["seed"]) for a in result["arms"] for r in a["runs"]]
+    assert sorted(seeds) == [("modern", 0), ("modern", 1), ("plain", 0), ("plain", 1)]
+    plain = result["arms"][0]
+    finals = [r["final_val_loss"] for r in plain["runs"]]
+    assert result["target_val_loss"] == pytest.approx(sum(finals) / 2)  # the first arm's mean final val loss
+    for arm in result["arms"]:
+        for run in arm["runs"]:
+            assert [p["step"] for p in run["curve"]] == [0, 2, 4, 6]
+            assert all(b["train_s"] > a["train_s"] for a, b in zip(run["curve"], run["curve"][1:]))
+            if run["reached"]:
+                assert run["time_to_target_s"] > 0 and run["steps_to_target"] in (2, 4, 6)
+    # the first arm defines the target: each of its runs counts its whole training
+    assert plain["reached"] == 2 and "whole training" in result["target_from"]
+    assert [r["time_to_target_s"] for r in plain["runs"]] == [r["curve"][-1]["train_s"] for r in plain["runs"]]
+    assert [r["steps_to_target"] for r in plain["runs"]] == [6, 6]
+    assert "| plain |" in (out / "race.md").read_text() and (out / "race.png").stat().st_size > 1000
+    logs = sorted(p.name for p in (out / "logs").iterdir())
+    assert logs == ["modern-seed0.log", "modern-seed1.log", "plain-seed0.log", "plain-seed1.log"]
+    order = [
+        line.split(":")[1].strip()
+        for line in proc.stdout.splitlines()
+        if line.startswith("race:") and "final" not in line
+    ]
+    assert order == ["plain seed 0", "modern seed 0", "plain seed 1", "modern seed 1"]  # interleaved
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--arms", "gpt3"], "--arms: unknown recipe 'gpt3'"),
+        (["--arm", "nameless"], 'give NAME="FLAGS"'),
+        (["--arm", "a=--no-such-flag"], "arm a: '--no-such-flag' are not gptspeed train flags"),
+        (["--arm", "a=--lr 1", "--arm", "a=--lr 2"], "arm names must differ"),
+        ([], "--race needs arms"),
+        (["--arms", "gpt2", "--seeds", "0"], "--seeds must be at least 1"),
+        (["--arms", "gpt2", "--n-layer", "4", "--synthetic"], "--n-layer, --synthetic: not read by --race"),
+    ],
+)
+def test_bad_race_arguments_are_one_line(args, message, tmp_path):
+    assert_user_error(
+        run_main("bench", "--race", *args, "--preset", "pico", "--device", "cpu", "--out", str(tmp_path / "r")), message
+    )
+
+
+def test_recipes_are_train_settings():
+    from gptspeed.configure import build_train_config
+
+    modern = build_train_config("pico", {}, recipe_name="modern")
+    assert modern.model.pos_emb == "rope" and modern.optim.lr_schedule == "wsd" and modern.model.non_gpt2_switches()
+    assert modern.optim.optimizer == "muon" and modern.model.tie_embeddings  # the race's winner keeps the tied head
+    assert build_train_config("pico", {}, recipe_name="gpt2").model.non_gpt2_switches() == []
+    with pytest.raises(GptspeedError, match="unknown recipe 'moden'.*did you mean 'modern'"):
+        build_train_config("pico", {}, recipe_name="moden")
+    flagged = build_train_config("pico", {"pos_emb": "learned"}, recipe_name="modern")  # flags override a recipe
+    assert flagged.model.pos_emb == "learned" and flagged.model.qk_norm
+    assert not math.isnan(modern.optim.decay_ratio)
+
+
+@pytest.mark.parametrize("name", ["/abs/x", "../../x", "..", ".", "a/b", "a b", "x" * 101])
+def test_an_arm_name_is_a_folder_name_never_a_path(name, tmp_path):
+    """An arm's name names its runs' folders (OUT/runs/NAME-seedN): ``/abs/x`` or ``../../x`` used to
+    train (and, run again, delete) outside --out."""
+    assert_user_error(
+        run_main("bench", "--race", "--arm", f"{name}=--lr 1e-3", *BASE, "--out", str(tmp_path / "r")),
+        "an arm's name names its runs' folders",
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_data, tmp_path, monkeypatch):
+    """A file, a run folder, a data folder, the user's folder, or a race folder holding anything else:
+    one line each, nothing written or deleted (the race used to reuse --out and delete its runs)."""
+    from gptspeed.checkpoint import RunLock
+
+    fake_train(monkeypatch, "finish")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("notes")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"model": {}, "train": {}}')
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    users = tmp_path / "thesis"
+    users.mkdir()
+    (users / "chapter1.tex").write_text("years of work")
+    mixed = tmp_path / "mixed"  # an earlier race whose runs/ holds a folder of the user's
+    (mixed / "runs" / "mine").mkdir(parents=True)
+    (mixed / "race.json").write_text('{"command": "", "steps_cap": 8, "arms": []}')
+    cases = [
+        (a_file, "is a file"),
+        (run, "is a run folder"),
+        (shakespeare_data, "is a data folder"),
+        (users, "holds what a race did not write (chapter1.tex)"),
+        (mixed, "runs/mine"),
+    ]
+    for out, fragment in cases:
+        before = tree(out)
+        assert_user_error(
+            run_main(
+                "bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out), "--force"
+            ),
+            fragment,
+        )
+        assert tree(out) == before, out
+
+    earlier = tmp_path / "race"  # an earlier race: refused without --force, replaced with it
+    for name in ("old-seed0", "old-seed1"):
+        (earlier / "runs" / name).mkdir(parents=True)
+        (earlier / "runs" / name / "metrics.jsonl").write_text('{"step": 0}\n')
+        (earlier / "logs").mkdir(exist_ok=True)
+        (earlier / "logs" / f"{name}.log").write_text("log")
+    (earlier / "race.json").write_text('{"command": "old", "steps_cap": 8, "arms": []}')
+    before = tree(earlier)
+    race_args = ["bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(earlier)]
+    assert_user_error(run_main(*race_args), "holds an earlier race (2 run folder(s)", "--force")
+    assert tree(earlier) == before
+    lock = RunLock(earlier).acquire()  # a race still running on it: its lock
+    try:
+        assert_user_error(run_main(*race_args, "--force"), "is in use by pid", "another `gptspeed bench --race`")
+    finally:
+        lock.release()
+    assert {p: b for p, b in tree(earlier).items() if p.name != ".gptspeed.lock"} == before
+    proc = run_main(*race_args, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (earlier / "runs").iterdir()) == ["a-seed0"]
+    assert sorted(p.name for p in (earlier / "logs").iterdir()) == ["a-seed0.log"]
+    assert json.loads((earlier / "race.json").read_text())["complete"]
+
+
+@pytest.mark.parametrize(
+    "arm, message",
+    [
+        ("--seed 5", "--seed is the race's to set"),
+        ("--eval-every 3", "--eval-every is the race's to set"),
+        ("--eval-tokens 128", "--eval-tokens is the race's to set"),
+        ("--stop-at-val-loss 3", "--stop-at-val-loss is the race's to set"),
+        ("--data /elsewhere", "--data is the race's to set"),
+        ("--device cpu", "--device is the race's to set"),
+        ("--print-config", "--print-config prints a configuration"),
+        ("--max-steps 9", "--max-steps 9 is beyond the race's cap of 8"),
+        ("--sdpa-backend cudnn", "arm b: --sdpa-backend cudnn cannot run this attention"),
+        ("--dtype float16", "arm b: --dtype float16 is not supported on a CPU"),
+        ("--loss liger", "arm b: --loss liger runs Liger-Kernel's Triton kernels"),
+        ("CONFIG", "seed: in its --config"),
+    ],
+)
+def test_every_arm_is_checked_whole_before_the_first_run(arm, message, shakespeare_data, tmp_path, monkeypatch):
+    """A second arm that cannot run, or sets what the race sets itself, used to fail (or be silently
+    overridden) after the first arm's whole run: now one line before anything runs or is written."""
+
+    def no_run(*a, **k):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(race, "spawn", no_run)
+    if arm == "CONFIG":
+        (tmp_path / "b.yaml").write_text("train:\n  max_steps: 4\nruntime:\n  seed: 7\n")
+        arm = f"--config {tmp_path / 'b.yaml'}"
+    out = tmp_path / "r"
+    assert_user_error(
+        run_main(
+            "bench",
+            "--race",
+            "--arm",
+            ARM,
+            "--arm",
+            f"b={ARM[2:]} {arm}",
+            *BASE,
+            "--data",
+            str(shakespeare_data),
+            "--out",
+            str(out),
+        ),
+        message,
+    )
+    assert not out.exists()
+
+
+def test_a_race_on_a_stream_without_a_val_split_is_refused(tmp_path):
+    out = tmp_path / "r"
+    assert_user_error(
+        run_main("bench", "--race", "--arm", ARM, *BASE, "--data", f"jsonl:{tmp_path / 'x.jsonl'}", "--out", str(out)),
+        "the race measures the val loss",
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("signum, mode", [("SIGTERM", "train"), ("SIGINT", "train"), ("SIGTERM", "deaf")])
+def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(
+    signum, mode, shakespeare_data, tmp_path, monkeypatch
+):
+    """Ctrl-C used to kill the training child 0.25 s after the signal, before its save; SIGTERM left
+    it orphaned, training on. Now the running arm is sent SIGTERM (``gptspeed train`` saves its last
+    finished step on it), the race waits for it -- at most STOP_WAIT_S, then kills it -- and ends
+    with one line and 128 + the signal."""
+    import os
+    import signal
+    import threading
+    import time
+
+    fake_train(monkeypatch, mode)
+    monkeypatch.setattr(race, "STOP_WAIT_S", 0.5)
+    out = tmp_path / "r"
+    log = out / "logs" / "a-seed0.log"
+
+    def signal_when_training():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (log.exists() and "training" in log.read_text()):
+            time.sleep(0.02)
+        os.kill(os.getpid(), getattr(signal, signum))
+
+    sender = threading.Thread(target=signal_when_training)
+    sender.start()
+    proc = run_main("bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out))
+    sender.join()
+    sig = getattr(signal, signum)
+    assert_user_error(proc, f"race stopped by {signum} while a seed 0 ran")
+    assert proc.returncode == 128 + sig
+    child = int(log.read_text().split()[1])
+    with pytest.raises(ProcessLookupError):  # no child left running (nor a zombie: it was waited for)
+        os.kill(child, 0)
+    if mode == "train":
+        assert "saved and stopped (exit 143), its last checkpoint is" in proc.stderr
+        assert (out / "runs" / "a-seed0" / "ckpt_00000003.pt").read_text() == "saved"
+    else:
+        assert "did not stop within 0.5 s and was killed" in proc.stderr
+    assert "asked the running arm" in proc.stdout
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the race's handlers are gone again

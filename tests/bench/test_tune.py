@@ -1,0 +1,288 @@
+"""``gptspeed.bench.tune``: ``gptspeed bench --tune``: the fastest configuration of *your* run that trains the same, found on this device, and written as a ``--config`` file."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from gptspeed import cli
+from gptspeed.bench import knobs as knobs_mod
+from gptspeed.bench.tune import measured_sequences
+from gptspeed.bench.tune_report import VERDICTS
+from gptspeed.config import preset
+from gptspeed.errors import GptspeedError
+
+from support.cli import assert_user_error, run_cli
+from support.tune_fakes import knob, rows, tune
+
+
+class FakeWorker:
+    """``run_worker`` without a process: ms per step 100, times ``factor`` for each (setting, value) the
+    candidate has; out of memory from micro-batch ``oom_at``; losses 10 - 0.1 * step, scaled by 1.1 for
+    the settings in ``off`` (a candidate that trains differently); each call advances ``clock`` by ``cost`` s."""
+
+    def __init__(self, factors=None, oom_at=None, off=(), refuse=(), cost=1.0):
+        self.factors, self.oom_at, self.off, self.refuse, self.cost = factors or {}, oom_at, off, refuse, cost
+        self.calls, self.now = [], 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, spec, log_path, timeout=None, cache_dir=None):
+        self.calls.append(spec)
+        self.now += min(self.cost, timeout) if timeout is not None else self.cost
+        s = {**spec.settings, "batch_size": spec.batch_size}
+        if timeout is not None and self.cost >= timeout:
+            return {"status": "failed", "reason": f"timed out after {timeout:g} s (--stage-timeout)"}
+        if self.oom_at and spec.batch_size >= self.oom_at:
+            return {"status": "failed", "reason": f"out of memory at B={spec.batch_size}", "oom": True}
+        if any(s.get(k) == v for k, v in self.refuse):
+            return {"status": "skipped", "reason": "refused: a device rule"}
+        ms = 100.0
+        for (k, v), f in self.factors.items():
+            ms *= f if s.get(k) == v else 1
+        n = spec.warmup + spec.steps
+        scale = 1.1 if any(s.get(k) == v for k, v in self.off) else 1.0
+        tokens = spec.batch_size * spec.grad_accum * spec.seq_len
+        return {
+            "status": "ok",
+            "losses": [scale * (10 - 0.1 * i) for i in range(n)],
+            "skipped": [False] * n,
+            "ms_median": ms,
+            "ms_q25": ms * 0.998,
+            "ms_q75": ms * 1.002,
+            "ms_steps": [ms] * spec.steps,
+            "tokens_per_s": tokens / ms * 1000,
+            "mfu": None,
+            "peak_mem_bytes": spec.batch_size << 20,
+            "batch_size": spec.batch_size,
+            "grad_accum": spec.grad_accum,
+            "tokens_per_step": tokens,
+            "compile": None,
+            "syncs": {"counted": False, "budget": 0},
+        }
+
+
+def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_does_not_fit(tmp_path, monkeypatch):
+    # pico: B=8; a global batch of 8 micro-batches lets the measured step hold 2 of them on a CPU (16 sequences)
+    worker = FakeWorker(
+        {("batch_size", 16): 0.8, ("loss", "plain"): 0.5, ("compile", True): 0.95}, oom_at=32, off=[("loss", "plain")]
+    )
+    knobs = (
+        knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True),
+        knob("loss", [{"loss": "plain"}]),
+        knob("compile", [{"compile": True}, {"compile": False}]),
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 4096")
+    r = rows(res)
+    assert list(r) == ["yours", "micro-batch=16", "loss=plain", "compile=True", "compile=False"]
+    assert r["micro-batch=16"]["verdict"] == "verified" and r["micro-batch=16"]["kept"]
+    # twice as fast, but it trains differently: not kept
+    assert r["loss=plain"]["verdict"] == "fails verification" and not r["loss=plain"]["kept"]
+    assert "loss" in r["loss=plain"]["reason"]
+    assert r["compile=True"]["kept"] and not r["compile=False"]["kept"]
+    assert res["best"] == {"batch_size": 16, "compile": True}
+    assert r["compile=True"]["from"] == "--batch-size 16"  # tried from the best so far
+    assert r["compile=True"]["vs_yours"] == pytest.approx(1 / (0.8 * 0.95))
+    tuned = yaml.safe_load((tmp_path / "tune" / "tuned.yaml").read_text())
+    assert tuned["train"]["batch_size"] == 16 and tuned["runtime"]["compile"] is True
+    assert tuned["train"]["total_batch_tokens"] == 4096  # your global batch is kept
+    assert worker.calls[1].batch_size == 16 and worker.calls[1].grad_accum == 1  # the same 16 sequences, regrouped
+    assert worker.calls[0].extra == {"read_micro_batch": 8} and worker.calls[0].grad_accum == 2
+    saved = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert saved["complete"] and saved["tuned_yaml"].endswith("tuned.yaml")
+    assert "**Kept: `--batch-size 16 --compile`" in (tmp_path / "tune" / "tune.md").read_text()
+
+
+def test_a_larger_batch_that_does_not_fit_is_a_row_and_the_search_goes_on(tmp_path, monkeypatch):
+    worker = FakeWorker({("compile", True): 0.9}, oom_at=16)
+    knobs = (knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True), knob("compile", [{"compile": True}]))
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 4096")
+    r = rows(res)
+    assert r["micro-batch=16"]["verdict"] == "does not fit" and "out of memory" in r["micro-batch=16"]["reason"]
+    # a saving after the batch stopped at memory: the larger batch is tried once more (the seeds' habit)
+    assert [x["name"] for x in res["rows"]].count("micro-batch=16") == 2
+    assert r["compile=True"]["kept"] and res["best"] == {"compile": True}
+
+
+def test_refusals_are_rows_not_crashes_and_the_worker_never_runs_a_rule_refused_candidate(tmp_path, monkeypatch):
+    worker = FakeWorker(refuse=[("loss", "plain")])
+    knobs = (
+        knob("fp8", [{"fp8": True}]),  # at pico width no layer would convert: gptspeed's own rule
+        knob("cuda-graphs", [{"compile_tuning": "reduce-overhead"}]),
+        knob("loss", [{"loss": "plain"}]),
+        knob("nothing", "why there is nothing to try"),
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 1024")  # 2 micro-steps
+    r = rows(res)
+    assert r["fp8=True"]["verdict"] == "not applicable" and "--fp8 would convert no layer" in r["fp8=True"]["reason"]
+    assert r["cuda-graphs=reduce-overhead"]["verdict"] == "not applicable"
+    assert "cannot accumulate gradients over 2 micro-steps" in r["cuda-graphs=reduce-overhead"]["reason"]
+    assert r["loss=plain"]["verdict"] == "not applicable" and r["loss=plain"]["reason"] == "a device rule"
+    assert r["nothing"]["verdict"] == "not applicable" and r["nothing"]["reason"] == "why there is nothing to try"
+    assert len(worker.calls) == 2  # yours and loss=plain: the rule-refused ones never started
+    assert res["best"] == {}
+
+
+def test_the_budget_leaves_untried_rows_listed_and_a_cut_row_keeps_the_rows_before_it(tmp_path, monkeypatch):
+    worker = FakeWorker({("compile", True): 0.5}, cost=40)
+    knobs = (
+        knob("compile", [{"compile": True}]),
+        knob("loss", [{"loss": "plain"}]),
+        knob("x", [{"attention": "manual"}]),
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, budget_s=90)
+    r = rows(res)
+    assert r["compile=True"]["kept"]
+    assert r["loss=plain"]["verdict"] == "not tried" and "--budget-s" in r["loss=plain"]["reason"]
+    assert r["x=manual"]["verdict"] == "not tried" and len(worker.calls) == 2
+    assert "Not tried (budget): loss=plain, x=manual." in (tmp_path / "tune" / "tune.md").read_text()
+    assert yaml.safe_load((tmp_path / "tune" / "tuned.yaml").read_text())["runtime"]["compile"] is True
+
+    worker = FakeWorker(cost=60)
+    res = tune(tmp_path / "b", monkeypatch, worker, (knob("loss", [{"loss": "plain"}]),), budget_s=100)
+    assert rows(res)["loss=plain"]["verdict"] == "cut by --budget-s"
+    assert rows(res)["yours"]["verdict"] == "yours"
+
+
+def test_your_configuration_failing_is_one_line_with_the_report_written(tmp_path, monkeypatch):
+    with pytest.raises(
+        GptspeedError, match=r"your configuration did not run here \(does not fit: out of memory at B=8"
+    ):
+        tune(tmp_path, monkeypatch, FakeWorker(oom_at=8), ())
+    assert json.loads((tmp_path / "tune" / "tune.json").read_text())["rows"][0]["verdict"] == "does not fit"
+
+
+def test_measured_step_divides_your_global_batch():
+    run = preset("gpt2").override({"total_batch_tokens": 3 * 16 * 1024})
+    assert measured_sequences(run, "cuda") == 48 and measured_sequences(run, "cpu") == 16
+    assert measured_sequences(preset("pico"), "cuda") == 8
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--preset", "pico", "--device", "cpu"], "--tune needs --data DIR"),
+        (
+            ["--preset", "pico", "--synthetic", "--flags=--no-such-flag"],
+            "'--no-such-flag' are not gptspeed train flags",
+        ),
+        (["--preset", "pico", "--synthetic", "--stages", "all"], "--stages: not read by --tune"),
+        (["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"], "--no-peers, --seed: not read by --tune"),
+        (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be positive"),
+    ],
+)
+def test_tune_bad_flags_are_one_line(tmp_path, args, fragment):
+    assert_user_error(run_cli("bench", "--tune", "--out", str(tmp_path / "t"), *args), fragment)
+
+
+def test_tune_refuses_a_run_folder_and_the_ladder_refuses_tune_flags(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    argv = ["bench", "--tune", "--out", str(run), "--preset", "pico", "--synthetic", "--device", "cpu"]
+    monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
+    assert cli.main(argv) == 2
+    assert "is a run folder: bench never writes into one" in capsys.readouterr().err
+    assert cli.main(["bench", "--ladder", "--out", str(tmp_path / "l"), "--flags", "--lr 1"]) == 2
+    assert "--config and --flags describe your run for --tune" in capsys.readouterr().err
+
+
+def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
+    out = tmp_path / "tune"
+    proc = run_cli(
+        "bench",
+        "--tune",
+        "--preset",
+        "pico",
+        "--device",
+        "cpu",
+        "--synthetic",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--compile-backend",
+        "eager",
+        "--flags",
+        "--dtype float32",
+    )
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "tune.json").read_text())
+    r = rows(res)
+    assert r["yours"]["verdict"] == "yours" and r["yours"]["dtype"] == "float32"
+    assert {x["knob"] for x in res["rows"]} >= {"dtype", "compile", "loss", "threads"}
+    for x in res["rows"][1:]:  # every CPU knob gave a row with a verdict; the ones that ran were compared with yours
+        assert x["verdict"] in ("verified", "not applicable") and x["verdict"] in VERDICTS, x
+        if x["verdict"] == "verified":
+            assert x["loss_check"]["steps_compared"] == 3 and x["loss_check"]["ok"]
+    assert r["loss=plain"]["verdict"] == "verified"  # the CPU's auto is fused: plain is the other path
+    assert f"train it: gptspeed train --config {out}/tuned.yaml --out RUN_DIR" in proc.stdout
+    # the file trains as gptspeed train --config reads it (in this process: two more would each import torch)
+    import torch
+
+    from gptspeed.api import train
+    from gptspeed.configure import config_from_flags
+
+    cfg = config_from_flags(
+        [
+            "--config",
+            str(out / "tuned.yaml"),
+            "--max-steps",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--eval-every",
+            "0",
+            "--eval-tokens",
+            "1024",
+        ],
+        "test",
+    )
+    assert {k: cfg.runtime.__dict__.get(k, cfg.model.__dict__.get(k)) for k in res["best"]} == res["best"]
+    threads = torch.get_num_threads()
+    try:
+        assert train(cfg, echo=False)["step"] == 2
+    finally:
+        torch.set_num_threads(threads)  # a kept --threads is the test process's too
+    assert (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yours(tmp_path):
+    """``--cast-weights-once``'s candidate (``--parallel fsdp`` in the worker's one process, its gloo group
+    of one on a CPU) runs as a real worker process, with your row's losses (the same bf16 numbers)."""
+    import dataclasses
+
+    from gptspeed.bench.ladder import run_worker
+    from gptspeed.bench.worker import StageSpec
+
+    settings = {"dtype": "bfloat16", "compile": False}
+    base = StageSpec(
+        name="yours",
+        settings=settings,
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        seq_len=16,
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        device="cpu",
+        mode="verify",
+        grad_accum=2,
+        synthetic="phrases",
+    )
+    yours = run_worker(base, tmp_path / "yours.log")
+    once = run_worker(
+        dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp", "cast_weights_once": True}),
+        tmp_path / "once.log",
+    )
+    assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
+    assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)

@@ -1,0 +1,354 @@
+"""benchmarks/gpu_session.py: a lent GPU's 15-minute window as two prepared device commands (checked on the CPU)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+import gpu_session  # noqa: E402
+
+from support.cli import child_env
+from support.packages import fake_packages
+from support.paths import ROOT
+
+
+def _session_env(tmp_path, shakespeare_data, **extra):
+    data = tmp_path / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if not (data / "tinyshakespeare").exists():
+        (data / "tinyshakespeare").symlink_to(shakespeare_data)  # prepared once per test session
+    return child_env(
+        OMP_NUM_THREADS="1",
+        GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
+        GPTSPEED_SESSION_DATA=str(data),
+        GPTSPEED_CACHE=str(tmp_path / "cache"),
+        **extra,
+    )
+
+
+def _smoke(phase: str, root, shakespeare_data) -> tuple[subprocess.CompletedProcess, float, object]:
+    """``gpu_session.py PHASE --smoke`` in a folder of its own (work, cache, $OUT): ``(process, seconds, $OUT)``."""
+    out, t0 = root / phase / "OUT", time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), phase, "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=_session_env(root / phase, shakespeare_data),
+    )
+    return proc, time.monotonic() - t0, out
+
+
+def gpu_session_peers_variant(text):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vs_peers_cpu
+
+    return vs_peers_cpu.parse_variant(text)
+
+
+def test_the_first_phase_trains_resumes_samples_and_packs_one_archive(tmp_path):
+    out = tmp_path / "OUT"
+    env = child_env(
+        OMP_NUM_THREADS="1",
+        GPTSPEED_SESSION_WORK=str(tmp_path / "work"),
+        GPTSPEED_SESSION_DATA=str(tmp_path / "data"),
+        GPTSPEED_CACHE=str(tmp_path / "cache"),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "first", "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert [p.name for p in out.iterdir()] == ["first.tgz"]  # the one file that comes back from $OUT
+    with tarfile.open(out / "first.tgz") as tar:
+        names = tar.getnames()
+        summary = json.load(tar.extractfile("first-results/summary.json"))
+        sample = tar.extractfile("first-results/sample.log").read().decode()
+    assert not [n for n in names if n.endswith(".pt")]  # checkpoints stay on the machine
+    parts = {p["part"]: p for p in summary["parts"]}
+    assert [p for p in parts if p != "resume-check"] == [
+        "machine",
+        "prepare",
+        "train",
+        "train-interrupted",
+        "train-resume",
+        "sample",
+    ]  # the cuda tests: their own phase
+    assert all(p["status"] == "ok" for p in summary["parts"] if "status" in p), summary
+    assert parts["train-interrupted"]["exit"] == 130  # stopped by SIGINT, as planned
+    check = parts["resume-check"]
+    assert check["sigint_after_step"] >= 30 and check["last_step_resumed"] == check["last_step_ref"] == 50
+    assert check["steps_compared"] == 11 and check["max_rel_diff"] == 0.0  # log steps 0, 5, ..., 50: equal losses
+    assert sample.startswith("ROMEO:")
+    assert "first-results/run-resumed-metrics.jsonl" in names
+
+
+def test_a_part_with_no_budget_left_is_recorded_not_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
+    s = gpu_session.Session("ladder", tmp_path / "OUT", budget_s=60, smoke=True)
+    assert s.run("quick", [sys.executable, "-c", "print('hi')"], 60) == 0
+    s.budget_s = 0
+    assert s.run("too-late", [sys.executable, "-c", "print('x')"], 60) is None
+    with tarfile.open(tmp_path / "OUT" / "ladder.tgz") as tar:
+        summary = json.load(tar.extractfile("ladder-results/summary.json"))
+    statuses = {p["part"]: p["status"] for p in summary["parts"]}
+    assert statuses["quick"] == "ok" and statuses["too-late"] == "not run: out of time"
+
+
+def test_a_part_past_its_time_is_killed_and_said_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
+    s = gpu_session.Session("profile", tmp_path / "OUT", budget_s=60, smoke=True)
+    s.budget_s = time.monotonic() - s.t0 + 15 + 12  # 12 s left for the part (15 s are kept for packing)
+    code = s.run("sleeper", [sys.executable, "-c", "import time; print('start', flush=True); time.sleep(120)"], 60)
+    assert code is None and s.summary[-1]["status"] == "timed out" and s.summary[-1]["seconds"] < 30
+
+
+def test_the_windows_two_commands_end_within_6_minutes_each_by_their_estimates():
+    """The 15-minute window: two commands, each planned to end within 6 minutes on one H100 at the upper
+    end of its estimates (setup.sh included; within the phases' budget without it), each saying what its
+    figures rest on; ``--plan`` prints exactly these, as typed on the device, and docs/gpus.md gives each
+    with the run tool's carry and timeout."""
+    assert gpu_session.COMMANDS == (("window1",), ("window2",))
+    assert gpu_session.RUN_TIMEOUT_S <= 6 * 60
+    docs = (ROOT / "docs" / "gpus.md").read_text()
+    for cmd in gpu_session.COMMANDS:
+        planned, upper = gpu_session.command_estimate(cmd)
+        assert planned <= upper < gpu_session.RUN_TIMEOUT_S, (cmd, planned, upper)
+        assert upper - gpu_session.SETUP <= gpu_session.BUDGET_S, cmd
+        assert all(gpu_session.estimate(p)[2] for p in cmd)  # says what it rests on
+        line = gpu_session.COMMAND_LINE.format(" ".join(cmd))
+        assert f'"{line}"' in docs, line  # the run tool's command string, exactly
+    assert '"carry": [".carry"]' in docs and f'"timeout_s": {gpu_session.RUN_TIMEOUT_S}' in docs
+    assert "bash ../shared/device/carry.sh liger-kernel==0.8.5 nvidia-cudnn-frontend==1.32.0" in docs
+    plan = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--plan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+    assert plan.returncode == 0 and plan.stdout.count("gpu_session.py ") == len(gpu_session.COMMANDS)
+    minutes = [float(m) for m in re.findall(r"up to (\d+\.\d)", plan.stdout)]
+    assert len(minutes) == 2 and max(minutes) < 6, plan.stdout
+
+
+def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
+    """What the CPU smoke cannot run, read off the commands window1 and window2 would start on a GPU:
+    the default and its B=64 form at 65,536 tokens a step against llm.c with ``-r 0``, interleaved; llm.c
+    alone at its record's settings (-b 64 x 8 micro-steps = -d 524,288, -r 0); the default step profiled;
+    bench --tune of the gpt2 preset with what is left of the budget; every flag one its tool accepts."""
+    import shlex
+
+    from llmc import check_llmc_flags
+
+    from gptspeed import cli
+
+    monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("GPTSPEED_SESSION_DATA", str(tmp_path / "data"))
+    (tmp_path / "data" / "shakespeare-gutenberg").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare-gutenberg" / "manifest.json").write_text("{}")
+    ran = {}
+    for phase in gpu_session.WINDOW:
+        s = gpu_session.Session(phase, tmp_path / "OUT", budget_s=gpu_session.BUDGET_S, smoke=False)
+        monkeypatch.setattr(s, "run", lambda name, cmd, cap_s, **kw: ran.update({name: (cmd, cap_s)}))
+        gpu_session.run_phase(s)
+    assert list(ran) == ["peers", "llmc-record", "profile", "tune"]
+
+    def flags(part):
+        cmd = ran[part][0]
+        return {a: cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a.startswith("--")}
+
+    peers, record = flags("peers"), flags("llmc-record")
+    assert peers["--peers"] == "gptspeed,B64,llmc" and peers["--rounds"] == "2"
+    assert peers["--variant"] == "B64: --batch-size 64 --total-batch-tokens 65536"
+    assert "--llmc-flags=-r 0" in ran["peers"][0] and "--llmc-flags=-r 0" in ran["llmc-record"][0]
+    assert check_llmc_flags(shlex.split(gpu_session.LLMC_FLAGS)) == ["-r", "0"]
+    assert record["--peers"] == "llmc" and int(record["--batch-size"]) * int(record["--accum"]) * 1024 == 524288
+    assert record["--steps"] == "10" and record["--work"] == peers["--work"]  # llm.c built once, by the peers
+    assert ran["profile"][0][3:8] == ["bench", "--profile", "fused-adamw", "--preset", "gpt2"]
+    assert flags("profile")["--device"] == "cuda" and flags("profile")["--batch-size"] == "16"
+    tune = flags("tune")
+    assert ran["tune"][0][3:5] == ["bench", "--tune"] and tune["--preset"] == "gpt2" and tune["--device"] == "cuda"
+    assert float(tune["--budget-s"]) == gpu_session.tune_budget(gpu_session.BUDGET_S) > 280
+    assert ran["tune"][1] <= gpu_session.BUDGET_S - 15  # the part's timeout leaves the packing its time
+    variant = peers["--variant"].split(":", 1)[1].split()  # after the peers' shape flags, as vs_peers_gpu.py adds it
+    code = cli.main(
+        [
+            "train",
+            "--preset",
+            "gpt2",
+            "--batch-size",
+            "16",
+            "--seq-len",
+            "1024",
+            "--total-batch-tokens",
+            "65536",
+            *variant,
+            "--data",
+            "d",
+            "--out",
+            "o",
+            "--print-config",
+        ]
+    )
+    assert code == 0
+
+
+def test_a_file_too_big_for_the_archive_comes_back_gzipped_beside_it_or_is_listed(tmp_path, monkeypatch):
+    """A profiler trace over the archive's per-file limit comes back as $OUT/<phase>-<path>.gz when that
+    is within the device's limit for a returned file, once however often the phase packs; one that does
+    not compress enough is listed as left out, with why, and nothing half-written stays in $OUT."""
+    monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
+    s = gpu_session.Session("window1", tmp_path / "OUT", budget_s=60, smoke=True)
+    monkeypatch.setattr(s, "in_archive_max", 100_000)
+    monkeypatch.setattr(s, "return_max", 200_000)
+    (s.dir / "profile").mkdir()
+    (s.dir / "profile" / "trace-fused-adamw.json").write_text('{"ph": "X", "name": "sm90_xmma_gemm"}\n' * 20_000)
+    (s.dir / "profile" / "profile-fused-adamw-breakdown.md").write_text("| matmul | 52% |\n")
+    (s.dir / "noise.bin").write_bytes(os.urandom(300_000))
+    s.pack()
+    s.pack()
+    assert sorted(p.name for p in (tmp_path / "OUT").iterdir()) == [
+        "window1-profile-trace-fused-adamw.json.gz",
+        "window1.tgz",
+    ]
+    with gzip.open(tmp_path / "OUT" / "window1-profile-trace-fused-adamw.json.gz", "rt") as f:
+        assert f.read() == (s.dir / "profile" / "trace-fused-adamw.json").read_text()
+    with tarfile.open(tmp_path / "OUT" / "window1.tgz") as tar:
+        names = tar.getnames()
+        large = json.load(tar.extractfile("window1-results/summary.json"))["large_files"]
+    assert "window1-results/profile/profile-fused-adamw-breakdown.md" in names  # the small files: in the archive
+    assert not [n for n in names if n.endswith(("trace-fused-adamw.json", "noise.bin"))]
+    assert large["profile/trace-fused-adamw.json"]["returned_as"] == "window1-profile-trace-fused-adamw.json.gz"
+    assert large["noise.bin"]["left_out"].startswith("over 0.2 MiB gzipped")
+
+
+def test_the_windows_commands_run_on_the_cpu_within_their_budget(tmp_path, shakespeare_data):
+    """``--smoke``: both commands of the window run on the CPU at the pico shape, every part as planned,
+    within the budget, each bringing back its one archive: window1 the interleaved peers (the default,
+    its wide form; llm.c skipped on a CPU), llm.c's record row, the profile's breakdown; window2 the
+    tune's report and tuned.yaml. The two run side by side (the CPU machine has two cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    phases = [p for cmd in gpu_session.COMMANDS for p in cmd]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(phases, pool.map(lambda phase: _smoke(phase, tmp_path, shakespeare_data), phases)))
+    for phase, (proc, seconds, out) in runs.items():
+        assert proc.returncode == 0, (phase, proc.stdout[-3000:] + proc.stderr[-2000:])
+        assert seconds < gpu_session.BUDGET_S
+        assert [p.name for p in out.iterdir()] == [f"{phase}.tgz"]
+        with tarfile.open(out / f"{phase}.tgz") as tar:
+            summary = json.load(tar.extractfile(f"{phase}-results/summary.json"))
+        assert summary["parts"] and all(p["status"] == "ok" for p in summary["parts"] if "status" in p), summary
+    with tarfile.open(runs["window1"][2] / "window1.tgz") as tar:
+        parts = [p["part"] for p in json.load(tar.extractfile("window1-results/summary.json"))["parts"]]
+        peers = json.load(tar.extractfile("window1-results/peers.json"))
+        record = json.load(tar.extractfile("window1-results/llmc-record.json"))
+        breakdown = json.load(tar.extractfile("window1-results/profile/profile-baseline-breakdown.json"))
+        names = tar.getnames()
+    assert parts == ["peers", "llmc-record", "profile"]  # the corpus: prepared once per test session
+    rows = peers["shapes"][0]["rows"]
+    assert list(rows) == ["gptspeed", "B4", "llmc"] and peers["complete"] and peers["settings"]["llmc_flags"] == "-r 0"
+    assert rows["B4"]["tokens_per_s"] > 0 and "needs a CUDA GPU" in rows["llmc"]["error"]
+    assert "--batch-size 4 --total-batch-tokens 128" in peers["shapes"][0]["runs"]["B4"][0]["command"]
+    assert record["complete"] and list(record["shapes"][0]["rows"]) == ["llmc"]
+    assert breakdown and "window1-results/profile/profile-baseline-breakdown.md" in names
+    with tarfile.open(runs["window2"][2] / "window2.tgz") as tar:
+        tune = json.load(tar.extractfile("window2-results/tune/tune.json"))
+        assert tar.extractfile("window2-results/tune/tuned.yaml").read()
+    assert tune["complete"] and tune["rows"][0]["name"] == "yours" and tune["config"]["budget_s"] <= 45
+
+
+def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, capsys):
+    """What the smoke run does not exercise: on an H100 (as the plan sees it) every rung a verify group
+    names runs -- none refused, none unknown (verify5's CUDA-graph modes run at --grad-accum 1) -- and
+    together with the default set they cover every rung (verify6 takes whatever no group names); every
+    beyond variant's flags are ones ``gptspeed train`` accepts at the session's shape."""
+    import torch
+
+    from gptspeed import cli
+    from gptspeed.bench.stages import STAGE_NAMES, VERIFY_EXTRA_NAMES
+    from gptspeed.bench.verify import DEFAULT_RUNGS, plan_verify, select_rungs
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    fake_packages(monkeypatch, triton=True, torchao=True)
+    covered = set(DEFAULT_RUNGS)
+    for phase, (_, extra, _) in gpu_session.VERIFY_GROUPS.items():
+        stages = gpu_session.verify_stages(phase)
+        if stages == "":  # verify6, the rest: nothing left over
+            continue
+        selected, why = select_rungs(stages)
+        accum = int(extra[extra.index("--grad-accum") + 1]) if "--grad-accum" in extra else 2
+        plan = {r.name: r for r in plan_verify(torch.device("cuda"), selected, "inductor", accum, why)}
+        for name in selected:
+            assert plan[name].skip_reason is None, (phase, name, plan[name].skip_reason)
+        covered |= set(selected)
+    assert covered == set(STAGE_NAMES) | set(VERIFY_EXTRA_NAMES)
+    for phase, variants in gpu_session.BEYOND_GROUPS.items():
+        for v in variants:
+            name, flags, env = gpu_session_peers_variant(v)
+            code = cli.main(
+                [
+                    "train",
+                    "--preset",
+                    "gpt2",
+                    "--batch-size",
+                    "16",
+                    "--seq-len",
+                    "1024",
+                    "--total-batch-tokens",
+                    "65536",
+                    *flags,
+                    "--data",
+                    "d",
+                    "--out",
+                    "o",
+                    "--print-config",
+                ]
+            )
+            assert code == 0, (phase, v, capsys.readouterr().err)
+            assert all(k.startswith("TORCHINDUCTOR_") for k in env), v
+
+
+def test_a_phase_killed_mid_row_returns_its_finished_rows(tmp_path, shakespeare_data, monkeypatch):
+    """A verify part killed while a rung runs (as a part's timeout or the command's limit kills it:
+    the whole process group) still packs verify.json with the rungs that finished."""
+    from support.cut_short import sleeper_env
+
+    env = _session_env(tmp_path, shakespeare_data)
+    sleeping = sleeper_env(tmp_path, "flash")
+    for key in ("PYTHONPATH", "GPTSPEED_TEST_SLEEP"):
+        monkeypatch.setenv(key, sleeping[key])
+    for key in ("GPTSPEED_SESSION_WORK", "GPTSPEED_SESSION_DATA", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(key, env[key])
+    s = gpu_session.Session("verify", tmp_path / "OUT", budget_s=300, smoke=True)
+
+    def kill_when_flash_starts(line, proc):
+        if line.startswith("[3/3] flash:"):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(s, "run", functools.partial(s.run, on_line=kill_when_flash_starts))
+    gpu_session.bench(
+        s, "verify", ["--verify", "--stages", "baseline,compile,flash"], 200, "--steps", "2", "--warmup", "1"
+    )
+    assert s.summary[-1]["status"].startswith("exit -9")
+    with tarfile.open(tmp_path / "OUT" / "verify.tgz") as tar:
+        result = json.load(tar.extractfile("verify-results/verify/verify.json"))
+        parts = json.load(tar.extractfile("verify-results/summary.json"))["parts"]
+    rungs = {r["name"]: r for r in result["rungs"]}
+    assert result["complete"] is False and result["verdict"] == "incomplete"
+    assert rungs["compile"]["verdict"] == "verified" and rungs["baseline"]["status"] == "ok"
+    assert rungs["flash"]["status"] == "pending"
+    assert parts[-1]["part"] == "verify" and parts[-1]["exit"] == -9

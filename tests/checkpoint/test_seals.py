@@ -1,0 +1,136 @@
+"""``gptspeed.checkpoint.seals``: seals: what vouches for a checkpoint. ``ckpt_{step:08d}.json`` holds the bytes and sha256 of the checkpoint's file (of every file of a sharded folder), the step, the run's id and its run-defining configuration, so a resume decides without loading anything. A checkpoint counts only once sealed, only while its bytes match the seal, and only as the checkpoint of its own run and of the step its name says (:func:`not_of_run`). No torch here: reading a run's configuration costs no torch import."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+
+from gptspeed.checkpoint import (
+    check_checkpoint,
+    data_changed,
+    folder_run_id,
+    write_checkpoint_file,
+)
+from gptspeed.checkpoint.formats import (
+    write_failure,
+)
+from gptspeed.checkpoint.seals import intact_besides
+
+from support.checkpoints import RUN_ID
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_a_failed_save_names_the_newest_intact_checkpoint_before_it(tmp_path):
+    final = tmp_path / "ckpt_00000003.pt"
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert intact_besides(final) == "no earlier checkpoint exists"
+    (tmp_path / "ckpt_00000002.pt").write_bytes(b"unsealed")  # not intact: never named as such
+    assert intact_besides(final) == "no earlier checkpoint exists"
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1})
+    assert intact_besides(final) == "the checkpoint of step 1 is intact"
+    assert write_failure(final, 3, full).endswith("; the checkpoint of step 1 is intact: free space, then --resume")
+
+
+def test_a_checkpoint_is_hashed_once_per_process(tmp_path, monkeypatch):
+    import gptspeed.checkpoint.seals as seals
+
+    ckpt = tmp_path / "ckpt_00000001.pt"
+    write_checkpoint_file(ckpt, {"step": 1})
+    st = ckpt.stat()
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # not the file written here: not known valid
+    hashed = []
+    real = seals.sha256_file
+    monkeypatch.setattr(seals, "sha256_file", lambda p: hashed.append(p) or real(p))
+    assert check_checkpoint(ckpt) is None and check_checkpoint(ckpt) is None
+    assert hashed == [ckpt], f"a valid checkpoint must be hashed once, then known valid; hashed {hashed}"
+
+
+@pytest.mark.parametrize(
+    "recorded, now, changed",
+    [
+        (None, None, False),
+        ({"a": 1}, None, True),
+        (None, {"a": 1}, True),
+        ({}, {"a": 1}, True),
+        ({"a": 1}, {"a": 1, "b": 2}, False),  # a key recorded only later: compared on the recorded keys
+        ({"a": 1}, {"a": 2}, True),
+        ({"a": 1}, {"b": 1}, True),
+    ],
+)
+def test_data_changed_compares_the_keys_the_checkpoint_recorded(recorded, now, changed):
+    assert data_changed(recorded, now) is changed, f"data_changed({recorded}, {now}) should be {changed}"
+
+
+@pytest.mark.parametrize(
+    "config, run_id",
+    [
+        ({"model": {}, "train": {}}, None),
+        ({"derived": [1]}, None),
+        ({"derived": {}}, None),
+        ({"derived": {"run_id": 5}}, None),
+        ({"derived": {"run_id": ""}}, None),
+        ({"derived": {"run_id": "abc"}}, "abc"),
+    ],
+    ids=["no-derived", "derived-a-list", "no-run-id", "run-id-an-int", "run-id-empty", "run-id"],
+)
+def test_folder_run_id_is_a_non_empty_string_or_none(tmp_path, config, run_id):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert folder_run_id(tmp_path) == run_id, f"config {config}: run id should be {run_id!r}"
+
+
+def test_not_of_run_names_the_first_12_characters_of_both_run_ids(tmp_path):
+    ckpt = tmp_path / "ckpt_00000003.pt"
+    ckpt.with_suffix(".json").write_text(json.dumps({"step": 3, "run_id": "abcdefghijklmnopqrstuvwxyz"}))
+    from gptspeed.checkpoint import not_of_run
+
+    assert (
+        not_of_run(ckpt, "0123456789ABCDEFGHIJ")
+        == "it belongs to another run (run id abcdefghijkl; this folder's run is 0123456789AB)"
+    ), "the reason must name the seal's run id and this folder's, each cut to 12 characters"
+    assert not_of_run(ckpt, "abcdefghijklmnopqrstuvwxyz") is None
+
+
+def test_a_seal_that_is_json_but_not_an_object_is_no_seal(tmp_path):
+    from gptspeed.checkpoint import not_of_run, read_seal
+
+    ckpt = tmp_path / "ckpt_00000003.pt"
+    ckpt.with_suffix(".json").write_text("[3, 4]")
+    assert read_seal(ckpt) is None, "read_seal must return None for a seal that is not a JSON object"
+    assert not_of_run(ckpt, RUN_ID) is None  # unsealed or damaged: check_checkpoint's to say
+
+
+def test_a_copy_with_the_same_names_sizes_and_times_in_another_folder_is_hashed_not_taken_as_verified(tmp_path):
+    """The once-per-process cache is keyed by the checkpoint's resolved path too: a byte-flipped copy
+    of a verified checkpoint elsewhere, with the same file names, sizes and mtimes, is still hashed."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_checkpoint_file(a / "ckpt_00000001.pt", {"step": 1})  # marked verified in this process
+    for name in ("ckpt_00000001.pt", "ckpt_00000001.json"):
+        shutil.copyfile(a / name, b / name)
+    data = bytearray((b / "ckpt_00000001.pt").read_bytes())
+    data[-1] ^= 0xFF
+    (b / "ckpt_00000001.pt").write_bytes(bytes(data))
+    for name in ("ckpt_00000001.pt", "ckpt_00000001.json"):
+        st = (a / name).stat()
+        os.utime(b / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert check_checkpoint(a / "ckpt_00000001.pt") is None
+    assert check_checkpoint(b / "ckpt_00000001.pt") == "sha256 does not match its seal (corrupted)", (
+        "a corrupted copy in another folder must not pass as the verified original"
+    )
+
+
+def test_marking_an_unlistable_checkpoint_verified_vouches_for_no_other(tmp_path):
+    """A checkpoint whose files cannot be listed (gone) is cached under its own path: marking one
+    such path verified leaves another missing checkpoint "not sealed"."""
+    from gptspeed.checkpoint.seals import mark_verified
+
+    mark_verified(tmp_path / "gone" / "ckpt_00000001.pt")
+    assert check_checkpoint(tmp_path / "ckpt_00000002.pt") == "not sealed (interrupted while saving?)", (
+        "a missing checkpoint must not be taken as verified because another missing path was marked"
+    )

@@ -1,0 +1,195 @@
+"""``gptspeed.data.corpora``: named corpora and source resolution for ``gptspeed prepare``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gptspeed.data import find_shards, read_shard
+from gptspeed.data.prepare import prepare
+from gptspeed.errors import GptspeedError
+from gptspeed.tokenizer import EOT_TOKEN
+
+from support.documents import DOCS, all_tokens, documents, encode, expected_stream, shard_bytes, write_jsonl
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "jsonl.zst", "parquet"])
+def test_formats(tmp_path, fmt):
+    path = tmp_path / f"docs.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, DOCS)
+    elif fmt == "jsonl.gz":
+        write_jsonl(path, DOCS, opener=gzip.open)
+    elif fmt == "jsonl.zst":
+        import zstandard
+
+        data = "".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()
+        path.write_bytes(zstandard.ZstdCompressor().compress(data))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": DOCS}), path, row_group_size=7)
+    m = prepare(str(path), tmp_path / "out", progress=False)
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS))
+    assert m["documents"] == len(DOCS) and m["bad_records"] == 0
+
+
+def test_folder_of_mixed_formats_and_text_field(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", DOCS[:10], field="content")
+    (src / "b.txt").write_text(DOCS[10])
+    (src / "c.md").write_text("ignored")
+    prepare(str(src), tmp_path / "out", text_field="content", progress=False)
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS[:11]))
+
+
+def test_shuffle_is_a_seeded_global_permutation(tmp_path):
+    # a corpus sorted by topic: 100 "alpha" documents, then 100 "beta" ones
+    docs = [f"alpha {i} " + "apple " * (1 + i % 5) for i in range(100)]
+    docs += [f"beta {i} " + "banana " * (1 + i % 5) for i in range(100)]
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+    a = prepare(str(path), tmp_path / "a", shuffle_seed=1, shard_tokens=500, progress=False)
+    prepare(str(path), tmp_path / "b", shuffle_seed=1, shard_tokens=500, progress=False)
+    prepare(str(path), tmp_path / "c", shuffle_seed=2, shard_tokens=500, progress=False)
+    assert a["settings"]["shuffle_seed"] == 1 and a["numpy_version"] == np.__version__
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    ta, tc = all_tokens(tmp_path / "a"), all_tokens(tmp_path / "c")
+    assert not np.array_equal(ta, tc) and not np.array_equal(ta, expected_stream(docs))
+    # the same documents, each whole
+    assert sorted(documents(ta)) == sorted(documents(expected_stream(docs)))
+    assert a["documents"] == 200 and a["splits"]["train"]["documents"] + a["splits"]["val"]["documents"] == 200
+    # global, not windowed: both topics in val and in the first fifth of train
+    alpha, beta = encode("alpha")[0], encode("beta")[0]
+    val = np.concatenate([read_shard(p) for p in find_shards(tmp_path / "a", "val")])
+    train = np.concatenate([read_shard(p) for p in find_shards(tmp_path / "a", "train")])
+    first_words = lambda toks: {d[1] for d in documents(toks)}  # noqa: E731
+    assert val[0] == EOT_TOKEN and first_words(val) == {alpha, beta}
+    assert first_words(train[: len(train) // 5]) == {alpha, beta}
+    assert len(a["splits"]["train"]["shards"]) > 2 and a["splits"]["val"]["tokens"] == len(val)
+    assert abs(len(val) - 0.1 * len(ta)) < 0.05 * len(ta)
+    assert not list((tmp_path / "a").glob(".stream_*"))  # staging chunks removed
+
+
+def test_max_tokens(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    m = prepare(str(path), tmp_path / "out", max_tokens=500, progress=False)
+    assert m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"] == 500
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:500])
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_hf_datasets_streaming_on_local_files(tmp_path, fmt):
+    import datasets  # noqa: F401  (the test extra installs it)
+
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, DOCS)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": DOCS}), path)
+    m = prepare(f"hf:{path}", tmp_path / "out", max_tokens=800, progress=False)
+    np.testing.assert_array_equal(all_tokens(tmp_path / "out"), expected_stream(DOCS)[:800])
+    assert m["settings"]["dataset"] == str(path) and m["files"] == []
+
+
+def test_named_online_corpora_are_defined():
+    from gptspeed.data.corpora import HF_CORPORA
+
+    assert HF_CORPORA["fineweb-edu-10B"].dataset == "HuggingFaceFW/fineweb-edu"
+    assert HF_CORPORA["fineweb-edu-10B"].config == "sample-10BT"
+    assert HF_CORPORA["tinystories"].dataset == "roneneldan/TinyStories"
+
+
+def test_stream_loader_windows_and_exact_resume(tmp_path):
+    from gptspeed.data.stream import StreamLoader
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 3)
+    stream = expected_stream(DOCS * 3).astype(np.int64)
+    a = StreamLoader(f"jsonl:{path}", 2, 16, workers=1)
+    G = 32
+    for k in range(10):
+        x, y = a.next_batch()
+        np.testing.assert_array_equal(x.flatten().numpy(), stream[k * G : k * G + G])
+        np.testing.assert_array_equal(y.flatten().numpy(), stream[k * G + 1 : k * G + G + 1])
+    state = a.state_dict()
+    b = StreamLoader(f"jsonl:{path}", 2, 16, workers=2)
+    b.load_state_dict(state)
+    for _ in range(20):
+        assert torch.equal(a.next_batch()[0], b.next_batch()[0])
+    assert a.state_dict() == b.state_dict() and a.documents == b.documents > 0
+    with pytest.raises(GptspeedError, match="ended after"):
+        for _ in range(10_000):
+            a.next_batch()
+    b.close()
+
+
+def test_stream_windows_is_an_iterable_dataset(tmp_path, monkeypatch):
+    from gptspeed.data.stream import StreamWindows
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 2)
+    stream = expected_stream(DOCS * 2)
+    ds = StreamWindows(f"jsonl:{path}", 50, workers=2)
+    assert isinstance(ds, torch.utils.data.IterableDataset)
+    items = list(torch.utils.data.DataLoader(ds, batch_size=None))
+    assert len(items) == (len(stream) - 1) // 50
+    for k, (window, docs_in, _doc_index, _doc_offset) in enumerate(items):
+        np.testing.assert_array_equal(np.asarray(window), stream[k * 50 : k * 50 + 51])
+        assert docs_in == np.count_nonzero(stream[k * 50 : k * 50 + 50] == EOT_TOKEN)
+    # the position after a window starts the same stream again from there
+    _, _, doc_index, doc_offset = items[3]
+    rest = StreamWindows(f"jsonl:{path}", 50, doc_index=doc_index, doc_offset=doc_offset)
+    np.testing.assert_array_equal(next(iter(rest))[0], stream[200:251])
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: type("W", (), {"num_workers": 2})())
+    with pytest.raises(GptspeedError, match="one ordered stream"):
+        next(iter(ds))
+
+
+def test_train_from_a_jsonl_stream_and_resume(tmp_path):
+    from gptspeed.trainer import build_train_config, fit
+
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 5)
+    tiny = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=32,
+        batch_size=4,
+        warmup_steps=1,
+        lr=3e-3,
+        log_every=1,
+        device="cpu",
+        data=f"jsonl:{path}",
+        eval_every=0,
+    )
+    import shutil
+
+    full = tmp_path / "full"
+    fit(
+        build_train_config("pico", dict(tiny, out=str(full), max_steps=6, save_every=3, keep_checkpoints=5)), echo=False
+    )
+    part = tmp_path / "part"
+    part.mkdir()
+    for name in ("ckpt_00000003.pt", "ckpt_00000003.json"):  # stopped right after step 3
+        shutil.copy(full / name, part)
+    fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
+    recs = lambda d: {r["step"]: r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())}  # noqa: E731
+    a, b = recs(full), recs(part)
+    assert a[6]["train_loss"] == b[6]["train_loss"] and a[6]["documents"] == b[6]["documents"] > 0
+    assert a[6].get("val_loss") is None and a[6]["data_wait_ms"] >= 0
+
+
+def test_shuffle_cut_inside_a_document_when_no_start_is_near(tmp_path):
+    docs = ["word " * 400, "short one"]  # no document start within 5% of the 90% mark
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+    m = prepare(str(path), tmp_path / "out", shuffle_seed=0, progress=False)
+    ta = all_tokens(tmp_path / "out")
+    assert sorted(documents(ta)) == sorted(documents(expected_stream(docs)))
+    assert m["splits"]["train"]["tokens"] == round(len(ta) * 0.9)

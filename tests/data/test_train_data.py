@@ -1,0 +1,75 @@
+"""``gptspeed.data.train_data``: what the trainer trains on: one loader protocol for token shards and document streams."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from gptspeed.checkpoint import list_checkpoints, load_checkpoint
+from gptspeed.data.shards import read_shard, write_shard
+from gptspeed.errors import GptspeedError
+from gptspeed.trainer import build_train_config, fit
+
+from support.cli import assert_user_error, run_cli
+from support.runs import TINY
+from support.settings import TINY as TINY_SETTINGS
+
+
+def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(shakespeare_data, data)
+    toks = np.array(read_shard(data / "train_000000.bin"))
+    toks[100] = 60000
+    write_shard(data / "train_000000.bin", toks)
+    proc = run_cli("train", *TINY, "--data", str(data), "--out", str(tmp_path / "r"), "--max-steps", "2")
+    assert_user_error(proc, "train_000000.bin", "token id 60000 at token 100")
+
+
+def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_path):
+    """`--data hf:FILE` goes through the datasets library; --text-field / --split reach it."""
+    docs = [{"body": "To be, or not to be, that is the question. " * 8}] * 40
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    run = tmp_path / "run"
+    summary = fit(
+        build_train_config(
+            "pico",
+            dict(
+                TINY_SETTINGS,
+                data=f"hf:{path}",
+                text_field="body",
+                split="train",
+                out=str(run),
+                max_steps=2,
+                eval_every=0,
+            ),
+        ),
+        echo=False,
+    )
+    assert summary["step"] == 2 and summary["last_train_loss"] is not None
+    ck = load_checkpoint(list_checkpoints(run)[-1])
+    assert ck["loader"]["documents"] > 0 and ck["data"] == {
+        "stream": f"hf:{path}",
+        "text_field": "body",
+        "hf_name": None,
+        "split": "train",
+    }
+
+    with pytest.raises(GptspeedError, match="body2"):  # the field the user named, not silently "text"
+        fit(
+            build_train_config(
+                "pico",
+                dict(
+                    TINY_SETTINGS,
+                    data=f"hf:{path}",
+                    text_field="body2",
+                    out=str(tmp_path / "x"),
+                    max_steps=1,
+                    eval_every=0,
+                ),
+            ),
+            echo=False,
+        )

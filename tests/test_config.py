@@ -1,0 +1,340 @@
+"""``gptspeed.config``: run configuration: dataclasses, presets and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from gptspeed import api
+from gptspeed.cli import main
+from gptspeed.config import (
+    FIELDS,
+    GROUPS,
+    MAX_COUNT,
+    GPTConfig,
+    RunConfig,  # noqa: E402
+    preset,
+    read_config_file,
+    run_defining_diff,
+    setting_flag,
+)
+from gptspeed.configure import build_train_config
+from gptspeed.errors import GptspeedError
+
+from support.cli import assert_user_error, run_cli, run_main
+from support.strategies import HealthCheck, given, json_values, settings, st
+from support.training import records
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+FLAGS = [
+    "--preset",
+    "pico",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--max-steps",
+    "3",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "2",
+    "--eval-tokens",
+    "512",
+    "--lr",
+    "3e-3",
+    "--device",
+    "cpu",
+]
+
+
+FUZZED_FIELDS = [
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "lr",
+    "batch_size",
+    "dtype",
+    "compile",
+    "resume",
+    "on_nan",
+    "vocab_size",
+    "attention",
+    "total_batch_tokens",
+    "nonsense",
+]
+
+
+def bad_values(name):
+    """Values the declaration of setting ``name`` refuses: outside its choices, below its minimum,
+    above its maximum (or, without one, above MAX_COUNT for an integer)."""
+    f = FIELDS[name]
+    meta, kind = f.metadata, f.type if isinstance(f.type, str) else str(f.type)
+    out = []
+    if meta.get("choices"):
+        out.append("no-such-choice")
+    if "min" in meta:
+        lo = meta["min"]
+        out.append(lo if meta.get("min_open") else (lo - 1 if kind.startswith("int") else lo - 0.5))
+    if "max" in meta:
+        hi = meta["max"]
+        out.append(hi * 2 + 1 if kind.startswith("int") else hi * 2 + 1.0)
+    elif kind.startswith("int"):
+        out.append(MAX_COUNT + 1)
+    if kind.startswith("float") and meta.get("finite"):
+        out.append(math.inf)
+    return out
+
+
+CASES = [
+    (name, v)
+    for name in FIELDS
+    for v in bad_values(name)
+    if FIELDS[name].metadata.get("parse") != "batch_size" or v != 0
+]  # 0 is how --batch-size auto is stored
+
+
+def test_printed_yaml_config_reproduces_the_run(shakespeare_data, tmp_path, capsys):
+    """`train FLAGS --print-config` prints YAML and trains nothing; `train --config that.yaml`
+    (with only --out changed) trains the same run: the same configuration and, on the CPU,
+    bit-identical losses."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    flags = [*FLAGS, "--data", str(shakespeare_data)]
+    assert main(["train", *flags, "--out", str(a), "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert not a.exists()  # printing trains nothing
+    (tmp_path / "run.yaml").write_text(text)
+    assert "\npreset: pico\n" in text and "\n  n_embd: 32\n" in text and "\n  lr: 0.003\n" in text
+    assert main(["train", *flags, "--out", str(a)]) == 0
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--out", str(b)]) == 0
+    conf_a, conf_b = (json.loads((d / "config.json").read_text()) for d in (a, b))
+    conf_b["train"]["out"] = conf_a["train"]["out"]
+    for group in ("preset", "model", "optim", "train", "runtime"):
+        assert conf_b[group] == conf_a[group], group
+    ra, rb = records(a), records(b)
+    assert [r["step"] for r in ra] == [0, 1, 2, 3]
+    assert [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in rb] == [
+        (r["step"], r.get("train_loss"), r.get("val_loss")) for r in ra
+    ]
+
+
+def test_json_config_files_still_read_as_json(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": {"n_layer": 3}, "lr": 0.01}))
+    assert read_config_file(path) == {"model": {"n_layer": 3}, "lr": 0.01}
+    assert preset("pico").apply_file(str(path)).model.n_layer == 3
+    path.write_text("n_layer: 3\n")  # YAML in a .json file is a JSON error, said so
+    with pytest.raises(GptspeedError, match="is not valid JSON"):
+        read_config_file(path)
+
+
+def test_config_that_is_a_fifo_or_a_device_is_one_line_and_never_blocks(tmp_path):
+    """A FIFO with no writer blocked the read forever; /dev/zero never ends. In a process of its own
+    with a deadline, so a regression fails instead of hanging the suite."""
+    fifo = tmp_path / "run.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        proc = run_cli("train", "--config", str(path), "--print-config", timeout=60)
+        assert_user_error(proc, f"config file {path} is not a regular file")
+    with pytest.raises(GptspeedError, match="does not exist"):
+        read_config_file(tmp_path / "missing.yaml")
+
+
+# ---------------------------------------------------------------------------------- ~ in paths
+def test_tilde_is_expanded_in_every_path_setting_from_yaml_flags_and_the_api(tmp_path, monkeypatch):
+    """`out: ~/runs/a` created a folder named `~` in the working directory, and `data: ~/...` "did
+    not exist". Every path-valued setting (out, data -- also after jsonl: --, init_from) has its
+    `~` expanded where values enter the configuration, whichever way they come."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    conf = tmp_path / "run.yaml"
+    conf.write_text("out: ~/runs/a\ndata: ~/data/ts\ninit_from: ~/gpt2-folder\n")
+    cfg = preset("pico").apply_file(str(conf))  # (build_train_config would load init_from's shape)
+    assert (cfg.train.out, cfg.train.data, cfg.train.init_from) == (
+        f"{home}/runs/a",
+        f"{home}/data/ts",
+        f"{home}/gpt2-folder",
+    )
+    conf.write_text("out: ~/runs/a\ndata: ~/data/ts\n")
+    cfg = build_train_config("pico", {}, str(conf))
+    assert (cfg.train.out, cfg.train.data) == (f"{home}/runs/a", f"{home}/data/ts")
+    cfg = preset("pico").override({"out": "~/b", "data": "jsonl:~/docs.jsonl"})
+    assert (cfg.train.out, cfg.train.data) == (f"{home}/b", f"jsonl:{home}/docs.jsonl")
+    assert preset("pico").override({"data": "hf:~user/set"}).train.data == "hf:~user/set"  # a dataset name
+    assert preset("pico").override({"wandb_run_name": "~x"}).train.wandb_run_name == "~x"  # not a path
+
+
+def test_num_params_matches_the_model():
+    from gptspeed.config import GPTConfig
+    from gptspeed.model import GPT
+
+    for shape in (
+        dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
+        dict(n_layer=1, n_head=4, n_embd=32, block_size=16, vocab_size=50257, attention="manual", softmax="data"),
+    ):
+        cfg = GPTConfig(**shape)
+        model = GPT(cfg)
+        assert cfg.num_params() == sum(p.numel() for p in model.parameters())
+        assert cfg.buffer_bytes() == sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 4096 bytes. Error code 12 (Cannot allocate memory)"
+        ),
+        MemoryError(),
+        "torch.OutOfMemoryError",
+    ],
+)
+def test_out_of_memory_while_building_is_one_line(monkeypatch, error):
+    """Memory taken by another process between the estimate and the build: torch's allocator error
+    became a traceback; now a GptspeedError with the size. Other errors pass through unchanged."""
+    import torch
+
+    import gptspeed.step as step
+
+    if error == "torch.OutOfMemoryError":
+        error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def fail(*a, **k):
+        raise error
+
+    monkeypatch.setattr(step, "GPT", fail)
+    with pytest.raises(GptspeedError, match=r"out of memory while building the model \(3,323,648 parameters") as e:
+        step.build_model(preset("pico"))
+    assert "\n" not in str(e.value)
+
+    def bug(*a, **k):
+        raise RuntimeError("a bug, not memory")
+
+    monkeypatch.setattr(step, "GPT", bug)
+    with pytest.raises(RuntimeError, match="a bug, not memory"):
+        step.build_model(preset("pico"))
+
+
+@pytest.mark.parametrize(
+    "name,text,key",
+    [
+        ("flat.yaml", "n_layer: 2\nlr: 1e-3\nn_layer: 3\n", "'n_layer' is given twice (line 3)"),
+        ("groups.yaml", "model:\n  n_layer: 2\nmodel:\n  n_head: 2\n", "'model' is given twice (line 3)"),
+        ("nested.yaml", "optim:\n  lr: 1e-3\n  lr: 2e-3\n", "'lr' is given twice (line 3)"),
+        ("flat.json", '{"n_layer": 2, "n_layer": 3}', "'n_layer' is given twice"),
+        ("nested.json", '{"model": {"n_layer": 2}, "optim": {"lr": 1, "lr": 2}}', "'lr' is given twice"),
+    ],
+)
+def test_a_config_file_naming_a_key_twice_is_one_line_naming_it(tmp_path, name, text, key):
+    """PyYAML and json keep the last of two equal keys: `n_layer: 2 ... n_layer: 3` trained 3
+    layers without a word (and a second `model:` group dropped the first whole)."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(GptspeedError, match=re.escape(f"config file {path}: {key}: keep one")):
+        read_config_file(path)
+    assert_user_error(run_main("train", "--preset", "pico", "--config", str(path), "--print-config"), key)
+
+
+def test_yaml_merge_keys_and_distinct_keys_still_read(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text("base: &b\n  n_layer: 2\nmodel:\n  <<: *b\n  n_layer: 3\n  n_head: 2\n")
+    assert read_config_file(path)["model"] == {"n_layer": 3, "n_head": 2}  # an explicit key overrides a merged one
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    d=st.dictionaries(
+        st.sampled_from(["model", "optim", "train", "runtime", "preset"]),
+        st.dictionaries(st.sampled_from(FUZZED_FIELDS), json_values, max_size=4) | json_values,
+        max_size=5,
+    )
+)
+def test_fuzz_config_from_dict(d):
+    try:
+        cfg = RunConfig.from_dict(d, "fuzz")
+        cfg.validate()
+    except GptspeedError as e:
+        assert "\n" not in str(e)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    text=st.text(max_size=200)
+    | st.dictionaries(st.sampled_from(FUZZED_FIELDS), json_values, max_size=4).map(json.dumps)
+)
+def test_fuzz_config_file(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("cfg") / "c.json"
+    path.write_text(text)
+    try:
+        preset("pico").apply_file(str(path)).validate()
+    except GptspeedError as e:
+        assert "\n" not in str(e).strip()
+
+
+def test_every_setting_declares_help_and_is_a_flag_or_says_why():
+    for name, f in FIELDS.items():
+        assert f.metadata.get("help"), name
+        assert setting_flag(name).startswith("--"), name
+    assert setting_flag("block_size") == "--seq-len" and setting_flag("max_steps") == "--max-steps"
+    assert len(CASES) > 40  # most settings declare a rule
+
+
+@pytest.mark.parametrize("name, value", CASES, ids=[f"{n}={v}" for n, v in CASES])
+def test_a_value_a_setting_refuses_is_one_line_from_make_config_and_after_a_change(name, value, tmp_path):
+    with pytest.raises(GptspeedError, match=f"{setting_flag(name)}|{name}"):
+        api.make_config("pico", **{name: value})
+    cfg = api.make_config("pico", out=str(tmp_path / "run"))
+    group = next(g for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)})
+    setattr(getattr(cfg, group), name, value)  # the notebook habit: changed after make_config
+    with pytest.raises(GptspeedError, match=setting_flag(name)) as e:
+        api.train(cfg, echo=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("optimizer", "lion"), ("on_nan", "ignore"), ("compile_tuning", "fast"), ("lr", -1.0), ("n_layer", 0)],
+)
+def test_the_issues_cases_from_the_flag_and_a_config_file(name, value, tmp_path):
+    """cfg.optim.optimizer = "lion" used to train AdamW without a word (and config.json said lion)."""
+    proc = run_main("train", "--preset", "pico", setting_flag(name), str(value), "--out", str(tmp_path / "a"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    (tmp_path / "c.yaml").write_text(f"{name}: {value}\n")
+    proc = run_main("train", "--preset", "pico", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "b"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_run_defining_settings_come_from_the_declarations():
+    a = preset("pico")
+    declared = {n for n, f in FIELDS.items() if f.metadata.get("run_defining")}
+    assert set(a.run_defining()) == declared
+    assert {"lr", "seed", "batch_size", "n_layer", "softmax"} <= declared
+    assert not {"max_steps", "device", "dtype", "compile", "log_every", "attention", "loss"} & declared
+    for name in sorted(declared):
+        b = preset("pico")
+        group = next(g for g, cls in GROUPS.items() if name in {f.name for f in dataclasses.fields(cls)})
+        old = getattr(getattr(b, group), name)
+        new = {
+            bool: lambda v: not v,
+            int: lambda v: (v or 0) + 1,
+            float: lambda v: (v or 0.0) + 0.5,
+            str: lambda v: (v or "") + "x",
+        }[type(old) if old is not None else float](old)
+        setattr(getattr(b, group), name, new)
+        expected = f"model.{name}" if name in {f.name for f in dataclasses.fields(GPTConfig)} else name
+        assert run_defining_diff(a, b) == [expected], name

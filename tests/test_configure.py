@@ -1,0 +1,114 @@
+"""``gptspeed.configure``: the configuration a ``gptspeed train`` runs with: a preset, a config file and the flags -- or, with ``--resume``, the run folder's own (its newest valid checkpoint's), then the file and flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptspeed.config import AUTO_BATCH_SIZE, PRESETS, config_to_yaml, preset
+from gptspeed.configure import build_train_config
+from gptspeed.errors import GptspeedError
+
+from support.cli import assert_user_error, run_cli, run_main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_yaml_values_are_typed_like_json(tmp_path):
+    """YAML 1.2 floats (1e-3, which PyYAML alone reads as a string), null, booleans, `auto` for
+    the batch size, nested groups or flat keys; the file's preset is the base unless --preset is
+    given; flags win over the file."""
+    path = tmp_path / "run.yml"
+    path.write_text(
+        "preset: nano\nlr: 1e-3\noptim:\n  warmup_ratio: .05\n  fused_adamw: no\n"
+        "train:\n  batch_size: auto\n  total_batch_tokens: 4096\nruntime:\n  compile: null\n"
+    )
+    cfg = build_train_config(None, {"max_steps": 7}, str(path))
+    assert cfg.preset == "nano" and cfg.model.n_layer == 4  # nano's shape
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float) and cfg.optim.warmup_ratio == 0.05
+    assert cfg.optim.fused_adamw is False and cfg.runtime.compile is None
+    assert cfg.train.batch_size == AUTO_BATCH_SIZE and cfg.train.max_steps == 7
+    assert build_train_config("pico", {}, str(path)).model.n_layer == 2  # --preset wins over the file's
+    # --print-config's YAML reads back to the same configuration, `auto` included
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(config_to_yaml(cfg))
+    assert "batch_size: auto" in printed.read_text()
+    assert build_train_config(None, {}, str(printed)) == cfg
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("model:\n  n_layr: 3\n", ["unknown setting 'n_layr'", "did you mean 'n_layer'"]),
+        ("seq_len: 32\n", ["unknown setting 'seq_len'", "did you mean 'block_size'"]),  # the flag's name
+        ("modle:\n  n_layer: 3\n", ["unknown setting 'modle'"]),
+        ("lr: fast\n", ["lr must be float, got 'fast'"]),
+        ("optimizer: adam\n", ["optimizer must be one of adamw, muon"]),
+        ("model: 4\n", ["'model' must be a mapping of settings"]),
+        ("lr: 1\nmodel: {n_layer: 3\n", ["is not valid YAML", "(line 3, column 1)"]),
+        ("- lr: 1\n", ["expected a YAML mapping of settings, got list"]),
+        ("preset: nanno\n", ["unknown preset 'nanno'", "did you mean 'nano'"]),
+        ("log_to: tensorbord\n", ["--log-to: unknown tracker 'tensorbord'", "did you mean 'tensorboard'"]),
+    ],
+)
+def test_bad_yaml_is_one_line(tmp_path, text, fragments):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(GptspeedError) as err:
+        build_train_config(None, {}, str(path)).validate()
+    message = str(err.value)
+    assert "\n" not in message
+    for f in fragments:
+        assert f in message, message
+
+
+def test_a_configuration_is_validated_where_it_is_built_for_the_launched_world(monkeypatch):
+    """build_train_config validates once, for the processes torchrun's environment names: a global
+    batch that 3 processes cannot share is refused there, before any training code runs."""
+    flags = {"total_batch_tokens": 2 * 8 * 64, "batch_size": 8, "data": "d", "out": "o"}
+    assert build_train_config("pico", flags).grad_accum_steps(1) == 2
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(GptspeedError, match="not a multiple of batch_size"):
+        build_train_config("pico", flags)
+    with pytest.raises(GptspeedError, match="--max-steps must be at least 1"):
+        build_train_config("pico", {"max_steps": 0})
+
+
+@pytest.mark.parametrize("n_embd,n_head", [(6, 2), (4, 4)])
+def test_rope_on_an_odd_head_dimension_is_one_line(tmp_path, n_embd, n_head):
+    """Head dimension 3 trained silently with queries and keys grown to 4 channels (the rotation
+    broadcast its odd half); 1 was a ValueError traceback from the first forward."""
+    head = n_embd // n_head
+    with pytest.raises(GptspeedError, match=f"n_embd / n_head = {n_embd} / {n_head} = {head} must be even"):
+        build_train_config("pico", dict(pos_emb="rope", n_embd=n_embd, n_head=n_head, out=str(tmp_path / "r")))
+    res = run_main(
+        "train",
+        "--preset",
+        "pico",
+        "--pos-emb",
+        "rope",
+        "--n-embd",
+        str(n_embd),
+        "--n-head",
+        str(n_head),
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert_user_error(res, "--pos-emb rope rotates pairs of channels")
+    for name in PRESETS:  # every preset's shape takes rope
+        cfg = preset(name)
+        cfg.model.pos_emb = "rope"
+        cfg.model.validate()
+
+
+def test_config_file_applies_and_flags_win(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": {"n_layer": 3}, "lr": 0.01}))
+    cfg = build_train_config("pico", {"lr": 0.02}, str(path))
+    assert cfg.model.n_layer == 3 and cfg.optim.lr == 0.02
+    path.write_text("{not json")
+    assert_user_error(
+        run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r")), "not valid JSON"
+    )

@@ -1,0 +1,443 @@
+"""``gptspeed.trainer``: the training loop: a :class:`Trainer` that builds a run's parts once and steps them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptspeed.checkpoint import (
+    check_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
+from gptspeed.errors import GptspeedError
+from gptspeed.model import GPT
+from gptspeed.parallelize import parallelize
+from gptspeed.runtime import resolve_runtime
+from gptspeed.trainer import build_train_config, fit
+
+from support.cli import assert_user_error, run_main
+from support.host_reads import SHAPE, HostReads
+from support.padded_model import _batch, _model
+from support.records import lines_of
+from support.run_folders import BASE, train
+from support.settings import TINY
+from support.training import TINY_MODEL, flags, records
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _stream_run(path: Path, run: Path, **over):
+    from gptspeed.trainer import build_train_config, fit
+
+    tiny = dict(
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=32,
+        batch_size=4,
+        warmup_steps=1,
+        lr=3e-3,
+        log_every=1,
+        device="cpu",
+        data=f"jsonl:{path}",
+        eval_every=0,
+        out=str(run),
+        max_steps=10_000,
+        save_every=100_000,
+        compile=False,
+    )
+    return fit(build_train_config("pico", {**tiny, **over}), echo=False)
+
+
+TINY_FLAGS = [
+    "--preset",
+    "pico",
+    *flags(dict(TINY_MODEL, n_layer=1, block_size=32, batch_size=4)),
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--eval-tokens",
+    "128",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--no-compile",
+]
+
+
+@pytest.mark.usefixtures("eager_compile")
+def test_the_training_loop_reads_the_device_only_at_log_eval_and_save_steps(shakespeare_data, tmp_path):
+    """The whole loop (lr, step, non-finite counters, what is due, signals): host reads happen
+    only inside log_step, evaluation and checkpointing."""
+    from gptspeed.configure import build_train_config
+    from gptspeed.runtime import resolve_runtime as rr
+    from gptspeed.trainer import Trainer
+
+    cfg = build_train_config(
+        "pico",
+        dict(
+            **SHAPE,
+            data=str(shakespeare_data),
+            out=str(tmp_path / "run"),
+            batch_size=2,
+            total_batch_tokens=64,
+            max_steps=6,
+            log_every=100,
+            eval_every=0,
+            eval_tokens=64,
+            save_every=0,
+            device="cpu",
+            dtype="float32",
+        ),
+    )
+    trainer = Trainer(cfg, rr("cpu", "float32", False), echo=False)
+    mode = HostReads()
+    paused = {"depth": 0}
+    for name in ("log_step", "evaluate", "record"):
+        inner = getattr(trainer, name)
+
+        def outside(*a, _inner=inner, **k):
+            paused["depth"] += 1
+            before = len(mode.reads)
+            try:
+                return _inner(*a, **k)
+            finally:
+                del mode.reads[before:]
+                paused["depth"] -= 1
+
+        setattr(trainer, name, outside)
+    save = trainer.checkpointer.save
+
+    def save_outside(step):
+        before = len(mode.reads)
+        try:
+            return save(step)
+        finally:
+            del mode.reads[before:]
+
+    trainer.checkpointer.save = save_outside
+    with mode:
+        summary = trainer.train()
+    assert summary["step"] == 6 and trainer.accum == 2
+    assert mode.reads == []
+
+
+def test_a_stream_that_fails_or_ends_saves_the_last_finished_step(tmp_path):
+    """A truncated .gz under a streaming run saved nothing (a bad shard saved the last step). Now
+    the run ends with one line naming the file and how many steps and tokens were trained, and
+    the checkpoint of the last finished step, which resumes once the file is whole."""
+    from gptspeed.checkpoint import check_checkpoint, list_checkpoints
+
+    rng = np.random.default_rng(0)  # text that compresses little: half the .gz holds half the documents
+    docs = [" ".join(f"w{int(x)}" for x in rng.integers(0, 5000, 40)) for _ in range(12)]
+    data = lines_of(docs)
+    whole = gzip.compress(data)
+    path = tmp_path / "d.jsonl.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    run = tmp_path / "run"
+    with pytest.raises(GptspeedError) as e:
+        _stream_run(path, run)
+    msg = str(e.value)
+    (ck,) = list_checkpoints(run)
+    step = int(ck.stem.split("_")[1])
+    assert "\n" not in msg and "d.jsonl.gz is truncated" in msg, msg
+    assert step >= 2 and f"Trained {step:,} steps (" in msg and f"checkpoint of step {step} was saved" in msg, msg
+    assert check_checkpoint(ck) is None
+    path.write_bytes(whole)
+    summary = _stream_run(path, run, resume=True, max_steps=step + 2)
+    assert summary["step"] == step + 2
+    # the stream runs out before --max-steps: the same, with the batch count
+    short = tmp_path / "short.jsonl"
+    short.write_bytes(data[: data.rindex(b"\n", 0, len(data) // 4) + 1])
+    run2 = tmp_path / "run2"
+    with pytest.raises(
+        GptspeedError,
+        match=r"short\.jsonl ended after [0-9,]+ batches of 4x32 tokens.*"
+        r"Trained [0-9,]+ steps \([0-9,]+ tokens\); the checkpoint of step",
+    ):
+        _stream_run(short, run2)
+    assert len(list_checkpoints(run2)) == 1
+
+
+# ----------------------------------------------------------------------------- clocks and folders
+def test_durations_come_from_a_monotonic_clock(shakespeare_data, tmp_path, monkeypatch, capsys):
+    """A wall clock set back by a day mid-run made time_s negative and the end line say 87600h."""
+    real = time.time
+    calls = {"n": 0}
+
+    def jumping():
+        calls["n"] += 1
+        return real() - (86400 if calls["n"] > 3 else 0)
+
+    monkeypatch.setattr(time, "time", jumping)
+    run = tmp_path / "run"
+    fit(build_train_config("pico", dict(BASE, data=str(shakespeare_data), out=str(run), max_steps=4)))
+    times = [json.loads(line)["time_s"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(t >= 0 for t in times) and times == sorted(times)
+    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done:")]
+    assert done and "h" not in done[0].split(" in ")[1].split(";")[0]  # seconds, not hours
+
+
+def test_a_run_folder_deleted_mid_run_is_one_line(shakespeare_data, tmp_path):
+    from gptspeed.trainer import Trainer
+
+    run = tmp_path / "run"
+    real = Trainer.train_step
+
+    def delete_at_step_2(self):
+        if self.step == 2:
+            shutil.rmtree(run)
+        return real(self)
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "train_step", delete_at_step_2)
+        with pytest.raises(GptspeedError, match=str(run)):
+            train(shakespeare_data, run, max_steps=4)
+
+
+def test_eval_after_training_does_not_recompile():
+    """Dynamo guards on grad mode, so the first evaluation (under no_grad, same shapes) compiles
+    its forward-only graph once; after that, train and eval alternate with no compile at all."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x, y = _batch()
+    model = _model()
+    train_model = parallelize(model, resolve_runtime("cpu", "float32", True), backend="eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train():
+        train_model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            train_model(x, y)
+        model.train()
+
+    train()
+    train()
+    assert counters["stats"]["unique_graphs"] == 1
+    evaluate()
+    after_first_eval = counters["stats"]["unique_graphs"]
+    assert after_first_eval <= 2  # the grad-free forward, once
+    for _ in range(2):
+        train()
+        evaluate()
+    assert counters["stats"]["unique_graphs"] == after_first_eval
+    assert not counters["recompiles"] or max(counters["recompiles"].values(), default=0) <= 1
+    torch._dynamo.reset()
+
+
+def test_metrics_config_and_checkpoint_contents(shakespeare_data, tmp_path):
+    run = tmp_path / "run"
+    cfg = build_train_config(
+        "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, total_batch_tokens=1024, eval_every=0)
+    )
+    fit(cfg, echo=False)
+    rec = records(run)[-1]
+    for key in (
+        "step",
+        "train_loss",
+        "val_loss",
+        "lr",
+        "grad_norm",
+        "tokens",
+        "documents",
+        "step_ms",
+        "data_wait_ms",
+        "tokens_per_s",
+        "mfu",
+        "mem_peak_bytes",
+        "mem_frac",
+        "eta_s",
+        "epoch_eta_s",
+        "epoch",
+        "time_s",
+    ):
+        assert key in rec, key
+    assert rec["tokens"] == 4 * 1024  # 2 micro-steps of 8 x 64 per step
+    assert rec["documents"] == 1  # tinyshakespeare is one document, its EOT seen in the first batch
+    assert rec["mfu"] is None  # no CPU peak table
+    conf = json.loads((run / "config.json").read_text())
+    assert conf["derived"]["grad_accum_steps"] == 2 and conf["model"]["n_embd"] == 32
+    assert conf["environment"]["torch"] == torch.__version__
+    ck = load_checkpoint(list_checkpoints(run)[-1])
+    assert ck["step"] == 4 and set(ck) >= {"model", "optimizer", "loader", "rng", "config"}
+
+
+def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespeare_data, tmp_path, capsys):
+    run = tmp_path / "a"
+    fit(
+        build_train_config(
+            "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3, warmup_steps=5, eval_every=0)
+        )
+    )
+    out = capsys.readouterr().out
+    assert "warning: warm-up is 5 steps but the run has 3" in out
+    # the start line says why dtype and compile (both left to auto) resolved as they did on this CPU
+    from gptspeed.cpu import default_cpu_compile, default_cpu_dtype
+
+    dtype, why_dtype = default_cpu_dtype()
+    assert f"why: dtype {why_dtype} | compile {default_cpu_compile(dtype, 3)[1]} | malloc: " in out
+    run = tmp_path / "b"
+    fit(
+        build_train_config(
+            "pico",
+            dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, warmup_ratio=0.5, lr=1e-3, eval_every=0),
+        ),
+        echo=False,
+    )
+    assert json.loads((run / "config.json").read_text())["derived"]["warmup_steps"] == 2
+    lrs = [r["lr"] for r in records(run) if "lr" in r]
+    assert lrs[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # a 2-step warm-up, then the cosine from its top
+    assert lrs[3] < 1e-3
+
+
+def test_a_new_run_that_fails_before_its_first_step_leaves_nothing(shakespeare_data, tmp_path):
+    from gptspeed.data.shards import write_shard
+    from gptspeed.errors import GptspeedError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "train_000000.bin", np.zeros(5000, dtype=np.uint16))
+    write_shard(data / "val_000000.bin", np.full(500, 60000, dtype=np.uint16))  # ids beyond the vocabulary
+    run = tmp_path / "run"
+    with pytest.raises(GptspeedError, match="is not below the vocabulary size"):
+        fit(build_train_config("pico", dict(TINY, data=str(data), out=str(run), max_steps=2)), echo=False)
+    assert not run.exists()  # not even an empty folder, config.json or lock
+
+
+def test_fit_with_compile_on_matches_eager(shakespeare_data, tmp_path, monkeypatch):
+    """The compiled path of `gptspeed train` (dynamo tracing the model; the "eager" backend keeps
+    the test to seconds on a CPU) gives the eager losses."""
+    import gptspeed.parallelize as parallelize
+    import gptspeed.step as step
+
+    real = parallelize.parallelize
+    monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    base = dict(TINY, data=str(shakespeare_data), max_steps=3, eval_every=0)
+    fit(build_train_config("pico", dict(base, out=str(tmp_path / "e"), compile=False)), echo=False)
+    fit(build_train_config("pico", dict(base, out=str(tmp_path / "c"), compile=True)), echo=False)
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["derived"]["compile"] is True
+    loss = lambda run: [r["train_loss"] for r in records(run) if "train_loss" in r]  # noqa: E731
+    assert loss(tmp_path / "c") == pytest.approx(loss(tmp_path / "e"), abs=1e-6)
+
+
+def test_the_step_0_eval_of_a_compiled_run_compiles_nothing(shakespeare_data, tmp_path, monkeypatch, capsys):
+    """The step-0 eval compiled a no-grad graph, then training compiled again --
+    a cold compile (30-60 s on a GPU) before the first step. It runs eagerly now, and says so."""
+    import gptspeed.parallelize as parallelize
+    import gptspeed.step as step
+    from gptspeed.trainer import Trainer
+
+    real = parallelize.parallelize
+    monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["frames"]
+    base = frames["ok"]  # the counters are process-wide: earlier tests' compiles are counted too
+    seen = {}
+    real_step = Trainer.train_step
+
+    def first_step(self):
+        seen.setdefault("before_step_1", frames["ok"])
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", first_step)
+    fit(
+        build_train_config(
+            "pico",
+            dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "c"), compile=True, max_steps=2, eval_every=0),
+        )
+    )
+    assert "step 0: evaluating the val loss on 1024 val tokens (eagerly" in capsys.readouterr().out
+    assert seen["before_step_1"] == base and frames["ok"] > base  # training compiled; the step-0 eval did not
+
+
+@pytest.mark.parametrize(
+    "at_step,error",
+    [
+        (1, MemoryError()),
+        (
+            3,
+            RuntimeError(
+                "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes. Error code 12"
+            ),
+        ),
+    ],
+)
+def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(
+    shakespeare_data, tmp_path, monkeypatch, at_step, error
+):
+    """Out of memory right after the model is built (the first step's forward) was the allocator's
+    traceback. Now one line: the micro-batch, a smaller --batch-size at the same --total-batch-tokens,
+    activation checkpointing, and the newest checkpoint, intact."""
+    real, steps = GPT.forward, []
+
+    def forward(self, *a, **k):
+        if torch.is_grad_enabled():
+            steps.append(1)
+            if len(steps) == at_step:
+                raise error
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    run = tmp_path / "run"
+    res = run_main(
+        "train",
+        *TINY_FLAGS,
+        "--data",
+        str(shakespeare_data),
+        "--out",
+        str(run),
+        "--max-steps",
+        "4",
+        "--save-every",
+        "2",
+    )
+    assert_user_error(
+        res,
+        f"out of memory on cpu in step {at_step}'s forward and backward, at a micro-batch of "
+        "--batch-size 4 x --seq-len 32 = 128 tokens: use a smaller --batch-size (e.g. 2) with the "
+        "same --total-batch-tokens 128",
+        "--activation-checkpointing full, then --resume",
+    )
+    if at_step == 1:
+        assert "no checkpoint was written yet" in res.stderr and not run.exists()
+    else:
+        assert "the checkpoint of step 2 is intact" in res.stderr
+        assert [check_checkpoint(c) for c in list_checkpoints(run)] == [None]
+
+
+@pytest.mark.parametrize("name", [".gptspeed.lock", "config.json"])
+def test_the_runs_own_files_replaced_by_folders_are_one_line(shakespeare_data, tmp_path, name):
+    """A folder under the lock's name (os.open: IsADirectoryError) or config.json's (its atomic
+    rename onto a folder) was a traceback, on a new run and on --resume."""
+    run = tmp_path / "run"
+    args = ["train", *TINY_FLAGS, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1"]
+    assert run_main(*args).returncode == 0
+    (run / name).unlink()
+    (run / name).mkdir()
+    fragment = "cannot take the run folder's lock" if name.endswith("lock") else "is not a file (a folder?)"
+    assert_user_error(run_main(*args[:-1], "2", "--resume"), f"{run / name}", fragment, "move")
+    assert [check_checkpoint(c) for c in list_checkpoints(run)] == [None]  # untouched
+    if name.endswith("lock"):
+        shutil.rmtree(run)
+        (run / name).mkdir(parents=True)
+        assert_user_error(run_main(*args), fragment)

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -20,21 +21,46 @@ import torch
 import gptspeed
 from gptspeed.fileio import write_text_atomic
 
-# Dense (no sparsity) peak TFLOPS from NVIDIA's datasheets, by dtype family: "bf16" covers bf16 and
-# fp16 tensor-core matmuls, "tf32" the TF32 tensor cores, "fp32" plain FP32. NVIDIA quotes tensor-core
-# figures "with sparsity"; the dense peak is half of that.
-#   A100: NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe: 312 bf16, 156 tf32, 19.5 fp32).
-#   H100 SXM / H100 NVL: NVIDIA H100 Tensor Core GPU datasheet (SXM: 1,979 bf16 / 989 tf32 with
-#     sparsity, 67 fp32; NVL: 1,671 / 835 with sparsity, 60 fp32).
-#   H100 PCIe: the same datasheet's PCIe column (1,513 / 756 with sparsity, 51 fp32).
-#   H200 (SXM): NVIDIA H200 datasheet, the same tensor-core peaks as H100 SXM.
-#   A10G, L4, RTX 4090 / 3090, V100, T4: their datasheets (V100 and T4: fp16 tensor cores, no bf16/tf32).
+# Dense (no sparsity) peak TFLOPS from the vendors' datasheets, by dtype family: "bf16" covers bf16 and
+# fp16 tensor-core matmuls (with FP32 accumulation, the one PyTorch uses), "tf32" the TF32 tensor cores
+# (AMD: its TF32 matrix rate), "fp32" plain FP32 (a card without TF32 cores gets its FP32 rate there).
+# NVIDIA quotes tensor-core figures "with sparsity"; the dense peak is half of that. Sources, each the
+# datasheet or architecture whitepaper of the card:
+#   A100 / A800: NVIDIA A100 Tensor Core GPU datasheet (SXM4 and PCIe: 312 bf16, 156 tf32, 19.5 fp32);
+#     A800 has A100's compute (its datasheet: the same figures, a slower NVLink).
+#   H100 SXM / H100 NVL / H100 PCIe: NVIDIA H100 Tensor Core GPU datasheet (SXM: 1,979 bf16 / 989 tf32
+#     with sparsity, 67 fp32; NVL: 1,671 / 835, 60; PCIe: 1,513 / 756, 51). H800: NVIDIA H800 datasheet,
+#     H100's SXM and PCIe columns. GH200: NVIDIA GH200 Grace Hopper datasheet, the H100 SXM figures.
+#   H200 SXM / H200 NVL: NVIDIA H200 Tensor Core GPU datasheet (SXM: H100 SXM's peaks; NVL: 1,671 /
+#     835 with sparsity, 60 fp32).
+#   B200: NVIDIA HGX B200 datasheet, per GPU (4.5 PF bf16 / 2.2 PF tf32 with sparsity, 75 fp32).
+#   L40S: NVIDIA L40S datasheet (362.05 bf16, 183 tf32 dense, 91.6 fp32); L40: NVIDIA L40 datasheet
+#     (181.05 bf16, 90.5 tf32, 90.5 fp32).
+#   RTX A6000: NVIDIA Ampere GA102 whitepaper, appendix (154.8 bf16, 77.4 tf32, 38.7 fp32); A40: NVIDIA
+#     A40 datasheet (149.7 bf16, 74.8 tf32, 37.4 fp32).
+#   RTX 6000 Ada, RTX 4090: NVIDIA Ada Lovelace whitepaper, appendix (FP32-accumulate bf16 364.2 and
+#     165.2; tf32 182.1 and 82.6; fp32 91.1 and 82.6).
+#   RTX 5090: NVIDIA RTX Blackwell GPU architecture whitepaper, appendix (209.5 bf16 with FP32
+#     accumulate, 104.8 tf32, 104.8 fp32).
+#   MI300X / MI325X: AMD Instinct MI300X and MI325X datasheets (1,307.4 bf16, 653.7 tf32, 163.4 fp32
+#     matrix); MI250X: AMD Instinct MI250X datasheet (383 bf16, no TF32: its 95.7 fp32 matrix rate).
+#   A10G, L4, RTX 3090, V100, T4: their datasheets (V100 and T4: fp16 tensor cores, no bf16/tf32).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "H100 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0},
     "H100 PCIe": {"bf16": 756.5, "tf32": 378.0, "fp32": 51.0},
     "H100 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
     "H200 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0},
+    "H200 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "B200": {"bf16": 2250.0, "tf32": 1100.0, "fp32": 75.0},
+    "L40S": {"bf16": 362.05, "tf32": 183.0, "fp32": 91.6},
+    "L40": {"bf16": 181.05, "tf32": 90.5, "fp32": 90.5},
+    "RTX A6000": {"bf16": 154.8, "tf32": 77.4, "fp32": 38.7},
+    "A40": {"bf16": 149.7, "tf32": 74.8, "fp32": 37.4},
+    "RTX 6000 Ada": {"bf16": 364.2, "tf32": 182.1, "fp32": 91.1},
+    "RTX 5090": {"bf16": 209.5, "tf32": 104.8, "fp32": 104.8},
+    "MI300X": {"bf16": 1307.4, "tf32": 653.7, "fp32": 163.4},
+    "MI250X": {"bf16": 383.0, "tf32": 95.7, "fp32": 95.7},
     "A10G": {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2},
     "L4": {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3},
     "RTX 4090": {"bf16": 165.2, "tf32": 82.6, "fp32": 82.6},
@@ -43,26 +69,38 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "V100 PCIe": {"bf16": 112.0, "tf32": 14.0, "fp32": 14.0},
     "T4": {"bf16": 65.0, "tf32": 8.1, "fp32": 8.1},
 }
-# ``torch.cuda.get_device_name`` strings, matched exactly: a name not listed gets no MFU (pass
-# --peak-tflops) rather than a neighbour's peak (an H100 NVL is not an H100 SXM).
+# ``torch.cuda.get_device_name`` strings (ROCm's included) as each card reports them, matched whole
+# (``re.fullmatch``, case-blind): a card a pattern does not describe gets no MFU (pass --peak-tflops)
+# rather than a neighbour's peak (an H100 NVL is not an H100 SXM). The memory size is free where a
+# family ships several; the form factor never is.
 DEVICE_NAMES: dict[str, str] = {
-    "NVIDIA A100-SXM4-40GB": "A100",
-    "NVIDIA A100-SXM4-80GB": "A100",
-    "NVIDIA A100-PCIE-40GB": "A100",
-    "NVIDIA A100 80GB PCIe": "A100",
-    "NVIDIA H100 80GB HBM3": "H100 SXM",
-    "NVIDIA H100 PCIe": "H100 PCIe",
-    "NVIDIA H100 NVL": "H100 NVL",
-    "NVIDIA H200": "H200 SXM",
-    "NVIDIA A10G": "A10G",
-    "NVIDIA L4": "L4",
-    "NVIDIA GeForce RTX 4090": "RTX 4090",
-    "NVIDIA GeForce RTX 3090": "RTX 3090",
-    "Tesla V100-SXM2-16GB": "V100 SXM2",
-    "Tesla V100-SXM2-32GB": "V100 SXM2",
-    "Tesla V100-PCIE-16GB": "V100 PCIe",
-    "Tesla V100-PCIE-32GB": "V100 PCIe",
-    "Tesla T4": "T4",
+    r"NVIDIA A100[- ]SXM4[- ](40|80)GB": "A100",
+    r"NVIDIA A100[- ]PCIE[- ](40|80)GB|NVIDIA A100 (40|80)GB PCIe": "A100",
+    r"NVIDIA A800[- ]SXM4[- ](40|80)GB|NVIDIA A800 (40|80)GB PCIe": "A100",
+    r"NVIDIA H100 (80|94|96)GB HBM3|NVIDIA H100 SXM5 (64|80|94|96)GB|NVIDIA H100": "H100 SXM",
+    r"NVIDIA H100 PCIe": "H100 PCIe",
+    r"NVIDIA H100 NVL": "H100 NVL",
+    r"NVIDIA H800|NVIDIA H800 (80GB HBM3|SXM5 80GB)": "H100 SXM",
+    r"NVIDIA H800 PCIe": "H100 PCIe",
+    r"NVIDIA GH200( (96|120|144|480)GB( HBM3e?)?)?": "H100 SXM",
+    r"NVIDIA H200|NVIDIA H200 141GB HBM3e|NVIDIA H200 SXM 141GB": "H200 SXM",
+    r"NVIDIA H200 NVL": "H200 NVL",
+    r"NVIDIA B200": "B200",
+    r"NVIDIA L40S": "L40S",
+    r"NVIDIA L40": "L40",
+    r"NVIDIA RTX A6000": "RTX A6000",
+    r"NVIDIA A40": "A40",
+    r"NVIDIA RTX 6000 Ada Generation": "RTX 6000 Ada",
+    r"NVIDIA GeForce RTX 5090": "RTX 5090",
+    r"AMD Instinct MI300X( VF)?|AMD Instinct MI325X( VF)?": "MI300X",
+    r"AMD Instinct MI250X(/MI250)?": "MI250X",
+    r"NVIDIA A10G": "A10G",
+    r"NVIDIA L4": "L4",
+    r"NVIDIA GeForce RTX 4090": "RTX 4090",
+    r"NVIDIA GeForce RTX 3090": "RTX 3090",
+    r"Tesla V100-SXM2-(16|32)GB": "V100 SXM2",
+    r"Tesla V100-PCIE-(16|32)GB": "V100 PCIe",
+    r"Tesla T4": "T4",
 }
 DTYPE_FAMILY = {"bfloat16": "bf16", "float16": "bf16", "tf32": "tf32", "float32": "fp32"}
 
@@ -100,9 +138,11 @@ def peak_flops(device: torch.device, dtype: str, override_tflops: float | None =
 
 
 def peak_flops_for_name(name: str, dtype: str) -> tuple[float | None, str]:
-    """:func:`peak_flops` for a CUDA device named ``name`` (as ``torch.cuda.get_device_name``
-    reports it; matched exactly against :data:`DEVICE_NAMES`)."""
-    key = DEVICE_NAMES.get(name.strip())
+    """:func:`peak_flops` for a device named ``name`` as ``torch.cuda.get_device_name`` reports it,
+    matched whole against the patterns of :data:`DEVICE_NAMES` (case-blind). Returns ``(FLOP/s or None,
+    source)``: the card's datasheet entry of :data:`PEAK_TFLOPS` for ``dtype``'s family, or None and the
+    line that names ``--peak-tflops``."""
+    key = next((k for pattern, k in DEVICE_NAMES.items() if re.fullmatch(pattern, name.strip(), re.IGNORECASE)), None)
     if key is None:
         return None, f"{name} not in the peak table; pass --peak-tflops to report MFU"
     family = DTYPE_FAMILY.get(dtype, "fp32")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gptspeed.errors import GptspeedError
-from gptspeed.metrics import Throughput, format_record, peak_flops_for_name
+from gptspeed.metrics import FirstPace, Throughput, first_step_pace, format_duration, format_record, peak_flops_for_name
 
 from support.strategies import HealthCheck, given, json_values, settings, st
 
@@ -217,3 +217,44 @@ def test_unknown_device_gets_no_mfu_rather_than_a_neighbours_peak():
     for name in ("NVIDIA H20", "NVIDIA GeForce RTX 4080", "NVIDIA H100 XYZ", "NVIDIA L40S-8Q", "AMD Instinct MI210"):
         peak, source = peak_flops_for_name(name, "bfloat16")
         assert peak is None and "--peak-tflops" in source
+
+
+def test_first_pace_says_nothing_for_a_fast_start_and_once_from_the_second_unit_for_a_slow_one():
+    said, now = [], [0.0]
+    pace = FirstPace(said.append, 32, lambda unit, total: f"{unit:.1f} {total:.1f}", min_s=10.0, clock=lambda: now[0])
+    for gap in (100.0, 0.25, 0.25, 0.25):  # a slow first unit (warm-up, compilation) is not the pace
+        pace.tick()
+        now[0] += gap
+    assert said == []  # 32 x 0.25 s: under 10 s
+    said, now[0] = [], 0.0
+    pace = FirstPace(said.append, 32, lambda unit, total: f"{unit:.1f} {total:.1f}", min_s=10.0, clock=lambda: now[0])
+    for gap in (100.0, 12.0, 12.0, 12.0, 12.0):
+        pace.tick()
+        now[0] += gap
+    assert said == ["12.0 384.0"]  # the second unit's time, times the units; said once
+
+
+def test_the_first_step_line_gives_the_step_the_run_and_on_a_cpu_the_quick_preset():
+    from gptspeed.config import preset
+
+    cfg = preset("gpt2")
+    said, now = [], [0.0]
+    pace = first_step_pace(said.append, cfg, step=0, accum=32, cpu=True)
+    pace.clock = lambda: now[0]
+    for _ in range(3):
+        pace.tick()
+        now[0] += 12.3
+    steps = cfg.train.max_steps
+    assert said == [
+        f"step 1: a micro-step of {cfg.train.batch_size} x 1024 tokens takes 12.3 s here, so a step (32 micro-steps) "
+        f"about 6m34s and the run's {steps:,} steps about {format_duration(12.3 * 32 * steps)}; for a quick run on a "
+        "CPU: --preset nano (a 10M-parameter model, minutes)"
+    ]
+    assert format_duration(12.3 * 32 * steps).endswith("h") and "d" in format_duration(12.3 * 32 * steps)
+    said.clear()
+    pace = first_step_pace(said.append, cfg, step=0, accum=32, cpu=False)  # a slow GPU: no CPU preset named
+    pace.clock = lambda: now[0]
+    for _ in range(3):
+        pace.tick()
+        now[0] += 12.3
+    assert len(said) == 1 and "--preset nano" not in said[0]

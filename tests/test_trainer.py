@@ -441,3 +441,36 @@ def test_the_runs_own_files_replaced_by_folders_are_one_line(shakespeare_data, t
         shutil.rmtree(run)
         (run / name).mkdir(parents=True)
         assert_user_error(run_main(*args), fragment)
+
+
+def test_a_slow_start_says_within_its_first_micro_steps_how_long_a_step_and_the_run_take(
+    shakespeare_data, tmp_path, capsys, monkeypatch
+):
+    """GPT-2 124M's default steps on a laptop are minutes each: the run says so from the speed of its
+    own first units (the step-0 evaluation's batches, the first step's micro-steps), here on a clock
+    that makes each unit take 15 s, and names the preset that trains in minutes on a CPU."""
+    import gptspeed.metrics as metrics
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 15.0
+        return now[0]
+
+    monkeypatch.setattr(metrics, "pace_clock", clock)
+    shape = dict(TINY_MODEL, batch_size=2, total_batch_tokens=4 * 2 * 32, eval_tokens=4 * 2 * 32, max_steps=2)
+    fit(build_train_config("gpt2", dict(shape, data=str(shakespeare_data), out=str(tmp_path / "r"), device="cpu")))
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out.count(
+            "step 0: an evaluation batch takes 15.0 s here, so the 4 batches of --eval-tokens 256 about 1m00s "
+            "(a smaller --eval-tokens evaluates fewer)"
+        )
+        == 1
+    )
+    line = [s for s in out if s.startswith("step 1: a micro-step")]
+    assert line == [
+        "step 1: a micro-step of 2 x 32 tokens takes 15.0 s here, so a step (4 micro-steps) about 1m00s and the "
+        "run's 2 steps about 2m00s; for a quick run on a CPU: --preset nano (a 10M-parameter model, minutes)"
+    ]
+    assert out.index(line[0]) < next(i for i, s in enumerate(out) if s.startswith("step 1/2 |"))

@@ -13,6 +13,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,80 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def pace_clock() -> float:
+    """The clock :class:`FirstPace` reads (``time.monotonic``; a test replaces it)."""
+    return time.monotonic()
+
+
+class FirstPace:
+    """Says, within seconds of a slow start, how long the work ahead will take, measured on its own
+    first units: ``tick()`` is called as each unit (a micro-step's batch, an evaluation batch) starts.
+    The second unit's time (the first holds warm-up and any compilation) times ``units`` is the work's
+    estimate; when it is at least ``min_s`` seconds, ``say(line(unit_s, total_s))`` is called once, as
+    the third unit starts. A fast start says nothing.
+
+    ``line``: ``(seconds a unit, seconds in all) -> str``; ``clock``: seconds, monotonic (default
+    :func:`pace_clock`)."""
+
+    def __init__(self, say: Callable[[str], None], units: int, line, min_s: float, clock=None):
+        self.say, self.units, self.line, self.min_s = say, units, line, min_s
+        self.clock = clock or (lambda: pace_clock())
+        self.starts: list[float] = []
+
+    def tick(self) -> None:
+        if len(self.starts) >= 3:
+            return
+        self.starts.append(self.clock())
+        if len(self.starts) == 3:
+            unit_s = self.starts[2] - self.starts[1]
+            if unit_s * self.units >= self.min_s:
+                self.say(self.line(unit_s, unit_s * self.units))
+
+    def wrap(self, f: Callable | None):
+        """``f`` (a batch source, or ``stop``), ticking before each call; None stays None's ``lambda: False``."""
+
+        def ticking(*args, **kwargs):
+            self.tick()
+            return f(*args, **kwargs) if f is not None else False
+
+        return ticking
+
+
+def first_step_pace(say, cfg, step: int, accum: int, cpu: bool) -> FirstPace:
+    """The :class:`FirstPace` of a run's first step: a line when a step takes 10 s or more (e.g. GPT-2
+    124M's 524,288-token steps on a laptop), giving a step's time, the run's, and on a CPU the preset
+    that trains in minutes."""
+    t, T = cfg.train, cfg.model.block_size
+
+    def line(unit_s: float, step_s: float) -> str:
+        steps = t.max_steps - step
+        hint = (
+            "; for a quick run on a CPU: --preset nano (a 10M-parameter model, minutes)"
+            if cpu and cfg.preset not in ("nano", "pico")
+            else ""
+        )
+        return (
+            f"step {step + 1}: a micro-step of {t.batch_size} x {T} tokens takes {unit_s:.1f} s here, so a step "
+            f"({accum} micro-steps) about {format_duration(step_s)} and the run's {steps:,} steps about "
+            f"{format_duration(step_s * steps)}{hint}"
+        )
+
+    return FirstPace(say, accum, line, min_s=10.0)
+
+
+def eval_pace(say, cfg, batches: int) -> FirstPace:
+    """The :class:`FirstPace` of the step-0 val loss: a line when it takes 30 s or more."""
+
+    def line(unit_s: float, total_s: float) -> str:
+        return (
+            f"step 0: an evaluation batch takes {unit_s:.1f} s here, so the {batches:,} batches of "
+            f"--eval-tokens {cfg.train.eval_tokens:,} about {format_duration(total_s)} (a smaller --eval-tokens "
+            "evaluates fewer)"
+        )
+
+    return FirstPace(say, batches, line, min_s=30.0)
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -208,6 +283,8 @@ def format_duration(seconds: float | None) -> str:
     s = int(round(seconds))
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
+    if h >= 48:
+        return f"{h // 24}d{h % 24:02d}h"
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 

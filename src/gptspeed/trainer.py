@@ -53,7 +53,16 @@ from gptspeed.distributed import init_distributed, lost_peer_error, peer_lost, s
 from gptspeed.divergence import DivergencePolicy
 from gptspeed.errors import GptspeedError
 from gptspeed.eval.during import RunEvaluator
-from gptspeed.metrics import RunLog, Throughput, format_duration, memory_stats, peak_flops
+from gptspeed.metrics import (
+    FirstPace,
+    RunLog,
+    Throughput,
+    eval_pace,
+    first_step_pace,
+    format_duration,
+    memory_stats,
+    peak_flops,
+)
 from gptspeed.optim import set_lr
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
@@ -130,6 +139,7 @@ class Trainer:
         self.state = TrainState()
         self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
         self.loader = self.log = self.stop = None  # self.stop: the stop signals' flag, while training
+        self.pace = FirstPace(self.say, 0, None, 0.0)  # the first step's: set when training starts
         self.folder = RunFolder(self.run_dir, rt.is_main)
         self.folder.open()  # the lock first: no other writer reads or writes the folder from here on
         self.barrier()
@@ -261,7 +271,8 @@ class Trainer:
         at = self.loader.mark()  # a few ints: where a failed step rewinds to
         try:
             with out_of_memory_as_one_line(self, f"step {self.step + 1}'s forward and backward"):
-                return self.stepper(self.loader.next_batch, self.stop.mid_step if self.stop else None)
+                next_batch = self.pace.wrap(self.loader.next_batch) if self.pace.units > 2 else self.loader.next_batch
+                return self.stepper(next_batch, self.stop.mid_step if self.stop else None)
         except StepAbandoned as e:
             return save_after_leaving_a_step(self, e, at)
         except ShardError as e:
@@ -386,13 +397,15 @@ class Trainer:
             # is not kept waiting by a cold compile of the no-grad graph (built at the first later eval)
             how = " (eagerly: the compiled graphs are built for training first)" if self.rt.compile else ""
             self.say(f"step 0: evaluating the val loss on {t.eval_tokens or 'all'} val tokens{how} ...", flush=True)
+            pace = eval_pace(self.say, self.cfg, -(-t.eval_tokens // (t.batch_size * self.cfg.model.block_size)))
             with eager() if self.rt.compile else contextlib.nullcontext():
-                summary["last_val_loss"] = self.evaluate(stop)
+                summary["last_val_loss"] = self.evaluate(pace.wrap(stop) if t.eval_tokens else stop)
             if stop():
                 stopping = agree_on_stop(stop, self.rt)
             else:
                 self.record(0, val_loss=summary["last_val_loss"])
         self.throughput.restart(self.loader.wait_s)
+        self.pace = first_step_pace(self.say, self.cfg, self.step, self.accum, self.rt.device.type == "cpu")
         return stopping
 
     def _loop(self, stop: StopFlag, summary: dict[str, Any]) -> int | None:

@@ -666,6 +666,11 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if sys.platform == "win32":
+        import gptspeed
+
+        print(f"gptspeed: error: {gptspeed.WINDOWS_LINE}", file=sys.stderr)
+        return 2
     args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
         if args.command not in ("prepare", "plot"):  # these two need no torch

@@ -500,3 +500,15 @@ def test_plot_and_prepare_refuse_what_would_hang_or_crash(tmp_path):
     with pytest.raises(GptspeedError, match="--shuffle-seed must be an integer from 0"):  # used to raise in numpy
         prepare(str(tmp_path / "a.txt"), tmp_path / "d", shuffle_seed=-1, progress=False)
     assert not (tmp_path / "d").exists()
+
+
+def test_native_windows_is_one_line_naming_wsl2_from_the_command_and_the_library(monkeypatch):
+    import sys
+
+    import gptspeed
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    proc = run_main("train", "--preset", "nano", "--out", "r")
+    assert_user_error(proc, "does not run on native Windows", "WSL2")
+    with pytest.raises(ImportError, match="run it in WSL2"):
+        gptspeed.make_config  # noqa: B018 -- the lazy API's first use

@@ -474,3 +474,22 @@ def test_a_slow_start_says_within_its_first_micro_steps_how_long_a_step_and_the_
         "run's 2 steps about 2m00s; for a quick run on a CPU: --preset nano (a 10M-parameter model, minutes)"
     ]
     assert out.index(line[0]) < next(i for i, s in enumerate(out) if s.startswith("step 1/2 |"))
+
+
+def test_out_of_memory_on_a_gpu_names_batch_size_auto_first(tmp_path):
+    """On CUDA the probe of ``--batch-size auto`` finds the largest micro-batch that fits: the line
+    names it before the smaller --batch-size (on a CPU it is refused, so it is not named there)."""
+    from types import SimpleNamespace
+
+    from gptspeed.trainer import out_of_memory_error
+
+    cfg = build_train_config("pico", dict(TINY_MODEL, batch_size=8, total_batch_tokens=8 * 32 * 4))
+    fake = SimpleNamespace(
+        cfg=cfg, rt=SimpleNamespace(device=torch.device("cuda"), world_size=1), run_dir=tmp_path, step=0
+    )
+    line = str(out_of_memory_error(fake, "step 1's forward and backward"))
+    assert (
+        "at a micro-batch of --batch-size 8 x --seq-len 32 = 256 tokens: use --batch-size auto (the largest that "
+        "fits, found by a probe) or a smaller --batch-size (e.g. 4) with the same --total-batch-tokens 1024" in line
+    )
+    assert "no checkpoint was written yet" in line and "\n" not in line

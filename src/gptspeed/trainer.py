@@ -542,9 +542,10 @@ def out_of_memory_error(trainer: Trainer, where: str) -> GptspeedError:
         intact += f" (steps {step_of(ckpt) + 1}-{trainer.step} were not saved)"
     smaller = max(1, t.batch_size // 2)
     ac = "" if cfg.runtime.activation_checkpointing == "full" else ", or --activation-checkpointing full"
+    auto = "--batch-size auto (the largest that fits, found by a probe) or " if rt.device.type == "cuda" else ""
     return GptspeedError(
         f"out of memory on {rt.device.type} in {where}, at a micro-batch of --batch-size {t.batch_size} x --seq-len {T} = "
-        f"{t.batch_size * T:,} tokens: use a smaller --batch-size (e.g. {smaller}) with the same --total-batch-tokens "
+        f"{t.batch_size * T:,} tokens: use {auto}a smaller --batch-size (e.g. {smaller}) with the same --total-batch-tokens "
         f"{total} (more micro-steps a step, the same run){ac}, then --resume; {intact}"
     )
 

@@ -982,3 +982,212 @@ def test_a_modern_run_resumes_to_the_bit_and_cannot_be_exported(shakespeare_data
     )
     proc = run_main("sample", "--run", str(full), "--max-new-tokens", "4", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- each switch against its paper's formula, at the layer's output
+FP32_EPS = torch.finfo(torch.float32).eps  # the eps of nn.RMSNorm / F.rms_norm given none, for fp32 inputs
+
+
+def paper_model(seed=0, **kw) -> GPT:
+    """A 2-layer tiny GPT in eval mode whose every parameter is drawn at random (N(0, 0.2); the
+    norms' gains 1 + N(0, 0.2)), so no zero bias or unit gain can hide a term of a formula."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**dict(TINY_MODEL, n_layer=2), **kw}))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = 0.2 * torch.randn(p.shape, generator=g)
+            p.copy_(noise + 1 if ".ln_" in name and name.endswith("weight") else noise)
+    return model.eval()
+
+
+def layer_io(model: GPT, layers: dict, idx: torch.Tensor, **kw) -> dict:
+    """``{name: (input, output)}`` of each module in ``layers`` during one forward of ``model``."""
+    seen = {}
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out, name=name: seen.__setitem__(name, (args[0], out)))
+        for name, m in layers.items()
+    ]
+    try:
+        with torch.no_grad():
+            model(idx, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert set(seen) == set(layers)
+    return seen
+
+
+def heads_by_hand(attn, x: torch.Tensor) -> list[torch.Tensor]:
+    """q, k, v ``(B, H, T, Q)`` in fp64 from the layer's fused projection ``x W^T + b`` (split in
+    three along the channels, then each into ``H`` heads of ``Q`` channels)."""
+    B, T, C = x.shape
+    qkv = x.double() @ attn.c_attn.weight.double().t() + attn.c_attn.bias.double()
+    return [t.reshape(B, T, attn.n_head, C // attn.n_head).permute(0, 2, 1, 3) for t in qkv.split(C, dim=-1)]
+
+
+def attend_by_hand(attn, q, k, v, allowed: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1), ``softmax(q k^T / sqrt(Q)) v`` with
+    the scores of the pairs ``allowed`` ``(B, T, S)`` forbids at -inf, heads concatenated, then the
+    output projection: the attention layer's output ``(B, T, C)``, fp64."""
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    y = scores.softmax(dim=-1) @ v
+    B, H, T, Q = y.shape
+    y = y.permute(0, 2, 1, 3).reshape(B, T, H * Q)
+    return y @ attn.c_proj.weight.double().t() + attn.c_proj.bias.double()
+
+
+def causal(B: int, T: int) -> torch.Tensor:
+    """``(B, T, T)``: query ``t`` may see key ``s`` iff ``s <= t``."""
+    return torch.ones(T, T, dtype=torch.bool).tril().expand(B, T, T)
+
+
+def roformer_rotation(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """RoFormer (Su et al. 2021) eq. 34: the pair ``(x_i, x_{i + Q/2})`` of ``x`` ``(B, H, T, Q)``, as the
+    complex number ``x_i + j x_{i + Q/2}``, times ``exp(j m theta_i)`` at position ``m``, with
+    ``theta_i = base^(-2i/Q)``, ``i = 0 .. Q/2 - 1``. The pairs are gptspeed's half-split layout
+    (GPT-NeoX / Llama "rotate half"); the paper pairs neighbours ``(x_2i, x_2i+1)``, the same rotation
+    up to a fixed permutation of the channels. ``pos``: ``(T,)`` or ``(B, T)``."""
+    Q = x.size(-1)
+    theta = torch.tensor([base ** (-2 * i / Q) for i in range(Q // 2)], dtype=torch.float64)
+    angle = pos.double()[..., None] * theta  # (T, Q/2) or (B, T, Q/2)
+    angle = angle[:, None] if angle.dim() == 3 else angle
+    z = torch.complex(x[..., : Q // 2], x[..., Q // 2 :]) * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+def test_rope_rotates_q_and_k_as_roformer_eq_34_at_every_attention_output():
+    """--pos-emb rope: each attention layer's output is softmax attention over queries and keys
+    rotated as RoFormer's eq. 34 (Su et al. 2021; theta_i = base^(-2i/d), the base --rope-theta, here
+    not the default), values unrotated -- at the default positions and at per-row positions."""
+    model = paper_model(pos_emb="rope", rope_theta=500.0)
+    idx = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(3))
+    for pos in (torch.arange(12), torch.stack([torch.arange(12) + 5, torch.arange(12) + 17])):
+        layers = {f"h{i}": block.attn for i, block in enumerate(model.transformer.h)}
+        for name, (x, out) in layer_io(model, layers, idx, pos=pos).items():
+            attn = layers[name]
+            q, k, v = heads_by_hand(attn, x)
+            q, k = roformer_rotation(q, pos, 500.0), roformer_rotation(k, pos, 500.0)
+            want = attend_by_hand(attn, q, k, v, causal(2, 12))
+            torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}, {pos=}: {m}")
+
+
+def test_qk_norm_rms_normalises_each_heads_q_and_k_before_the_dot_product():
+    """--qk-norm (QK-Norm: Henry et al. 2020; Dehghani et al. 2023, who use LayerNorm): q and k of
+    each head divided by their root mean square over the head's channels, ``q / sqrt(mean(q^2) +
+    eps)``, no gain, as modded-nanogpt's ``F.rms_norm`` (eps: fp32's machine epsilon), then
+    attention with the usual ``1 / sqrt(Q)``; v untouched. Checked at each attention layer's output,
+    also with queries shrunk 10^4-fold, where the eps decides the result."""
+    model = paper_model(qk_norm=True)
+    idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(4))
+
+    def rms_normalised(t):
+        return t / torch.sqrt(t.square().mean(dim=-1, keepdim=True) + FP32_EPS)
+
+    for q_scale in (1.0, 1e-4):
+        with torch.no_grad():
+            for block in model.transformer.h:  # the query rows of the fused projection
+                C = block.attn.c_attn.in_features
+                block.attn.c_attn.weight[:C] *= q_scale
+                block.attn.c_attn.bias[:C] *= q_scale
+        layers = {f"h{i}": block.attn for i, block in enumerate(model.transformer.h)}
+        for name, (x, out) in layer_io(model, layers, idx).items():
+            attn = layers[name]
+            q, k, v = heads_by_hand(attn, x)
+            want = attend_by_hand(attn, rms_normalised(q), rms_normalised(k), v, causal(2, 10))
+            torch.testing.assert_close(
+                out, want.float(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}, q x {q_scale}: {m}"
+            )
+
+
+def test_rmsnorm_is_zhang_and_sennrichs_x_over_its_rms_times_the_gain_at_every_norm():
+    """--norm rmsnorm (Zhang & Sennrich 2019, eq. 4): every norm of the model (both of each block's
+    and the final one) outputs ``x / sqrt(mean(x^2) + eps) * g`` -- no mean subtracted, no bias,
+    eps nn.RMSNorm's default (fp32's machine epsilon); also on rows so small that the eps decides."""
+    model = paper_model(norm="rmsnorm")
+    idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(5))
+    layers = {"ln_f": model.transformer.ln_f}
+    for i, block in enumerate(model.transformer.h):
+        layers.update({f"h{i}.ln_1": block.ln_1, f"h{i}.ln_2": block.ln_2})
+
+    def by_hand(norm, x):
+        x = x.double()
+        return (x / torch.sqrt(x.square().mean(dim=-1, keepdim=True) + FP32_EPS) * norm.weight.double()).float()
+
+    for name, (x, out) in layer_io(model, layers, idx).items():
+        torch.testing.assert_close(out, by_hand(layers[name], x), rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    tiny_rows = torch.randn(3, 32, generator=torch.Generator().manual_seed(6)) * torch.tensor([[1.0], [1e-3], [1e-5]])
+    with torch.no_grad():
+        out = model.transformer.ln_f(tiny_rows)
+    torch.testing.assert_close(out, by_hand(model.transformer.ln_f, tiny_rows), rtol=1e-5, atol=1e-6)
+
+
+def test_soft_capped_logits_are_gemma2s_cap_times_tanh_of_the_heads_logits_over_cap():
+    """--logit-softcap (Gemma 2, Gemma Team 2024): the model's logits are ``cap * tanh(z / cap)`` of the
+    head's ``z = h W^T`` (``h`` the final norm's output, ``W`` the tied embedding), here with ``z`` far
+    beyond the cap, where a clamp or a missing cap would show; the padded columns stay -inf."""
+    cap = 2.0
+    model = paper_model(logit_softcap=cap)
+    with torch.no_grad():
+        model.transformer.wte.weight *= 10  # logits far beyond the cap
+    idx = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(7))
+    _, h = layer_io(model, {"ln_f": model.transformer.ln_f}, idx)["ln_f"]
+    z = h.double() @ model.transformer.wte.weight.double().t()
+    with torch.no_grad():
+        logits = model(idx)[0]
+    assert z[..., :50257].abs().max() > 5 * cap, "the test needs logits well past the cap"
+    torch.testing.assert_close(
+        logits[..., :50257], (cap * torch.tanh(z / cap))[..., :50257].float(), rtol=1e-5, atol=1e-5
+    )
+    assert bool((logits[..., 50257:] == float("-inf")).all())
+
+
+@pytest.mark.parametrize("kw", [{}, dict(tie_embeddings=False)], ids=["tied", "untied"])
+def test_zero_init_makes_every_block_the_identity_so_the_model_is_its_embeddings_norm_and_head(kw):
+    """--zero-init-proj (the modded-nanogpt speedrun's): at initialisation the blocks' output
+    projections are zero, so each block adds nothing to the residual stream and the model's output
+    is that of the model with its blocks removed: ``LayerNorm(wte[idx] + wpe[pos]) W^T`` (LayerNorm:
+    Ba et al. 2016, ``(x - mean) / sqrt(var + 1e-5) * g + b``), ``W`` the tied embedding, or an untied
+    head, itself zero (every valid logit 0: the uniform prediction)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**dict(TINY_MODEL, n_layer=2), "zero_init_proj": True, **kw})).eval()
+    idx = torch.randint(0, 50257, (2, 10), generator=torch.Generator().manual_seed(8))
+    x = (model.transformer.wte.weight[idx] + model.transformer.wpe.weight[:10]).double()
+    ln = model.transformer.ln_f
+    mean, var = x.mean(dim=-1, keepdim=True), x.var(dim=-1, unbiased=False, keepdim=True)
+    h = (x - mean) / torch.sqrt(var + 1e-5) * ln.weight.double() + ln.bias.double()
+    head = model.lm_head.weight.double()
+    with torch.no_grad():
+        logits = model(idx)[0]
+        hidden = model.hidden_states(idx)
+    torch.testing.assert_close(hidden, h.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[..., :50257], (h @ head.t())[..., :50257].float(), rtol=1e-5, atol=1e-5)
+    if not model.config.tie_embeddings:
+        assert bool((logits[..., :50257] == 0).all())
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_the_document_mask_attends_each_token_over_the_earlier_tokens_of_its_document_only(attention):
+    """--doc-mask: each attention layer's output is softmax attention in which a token sees only the
+    tokens at or before it in its own document (a document begins at its <|endoftext|>; the tokens
+    before a row's first one are an earlier document's tail): masked attention computed by hand from
+    q, k, v of the layer's weights, the documents found by walking each row."""
+    model = paper_model(doc_mask=True, attention=attention)
+    idx = torch.randint(0, 50000, (2, 12), generator=torch.Generator().manual_seed(9))
+    idx[0, [0, 4, 5, 9]] = EOT_TOKEN  # documents [0..3], [4], [5..8], [9..11]
+    idx[1, [3, 8]] = EOT_TOKEN  # a tail [0..2], then [3..7], [8..11]
+    docs = []
+    for row in idx.tolist():
+        d, ids = 0, []
+        for token in row:
+            d += token == EOT_TOKEN
+            ids.append(d)
+        docs.append(ids)
+    allowed = torch.tensor(
+        [[[s <= t and ids[s] == ids[t] for s in range(12)] for t in range(12)] for ids in docs], dtype=torch.bool
+    )
+    layers = {f"h{i}": block.attn for i, block in enumerate(model.transformer.h)}
+    for name, (x, out) in layer_io(model, layers, idx).items():
+        want = attend_by_hand(layers[name], *heads_by_hand(layers[name], x), allowed)
+        torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")

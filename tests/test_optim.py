@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -429,3 +430,96 @@ def test_muon_steps_lower_the_loss_and_never_update_on_a_nonfinite_step():
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert json.dumps({k: str(v) for k, v in opt.state_dict()["muon"]["state"].items()}) == state_before
+
+
+# ---- each switch against its paper's formula, at the layer's output
+def schedule_by_hand(step: int, schedule: str, peak: float, floor: float, warmup: int, steps: int, share: float):
+    """The learning rate of 0-based step ``step``, from the papers' shapes: a linear warm-up in which
+    step ``s`` of ``warmup`` runs at ``(s + 1) / warmup`` of the peak; then ``cosine`` (GPT-3, Brown
+    et al. 2020, appendix B): ``floor + (peak - floor) * (1 + cos(pi * t)) / 2``, ``t`` the share of
+    the steps after the warm-up done; or ``wsd`` (Hägele et al. 2024): the peak until the last
+    ``share`` of the run (never inside the warm-up), then a straight line from the peak there to
+    ``floor`` at ``steps``; ``floor`` from ``steps`` on."""
+    if step >= steps:
+        return floor
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if schedule == "cosine":
+        return floor + (peak - floor) * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup))) / 2
+    start = max(warmup, steps * (1 - share))
+    return peak if step < start else peak - (peak - floor) * (step - start) / (steps - start)
+
+
+@pytest.mark.parametrize(
+    "schedule, warmup", [("cosine", dict(warmup_steps=4)), ("wsd", dict(warmup_ratio=0.2))], ids=["cosine", "wsd"]
+)
+def test_the_lr_of_every_step_of_a_run_is_the_schedules_closed_form_in_every_group(schedule, warmup):
+    """What the trainer's loop sets before each step (``set_lr``), for a 20-step run with a 4-step
+    warm-up (given as steps, or as a ratio of the run), a floor of 0.25 of the peak and, for wsd, a
+    decay share of 0.33 (the decay starts between two steps, at 13.4): the base rate is the closed
+    form at every step, AdamW's groups run at it and Muon's at it times ``muon_lr / lr``."""
+    from gptspeed.config import RunConfig, TrainConfig
+    from gptspeed.optim import set_lr
+
+    o = OptimConfig(
+        optimizer="muon", lr=1e-2, muon_lr=0.05, min_lr_ratio=0.25, lr_schedule=schedule, decay_ratio=0.33, **warmup
+    )
+    cfg = RunConfig(optim=o, train=TrainConfig(max_steps=20))
+    opt, _ = build_optimizer(tiny(), o, "cpu")
+    for step in range(23):
+        want = schedule_by_hand(step, schedule, 1e-2, 2.5e-3, 4, 20, 0.33)
+        assert set_lr(opt, cfg, step) == pytest.approx(want, rel=1e-12, abs=0), f"step {step}"
+        assert [g["lr"] for g in opt.adamw.param_groups] == pytest.approx([want, want], rel=1e-12, abs=0)
+        assert [g["lr"] for g in opt.muon.param_groups] == pytest.approx([want * 5], rel=1e-12, abs=0)
+
+
+KELLER_JORDAN_QUINTIC = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz_by_hand(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Keller Jordan's Muon (2024, kellerjordan.github.io/posts/muon): the quintic Newton-Schulz
+    iteration ``X <- a X + (b A + c A^2) X``, ``A = X X^T``, coefficients (3.4445, -4.7750, 2.0315),
+    from ``X = G / ||G||_F`` (transposed when tall, so ``A`` is the small Gram matrix), in fp64."""
+    a, b, c = KELLER_JORDAN_QUINTIC
+    tall = G.size(0) > G.size(1)
+    X = G.double().t() if tall else G.double()
+    X = X / (X.norm() + 1e-7)
+    for _ in range(steps):
+        A = X @ X.t()
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.t() if tall else X
+
+
+def test_a_muon_step_is_newton_schulz_of_the_nesterov_momentum_scaled_by_sqrt_of_rows_over_cols():
+    """Two Muon steps of each hidden matrix, against Keller Jordan's algorithm computed by hand:
+    momentum ``B <- mu B + (1 - mu) g``, Nesterov's ``u = (1 - mu) g + mu B``, orthogonalised by 5
+    quintic Newton-Schulz steps (:func:`newton_schulz_by_hand`), decoupled weight decay ``W <- W (1 -
+    lr wd)``, and the update ``lr * sqrt(max(1, rows / cols)) * NS(u)`` (his scaling, torch's
+    ``adjust_lr_fn="original"``: 2 for c_fc's 128 x 32, sqrt 3 for c_attn's 96 x 32, 1 for the
+    others -- not Moonshot's ``0.2 * sqrt(max(rows, cols))``). gptspeed iterates in bf16, so the
+    change of each matrix must be the fp64 one within 3% (Frobenius; bf16 gives 1-2%, and 4 or 6
+    steps, other coefficients or Moonshot's scaling are 13-40% away); the weights are N(0, 1) so
+    that the decay's share of the change is ~30%."""
+    o = OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02, muon_momentum=0.8, weight_decay=0.1, fused_adamw=False)
+    model = tiny()
+    opt, _ = build_optimizer(model, o, "cpu")
+    hidden = {n: p for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("transformer.h.")}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in hidden.values():
+            p.copy_(torch.randn(p.shape, generator=g))
+    momentum = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in hidden.items()}
+    mu, lr, wd = o.muon_momentum, o.muon_lr, o.weight_decay
+    for seed in (1, 2):
+        fill_grads(model, seed)
+        before = {n: p.detach().double().clone() for n, p in hidden.items()}
+        opt.step()
+        for n, p in hidden.items():
+            grad = p.grad.double()
+            momentum[n] = mu * momentum[n] + (1 - mu) * grad
+            u = (1 - mu) * grad + mu * momentum[n]
+            rows, cols = p.shape
+            want = -lr * wd * before[n] - lr * max(1.0, rows / cols) ** 0.5 * newton_schulz_by_hand(u)
+            got = p.detach().double() - before[n]
+            err = float((got - want).norm() / want.norm())
+            assert err < 0.03, f"step {seed}, {n} {tuple(p.shape)}: the change is {err:.1%} away from Muon's"

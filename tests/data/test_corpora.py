@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import hashlib
+import io
 import json
+import tarfile
+import types
 
 import numpy as np
+import pooch
 import pytest
+import requests
 import torch
+import urllib3
 
-from gptspeed.data import find_shards, read_shard
+from gptspeed.data import corpora, find_shards, read_shard
+from gptspeed.data.corpora import CORPORA, Archive, Corpus
 from gptspeed.data.prepare import prepare
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
@@ -193,3 +202,163 @@ def test_shuffle_cut_inside_a_document_when_no_start_is_near(tmp_path):
     ta = all_tokens(tmp_path / "out")
     assert sorted(documents(ta)) == sorted(documents(expected_stream(docs)))
     assert m["splits"]["train"]["tokens"] == round(len(ta) * 0.9)
+
+
+# ------------------------------------------------------------------------------ downloads (through pooch)
+class Broken:
+    """An answer that sends half of ``body`` (announcing all of it), then the connection breaks."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+
+class FakeRaw:
+    """What requests streams a body from (a urllib3 response's ``stream``)."""
+
+    def __init__(self, body: bytes, broken: bool):
+        self.body, self.broken = body, broken
+
+    def stream(self, chunk_size, decode_content=True):
+        if self.broken:
+            yield self.body[: len(self.body) // 2]
+            raise urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead")
+        for i in range(0, len(self.body), chunk_size or len(self.body) or 1):
+            yield self.body[i : i + chunk_size]
+
+    def close(self):
+        pass
+
+
+class FakeWeb:
+    """The network, faked under requests (``HTTPAdapter.send``, where requests.get and so pooch's
+    downloader end): ``answers[url]`` lists what the successive requests of ``url`` get -- bytes
+    (the whole body), :class:`Broken` (half of it, then the connection breaks) or an HTTP status;
+    a URL without (further) answers is unreachable. Records each request, and pooch's waits between
+    attempts (not slept)."""
+
+    def __init__(self, monkeypatch, answers=None):
+        self.answers = {url: list(a) for url, a in (answers or {}).items()}
+        self.requests: list[str] = []
+        self.sleeps: list[float] = []
+        monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", self.send)
+        monkeypatch.setattr(pooch.core, "time", types.SimpleNamespace(sleep=self.sleeps.append))
+
+    def send(self, request, **kwargs):
+        self.requests.append(request.url)
+        queue = self.answers.get(request.url)
+        if not queue:
+            raise requests.exceptions.ConnectionError("unreachable (a test's fake network)")
+        answer = queue.pop(0)
+        resp = requests.Response()
+        resp.request, resp.url = request, request.url
+        resp.status_code = answer if isinstance(answer, int) else 200
+        body = answer.body if isinstance(answer, Broken) else answer if isinstance(answer, bytes) else b""
+        resp.headers["Content-Length"] = str(len(body))
+        resp.raw = FakeRaw(body, isinstance(answer, Broken))
+        return resp
+
+
+URL = "https://example.org/corpus/input.txt"
+TEXT = b"Some text to download. " * 200
+
+
+@pytest.fixture
+def one_file_corpus(tmp_path, monkeypatch):
+    """A named corpus of one file at :data:`URL` (nothing embedded), an empty mirror, an empty cache."""
+    corpus = Corpus(name="web", files={"web/input.txt": hashlib.sha256(TEXT).hexdigest()}, url=URL)
+    monkeypatch.setitem(CORPORA, "web", corpus)
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "web"
+
+
+def test_a_download_that_fails_twice_then_succeeds_is_retried_and_hash_checked(one_file_corpus, monkeypatch):
+    web = FakeWeb(monkeypatch, {URL: [503, Broken(TEXT), TEXT]})
+    assert corpora.corpus_files("web", progress=False) == [one_file_corpus / "input.txt"]
+    assert (one_file_corpus / "input.txt").read_bytes() == TEXT
+    assert web.requests == [URL] * 3 and web.sleeps == [1, 2]  # pooch's waits
+    assert sorted(p.name for p in one_file_corpus.iterdir()) == ["input.txt"]  # no temporary file left
+    corpora.corpus_files("web", progress=False)  # in the cache, hash right: no request
+    assert web.requests == [URL] * 3
+
+
+def test_a_cut_or_corrupt_download_never_stands_as_the_file(one_file_corpus, monkeypatch):
+    """Every attempt cut short, or whole but other bytes: the file is never written (pooch streams
+    into a temporary file renamed only when its sha256 is right), and the error is one line."""
+    attempts = 1 + corpora.DOWNLOAD_RETRIES
+    for answers in ([Broken(TEXT)] * attempts, [TEXT[:-1] + b"!"] * attempts):
+        web = FakeWeb(monkeypatch, {URL: answers})
+        with pytest.raises(GptspeedError) as e:
+            corpora.corpus_files("web", progress=False)
+        assert web.requests == [URL] * attempts
+        assert "\n" not in str(e.value) and f"could not download input.txt after {attempts} attempts" in str(e.value)
+        assert not one_file_corpus.exists() or list(one_file_corpus.iterdir()) == []
+    assert "SHA256 hash of downloaded file" in str(e.value) and hashlib.sha256(TEXT).hexdigest() in str(e.value)
+    # a stale cached file is replaced by a good download only
+    one_file_corpus.mkdir(parents=True, exist_ok=True)
+    (one_file_corpus / "input.txt").write_bytes(b"stale")
+    FakeWeb(monkeypatch, {URL: [Broken(TEXT)] * attempts})
+    with pytest.raises(GptspeedError):
+        corpora.corpus_files("web", progress=False)
+    assert [p.name for p in one_file_corpus.iterdir()] == ["input.txt"]
+    assert (one_file_corpus / "input.txt").read_bytes() == b"stale"
+    FakeWeb(monkeypatch, {URL: [TEXT]})
+    assert corpora.corpus_files("web", progress=False)[0].read_bytes() == TEXT
+
+
+def test_the_mirror_is_used_without_the_network(one_file_corpus, tmp_path, monkeypatch):
+    (tmp_path / "mirror" / "web").mkdir(parents=True)
+    (tmp_path / "mirror" / "web" / "input.txt").write_bytes(TEXT)
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "mirror"))
+    web = FakeWeb(monkeypatch, {URL: [TEXT]})
+    assert corpora.corpus_files("web", progress=False) == [tmp_path / "mirror" / "web" / "input.txt"]
+    assert web.requests == [] and not one_file_corpus.exists()
+
+
+def test_download_failure_suggests_mirror(tmp_path, monkeypatch):
+    """Offline: every attempt at the URL fails, and the one-line error names it and the mirror."""
+    # tiny Shakespeare ships with the package; as a corpus that does not, it is downloaded
+    monkeypatch.setitem(CORPORA, "tinyshakespeare", dataclasses.replace(CORPORA["tinyshakespeare"], embedded=None))
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
+    web = FakeWeb(monkeypatch)
+    with pytest.raises(GptspeedError) as e:
+        prepare("tinyshakespeare", tmp_path / "out", progress=False)
+    url = CORPORA["tinyshakespeare"].url
+    assert str(e.value) == (
+        f"could not download input.txt after 4 attempts per URL ({url}: unreachable (a test's fake "
+        "network)): get the files yourself and set GPTSPEED_DATA_MIRROR to a folder holding tinyshakespeare/input.txt"
+    )
+    assert web.requests == [url] * 4
+    assert not (tmp_path / "cache" / "tinyshakespeare").exists() or not any((tmp_path / "cache").rglob("*.txt"))
+
+
+def test_archive_download_into_cache(tmp_path, monkeypatch):
+    """The sdist path: fetch a tar.gz (the first URL gone, the second one answering), verify it,
+    extract only listed members safely, then reuse the cache without fetching again."""
+    texts = {"a.txt": b"Alpha text. " * 30, "b.txt": b"Beta text. " * 30}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in {**texts, "metadata.txt": b"not a document"}.items():
+            info = tarfile.TarInfo(f"pkg-1.0/texts/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    urls = ("https://example.org/gone/pkg-1.0.tar.gz", "https://example.org/packages/pkg-1.0.tar.gz")
+    corpus = Corpus(
+        name="fake",
+        files={f"fake/{n}": hashlib.sha256(d).hexdigest() for n, d in texts.items()},
+        archive=Archive(urls=urls, sha256=hashlib.sha256(buf.getvalue()).hexdigest(), member_dir="pkg-1.0/texts"),
+    )
+    monkeypatch.setitem(CORPORA, "fake", corpus)
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
+    monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
+    web = FakeWeb(monkeypatch, {urls[0]: [404] * 4, urls[1]: [buf.getvalue()]})
+    paths = corpora.corpus_files("fake", progress=False)
+    cache = tmp_path / "cache"
+    assert paths == [cache / "fake" / "a.txt", cache / "fake" / "b.txt"]
+    assert [p.read_bytes() for p in paths] == list(texts.values())
+    assert web.requests == [urls[0]] * 4 + [urls[1]]
+    assert list((cache / ".downloads").iterdir()) == []  # the archive removed once extracted
+    # cached and verified: no second fetch
+    assert prepare("fake", tmp_path / "out", progress=False)["documents"] == 2
+    assert web.requests == [urls[0]] * 4 + [urls[1]]

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
-import io
 import json
 import os
 import shutil
-import tarfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gptspeed.data import corpora, find_shards, load_manifest, read_shard, write_shard
-from gptspeed.data.corpora import CORPORA, Archive, Corpus
+from gptspeed.data import find_shards, load_manifest, read_shard, write_shard
+from gptspeed.data.corpora import CORPORA
 from gptspeed.data.prepare import PROGRESS_NAME, prepare
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, encode
@@ -29,7 +24,18 @@ from support.paths import SHARED_DATA as SHARED
 from support.records import DOCS as DOCS_RECORDS
 from support.records import lines_of
 
-pytestmark = pytest.mark.usefixtures("no_network")
+pytestmark = pytest.mark.usefixtures("no_network", "no_requests")
+
+
+@pytest.fixture
+def no_requests(monkeypatch):
+    """no_network for requests (what pooch downloads the named corpora through): any request fails."""
+    import requests
+
+    def refuse(*args, **kwargs):
+        raise OSError("the network must not be used in tests")
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", refuse)
 
 
 def shard_bytes_records(out):
@@ -54,11 +60,6 @@ def write_docs(folder, docs):
 
 
 DOCS_THREE = ["The first document. " * 40, "The second one, rather shorter. " * 5, "A third. " * 12]
-
-
-def urlopen_file_only(url, *args, **kwargs):
-    assert url.startswith("file://"), url
-    return urllib.request.build_opener(urllib.request.FileHandler()).open(url)
 
 
 def test_workers_give_identical_shards(tmp_path):
@@ -427,44 +428,3 @@ def test_mirror_with_wrong_sha256(tmp_path, monkeypatch):
     monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(mirror))
     with pytest.raises(GptspeedError, match="input.txt has sha256 [0-9a-f]{64}, expected 86c4e6"):
         prepare("tinyshakespeare", tmp_path / "out", progress=False)
-
-
-def test_download_failure_suggests_mirror(tmp_path, monkeypatch):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("offline")
-
-    # tiny Shakespeare ships with the package; as a corpus that does not, it is downloaded
-    monkeypatch.setitem(CORPORA, "tinyshakespeare", dataclasses.replace(CORPORA["tinyshakespeare"], embedded=None))
-    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(GptspeedError, match="could not download.*GPTSPEED_DATA_MIRROR"):
-        prepare("tinyshakespeare", tmp_path / "out", progress=False)
-
-
-def test_archive_download_into_cache(tmp_path, monkeypatch):
-    """The sdist path: fetch a tar.gz (here a file:// URL), verify it, extract only listed
-    members safely, then reuse the cache without fetching again."""
-    texts = {"a.txt": b"Alpha text. " * 30, "b.txt": b"Beta text. " * 30}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in {**texts, "metadata.txt": b"not a document"}.items():
-            info = tarfile.TarInfo(f"pkg-1.0/texts/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    sdist = tmp_path / "pkg-1.0.tar.gz"
-    sdist.write_bytes(buf.getvalue())
-    corpus = Corpus(
-        name="fake",
-        files={f"fake/{n}": hashlib.sha256(d).hexdigest() for n, d in texts.items()},
-        archive=Archive(
-            urls=(sdist.as_uri(),), sha256=hashlib.sha256(buf.getvalue()).hexdigest(), member_dir="pkg-1.0/texts"
-        ),
-    )
-    monkeypatch.setitem(CORPORA, "fake", corpus)
-    monkeypatch.setattr(urllib.request, "urlopen", urlopen_file_only)
-    paths = corpora.corpus_files("fake", progress=False)
-    cache = tmp_path / "cache"
-    assert paths == [cache / "fake" / "a.txt", cache / "fake" / "b.txt"]
-    assert [p.read_bytes() for p in paths] == list(texts.values())
-    sdist.unlink()  # cached and verified: no second fetch
-    assert prepare("fake", tmp_path / "out", progress=False)["documents"] == 2

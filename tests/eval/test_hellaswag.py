@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import subprocess
 import sys
-import urllib.request
+import types
 from pathlib import Path
 
 import numpy as np
+import pooch
 import pytest
+import requests
 import torch
 from torch.nn import functional as F
 
@@ -297,16 +298,28 @@ def test_official_file_from_mirror_cache_or_download_is_hash_checked(tmp_path, m
     assert hs.hellaswag_file() == mirror / "hellaswag_val.jsonl"
     assert len(hs.load_hellaswag(max_examples=2)) == 2
 
+    # the download, through pooch: its HTTP fetch faked (offline for the first 4 attempts, then the file)
+    fetched = []
+
+    def fetch(downloader, url, output_file, pooch_, check_only=False):
+        fetched.append(url)
+        if len(fetched) <= 4:
+            raise requests.exceptions.ConnectionError("offline")
+        Path(output_file).write_bytes(data)
+
+    monkeypatch.setattr(pooch.HTTPDownloader, "__call__", fetch)
+    monkeypatch.setattr(pooch.core, "time", types.SimpleNamespace(sleep=lambda seconds: None))
     monkeypatch.delenv("GPTSPEED_DATA_MIRROR")
-    with pytest.raises(GptspeedError, match="GPTSPEED_DATA_MIRROR"):  # offline, nothing cached
+    with pytest.raises(GptspeedError) as e:  # offline, nothing cached: each of the 4 attempts failed
         hs.hellaswag_file(progress=False)
-
-    class Response(io.BytesIO):
-        headers = {"Content-Length": str(len(data))}
-
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: Response(data))
+    assert str(e.value) == (
+        f"could not download hellaswag_val.jsonl after 4 attempts per URL ({hs.HELLASWAG_VAL_URL}: offline): "
+        "get the files yourself and set GPTSPEED_DATA_MIRROR to a folder holding hellaswag/hellaswag_val.jsonl"
+    )
     got = hs.hellaswag_file(progress=False)
     assert got == tmp_path / "cache" / "hellaswag" / "hellaswag_val.jsonl" and got.read_bytes() == data
+    assert fetched == [hs.HELLASWAG_VAL_URL] * 5
+    assert hs.hellaswag_file(progress=False) == got and len(fetched) == 5  # cached, hash right: not fetched again
 
 
 def test_bad_file_is_a_one_line_error(tmp_path):

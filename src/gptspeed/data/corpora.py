@@ -4,7 +4,8 @@ Named corpora (:data:`CORPORA`) come from their canonical URLs and are verified 
 Resolution order: ``$GPTSPEED_DATA_MIRROR/<name>/...`` (used in place), then the cache
 (``$GPTSPEED_CACHE`` or ``~/.cache/gptspeed``, same layout), then -- for a corpus shipped inside
 the package (tiny Shakespeare, xz-compressed: :data:`EMBEDDED_DIR`) -- its embedded copy, written
-into the cache, else a download into the cache: the only step that touches the network. Every file
+into the cache, else a download into the cache (through pooch: retried, streamed into a temporary
+file renamed only once its sha256 is right): the only step that touches the network. Every file
 is checked against its sha256 whichever way it came. :data:`HF_CORPORA` are read online through ``datasets``.
 :func:`resolve_source` turns any file-based SOURCE (corpus name, file, folder, glob) into paths.
 """
@@ -13,17 +14,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import http.client
 import lzma
 import os
+import sys
 import tarfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from tqdm import tqdm
 
 from gptspeed.data.sources import SUFFIXES, file_format
 from gptspeed.errors import GptspeedError
@@ -201,34 +198,45 @@ def _atomic_write(dest: Path, chunks: Iterator[bytes] | bytes, expect: str | Non
     write_atomic(dest, write)
 
 
+DOWNLOAD_RETRIES = 3
+"""Further attempts at a URL after a failed one (pooch waits 1 s, 2 s, 3 s between them)."""
+
+
 def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str, progress: bool) -> None:
-    """Fetch the first URL that answers into ``dest`` (temp file, sha256 check, rename)."""
-    error = None
+    """Fetch ``dest`` from the first of ``urls`` that gives the file, through pooch: each URL
+    tried 1 + :data:`DOWNLOAD_RETRIES` times, streamed into a temporary file beside ``dest`` that
+    is renamed onto it only once its sha256 is ``sha256`` (else deleted), so nothing half-written
+    or corrupt ever stands under the name. A ``dest`` already there with the right hash is kept.
+
+    Raises:
+        GptspeedError: every URL failed (one line naming the last URL and its error, and how to
+            use :data:`MIRROR_ENV` instead).
+    """
+    import pooch
+    import requests
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    error = ""
     for url in urls:
+        fetcher = pooch.create(
+            path=dest.parent,
+            base_url="",
+            registry={dest.name: f"sha256:{sha256}"},
+            urls={dest.name: url},
+            retry_if_failed=DOWNLOAD_RETRIES,
+        )
+        # pooch's own tqdm bar, on a terminal only (as the other bars of prepare)
+        downloader = pooch.HTTPDownloader(progressbar=progress and sys.stderr.isatty())
         try:
-            with urllib.request.urlopen(url, timeout=60) as resp:
-                total = int(resp.headers.get("Content-Length") or 0) or None
-                with tqdm(
-                    total=total,
-                    unit="B",
-                    unit_scale=True,
-                    desc=f"download {dest.name}",
-                    disable=None if progress else True,
-                ) as bar:  # None: only on a terminal
-
-                    def chunks() -> Iterator[bytes]:
-                        while block := resp.read(1 << 20):
-                            bar.update(len(block))
-                            yield block
-
-                    _atomic_write(dest, chunks(), expect=sha256, what=url)
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
-            error = f"{url}: {getattr(e, 'reason', None) or e}"
+            fetcher.fetch(dest.name, downloader=downloader)
+        except (requests.exceptions.RequestException, ValueError, OSError) as e:
+            # ValueError: a protocol pooch does not know, or a sha256 that differs on every attempt
+            error = " ".join(f"{url}: {e}".split())  # one line
             continue
         return
     raise GptspeedError(
-        f"could not download {dest.name} ({error}): get the files yourself and set {MIRROR_ENV} "
-        f"to a folder holding {mirror_hint}"
+        f"could not download {dest.name} after {1 + DOWNLOAD_RETRIES} attempts per URL ({error}): get the "
+        f"files yourself and set {MIRROR_ENV} to a folder holding {mirror_hint}"
     )
 
 

@@ -338,3 +338,15 @@ def test_run_defining_settings_come_from_the_declarations():
         setattr(getattr(b, group), name, new)
         expected = f"model.{name}" if name in {f.name for f in dataclasses.fields(GPTConfig)} else name
         assert run_defining_diff(a, b) == [expected], name
+
+
+def test_head_lr_needs_an_untied_head_and_every_group_rate_is_positive():
+    base = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
+    with pytest.raises(GptspeedError, match=r"--head-lr is the untied LM head's learning rate; .* --no-tie-embeddings"):
+        preset("pico").override(dict(base, head_lr=0.008)).validate()
+    preset("pico").override(dict(base, head_lr=0.008, tie_embeddings=False)).validate()
+    for flag in ("embed_lr", "head_lr", "scalar_lr"):
+        with pytest.raises(GptspeedError, match=f"--{flag.replace('_', '-')} must be a positive finite number"):
+            preset("pico").override(dict(base, tie_embeddings=False, **{flag: 0.0})).validate()
+    with pytest.raises(GptspeedError, match="--muon-momentum-start must be in"):
+        preset("pico").override(dict(base, muon_momentum_start=1.5)).validate()

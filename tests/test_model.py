@@ -142,6 +142,8 @@ SWITCHES = {
     "zero-init": dict(zero_init_proj=True),
     "softcap": dict(logit_softcap=15.0),
     "doc-mask": dict(doc_mask=True),
+    "value-embeds": dict(value_embeds=1),
+    "unet-skips": dict(unet_skips=True),
 }
 
 
@@ -1191,3 +1193,66 @@ def test_the_document_mask_attends_each_token_over_the_earlier_tokens_of_its_doc
     for name, (x, out) in layer_io(model, layers, idx).items():
         want = attend_by_hand(layers[name], *heads_by_hand(layers[name], x), allowed)
         torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+# ---- the speedrun's value embeddings and U-net skips, against their formulas
+
+
+def test_value_embeddings_are_mixed_into_the_values_by_the_layers_gates():
+    """The modded-nanogpt speedrun's value embeddings: ``v' = g0 * v + g1 * E[idx]`` per token, then
+    causal softmax attention over ``v'`` (Vaswani et al. 2017, eq. 1) and the output projection,
+    computed by hand from the layer's weights."""
+    model = tiny(value_embeds=1).double()
+    attn = model.transformer.h[1].attn
+    with torch.no_grad():
+        attn.ve_gates.copy_(torch.tensor([0.7, -1.3]))
+    torch.manual_seed(1)
+    idx = torch.randint(0, 50257, (2, 12))
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    ve = model.transformer.ve[0](idx)
+    got = attn(x, ve=ve)
+    q, k, v = (x @ attn.c_attn.weight.T + attn.c_attn.bias).split(32, dim=2)
+    v = 0.7 * v + -1.3 * model.transformer.ve[0].weight[idx]
+    heads = lambda t: t.view(2, 12, 2, 16).transpose(1, 2)  # noqa: E731
+    scores = heads(q) @ heads(k).transpose(-2, -1) / 4.0
+    scores = scores.masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), float("-inf"))
+    y = (scores.softmax(-1) @ heads(v)).transpose(1, 2).reshape(2, 12, 32)
+    torch.testing.assert_close(got, y @ attn.c_proj.weight.T + attn.c_proj.bias)
+
+
+def test_value_embedding_i_goes_to_block_i_and_to_block_n_minus_n_plus_i_and_no_other():
+    model = tiny(value_embeds=2, n_layer=5).eval()
+    seen = {}
+    for i, block in enumerate(model.transformer.h):
+        block.attn.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, args[4]))
+    idx = torch.randint(0, 50257, (1, 7))
+    model(idx)
+    want = {0: 0, 1: 1, 2: None, 3: 0, 4: 1}  # the speedrun's 12 layers with 3: 0 1 2 . . . . . . 0 1 2
+    for i, j in want.items():
+        if j is None:
+            assert seen[i] is None and not hasattr(model.transformer.h[i].attn, "ve_gates")
+        else:
+            torch.testing.assert_close(seen[i], model.transformer.ve[j](idx))
+    with pytest.raises(GptspeedError, match="--value-embeds 3 mixes into the first and the last 3 blocks: at most"):
+        GPTConfig(**dict(TINY_MODEL, n_layer=5, value_embeds=3)).validate()
+
+
+@pytest.mark.parametrize("n_layer", [4, 5])
+def test_unet_skips_add_each_first_half_output_to_its_mirror_block_by_its_weight(n_layer):
+    """U-net skips (Ronneberger et al. 2015, as the speedrun wires its blocks): with ``h = n_layer // 2``
+    the outputs of blocks ``0 .. h-1`` are kept, and block ``n_layer - h + m`` first adds
+    ``w[m] * output(h - 1 - m)``; computed here block by block, with random skip weights."""
+    model = tiny(unet_skips=True, n_layer=n_layer).eval()
+    with torch.no_grad():
+        model.skip_weights.copy_(torch.randn(n_layer // 2) * 2)
+    idx = torch.randint(0, 50257, (2, 9))
+    x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(9))
+    outs, h = [], n_layer // 2
+    for i, block in enumerate(model.transformer.h):
+        if i >= n_layer - h:
+            m = i - (n_layer - h)
+            x = x + model.skip_weights[m] * outs[h - 1 - m]
+        x = block(x)
+        outs.append(x)
+    torch.testing.assert_close(model.hidden_states(idx), model.transformer.ln_f(x))
+    assert model.skip_weights.shape == (n_layer // 2,)

@@ -523,3 +523,62 @@ def test_a_muon_step_is_newton_schulz_of_the_nesterov_momentum_scaled_by_sqrt_of
             got = p.detach().double() - before[n]
             err = float((got - want).norm() / want.norm())
             assert err < 0.03, f"step {seed}, {n} {tuple(p.shape)}: the change is {err:.1%} away from Muon's"
+
+
+# ---- the speedrun's per-group Adam rates and Muon's momentum warm-up
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_each_adam_group_reaches_its_own_peak_rate_and_the_default_keeps_two_groups(optimizer):
+    """--embed-lr, --head-lr, --scalar-lr (the modded-nanogpt speedrun's per-group Adam rates): at the
+    schedule's peak every embedding, the untied head, every gain and bias and every other matrix get
+    their own rate; without them AdamW keeps its two groups (a checkpoint's layout is unchanged)."""
+    from gptspeed.config import preset
+    from gptspeed.optim import set_lr
+
+    shape = dict(TINY_MODEL, n_layer=2, tie_embeddings=False, value_embeds=1, optimizer=optimizer, warmup_steps=0)
+    cfg = preset("pico").override(dict(shape, lr=1e-3, embed_lr=0.6, head_lr=0.008, scalar_lr=0.04))
+    model = GPT(cfg.model)
+    opt, _ = build_optimizer(model, cfg.optim, "cpu")
+    set_lr(opt, cfg, 0)
+    rate = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    hidden = {id(p) for p in muon_params(model)[0]} if optimizer == "muon" else set()
+    for name, p in model.named_parameters():
+        if id(p) in hidden:
+            want = cfg.optim.muon_lr
+        elif name.startswith(("transformer.wte", "transformer.wpe", "transformer.ve")):
+            want = 0.6
+        elif name == "lm_head.weight":
+            want = 0.008
+        elif p.dim() < 2:
+            want = 0.04
+        else:
+            want = 1e-3
+        assert rate[id(p)] == pytest.approx(want), name
+    decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert all(decay[id(p)] == 0.0 for p in model.parameters() if p.dim() < 2 and id(p) not in hidden)
+    plain = preset("pico").override(dict(shape, lr=1e-3))
+    opt, _ = build_optimizer(GPT(plain.model), plain.optim, "cpu")
+    adam = opt if optimizer == "adamw" else opt.adamw
+    assert [g["weight_decay"] for g in adam.param_groups] == [plain.optim.weight_decay, 0.0]
+
+
+def test_muons_momentum_warms_up_linearly_then_holds_and_adamw_is_untouched():
+    """--muon-momentum-warmup 300 with start 0.85 and --muon-momentum 0.95 (the speedrun's): the
+    momentum of step s is 0.85 + min(s / 300, 1) * 0.10, set into Muon's groups with the learning
+    rate; AdamW's betas do not move; 0 (the default) leaves Muon's momentum alone."""
+    from gptspeed.config import preset
+    from gptspeed.optim import set_lr
+
+    cfg = preset("pico").override(
+        dict(TINY_MODEL, optimizer="muon", muon_momentum_warmup=300, muon_momentum_start=0.85, muon_momentum=0.95)
+    )
+    opt, _ = build_optimizer(GPT(cfg.model), cfg.optim, "cpu")
+    for step in (0, 1, 150, 299, 300, 1000):
+        set_lr(opt, cfg, step)
+        assert [g["momentum"] for g in opt.muon.param_groups] == [pytest.approx(0.85 + min(step / 300, 1) * 0.10)]
+        assert all(g["betas"] == (cfg.optim.beta1, cfg.optim.beta2) for g in opt.adamw.param_groups)
+    off = preset("pico").override(dict(TINY_MODEL, optimizer="muon", muon_momentum=0.9))
+    opt, _ = build_optimizer(GPT(off.model), off.optim, "cpu")
+    set_lr(opt, off, 0)
+    assert [g["momentum"] for g in opt.muon.param_groups] == [0.9]

@@ -217,6 +217,21 @@ class GPTConfig:
         kind="bool",
         run_defining=True,
     )
+    value_embeds: int = _f(
+        0,
+        "value embeddings: N token embeddings mixed, with learned gates, into the attention values of "
+        "the first N and the last N blocks (block i and block n_layer-N+i share embedding i; the "
+        "modded-nanogpt speedrun: 3); 0 = off",
+        min=0,
+        run_defining=True,
+    )
+    unet_skips: bool = _f(
+        False,
+        "U-net skip connections: each block of the second half adds, with a learned weight, the output "
+        "of its mirror block of the first half (the modded-nanogpt speedrun)",
+        kind="bool",
+        run_defining=True,
+    )
 
     def validate(self) -> None:
         """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT: every field's
@@ -234,6 +249,15 @@ class GPTConfig:
                 f"--pos-emb rope rotates pairs of channels: the head dimension n_embd / n_head = "
                 f"{self.n_embd} / {self.n_head} = {head_dim} must be even; change --n-embd or --n-head"
             )
+        if self.value_embeds > self.n_layer // 2:
+            raise GptspeedError(
+                f"--value-embeds {self.value_embeds} mixes into the first and the last {self.value_embeds} blocks: "
+                f"at most n_layer / 2 = {self.n_layer // 2} with --n-layer {self.n_layer}"
+            )
+        if self.unet_skips and self.n_layer < 2:
+            raise GptspeedError(
+                "--unet-skips joins blocks of the first half to the second: it needs --n-layer 2 or more"
+            )
         if self.vocab_size < self.valid_vocab_size:
             raise GptspeedError(
                 f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "
@@ -250,14 +274,26 @@ class GPTConfig:
         embeddings = self.vocab_size * C * (1 if self.tie_embeddings else 2) + (
             self.block_size * C if self.pos_emb == "learned" else 0
         )
-        return embeddings + self.n_layer * per_block + norm  # + ln_f
+        extra = self.value_embeds * self.vocab_size * C + 2 * self.value_embeds * 2  # the embeddings, 2 gates a block
+        extra += self.n_layer // 2 if self.unet_skips else 0  # one weight a skip
+        return embeddings + self.n_layer * per_block + norm + extra  # + ln_f
 
     def non_gpt2_switches(self) -> list[str]:
         """The flags of the switches by which this model is not GPT-2's architecture (what
         transformers' ``GPT2LMHeadModel`` cannot load): empty for GPT-2. ``--zero-init-proj`` only
         changes the initial weights, so it is not among them."""
         gpt2 = GPTConfig()
-        names = ("pos_emb", "qk_norm", "mlp", "norm", "tie_embeddings", "logit_softcap", "doc_mask")
+        names = (
+            "pos_emb",
+            "qk_norm",
+            "mlp",
+            "norm",
+            "tie_embeddings",
+            "logit_softcap",
+            "doc_mask",
+            "value_embeds",
+            "unet_skips",
+        )
         return [f"{setting_flag(n)} {getattr(self, n)}" for n in names if getattr(self, n) != getattr(gpt2, n)]
 
     def buffer_bytes(self) -> int:
@@ -340,6 +376,44 @@ class OptimConfig:
         run_defining=True,
     )
     muon_momentum: float = _f(0.95, "Muon (Nesterov) momentum", min=0, max=1, text="in [0, 1)", run_defining=True)
+    muon_momentum_warmup: int = _f(
+        0,
+        "steps over which Muon's momentum rises linearly from --muon-momentum-start to --muon-momentum (the "
+        "modded-nanogpt speedrun: 0.85 to 0.95 over 300 steps); 0 = off",
+        min=0,
+        run_defining=True,
+    )
+    muon_momentum_start: float = _f(
+        0.85, "--muon-momentum-warmup's first momentum", min=0, max=1, text="in [0, 1)", run_defining=True
+    )
+    embed_lr: float | None = _f(
+        None,
+        "AdamW peak learning rate of the token and position embeddings (default: --lr); with --head-lr and "
+        "--scalar-lr, the speedrun's per-group Adam rates",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+        run_defining=True,
+    )
+    head_lr: float | None = _f(
+        None,
+        "AdamW peak learning rate of the untied LM head (needs --no-tie-embeddings; default: --lr)",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+        run_defining=True,
+    )
+    scalar_lr: float | None = _f(
+        None,
+        "AdamW peak learning rate of the gains and biases (tensors of under 2 dims; default: --lr)",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+        run_defining=True,
+    )
 
 
 @dataclass
@@ -674,6 +748,11 @@ class RunConfig:
                 f"--cast-weights-once keeps FSDP2's bf16 weights between micro-steps: it needs "
                 f"--parallel fsdp (one process may use it) and --dtype bfloat16; this run has "
                 f"--parallel {r.parallel} --dtype {r.dtype}"
+            )
+        if self.optim.head_lr is not None and self.model.tie_embeddings:
+            raise GptspeedError(
+                "--head-lr is the untied LM head's learning rate; this run ties the head to the token "
+                "embedding: add --no-tie-embeddings, or use --embed-lr for the tied weight"
             )
         parse_log_to(t.log_to)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":

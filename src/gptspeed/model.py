@@ -140,17 +140,31 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v projections, fused
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE_INIT = True
+        k = config.value_embeds
+        if k and (layer < k or layer >= config.n_layer - k):  # mixes a value embedding into v: its two gates
+            self.ve_gates = nn.Parameter(torch.tensor([0.5, 0.5]))
         if config.attention == "manual":
             mask = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
             self.register_buffer("causal_mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False)
 
     def forward(
-        self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        kv: KVCache | None = None,
+        rope: tuple | None = None,
+        mask: torch.Tensor | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``rope``: :func:`rope_cos_sin`'s tables; ``mask``: a bool ``(B, 1, T, S)`` (True: may
-        attend) or a FlexAttention ``BlockMask`` (``doc_mask``), replacing the causal mask."""
+        attend) or a FlexAttention ``BlockMask`` (``doc_mask``), replacing the causal mask; ``ve``: the
+        tokens' value embedding ``(B, T, C)`` (``value_embeds``), mixed into the values as ``g0 * v + g1 *
+        ve`` with the layer's learned gates ``ve_gates`` (initially 0.5 and 0.5; the modded-nanogpt
+        speedrun's value embeddings)."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
+        if ve is not None:  # value embeddings (the speedrun's): gated, per token, before the cache keeps v
+            g = self.ve_gates.to(v.dtype)
+            v = g[0] * v + g[1] * ve.to(v.dtype)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, Q)
@@ -217,9 +231,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, kv: KVCache | None = None, rope: tuple | None = None, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        kv: KVCache | None = None,
+        rope: tuple | None = None,
+        mask: torch.Tensor | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv, rope, mask)
+        x = x + self.attn(self.ln_1(x), kv, rope, mask, ve)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -257,7 +276,13 @@ class GPT(nn.Module):
         if config.pos_emb == "learned":
             parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         parts.update(h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]), ln_f=make_norm(config))
+        if config.value_embeds:  # lookups, as wte: N(0, 0.02) by _init_weights, AdamW's embedding group
+            parts["ve"] = nn.ModuleList(
+                nn.Embedding(config.vocab_size, config.n_embd) for _ in range(config.value_embeds)
+            )
         self.transformer = nn.ModuleDict(parts)
+        if config.unet_skips:  # one weight a skip, initially 1 (the speedrun's)
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017)
@@ -329,6 +354,8 @@ class GPT(nn.Module):
         n = self.num_params()
         if not c.tie_embeddings:
             n -= self.transformer.wte.weight.numel()
+        if c.value_embeds:  # lookups too
+            n -= sum(e.weight.numel() for e in self.transformer.ve)
         if c.softmax == "data":  # the LM head multiplies by K of its vocab_size rows
             n -= (c.vocab_size - self.softmax_ids.numel()) * c.n_embd
         return 6 * n + 12 * c.n_layer * c.n_embd * T
@@ -361,9 +388,31 @@ class GPT(nn.Module):
         rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta) if c.pos_emb == "rope" else None
         mask = self.attention_mask(idx, kv) if c.doc_mask else None
         extra = (kv, rope, mask) if (kv, rope, mask) != (None, None, None) else ()
-        for block in self.transformer.h:
-            x = block(x, *extra)
-        return self.transformer.ln_f(x)  # (B, T, C)
+        if not (c.value_embeds or c.unet_skips):
+            for block in self.transformer.h:
+                x = block(x, *extra)
+            return self.transformer.ln_f(x)  # (B, T, C)
+        return self.transformer.ln_f(self._speedrun_blocks(x, idx, extra))  # (B, T, C)
+
+    def _speedrun_blocks(self, x: torch.Tensor, idx: torch.Tensor, extra: tuple) -> torch.Tensor:
+        """The blocks with the modded-nanogpt speedrun's value embeddings and U-net skips: block ``i <
+        N`` and block ``n_layer - N + i`` get value embedding ``i`` of the tokens (``value_embeds`` = N);
+        with ``unet_skips`` each block ``j`` of the last ``n_layer // 2`` first adds ``skip_weights[m] *``
+        the output of its mirror block ``n_layer // 2 - 1 - m`` (``m = j - (n_layer - n_layer // 2)``;
+        Ronneberger et al. 2015's U-net, as the speedrun joins its layers)."""
+        c, n = self.config, self.config.n_layer
+        k, half = c.value_embeds, n // 2 if c.unet_skips else 0
+        ves = [e(idx) for e in self.transformer.ve] if k else []  # (B, T, C) each
+        kv, rope, mask = extra or (None, None, None)
+        skips = []
+        for i, block in enumerate(self.transformer.h):
+            if i >= n - half:
+                x = x + self.skip_weights[i - (n - half)].to(x.dtype) * skips.pop()
+            ve = ves[i] if i < k else ves[i - (n - k)] if i >= n - k and k else None
+            x = block(x, kv, rope, mask, ve)
+            if i < half:
+                skips.append(x)
+        return x
 
     @staticmethod
     def _bf16_autocast(x: torch.Tensor) -> bool:

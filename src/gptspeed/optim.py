@@ -19,13 +19,42 @@ from gptspeed.config import OptimConfig
 from gptspeed.errors import GptspeedError
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: tensors with ``dim >= 2`` decayed, the rest not. Tied weights count once."""
-    params = [p for p in model.parameters() if p.requires_grad]  # parameters() de-duplicates ties
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+def param_groups(
+    model: torch.nn.Module, weight_decay: float, cfg: OptimConfig | None = None, params=None
+) -> list[dict]:
+    """AdamW's param groups over ``params`` (default: every trainable parameter of ``model``; tied
+    weights count once). By default two: tensors with ``dim >= 2`` decayed, the rest not, each with
+    ``lr_mult`` 1. With ``cfg.embed_lr``, ``head_lr`` or ``scalar_lr`` set (the modded-nanogpt
+    speedrun's per-group Adam rates), four: the matrices, the ``nn.Embedding`` weights, the untied LM
+    head, the gains and biases, each with ``lr_mult`` = its peak rate / ``cfg.lr`` (the schedule
+    scales every group); empty groups are left out."""
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]  # parameters() de-duplicates ties
+    if cfg is None or (cfg.embed_lr, cfg.head_lr, cfg.scalar_lr) == (None, None, None):
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return [dict(g, lr_mult=1.0) for g in groups]
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = getattr(model, "lm_head", None)
+    head_ids = {id(head.weight)} - embeddings if isinstance(head, torch.nn.Linear) else set()
+
+    def kind(p: torch.nn.Parameter) -> str:
+        if id(p) in embeddings:
+            return "embed"
+        if id(p) in head_ids:
+            return "head"
+        return "matrix" if p.dim() >= 2 else "scalar"
+
+    rates = {"matrix": cfg.lr, "embed": cfg.embed_lr, "head": cfg.head_lr, "scalar": cfg.scalar_lr}
+    groups = []
+    for name, lr in rates.items():
+        members = [p for p in params if kind(p) == name]
+        if members:
+            decay = weight_decay if name != "scalar" else 0.0
+            groups.append({"params": members, "weight_decay": decay, "lr_mult": (lr or cfg.lr) / cfg.lr})
+    return groups
 
 
 def fused_adamw_available(device_type: str) -> bool:
@@ -85,10 +114,12 @@ def build_adamw(model: torch.nn.Module, cfg: OptimConfig, device_type: str):
     torch if the device has none); False uses PyTorch's default implementation."""
     fused = fused_adamw_available(device_type) if cfg.fused_adamw is None else cfg.fused_adamw
     opt = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+        param_groups(model, cfg.weight_decay, cfg),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused or None,
     )
-    for g in opt.param_groups:
-        g["lr_mult"] = 1.0
     return opt, fused
 
 
@@ -140,15 +171,13 @@ class MuonWithAdamW:
             nesterov=True,
             adjust_lr_fn="original",
         )
-        groups = [
-            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-        ]
         self.adamw = torch.optim.AdamW(
-            groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+            param_groups(model, cfg.weight_decay, cfg, params=rest),
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+            fused=fused or None,
         )
-        for g in self.adamw.param_groups:
-            g["lr_mult"] = 1.0
         for g in self.muon.param_groups:
             g["lr_mult"] = cfg.muon_lr / cfg.lr
 
@@ -246,4 +275,18 @@ def set_lr(optimizer, cfg, step: int) -> float:
     )
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_mult", 1.0)
+    if o.optimizer == "muon" and o.muon_momentum_warmup > 0:
+        momentum = muon_momentum_at(step, o)
+        for group in optimizer.param_groups:
+            if "momentum" in group:  # Muon's groups (AdamW's have betas)
+                group["momentum"] = momentum
     return lr
+
+
+def muon_momentum_at(step: int, o: OptimConfig) -> float:
+    """Muon's momentum at optimizer step ``step`` (0-based) under ``--muon-momentum-warmup N``: from
+    ``--muon-momentum-start`` rising linearly to ``--muon-momentum`` at step N, then held (the
+    modded-nanogpt speedrun's warm-up, 0.85 to 0.95 over its first 300 steps). A pure function of the
+    step, as the learning rate is: a resume needs no state for it."""
+    frac = min(step / o.muon_momentum_warmup, 1.0) if o.muon_momentum_warmup > 0 else 1.0
+    return o.muon_momentum_start + frac * (o.muon_momentum - o.muon_momentum_start)

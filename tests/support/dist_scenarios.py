@@ -112,6 +112,11 @@ MODERN = dict(
     zero_init_proj=True,
     logit_softcap=15.0,
     doc_mask=True,
+    value_embeds=1,
+    unet_skips=True,
+    embed_lr=3e-3,
+    head_lr=1e-3,
+    scalar_lr=2e-3,
     lr_schedule="wsd",
 )
 

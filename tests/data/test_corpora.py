@@ -11,11 +11,8 @@ import tarfile
 import types
 
 import numpy as np
-import pooch
 import pytest
-import requests
 import torch
-import urllib3
 
 from gptspeed.data import corpora, find_shards, read_shard
 from gptspeed.data.corpora import CORPORA, Archive, Corpus
@@ -219,6 +216,8 @@ class FakeRaw:
         self.body, self.broken = body, broken
 
     def stream(self, chunk_size, decode_content=True):
+        import urllib3
+
         if self.broken:
             yield self.body[: len(self.body) // 2]
             raise urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead")
@@ -237,6 +236,9 @@ class FakeWeb:
     attempts (not slept)."""
 
     def __init__(self, monkeypatch, answers=None):
+        import pooch  # here, not at the top: the GPU machine's bare image collects this file
+        import requests
+
         self.answers = {url: list(a) for url, a in (answers or {}).items()}
         self.requests: list[str] = []
         self.sleeps: list[float] = []
@@ -244,6 +246,8 @@ class FakeWeb:
         monkeypatch.setattr(pooch.core, "time", types.SimpleNamespace(sleep=self.sleeps.append))
 
     def send(self, request, **kwargs):
+        import requests
+
         self.requests.append(request.url)
         queue = self.answers.get(request.url)
         if not queue:
@@ -362,3 +366,16 @@ def test_archive_download_into_cache(tmp_path, monkeypatch):
     # cached and verified: no second fetch
     assert prepare("fake", tmp_path / "out", progress=False)["documents"] == 2
     assert web.requests == [urls[0]] * 4 + [urls[1]]
+
+
+def test_without_pooch_a_download_is_one_line_naming_it_and_the_mirror(one_file_corpus, monkeypatch):
+    """The GPU machine runs the checkout from src/ with carried wheels: a missing pooch is one line."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pooch", None)  # "import pooch" fails as if not installed
+    with pytest.raises(GptspeedError) as e:
+        corpora.corpus_files("web", progress=False)
+    assert str(e.value) == (
+        "downloading input.txt needs the package pooch (a dependency of gptspeed: pip install pooch), "
+        "or set GPTSPEED_DATA_MIRROR to a folder holding web/input.txt"
+    )

@@ -10,9 +10,7 @@ import types
 from pathlib import Path
 
 import numpy as np
-import pooch
 import pytest
-import requests
 import torch
 from torch.nn import functional as F
 
@@ -299,6 +297,9 @@ def test_official_file_from_mirror_cache_or_download_is_hash_checked(tmp_path, m
     assert len(hs.load_hellaswag(max_examples=2)) == 2
 
     # the download, through pooch: its HTTP fetch faked (offline for the first 4 attempts, then the file)
+    import pooch  # here, not at the top: the GPU machine's bare image collects this file
+    import requests
+
     fetched = []
 
     def fetch(downloader, url, output_file, pooch_, check_only=False):

@@ -212,9 +212,14 @@ def _download(urls: tuple[str, ...], dest: Path, sha256: str, mirror_hint: str, 
         GptspeedError: every URL failed (one line naming the last URL and its error, and how to
             use :data:`MIRROR_ENV` instead).
     """
-    import pooch
-    import requests
-
+    try:
+        import pooch
+        import requests
+    except ImportError as e:  # a dependency, but a checkout run from its src/ may lack it
+        raise GptspeedError(
+            f"downloading {dest.name} needs the package {e.name} (a dependency of gptspeed: pip install pooch), "
+            f"or set {MIRROR_ENV} to a folder holding {mirror_hint}"
+        ) from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     error = ""
     for url in urls:

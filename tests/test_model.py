@@ -1256,3 +1256,21 @@ def test_unet_skips_add_each_first_half_output_to_its_mirror_block_by_its_weight
         outs.append(x)
     torch.testing.assert_close(model.hidden_states(idx), model.transformer.ln_f(x))
     assert model.skip_weights.shape == (n_layer // 2,)
+
+
+def test_the_speedruns_logit_rescale_30_sigmoid_over_7_5_is_the_soft_cap_of_15():
+    """The modded-nanogpt speedrun rescales its logits as ``30 * sigmoid(z / 7.5)``, which is
+    ``15 * tanh(z / 15) + 15`` (``2 sigmoid(2x) = tanh(x) + 1``): --logit-softcap 15 up to a constant,
+    which softmax ignores. Same loss and same gradients, computed here from the speedrun's formula."""
+    model = tiny(logit_softcap=15.0, tie_embeddings=False).double()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 3.0)  # logits far past the cap, where the two would differ if they did
+    idx = torch.randint(0, 50257, (2, 10))
+    _, loss = model(idx, idx)
+    (g_ours,) = torch.autograd.grad(loss, model.lm_head.weight)
+    z = model.lm_head(model.hidden_states(idx))[..., :50257]
+    theirs = F.cross_entropy((30 * torch.sigmoid(z / 7.5)).view(-1, 50257), idx.view(-1))
+    (g_theirs,) = torch.autograd.grad(theirs, model.lm_head.weight)
+    torch.testing.assert_close(loss.double(), theirs, rtol=1e-6, atol=0)  # the plain path's loss is fp32
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-9)
+    assert z.abs().max() > 45  # 3 caps out: the cap was exercised

@@ -27,7 +27,7 @@ stopped at its limit -- or a part stopped at its timeout -- still brings back ev
 ``summary.json`` in each archive lists the parts, their commands, status and seconds. A file too big
 for the archive (a profiler trace, over :attr:`Session.in_archive_max`) comes back beside it,
 gzipped, when that fits the device's limit on a returned file, and is listed as left out when not.
-Run from the project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5
+Run from the project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5 pooch==1.9.0 platformdirs==4.14.8
 nvidia-cudnn-frontend==1.32.0`` here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py
 window1`` (then ``window2``): :data:`COMMANDS`, docs/gpus.md.
 

@@ -70,7 +70,7 @@ def shakespeare_data(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def no_network(monkeypatch, tmp_path):
-    """Any download fails (``urllib.request.urlopen`` raises), and gptspeed's cache is an empty
+    """Any download fails (``urllib.request.urlopen`` and requests' transport raise), and gptspeed's cache is an empty
     folder of this test's: a file is read from the mirror or the package, or the test fails."""
     import urllib.request
 
@@ -78,6 +78,12 @@ def no_network(monkeypatch, tmp_path):
         raise OSError("the network must not be used in tests")
 
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    try:  # downloads go through pooch, which uses requests
+        import requests.adapters
+
+        monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", refuse)
+    except ImportError:
+        pass
     monkeypatch.setenv("GPTSPEED_CACHE", str(tmp_path / "cache"))
 
 
@@ -104,3 +110,51 @@ def eager_compile(monkeypatch):
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session")
+def reference(request, tmp_path_factory):
+    """``reference(settings, setup=None)``: the folder of a tiny run never stopped, trained once per session and
+    shared (tests/support/references.py): the run an exact-resume case must equal, and the run whose logs other
+    tests check. Read-only: a test that changes a run copies it first."""
+    from support.references import SHAKESPEARE, STREAM, References, made_once, session_folder
+
+    root = session_folder(tmp_path_factory) / "references"
+
+    def stream() -> str:
+        from support.documents import DOCS, write_jsonl
+
+        folder = made_once(root / "stream", lambda f: write_jsonl(f / "d.jsonl", DOCS * 5))
+        return f"jsonl:{folder / 'd.jsonl'}"
+
+    shakespeare = lambda: str(request.getfixturevalue("shakespeare_data"))  # noqa: E731  (prepared when first used)
+    return References(root, {SHAKESPEARE: shakespeare, STREAM: stream})
+
+
+@pytest.fixture(scope="session")
+def dist_runs(shakespeare_data, tmp_path_factory):
+    """One process x 2 micro-steps (in-process), and 2 ranks x 1 micro-step with DDP and FSDP2; and,
+    launched at the same time, tests/support/dist_scenarios.py: the GPU-path cases on 2 ranks
+    (tests/support/torchrun.py).
+
+    Made once per test session: under pytest-xdist the first worker to need them makes them in the
+    session's folder (a file lock, as xdist's documentation shows) and the others read them, instead
+    of every worker making its own (the launches are the slowest part of the tests using them). Read-only:
+    a test that changes a run copies it first."""
+    import json
+
+    from filelock import FileLock
+
+    from support.references import session_folder
+    from support.torchrun import make_dist_runs
+
+    session = session_folder(tmp_path_factory)
+    made = session / "dist_runs.json"
+    with FileLock(str(made) + ".lock"):
+        if made.is_file():
+            out = json.loads(made.read_text())
+        else:
+            out = make_dist_runs(shakespeare_data, session / "dist")
+            made.with_suffix(".tmp").write_text(json.dumps(out))
+            made.with_suffix(".tmp").replace(made)
+    return {k: (tuple(v) if k == "bad" else v if k == "scenarios" else Path(v)) for k, v in out.items()}

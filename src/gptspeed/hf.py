@@ -9,8 +9,14 @@ with a step-0 checkpoint; ``--init-from`` on train / sample / eval loads the wei
 Out: ``gptspeed export-hf --run RUN --out DIR`` writes ``config.json``, ``model.safetensors``,
 GPT-2's tokenizer files (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``) and a marker
 (:data:`EXPORT_MARKER`: what it wrote, so ``--force`` replaces an earlier export and nothing else), so
-``GPT2LMHeadModel.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
-offline with the same logits (the vocabulary padding rows are removed).
+``AutoModelForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
+offline with the same logits (the vocabulary padding rows are removed). A GPT-2 run is a
+``GPT2LMHeadModel``. A run with architecture switches (``GPTConfig.non_gpt2_switches``: rotary
+positions, QK-norm, ReLU², RMSNorm, an untied head, logit soft-capping, the document mask, value
+embeddings, U-net skips), which no model of transformers' computes -- Llama's MLP is gated and has
+no biases, ours is neither -- carries its own modeling code, :mod:`gptspeed.hf_modeling`'s two
+files, and both calls take ``trust_remote_code=True`` (https://huggingface.co/docs/transformers/custom_models: a
+``PretrainedConfig`` and a ``PreTrainedModel`` subclass named in config.json's ``auto_map``).
 
 The mapping, as in nanoGPT's ``GPT.from_pretrained``: parameter names are the same (with or
 without the ``transformer.`` prefix: OpenAI's own files have none); HF's GPT-2 uses ``Conv1D``,
@@ -40,6 +46,7 @@ from gptspeed.config import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.model import GPT
+from gptspeed.tokenizer import EOT_TOKEN
 
 NAMED_MODELS = {
     "gpt2": "openai-community/gpt2",  # 124M
@@ -675,9 +682,17 @@ def import_hf(source: str, out: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------- export-hf
-def hf_config_dict(config: GPTConfig) -> dict[str, Any]:
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""``export-hf --dtype``: the dtype the exported tensors are stored in (and config.json's ``dtype``)."""
+
+MODELING_FILES = ("configuration_gptspeed.py", "modeling_gptspeed.py")
+"""The files of :mod:`gptspeed.hf_modeling` copied into the export of a run with architecture switches."""
+
+
+def hf_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
     """``config.json`` for ``transformers.GPT2LMHeadModel`` with our shape (vocabulary unpadded).
-    Dropout is 0: gptspeed trains without it."""
+    Dropout is 0: gptspeed trains without it. ``dtype`` (and ``torch_dtype``, its name before
+    transformers 4.56) is the stored tensors' dtype."""
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -699,27 +714,180 @@ def hf_config_dict(config: GPTConfig) -> dict[str, Any]:
         "reorder_and_upcast_attn": False,
         "tie_word_embeddings": True,
         "use_cache": True,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-        "dtype": "float32",
+        "bos_token_id": EOT_TOKEN,
+        "eos_token_id": EOT_TOKEN,
+        "dtype": dtype,
+        "torch_dtype": dtype,
     }
 
 
-def gpt_to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    """HF ``GPT2LMHeadModel`` tensors (``transformer.``-prefixed, Conv1D weights ``[in, out]``, fp32,
-    contiguous) from our state dict; the padding rows of ``wte`` are removed and ``lm_head.weight``
-    is left out (transformers ties it to ``wte`` on load; safetensors cannot store shared tensors)."""
+def gptspeed_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
+    """``config.json`` of a run with architecture switches, for :mod:`gptspeed.hf_modeling`'s
+    ``GptspeedConfig`` (``model_type`` ``gptspeed_gpt``; ``auto_map`` names the two files, so
+    ``AutoConfig`` / ``AutoModelForCausalLM`` load them with ``trust_remote_code=True``). The switches
+    keep gptspeed's names and values."""
+    return {
+        "architectures": ["GptspeedForCausalLM"],
+        "model_type": "gptspeed_gpt",
+        "auto_map": {
+            "AutoConfig": "configuration_gptspeed.GptspeedConfig",
+            "AutoModelForCausalLM": "modeling_gptspeed.GptspeedForCausalLM",
+        },
+        "vocab_size": config.valid_vocab_size,
+        "n_positions": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "pos_emb": config.pos_emb,
+        "rope_theta": config.rope_theta,
+        "qk_norm": config.qk_norm,
+        "mlp": config.mlp,
+        "norm": config.norm,
+        "tie_embeddings": config.tie_embeddings,
+        "logit_softcap": config.logit_softcap,
+        "doc_mask": config.doc_mask,
+        "value_embeds": config.value_embeds,
+        "unet_skips": config.unet_skips,
+        "eot_token_id": EOT_TOKEN,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "bos_token_id": EOT_TOKEN,
+        "eos_token_id": EOT_TOKEN,
+        "dtype": dtype,
+        "torch_dtype": dtype,
+    }
+
+
+def gpt_to_hf_state_dict(
+    sd: dict[str, torch.Tensor], config: GPTConfig, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """HF ``GPT2LMHeadModel`` tensors (``transformer.``-prefixed, Conv1D weights ``[in, out]``,
+    ``dtype``, contiguous) from our state dict; the padding rows of ``wte`` are removed and
+    ``lm_head.weight`` is left out (transformers ties it to ``wte`` on load; safetensors cannot store
+    shared tensors)."""
     out = {}
     for k, t in sd.items():
         if k == "lm_head.weight" or not k.startswith("transformer."):
             continue
-        t = t.detach().float().cpu()
+        t = t.detach().to("cpu", dtype)
         if k == "transformer.wte.weight":
             t = t[: config.valid_vocab_size]
         elif k.endswith(CONV1D):
             t = t.t()
         out[k] = t.contiguous().clone()
     return out
+
+
+def gpt_to_gptspeed_hf_state_dict(
+    sd: dict[str, torch.Tensor], config: GPTConfig, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``modeling_gptspeed.GptspeedForCausalLM``: every tensor of our state dict under
+    its own name (``nn.Linear`` weights ``[out, in]``), in ``dtype``, contiguous; the padding rows of
+    ``wte``, of the value embeddings and of an untied ``lm_head`` removed, a tied ``lm_head.weight``
+    left out (the model reads ``wte``). :func:`gptspeed_hf_names` are the names the model has."""
+    out = {}
+    for k, t in sd.items():
+        if k == "lm_head.weight" and config.tie_embeddings:
+            continue
+        t = t.detach().to("cpu", dtype)
+        if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("transformer.ve."):
+            t = t[: config.valid_vocab_size]
+        out[k] = t.contiguous().clone()
+    return out
+
+
+EXPORTED_FIELDS = frozenset(
+    {
+        # the shape
+        "block_size",
+        "vocab_size",
+        "valid_vocab_size",
+        "n_layer",
+        "n_head",
+        "n_embd",
+        # how the model computes, trains or starts, not what it computes
+        "attention",
+        "loss",
+        "residual_dtype",
+        "zero_init_proj",
+        "softmax",  # "data" is refused on its own
+        # the switches modeling_gptspeed.py computes
+        "pos_emb",
+        "rope_theta",
+        "qk_norm",
+        "mlp",
+        "norm",
+        "tie_embeddings",
+        "logit_softcap",
+        "doc_mask",
+        "value_embeds",
+        "unet_skips",
+    }
+)
+"""The :class:`GPTConfig` fields an export carries (or that do not change the function the model
+computes). A run with any other field off its default is refused: a switch added to the model
+later is never exported as a model that silently computes without it."""
+
+
+def check_exportable(config: GPTConfig, where: str) -> None:
+    """GptspeedError (one line) naming the settings of ``config`` that no export computes:
+    ``--softmax data``, and any field outside :data:`EXPORTED_FIELDS` that is not at its default."""
+    from gptspeed.config import setting_flag
+
+    if config.softmax == "data":
+        raise GptspeedError(
+            f"{where} was trained with --softmax data (its LM head covers only the tokens of its training "
+            "data); transformers' models have no such restriction, so it cannot be exported faithfully"
+        )
+    default = GPTConfig()
+    unknown = [
+        f"{setting_flag(f.name)} {getattr(config, f.name)}"
+        for f in dataclasses.fields(GPTConfig)
+        if f.name not in EXPORTED_FIELDS and getattr(config, f.name) != getattr(default, f.name)
+    ]
+    if unknown:
+        raise GptspeedError(
+            f"{where} uses {', '.join(unknown)}, which export-hf does not write yet (the exported model "
+            "would compute without it); sample and eval it with gptspeed"
+        )
+
+
+def gptspeed_hf_names(config: GPTConfig) -> set[str]:
+    """The tensor names of ``modeling_gptspeed.GptspeedForCausalLM`` for ``config``."""
+    norm = ("weight", "bias") if config.norm == "layernorm" else ("weight",)
+    block = [f"{n}.{p}" for n in ("ln_1", "ln_2") for p in norm]
+    block += [f"{m}.{p}" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") for p in ("weight", "bias")]
+    names = {"transformer.wte.weight", *(f"transformer.ln_f.{p}" for p in norm)}
+    names |= {f"transformer.h.{i}.{b}" for i in range(config.n_layer) for b in block}
+    if config.pos_emb == "learned":
+        names.add("transformer.wpe.weight")
+    if not config.tie_embeddings:
+        names.add("lm_head.weight")
+    n, k = config.n_layer, config.value_embeds
+    names |= {f"transformer.ve.{j}.weight" for j in range(k)}
+    names |= {f"transformer.h.{i}.attn.ve_gates" for i in range(n) if k and (i < k or i >= n - k)}
+    if config.unet_skips:
+        names.add("skip_weights")
+    return names
+
+
+def _export_contents(config: GPTConfig, sd: dict[str, torch.Tensor], dtype: str) -> tuple[dict, dict, dict, list]:
+    """What an export of a model of ``config`` with weights ``sd`` holds, stored in ``dtype``:
+    ``(tensors, config.json, generation_config.json, code files to copy)`` -- GPT-2's layout, or with
+    architecture switches gptspeed's own (:func:`gptspeed_config_dict`, :data:`MODELING_FILES`)."""
+    generation = {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}
+    if not config.non_gpt2_switches():
+        return gpt_to_hf_state_dict(sd, config, EXPORT_DTYPES[dtype]), hf_config_dict(config, dtype), generation, []
+    code = [Path(__file__).parent / "hf_modeling" / name for name in MODELING_FILES]
+    tensors = gpt_to_gptspeed_hf_state_dict(sd, config, EXPORT_DTYPES[dtype])
+    want = gptspeed_hf_names(config)
+    if set(tensors) != want:  # a tensor the modeling code would drop, or leave at its initialisation
+        odd = sorted(set(tensors) ^ want)
+        raise GptspeedError(
+            f"the checkpoint's tensors do not match the exported model's ({_listed(odd)} on one side only): "
+            "export-hf does not know this architecture"
+        )
+    return tensors, gptspeed_config_dict(config, dtype), generation, code
 
 
 def write_tokenizer_files(folder: Path, model_max_length: int = 1024) -> None:
@@ -860,20 +1028,42 @@ def check_export_target(run: Path, out: Path, force: bool) -> None:
         )
 
 
-def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
+def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: str = "float32") -> Path:
     """``gptspeed export-hf``: the newest checkpoint of ``run`` as a Hugging Face folder ``out``
     (``config.json``, ``model.safetensors``, tokenizer files, ``generation_config.json``, and
-    :data:`EXPORT_MARKER`). Written into a temporary folder beside ``out`` and renamed, so ``out``
-    is never half-written. ``force`` replaces an earlier export (the old folder is renamed aside,
-    the new one renamed in, then the old one deleted); nothing else is ever replaced, see
-    :func:`check_export_target`. Returns ``out``.
+    :data:`EXPORT_MARKER`) that ``transformers.AutoModelForCausalLM.from_pretrained(out)`` loads
+    offline, with the logits of gptspeed's ``GPT`` ``(B, T, 50257)`` (the vocabulary padding removed).
+    Written into a temporary folder beside ``out`` and renamed, so ``out`` is never half-written.
+    ``force`` replaces an earlier export (the old folder is renamed aside, the new one renamed in,
+    then the old one deleted); nothing else is ever replaced, see :func:`check_export_target`.
+    Returns ``out``.
+
+    A GPT-2 run (``--zero-init-proj`` only changes the initial weights) is a ``GPT2LMHeadModel``
+    (Conv1D weights transposed, LM head tied). A run with architecture switches carries its modeling
+    code (:data:`MODELING_FILES`, copied from :mod:`gptspeed.hf_modeling`; config.json's ``auto_map``
+    names them), which ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained(out,
+    trust_remote_code=True)`` load (transformers' "Customizing models",
+    https://huggingface.co/docs/transformers/custom_models): rotary positions, QK-norm, ReLU²,
+    RMSNorm, an untied head, the logit soft-cap, value embeddings and U-net skips computed as
+    gptspeed computes them, under gptspeed's tensor names. The document mask is part of the model,
+    as in gptspeed's training, eval and sampling: attention never crosses an ``<|endoftext|>`` of
+    the input, with a KV cache too (the first layer's cached keys carry the EOT flags).
+    ``--attention`` and ``--residual-dtype`` do not change the function the model computes, so the
+    export has neither; a setting it does not compute is refused (:func:`check_exportable`).
+
+    ``dtype`` (:data:`EXPORT_DTYPES`): ``float32`` (as trained: the logits equal gptspeed's fp32
+    ones to rounding), or ``bfloat16``, half the bytes (GPT-2 XL: 3.1 GB instead of 6.2 GB); the
+    tensors are stored in it and config.json's ``dtype`` / ``torch_dtype`` name it.
 
     Raises:
-        GptspeedError: no checkpoint in ``run``; an ``out`` refused by :func:`check_export_target`;
-            a --softmax data run; not writable.
+        GptspeedError: a ``dtype`` not in :data:`EXPORT_DTYPES`; no checkpoint in ``run``; an ``out``
+            refused by :func:`check_export_target`; a run :func:`check_exportable` refuses (--softmax
+            data, a setting outside :data:`EXPORTED_FIELDS`); not writable.
     """
     from gptspeed.checkpoint import load_latest_run
 
+    if dtype not in EXPORT_DTYPES:
+        raise GptspeedError(f"export-hf --dtype {dtype}: choose one of {', '.join(EXPORT_DTYPES)}")
     try:
         from safetensors.torch import save_file
     except ImportError:
@@ -882,17 +1072,8 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
     check_export_target(run, out, force)
     ckpt, run_config = load_latest_run(run)
     config = run_config.model
-    if config.non_gpt2_switches():
-        raise GptspeedError(
-            f"{run} is not GPT-2's architecture ({', '.join(config.non_gpt2_switches())}): "
-            "transformers' GPT2LMHeadModel cannot hold it; sample and eval it with gptspeed"
-        )
-    if config.softmax == "data":
-        raise GptspeedError(
-            f"{run} was trained with --softmax data (its LM head covers only the tokens of its training "
-            "data); transformers' GPT-2 has no such restriction, so it cannot be exported faithfully"
-        )
-    tensors = gpt_to_hf_state_dict(ckpt["model"], config)
+    check_exportable(config, str(run))
+    tensors, config_json, generation, code = _export_contents(config, ckpt["model"], dtype)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -900,10 +1081,10 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False) -> Path:
         raise GptspeedError(f"cannot write to {out.parent}: {e.strerror or e}") from None
     try:
         _save_safetensors(save_file, tensors, tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}, indent=2) + "\n"
-        )
+        (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        for path in code:
+            shutil.copyfile(path, tmp / path.name)
         write_tokenizer_files(tmp, config.block_size)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
         (tmp / EXPORT_MARKER).write_text(

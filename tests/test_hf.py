@@ -904,3 +904,16 @@ def test_a_setting_the_export_does_not_compute_is_refused_not_dropped(tmp_path, 
     sd = {**GPT(config).state_dict(), "transformer.h.1.attn.gate": torch.ones(2)}
     with pytest.raises(GptspeedError, match=r"transformer.h.1.attn.gate on one side only"):
         hf._export_contents(config, sd, "float32")
+
+
+def test_export_hf_dtype_flag_reaches_the_export_and_refuses_float16(tmp_path):
+    from safetensors import safe_open
+
+    write_run(tmp_path / "run")
+    proc = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    with safe_open(tmp_path / "bf16" / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    proc = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "f16"), "--dtype", "float16")
+    assert proc.returncode != 0 and "invalid choice: 'float16'" in proc.stderr and not (tmp_path / "f16").exists()

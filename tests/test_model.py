@@ -14,7 +14,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig, document_ids
 from gptspeed.optim import lr_at
 from gptspeed.runtime import resolve_runtime
-from gptspeed.sample import generate, generate_cached, left_pad
+from gptspeed.sample import generate, generate_cached, left_pad, load_model
 from gptspeed.step import TrainStep, check_step
 from gptspeed.tokenizer import EOT_TOKEN
 from gptspeed.trainer import build_train_config, fit
@@ -144,6 +144,7 @@ SWITCHES = {
     "doc-mask": dict(doc_mask=True),
     "value-embeds": dict(value_embeds=1),
     "unet-skips": dict(unet_skips=True),
+    "attn-window": dict(attn_window=8),  # < the 32 tokens of a window: each token sees its last 8
 }
 
 
@@ -953,10 +954,12 @@ def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
     assert cosine == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
 
 
-def test_a_modern_run_resumes_to_the_bit_and_cannot_be_exported(shakespeare_data, tmp_path):
+@pytest.mark.usefixtures("hf_offline")
+def test_a_modern_run_resumes_to_the_bit_and_exports_to_transformers(shakespeare_data, tmp_path):
     flags = dict(
         TINY_MODEL,
-        **{k: v for k, v in ALL.items() if k != "doc_mask"},
+        n_layer=2,  # --value-embeds 1 needs 2 layers
+        **{k: v for k, v in ALL.items() if k not in ("doc_mask", "attn_window", "attn_window_start")},
         doc_mask=True,
         lr_schedule="wsd",
         data=str(shakespeare_data),
@@ -977,11 +980,14 @@ def test_a_modern_run_resumes_to_the_bit_and_cannot_be_exported(shakespeare_data
         (part / name).write_bytes((full / name).read_bytes())
     fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
     assert train_losses(part)[4] == train_losses(full)[4]
-    assert_user_error(
-        run_main("export-hf", "--run", str(full), "--out", str(tmp_path / "hf")),
-        "not GPT-2's architecture",
-        "--pos-emb rope",
-    )
+    out = tmp_path / "hf"
+    assert run_main("export-hf", "--run", str(full), "--out", str(out)).returncode == 0
+    transformers = pytest.importorskip("transformers")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    model, _ = load_model(full, resolve_runtime("cpu", "float32"))
+    idx = with_documents()
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx).logits, model(idx)[0][..., :50257], atol=1e-5, rtol=0)
     proc = run_main("sample", "--run", str(full), "--max-new-tokens", "4", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
 
@@ -1274,3 +1280,191 @@ def test_the_speedruns_logit_rescale_30_sigmoid_over_7_5_is_the_soft_cap_of_15()
     torch.testing.assert_close(loss.double(), theirs, rtol=1e-6, atol=0)  # the plain path's loss is fp32
     torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-9)
     assert z.abs().max() > 45  # 3 caps out: the cap was exercised
+
+
+# ---- sliding-window attention (--attn-window), against its rule
+
+
+def window_rule(idx: torch.Tensor, window: int, documents: bool) -> torch.Tensor:
+    """``(B, T, T)``: query ``t`` may see key ``s`` iff ``s <= t`` and ``t - s < window`` (at most the last
+    ``window`` tokens, itself included: Beltagy et al. 2020, Longformer's sliding window) and, with
+    ``documents``, ``s`` and ``t`` are in the same document (walking each row: a document starts at its
+    <|endoftext|>)."""
+    B, T = idx.shape
+    allowed = torch.zeros(B, T, T, dtype=torch.bool)
+    for b, row in enumerate(idx.tolist()):
+        docs = [sum(tok == EOT_TOKEN for tok in row[: i + 1]) for i in range(T)]
+        for t in range(T):
+            for s in range(T):
+                allowed[b, t, s] = s <= t and t - s < window and (not documents or docs[s] == docs[t])
+    return allowed
+
+
+@pytest.mark.parametrize("doc_mask", [False, True], ids=["alone", "doc-mask"])
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+def test_sliding_window_attention_attends_each_token_over_its_last_w_tokens_only(attention, doc_mask):
+    """--attn-window: each attention layer's output is softmax attention over the keys of the window
+    rule (:func:`window_rule`), computed by hand in fp64 from q, k, v of the layer's weights. Eval mode
+    uses the final window (1, 5, or 12 = T: plain causal); training mode the window set last by
+    ``set_attn_window`` (1, 5, 12, 32, under a final window of 32)."""
+    idx = torch.randint(0, 50000, (2, 12), generator=torch.Generator().manual_seed(4))
+    idx[0, [0, 6]] = EOT_TOKEN
+    idx[1, [3, 4, 10]] = EOT_TOKEN
+
+    def check(model, window):
+        layers = {f"h{i}": block.attn for i, block in enumerate(model.transformer.h)}
+        allowed = window_rule(idx, window, doc_mask)
+        for name, (x, out) in layer_io(model, layers, idx).items():
+            want = attend_by_hand(layers[name], *heads_by_hand(layers[name], x), allowed)
+            torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} W={window}: {m}")
+
+    for window in (1, 5, 12):
+        check(paper_model(attn_window=window, doc_mask=doc_mask, attention=attention), window)
+    model = paper_model(attn_window=32, doc_mask=doc_mask, attention=attention).train()
+    for window in (1, 5, 12, 32):
+        model.set_attn_window(window)
+        check(model, window)
+    model.eval()  # eval mode: the final window, whatever the training window last was
+    model.set_attn_window(3)
+    check(model, 32)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_a_cached_decode_step_attends_to_the_last_w_positions_only(attention, pos_emb):
+    """--attn-window 3 over 2 layers: a token's logits depend on the 2 * (3 - 1) = 4 tokens before it
+    and on no earlier one. Each cached decode step gives the logits of the cache-free forward over
+    the whole sequence; changing the tokens further back than 4 changes no cached step's logits,
+    changing the 4th one back does."""
+    from gptspeed.model import KVCache
+
+    model = tiny(attn_window=3, attention=attention, pos_emb=pos_emb).eval()
+    seq = torch.randint(0, 50257, (1, 20), generator=torch.Generator().manual_seed(7))
+
+    def cached_logits(seq, prompt=10):
+        kv = KVCache(model.config.n_layer, model.config.block_size)
+        out = [model(seq[:, :prompt], kv=kv, logits_at=(slice(None), -1))[0]]
+        kv.start = prompt
+        for t in range(prompt, seq.size(1)):
+            out.append(model(seq[:, t : t + 1], pos=torch.tensor([t]), kv=kv, logits_at=(slice(None), -1))[0])
+            kv.start += 1
+        return torch.stack(out, dim=1)  # (1, 11, V): the logits after 10, 11, .., 20 tokens
+
+    with torch.no_grad():
+        got = cached_logits(seq)
+        free = torch.stack([model(seq[:, :t])[0][:, -1] for t in range(10, 21)], dim=1)
+        torch.testing.assert_close(got, free, rtol=1e-5, atol=1e-5)
+        far = seq.clone()
+        far[0, :15] = torch.randint(0, 50257, (15,), generator=torch.Generator().manual_seed(8))
+        torch.testing.assert_close(cached_logits(far)[:, -1], got[:, -1], rtol=0, atol=0)  # 5+ back: unseen
+        near = seq.clone()
+        near[0, 15] = (seq[0, 15] + 1) % 50257  # 4 back from the last token: seen
+        assert not torch.allclose(cached_logits(near)[:, -1], got[:, -1])
+
+
+def test_the_window_is_refused_in_one_line_past_the_sequence_length_and_by_export():
+    with pytest.raises(GptspeedError, match=r"^--attn-window 64 is the final attention window .* --seq-len 32"):
+        GPTConfig(**dict(TINY_MODEL, attn_window=64)).validate()
+    with pytest.raises(GptspeedError, match="--attn-window-start must be at least 1"):
+        GPTConfig(**dict(TINY_MODEL, attn_window=16, attn_window_start=0)).validate()
+    assert GPTConfig(**dict(TINY_MODEL, attn_window=16)).non_gpt2_switches() == ["--attn-window 16"]
+    assert_user_error(
+        run_main("train", "--attn-window", "64", "--seq-len", "32", "--device", "cpu"), "--attn-window 64"
+    )
+    model = tiny(attn_window=8)
+    with pytest.raises(ValueError, match="outside 1 .. 8"):
+        model.set_attn_window(9)
+    assert GPTConfig(**dict(TINY_MODEL, attn_window=8)).buffer_bytes() == 8 == model.attn_window_now.element_size()
+
+
+def test_a_run_whose_window_grows_across_the_resume_point_resumes_to_the_bit(shakespeare_data, tmp_path):
+    """--seq-len 256 --attn-window 256 --attn-window-start 64 over 6 steps: windows 128, 128, 128, 256,
+    256, 256 (64 + 32 * step, rounded up to 128); a run resumed from its checkpoint at step 3 trains
+    steps 3..5 with the windows of the run never stopped, to the bit."""
+    from gptspeed.optim import attn_window_at
+
+    flags = dict(
+        TINY_MODEL,
+        block_size=256,
+        attn_window=256,
+        attn_window_start=64,
+        softmax="data",
+        data=str(shakespeare_data),
+        batch_size=2,
+        max_steps=6,
+        save_every=3,
+        eval_every=0,
+        log_every=1,
+        device="cpu",
+        dtype="float32",
+        warmup_steps=1,
+    )
+    cfg = build_train_config("pico", dict(flags, out=str(tmp_path / "full")))
+    assert [attn_window_at(s, cfg) for s in range(6)] == [128, 128, 128, 256, 256, 256]
+    fit(cfg, echo=False)
+    part = tmp_path / "part"
+    part.mkdir()
+    for name in ("ckpt_00000003.pt", "ckpt_00000003.json", "config.json"):
+        (part / name).write_bytes((tmp_path / "full" / name).read_bytes())
+    fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
+    full, resumed = train_losses(tmp_path / "full"), train_losses(part)
+    assert [resumed[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("doc_mask", [False, True], ids=["alone", "doc-mask"])
+def test_the_block_mask_of_cuda_applies_the_same_rule(doc_mask):
+    """The FlexAttention ``BlockMask`` a CUDA training forward builds (``GPT._block_mask``), built here
+    from CPU token ids and run by FlexAttention's unfused CPU path: attention over the keys of the
+    window rule, for a window given as an int (eval) or a 0-dim tensor (training), against the
+    masked softmax written out in fp64. A batch-independent rule gives one mask for the batch."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    model = tiny(attn_window=32, doc_mask=doc_mask)
+    idx = torch.randint(0, 50000, (2, 32), generator=torch.Generator().manual_seed(6))
+    idx[0, [5, 20]] = EOT_TOKEN
+    idx[1, [0, 13]] = EOT_TOKEN
+    q, k, v = torch.randn(3, 2, 2, 32, 16, generator=torch.Generator().manual_seed(7)).unbind(0)
+    for window in (1, 7, torch.tensor(7), torch.tensor(20), 32):
+        block_mask = model._block_mask(idx, window)
+        assert block_mask.kv_num_blocks.size(0) == (2 if doc_mask else 1)
+        allowed = window_rule(idx, int(window), doc_mask)[:, None]  # (B, 1, T, T)
+        scores = (q.double() @ k.double().transpose(-1, -2) / 4.0).masked_fill(~allowed, float("-inf"))
+        want = scores.softmax(-1) @ v.double()
+        got = flex_attention(q, k, v, block_mask=block_mask)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=lambda m: f"W={window}: {m}")
+
+
+@pytest.mark.cuda
+def test_cuda_sliding_window_through_flexattention_compiled_and_eager():
+    """On a GPU (FlexAttention's block mask): each attention layer's output in a training forward
+    equals the window rule's masked softmax computed by hand (fp64, on the CPU) for the windows the
+    trainer sets; compiled (inductor), the windows 128 .. 512 run the graphs of the first, each loss within fp32
+    tolerance of the eager one's and the smaller windows giving other losses."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(TINY_MODEL, n_layer=2, block_size=512, attn_window=512, doc_mask=True))).cuda()
+    idx = torch.randint(0, 50000, (2, 512), generator=torch.Generator().manual_seed(3))
+    idx[0, [0, 100, 300]] = EOT_TOKEN
+    idx = idx.cuda()
+    layers = {f"h{i}": block.attn for i, block in enumerate(model.transformer.h)}
+    for window in (3, 128, 200):
+        model.set_attn_window(window)
+        allowed = window_rule(idx.cpu(), window, True).cuda()
+        for name, (x, out) in layer_io(model, layers, idx).items():
+            want = attend_by_hand(layers[name], *heads_by_hand(layers[name], x), allowed)  # fp64 on the GPU
+            torch.testing.assert_close(out, want.float(), rtol=2e-4, atol=2e-4, msg=lambda m: f"{name}: {m}")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model)
+    losses, graphs = [], []
+    for window in (128, 256, 384, 512):
+        model.set_attn_window(window)
+        got = compiled(idx, idx)[1]
+        graphs.append(counters["stats"]["unique_graphs"])
+        torch.testing.assert_close(got, model(idx, idx)[1], rtol=1e-4, atol=1e-4)
+        losses.append(got.item())
+    assert len(set(losses)) == 4
+    assert graphs == graphs[:1] * 4 and not counters["recompiles"], (graphs, dict(counters["recompiles"]))
+    torch._dynamo.reset()

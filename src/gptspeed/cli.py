@@ -173,6 +173,12 @@ def _add_export_hf_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--run", required=True, help="run folder")
     s.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
     s.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of the exported weights: float32 (as trained) or bfloat16 (half the bytes)",
+    )
+    s.add_argument(
         "--force",
         action="store_true",
         help="replace --out if it is an earlier export (never a run or data folder, nor other files)",
@@ -619,7 +625,7 @@ def cmd_import_hf(a: argparse.Namespace) -> int:
 def cmd_export_hf(a: argparse.Namespace) -> int:
     from gptspeed.hf import export_hf
 
-    print(f"exported {a.run} to {export_hf(a.run, a.out, force=a.force)}")
+    print(f"exported {a.run} to {export_hf(a.run, a.out, force=a.force, dtype=a.dtype)}")
     return 0
 
 
@@ -644,7 +650,11 @@ SUBCOMMANDS = {  # name -> (help, adds its flags)
     "eval": ("val loss / perplexity and HellaSwag accuracy, as JSON", _add_eval_args),
     "bench": ("the optimization ladder (or a profile of one stage) on this machine", _add_bench_args),
     "import-hf": ("turn a Hugging Face GPT-2 into a run folder (step-0 checkpoint)", _add_import_hf_args),
-    "export-hf": ("write a run's newest checkpoint as a Hugging Face GPT-2 folder", _add_export_hf_args),
+    "export-hf": (
+        "write a run's newest checkpoint as a Hugging Face folder (GPT-2, or its own modeling code for a run with "
+        "switches)",
+        _add_export_hf_args,
+    ),
     "consolidate": (
         "merge a sharded (FSDP) checkpoint into one file for sample / eval / one-process training",
         _add_consolidate_args,

@@ -582,3 +582,59 @@ def test_muons_momentum_warms_up_linearly_then_holds_and_adamw_is_untouched():
     opt, _ = build_optimizer(GPT(off.model), off.optim, "cpu")
     set_lr(opt, off, 0)
     assert [g["momentum"] for g in opt.muon.param_groups] == [0.9]
+
+
+# ------------------------------------------------------------------ --attn-window: the window's warm-up
+def window_by_hand(step: int, start: int, final: int, max_steps: int) -> int:
+    """The speedrun's window warm-up written out: linear in ``step / max_steps`` from ``start`` (at most
+    ``final``) to ``final``, rounded up to a multiple of 128 tokens, never past ``final`` (``final`` from
+    ``max_steps`` on); exact rationals, so no float rounding can move a step across a multiple of 128."""
+    from fractions import Fraction
+
+    start = min(start, final)
+    if step >= max_steps:
+        return final
+    linear = start + Fraction(final - start) * step / max_steps
+    return min(final, 128 * math.ceil(linear / 128))
+
+
+@pytest.mark.parametrize(
+    "start, final, max_steps",
+    [(128, 1792, 37), (128, 1792, 1750), (1, 1000, 20), (300, 200, 9), (64, 100, 5), (128, 1024, 896)],
+)
+def test_the_attention_window_of_every_step_is_the_linear_warm_up_rounded_up_to_128(start, final, max_steps):
+    """``attn_window_at``, what the trainer's loop sets into the model before each step, equals the
+    closed form at every step of a run and past it; the windows never shrink, are multiples of 128 or
+    the final window, start at the start rounded up, and reach the final window. A start above the
+    final window is taken as the final window (constant); a final window of 128 or less is constant."""
+    from gptspeed.config import RunConfig, TrainConfig
+    from gptspeed.optim import attn_window_at
+
+    cfg = RunConfig(
+        model=GPTConfig(block_size=2048, attn_window=final, attn_window_start=start),
+        train=TrainConfig(max_steps=max_steps),
+    )
+    got = [attn_window_at(s, cfg) for s in range(max_steps + 3)]
+    assert got == [window_by_hand(s, start, final, max_steps) for s in range(max_steps + 3)]
+    assert all(a <= b for a, b in zip(got, got[1:]))
+    assert all(w % 128 == 0 or w == final for w in got)
+    assert got[0] == min(final, 128 * math.ceil(min(start, final) / 128)) and got[-1] == final
+    if final <= 128 or start >= final:
+        assert set(got) == {final}
+    off = RunConfig(model=GPTConfig(block_size=2048), train=TrainConfig(max_steps=max_steps))
+    assert {attn_window_at(s, off) for s in range(max_steps + 1)} == {0}
+
+
+def test_the_speedruns_windows_are_128_to_1792_growing_one_block_at_a_time():
+    """The modded-nanogpt speedrun's warm-up (``next_multiple_of_n(1728 * step / num_iterations, n=128)``,
+    from 128 to 1792 tokens) as ``--attn-window 1792 --attn-window-start 128``: the same range, one
+    128-token block at a time, each of the 14 windows in use for a run of consecutive steps."""
+    from gptspeed.config import RunConfig, TrainConfig
+    from gptspeed.optim import attn_window_at
+
+    cfg = RunConfig(
+        model=GPTConfig(block_size=2048, attn_window=1792, attn_window_start=128), train=TrainConfig(max_steps=1750)
+    )
+    got = [attn_window_at(s, cfg) for s in range(1750)]
+    assert sorted(set(got)) == list(range(128, 1793, 128))
+    assert all(b - a in (0, 128) for a, b in zip(got, got[1:]))

@@ -493,3 +493,82 @@ def test_out_of_memory_on_a_gpu_names_batch_size_auto_first(tmp_path):
         "fits, found by a probe) or a smaller --batch-size (e.g. 4) with the same --total-batch-tokens 1024" in line
     )
     assert "no checkpoint was written yet" in line and "\n" not in line
+
+
+# ------------------------------------------------------------------ --attn-window: the window of each step
+@pytest.mark.usefixtures("eager_compile")
+def test_the_window_of_each_step_reaches_the_compiled_model_without_a_recompile(shakespeare_data, tmp_path):
+    """--seq-len 512 --attn-window 512 --attn-window-start 128 over 4 steps, compiled: the loop sets
+    windows 128, 256, 384, 512 (``attn_window_at``) into the model before each step, and the one
+    training graph the first step compiled runs all four (the window is a tensor the mask reads: no
+    recompile when it moves)."""
+    from torch._dynamo.utils import counters
+
+    from gptspeed.optim import attn_window_at
+    from gptspeed.trainer import Trainer
+
+    cfg = build_train_config(
+        "pico",
+        dict(
+            TINY_MODEL,
+            block_size=512,
+            attn_window=512,
+            attn_window_start=128,
+            softmax="data",
+            data=str(shakespeare_data),
+            out=str(tmp_path / "run"),
+            batch_size=1,
+            total_batch_tokens=None,
+            max_steps=4,
+            log_every=4,
+            eval_every=0,
+            save_every=0,
+            device="cpu",
+            dtype="float32",
+            compile=True,
+        ),
+    )
+    trainer = Trainer(cfg, resolve_runtime("cpu", "float32", True), echo=False)
+    seen = []
+    real = trainer.train_step
+
+    def spy():
+        seen.append(int(trainer.model.attn_window_now))
+        out = real()
+        graphs.append(counters["stats"]["unique_graphs"])  # after the step
+        return out
+
+    trainer.train_step = spy
+    counters.clear()
+    graphs = []
+    assert trainer.train()["step"] == 4
+    assert seen == [attn_window_at(s, cfg) for s in range(4)] == [128, 256, 384, 512]
+    assert graphs == [1] * 4, graphs  # the training graph of the first step, and no other
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+@pytest.mark.usefixtures("eager_compile")
+def test_a_compiled_training_forward_computes_with_the_window_set_last_and_reads_nothing_on_the_host():
+    """``set_attn_window`` between the calls of one compiled graph: each loss is the eager model's with
+    that window (and the windows give different losses); setting the window and the training forward
+    and backward read no device value on the host (a CUDA step never waits for it)."""
+    from torch._dynamo.utils import counters
+
+    from support.host_reads import HostReads
+
+    x, y = _batch()
+    model = _model(attn_window=32)
+    train_model = parallelize(model, resolve_runtime("cpu", "float32", True), backend="eager")
+    counters.clear()
+    losses = []
+    for window in (4, 16, 2, 32):
+        model.set_attn_window(window)
+        compiled = train_model(x, y)[1]
+        assert torch.equal(compiled, torch.compiler.disable(model)(x, y)[1]), window
+        losses.append(compiled.item())
+    assert len(set(losses)) == 4
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+    with HostReads() as mode:
+        model.set_attn_window(8)
+        model(x, y)[1].backward()
+    assert mode.reads == []

@@ -232,6 +232,23 @@ class GPTConfig:
         kind="bool",
         run_defining=True,
     )
+    attn_window: int = _f(
+        0,
+        "sliding-window attention: each token attends to at most the last N tokens, itself included "
+        "(Beltagy et al. 2020, Longformer), the window growing linearly during training from "
+        "--attn-window-start to N, rounded up to a multiple of 128 tokens (the modded-nanogpt speedrun's "
+        "window warm-up); evaluation and sampling use N; FlexAttention's block mask on CUDA, an "
+        "equivalent masked SDPA elsewhere; at most --seq-len; 0 = off (full causal attention)",
+        min=0,
+        run_defining=True,
+    )
+    attn_window_start: int = _f(
+        128,
+        "--attn-window: the window at step 0 (taken as --attn-window where larger), growing linearly to "
+        "--attn-window at --max-steps",
+        min=1,
+        run_defining=True,
+    )
 
     def validate(self) -> None:
         """Raise :class:`GptspeedError` (one line) if the shape is not a valid GPT: every field's
@@ -257,6 +274,11 @@ class GPTConfig:
         if self.unet_skips and self.n_layer < 2:
             raise GptspeedError(
                 "--unet-skips joins blocks of the first half to the second: it needs --n-layer 2 or more"
+            )
+        if self.attn_window > self.block_size:
+            raise GptspeedError(
+                f"--attn-window {self.attn_window} is the final attention window in tokens: at most the "
+                f"sequence length --seq-len {self.block_size} (--attn-window {self.block_size} is full causal attention)"
             )
         if self.vocab_size < self.valid_vocab_size:
             raise GptspeedError(
@@ -293,14 +315,16 @@ class GPTConfig:
             "doc_mask",
             "value_embeds",
             "unet_skips",
+            "attn_window",
         )
         return [f"{setting_flag(n)} {getattr(self, n)}" for n in names if getattr(self, n) != getattr(gpt2, n)]
 
     def buffer_bytes(self) -> int:
         """Bytes of the model's buffers: ``--attention manual``'s causal mask (T x T bools per block),
-        ``--softmax data``'s token ids (int64)."""
+        ``--softmax data``'s token ids (int64), ``--attn-window``'s current window (one int64)."""
         mask = self.n_layer * self.block_size**2 if self.attention == "manual" else 0
-        return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0)
+        window = 8 if self.attn_window else 0
+        return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0) + window
 
 
 @dataclass

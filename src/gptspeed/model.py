@@ -11,7 +11,8 @@ rotary position embeddings (``pos_emb="rope"``; Su et al. 2021), RMS-normalised 
 (``qk_norm``; Dehghani et al. 2023), ReLU² (``mlp="relu2"``; So et al. 2021), RMSNorm
 (``norm="rmsnorm"``; Zhang & Sennrich 2019), an untied LM head, zero-initialised output
 projections, tanh logit soft-capping (``logit_softcap``; Gemma 2), attention that never crosses
-``<|endoftext|>`` (``doc_mask``), and a bf16 residual stream under bf16 autocast
+``<|endoftext|>`` (``doc_mask``), sliding-window attention whose window grows during training
+(``attn_window``; :meth:`GPT.set_attn_window`), and a bf16 residual stream under bf16 autocast
 (``residual_dtype="bfloat16"``, :meth:`GPT.hidden_states`).
 
 Sources: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", and OpenAI's
@@ -111,17 +112,30 @@ def document_mask(idx: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
     """``doc_mask``'s attention mask for token ids ``idx`` ``(B, T)``: bool ``(B, 1, T, S)``, True
     where query ``t`` may attend key ``s`` -- causal, within the same document, and (with a
     :class:`KVCache`) among the columns its ``mask`` allows; ``S`` is ``T``, or the filled columns."""
-    if kv is None:
-        seg = document_ids(idx)
-        seg_q = seg_k = seg
-        start = 0
-    else:
-        seg_q, seg_k = kv.segments(idx)
-        start = kv.start
-    T, S = idx.size(1), seg_k.size(1)
-    causal = torch.arange(S, device=idx.device)[None, :] <= torch.arange(start, start + T, device=idx.device)[:, None]
-    allowed = (seg_q[:, :, None] == seg_k[:, None, :]) & causal  # (B, T, S)
-    allowed = allowed[:, None]  # (B, 1, T, S)
+    return attention_allowed(idx, kv, documents=True)
+
+
+def attention_allowed(
+    idx: torch.Tensor, kv: KVCache | None = None, *, documents: bool = False, window: int | torch.Tensor | None = None
+) -> torch.Tensor:
+    """The bool attention mask of masked SDPA (and of ``--attention manual``) for token ids ``idx``
+    ``(B, T)`` at columns ``start .. start+T-1`` (``kv.start``, else 0): ``(B | 1, 1, T, S)``, ``S =
+    start + T``, True where query column ``q`` may attend key column ``k``: ``k <= q`` (causal); with
+    ``documents``, in the same document (:func:`document_ids`; ``doc_mask``); with ``window`` ``W`` (an
+    int or a 0-dim int tensor: ``attn_window``), ``q - k < W``: at most the last ``W`` tokens, itself
+    included (sliding-window attention, Beltagy et al. 2020, "Longformer"); with a :class:`KVCache`,
+    among the columns its ``mask`` allows. Batch-independent rules give a ``(1, 1, T, S)`` mask."""
+    start = kv.start if kv is not None else 0
+    T = idx.size(1)
+    q = torch.arange(start, start + T, device=idx.device)[:, None]  # (T, 1) query columns
+    k = torch.arange(start + T, device=idx.device)[None, :]  # (1, S) key columns
+    allowed = k <= q  # (T, S)
+    if window is not None:
+        allowed = allowed & (q - k < window)
+    allowed = allowed[None, None]  # (1, 1, T, S)
+    if documents:
+        seg_q, seg_k = kv.segments(idx) if kv is not None else (document_ids(idx),) * 2
+        allowed = allowed & (seg_q[:, :, None] == seg_k[:, None, :])[:, None]  # (B, 1, T, S)
     if kv is not None and kv.mask is not None:
         allowed = allowed & kv.mask
     return allowed
@@ -155,8 +169,8 @@ class CausalSelfAttention(nn.Module):
         mask: torch.Tensor | None = None,
         ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``rope``: :func:`rope_cos_sin`'s tables; ``mask``: a bool ``(B, 1, T, S)`` (True: may
-        attend) or a FlexAttention ``BlockMask`` (``doc_mask``), replacing the causal mask; ``ve``: the
+        """``rope``: :func:`rope_cos_sin`'s tables; ``mask``: a bool ``(B | 1, 1, T, S)`` (True: may
+        attend) or a FlexAttention ``BlockMask`` (``doc_mask``, ``attn_window``), replacing the causal mask; ``ve``: the
         tokens' value embedding ``(B, T, C)`` (``value_embeds``), mixed into the values as ``g0 * v + g1 *
         ve`` with the layer's learned gates ``ve_gates`` (initially 0.5 and 0.5; the modded-nanogpt
         speedrun's value embeddings)."""
@@ -288,6 +302,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017)
         if config.softmax == "data":  # the token ids the softmax covers: all until set_softmax_ids (or a checkpoint)
             self.register_buffer("softmax_ids", torch.arange(config.valid_vocab_size))
+        if config.attn_window:  # the training forwards' window: set_attn_window (a tensor, so compile never recompiles)
+            self.register_buffer("attn_window_now", torch.tensor(config.attn_window), persistent=False)
         self.apply(self._init_weights)
         if config.zero_init_proj:  # the speedrun's: each block starts as the identity, the head predicting uniform
             for module in self.modules():
@@ -312,6 +328,21 @@ class GPT(nn.Module):
         ):
             raise ValueError(f"softmax ids must be sorted, unique and in [0, {self.config.valid_vocab_size})")
         self.softmax_ids = ids
+
+    def set_attn_window(self, window: int) -> None:
+        """``attn_window``: the window (tokens) of the training-mode forwards from now on -- the trainer
+        sets :func:`gptspeed.optim.attn_window_at` of each step before it. Written in place into a 0-dim
+        int64 buffer (not saved: a pure function of the step) that the mask reads on the device, so a
+        ``torch.compile``-d model never recompiles for a new window and no step waits on the host.
+        Eval-mode forwards (evaluation, HellaSwag, sampling) use the final window, ``attn_window``; a
+        model never given one trains with it too. A no-op when the switch is off; ValueError for a
+        window outside ``1 .. attn_window``."""
+        final = self.config.attn_window
+        if not final:
+            return
+        if not 1 <= window <= final:
+            raise ValueError(f"attention window {window} outside 1 .. {final} (--attn-window)")
+        self.attn_window_now.fill_(window)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         ids = state_dict.get(prefix + "softmax_ids")
@@ -386,7 +417,7 @@ class GPT(nn.Module):
         if c.residual_dtype == "bfloat16" and self._bf16_autocast(x):
             x = x.to(torch.bfloat16)  # once: every residual add below, and what it saves for backward, is bf16
         rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta) if c.pos_emb == "rope" else None
-        mask = self.attention_mask(idx, kv) if c.doc_mask else None
+        mask = self.attention_mask(idx, kv) if c.doc_mask or c.attn_window else None
         extra = (kv, rope, mask) if (kv, rope, mask) != (None, None, None) else ()
         if not (c.value_embeds or c.unet_skips):
             for block in self.transformer.h:
@@ -421,18 +452,43 @@ class GPT(nn.Module):
         return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16
 
     def attention_mask(self, idx: torch.Tensor, kv: KVCache | None = None):
-        """``doc_mask``: FlexAttention's block mask for a training window on CUDA (the documents'
-        blocks only are computed), else :func:`document_mask`'s bool mask (masked SDPA)."""
+        """The mask of ``doc_mask`` and ``attn_window`` (:func:`attention_allowed`'s rule): on CUDA
+        without a cache FlexAttention's block mask (only the blocks the rule allows are computed), else
+        the bool mask of masked SDPA; None where nothing but causality is left (an eval-mode window
+        covering every column, without ``doc_mask``). The window: in training mode the buffer
+        :meth:`set_attn_window` fills (a tensor: one graph whatever its value), in eval mode the final
+        ``attn_window``."""
+        c = self.config
+        window = None
+        if c.attn_window:
+            window = self.attn_window_now if self.training else c.attn_window
+            if isinstance(window, int) and window >= idx.size(1) + (kv.start if kv is not None else 0):
+                window = None  # every column is within it: plain causal attention
+        if window is None and not c.doc_mask:
+            return None
         if kv is None and idx.is_cuda:
-            from torch.nn.attention.flex_attention import create_block_mask
+            return self._block_mask(idx, window)
+        return attention_allowed(idx, kv, documents=c.doc_mask, window=window)
 
-            seg = document_ids(idx)
+    def _block_mask(self, idx: torch.Tensor, window):
+        """FlexAttention's ``BlockMask`` of :func:`attention_allowed`'s rule for a forward without a
+        cache over ``idx`` ``(B, T)`` (CUDA; ``window``: an int, a 0-dim tensor or None): per row with
+        ``doc_mask``, one for the whole batch otherwise. Token-exact: the modded-nanogpt speedrun's
+        window is whole 128-token blocks of keys; here a window of ``W`` tokens is ``q - k < W``."""
+        from torch.nn.attention.flex_attention import create_block_mask
 
-            def same_document(b, h, q, k):
-                return (k <= q) & (seg[b, q] == seg[b, k])
+        seg = document_ids(idx) if self.config.doc_mask else None
 
-            return create_block_mask(same_document, idx.size(0), None, idx.size(1), idx.size(1), device=idx.device)
-        return document_mask(idx, kv)
+        def allowed(b, h, q, k):
+            ok = k <= q
+            if seg is not None:
+                ok = ok & (seg[b, q] == seg[b, k])
+            if window is not None:
+                ok = ok & (q - k < window)
+            return ok
+
+        B, T = idx.shape
+        return create_block_mask(allowed, B if seg is not None else None, None, T, T, device=idx.device)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states ``(..., C)`` -> ``(..., vocab_size)``, soft-capped with

@@ -290,3 +290,24 @@ def muon_momentum_at(step: int, o: OptimConfig) -> float:
     step, as the learning rate is: a resume needs no state for it."""
     frac = min(step / o.muon_momentum_warmup, 1.0) if o.muon_momentum_warmup > 0 else 1.0
     return o.muon_momentum_start + frac * (o.muon_momentum - o.muon_momentum_start)
+
+
+ATTN_WINDOW_MULTIPLE = 128  # --attn-window's schedule moves in steps of 128 tokens: FlexAttention's block size
+
+
+def attn_window_at(step: int, cfg) -> int:
+    """The attention window (tokens) of optimizer step ``step`` (0-based) under ``--attn-window W``
+    (``cfg``: a :class:`~gptspeed.config.RunConfig`; 0 when the switch is off): linear in the run's
+    progress ``step / --max-steps`` from ``W0 = min(--attn-window-start, W)`` to ``W``, rounded up to a
+    multiple of :data:`ATTN_WINDOW_MULTIPLE` and at most ``W``, i.e. ``min(W, 128 * ceil((W0 + (W - W0) *
+    step / max_steps) / 128))``, in integers (exact, the same on every machine); ``W`` from ``--max-steps``
+    on. The modded-nanogpt speedrun's window warm-up (its records since the sliding window came in:
+    ``next_multiple_of_n(1728 * step / num_iterations, n=128)``, 128 to 1792 tokens); a pure function of
+    the step, as the learning rate is, so a resumed run continues with the same windows."""
+    final, max_steps = cfg.model.attn_window, cfg.train.max_steps
+    start = min(cfg.model.attn_window_start, final)
+    if not final or step >= max_steps:
+        return final
+    m = ATTN_WINDOW_MULTIPLE
+    exact = start * max_steps + (final - start) * step  # the window times max_steps
+    return min(final, -(-exact // (m * max_steps)) * m)

@@ -63,7 +63,7 @@ from gptspeed.metrics import (
     memory_stats,
     peak_flops,
 )
-from gptspeed.optim import set_lr
+from gptspeed.optim import attn_window_at, set_lr
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
 from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
@@ -415,6 +415,7 @@ class Trainer:
         target = self.cfg.train.stop_at_val_loss
         while self.step < self.cfg.train.max_steps and stopping is None and summary.get("reached_target") is None:
             lr = set_lr(self.optimizer, self.cfg, self.step)
+            self.model.set_attn_window(attn_window_at(self.step, self.cfg))  # --attn-window's warm-up
             if (done := self.train_step()) is None:  # a signal left the step (one process)
                 return stop.signum
             loss, grad_norm, bad = done

@@ -114,6 +114,7 @@ MODERN = dict(
     doc_mask=True,
     value_embeds=1,
     unet_skips=True,
+    attn_window=8,
     embed_lr=3e-3,
     head_lr=1e-3,
     scalar_lr=2e-3,

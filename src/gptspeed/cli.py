@@ -97,6 +97,15 @@ PREPARE_FLAGS = {  # gptspeed.data.prepare.prepare
     "--hf-name": dict(dest="hf_name", default=None, help="hf: sources: the dataset configuration (e.g. sample-10BT)"),
     "--split": dict(dest="split", default="train", help="hf: sources: the dataset split"),
     "--force": dict(dest="force", action="store_true", help="overwrite an already prepared folder"),
+    "--max-shards": dict(
+        dest="max_shards",
+        type=int,
+        default=None,
+        help="fineweb10B: its first N train shards, ~100M tokens each (default all 103); the val shard always",
+    ),
+    "--print-hashes": dict(
+        dest="print_hashes", action="store_true", help="print each input file's sha256 as `sha256  path` lines"
+    ),
 }
 SAMPLE_FLAGS = {  # gptspeed.sample.sample_text
     "--prompt": dict(
@@ -143,7 +152,8 @@ def _add_prepare_args(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "source",
         help="named corpus (tinyshakespeare, shakespeare-gutenberg; online: tinystories, "
-        "fineweb-edu-10B), a .txt / .jsonl[.gz|.zst] / .parquet file, a folder, a glob, or hf:DATASET",
+        "fineweb-edu-10B; tokenized upstream: fineweb10B), a .txt / .jsonl[.gz|.zst] / .parquet file, a folder, "
+        "a glob, or hf:DATASET",
     )
     s.add_argument("--out", required=True, help="output data folder")
     _add(s, PREPARE_FLAGS)

@@ -379,3 +379,139 @@ def test_without_pooch_a_download_is_one_line_naming_it_and_the_mirror(one_file_
         "downloading input.txt needs the package pooch (a dependency of gptspeed: pip install pooch), "
         "or set GPTSPEED_DATA_MIRROR to a folder holding web/input.txt"
     )
+
+
+# ------------------------------------------------------------------ fineweb10B: shards tokenized upstream, on the Hub
+
+FINEWEB_VAL, FINEWEB_TRAIN1 = "fineweb_val_000000.bin", "fineweb_train_000001.bin"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_shard_bytes(n: int, seed: int) -> bytes:
+    """The bytes of an llm.c shard of ``n`` tokens (an <|endoftext|> every 50), written by gptspeed's write_shard."""
+    import tempfile
+    from pathlib import Path
+
+    from gptspeed.data import write_shard
+
+    tokens = np.random.default_rng(seed).integers(0, EOT_TOKEN, n)
+    tokens[::50] = EOT_TOKEN
+    with tempfile.TemporaryDirectory() as d:
+        write_shard(Path(d) / "s.bin", tokens)
+        return (Path(d) / "s.bin").read_bytes()
+
+
+class FakeHub:
+    """huggingface_hub's ``hf_hub_download``, faked: ``answers[filename]`` lists what the successive calls for that
+    file get -- an exception (raised) or bytes (the file, put in a cache laid out as huggingface_hub's:
+    ``snapshots/COMMIT/FILE`` a link to ``blobs/SHA256``). A file without (further) answers is unreachable. Records
+    each call's file name, and the waits between attempts (not slept)."""
+
+    def __init__(self, monkeypatch, root, answers=None):
+        import time
+
+        import huggingface_hub  # here, not at the top: the GPU machine's bare image collects this file
+
+        self.root, self.answers = root, {f: list(a) for f, a in (answers or {}).items()}
+        self.calls: list[str] = []
+        self.sleeps: list[float] = []
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.download)
+        monkeypatch.setattr(time, "sleep", self.sleeps.append)
+
+    def download(self, repo_id, filename, *, repo_type=None, **kwargs):
+        assert (repo_id, repo_type) == ("kjj0/fineweb10B-gpt2", "dataset")
+        self.calls.append(filename)
+        queue = self.answers.get(filename)
+        if not queue:
+            from huggingface_hub.utils import LocalEntryNotFoundError
+
+            raise LocalEntryNotFoundError(
+                "An error happened while trying to locate the file on the Hub\nand we cannot find it"
+            )
+        answer = queue.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        blob = self.root / "blobs" / hashlib.sha256(answer).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(answer)
+        link = self.root / "snapshots" / COMMIT / filename
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(blob)
+        return str(link)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty mirror; the fake Hub's cache folder."""
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "empty-mirror"))
+    return tmp_path / "hub" / "datasets--kjj0--fineweb10B-gpt2"
+
+
+def test_fineweb10B_is_the_speedruns_shards_on_the_hub():
+    c = corpora.SHARD_CORPORA["fineweb10B"]
+    assert c.repo == "kjj0/fineweb10B-gpt2" and c.val == (FINEWEB_VAL,)
+    assert c.train[0] == FINEWEB_TRAIN1 and c.train[-1] == "fineweb_train_000103.bin" and len(c.train) == 103
+    assert c.sums == {}  # not yet recorded: no published hashes, and no network here to read the Hub's
+
+
+def test_a_hub_download_that_fails_twice_then_succeeds_is_retried(hub_cache, monkeypatch):
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    data = fake_shard_bytes(300, 0)
+    hub = FakeHub(
+        monkeypatch, hub_cache, {FINEWEB_VAL: [LocalEntryNotFoundError("no connection"), OSError("reset"), data]}
+    )
+    [f] = corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    assert hub.calls == [FINEWEB_VAL] * 3 and hub.sleeps == list(corpora.HUB_RETRY_WAIT_S[:2])
+    assert (f.rel, f.origin, f.revision) == (f"fineweb10B/{FINEWEB_VAL}", "hub", COMMIT)
+    assert f.path.read_bytes() == data and f.hub_sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_a_hub_download_that_always_fails_is_one_line_naming_the_file_and_the_mirror(hub_cache, monkeypatch):
+    hub = FakeHub(monkeypatch, hub_cache)
+    with pytest.raises(GptspeedError) as e:
+        corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL, FINEWEB_TRAIN1], progress=False)
+    attempts = 1 + corpora.HUB_RETRIES
+    assert hub.calls == [FINEWEB_VAL] * attempts and len(hub.sleeps) == attempts - 1
+    assert str(e.value) == (
+        f"could not download {FINEWEB_VAL} from the Hugging Face Hub (dataset kjj0/fineweb10B-gpt2) after "
+        f"{attempts} attempt(s) (LocalEntryNotFoundError: An error happened while trying to locate the file on the "
+        "Hub and we cannot find it): get it yourself, or set GPTSPEED_DATA_MIRROR to a folder holding "
+        f"fineweb10B/{FINEWEB_VAL}"
+    )
+
+
+def test_a_file_the_hub_does_not_have_is_not_asked_for_again(hub_cache, monkeypatch):
+    from huggingface_hub.utils import EntryNotFoundError
+
+    hub = FakeHub(monkeypatch, hub_cache, {FINEWEB_VAL: [EntryNotFoundError("404: no such file")]})
+    with pytest.raises(GptspeedError, match=r"after 1 attempt\(s\) \(EntryNotFoundError: 404: no such file\)"):
+        corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    assert hub.calls == [FINEWEB_VAL] and hub.sleeps == []
+
+
+def test_the_mirror_is_used_first_and_the_hub_only_for_what_it_lacks(tmp_path, hub_cache, monkeypatch):
+    mirror = tmp_path / "mirror"
+    (mirror / "fineweb10B").mkdir(parents=True)
+    (mirror / "fineweb10B" / FINEWEB_VAL).write_bytes(fake_shard_bytes(300, 0))
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(mirror))
+    hub = FakeHub(monkeypatch, hub_cache, {FINEWEB_TRAIN1: [fake_shard_bytes(400, 1)]})
+    val, train = corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL, FINEWEB_TRAIN1], progress=False)
+    assert (val.origin, val.path) == ("mirror", mirror / "fineweb10B" / FINEWEB_VAL)
+    assert train.origin == "hub" and hub.calls == [FINEWEB_TRAIN1]
+    hub.answers.clear()
+    [val] = corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    assert val.origin == "mirror" and hub.calls == [FINEWEB_TRAIN1]  # the mirror's file: no call
+
+
+def test_without_huggingface_hub_a_fineweb10B_download_is_one_line(hub_cache, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # "import huggingface_hub" fails as if not installed
+    with pytest.raises(GptspeedError) as e:
+        corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    assert str(e.value) == (
+        f"fineweb10B's {FINEWEB_VAL} comes from the Hugging Face Hub through huggingface_hub, which is not installed: "
+        f"pip install 'gptspeed[hf]', or set GPTSPEED_DATA_MIRROR to a folder holding fineweb10B/{FINEWEB_VAL}"
+    )

@@ -7,6 +7,8 @@ the package (tiny Shakespeare, xz-compressed: :data:`EMBEDDED_DIR`) -- its embed
 into the cache, else a download into the cache (through pooch: retried, streamed into a temporary
 file renamed only once its sha256 is right): the only step that touches the network. Every file
 is checked against its sha256 whichever way it came. :data:`HF_CORPORA` are read online through ``datasets``.
+:data:`SHARD_CORPORA` are tokenized already: llm.c shard files in a Hugging Face dataset repo (the speedrun's
+``fineweb10B``), taken from the mirror, else through ``huggingface_hub`` (:func:`shard_corpus_files`).
 :func:`resolve_source` turns any file-based SOURCE (corpus name, file, folder, glob) into paths.
 """
 
@@ -334,6 +336,9 @@ class HFCorpus:
     text_field: str = "text"
     max_tokens: int | None = None
     about: str = field(default="", compare=False)
+    val_tokens: int | None = (
+        None  # the val split's size in tokens (at most --val-fraction of the corpus); None: the fraction
+    )
 
 
 HF_CORPORA: dict[str, HFCorpus] = {
@@ -350,9 +355,169 @@ HF_CORPORA: dict[str, HFCorpus] = {
             "HuggingFaceFW/fineweb-edu",
             "sample-10BT",
             about="FineWeb-Edu sample-10BT (10B tokens, about 20 GB of shards), online via datasets",
+            # build-nanogpt's val split: its first shard, 100M tokens. A tenth of 10B (1B tokens, 2 GB) would be
+            # ten times what any evaluation reads, taken from training.
+            val_tokens=100_000_000,
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class ShardCorpus:
+    """A named corpus tokenized upstream: llm.c shard files (:mod:`gptspeed.data.shards`'s format) in a
+    Hugging Face dataset repo, copied into a prepared folder as they are, not tokenized again.
+    ``val`` / ``train``: the file names of each split, in order; ``sums``: the sha256 of the files
+    whose hash is recorded (``name/FILE`` -> digest, as :data:`CORPORA`'s files)."""
+
+    name: str
+    repo: str
+    val: tuple[str, ...]
+    train: tuple[str, ...]
+    sums: dict[str, str] = field(default_factory=dict, compare=False)
+    about: str = field(default="", compare=False)
+
+
+# The sha256 of kjj0/fineweb10B-gpt2's files, as `sha256  fineweb10B/FILE` lines like SHA256SUMS. Empty: the
+# dataset publishes none, and no machine of this project has reached the Hub to read them. A file listed here is
+# checked against its line; every file is checked by its header (magic, version, a token count that matches its
+# size: the format's own integrity check) and, when it came from the Hub, against the Hub's own sha256 (the name
+# huggingface_hub gives a large file in its cache). To fill it: `gptspeed prepare fineweb10B --out DIR
+# --print-hashes` prints the lines of the files it fetched (each hashed while it is checked; the manifest keeps
+# them too): paste them here from a trusted download.
+_FINEWEB10B_SUMS = """
+"""
+
+SHARD_CORPORA: dict[str, ShardCorpus] = {
+    c.name: c
+    for c in (
+        ShardCorpus(
+            name="fineweb10B",
+            repo="kjj0/fineweb10B-gpt2",
+            val=("fineweb_val_000000.bin",),
+            train=tuple(f"fineweb_train_{i:06d}.bin" for i in range(1, 104)),
+            sums=_parse_sums(_FINEWEB10B_SUMS, ""),
+            about="the modded-nanogpt speedrun's FineWeb 10B in GPT-2 tokens (kjj0/fineweb10B-gpt2 on the Hugging "
+            "Face Hub): a 100M-token val shard and 103 train shards of about 100M tokens, 200 MB each",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """A file of a :class:`ShardCorpus` on this machine: ``rel`` (``NAME/FILE``), its ``path``, where it came
+    from (``origin``: ``"mirror"`` or ``"hub"``) and, from the Hub, the repo's commit (``revision``, when the
+    cache's layout tells it) and the sha256 the Hub gives it (``hub_sha256``: the name of a large file's blob in
+    huggingface_hub's cache, when it is one)."""
+
+    rel: str
+    path: Path
+    origin: str
+    revision: str | None = None
+    hub_sha256: str | None = None
+
+
+HUB_RETRIES = 3
+"""Further attempts at a Hub file after a failed one (each resumes the partial download huggingface_hub kept)."""
+HUB_RETRY_WAIT_S = (2.0, 4.0, 8.0)
+"""Seconds to wait before each further attempt."""
+
+
+def shard_corpus_files(name: str, files: list[str], *, progress: bool = True) -> list[ShardFile]:
+    """The ``files`` of the :data:`SHARD_CORPORA` corpus ``name`` on this machine, in order: each from
+    ``$GPTSPEED_DATA_MIRROR/NAME/FILE`` when the mirror holds it (no network), else through huggingface_hub's
+    ``hf_hub_download`` into its shared cache (``$HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``;
+    resumed, and not fetched again once there), tried 1 + :data:`HUB_RETRIES` times. Nothing here reads the
+    files: :func:`gptspeed.data.prepare.prepare` checks them.
+
+    Raises:
+        GptspeedError: one line naming the file and the mirror, when huggingface_hub is missing (``pip install
+            'gptspeed[hf]'``), the repo or file does not exist, or every attempt failed.
+    """
+    corpus = SHARD_CORPORA[name]
+    mirror = os.environ.get(MIRROR_ENV)
+    found: list[ShardFile] = []
+    for file in files:
+        rel = f"{corpus.name}/{file}"
+        if mirror and (Path(mirror) / rel).is_file():
+            found.append(ShardFile(rel, Path(mirror) / rel, "mirror"))
+        else:
+            found.append(_hub_file(corpus, rel, progress))
+    return found
+
+
+def _hub_error_kinds() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(the huggingface_hub errors that another attempt cannot mend: no such repo, revision or file, a gated
+    or disabled repo, offline mode; the "not in the local cache" error, which a failed connection raises
+    too and which is retried)."""
+    import huggingface_hub.utils as hf_utils
+
+    def kinds(*names: str) -> tuple[type, ...]:
+        return tuple(k for k in (getattr(hf_utils, n, None) for n in names) if isinstance(k, type))
+
+    final = kinds(
+        "RepositoryNotFoundError",
+        "RevisionNotFoundError",
+        "EntryNotFoundError",
+        "DisabledRepoError",
+        "OfflineModeIsEnabled",
+    )
+    return final, kinds("LocalEntryNotFoundError")
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _hub_file(corpus: ShardCorpus, rel: str, progress: bool) -> ShardFile:
+    """``rel`` downloaded from ``corpus.repo`` through ``hf_hub_download`` (see :func:`shard_corpus_files`)."""
+    import time
+
+    file = rel.split("/", 1)[1]
+    where = f"or set {MIRROR_ENV} to a folder holding {rel}"
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise GptspeedError(
+            f"{corpus.name}'s {file} comes from the Hugging Face Hub through huggingface_hub, which is not "
+            f"installed: pip install 'gptspeed[hf]', {where}"
+        ) from None
+    final, not_cached = _hub_error_kinds()
+    quiet = not progress and not huggingface_hub.utils.are_progress_bars_disabled()
+    if quiet:
+        huggingface_hub.utils.disable_progress_bars()
+    try:
+        for attempt in range(1 + HUB_RETRIES):
+            try:
+                path = Path(huggingface_hub.hf_hub_download(repo_id=corpus.repo, filename=file, repo_type="dataset"))
+                break
+            except Exception as e:  # the client raises its own errors, httpx's and OSErrors: each is reported
+                error = f"{type(e).__name__}: {' '.join(str(e).split())}"[:400]  # one line
+                last = (
+                    attempt == HUB_RETRIES or _hub_offline() or (isinstance(e, final) and not isinstance(e, not_cached))
+                )
+                if last:
+                    raise GptspeedError(
+                        f"could not download {file} from the Hugging Face Hub (dataset {corpus.repo}) after "
+                        f"{attempt + 1} attempt(s) ({error}): get it yourself, {where}"
+                    ) from None
+                time.sleep(HUB_RETRY_WAIT_S[min(attempt, len(HUB_RETRY_WAIT_S) - 1)])
+    finally:
+        if quiet:
+            huggingface_hub.utils.enable_progress_bars()
+    return _from_hub_cache(rel, path)
+
+
+def _from_hub_cache(rel: str, path: Path) -> ShardFile:
+    """A :class:`ShardFile` for ``path`` as huggingface_hub's cache returns it
+    (``.../snapshots/COMMIT/FILE``, a link to ``.../blobs/ETAG``; a large file's etag is its sha256)."""
+    import re
+
+    revision = path.parent.name if path.parent.parent.name == "snapshots" else None
+    blob = Path(os.path.realpath(path)).name
+    sha = blob if blob != path.name and re.fullmatch(r"[0-9a-f]{64}", blob) else None
+    return ShardFile(rel, path, "hub", revision, sha)
 
 
 def resolve_source(source: str, *, progress: bool = True) -> tuple[list[Path], list[str]]:
@@ -388,6 +553,6 @@ def resolve_source(source: str, *, progress: bool = True) -> tuple[list[Path], l
             raise GptspeedError(f"glob {source!r} matches no files: check the pattern")
         return paths, [str(p) for p in paths]
     raise GptspeedError(
-        f"source {source!r} does not exist: give a corpus name ({', '.join([*CORPORA, *HF_CORPORA])}), "
+        f"source {source!r} does not exist: give a corpus name ({', '.join([*CORPORA, *HF_CORPORA, *SHARD_CORPORA])}), "
         "a .txt/.jsonl[.gz|.zst]/.parquet file, a folder, a glob, or hf:DATASET"
     )

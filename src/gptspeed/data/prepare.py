@@ -9,7 +9,9 @@ llm.c / modded-nanogpt data scripts. The stream is written as it is tokenized, i
 ``shard_tokens`` tokens, then cut into a train and a val split (val = the tail; with a shuffle
 seed, of the documents put in a global random order first), written as shards
 (:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the folder
-complete. An interrupted prepare resumes after its last finished chunk.
+complete. An interrupted prepare resumes after its last finished chunk. A corpus tokenized upstream
+(:data:`~gptspeed.data.corpora.SHARD_CORPORA`: the speedrun's ``fineweb10B``) is not tokenized: its
+shards are checked and linked into the folder as they are (:func:`prepare_shard_corpus`).
 
 How :func:`prepare` keeps memory flat: documents are read one at a time, tokenized and appended to
 staging chunks of ``shard_tokens`` tokens written as they fill, so a corpus larger than RAM fits.
@@ -41,12 +43,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import importlib.metadata
 import itertools
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,13 +61,22 @@ from tqdm import tqdm
 
 import gptspeed
 from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, PREPARE_PROGRESS_NAME, load_manifest
-from gptspeed.data.corpora import CORPORA, HF_CORPORA, resolve_source
+from gptspeed.data.corpora import (
+    CORPORA,
+    HF_CORPORA,
+    MIRROR_ENV,
+    SHARD_CORPORA,
+    ShardCorpus,
+    ShardFile,
+    resolve_source,
+    shard_corpus_files,
+)
 from gptspeed.data.folder import PREPARE_LOCK_NAME, DataFolderLock, check_prepare_target
-from gptspeed.data.shards import read_shard, write_shard
+from gptspeed.data.shards import HEADER_BYTES, SHARD_MAGIC, SHARD_VERSION, TOKEN_DTYPE, read_shard, write_shard
 from gptspeed.data.sources import SourceStats, iter_files, iter_hf
 from gptspeed.data.tokenize import default_workers, tokenize_stream
 from gptspeed.errors import GptspeedError
-from gptspeed.fileio import read_user_json, sha256_file, write_text_atomic
+from gptspeed.fileio import read_user_json, sha256_file, write_atomic, write_text_atomic
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB
 
 _SHARD_GLOBS = ("train_[0-9]*.bin", "val_[0-9]*.bin", ".train_*.tmp", ".val_*.tmp", ".manifest.json.*.tmp")
@@ -213,6 +226,15 @@ def place_cut(n: int, val_fraction: float, find_start: Callable[[int, int, bool]
     if before is not None and (after is None or cut - before <= after - cut):
         return before
     return after if after is not None else cut
+
+
+def val_share(total: int, val_fraction: float, val_tokens: int | None) -> float:
+    """The share of a stream of ``total`` tokens that goes to val: ``val_fraction``, or for a corpus
+    with a fixed val size (:attr:`gptspeed.data.corpora.HFCorpus.val_tokens`: FineWeb-Edu's 100M,
+    build-nanogpt's) ``val_tokens / total`` when that is smaller -- 100M tokens of 10B, not 1B;
+    a corpus cut short (``--max-tokens``) below ``val_tokens / val_fraction`` keeps the fraction.
+    :func:`place_cut` then moves the cut to the nearest document start, as for any corpus."""
+    return val_fraction if val_tokens is None else min(val_fraction, val_tokens / total)
 
 
 def split_cut(tokens: _Concat, val_fraction: float) -> int:
@@ -408,6 +430,7 @@ class _Input:
     info: list[tuple[str, int]]
     sha256: str
     stamps: tuple[tuple[int, int], ...] = ()  # (size, mtime_ns) of each file, taken before it was hashed
+    val_tokens: int | None = None  # a named corpus's fixed val size (HFCorpus.val_tokens)
 
     def check_unchanged(self) -> None:
         """GptspeedError naming the first file whose size or modification time is not what it was
@@ -502,17 +525,18 @@ def _make_out(out: Path) -> bool:
 
 def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool) -> _Input:
     """SOURCE -> :class:`_Input` (downloading a named corpus if needed: :func:`resolve_source`)."""
-    dataset = None
+    dataset, val_tokens = None, None
     if source in HF_CORPORA:
         c = HF_CORPORA[source]
         dataset, hf_name, split = c.dataset, hf_name or c.config, split if split != "train" else c.split
+        val_tokens = c.val_tokens
     elif source.startswith("hf:"):
         dataset = source[3:]
         if not dataset:
             raise GptspeedError("hf: needs a dataset name, e.g. hf:HuggingFaceFW/fineweb-edu --hf-name sample-10BT")
     if dataset is not None:
         sha = hashlib.sha256(json.dumps([dataset, hf_name, split]).encode()).hexdigest()
-        return _Input(dataset, hf_name, split, [], [], [], sha)
+        return _Input(dataset, hf_name, split, [], [], [], sha, val_tokens=val_tokens)
     paths, names = resolve_source(source, progress=progress)
     # a named corpus's files were just checked against its digests: no need to hash them twice
     known = CORPORA[source].files if source in CORPORA else {}
@@ -663,15 +687,18 @@ def _write_splits(
     shard_tokens: int,
     shuffle_seed: int | None,
     progress: bool,
+    val_tokens: int | None = None,
 ) -> dict:
     """Staged chunks -> the train and val shards (:func:`split_cut`, or :func:`shuffled_order`
     with a seed); the chunks are removed or renamed. Returns the manifest's ``splits``.
-    GptspeedError (and ``out`` cleared) for no text, or too little to give both splits a token."""
+    ``val_tokens``: a corpus's fixed val size (:func:`val_share`). GptspeedError (and ``out``
+    cleared) for no text, or too little to give both splits a token."""
     total, n_docs = state["tokens"], state["documents"]
     chunk_paths = [out / c["name"] for c in state["chunks"]]
     if total == 0 or not state.get("has_text", True):
         _clear(out)
         raise GptspeedError(f"no text in {source} (empty, or only whitespace): give files with some text")
+    val_fraction = val_share(total, val_fraction, val_tokens)
     tokens = _Concat(chunk_paths)
     if shuffle_seed is not None:
         spans, order, cut = shuffled_order(tokens, shuffle_seed, val_fraction)
@@ -757,9 +784,13 @@ def prepare(
     max_tokens: int | None = None,
     hf_name: str | None = None,
     split: str = "train",
+    max_shards: int | None = None,
+    print_hashes: bool = False,
 ) -> dict:
     """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest,
-    streaming, in flat memory (how: the module docstring).
+    streaming, in flat memory (how: the module docstring); or, for a corpus tokenized upstream
+    (``fineweb10B``: :data:`~gptspeed.data.corpora.SHARD_CORPORA`), put its shards in the folder
+    as they are (:func:`prepare_shard_corpus`).
 
     Args:
         source: a named corpus (``tinyshakespeare``, ``shakespeare-gutenberg``, or online through
@@ -782,13 +813,17 @@ def prepare(
         skip_bad: skip and count bad records instead of stopping at the first.
         max_tokens: stop after this many tokens (the stream is cut there), None = all.
         hf_name, split: the dataset configuration and split for ``hf:`` sources.
+        max_shards: ``fineweb10B`` only: its first N train shards (default all); the val shard always.
+        print_hashes: print each input file's sha256 as ``sha256  path`` lines (the format of the
+            tables in :mod:`gptspeed.data.corpora`), from the manifest.
 
     Returns:
         The manifest written to ``out_dir/manifest.json``: format, source, tokenizer, files
         (path, sha256, bytes; empty for datasets), input_sha256, documents, val_fraction,
         shard_tokens, splits (tokens, documents = EOT count, shards), settings (text_field,
-        shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split), bad_records, created (UTC
-        ISO time), gptspeed_version, tiktoken_version, numpy_version.
+        shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split; val_tokens for a corpus with
+        a fixed val size), bad_records, created (UTC ISO time), gptspeed_version,
+        tiktoken_version, numpy_version. A corpus tokenized upstream: see :func:`prepare_shard_corpus`.
 
     Raises:
         GptspeedError: bad arguments (``shard_tokens`` above 2^31-1 included), an ``out_dir`` that
@@ -802,6 +837,35 @@ def prepare(
             full disk: naming the folder; the same command resumes once there is room).
     """
     out = Path(os.path.expanduser(out_dir))  # os.path's leaves an unknown ~user as it is (Path's raises)
+    args = dict(val_fraction=val_fraction, shard_tokens=shard_tokens, text_field=text_field, shuffle_seed=shuffle_seed)
+    args.update(skip_bad=skip_bad, max_tokens=max_tokens, hf_name=hf_name, split=split)
+    if source in SHARD_CORPORA or max_shards is not None:
+        manifest = prepare_shard_corpus(source, out, force=force, progress=progress, max_shards=max_shards, given=args)
+    else:
+        manifest = _prepare_text(source, out, force=force, progress=progress, workers=workers, **args)
+    if print_hashes:
+        for f in manifest["files"]:
+            print(f"{f['sha256']}  {f['path']}")
+    return manifest
+
+
+def _prepare_text(
+    source: str,
+    out: Path,
+    *,
+    val_fraction: float,
+    shard_tokens: int,
+    force: bool,
+    progress: bool,
+    workers: int,
+    text_field: str,
+    shuffle_seed: int | None,
+    skip_bad: bool,
+    max_tokens: int | None,
+    hf_name: str | None,
+    split: str,
+) -> dict:
+    """:func:`prepare` of a source it tokenizes."""
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out, shuffle_seed)
     check_prepare_target(out)  # never /, the home folder, or a folder of other files
     inp = _resolve_input(source, hf_name, split, progress)
@@ -814,6 +878,8 @@ def prepare(
         "hf_name": inp.hf_name,
         "split": inp.split,
     }
+    if inp.val_tokens is not None:  # only then: a folder prepared before it was a setting is still reused
+        settings["val_tokens"] = inp.val_tokens
     if os.path.lexists(out / MANIFEST_NAME) and not force:
         return _reuse(out, source, val_fraction, shard_tokens, inp.sha256, settings)
     created = _make_out(out)
@@ -894,7 +960,9 @@ def _prepare_locked(
             progress=progress,
         )
         inp.check_unchanged()  # the tokens are of the text the manifest's hashes name
-        splits = _write_splits(out, state, source, val_fraction, shard_tokens, shuffle_seed, progress)
+        splits = _write_splits(
+            out, state, source, val_fraction, shard_tokens, shuffle_seed, progress, settings.get("val_tokens")
+        )
         manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
         write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
         (out / PROGRESS_NAME).unlink(missing_ok=True)  # after the manifest: the folder never looks finished before
@@ -906,6 +974,246 @@ def _prepare_locked(
         raise GptspeedError(
             f"cannot write the data folder {out}: {what}{name}; nothing there is marked prepared: "
             "make room (or fix the folder), then run the same command again to resume"
+        ) from None
+    return manifest
+
+
+# ------------------------------------------------------------------ corpora tokenized upstream (fineweb10B)
+
+_TOKENIZING_FLAGS = {  # prepare's keyword -> (its flag, its default): none applies to shards made upstream
+    "val_fraction": ("--val-fraction", 0.1),
+    "shard_tokens": ("--shard-tokens", 100_000_000),
+    "text_field": ("--text-field", "text"),
+    "shuffle_seed": ("--shuffle-seed", None),
+    "skip_bad": ("--skip-bad", False),
+    "max_tokens": ("--max-tokens", None),
+    "hf_name": ("--hf-name", None),
+    "split": ("--split", "train"),
+}
+_SCAN_BYTES = 1 << 24  # read per step while a shard is hashed and its documents counted
+
+
+def _check_shard_corpus_arguments(source: str, max_shards: int | None, given: dict) -> int:
+    """The number of train shards to take; GptspeedError (one line) for ``--max-shards`` with a source
+    that is not a :data:`~gptspeed.data.corpora.SHARD_CORPORA` corpus, out of range, or a tokenizing
+    flag given (the shards are used as they were made)."""
+    if source not in SHARD_CORPORA:
+        raise GptspeedError(
+            f"--max-shards is for the corpora tokenized upstream ({', '.join(SHARD_CORPORA)}), not {source!r}: "
+            "use --max-tokens to prepare less of it"
+        )
+    corpus = SHARD_CORPORA[source]
+    bad = [flag for key, (flag, default) in _TOKENIZING_FLAGS.items() if given.get(key, default) != default]
+    if bad:
+        raise GptspeedError(
+            f"{source} is tokenized upstream and its shards are used as they are: {', '.join(bad)} "
+            f"{'does' if len(bad) == 1 else 'do'} not apply (--max-shards N takes its first N train shards)"
+        )
+    n = len(corpus.train) if max_shards is None else max_shards
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(corpus.train):
+        raise GptspeedError(
+            f"--max-shards must be an integer from 1 to {len(corpus.train)} ({source}'s train shards), "
+            f"got {max_shards!r}"
+        )
+    return n
+
+
+def _header_problem(head: bytes, size: int) -> str | None:
+    """What is wrong with a shard whose first bytes are ``head`` and whose size is ``size``, by the
+    format's own checks (magic, version, a token count that matches the size); None if nothing."""
+    if len(head) < HEADER_BYTES:
+        return f"{size:,} bytes, shorter than the {HEADER_BYTES:,}-byte header of a token shard"
+    magic, version, count = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
+    if magic != SHARD_MAGIC:
+        return f"not a token shard (it starts with magic {magic}, expected {SHARD_MAGIC})"
+    if version != SHARD_VERSION:
+        return f"a shard of format version {version}, expected {SHARD_VERSION}"
+    expected = HEADER_BYTES + TOKEN_DTYPE.itemsize * count
+    if count < 0 or size != expected:
+        return f"damaged: its header says {count:,} tokens ({expected:,} bytes) but the file has {size:,} bytes"
+    return None
+
+
+def _scan_upstream_shard(f: ShardFile, known: str | None, bar: tqdm) -> dict:
+    """Check the shard ``f`` and measure it in one read: its header (:func:`_header_problem`), then its
+    sha256 against ``known`` (recorded in gptspeed) and the Hub's (:attr:`ShardFile.hub_sha256`) where
+    there is one; its ``<|endoftext|>`` tokens counted on the way. Returns ``{"sha256", "bytes",
+    "tokens", "documents"}``. GptspeedError (one line naming the file and what to do) otherwise."""
+    if f.origin == "mirror":
+        fix = f"replace it in {MIRROR_ENV}, or remove it there to download it"
+    else:
+        fix = f"remove {os.path.realpath(f.path)} from the Hugging Face cache and run again to download it again"
+    try:
+        with open(f.path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(HEADER_BYTES)
+            problem = _header_problem(head, size)
+            if problem:
+                raise GptspeedError(f"{f.rel} ({f.path}) is {problem}: {fix}")
+            h, documents, read = hashlib.sha256(head), 0, len(head)
+            while chunk := fh.read(_SCAN_BYTES):
+                h.update(chunk)
+                documents += int(np.count_nonzero(np.frombuffer(chunk, dtype=TOKEN_DTYPE) == EOT_TOKEN))
+                read += len(chunk)
+                bar.update(len(chunk))
+    except OSError as e:
+        raise GptspeedError(f"cannot read {f.path}: {e.strerror or e}") from None
+    if read != size:
+        raise GptspeedError(
+            f"{f.path} changed while it was read (a download not finished?): run again once it is complete"
+        )
+    digest = h.hexdigest()
+    for expect, whose in ((known, "recorded in gptspeed"), (f.hub_sha256, "the Hub's")):
+        if expect and digest != expect:
+            raise GptspeedError(f"{f.rel} ({f.path}) has sha256 {digest}, expected {expect} ({whose}): {fix}")
+    return {"sha256": digest, "bytes": size, "tokens": (size - HEADER_BYTES) // 2, "documents": documents}
+
+
+def _local_name(file: str) -> str:
+    """The name a prepared folder gives the upstream shard ``file``: its split and its number
+    (``fineweb_train_000001.bin`` -> ``train_000001.bin``), as :func:`gptspeed.data.find_shards` finds it."""
+    import re
+
+    from gptspeed.data import shard_name_split
+
+    number = re.search(r"(\d+)\.bin$", file)
+    split = shard_name_split(file)
+    assert number is not None and split is not None, file  # the corpus tables name them so
+    return f"{split}_{int(number.group(1)):06d}.bin"
+
+
+def _place_shard(src: Path, dest: Path) -> str:
+    """Put the file ``src`` (its real path: a cache's link is followed) in the folder as ``dest``, through a
+    temporary name so that ``dest`` is whole or absent: a hard link where the file system allows (the
+    folder and the cache share the bytes: no space), else a symbolic link to it, else a copy. Returns
+    ``"hardlink"``, ``"symlink"`` or ``"copy"``."""
+    real = Path(os.path.realpath(src))
+    for how, make in (("hardlink", os.link), ("symlink", os.symlink)):
+        tmp = dest.with_name(f".{dest.name}.{os.urandom(4).hex()}.tmp")
+        try:
+            make(real, tmp)
+        except OSError:
+            continue
+        try:
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return how
+    import shutil
+
+    with open(real, "rb") as f:
+        write_atomic(dest, lambda out: shutil.copyfileobj(f, out, _SCAN_BYTES))
+    return "copy"
+
+
+def prepare_shard_corpus(
+    source: str, out: Path, *, force: bool, progress: bool, max_shards: int | None, given: dict
+) -> dict:
+    """:func:`prepare` of a corpus tokenized upstream (:data:`~gptspeed.data.corpora.SHARD_CORPORA`):
+    its val shard and first ``max_shards`` train shards (default all) are taken from the mirror or the
+    Hub (:func:`~gptspeed.data.corpora.shard_corpus_files`), each checked (:func:`_scan_upstream_shard`),
+    then put in ``out`` under the names :func:`_local_name` gives (:func:`_place_shard`: linked where
+    possible, else copied) with a manifest like any prepared folder's; each file entry also says where the
+    file came from (``origin``: mirror or hub), under which name it stands (``as``) and how
+    (``placed``). ``given``: prepare's tokenizing arguments, refused unless at their defaults."""
+    n = _check_shard_corpus_arguments(source, max_shards, given)
+    _check_out(out)
+    check_prepare_target(out)  # never /, the home folder, or a folder of other files
+    corpus = SHARD_CORPORA[source]
+    files = shard_corpus_files(source, [*corpus.val, *corpus.train[:n]], progress=progress)
+    total = sum(os.path.getsize(f.path) for f in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="check", disable=None if progress else True) as bar:
+        scans = [_scan_upstream_shard(f, corpus.sums.get(f.rel), bar) for f in files]
+    settings = {"max_shards": n}
+    input_sha = _input_sha256([s["sha256"] for s in scans])
+    shard_tokens = max(s["tokens"] for s in scans)
+    if os.path.lexists(out / MANIFEST_NAME) and not force:
+        return _reuse(out, source, None, shard_tokens, input_sha, settings)
+    created = _make_out(out)
+    lock = PrepareLock(out).acquire()
+    try:
+        manifest = _write_shard_corpus(out, corpus, files, scans, settings, input_sha, shard_tokens)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _clear(out)  # nothing half-placed stays: the folder holds gptspeed's names only, or nothing
+        if created:
+            lock.release()
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+    finally:
+        lock.release()
+    if progress:
+        print(_placement_line(source, out, manifest["files"]), file=sys.stderr)
+    return manifest
+
+
+def _placement_line(source: str, out: Path, entries: list[dict]) -> str:
+    """One line saying how the shards of ``entries`` came into ``out``: linked (no space) or copied, from where."""
+    import collections
+
+    words = {"hardlink": "hard-linked", "symlink": "symbolically linked", "copy": "copied"}
+    where = {"mirror": f"the mirror ({MIRROR_ENV})", "hub": "the Hugging Face cache"}
+    counts = collections.Counter((e["placed"], e["origin"]) for e in entries)
+    return f"{source}: {len(entries)} shards in {out}: " + ", ".join(
+        f"{n} {words[placed]} from {where[origin]}" for (placed, origin), n in counts.items()
+    )
+
+
+def _write_shard_corpus(
+    out: Path,
+    corpus: ShardCorpus,
+    files: list[ShardFile],
+    scans: list[dict],
+    settings: dict,
+    input_sha: str,
+    shard_tokens: int,
+) -> dict:
+    """:func:`prepare_shard_corpus`'s writing, under its lock: a progress file first (a folder holding it
+    and no manifest is refused by ``train``), the shards, the manifest, then the progress file removed.
+    An OSError (a full disk for a copy) is one line naming the folder."""
+    try:
+        _clear(out)
+        state = {"key": corpus.name, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
+        _write_progress(out, state)
+        entries, splits = [], {s: {"tokens": 0, "documents": 0, "shards": []} for s in ("train", "val")}
+        for f, scan in zip(files, scans):
+            name = _local_name(f.rel.rsplit("/", 1)[1])
+            placed = _place_shard(f.path, out / name)
+            entries.append({"path": f.rel, "sha256": scan["sha256"], "bytes": scan["bytes"], "as": name})
+            entries[-1].update(origin=f.origin, placed=placed)
+            split = splits[name.split("_", 1)[0]]
+            split["tokens"] += scan["tokens"]
+            split["documents"] += scan["documents"]
+            split["shards"].append(name)
+        revisions = sorted({f.revision for f in files if f.revision})
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_FORMAT_VERSION,
+            "source": corpus.name,
+            "tokenizer": "gpt2",
+            "eot_token": EOT_TOKEN,
+            "n_vocab": N_VOCAB,
+            "files": entries,
+            "input_sha256": input_sha,
+            "documents": splits["train"]["documents"] + splits["val"]["documents"],
+            "val_fraction": None,  # the split is upstream's: its val shard
+            "shard_tokens": shard_tokens,
+            "splits": splits,
+            "settings": settings,
+            "bad_records": 0,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gptspeed_version": gptspeed.__version__,
+            "hub": {"repo": corpus.repo, "revisions": revisions},
+        }
+        write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+        (out / PROGRESS_NAME).unlink(missing_ok=True)
+    except OSError as e:
+        what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise GptspeedError(
+            f"cannot write the data folder {out}: {what}; nothing there is marked prepared: "
+            "make room (or fix the folder), then run the same command again"
         ) from None
     return manifest
 

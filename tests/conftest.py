@@ -113,8 +113,8 @@ def eager_compile(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def reference(request, tmp_path_factory):
-    """``reference(settings, setup=None)``: the folder of a tiny run never stopped, trained once per session and
+def reference_run(request, tmp_path_factory):
+    """``reference_run(settings, setup=None)``: the folder of a tiny run never stopped, trained once per session and
     shared (tests/support/references.py): the run an exact-resume case must equal, and the run whose logs other
     tests check. Read-only: a test that changes a run copies it first."""
     from support.references import SHAKESPEARE, STREAM, References, made_once, session_folder

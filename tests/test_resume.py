@@ -20,13 +20,12 @@ from gptspeed.checkpoint import (
 )
 from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.errors import GptspeedError
-from gptspeed.step import TrainStep
 from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
 from support.run_folders import BASE, train
 from support.settings import TINY as TINY_SETTINGS
-from support.training import TINY_MODEL, flags, train_losses
+from support.training import TINY_MODEL, flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,11 +46,6 @@ TINY = [
     "float32",
     "--no-compile",
 ]
-
-
-def settings(run) -> dict:
-    doc = json.loads((run / "config.json").read_text())
-    return {g: doc[g] for g in ("model", "optim", "train", "runtime")}
 
 
 def test_resume_skips_damaged_checkpoints_and_says_why(shakespeare_data, tmp_path, capsys):
@@ -182,45 +176,6 @@ def test_a_run_keeps_the_global_batch_it_started_with(shakespeare_data, tmp_path
     step3 = next(r for r in recs if r.get("step") == 3 and "train_loss" in r)
     assert step3["tokens"] == 2 * 512 + 1024  # counted on: steps 1-2 at 512 tokens, step 3 at 2 x 512
     assert json.loads((run / "config.json").read_text())["derived"]["grad_accum_steps"] == 2
-
-
-def test_a_run_killed_before_its_first_checkpoint_resumes_as_itself(shakespeare_data, tmp_path, monkeypatch):
-    """The README's "run the first command again" after a crash at step 2, before any checkpoint:
-    `--resume` restarted a GPT-2 124M run on the default corpus and wrote its config.json over the
-    run's. Now it restarts the run's own configuration (flags given apply on top), and a flag that
-    would make it another run is refused in one line, config.json untouched."""
-    run = tmp_path / "run"
-    args = [*TINY, "--data", str(shakespeare_data), "--max-steps", "3", "--save-every", "0"]
-    assert run_main("train", *args, "--out", str(tmp_path / "ref")).returncode == 0
-    real = TrainStep.__call__
-    calls = []
-
-    def crash_at_step_2(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("the machine went away")  # as a SIGKILL: no checkpoint, config.json stays
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(TrainStep, "__call__", crash_at_step_2)
-    with pytest.raises(RuntimeError, match="went away"):
-        run_main("train", *args, "--out", str(run))
-    monkeypatch.setattr(TrainStep, "__call__", real)
-    assert not list_checkpoints(run) and (run / "config.json").is_file()
-    started = settings(run)
-
-    changed = run_main("train", "--out", str(run), "--resume", "--n-layer", "3")
-    assert_user_error(changed, f"--resume: {run} has no checkpoint yet", "model.n_layer", "--force-resume")
-    assert settings(run) == started
-
-    res = run_main("train", "--preset", "pico", "--out", str(run), "--resume")  # the first command, again
-    assert res.returncode == 0, res.stderr
-    assert "restarting the run of its config.json from step 0" in res.stdout
-    assert train_losses(run) == train_losses(tmp_path / "ref")  # the same run, from step 0
-    now = settings(run)
-    now["train"]["resume"] = started["train"]["resume"]
-    assert now == started
-    ck = load_checkpoint(list_checkpoints(run)[-1])
-    assert ck["step"] == 3 and ck["config"]["model"] == started["model"]
 
 
 def test_a_cpu_run_resumed_with_another_thread_count_says_so(shakespeare_data, tmp_path):

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from gptspeed.trainer import build_train_config, fit
-
 from support.cli import assert_user_error, run_main
-from support.training import TINY_MODEL, records, train_losses
+from support.settings import BRANCH_IDS, BRANCHES, branch_run
+from support.training import records, train_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,33 +123,6 @@ def reference(runs, shakespeare_data) -> dict:
         total, _ = score_items(model, items, "cpu")
         out[softmax] = (loss, total)
     return out
-
-
-BASE = dict(
-    TINY_MODEL,
-    n_layer=1,
-    batch_size=4,
-    device="cpu",
-    eval_every=2,
-    eval_tokens=256,
-    log_every=1,
-    save_every=2,
-    keep_checkpoints=3,
-    max_steps=3,
-    lr=3e-3,
-    warmup_steps=1,
-)
-
-
-# (dtype, softmax, loss, compile): each host-dependent choice both ways, and the README quickstart's
-# combination on each kind of CPU (nano: --softmax data, the CPU's auto loss = fused; bf16 hosts compile)
-BRANCHES = [
-    ("float32", "data", "fused", False),
-    ("float32", "full", "plain", False),
-    ("bfloat16", "data", "fused", True),
-    ("bfloat16", "data", "plain", False),
-    ("bfloat16", "full", "fused", False),
-]
 
 
 @pytest.mark.parametrize("kv", ["kv-cache", "no-kv-cache"])
@@ -273,32 +244,14 @@ def test_export_computes_as_the_run_under_each_dtype(runs, shakespeare_data, dty
     assert abs(la - lb) <= 1e-5 * la, (la, lb)
 
 
-@pytest.mark.parametrize(
-    "dtype, softmax, loss, compile",
-    BRANCHES,
-    ids=["-".join(map(str, b)).replace("True", "compile").replace("False", "eager") for b in BRANCHES],
-)
-def test_each_branch_trains_and_resumes_bit_identically(
-    shakespeare_data, tmp_path, monkeypatch, dtype, softmax, loss, compile
-):
-    import gptspeed.parallelize as parallelize
-    import gptspeed.step as step
-
-    real = parallelize.parallelize  # dynamo traces the model; the "eager" backend keeps it to seconds on a CPU
-    monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
-    settings = dict(BASE, data=str(shakespeare_data), dtype=dtype, softmax=softmax, loss=loss, compile=compile)
-    full = tmp_path / "full"
-    fit(build_train_config("pico", dict(settings, out=str(full))), echo=False)
+@pytest.mark.parametrize("dtype, softmax, loss, compile", BRANCHES, ids=BRANCH_IDS)
+def test_each_branch_trains(reference_run, dtype, softmax, loss, compile):
+    """The branch asked for ran (not the host's) and learns. That its run resumes to the same losses, to the bit,
+    is a case of tests/system/test_exact_resume.py, on the same (shared) run."""
+    full = reference_run(*branch_run(dtype, softmax, loss, compile))
     derived = json.loads((full / "config.json").read_text())["derived"]
     assert (derived["dtype"], derived["compile"]) == (dtype, compile)  # the branch asked for ran, not the host's
     ref = train_losses(full)
     assert len(ref) == 3 and all(torch.isfinite(torch.tensor(v)) for v in ref.values())
     vals = [r["val_loss"] for r in records(full) if r.get("val_loss") is not None]
     assert len(vals) == 3 and vals[-1] < vals[0]  # steps 0, 2 and 3 (the last): it learns
-    # stopped after its step-2 checkpoint: resume to the end, the same step-3 loss to the bit
-    part = tmp_path / "part"
-    part.mkdir()
-    for name in ("ckpt_00000002.pt", "ckpt_00000002.json", "config.json"):
-        shutil.copy(full / name, part / name)
-    fit(build_train_config(None, dict(out=str(part), resume=True)), echo=False)
-    assert train_losses(part)[3] == ref[3]

@@ -583,3 +583,32 @@ def test_a_disk_too_full_for_the_next_checkpoint_is_said_before_writing(tmp_path
     assert list_checkpoints(tmp_path) == [first] and not list(tmp_path.glob(".*.tmp"))
     monkeypatch.setattr(sh, "disk_usage", lambda p: sh._ntuple_diskusage(10 * size, 8 * size, 2 * size))
     assert save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3000)}).name == "ckpt_00000002.pt"
+
+
+def test_a_prune_killed_midway_never_leaves_an_unsealed_checkpoint_under_its_name(tmp_path, monkeypatch):
+    """A SIGKILL between deleting an old checkpoint's file and its seal: the prune used to unseal first,
+    so the kill left an unsealed ``.pt`` that every later prune skipped (unverifiable) and kept for good."""
+    from gptspeed.checkpoint import check_checkpoint, list_checkpoints
+    from gptspeed.checkpoint.formats import prune_checkpoints
+
+    for step in (1, 2, 3):
+        write_checkpoint_file(tmp_path / f"ckpt_{step:08d}.pt", {"step": step})
+    real_unlink = Path.unlink
+    calls = []
+
+    def killed_after_one(self, *a, **k):  # the process dies after its first deletion
+        if calls:
+            raise SystemExit("killed")
+        calls.append(self.name)
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(Path, "unlink", killed_after_one)
+    with pytest.raises(SystemExit):
+        prune_checkpoints(tmp_path, keep=2)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    assert [check_checkpoint(c) for c in list_checkpoints(tmp_path)] == [None, None]  # steps 2 and 3, sealed
+    prune_checkpoints(tmp_path, keep=2)  # the next prune finds nothing of step 1 to keep or refuse
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt_00000001")) in (
+        [],
+        ["ckpt_00000001.json"],
+    )

@@ -146,17 +146,20 @@ def write_failure(final: Path, step: int | None, e: OSError) -> str:
 
 
 def prune_checkpoints(run_dir: Path, keep: int, run_id: str | None = None) -> None:
-    """Delete all but the newest ``keep`` of this run's checkpoints, each unsealed first. Only
+    """Delete all but the newest ``keep`` of this run's checkpoints, each file (or folder) before its
+    seal: a kill in between leaves a seal without its checkpoint (no checkpoint: never listed) or a
+    sealed, half-deleted folder (invalid, and pruned again next time), never an unsealed checkpoint
+    standing under its name, which no later prune could tell from a stranger's. Only
     sealed checkpoints of run ``run_id`` (or of no recorded run) whose seal names the step their
     name says are counted and deleted: a checkpoint copied in from another run, or renamed, is
     never deleted and never makes this run's own newer ones look old."""
     mine = [p for p in list_checkpoints(run_dir) if read_seal(p) is not None and not_of_run(p, run_id) is None]
     for old in mine[:-keep]:
-        seal_path(old).unlink(missing_ok=True)  # unseal first: a half-deleted one is invalid
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
+        seal_path(old).unlink(missing_ok=True)  # last (a folder that cannot be deleted, e.g. a symlink, ends unsealed)
 
 
 def seal_sharded(folder: Path, info: dict[str, Any], *, final: Path) -> None:

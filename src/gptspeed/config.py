@@ -327,6 +327,12 @@ class GPTConfig:
         return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0) + window
 
 
+def _group_lr(help: str):
+    """A param group's own peak learning rate (``--embed-lr``, ``--head-lr``, ``--scalar-lr``): None
+    follows ``--lr``; else a positive finite number, run-defining."""
+    return _f(None, help, min=0, min_open=True, finite=True, text="a positive finite number", run_defining=True)
+
+
 @dataclass
 class OptimConfig:
     """AdamW with linear warm-up then cosine decay (GPT-3 paper, appendix B)."""
@@ -410,33 +416,15 @@ class OptimConfig:
     muon_momentum_start: float = _f(
         0.85, "--muon-momentum-warmup's first momentum", min=0, max=1, text="in [0, 1)", run_defining=True
     )
-    embed_lr: float | None = _f(
-        None,
-        "AdamW peak learning rate of the token and position embeddings (default: --lr); with --head-lr and "
-        "--scalar-lr, the speedrun's per-group Adam rates",
-        min=0,
-        min_open=True,
-        finite=True,
-        text="a positive finite number",
-        run_defining=True,
+    embed_lr: float | None = _group_lr(
+        "AdamW peak learning rate of the token, position and value embeddings (default: --lr); with --head-lr and "
+        "--scalar-lr, the speedrun's per-group Adam rates"
     )
-    head_lr: float | None = _f(
-        None,
-        "AdamW peak learning rate of the untied LM head (needs --no-tie-embeddings; default: --lr)",
-        min=0,
-        min_open=True,
-        finite=True,
-        text="a positive finite number",
-        run_defining=True,
+    head_lr: float | None = _group_lr(
+        "AdamW peak learning rate of the untied LM head (needs --no-tie-embeddings; default: --lr)"
     )
-    scalar_lr: float | None = _f(
-        None,
-        "AdamW peak learning rate of the gains and biases (tensors of under 2 dims; default: --lr)",
-        min=0,
-        min_open=True,
-        finite=True,
-        text="a positive finite number",
-        run_defining=True,
+    scalar_lr: float | None = _group_lr(
+        "AdamW peak learning rate of the gains and biases (tensors of under 2 dims; default: --lr)"
     )
 
 

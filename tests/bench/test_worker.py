@@ -171,37 +171,22 @@ def test_bench_step_reports_a_step_it_did_not_apply():
 @pytest.mark.parametrize("backend, device", [("gloo", "cpu"), pytest.param("nccl", "cuda", marks=pytest.mark.cuda)])
 def test_one_process_ddp_step(tmp_path, backend, device):
     # torchrun-free: a process group of one. On CUDA this is the one-GPU NCCL DDP step; the gloo
-    # twin runs the same code on the CPU in CI.
+    # twin runs the same code on the CPU in CI. In a fresh process that ends without freeing the
+    # group (tests/support/ddp_row.py): freed here after destroy_process_group, gloo's destructor
+    # once joined a thread that never ended and hung the session.
+    import json
+    import subprocess
+    import sys
 
-    import torch.distributed as dist
+    from support.cli import child_env
+    from support.paths import ROOT
 
-    from gptspeed.bench.worker import StageSpec, bench_step, build_row
-    from gptspeed.runtime import resolve_runtime
-
-    dist.init_process_group(backend, init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        dtype = "bfloat16" if device == "cuda" else "float32"
-        rt = dataclasses.replace(resolve_runtime(device, dtype, False), parallel="ddp")
-        spec = StageSpec(
-            name="ddp",
-            settings=baseline_with(dtype=dtype, attention="sdpa"),
-            n_layer=1,
-            n_head=2,
-            n_embd=16,
-            seq_len=16,
-            batch_size=2,
-            steps=1,
-            warmup=1,
-            device=device,
-            grad_accum=2,
-        )
-        step, _ = build_row(spec, rt)
-        assert isinstance(step.train_model, torch.nn.parallel.DistributedDataParallel)
-        assert step.sync is not None and step.accum == 2  # no_sync() on the first micro-batch
-        before = step.model.transformer.h[0].mlp.c_fc.weight.detach().clone()
-        x = torch.randint(0, 50257, (2, 16), device=device)
-        losses = [bench_step(step, lambda: (x, x)) for _ in range(2)]
-        assert all(math.isfinite(loss.item()) and not skipped.item() for loss, skipped in losses)
-        assert not torch.equal(step.model.transformer.h[0].mlp.c_fc.weight, before)
-    finally:
-        dist.destroy_process_group()
+    script = ROOT / "tests" / "support" / "ddp_row.py"
+    cmd = [sys.executable, str(script), backend, device, str(tmp_path / "rendezvous")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["ddp"]  # the row's train_model is DistributedDataParallel
+    assert seen["sync"] and seen["accum"] == 2  # no_sync() on the first micro-batch
+    assert seen["finite"] and seen["skipped"] == [False, False], seen
+    assert seen["moved"]  # the step was applied

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import torch
 
 from gptspeed.bench.stages import (
     BASELINE,
     baseline_with,
 )
+
+from support.ladder_rows import TINY_ROW, in_process_worker
 
 
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):
@@ -21,21 +21,8 @@ def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
 
     monkeypatch.setattr(entry, "run_stage", oom)
-    spec = StageSpec(
-        name="baseline",
-        settings=dict(BASELINE),
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        seq_len=1024,
-        batch_size=64,
-        steps=1,
-        warmup=1,
-        device="cpu",
-    )
-    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
-    result = json.loads((tmp_path / "result.json").read_text())
+    spec = StageSpec(name="baseline", settings=dict(BASELINE), **dict(TINY_ROW, seq_len=1024, batch_size=64))
+    result = in_process_worker(spec, tmp_path / "baseline.log")
     assert result["status"] == "failed" and result["oom"] is True
     assert result["reason"] == (
         "out of memory at B=64 (T=1024, 1 micro-batch(es) per step): CUDA out of memory. Tried to allocate 96.00 GiB"
@@ -43,25 +30,10 @@ def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypa
 
 
 def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_path):
-    from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(
-        name="fp16",
-        settings=baseline_with(dtype="float16"),
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        seq_len=8,
-        batch_size=1,
-        steps=1,
-        warmup=1,
-        device="cpu",
-        mode="verify",
-    )
-    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
-    result = json.loads((tmp_path / "result.json").read_text())
+    spec = StageSpec(name="fp16", settings=baseline_with(dtype="float16"), **TINY_ROW, mode="verify")
+    result = in_process_worker(spec, tmp_path / "fp16.log")
     assert result == {
         "status": "skipped",
         "reason": "refused: --dtype float16 is not supported on a CPU: use bfloat16 or float32",

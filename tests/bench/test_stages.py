@@ -30,7 +30,6 @@ from gptspeed.errors import GptspeedError
 
 from support.ladder_rows import TINY, in_process_worker
 from support.packages import fake_packages
-from support.verify_rows import TINY as TINY_VERIFY
 
 FAULTS = """
 import os
@@ -262,7 +261,7 @@ def test_verify_end_to_end_records_failures_and_goes_on(tmp_path, monkeypatch, c
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(faults), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("GPTSPEED_TEST_FAULTS", json.dumps({"compile": "oom", "flash": "crash"}))
     out = tmp_path / "verify"
-    argv = ["bench", "--verify", "--out", str(out), "--stages", "compile,flash,fused-ce", *TINY_VERIFY]
+    argv = ["bench", "--verify", "--out", str(out), "--stages", "compile,flash,fused-ce", *TINY]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
 
     code = cli.main(argv)

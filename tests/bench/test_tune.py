@@ -17,6 +17,7 @@ from gptspeed.errors import GptspeedError
 
 from support.cli import assert_user_error, run_cli
 from support.tune_fakes import knob, rows, tune
+from support.verify_rows import TINY_RUNG
 
 
 class FakeWorker:
@@ -264,21 +265,7 @@ def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yo
     from gptspeed.bench.worker import StageSpec
 
     settings = {"dtype": "bfloat16", "compile": False}
-    base = StageSpec(
-        name="yours",
-        settings=settings,
-        n_layer=1,
-        n_head=2,
-        n_embd=32,
-        seq_len=16,
-        batch_size=2,
-        steps=2,
-        warmup=1,
-        device="cpu",
-        mode="verify",
-        grad_accum=2,
-        synthetic="phrases",
-    )
+    base = StageSpec(name="yours", settings=settings, **TINY_RUNG, grad_accum=2)
     yours = run_worker(base, tmp_path / "yours.log")
     once = run_worker(
         dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp", "cast_weights_once": True}),

@@ -14,7 +14,7 @@ from gptspeed.bench import verify as verify_mod
 from gptspeed.bench.stages import baseline_with
 from gptspeed.bench.verify import compare_losses, plan_verify, rung_problems
 
-from support.verify_rows import TINY
+from support.ladder_rows import TINY, TINY_ROW, in_process_worker
 
 
 # ------------------------------------------------------------------------------------ the parent's verdicts
@@ -270,25 +270,10 @@ def test_a_rung_is_verified_only_when_its_losses_were_compared_over_updates(row,
 def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path):
     """At a width where torchao's rule converts no Linear, the FP8 rung used to train in bf16 and pass
     as "verified"; it is refused by the configuration's own rule: "refused", not "verified"."""
-    from gptspeed.bench import entry
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(
-        name="fp8",
-        settings=baseline_with(fp8=True),
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        seq_len=8,
-        batch_size=2,
-        steps=1,
-        warmup=1,
-        device="cpu",
-        mode="verify",
-    )
-    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    assert entry.main([str(tmp_path / "spec.json"), str(tmp_path / "result.json")]) == 0
-    result = json.loads((tmp_path / "result.json").read_text())
+    spec = StageSpec(name="fp8", settings=baseline_with(fp8=True), **dict(TINY_ROW, batch_size=2), mode="verify")
+    result = in_process_worker(spec, tmp_path / "fp8.log")
     assert result["status"] == "skipped" and result["reason"].startswith("refused: --fp8 would convert no layer")
     row = {"name": "fp8", "problems": [], "applies_here": True, **result}
     assert verify_mod.rung_verdict(row) == ("refused", result["reason"].removeprefix("refused: "))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from support.verify_rows import TINY_RUNG
+
 
 def test_a_candidate_micro_batch_reads_your_sequences_regrouped():
     """The verify worker with ``read_micro_batch``: B=4 x 1 reads the same 4 sequences a step as
@@ -16,17 +18,8 @@ def test_a_candidate_micro_batch_reads_your_sequences_regrouped():
     base = StageSpec(
         name="r",
         settings={"dtype": "float32", "compile": False},
-        n_layer=1,
-        n_head=2,
-        n_embd=32,
-        seq_len=16,
-        batch_size=2,
-        steps=2,
-        warmup=1,
-        device="cpu",
-        mode="verify",
+        **TINY_RUNG,
         grad_accum=2,
-        synthetic="phrases",
         extra={"read_micro_batch": 2},
     )
     yours = verify_stage(base)

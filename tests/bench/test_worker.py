@@ -14,6 +14,9 @@ from gptspeed.bench.stages import (
 )
 from gptspeed.bench.worker import init_gpt
 
+from support.ladder_rows import TINY_ROW
+from support.verify_rows import TINY_RUNG
+
 
 def test_init_is_the_same_function_for_both_vocab_sizes():
     import torch
@@ -40,20 +43,7 @@ def test_a_softmax_data_row_covers_the_ids_of_its_data_as_train_does(shakespeare
     from gptspeed.bench.worker import StageSpec, SyntheticLoader
     from gptspeed.data.train_data import find_train_data
 
-    base = StageSpec(
-        name="r",
-        settings={"dtype": "float32", "compile": False, "softmax": "data"},
-        n_layer=1,
-        n_head=2,
-        n_embd=32,
-        seq_len=16,
-        batch_size=2,
-        steps=2,
-        warmup=1,
-        device="cpu",
-        mode="verify",
-        synthetic="phrases",
-    )
+    base = StageSpec(name="r", settings={"dtype": "float32", "compile": False, "softmax": "data"}, **TINY_RUNG)
     full = verify_stage(dataclasses.replace(base, settings={"dtype": "float32", "compile": False}))
     phrases = verify_stage(base)
     synthetic = SyntheticLoader(2, 16, 3, base.seed, torch.device("cpu"), "phrases")  # the row's own batches
@@ -107,19 +97,7 @@ def test_a_batch_auto_rung_trains_the_same_sequences_per_step_as_its_reference(m
     from gptspeed.bench import verify_worker, worker
     from gptspeed.bench.worker import StageSpec
 
-    base = dict(
-        n_layer=1,
-        n_head=2,
-        n_embd=32,
-        seq_len=16,
-        batch_size=2,
-        steps=2,
-        warmup=1,
-        device="cpu",
-        grad_accum=2,
-        mode="verify",
-        synthetic="phrases",
-    )
+    base = dict(TINY_RUNG, grad_accum=2)
     ref = verify_worker.verify_stage(StageSpec(name="ref", settings=dict(BASELINE), **base))
     for auto in (4, 1):
         seen = []
@@ -140,19 +118,7 @@ def test_bench_step_reports_a_step_it_did_not_apply():
     from gptspeed.bench.worker import StageSpec, bench_step, build_row
     from gptspeed.runtime import resolve_runtime
 
-    spec = StageSpec(
-        name="t",
-        settings=dict(BASELINE),
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        seq_len=8,
-        batch_size=1,
-        steps=1,
-        warmup=1,
-        device="cpu",
-        grad_accum=2,
-    )
+    spec = StageSpec(name="t", settings=dict(BASELINE), **TINY_ROW, grad_accum=2)
     rt = resolve_runtime("cpu", "float32", False)
     step, _ = build_row(spec, rt)
     assert step.accum == 2

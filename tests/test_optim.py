@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -589,7 +590,6 @@ def window_by_hand(step: int, start: int, final: int, max_steps: int) -> int:
     """The speedrun's window warm-up written out: linear in ``step / max_steps`` from ``start`` (at most
     ``final``) to ``final``, rounded up to a multiple of 128 tokens, never past ``final`` (``final`` from
     ``max_steps`` on); exact rationals, so no float rounding can move a step across a multiple of 128."""
-    from fractions import Fraction
 
     start = min(start, final)
     if step >= max_steps:
@@ -638,3 +638,74 @@ def test_the_speedruns_windows_are_128_to_1792_growing_one_block_at_a_time():
     got = [attn_window_at(s, cfg) for s in range(1750)]
     assert sorted(set(got)) == list(range(128, 1793, 128))
     assert all(b - a in (0, 128) for a, b in zip(got, got[1:]))
+
+
+def accum_by_hand(step: int, start_tokens: int | None, micro: int, full: int, n: int) -> int:
+    """The batch-size warm-up's micro-batches, written from its definition (GPT-3's linear ramp in whole
+    micro-batches): exact fractions, floored."""
+    if n == 0 or step >= n:
+        return full
+    a0 = min(full, max(1, (start_tokens or micro) // micro))
+    return a0 + math.floor(Fraction(full - a0) * step / n)
+
+
+@pytest.mark.parametrize(
+    "start_tokens, full, n, world",
+    [(None, 8, 5, 1), (3 * 256, 8, 7, 1), (1, 4, 3, 2), (10**9, 6, 4, 1), (512, 1, 4, 2), (2 * 256, 16, 100, 1)],
+)
+def test_the_batch_of_every_step_is_the_linear_warm_up_in_whole_micro_batches(start_tokens, full, n, world):
+    """``grad_accum_at``, the micro-batches the trainer's loop gives each step, equals the ramp written from its
+    definition at every step of the warm-up and past it; it never shrinks, starts at ``--batch-start-tokens`` in
+    whole micro-batches (at least one, at most the full batch) and ends at the full accumulation;
+    ``tokens_between`` is the sum of the steps' tokens over any span."""
+    from gptspeed.config import RunConfig, TrainConfig
+    from gptspeed.optim import grad_accum_at, tokens_between
+
+    B, T = 4, 32
+    micro = B * T * world
+    cfg = RunConfig(
+        model=GPTConfig(block_size=T),
+        train=TrainConfig(
+            batch_size=B, total_batch_tokens=full * micro, batch_warmup_steps=n, batch_start_tokens=start_tokens
+        ),
+    )
+    got = [grad_accum_at(s, cfg, world) for s in range(n + 3)]
+    assert got == [accum_by_hand(s, start_tokens, micro, full, n) for s in range(n + 3)]
+    assert all(a <= b for a, b in zip(got, got[1:])) and got[-1] == full
+    assert got[0] == min(full, max(1, (start_tokens or micro) // micro))
+    for first, last in [(0, n + 3), (1, n), (n - 1, n + 2), (n + 1, n + 3), (2, 2), (5, 1)]:
+        want = micro * sum(got[s] for s in range(first, last)) if last <= n + 3 else None
+        assert tokens_between(first, last, cfg, world) == want
+    assert tokens_between(0, 1000, cfg, world) == micro * (sum(got[:n]) + (1000 - n) * full)
+    off = RunConfig(model=GPTConfig(block_size=T), train=TrainConfig(batch_size=B, total_batch_tokens=full * micro))
+    assert {grad_accum_at(s, off, world) for s in range(n + 1)} == {full}
+    assert tokens_between(3, 10, off, world) == 7 * full * micro
+
+
+def seq_len_by_hand(step: int, start: int, full: int, n: int) -> int:
+    """The sequence-length warm-up's length, from its definition: the line from ``start`` to ``full`` over ``n``
+    steps, rounded down to a halving of ``full`` (never below the shortest halving at or above ``start``)."""
+    if n == 0 or step >= n:
+        return full
+    start = min(start, full)
+    halvings = {full // 2**k for k in range(12) if full % 2**k == 0 and full // 2**k >= start}
+    line = start + Fraction(full - start) * step / n
+    return max([t for t in halvings if t <= line], default=min(halvings))
+
+
+@pytest.mark.parametrize(
+    "start, full, n", [(64, 1024, 100), (16, 64, 3), (100, 1024, 50), (8, 96, 20), (5000, 1024, 9), (1, 7, 4)]
+)
+def test_the_sequence_length_of_every_step_is_the_linear_warm_up_rounded_down_to_a_halving(start, full, n):
+    """``seq_len_at``, the length the trainer's loop trains each step's sequences at, equals the warm-up written from
+    its definition at every step and past it; every length divides ``--seq-len`` (the micro-batch's tokens cut
+    whole), the lengths never shrink and end at ``--seq-len``."""
+    from gptspeed.config import RunConfig, TrainConfig
+    from gptspeed.optim import seq_len_at
+
+    cfg = RunConfig(model=GPTConfig(block_size=full), train=TrainConfig(seq_len_warmup_steps=n, seq_len_start=start))
+    got = [seq_len_at(s, cfg) for s in range(n + 3)]
+    assert got == [seq_len_by_hand(s, start, full, n) for s in range(n + 3)]
+    assert all(full % t == 0 for t in got) and all(a <= b for a, b in zip(got, got[1:])) and got[-1] == full
+    off = RunConfig(model=GPTConfig(block_size=full))
+    assert {seq_len_at(s, off) for s in range(n + 1)} == {full}

@@ -1166,3 +1166,59 @@ def test_an_old_torch_stops_the_cli_with_one_line(monkeypatch):
     monkeypatch.setattr(metadata, "version", lambda name: "2.5.0" if name == "torch" else real(name))
     proc = run_main("sample", "--run", "nowhere", "--prompt", "x")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "needs torch >= 2.9" in proc.stderr
+
+
+# ------------------------------------------------------------------------------ the warm-ups' steps
+def grads_of(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_a_step_of_fewer_micro_batches_averages_the_gradients_of_those_it_reads():
+    """``accum=2`` on a run of 4 micro-batches a step (``--batch-warmup-steps``' early steps): the step reads 2
+    micro-batches, its loss is their mean, and the gradient it applies is that of their mean loss -- computed
+    here on a copy of the model, batch by batch."""
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(small(total_batch_tokens=4 * 2 * 16), CPU)
+    assert step.accum == 4
+    twin = GPT(step.model.config)
+    twin.load_state_dict(step.model.state_dict())
+    batches = [(torch.randint(0, 100, (2, 16)), torch.randint(0, 100, (2, 16))) for _ in range(3)]
+    want_loss = sum(twin(x, y)[1] for x, y in batches[:2]) / 2
+    want_loss.backward()
+    reads = iter(batches)
+    got = {}
+    real = step.optimizer_step
+    step.optimizer_step = lambda loss: (got.update(grads_of(step.model)), real(loss))[1]
+    loss, _, bad = step(lambda: next(reads), accum=2)
+    assert next(reads) is batches[2]  # the third batch is left for the next step
+    assert not bad and loss.item() == pytest.approx(want_loss.item(), rel=1e-6)
+    want = grads_of(twin)
+    assert got.keys() == want.keys()
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+@pytest.mark.parametrize(
+    "arch", [{}, dict(pos_emb="rope", qk_norm=True, doc_mask=True, value_embeds=1, n_layer=2)], ids=["gpt2", "modern"]
+)
+def test_a_step_at_a_shorter_sequence_length_trains_each_piece_as_its_own_sequence(arch):
+    """``seq_len=4`` on ``(2, 16)`` micro-batches (``--seq-len-warmup-steps``' early steps): the loss and gradient
+    are those of the 8 sequences of 4 tokens, each run through a copy of the model on its own (positions from 0,
+    attention within the piece), averaged over every target."""
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(small(**arch), CPU)
+    twin = GPT(step.model.config)
+    twin.load_state_dict(step.model.state_dict())
+    x, y = torch.randint(0, 100, (2, 16)), torch.randint(0, 100, (2, 16))
+    x[0, 6] = x[1, 9] = 50256  # document starts inside pieces, for the document mask
+    pieces = [(x[r, i : i + 4][None], y[r, i : i + 4][None]) for r in range(2) for i in range(0, 16, 4)]
+    want_loss = sum(twin(a, b)[1] for a, b in pieces) / len(pieces)
+    want_loss.backward()
+    loss = step.forward_backward(x, y, last_micro_step=True, seq_len=4)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-6)
+    want, got = grads_of(twin), grads_of(step.model)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+    whole = step_mod.TrainStep(small(**arch), CPU)  # the full length is the plain step
+    whole.model.load_state_dict(twin.state_dict())
+    assert whole.forward_backward(x, y, True, seq_len=16).item() == pytest.approx(twin(x, y)[1].item(), rel=1e-6)

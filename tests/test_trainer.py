@@ -572,3 +572,62 @@ def test_a_compiled_training_forward_computes_with_the_window_set_last_and_reads
         model.set_attn_window(8)
         model(x, y)[1].backward()
     assert mode.reads == []
+
+
+def test_the_batch_and_length_warm_ups_give_each_step_its_micro_batches_tokens_and_length(shakespeare_data, tmp_path):
+    """--batch-warmup-steps 3 from one micro-batch to 4, --seq-len-warmup-steps 3 from 16 tokens to 64, compiled:
+    the loop gives steps 1-5 1, 2, 3, 4, 4 micro-batches (``grad_accum_at``) at lengths 16, 32, 32, 64, 64
+    (``seq_len_at``); the loader hands out exactly those micro-batches, each record counts the tokens trained so
+    far, the ETA is the tokens left at the measured tokens/s, and each length compiles at most once."""
+    from torch._dynamo.utils import counters
+
+    from gptspeed.optim import grad_accum_at, seq_len_at, tokens_between
+    from gptspeed.trainer import Trainer
+
+    cfg = build_train_config(
+        "pico",
+        dict(
+            TINY_MODEL,
+            block_size=64,
+            data=str(shakespeare_data),
+            out=str(tmp_path / "run"),
+            batch_size=2,
+            total_batch_tokens=4 * 2 * 64,
+            batch_warmup_steps=3,
+            batch_start_tokens=150,  # one micro-batch of 128, rounded down
+            seq_len_warmup_steps=3,
+            seq_len_start=16,
+            max_steps=5,
+            log_every=1,
+            eval_every=0,
+            save_every=0,
+            device="cpu",
+            dtype="float32",
+            compile=True,
+        ),
+    )
+    trainer = Trainer(cfg, resolve_runtime("cpu", "float32", True), echo=False)
+    seen, shapes = [], []
+    real_step, real_forward = trainer.train_step, trainer.stepper.forward_backward
+
+    def spy(accum, seq_len):
+        seen.append((accum, seq_len, trainer.loader.batches))
+        return real_step(accum, seq_len)
+
+    def forward_backward(x, y, last_micro_step, accum=None, seq_len=None):
+        shapes.append((tuple(x.shape), seq_len))
+        return real_forward(x, y, last_micro_step, accum, seq_len)
+
+    trainer.train_step, trainer.stepper.forward_backward = spy, forward_backward
+    counters.clear()
+    assert trainer.train()["step"] == 5
+    assert [(a, t) for a, t, _ in seen] == [(grad_accum_at(s, cfg), seq_len_at(s, cfg)) for s in range(5)]
+    assert [(a, t) for a, t, _ in seen] == [(1, 16), (2, 32), (3, 32), (4, 64), (4, 64)]
+    assert [b for _, _, b in seen] == [0, 1, 3, 6, 10] and trainer.loader.batches == 14
+    assert shapes == [((2, 64), t) for a, t, _ in seen for _ in range(a)]  # the loader's shape; cut in the step
+    recs = [r for r in records(tmp_path / "run") if r["step"] > 0]
+    assert [r["tokens"] for r in recs] == [128 * n for n in (1, 3, 6, 10, 14)]
+    assert [r["tokens"] for r in recs] == [tokens_between(0, s, cfg) for s in range(1, 6)]
+    for r in recs:
+        assert r["eta_s"] == pytest.approx(tokens_between(r["step"], 5, cfg) / r["tokens_per_s"], rel=1e-9)
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])  # one graph per length at most

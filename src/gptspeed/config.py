@@ -460,6 +460,37 @@ class TrainConfig:
         text="positive",
         run_defining=True,
     )
+    batch_warmup_steps: int = _f(
+        0,
+        "batch-size warm-up: the tokens per optimizer step rise linearly from --batch-start-tokens to "
+        "--total-batch-tokens over the first N steps, in whole micro-batches (GPT-3, Brown et al. 2020, "
+        "appendix B; the modded-nanogpt speedrun's batch-size schedule); 0 = off",
+        min=0,
+        run_defining=True,
+    )
+    batch_start_tokens: int | None = _f(
+        None,
+        "--batch-warmup-steps: the tokens of step 0 (rounded down to whole micro-batches, at least one; taken as "
+        "--total-batch-tokens where larger; default: one micro-batch per process)",
+        min=1,
+        text="positive",
+        run_defining=True,
+    )
+    seq_len_warmup_steps: int = _f(
+        0,
+        "sequence-length warm-up: each micro-batch's B x T tokens are trained as shorter sequences, their "
+        "length rising linearly from --seq-len-start to --seq-len over the first N steps, in halvings of "
+        "--seq-len (each length compiles once) (Li, Zhang & He 2022, sequence length warm-up); 0 = off",
+        min=0,
+        run_defining=True,
+    )
+    seq_len_start: int = _f(
+        64,
+        "--seq-len-warmup-steps: the sequence length of step 0 (taken as --seq-len where larger; rounded up "
+        "to a halving of --seq-len)",
+        min=1,
+        run_defining=True,
+    )
     max_steps: int = _f(19073, "optimizer steps to train for", min=1)
     log_every: int = _f(10, "log a record every N steps", min=1)
     eval_every: int = _f(250, "evaluate val loss every N steps (0 = only at start and end)", min=0)

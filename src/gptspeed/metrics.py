@@ -340,9 +340,13 @@ class Throughput:
         world_size: processes (devices) sharing the work.
         max_steps: the run's last step (for the ETA).
         clock: seconds, monotonic (``time.perf_counter``; tests pass a fake one).
+        tokens_between: ``(first, last) -> tokens`` of steps ``first`` to ``last - 1``, all ranks
+            (:func:`gptspeed.optim.tokens_between` under a batch-size warm-up; default: ``tokens_per_step``
+            each), for the ETA.
 
     Call :meth:`restart` when the clock should (re)start (after start-up, and after each record:
-    evaluation is never timed), :meth:`step_done` after each optimizer step, and :meth:`measure`
+    evaluation is never timed), :meth:`step_done` after each optimizer step (with its tokens where they
+    differ from ``tokens_per_step``), and :meth:`measure`
     at a record (after synchronising the device). ``wait_s`` arguments are the loader's running
     total of seconds spent waiting for batches. The first record of a process carries
     ``includes_warmup`` (its interval includes compilation and warm-up).
@@ -356,33 +360,37 @@ class Throughput:
         world_size: int,
         max_steps: int,
         clock=time.perf_counter,
+        tokens_between: Callable[[int, int], int] | None = None,
     ):
         self.tokens_per_step, self.fpt, self.peak = tokens_per_step, flops_per_token, peak_flops
         self.world_size, self.max_steps, self.clock = world_size, max_steps, clock
-        self.steps = 0
+        self.tokens_between = tokens_between or (lambda first, last: max(0, last - first) * tokens_per_step)
+        self.steps = self.tokens = 0
         self.t0 = clock()
         self.wait0 = 0.0
         self.warm = False
 
     def restart(self, wait_s: float = 0.0) -> None:
-        self.t0, self.steps, self.wait0 = self.clock(), 0, wait_s
+        self.t0, self.steps, self.tokens, self.wait0 = self.clock(), 0, 0, wait_s
 
-    def step_done(self) -> None:
+    def step_done(self, tokens: int | None = None) -> None:
         self.steps += 1
+        self.tokens += self.tokens_per_step if tokens is None else tokens
 
     def measure(self, step: int, epoch_tokens_left: float | None = None, wait_s: float = 0.0) -> dict[str, Any]:
         """Fields of a metrics record for the interval since :meth:`restart`: ``step_ms`` (mean
         wall ms per optimizer step), ``data_wait_ms`` (mean ms per step the loop waited for its
         batches), ``tokens_per_s`` (whole job) and ``tokens_per_s_per_device``,
         ``mfu`` (``flops_per_token * tokens/s / (peak * world_size)``, None without a peak),
-        ``eta_s`` (seconds to ``max_steps`` at this speed), ``epoch_eta_s`` (seconds to the end of
-        the current epoch, given ``epoch_tokens_left``; None when unknown or when the run ends
-        first), ``includes_warmup`` (the first interval of a process)."""
+        ``eta_s`` (seconds to ``max_steps``: the tokens left at this tokens/s), ``epoch_eta_s`` (seconds
+        to the end of the current epoch, given ``epoch_tokens_left``; None when unknown or when the run
+        ends first), ``includes_warmup`` (the first interval of a process)."""
         dt = (self.clock() - self.t0) / max(1, self.steps)
-        tps = self.tokens_per_step / dt if dt > 0 else float("inf")
-        steps_left = self.max_steps - step
+        tokens = self.tokens / self.steps if self.steps else self.tokens_per_step  # a step's mean
+        tps = tokens / dt if dt > 0 else float("inf")
+        tokens_left = self.tokens_between(step, self.max_steps)
         epoch_eta = None
-        if epoch_tokens_left is not None and epoch_tokens_left < steps_left * self.tokens_per_step:
+        if epoch_tokens_left is not None and epoch_tokens_left < tokens_left:
             epoch_eta = epoch_tokens_left / tps
         fields = dict(
             step_ms=1000 * dt,
@@ -390,7 +398,7 @@ class Throughput:
             tokens_per_s=tps,
             tokens_per_s_per_device=tps / self.world_size,
             mfu=self.fpt * tps / (self.peak * self.world_size) if self.peak else None,
-            eta_s=steps_left * dt,
+            eta_s=tokens_left / tps,
             epoch_eta_s=epoch_eta,
             includes_warmup=not self.warm,
         )

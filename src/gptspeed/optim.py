@@ -311,3 +311,51 @@ def attn_window_at(step: int, cfg) -> int:
     m = ATTN_WINDOW_MULTIPLE
     exact = start * max_steps + (final - start) * step  # the window times max_steps
     return min(final, -(-exact // (m * max_steps)) * m)
+
+
+def grad_accum_at(step: int, cfg, world_size: int = 1) -> int:
+    """Micro-batches (per process) of optimizer step ``step`` (0-based) under ``--batch-warmup-steps N``
+    (``cfg``: a :class:`~gptspeed.config.RunConfig` with its micro-batch resolved): from ``a0`` =
+    ``--batch-start-tokens`` in whole micro-batches of ``B * T * world_size`` tokens (rounded down, at
+    least 1, at most the full accumulation ``A``; default 1) rising linearly to ``A`` at step N, i.e.
+    ``a0 + (A - a0) * step // N`` in integers; ``A`` = :meth:`~gptspeed.config.RunConfig.grad_accum_steps`
+    without the switch and from step N on. The micro-batch's shape never changes (no recompile): the
+    step takes more of them. GPT-3's batch-size warm-up (Brown et al. 2020, appendix B: 32k tokens
+    rising to the full batch), the modded-nanogpt speedrun's batch-size schedule; a pure function of
+    the step, as the learning rate is, so a resumed run continues with the same batches."""
+    full = cfg.grad_accum_steps(world_size)
+    n = cfg.train.batch_warmup_steps
+    if not n or step >= n:
+        return full
+    micro = cfg.tokens_per_micro_batch * world_size
+    start = min(full, max(1, (cfg.train.batch_start_tokens or micro) // micro))
+    return start + (full - start) * step // n
+
+
+def tokens_between(first: int, last: int, cfg, world_size: int = 1) -> int:
+    """Tokens the whole job trains on in optimizer steps ``first`` to ``last - 1`` (0-based), by
+    :func:`grad_accum_at` (``--batch-warmup-steps``'s smaller steps counted as they are): for the ETA
+    and the tokens a run will have seen. 0 when ``last <= first``."""
+    micro = cfg.tokens_per_micro_batch * world_size
+    ramp_end = min(last, cfg.train.batch_warmup_steps)
+    ramp = sum(grad_accum_at(s, cfg, world_size) for s in range(first, ramp_end))
+    return micro * (ramp + max(0, last - max(first, ramp_end)) * cfg.grad_accum_steps(world_size))
+
+
+def seq_len_at(step: int, cfg) -> int:
+    """The sequence length ``t`` of optimizer step ``step`` (0-based) under ``--seq-len-warmup-steps N``:
+    each micro-batch's ``B x T`` tokens are trained as ``B * T / t`` sequences of ``t`` tokens (the same
+    tokens, positions counted from each sequence's start, attention within it). ``t`` follows the line
+    from ``t0 = --seq-len-start`` to ``T = --seq-len`` over the first N steps, rounded down to a length
+    ``T / 2**k`` (one compiled graph per length; the shortest such length at or above ``min(t0, T)``
+    where the line is below it); ``T`` without the switch and from step N on. Li, Zhang & He 2022, "The
+    Stability-Efficiency Dilemma: Investigating Sequence Length Warmup for Training GPT Models" (a
+    linear warm-up of the length, the batch's tokens kept); a pure function of the step."""
+    full, n = cfg.model.block_size, cfg.train.seq_len_warmup_steps
+    if not n or step >= n:
+        return full
+    start = min(cfg.train.seq_len_start, full)
+    lengths = [full >> k for k in range(full.bit_length()) if (full >> k) << k == full and full >> k >= start]
+    line = start * n + (full - start) * step  # the length times n, exact in integers
+    below = [t for t in lengths if t * n <= line]
+    return max(below) if below else min(lengths)

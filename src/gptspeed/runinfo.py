@@ -11,6 +11,7 @@ from typing import Any
 from gptspeed.config import RunConfig
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment
+from gptspeed.optim import grad_accum_at, seq_len_at
 from gptspeed.runtime import Runtime
 
 
@@ -71,6 +72,11 @@ def banner(cfg: RunConfig, rt: Runtime, derived: dict[str, Any], *, malloc_reaso
         + (f" x {W} ranks ({rt.parallel})" if W > 1 else "")
         + f" = {derived['tokens_per_step']:,} tokens/step",
     ]
+    if t.batch_warmup_steps:
+        start = grad_accum_at(0, cfg, W) * B * T * W
+        what.append(f"batch warm-up from {start:,} tokens/step over {t.batch_warmup_steps:,} steps")
+    if t.seq_len_warmup_steps:
+        what.append(f"seq-len warm-up from {seq_len_at(0, cfg)} over {t.seq_len_warmup_steps:,} steps")
     lines = [
         " | ".join(what),
         f"why: dtype {rt.dtype_reason or rt.dtype} | compile {rt.compile_reason or ('on' if rt.compile else 'off')} "

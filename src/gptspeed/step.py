@@ -318,38 +318,58 @@ class TrainStep:
         return sdpa_backend_scope(self.cfg.runtime.sdpa_backend)
 
     def __call__(
-        self, next_batch: Callable[[], Batch], stop: Callable[[], bool] | None = None
+        self,
+        next_batch: Callable[[], Batch],
+        stop: Callable[[], bool] | None = None,
+        *,
+        accum: int | None = None,
+        seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One optimizer step over ``accum`` micro-batches from ``next_batch() -> (x, y)`` (each
-        ``(B, T)`` int64 on the device). Returns device tensors ``(loss, grad_norm, bad)``: the mean
-        loss over the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read.
+        """One optimizer step over ``accum`` micro-batches (default :attr:`accum`; the trainer passes
+        :func:`gptspeed.optim.grad_accum_at` of the step) from ``next_batch() -> (x, y)`` (each ``(B, T)``
+        int64 on the device), each trained as sequences of ``seq_len`` tokens (default ``T``; see
+        :meth:`forward_backward`). Returns device tensors ``(loss, grad_norm, bad)``: the mean loss over
+        the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read.
 
         ``stop`` (one process only: a rank that left the step alone would leave the others waiting
         in its gradient all-reduce) is asked before each micro-batch: when it says True the step is
         abandoned -- the gradients accumulated so far are dropped, nothing is stepped -- and
         :class:`StepAbandoned` is raised, so a stop signal waits for one micro-batch, not a whole step."""
+        accum = self.accum if accum is None else accum
         loss = torch.zeros((), device=self.rt.device)
-        for i in range(self.accum):
+        for i in range(accum):
             if stop is not None and stop():
                 self.optimizer.zero_grad(set_to_none=True)
-                raise StepAbandoned(i, self.accum)
+                raise StepAbandoned(i, accum)
             x, y = next_batch()
-            loss += self.forward_backward(x, y, last_micro_step=i == self.accum - 1)
+            loss += self.forward_backward(x, y, last_micro_step=i == accum - 1, accum=accum, seq_len=seq_len)
         grad_norm, bad = self.optimizer_step(loss)
         return loss, grad_norm, bad
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, last_micro_step: bool) -> torch.Tensor:
+    def forward_backward(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        last_micro_step: bool,
+        accum: int | None = None,
+        seq_len: int | None = None,
+    ) -> torch.Tensor:
         """Forward and backward of one micro-batch ``x``, ``y`` ``(B, T)`` int64; gradients are
-        accumulated into ``.grad`` (scaled by 1/accumulation steps, and by the GradScaler's scale
-        with float16) and reduced across ranks only when ``last_micro_step``. Returns this
-        micro-batch's share of the step's mean loss: a 0-dim fp32 device tensor (no sync)."""
+        accumulated into ``.grad`` (scaled by 1/``accum``, the step's micro-batches, default
+        :attr:`accum`; and by the GradScaler's scale with float16) and reduced across ranks only when
+        ``last_micro_step``. ``seq_len`` (a divisor of ``T``; ``--seq-len-warmup-steps``): the same
+        tokens trained as ``(B * T / seq_len, seq_len)`` sequences (a view, no copy), so the mean loss
+        is over the same targets. Returns this micro-batch's share of the step's mean loss: a 0-dim
+        fp32 device tensor (no sync)."""
+        if seq_len is not None and seq_len != x.shape[-1]:
+            x, y = x.reshape(-1, seq_len), y.reshape(-1, seq_len)
         sync = self.sync(last_micro_step) if self.sync is not None else contextlib.nullcontext()
         with sync:
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
             with self.rt.autocast(), self.attention():  # torch.compile fixes the kernel when it traces
                 _, loss = self.train_model(x, y)
-            loss = loss / self.accum
+            loss = loss / (self.accum if accum is None else accum)
             self.scaler.scale(loss).backward()
         return loss.detach()
 

@@ -63,7 +63,7 @@ from gptspeed.metrics import (
     memory_stats,
     peak_flops,
 )
-from gptspeed.optim import attn_window_at, set_lr
+from gptspeed.optim import attn_window_at, grad_accum_at, seq_len_at, set_lr, tokens_between
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
 from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
@@ -202,7 +202,14 @@ class Trainer:
         self.divergence = DivergencePolicy(t.on_nan, rt.device)
         self.flops_per_token = self.model.flops_per_token(cfg.model.block_size)
         self.peak, self.peak_source = peak_flops(rt.device, rt.dtype, cfg.runtime.peak_tflops)  # one device
-        self.throughput = Throughput(self.tokens_per_step, self.flops_per_token, self.peak, rt.world_size, t.max_steps)
+        self.throughput = Throughput(
+            self.tokens_per_step,
+            self.flops_per_token,
+            self.peak,
+            rt.world_size,
+            t.max_steps,
+            tokens_between=lambda first, last: tokens_between(first, last, cfg, rt.world_size),
+        )
         if rt.is_main:
             self._open_log()
 
@@ -263,8 +270,11 @@ class Trainer:
 
             dist.barrier()
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """One optimizer step over the loader's next micro-batches (:class:`gptspeed.step.TrainStep`): device tensors
+    def train_step(
+        self, accum: int | None = None, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One optimizer step over the loader's next ``accum`` micro-batches (default: the run's), trained as
+        sequences of ``seq_len`` tokens (default ``--seq-len``) (:class:`gptspeed.step.TrainStep`): device tensors
         ``(loss, grad_norm, bad)``. A shard gone bad under the run (:class:`~gptspeed.data.shards.ShardError`) is a
         GptspeedError naming it, after saving the steps since the last checkpoint when it can (:func:`save_before_data_error`);
         out of memory is one line; a step a stop signal leaves (``self.stop.mid_step``) is rewound, and None returned."""
@@ -272,7 +282,7 @@ class Trainer:
         try:
             with out_of_memory_as_one_line(self, f"step {self.step + 1}'s forward and backward"):
                 next_batch = self.pace.wrap(self.loader.next_batch) if self.pace.units > 2 else self.loader.next_batch
-                return self.stepper(next_batch, self.stop.mid_step if self.stop else None)
+                return self.stepper(next_batch, self.stop.mid_step if self.stop else None, accum=accum, seq_len=seq_len)
         except StepAbandoned as e:
             return save_after_leaving_a_step(self, e, at)
         except ShardError as e:
@@ -416,12 +426,13 @@ class Trainer:
         while self.step < self.cfg.train.max_steps and stopping is None and summary.get("reached_target") is None:
             lr = set_lr(self.optimizer, self.cfg, self.step)
             self.model.set_attn_window(attn_window_at(self.step, self.cfg))  # --attn-window's warm-up
-            if (done := self.train_step()) is None:  # a signal left the step (one process)
+            accum = grad_accum_at(self.step, self.cfg, self.rt.world_size)  # --batch-warmup-steps
+            if (done := self.train_step(accum, seq_len_at(self.step, self.cfg))) is None:  # a signal left the step
                 return stop.signum
             loss, grad_norm, bad = done
             self.state.step += 1
-            self.state.tokens += self.tokens_per_step
-            self.throughput.step_done()
+            self.state.tokens += self.tokens_per_step // self.accum * accum
+            self.throughput.step_done(self.tokens_per_step // self.accum * accum)
             self.divergence.note(bad, self.step)
             due = due_at(self.step, first_interval, self.cfg, self.checkpointer.due(self.step), self.evals.hellaswag_on)
             if not self.rt.distributed:

@@ -10,6 +10,7 @@ from gptspeed.runtime import resolve_runtime
 
 from support.cli import assert_user_error, run_cli
 from support.padded_model import CPU
+from support.runs import train_args
 
 
 # ---------------------------------------------------------------------------- --batch-size auto
@@ -60,19 +61,9 @@ def test_auto_batch_cache_and_cpu_refusal(tmp_path, monkeypatch):
 
 def test_batch_size_auto_on_cpu_is_a_one_line_error(shakespeare_data, tmp_path):
     proc = run_cli(
-        "train",
-        "--preset",
-        "pico",
-        "--data",
-        str(shakespeare_data),
-        "--out",
-        str(tmp_path / "r"),
-        "--device",
-        "cpu",
-        "--batch-size",
-        "auto",
-        "--total-batch-tokens",
-        "4096",
+        *train_args(
+            shakespeare_data, tmp_path / "r", "--batch-size", "auto", "--total-batch-tokens", "4096", max_steps=None
+        ),
         timeout=120,
     )
     assert_user_error(proc, "--batch-size auto", "CUDA")

@@ -26,6 +26,8 @@ from gptspeed.runtime import resolve_runtime
 
 from support.cli import assert_user_error, run_main
 from support.cuda_rules import CudaRuleError, check_scaled_mm, cuda_scaled_mm_rules
+from support.padded_model import _batch
+from support.runs import train_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,11 +77,6 @@ def _model(seed=0):
     return GPT(GPTConfig(**SHAPE))
 
 
-def _batch(B, T, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 50257, (B, T), generator=g), torch.randint(0, 50257, (B, T), generator=g)
-
-
 def _loss_and_grads(model, x, y):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, loss = model(x, y)
@@ -105,11 +102,6 @@ def _pair(**kw):
     model.load_state_dict(ref.state_dict())
     assert convert_to_float8(model, blocks=False, lm_head=True) == 1
     return ref, model
-
-
-def _batch_lm_head(B=2, T=32, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 50257, (B, T), generator=g), torch.randint(0, 50257, (B, T), generator=g)
 
 
 def _rel(a, b):
@@ -306,7 +298,7 @@ def test_the_converted_head_stays_tied_and_checkpoints_load_either_way():
     assert list(model.state_dict()) == list(ref.state_dict())
     model.load_state_dict(ref.state_dict())  # a plain run's checkpoint loads into the converted model ...
     ref.load_state_dict(model.state_dict())  # ... and the converted model's into a plain one (strict)
-    x, _ = _batch_lm_head()
+    x, _ = _batch()
     assert torch.equal(wte(x), ref.transformer.wte(x))  # the embedding lookup is untouched, fp32
     # --fp8 and --fp8-lm-head: one pass converts the blocks' layers and the head
     torch.manual_seed(0)
@@ -318,7 +310,7 @@ def test_the_converted_head_stays_tied_and_checkpoints_load_either_way():
 def test_an_untied_head_converts_alone():
     _, model = _pair(tie_embeddings=False)
     assert model.lm_head.weight is not model.transformer.wte.weight
-    x, y = _batch_lm_head()
+    x, y = _batch()
     with cuda_scaled_mm_rules() as calls:
         model(x, y)[1].backward()
     assert len(calls) == 3 and model.transformer.wte.weight.grad.abs().sum() > 0
@@ -349,7 +341,7 @@ def test_fp8_head_obeys_cuda_rules_and_stays_close_to_the_bf16_head():
     10%, and the loss, an average over the vocabulary, to 2e-2 as bench --verify holds FP8 rungs
     (measured here: 1e-6 on the loss, 2.6-3.6% on the gradients)."""
     ref, model = _pair()
-    x, y = _batch_lm_head()
+    x, y = _batch()
     out = {}
     for name, m in (("ref", ref), ("fp8", model)):
         with cuda_scaled_mm_rules() as calls:
@@ -384,7 +376,7 @@ def test_both_uses_of_the_tied_weight_reach_its_gradient():
             out.register_hook(lambda g: grads.__setitem__("out", g))
 
         m.transformer.wte.register_forward_hook(keep_grad)
-        x, y = _batch_lm_head()
+        x, y = _batch()
         with cuda_scaled_mm_rules():
             m(x, y)[1].backward()
         w = m.transformer.wte.weight
@@ -394,7 +386,7 @@ def test_both_uses_of_the_tied_weight_reach_its_gradient():
     assert lookup_fp8.abs().sum() > 0 and head_fp8.abs().sum() > 0
     assert _rel(lookup_fp8, lookup_ref) < 0.1 and _rel(head_fp8, head_ref) < 0.1
     unseen = torch.ones(50304, dtype=torch.bool)
-    unseen[_batch_lm_head()[0].reshape(-1)] = False
+    unseen[_batch()[0].reshape(-1)] = False
     assert (lookup_fp8[unseen] == 0).all() and head_fp8[unseen][:50257].abs().sum() > 0  # the head's alone
 
 
@@ -403,7 +395,7 @@ def test_the_fp8_head_compiles_in_one_graph_like_eager():
     out-of-place padding mask; writing into the matmul's output in place, as the plain head does,
     fails there as in eager (autograd forbids it on a view made inside torchao's Function)."""
     _, model = _pair()
-    x, y = _batch_lm_head()
+    x, y = _batch()
     eager = model(x, y)[1]
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)(x, y)[1]
     compiled.backward()
@@ -421,7 +413,7 @@ def test_soft_capped_logits_through_the_fp8_head():
     with torch.no_grad():
         for m in (ref, model):
             m.transformer.wte.weight.mul_(50)  # logits far beyond the cap
-    x, y = _batch_lm_head()
+    x, y = _batch()
     with cuda_scaled_mm_rules() as calls:
         logits, loss = model(x, y, return_logits=True)
         loss.backward()
@@ -501,7 +493,7 @@ def test_a_training_step_converts_the_head_and_obeys_cuda_rules(monkeypatch):
     cfg.validate()
     step = TrainStep(cfg, resolve_runtime("cpu", "bfloat16", False))
     assert step.model.lm_head.returns_view and step.model.lm_head.weight is step.model.transformer.wte.weight
-    x, y = _batch_lm_head(B=4, T=64)
+    x, y = _batch(B=4, T=64)
     with cuda_scaled_mm_rules() as calls:
         losses = [step(lambda: (x, y))[0].item() for _ in range(3)]
     assert len(calls) == 3 * 3 and losses[-1] < losses[0]  # the one batch is being learnt
@@ -537,20 +529,9 @@ def test_the_flag_round_trips_through_print_config_and_the_banner(tmp_path, caps
 
 def test_cli_refuses_the_unpadded_vocabulary_in_one_line(tmp_path):
     proc = run_main(
-        "train",
-        "--preset",
-        "pico",
-        "--data",
-        str(tmp_path),
-        "--out",
-        str(tmp_path / "r"),
-        "--device",
-        "cpu",
-        "--fp8-lm-head",
-        "--loss",
-        "plain",
-        "--vocab-size",
-        "50257",
+        *train_args(
+            tmp_path, tmp_path / "r", "--fp8-lm-head", "--loss", "plain", "--vocab-size", "50257", max_steps=None
+        )
     )
     assert_user_error(proc, "--fp8-lm-head needs --vocab-size to be a multiple of 16", "use --vocab-size 50304")
     assert not (tmp_path / "r").exists()
@@ -581,7 +562,7 @@ def test_cuda_fp8_lm_head_training_matches_bf16(compile):
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
         curve = []
         for step in range(15):
-            x, y = (t.cuda() for t in _batch_lm_head(B=8, T=256, seed=step))
+            x, y = (t.cuda() for t in _batch(B=8, T=256, seed=step))
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 _, loss = train_model(x, y)
             loss.backward()

@@ -20,6 +20,7 @@ from gptspeed.tokenizer import EOT_TOKEN
 from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
+from support.runs import train_args
 from support.training import TINY_MODEL, train_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -759,19 +760,7 @@ def test_refused_where_auto_resolves_to_float32():
 
 def test_cli_refuses_float32_in_one_line(tmp_path):
     proc = run_main(
-        "train",
-        "--preset",
-        "pico",
-        "--data",
-        str(tmp_path),
-        "--out",
-        str(tmp_path / "r"),
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--residual-dtype",
-        "bfloat16",
+        *train_args(tmp_path, tmp_path / "r", "--dtype", "float32", "--residual-dtype", "bfloat16", max_steps=None)
     )
     assert_user_error(proc, "--residual-dtype bfloat16 needs bf16 autocast", "--dtype float32")
     assert not (tmp_path / "r").exists()

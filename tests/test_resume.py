@@ -24,28 +24,11 @@ from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
 from support.run_folders import BASE, train
+from support.runs import TINY
 from support.settings import TINY as TINY_SETTINGS
-from support.training import TINY_MODEL, flags
+from support.training import flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-TINY = [
-    "--preset",
-    "pico",
-    *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)),
-    "--log-every",
-    "1",
-    "--eval-every",
-    "0",
-    "--eval-tokens",
-    "512",
-    "--device",
-    "cpu",
-    "--dtype",
-    "float32",
-    "--no-compile",
-]
 
 
 def test_resume_skips_damaged_checkpoints_and_says_why(shakespeare_data, tmp_path, capsys):
@@ -183,8 +166,9 @@ def test_a_cpu_run_resumed_with_another_thread_count_says_so(shakespeare_data, t
     reductions split by it); a scheduler that gives the resumed job other CPUs changes PyTorch's
     default count silently. The resume says so, and how to keep it."""
     run = tmp_path / "run"
+    tiny = (*TINY, "--eval-tokens", "512", "--dtype", "float32", "--no-compile")  # the shared run's, 512 val tokens
     assert (
-        run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1").returncode == 0
+        run_main("train", *tiny, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1").returncode == 0
     )
     doc = json.loads((run / "config.json").read_text())
     doc["environment"]["threads"] = 99

@@ -17,6 +17,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, get_encoding
 
 from support.cli import assert_user_error, run_main
+from support.runs import train_args
 
 DOCS = [
     f"Document {i}: " + "the quick brown fox jumps over the lazy dog, again and again. " * (4 + i % 5)
@@ -129,19 +130,7 @@ def test_a_train_is_refused_while_a_prepare_writes_the_folder(tmp_path):
     prepare(str(src), data, shard_tokens=1000, progress=False)
     lock = PrepareLock(data).acquire()
     try:
-        proc = run_main(
-            "train",
-            "--preset",
-            "pico",
-            "--data",
-            str(data),
-            "--out",
-            str(tmp_path / "run"),
-            "--device",
-            "cpu",
-            "--max-steps",
-            "1",
-        )
+        proc = run_main(*train_args(data, tmp_path / "run", max_steps=1))
         assert_user_error(proc, f"data folder {data} is being prepared by pid {os.getpid()}", "wait for it to finish")
         assert not (tmp_path / "run").exists()
     finally:
@@ -272,19 +261,7 @@ def test_a_folder_that_is_not_what_its_manifest_says_is_refused(tmp_path, case):
         find_train_data(str(data))
     assert expect in str(e.value) and "\n" not in str(e.value), str(e.value)
     if case == "a train shard as val":
-        proc = run_main(
-            "train",
-            "--preset",
-            "pico",
-            "--data",
-            str(data),
-            "--out",
-            str(tmp_path / "run"),
-            "--device",
-            "cpu",
-            "--max-steps",
-            "1",
-        )
+        proc = run_main(*train_args(data, tmp_path / "run", max_steps=1))
         assert_user_error(proc, expect)
 
 

@@ -14,7 +14,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.trainer import fit
 
 from support.cli import assert_user_error, run_cli, run_main, run_python
-from support.runs import TINY
+from support.runs import TINY, train_args
 from support.training import records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,23 +25,6 @@ def data_copy(shakespeare_data, tmp_path):
     dst = tmp_path / "data"
     shutil.copytree(shakespeare_data, dst)
     return dst
-
-
-def train_args(data, out, *extra):
-    return (
-        "train",
-        "--preset",
-        "pico",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--max-steps",
-        "2",
-        *extra,
-    )
 
 
 PICO = ["--preset", "pico", "--device", "cpu", "--max-steps", "2", "--eval-tokens", "512", "--log-every", "1"]

@@ -59,8 +59,9 @@ def branch_run(dtype: str, softmax: str, loss: str, compile: bool) -> tuple[dict
     )
 
 
-#: A run streaming a jsonl file (``--data jsonl:FILE``, no val split): 6 steps, a checkpoint at step 3.
-STREAM_RUN = dict(
+#: The tiny run streaming a jsonl file (``--data jsonl:FILE``: no val split, so no evaluation): each test adds its
+#: data, steps and checkpoints.
+STREAM_TINY = dict(
     n_layer=1,
     n_head=2,
     n_embd=16,
@@ -71,6 +72,11 @@ STREAM_RUN = dict(
     log_every=1,
     device="cpu",
     eval_every=0,
+)
+
+#: A run streaming a jsonl file: 6 steps, a checkpoint at step 3.
+STREAM_RUN = dict(
+    STREAM_TINY,
     max_steps=6,
     save_every=3,
     keep_checkpoints=5,

@@ -343,6 +343,13 @@ def _add_race_args(s: argparse.ArgumentParser) -> None:
     )
     race.add_argument("--seeds", type=int, default=3, help="runs per arm (default 3)")
     race.add_argument(
+        "--sampling",
+        choices=("sequential", "random"),
+        default="sequential",
+        help="every arm's order of the training windows (gptspeed train --sampling; default sequential); random "
+        "gives each step windows from the whole corpus, as FineWeb's shuffled documents do",
+    )
+    race.add_argument(
         "--target-val-loss", type=float, help="the val loss to reach (default: the first arm's mean final val loss)"
     )
     race.add_argument("--eval-every", type=int, help="steps between evaluations (default: the first arm's steps / 15)")
@@ -472,6 +479,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
                     seeds=a.seeds,
                     preset=a.preset,
                     data=a.data,
+                    sampling=a.sampling,
                     device=a.device,
                     out=a.out,
                     target_val_loss=a.target_val_loss,

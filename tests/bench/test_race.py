@@ -145,11 +145,16 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
         "2",
         "--eval-tokens",
         "256",
+        "--sampling",
+        "random",
         "--out",
         str(out),
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "race.json").read_text())
+    assert result["sampling"] == "random" and "random windows" in (out / "race.md").read_text()
+    for run in (out / "runs").iterdir():  # every arm reads the data in bench's order
+        assert json.loads((run / "config.json").read_text())["train"]["sampling"] == "random", run.name
     assert result["complete"] and [a["name"] for a in result["arms"]] == ["plain", "modern"]
     seeds = [(a["name"], r["seed"]) for a in result["arms"] for r in a["runs"]]
     assert sorted(seeds) == [("modern", 0), ("modern", 1), ("plain", 0), ("plain", 1)]
@@ -287,6 +292,7 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
         ("--eval-tokens 128", "--eval-tokens is the race's to set"),
         ("--stop-at-val-loss 3", "--stop-at-val-loss is the race's to set"),
         ("--data /elsewhere", "--data is the race's to set"),
+        ("--sampling random", "--sampling is the race's to set"),
         ("--device cpu", "--device is the race's to set"),
         ("--print-config", "--print-config prints a configuration"),
         ("--max-steps 9", "--max-steps 9 is beyond the race's cap of 8"),

@@ -118,6 +118,7 @@ RACE_SETTINGS = {
     "eval_tokens": "every arm is evaluated on the same val tokens: give it to bench",
     "stop_at_val_loss": "the race stops each run at its target: give bench --target-val-loss",
     "data": "every arm trains on bench's --data",
+    "sampling": "every arm reads the data in the same order: give bench --sampling",
     "out": "the race names each run's folder under its own --out",
     "resume": "every race run is a new run",
     "device": "bench's --device is every arm's",
@@ -295,8 +296,8 @@ def welch_p(faster: list[float], than: list[float]) -> float | None:
 
 @dataclass
 class RaceConfig:
-    """What ``gptspeed bench --race`` was asked: arms, seeds, the preset and data every arm shares,
-    the device, the output folder, the target (None: the first arm's mean final val loss), the
+    """What ``gptspeed bench --race`` was asked: arms, seeds, the preset, data and data order
+    (``sampling``: ``gptspeed train --sampling``) every arm shares, the device, the output folder, the target (None: the first arm's mean final val loss), the
     evaluation interval (None: about 15 evaluations over the first arm's steps) and tokens (None:
     the first arm's), and ``force`` (replace an earlier race in ``out``)."""
 
@@ -304,6 +305,7 @@ class RaceConfig:
     seeds: int = 3
     preset: str = "nano"
     data: str | None = None
+    sampling: str = "sequential"
     device: str = "auto"
     out: str = "race"
     target_val_loss: float | None = None
@@ -352,7 +354,7 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
         from gptspeed.data.prepare import default_train_data
 
         data = str(default_train_data(say=say))
-    base = ["--preset", cfg.preset, "--device", cfg.device, "--data", data]
+    base = ["--preset", cfg.preset, "--device", cfg.device, "--data", data, "--sampling", cfg.sampling]
     configs = check_arms(cfg.arms, base, data)  # every arm checked before anything runs
     cap = 2 * configs[0].train.max_steps
     eval_every = cfg.eval_every or max(1, configs[0].train.max_steps // 15)
@@ -361,6 +363,7 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
         "command": command,
         "preset": cfg.preset,
         "data": data,
+        "sampling": cfg.sampling,
         "seeds": cfg.seeds,
         "eval_every": eval_every,
         "eval_tokens": eval_tokens,
@@ -663,7 +666,7 @@ def race_markdown(race: dict[str, Any]) -> str:
         f"Command: `{race.get('command', '')}`",
         "",
         f"Target val loss **{race['target_val_loss']:.4f}** ({race['target_from']}); eval every "
-        f"{race['eval_every']} steps; step cap {race['steps_cap']}.",
+        f"{race['eval_every']} steps; step cap {race['steps_cap']}; {race.get('sampling', 'sequential')} windows.",
         "",
         "| arm | reached | time to target (s) | tokens to target | steps | final val loss | time ratio | p (faster) |",
         "|---|---|---|---|---|---|---|---|",

@@ -54,6 +54,15 @@ def gpu_session_peers_variant(text):
     return vs_peers_cpu.parse_variant(text)
 
 
+def peers_variant_config(flags) -> int:
+    """``gptspeed train --print-config`` at the peers' gpt2 shape (16 x 1024 tokens a micro-batch, 65,536 a step)
+    with a peers variant's ``flags`` after the shape flags, as vs_peers_gpu.py adds them: its exit status."""
+    from gptspeed import cli
+
+    shape = ["--preset", "gpt2", "--batch-size", "16", "--seq-len", "1024", "--total-batch-tokens", "65536"]
+    return cli.main(["train", *shape, *flags, "--data", "d", "--out", "o", "--print-config"])
+
+
 def test_the_first_phase_trains_resumes_samples_and_packs_one_archive(tmp_path):
     out = tmp_path / "OUT"
     env = child_env(
@@ -152,8 +161,6 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
 
     from llmc import check_llmc_flags
 
-    from gptspeed import cli
-
     monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
     monkeypatch.setenv("GPTSPEED_SESSION_DATA", str(tmp_path / "data"))
     (tmp_path / "data" / "shakespeare-gutenberg").mkdir(parents=True)
@@ -183,26 +190,7 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     assert float(tune["--budget-s"]) == gpu_session.tune_budget(gpu_session.BUDGET_S) > 280
     assert ran["tune"][1] <= gpu_session.BUDGET_S - 15  # the part's timeout leaves the packing its time
     variant = peers["--variant"].split(":", 1)[1].split()  # after the peers' shape flags, as vs_peers_gpu.py adds it
-    code = cli.main(
-        [
-            "train",
-            "--preset",
-            "gpt2",
-            "--batch-size",
-            "16",
-            "--seq-len",
-            "1024",
-            "--total-batch-tokens",
-            "65536",
-            *variant,
-            "--data",
-            "d",
-            "--out",
-            "o",
-            "--print-config",
-        ]
-    )
-    assert code == 0
+    assert peers_variant_config(variant) == 0
 
 
 def test_a_file_too_big_for_the_archive_comes_back_gzipped_beside_it_or_is_listed(tmp_path, monkeypatch):
@@ -277,7 +265,6 @@ def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, c
     beyond variant's flags are ones ``gptspeed train`` accepts at the session's shape."""
     import torch
 
-    from gptspeed import cli
     from gptspeed.bench.stages import STAGE_NAMES, VERIFY_EXTRA_NAMES
     from gptspeed.bench.verify import DEFAULT_RUNGS, plan_verify, select_rungs
 
@@ -299,25 +286,7 @@ def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, c
     for phase, variants in gpu_session.BEYOND_GROUPS.items():
         for v in variants:
             name, flags, env = gpu_session_peers_variant(v)
-            code = cli.main(
-                [
-                    "train",
-                    "--preset",
-                    "gpt2",
-                    "--batch-size",
-                    "16",
-                    "--seq-len",
-                    "1024",
-                    "--total-batch-tokens",
-                    "65536",
-                    *flags,
-                    "--data",
-                    "d",
-                    "--out",
-                    "o",
-                    "--print-config",
-                ]
-            )
+            code = peers_variant_config(flags)
             assert code == 0, (phase, v, capsys.readouterr().err)
             assert all(k.startswith("TORCHINDUCTOR_") for k in env), v
 

@@ -9,9 +9,6 @@ from gptspeed.data.shards import write_shard
 B, T = 2, 8  # one rank's micro-batch: 16 tokens (+1)
 
 
-B, T = 2, 8  # one rank's micro-batch: 16 tokens (+1)
-
-
 def _val_shard(path, toks):
     write_shard(path, np.asarray(toks))
     return path

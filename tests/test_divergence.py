@@ -57,8 +57,8 @@ def test_on_nan_skip_goes_on_past_an_isolated_bad_step(shakespeare_data, tmp_pat
 
     real = Trainer.train_step
 
-    def one_bad(self):
-        loss, norm, bad = real(self)
+    def one_bad(self, *a, **kw):
+        loss, norm, bad = real(self, *a, **kw)
         return loss, norm, bad | (self.step == 2)  # the step that becomes step 3 is reported non-finite
 
     monkeypatch.setattr(Trainer, "train_step", one_bad)

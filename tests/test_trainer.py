@@ -194,10 +194,10 @@ def test_a_run_folder_deleted_mid_run_is_one_line(shakespeare_data, tmp_path):
     run = tmp_path / "run"
     real = Trainer.train_step
 
-    def delete_at_step_2(self):
+    def delete_at_step_2(self, *a, **kw):
         if self.step == 2:
             shutil.rmtree(run)
-        return real(self)
+        return real(self, *a, **kw)
 
     import pytest as _pytest
 
@@ -355,9 +355,9 @@ def test_the_step_0_eval_of_a_compiled_run_compiles_nothing(shakespeare_data, tm
     seen = {}
     real_step = Trainer.train_step
 
-    def first_step(self):
+    def first_step(self, *a, **kw):
         seen.setdefault("before_step_1", frames["ok"])
-        return real_step(self)
+        return real_step(self, *a, **kw)
 
     monkeypatch.setattr(Trainer, "train_step", first_step)
     fit(
@@ -532,9 +532,9 @@ def test_the_window_of_each_step_reaches_the_compiled_model_without_a_recompile(
     seen = []
     real = trainer.train_step
 
-    def spy():
+    def spy(*a, **kw):
         seen.append(int(trainer.model.attn_window_now))
-        out = real()
+        out = real(*a, **kw)
         graphs.append(counters["stats"]["unique_graphs"])  # after the step
         return out
 

@@ -37,6 +37,13 @@ FAKE_LLMC_TRAIN = (
 )
 
 
+def small_shape():
+    """The llm.c rows' small shape: GPT-2 124M's width (12 blocks), micro-batches of 2 x 64 tokens, one a step."""
+    return peers_gpu.make_shape(
+        peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
+    )
+
+
 def fake_llmc_clone(tmp_path, monkeypatch, makefile: str, cudnn: str):
     """An llm.c clone whose Makefile is ``makefile`` and whose train_gpt2cu prints FAKE_LLMC_TRAIN's
     lines, as the peers' llm.c; the llm.c row's arguments (``cudnn``) and a small shape."""
@@ -48,10 +55,7 @@ def fake_llmc_clone(tmp_path, monkeypatch, makefile: str, cudnn: str):
     args = peers_gpu.argparse.Namespace(
         device="cuda", warmup=2, steps=3, llmc_make="", llmc_cudnn=cudnn, row_timeout=60
     )
-    shape = peers_gpu.make_shape(
-        peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
-    )
-    return args, shape
+    return args, small_shape()
 
 
 SLOW_LLMC_MAKEFILE = """train_gpt2cu:
@@ -59,6 +63,17 @@ SLOW_LLMC_MAKEFILE = """train_gpt2cu:
 \tsleep 1
 \tcp fake_train train_gpt2cu && chmod +x train_gpt2cu
 """
+
+
+def tiny_cpu_peers(data, work, accum: int, rounds: int) -> list[str]:
+    """``benchmarks/vs_peers_gpu.py`` on the CPU at a tiny shape (1 block, micro-batches of 2 x 32 tokens, 2 steps
+    after 1 warmup), ``accum`` micro-batches a step, ``rounds`` rounds, its clones and builds in ``work``."""
+    shape = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--batch-size", "2"]
+    return [
+        *(sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--data", str(data), "--device", "cpu"),
+        *shape,
+        *("--accum", str(accum), "--rounds", str(rounds), "--steps", "2", "--warmup", "1", "--work", str(work)),
+    ]
 
 
 def test_llmc_step_lines_are_read_as_its_printf_writes_them():
@@ -88,32 +103,7 @@ def test_the_shape_flags_give_every_tool_the_same_tokens_per_step():
 def test_an_interleaved_cpu_run_writes_every_row(shakespeare_data, tmp_path):
     out = tmp_path / "peers.json"
     cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "vs_peers_gpu.py"),
-        "--data",
-        str(shakespeare_data),
-        "--device",
-        "cpu",
-        "--n-layer",
-        "1",
-        "--n-head",
-        "2",
-        "--n-embd",
-        "32",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "2",
-        "--accum",
-        "2",
-        "--rounds",
-        "2",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--work",
-        str(tmp_path / "work"),
+        *tiny_cpu_peers(shakespeare_data, tmp_path / "work", accum=2, rounds=2),
         "--json",
         str(out),
         "--md",
@@ -215,29 +205,11 @@ def test_llmc_reads_the_prepared_shards_and_a_failed_build_is_one_row_error(shak
     (fake / "Makefile").write_text("train_gpt2cu:\n\t@echo 'nvcc: not found' && false\n")
     monkeypatch.setattr(peers_gpu.pc, "PEERS_DIR", tmp_path / "peers")
     args = peers_gpu.argparse.Namespace(device="cuda", warmup=1, steps=1, llmc_make="", row_timeout=60)
-    run = peers_gpu.run_row(
-        "llmc",
-        args,
-        peers_gpu.make_shape(
-            peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
-        ),
-        tmp_path / "work",
-        shakespeare_data,
-        {},
-    )
+    run = peers_gpu.run_row("llmc", args, small_shape(), tmp_path / "work", shakespeare_data, {})
     assert run.step_ms == [] and "llm.c build failed" in run.error and "nvcc: not found" in run.error
     # the next round does not build again (the copy it would build in now has a Makefile that succeeds)
     (tmp_path / "work" / "llm.c" / "Makefile").write_text("train_gpt2cu:\n\ttouch built-again\n")
-    again = peers_gpu.run_row(
-        "llmc",
-        args,
-        peers_gpu.make_shape(
-            peers_gpu.argparse.Namespace(seq_len=64, batch_size=2, accum=1, n_layer=12, n_head=12, n_embd=768)
-        ),
-        tmp_path / "work",
-        shakespeare_data,
-        {},
-    )
+    again = peers_gpu.run_row("llmc", args, small_shape(), tmp_path / "work", shakespeare_data, {})
     assert again.error == run.error and not (tmp_path / "work" / "llm.c" / "built-again").exists()
 
 
@@ -312,32 +284,7 @@ def test_peers_killed_mid_row_leave_valid_json_and_markdown_with_the_finished_ro
 
     out, md = tmp_path / "peers.json", tmp_path / "peers.md"
     cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "vs_peers_gpu.py"),
-        "--data",
-        str(shakespeare_data),
-        "--device",
-        "cpu",
-        "--n-layer",
-        "1",
-        "--n-head",
-        "2",
-        "--n-embd",
-        "32",
-        "--seq-len",
-        "32",
-        "--batch-size",
-        "2",
-        "--accum",
-        "1",
-        "--rounds",
-        "1",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--work",
-        str(tmp_path / "work"),
+        *tiny_cpu_peers(shakespeare_data, tmp_path / "work", accum=1, rounds=1),
         "--peers",
         "gptspeed,slow",
         "--variant",

@@ -24,21 +24,7 @@ from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
 
-from support.training import TINY_MODEL  # noqa: E402
-
-TINY = dict(
-    TINY_MODEL,
-    n_layer=2,
-    batch_size=4,
-    total_batch_tokens=256,
-    eval_every=0,
-    eval_tokens=512,
-    log_every=1,
-    warmup_steps=2,
-    lr=3e-3,
-    device="cpu",
-    dtype="float32",
-)
+from support.torchrun import DIST_TINY as TINY  # noqa: E402
 
 
 def muon_fsdp(data: str, out: Path) -> dict:

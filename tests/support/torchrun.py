@@ -16,23 +16,24 @@ from support.cli import child_env
 from support.paths import SRC
 from support.training import TINY_MODEL, flags
 
-# global batch 4 x 32 x 2 = 256 tokens: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps
-TINY = dict(
+#: The 2-rank runs' tiny settings (tests/support/dist_scenarios.py's too): global batch 4 x 32 x 2 = 256 tokens,
+#: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps.
+DIST_TINY = dict(
     TINY_MODEL,
     n_layer=2,
     batch_size=4,
     total_batch_tokens=256,
-    max_steps=4,
     eval_every=0,
     eval_tokens=512,
     log_every=1,
-    save_every=2,
-    keep_checkpoints=5,
     warmup_steps=2,
     lr=3e-3,
     device="cpu",
     dtype="float32",
 )
+
+#: The ``dist_runs`` fixture's runs: 4 steps, a checkpoint every 2.
+TINY = dict(DIST_TINY, max_steps=4, save_every=2, keep_checkpoints=5)
 
 
 def torchrun_cmd(args, nproc):

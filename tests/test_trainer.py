@@ -28,32 +28,14 @@ from support.host_reads import SHAPE, HostReads
 from support.padded_model import _batch, _model
 from support.records import lines_of
 from support.run_folders import BASE, train
-from support.settings import TINY
+from support.settings import STREAM_TINY, TINY
 from support.training import TINY_MODEL, flags, records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _stream_run(path: Path, run: Path, **over):
-    from gptspeed.trainer import build_train_config, fit
-
-    tiny = dict(
-        n_layer=1,
-        n_head=2,
-        n_embd=16,
-        block_size=32,
-        batch_size=4,
-        warmup_steps=1,
-        lr=3e-3,
-        log_every=1,
-        device="cpu",
-        data=f"jsonl:{path}",
-        eval_every=0,
-        out=str(run),
-        max_steps=10_000,
-        save_every=100_000,
-        compile=False,
-    )
+    tiny = dict(STREAM_TINY, data=f"jsonl:{path}", out=str(run), max_steps=10_000, save_every=100_000, compile=False)
     return fit(build_train_config("pico", {**tiny, **over}), echo=False)
 
 

@@ -535,6 +535,15 @@ class TrainConfig:
         choices=("sequential", "random"),
         run_defining=True,
     )
+    align_to_docs: bool = _f(
+        False,
+        "batches aligned to document starts: each row of --seq-len tokens starts at an <|endoftext|> (the "
+        "rest of a document begun inside the previous row is skipped when shorter than a row; a longer "
+        "one goes on in whole rows), as the modded-nanogpt speedrun aligns its batches to BOS; a prepared "
+        "folder only",
+        kind="bool",
+        run_defining=True,
+    )
     loader_workers: int = _f(
         -1,
         "background threads preparing batches ahead into pinned memory (0 = in the "

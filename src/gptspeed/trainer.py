@@ -170,6 +170,7 @@ class Trainer:
             sampling=t.sampling,
             seed=cfg.runtime.seed,
             workers=workers,
+            align_to_docs=t.align_to_docs,
         )
         self.data.check_val(cfg.model.block_size)
         keep = cfg.runtime.keep_freed_memory

@@ -288,7 +288,7 @@ def test_a_state_without_its_sampling_field_is_sequential(shards_uneven):
         GptspeedError,
         match="^the checkpoint's data position does not fit this data folder or batch "
         r"shape \(different shards, batch size, sequence length, world size, "
-        r"sampling or seed\)$",
+        r"sampling, seed or --align-to-docs\)$",
     ):
         TokenLoader(shards_uneven, B, T, sampling="random").load_state_dict(state)
 
@@ -595,3 +595,92 @@ def test_a_val_split_of_exactly_one_sequence_plus_one_token_is_evaluated(tmp_pat
     assert str(e.value).startswith("val split has 0 tokens, fewer than one sequence (seq_len 10 + 1)"), (
         f"an empty val split: {e.value}"
     )
+
+
+# ------------------------------------------------------------------------------ rows aligned to documents
+def documents_of(rng, lengths) -> np.ndarray:
+    """Documents of the given lengths, each an <|endoftext|> then tokens that are never one, after a few tokens of a
+    document begun before (as a shard's head may be)."""
+    parts = [rng.integers(0, 50000, 3)]
+    for n in lengths:
+        parts += [np.array([EOT_TOKEN]), rng.integers(0, 50000, n - 1)]
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_aligned_rows_start_at_a_document_or_go_on_with_a_long_one_and_skip_only_short_tails(seed):
+    """``doc_aligned_rows`` against the properties that define it, on documents shorter and longer than a row: the
+    first row starts at the first document start; each next row starts either right where the last one ended (only
+    when no document starts within a row's length from there) or at the first document start after that end, less
+    than a row away (a short tail skipped); rows never overlap; and no further row fits after the last."""
+    rng = np.random.default_rng(seed)
+    T = int(rng.integers(4, 12))
+    tokens = documents_of(rng, rng.integers(1, 3 * T, 40))
+    starts = np.flatnonzero(tokens == EOT_TOKEN)
+    rows = loader_mod.doc_aligned_rows(tokens, T).tolist()
+    assert rows and rows[0] == starts[0]
+    ends = [p + T for p in rows]
+    for end, nxt in zip(ends, rows[1:]):
+        later = starts[starts >= end]
+        first = int(later[0]) if len(later) else len(tokens)
+        if nxt == end:
+            assert first == end or first - end >= T  # a document starts there, or a long one goes on
+        else:
+            assert nxt == first and 0 < nxt - end < T  # a short tail skipped, the next row at its document's start
+    assert all(p + T + 1 <= len(tokens) for p in rows)
+    later = starts[starts >= ends[-1]]  # the row after the last would not fit
+    first = int(later[0]) if len(later) else len(tokens)
+    after = first if first - ends[-1] < T else ends[-1]
+    assert after + T + 1 > len(tokens)
+    assert loader_mod.doc_aligned_rows(tokens[:3], T).size == 0  # no document start: no row
+
+
+def test_an_aligned_loader_reads_rows_from_document_starts_split_by_rank_and_counts_their_documents(tmp_path):
+    """``align_to_docs``: the job's micro-batch is B x world size consecutive aligned rows (rank r the r-th B), x a
+    row's first T tokens and y the next T; the documents counted are those in every rank's rows."""
+    rng = np.random.default_rng(1)
+    tokens = documents_of(rng, rng.integers(2, 3 * T, 60))
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, tokens)
+    rows = loader_mod.doc_aligned_rows(tokens, T)
+    ranks = [TokenLoader([path], B, T, rank=r, world_size=2, align_to_docs=True) for r in range(2)]
+    assert ranks[0].batches_per_epoch == len(rows) // (2 * B)
+    for g in range(ranks[0].batches_per_epoch):
+        for r, loader in enumerate(ranks):
+            x, y = loader.next_batch()
+            mine = rows[(g * 2 + r) * B : (g * 2 + r + 1) * B]
+            assert x.tolist() == [tokens[p : p + T].tolist() for p in mine]
+            assert y.tolist() == [tokens[p + 1 : p + T + 1].tolist() for p in mine]
+        job = rows[g * 2 * B : (g + 1) * 2 * B]
+        assert ranks[0].documents == sum(int((tokens[p : p + T] == EOT_TOKEN).sum()) for p in rows[: (g + 1) * 2 * B])
+        assert all(tokens[p] == EOT_TOKEN or p - T in rows for p in job)
+    assert ranks[0].epoch == 1
+
+
+@pytest.mark.parametrize("sampling", ["sequential", "random"])
+def test_an_aligned_loader_resumes_exactly_and_refuses_a_state_taken_otherwise(shards, sampling):
+    """A loader rebuilt from an aligned loader's state reads the batches the first would have read next (across the
+    epoch's end, with workers); a state taken aligned is refused by an unaligned loader, and one taken by 2 ranks by
+    one process, in one line."""
+    first = advanced(TokenLoader(shards, B, T, sampling=sampling, seed=3, align_to_docs=True), 5)
+    state = first.state_dict()
+    want = [first.next_batch() for _ in range(2 * first.batches_per_epoch)]
+    again = TokenLoader(shards, B, T, sampling=sampling, seed=3, align_to_docs=True, workers=2)
+    again.load_state_dict(state)
+    got = [again.next_batch() for _ in range(2 * first.batches_per_epoch)]
+    again.close()
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(want, got))
+    assert again.documents == first.documents
+    with pytest.raises(GptspeedError, match="--align-to-docs"):
+        TokenLoader(shards, B, T, sampling=sampling, seed=3).load_state_dict(state)
+    if sampling == "sequential":  # rows dealt to 2 ranks are not re-dealt to one
+        two = advanced(TokenLoader(shards, 1, T, world_size=2, align_to_docs=True), 3).state_dict()
+        with pytest.raises(GptspeedError, match=r"resume with 2 process\(es\)"):
+            TokenLoader(shards, 1, T, world_size=1, align_to_docs=True).load_state_dict(two)
+
+
+def test_aligned_rows_too_few_for_a_micro_batch_are_one_line(tmp_path):
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, np.array([7, 8, EOT_TOKEN] + [5] * (T + 1)))  # one row
+    with pytest.raises(GptspeedError, match="--align-to-docs: the train split has fewer rows"):
+        TokenLoader([path], B, T, align_to_docs=True)

@@ -3,7 +3,7 @@
 One case per way of stopping a run (right after a checkpoint, Ctrl-C, SIGTERM in the middle of a step, SIGKILL at
 random moments, a crash before the first checkpoint, a rank SIGKILLed under torchrun --max-restarts), checkpoint
 format (a .pt file, FSDP2's sharded folder), optimizer (AdamW, Muon, a registered one), architecture (the modern
-switches), schedule (the batch-size and sequence-length warm-ups), data (a prepared folder, a jsonl stream), host branch (dtype, softmax, loss path, compile) and world size
+switches), schedule (the batch-size and sequence-length warm-ups), data order (rows aligned to documents), data (a prepared folder, a jsonl stream), host branch (dtype, softmax, loss path, compile) and world size
 (one process, 2 ranks under torchrun) that the tests cover. The runs never stopped are shared: the ``reference_run``
 fixture trains each once per session (tests/support/references.py), the FSDP2 one is the ``dist_runs`` fixture's."""
 
@@ -51,9 +51,11 @@ LONG = dict(TINY, max_steps=10, eval_every=4, save_every=3, keep_checkpoints=5)
 STEPPED = dict(
     TINY, eval_tokens=512, dtype="float32", compile=False, total_batch_tokens=4 * 8 * 64, max_steps=3, save_every=0
 )
-#: STEPPED under both warm-ups: steps of 1, 2, 3, 4, 4 micro-batches at lengths 16, 32, 32, 64, 64, a checkpoint every 2.
+#: STEPPED under both warm-ups (steps of 1, 2, 3, 4, 4 micro-batches at lengths 16, 32, 32, 64, 64) and with rows
+#: aligned to documents, a checkpoint every 2.
 WARMED = dict(
     STEPPED,
+    align_to_docs=True,
     batch_warmup_steps=3,
     seq_len_warmup_steps=3,
     seq_len_start=16,
@@ -278,7 +280,7 @@ CASES = [
         ),
         id="checkpoint-pt-registered-1",
     ),
-    pytest.param(Case(at_checkpoint(2, "config"), WARMED), id="checkpoint-pt-adamw-warm-ups-1"),
+    pytest.param(Case(at_checkpoint(2, "config"), WARMED), id="checkpoint-pt-adamw-warm-ups-aligned-1"),
     pytest.param(Case(at_checkpoint(3), STREAM_RUN), id="checkpoint-pt-adamw-stream-1"),
     *[
         pytest.param(Case(at_checkpoint(2, "config"), *branch_run(*b)), id=f"checkpoint-pt-adamw-{name}-1")

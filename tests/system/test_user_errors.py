@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -90,6 +91,10 @@ def test_whitespace_only_corpus_and_tiny_shards_are_refused(tmp_path):
         (["--dist-timeout-s", "1e300"], "--dist-timeout-s must be at most 2,592,000 (30 days)"),
         (["--optimizer", "muon", "--muon-lr", "inf"], "--muon-lr must be a finite number"),
         (["--muon-lr", "nan"], "--muon-lr must be a finite number"),  # every float, in use (muon) or not (adamw)
+        (["--batch-warmup-steps", "-1"], "--batch-warmup-steps must be"),
+        (["--batch-start-tokens", "0"], "--batch-start-tokens must be positive"),
+        (["--seq-len-warmup-steps", "-3"], "--seq-len-warmup-steps must be"),
+        (["--seq-len-start", "0"], "--seq-len-start must be"),
     ],
 )
 def test_nonsense_settings_are_one_line(tmp_path, flags, message):
@@ -495,3 +500,13 @@ def test_native_windows_is_one_line_naming_wsl2_from_the_command_and_the_library
     assert_user_error(proc, "does not run on native Windows", "WSL2")
     with pytest.raises(ImportError, match="run it in WSL2"):
         gptspeed.make_config  # noqa: B018 -- the lazy API's first use
+
+
+def test_aligning_a_stream_to_its_documents_is_one_line(tmp_path):
+    """--align-to-docs reads a prepared folder's document starts; a jsonl stream is refused before any step, and
+    the run folder it would have made is left behind by nothing."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(20)))
+    proc = run_main(*train_args(f"jsonl:{src}", tmp_path / "r", "--align-to-docs"))
+    assert_user_error(proc, "--align-to-docs aligns a prepared folder's rows to its documents; a stream")
+    assert not (tmp_path / "r").exists()

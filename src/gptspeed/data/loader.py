@@ -4,8 +4,9 @@ Each optimizer micro-step takes a window of ``B*T*world_size`` consecutive token
 (in shard order, or in a seeded random order per epoch); rank ``r`` gets the ``r``-th slice of
 ``B*T`` (+1 token for the shifted targets), so ranks see disjoint data. A shard's tail shorter
 than a full global micro-batch is skipped; after the last window the loader starts the next
-epoch. Background threads prepare batches ahead; the state (:meth:`TokenLoader.state_dict`)
-counts consumed batches only, so a resumed run reads exactly the batches it would have read.
+epoch. With ``align_to_docs`` each row starts at a document start instead (:func:`doc_aligned_rows`).
+Background threads prepare batches ahead; the state (:meth:`TokenLoader.state_dict`) counts
+consumed batches only, so a resumed run reads exactly the batches it would have read.
 """
 
 from __future__ import annotations
@@ -38,6 +39,29 @@ def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offse
         )
 
 
+def doc_aligned_rows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """Where the rows of ``seq_len + 1`` tokens (inputs and shifted targets) of a shard holding
+    ``tokens`` start when batches are aligned to document starts (``--align-to-docs``): int64 token
+    offsets, ascending. The first row starts at the shard's first ``<|endoftext|>`` (a document
+    start: gptspeed's shards put one before each document). After a row ``[p, p + T]``, with ``e = p
+    + T`` and ``d`` the first document start at or after ``e`` (the shard's end if none): the next row
+    starts at ``d`` when the gap ``d - e`` is shorter than a row -- the tail of a document that began
+    inside the row is skipped, so every such row begins with its document -- else at ``e``: a
+    document longer than a row goes on in whole rows, nothing of it skipped. Rows that would run past
+    the shard's end are left out. The modded-nanogpt speedrun's batches aligned to BOS tokens, for
+    fixed-shape rows: no row begins inside a document it has not read from its start."""
+    starts = np.flatnonzero(tokens == EOT_TOKEN)
+    n, rows = len(tokens), []
+    pos = int(starts[0]) if len(starts) else n
+    while pos + seq_len + 1 <= n:
+        rows.append(pos)
+        end = pos + seq_len
+        k = int(np.searchsorted(starts, end))
+        nxt = int(starts[k]) if k < len(starts) else n
+        pos = nxt if nxt - end < seq_len else end
+    return np.asarray(rows, dtype=np.int64)
+
+
 def host_tensor(buf: np.ndarray, device: torch.device) -> torch.Tensor:
     """Token ids -> an int64 host tensor, in pinned memory when ``device`` is CUDA (so the copy to
     the device can be non-blocking; PyTorch's caching host allocator keeps the pinned block alive
@@ -52,6 +76,14 @@ def to_xy(t: torch.Tensor, rows: int, seq_len: int, device: torch.device) -> tup
     if device.type != "cpu":
         t = t.to(device, non_blocking=True)
     return t[:-1].view(rows, seq_len), t[1:].view(rows, seq_len)
+
+
+def rows_to_xy(t: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host tensor of rows ``(B, T + 1)`` -> inputs ``x`` and targets ``y``, each ``(B, T)`` int64 on
+    ``device`` (non-blocking copy; made contiguous on the device)."""
+    if device.type != "cpu":
+        t = t.to(device, non_blocking=True)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
 def to_device(buf: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -73,6 +105,10 @@ class TokenLoader:
     ``prefetch`` each) into pinned host memory on CUDA; the copy to the device is non-blocking.
     The batches are the same whatever ``workers`` is. The state (:meth:`state_dict`) counts what
     was *consumed* by :meth:`next_batch`, never what was prefetched, so a resume is exact.
+
+    ``align_to_docs``: each row starts where :func:`doc_aligned_rows` says (a document start, or a
+    long document's next row), each shard's rows found by one scan of its tokens when the loader is
+    built; a micro-step takes ``B * world_size`` consecutive rows, rank ``r`` the ``r``-th ``B``.
 
     Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs, and
     when a batch holds a token id >= ``max_token_id`` (checked per batch: a max over B*T ids).
@@ -101,6 +137,7 @@ class TokenLoader:
         workers: int = 0,
         prefetch: int = 4,
         expect: list[tuple[int, str]] | None = None,
+        align_to_docs: bool = False,
     ):
         if sampling not in SAMPLING:
             raise GptspeedError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
@@ -116,9 +153,24 @@ class TokenLoader:
         self.global_tokens = batch_size * seq_len * world_size  # tokens per micro-step, all ranks
         self.lengths = [read_header(p)[1] for p in self.shards]
         self.expect = expect
-        self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
+        self.align_to_docs = align_to_docs
+        self._rows: dict[int, np.ndarray] = {}  # aligned rows' starts of the shards open
+        self._maps: dict[int, MappedShard] = {}
+        self._lock = threading.Lock()
+        if align_to_docs:
+            rows = batch_size * world_size  # per micro-step, all ranks
+            self.batches_per_shard = [len(self._rows_of(s)) // rows for s in range(len(self.shards))]
+            self._rows.clear()  # found again as each shard is read: the scan's memory is not kept
+        else:
+            self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
         self.batches_per_epoch = sum(self.batches_per_shard)
         self.tokens_per_epoch = self.batches_per_epoch * self.global_tokens
+        if self.tokens_per_epoch == 0 and align_to_docs:
+            raise GptspeedError(
+                f"--align-to-docs: the train split has fewer rows starting at a document start than one "
+                f"micro-batch needs (batch_size {batch_size} x world size {world_size} rows of seq_len {seq_len} + 1 "
+                "tokens): lower --batch-size / --seq-len, prepare more text, or train without --align-to-docs"
+            )
         if self.tokens_per_epoch == 0:
             need = self.global_tokens + 1
             raise GptspeedError(
@@ -127,9 +179,7 @@ class TokenLoader:
                 "lower --batch-size / --seq-len or prepare more text"
             )
         self._first_window = np.cumsum([0] + self.batches_per_shard)  # window index of each shard's first
-        self._maps: dict[int, MappedShard] = {}
         self._perms: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
         self.batches = 0  # micro-batches consumed, all epochs
         self.documents = 0
         self.wait_s = 0.0
@@ -141,7 +191,15 @@ class TokenLoader:
         return self.batches // self.batches_per_epoch
 
     def _window(self, g: int) -> tuple[int, int]:
-        """(shard index, token offset) of global micro-batch ``g`` (0-based, all epochs)."""
+        """(shard index, token offset) of global micro-batch ``g`` (0-based, all epochs); aligned to
+        documents, the offset of its first row."""
+        s, i = self._window_index(g)
+        if self.align_to_docs:
+            return s, int(self._rows_of(s)[i * self.B * self.world_size])
+        return s, i * self.global_tokens
+
+    def _window_index(self, g: int) -> tuple[int, int]:
+        """(shard index, micro-batch index within the shard) of global micro-batch ``g``."""
         epoch, i = divmod(g, self.batches_per_epoch)
         if self.sampling == "random":
             with self._lock:
@@ -152,7 +210,17 @@ class TokenLoader:
                     self._perms[epoch] = perm
             i = int(perm[i])
         s = int(np.searchsorted(self._first_window, i, side="right")) - 1
-        return s, (i - int(self._first_window[s])) * self.global_tokens
+        return s, i - int(self._first_window[s])
+
+    def _rows_of(self, s: int) -> np.ndarray:
+        """:func:`doc_aligned_rows` of shard ``s`` (found once per shard; the newest two kept)."""
+        rows = self._rows.get(s)
+        if rows is None:
+            rows = doc_aligned_rows(self._shard(s).window(0, self.lengths[s]), self.T)
+            with self._lock:
+                self._rows = {k: v for k, v in self._rows.items() if k >= s - 1}
+                self._rows[s] = rows
+        return rows
 
     def _shard(self, s: int) -> MappedShard:
         shard = self._maps.get(s)
@@ -180,14 +248,27 @@ class TokenLoader:
         return shard
 
     def _make(self, g: int) -> tuple[torch.Tensor, int]:
-        """Host tensor of batch ``g`` (``B*T+1`` int64; pinned on CUDA) and its document count.
-        ShardError naming the shard if its file shrank under the run (:class:`MappedShard`)."""
+        """Host tensor of batch ``g`` (``B*T+1`` int64, or ``(B, T+1)`` rows aligned to documents; pinned
+        on CUDA) and its document count. ShardError naming the shard if its file shrank under the run
+        (:class:`MappedShard`)."""
+        if self.align_to_docs:
+            return self._make_aligned(g)
         s, pos = self._window(g)
         window = self._shard(s).window(pos, pos + self.global_tokens + 1)
         docs = int(np.count_nonzero(window[: self.global_tokens] == EOT_TOKEN))
         start = self.rank * self.B * self.T
         buf = window[start : start + self.B * self.T + 1]
         check_token_ids(buf, self.max_token_id, self.shards[s], pos + start)
+        return host_tensor(buf, self.device), docs
+
+    def _make_aligned(self, g: int) -> tuple[torch.Tensor, int]:
+        s, i = self._window_index(g)
+        shard, B, T = self._shard(s), self.B, self.T
+        starts = self._rows_of(s)[i * B * self.world_size : (i + 1) * B * self.world_size]
+        rows = [shard.window(p, p + T + 1) for p in starts]  # every rank's, for the job's document count
+        docs = sum(int(np.count_nonzero(r[:T] == EOT_TOKEN)) for r in rows)
+        buf = np.stack(rows[self.rank * B : (self.rank + 1) * B])
+        check_token_ids(buf, self.max_token_id, self.shards[s], int(starts[self.rank * B]))
         return host_tensor(buf, self.device), docs
 
     # -------------------------------------------------------------- background threads
@@ -220,7 +301,7 @@ class TokenLoader:
             t, docs = self._prefetcher.get()
         self.batches += 1
         self.documents += docs
-        xy = to_xy(t, self.B, self.T, self.device)
+        xy = rows_to_xy(t, self.device) if t.dim() == 2 else to_xy(t, self.B, self.T, self.device)
         self.wait_s += time.perf_counter() - t0
         return xy
 
@@ -251,6 +332,7 @@ class TokenLoader:
             "world_size": self.world_size,
             "sampling": self.sampling,
             "seed": self.seed,
+            "align_to_docs": self.align_to_docs,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -270,11 +352,13 @@ class TokenLoader:
             and state["global_tokens"] == self.B * self.T * saved_world
             and state.get("sampling", "sequential") == self.sampling
             and (self.sampling == "sequential" or state.get("seed") == self.seed)
+            and state.get("align_to_docs", False) == self.align_to_docs
         )
         if saved_world != self.world_size and same:
             s, pos = state["shard_index"], state["position"]
             if (
-                self.sampling != "sequential"
+                self.align_to_docs
+                or self.sampling != "sequential"
                 or pos % self.global_tokens
                 or pos // self.global_tokens >= self.batches_per_shard[s]
             ):
@@ -286,7 +370,7 @@ class TokenLoader:
         if not same:
             raise GptspeedError(
                 "the checkpoint's data position does not fit this data folder or batch shape "
-                "(different shards, batch size, sequence length, world size, sampling or seed)"
+                "(different shards, batch size, sequence length, world size, sampling, seed or --align-to-docs)"
             )
         self.close()
         if "batches" in state:

@@ -120,16 +120,23 @@ class TrainData:
         sampling: str = "sequential",
         seed: int = 0,
         workers: int = 0,
+        align_to_docs: bool = False,
     ) -> TrainLoader:
         """The loader for this data: a :class:`~gptspeed.data.loader.TokenLoader` over the train
         shards, or a :class:`~gptspeed.data.stream.StreamLoader` (one process only; GptspeedError
-        under torchrun). ``workers``: background threads (a stream always tokenizes in at least one)."""
+        under torchrun). ``workers``: background threads (a stream always tokenizes in at least one).
+        ``align_to_docs``: rows start at document starts (a prepared folder only; GptspeedError for a stream)."""
         if self.is_stream:
             from gptspeed.data.stream import StreamLoader
 
             if world_size > 1:
                 raise GptspeedError(
                     "streaming training (--data jsonl:/hf:) runs in one process: prepare shards for torchrun"
+                )
+            if align_to_docs:
+                raise GptspeedError(
+                    "--align-to-docs aligns a prepared folder's rows to its documents; a stream (--data jsonl:/hf:) "
+                    "packs documents as they come: prepare it (gptspeed prepare), or train without --align-to-docs"
                 )
             return StreamLoader(
                 self.spec, batch_size, seq_len, device=device, workers=max(1, workers), **self.stream_options
@@ -149,6 +156,7 @@ class TrainData:
             seed=seed,
             workers=workers,
             expect=expect,
+            align_to_docs=align_to_docs,
         )
 
     def token_ids(self, max_tokens: int = 2_000_000_000) -> Any:

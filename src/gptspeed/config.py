@@ -1219,6 +1219,9 @@ RECIPES: dict[str, dict[str, Any]] = {
         optimizer="muon", pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", lr_schedule="wsd", decay_ratio=0.4
     ),
 }
+# modern + the speedrun's value embeddings and per-group Adam rates, with a 2-step warm-up (the speedrun's Muon
+# runs without one); the rates are absolute, measured at the nano preset (3x its --lr): docs/race.md
+RECIPES["speedrun"] = dict(RECIPES["modern"], value_embeds=1, embed_lr=6e-3, scalar_lr=6e-3, warmup_steps=2)
 
 
 def recipe(name: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from gptspeed.bench import race
+from gptspeed.config import RECIPES
 from gptspeed.errors import GptspeedError
 
 from support.cli import assert_user_error, run_main
@@ -207,6 +208,12 @@ def test_recipes_are_train_settings():
     assert modern.model.pos_emb == "rope" and modern.optim.lr_schedule == "wsd" and modern.model.non_gpt2_switches()
     assert modern.optim.optimizer == "muon" and modern.model.tie_embeddings  # the race's winner keeps the tied head
     assert build_train_config("pico", {}, recipe_name="gpt2").model.non_gpt2_switches() == []
+    speedrun = build_train_config("pico", {}, recipe_name="speedrun")  # modern and the speedrun's pieces
+    assert {k: getattr(g, k) for g in speedrun.groups().values() for k in RECIPES["modern"] if hasattr(g, k)} == {
+        k: getattr(g, k) for g in modern.groups().values() for k in RECIPES["modern"] if hasattr(g, k)
+    }
+    assert (speedrun.model.value_embeds, speedrun.optim.embed_lr, speedrun.optim.scalar_lr) == (1, 6e-3, 6e-3)
+    assert speedrun.warmup_steps() == 2 and modern.warmup_steps() == 5  # pico's
     with pytest.raises(GptspeedError, match="unknown recipe 'moden'.*did you mean 'modern'"):
         build_train_config("pico", {}, recipe_name="moden")
     flagged = build_train_config("pico", {"pos_emb": "learned"}, recipe_name="modern")  # flags override a recipe

@@ -817,6 +817,33 @@ def test_ddp_reduces_gradients_only_in_the_last_micro_step(group_of_one):
     )
 
 
+def test_under_ddp_a_warm_up_step_of_fewer_micro_batches_reduces_in_its_own_last_one(group_of_one):
+    """--batch-warmup-steps under DDP: a step of 2 micro-batches on a run of 4 all-reduces once, in its second
+    micro-batch's backward (no_sync before it), and the next full step in its fourth."""
+    cfg = small(total_batch_tokens=4 * 2 * 16)
+    step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, parallel="ddp"))
+    micro, reduced_in = [], []
+
+    def hook(state, bucket):
+        reduced_in.append(len(micro) - 1)
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    step.train_model.register_comm_hook(None, hook)
+    x = torch.randint(0, cfg.model.valid_vocab_size, (2, 17))
+
+    def next_batch():
+        micro.append(1)
+        return x[:, :-1], x[:, 1:]
+
+    step(next_batch, accum=2)
+    assert reduced_in and set(reduced_in) == {1}, reduced_in
+    micro.clear(), reduced_in.clear()
+    step(next_batch)
+    assert len(micro) == 4 and set(reduced_in) == {3}, reduced_in
+
+
 def test_with_cuda_graphs_each_micro_step_marks_a_new_graph_step_before_its_forward(monkeypatch, gpu_toolchain):
     """--compile-tuning reduce-overhead on CUDA replays CUDA graphs: every forward must be preceded by
     torch.compiler.cudagraph_mark_step_begin(), or a replay overwrites the last one's outputs. A

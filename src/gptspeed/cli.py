@@ -334,7 +334,9 @@ def _add_bench_args(s: argparse.ArgumentParser) -> None:
 
 def _add_race_args(s: argparse.ArgumentParser) -> None:
     race = s.add_argument_group("race (with --race)")
-    race.add_argument("--arms", help="comma-separated recipes, each an arm: gpt2, modern, speedrun (the first is the baseline)")
+    race.add_argument(
+        "--arms", help="comma-separated recipes, each an arm: gpt2, modern, speedrun (the first is the baseline)"
+    )
     race.add_argument(
         "--arm",
         action="append",

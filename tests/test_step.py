@@ -790,12 +790,12 @@ def test_compile_mode_blocks_compiles_each_block_in_place(compile_calls):
     )
 
 
-def test_ddp_reduces_gradients_only_in_the_last_micro_step(group_of_one):
-    """Two micro-steps a step under DDP: the gradients are all-reduced once, in the second
-    micro-step's backward (no_sync on the first), not after every micro-batch."""
-    cfg = small(total_batch_tokens=2 * 2 * 16)  # B 2 x T 16, 2 micro-steps
+def ddp_reductions(micro_batches: int, **step_kw) -> tuple[int, list[int]]:
+    """One DDP step (a group of one, B 2 x T 16, ``micro_batches`` a full step) called with ``step_kw``:
+    ``(micro-batches read, the 0-based micro-batch in whose backward each gradient bucket was all-reduced)``."""
+    cfg = small(total_batch_tokens=micro_batches * 2 * 16)
     step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, parallel="ddp"))
-    assert step.accum == 2
+    assert step.accum == micro_batches
     micro, reduced_in = [], []
 
     def hook(state, bucket):
@@ -811,37 +811,26 @@ def test_ddp_reduces_gradients_only_in_the_last_micro_step(group_of_one):
         micro.append(1)
         return x[:, :-1], x[:, 1:]
 
-    step(next_batch)
-    assert reduced_in and set(reduced_in) == {1}, (
+    step(next_batch, **step_kw)
+    return len(micro), reduced_in
+
+
+def test_ddp_reduces_gradients_only_in_the_last_micro_step(group_of_one):
+    """Two micro-steps a step under DDP: the gradients are all-reduced once, in the second
+    micro-step's backward (no_sync on the first), not after every micro-batch."""
+    read, reduced_in = ddp_reductions(2)
+    assert read == 2 and reduced_in and set(reduced_in) == {1}, (
         f"gradients were all-reduced in micro-steps {reduced_in}: only the last (1) should reduce"
     )
 
 
 def test_under_ddp_a_warm_up_step_of_fewer_micro_batches_reduces_in_its_own_last_one(group_of_one):
     """--batch-warmup-steps under DDP: a step of 2 micro-batches on a run of 4 all-reduces once, in its second
-    micro-batch's backward (no_sync before it), and the next full step in its fourth."""
-    cfg = small(total_batch_tokens=4 * 2 * 16)
-    step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, parallel="ddp"))
-    micro, reduced_in = [], []
-
-    def hook(state, bucket):
-        reduced_in.append(len(micro) - 1)
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    step.train_model.register_comm_hook(None, hook)
-    x = torch.randint(0, cfg.model.valid_vocab_size, (2, 17))
-
-    def next_batch():
-        micro.append(1)
-        return x[:, :-1], x[:, 1:]
-
-    step(next_batch, accum=2)
-    assert reduced_in and set(reduced_in) == {1}, reduced_in
-    micro.clear(), reduced_in.clear()
-    step(next_batch)
-    assert len(micro) == 4 and set(reduced_in) == {3}, reduced_in
+    micro-batch's backward (no_sync before it); a full step of the same run in its fourth."""
+    read, reduced_in = ddp_reductions(4, accum=2)
+    assert read == 2 and reduced_in and set(reduced_in) == {1}, reduced_in
+    read, reduced_in = ddp_reductions(4)
+    assert read == 4 and reduced_in and set(reduced_in) == {3}, reduced_in
 
 
 def test_with_cuda_graphs_each_micro_step_marks_a_new_graph_step_before_its_forward(monkeypatch, gpu_toolchain):

@@ -108,7 +108,9 @@ class TokenLoader:
 
     ``align_to_docs``: each row starts where :func:`doc_aligned_rows` says (a document start, or a
     long document's next row), each shard's rows found by one scan of its tokens when the loader is
-    built; a micro-step takes ``B * world_size`` consecutive rows, rank ``r`` the ``r``-th ``B``.
+    built and kept (8 bytes a row: ~80 MB for 10B tokens at T = 1024), so random sampling across
+    shards never scans again; a micro-step takes ``B * world_size`` consecutive rows, rank ``r`` the
+    ``r``-th ``B``.
 
     Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs, and
     when a batch holds a token id >= ``max_token_id`` (checked per batch: a max over B*T ids).
@@ -154,13 +156,11 @@ class TokenLoader:
         self.lengths = [read_header(p)[1] for p in self.shards]
         self.expect = expect
         self.align_to_docs = align_to_docs
-        self._rows: dict[int, np.ndarray] = {}  # aligned rows' starts of the shards open
         self._maps: dict[int, MappedShard] = {}
         self._lock = threading.Lock()
-        if align_to_docs:
-            rows = batch_size * world_size  # per micro-step, all ranks
-            self.batches_per_shard = [len(self._rows_of(s)) // rows for s in range(len(self.shards))]
-            self._rows.clear()  # found again as each shard is read: the scan's memory is not kept
+        if align_to_docs:  # every shard's aligned rows' starts, found once
+            self._rows = [doc_aligned_rows(self._shard(s).window(0, n), seq_len) for s, n in enumerate(self.lengths)]
+            self.batches_per_shard = [len(r) // (batch_size * world_size) for r in self._rows]
         else:
             self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
         self.batches_per_epoch = sum(self.batches_per_shard)
@@ -195,7 +195,7 @@ class TokenLoader:
         documents, the offset of its first row."""
         s, i = self._window_index(g)
         if self.align_to_docs:
-            return s, int(self._rows_of(s)[i * self.B * self.world_size])
+            return s, int(self._rows[s][i * self.B * self.world_size])
         return s, i * self.global_tokens
 
     def _window_index(self, g: int) -> tuple[int, int]:
@@ -211,16 +211,6 @@ class TokenLoader:
             i = int(perm[i])
         s = int(np.searchsorted(self._first_window, i, side="right")) - 1
         return s, i - int(self._first_window[s])
-
-    def _rows_of(self, s: int) -> np.ndarray:
-        """:func:`doc_aligned_rows` of shard ``s`` (found once per shard; the newest two kept)."""
-        rows = self._rows.get(s)
-        if rows is None:
-            rows = doc_aligned_rows(self._shard(s).window(0, self.lengths[s]), self.T)
-            with self._lock:
-                self._rows = {k: v for k, v in self._rows.items() if k >= s - 1}
-                self._rows[s] = rows
-        return rows
 
     def _shard(self, s: int) -> MappedShard:
         shard = self._maps.get(s)
@@ -264,7 +254,7 @@ class TokenLoader:
     def _make_aligned(self, g: int) -> tuple[torch.Tensor, int]:
         s, i = self._window_index(g)
         shard, B, T = self._shard(s), self.B, self.T
-        starts = self._rows_of(s)[i * B * self.world_size : (i + 1) * B * self.world_size]
+        starts = self._rows[s][i * B * self.world_size : (i + 1) * B * self.world_size]
         rows = [shard.window(p, p + T + 1) for p in starts]  # every rank's, for the job's document count
         docs = sum(int(np.count_nonzero(r[:T] == EOT_TOKEN)) for r in rows)
         buf = np.stack(rows[self.rank * B : (self.rank + 1) * B])

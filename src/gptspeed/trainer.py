@@ -432,8 +432,9 @@ class Trainer:
                 return stop.signum
             loss, grad_norm, bad = done
             self.state.step += 1
-            self.state.tokens += self.tokens_per_step // self.accum * accum
-            self.throughput.step_done(self.tokens_per_step // self.accum * accum)
+            tokens = self.tokens_per_step // self.accum * accum  # the step's own (--batch-warmup-steps)
+            self.state.tokens += tokens
+            self.throughput.step_done(tokens)
             self.divergence.note(bad, self.step)
             due = due_at(self.step, first_interval, self.cfg, self.checkpointer.due(self.step), self.evals.hellaswag_on)
             if not self.rt.distributed:

@@ -297,9 +297,10 @@ def welch_p(faster: list[float], than: list[float]) -> float | None:
 @dataclass
 class RaceConfig:
     """What ``gptspeed bench --race`` was asked: arms, seeds, the preset, data and data order
-    (``sampling``: ``gptspeed train --sampling``) every arm shares, the device, the output folder, the target (None: the first arm's mean final val loss), the
-    evaluation interval (None: about 15 evaluations over the first arm's steps) and tokens (None:
-    the first arm's), and ``force`` (replace an earlier race in ``out``)."""
+    (``sampling``: ``gptspeed train --sampling``) every arm shares, the device, the output folder,
+    the target (None: the first arm's mean final val loss), the evaluation interval (None: about 15
+    evaluations over the first arm's steps) and tokens (None: the first arm's), and ``force``
+    (replace an earlier race in ``out``)."""
 
     arms: list[Arm]
     seeds: int = 3

@@ -432,8 +432,7 @@ class Trainer:
                 return stop.signum
             loss, grad_norm, bad = done
             self.state.step += 1
-            tokens = self.tokens_per_step // self.accum * accum  # the step's own (--batch-warmup-steps)
-            self.state.tokens += tokens
+            self.state.tokens += (tokens := self.tokens_per_step // self.accum * accum)  # --batch-warmup-steps
             self.throughput.step_done(tokens)
             self.divergence.note(bad, self.step)
             due = due_at(self.step, first_interval, self.cfg, self.checkpointer.due(self.step), self.evals.hellaswag_on)

@@ -1047,11 +1047,13 @@ def roformer_rotation(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.
     return torch.cat([z.real, z.imag], dim=-1)
 
 
-def test_rope_rotates_q_and_k_as_roformer_eq_34_at_every_attention_output():
+@pytest.mark.parametrize("blocks", [{}, dict(unet_skips=True)], ids=["blocks", "unet-skips"])
+def test_rope_rotates_q_and_k_as_roformer_eq_34_at_every_attention_output(blocks):
     """--pos-emb rope: each attention layer's output is softmax attention over queries and keys
     rotated as RoFormer's eq. 34 (Su et al. 2021; theta_i = base^(-2i/d), the base --rope-theta, here
-    not the default), values unrotated -- at the default positions and at per-row positions."""
-    model = paper_model(pos_emb="rope", rope_theta=500.0)
+    not the default), values unrotated -- at the default positions and at per-row positions; also
+    through the speedrun's blocks (--unet-skips)."""
+    model = paper_model(pos_emb="rope", rope_theta=500.0, **blocks)
     idx = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(3))
     for pos in (torch.arange(12), torch.stack([torch.arange(12) + 5, torch.arange(12) + 17])):
         layers = {f"h{i}": block.attn for i, block in enumerate(model.transformer.h)}
@@ -1133,6 +1135,56 @@ def test_soft_capped_logits_are_gemma2s_cap_times_tanh_of_the_heads_logits_over_
     assert bool((logits[..., 50257:] == float("-inf")).all())
 
 
+class _MatmulReturningAView(torch.autograd.Function):
+    """``x W^T`` returned as a view of a tensor made inside the Function, as torchao's FP8 matmul returns
+    its output (autograd forbids writing into such a view)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        out = x @ w.t()
+        return out.view(out.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w, g.reshape(-1, g.size(-1)).t() @ x.reshape(-1, x.size(-1))
+
+
+class _HeadReturningAView(torch.nn.Linear):
+    returns_view = True  # what gptspeed.fp8 marks its converted head with
+
+    def forward(self, x):
+        return _MatmulReturningAView.apply(x, self.weight)
+
+
+def test_the_padding_is_masked_in_the_heads_output_or_in_a_new_tensor_for_a_head_returning_a_view():
+    """The logits are ``h W^T`` (``W`` the tied embedding), the 47 padded columns -inf. A plain head's
+    output is masked in place: the logits returned are the head's own output, no second ``(..., V)``
+    tensor. A head marked ``returns_view`` (gptspeed.fp8's) gets a new masked tensor -- writing into its
+    output would raise -- with the same logits, and the gradient of ``W`` is the sum of ``h`` over the
+    positions in each valid row, 0 in the padded ones."""
+    model = tiny()
+    h = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(3))
+    W = model.lm_head.weight
+    want = (h.double() @ W.detach().double().t())[..., :50257]
+    outputs = []
+    model.lm_head.register_forward_hook(lambda module, args, out: outputs.append(out))
+    with torch.no_grad():
+        logits = model.logits(h)
+    assert logits is outputs[-1], "the padding was masked into a new tensor, not in the head's output"
+    for head in (model.lm_head, _HeadReturningAView(32, 50304, bias=False)):
+        head.weight = W
+        model.lm_head = head
+        W.grad = None
+        logits = model.logits(h)
+        torch.testing.assert_close(logits[..., :50257], want.float(), rtol=1e-5, atol=1e-6)
+        assert logits.shape == (2, 3, 50304) and bool((logits[..., 50257:] == float("-inf")).all())
+        logits[..., :50257].sum().backward()
+        torch.testing.assert_close(W.grad[:50257], h.sum(dim=(0, 1)).expand(50257, 32), rtol=1e-5, atol=1e-5)
+        assert not W.grad[50257:].any()
+
+
 @pytest.mark.parametrize("kw", [{}, dict(tie_embeddings=False)], ids=["tied", "untied"])
 def test_zero_init_makes_every_block_the_identity_so_the_model_is_its_embeddings_norm_and_head(kw):
     """--zero-init-proj (the modded-nanogpt speedrun's): at initialisation the blocks' output
@@ -1157,13 +1209,18 @@ def test_zero_init_makes_every_block_the_identity_so_the_model_is_its_embeddings
         assert bool((logits[..., :50257] == 0).all())
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "manual"])
-def test_the_document_mask_attends_each_token_over_the_earlier_tokens_of_its_document_only(attention):
+@pytest.mark.parametrize(
+    "attention, blocks",
+    [("sdpa", {}), ("manual", {}), ("sdpa", dict(unet_skips=True))],
+    ids=["sdpa", "manual", "unet-skips"],
+)
+def test_the_document_mask_attends_each_token_over_the_earlier_tokens_of_its_document_only(attention, blocks):
     """--doc-mask: each attention layer's output is softmax attention in which a token sees only the
     tokens at or before it in its own document (a document begins at its <|endoftext|>; the tokens
     before a row's first one are an earlier document's tail): masked attention computed by hand from
-    q, k, v of the layer's weights, the documents found by walking each row."""
-    model = paper_model(doc_mask=True, attention=attention)
+    q, k, v of the layer's weights, the documents found by walking each row; also through the
+    speedrun's blocks (--unet-skips)."""
+    model = paper_model(doc_mask=True, attention=attention, **blocks)
     idx = torch.randint(0, 50000, (2, 12), generator=torch.Generator().manual_seed(9))
     idx[0, [0, 4, 5, 9]] = EOT_TOKEN  # documents [0..3], [4], [5..8], [9..11]
     idx[1, [3, 8]] = EOT_TOKEN  # a tail [0..2], then [3..7], [8..11]
@@ -1280,6 +1337,46 @@ def window_rule(idx: torch.Tensor, window: int, documents: bool) -> torch.Tensor
             for s in range(T):
                 allowed[b, t, s] = s <= t and t - s < window and (not documents or docs[s] == docs[t])
     return allowed
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, dict(window=3), dict(documents=True, window=3)], ids=["causal", "window", "documents-window"]
+)
+def test_attention_allowed_adds_the_window_and_the_documents_only_when_asked(kw):
+    """``attention_allowed``'s rule (:func:`window_rule`): causal alone by default, one ``(1, 1, T, T)`` mask for
+    the batch; ``window=W``: the last W tokens only; ``documents=True``: within each row's documents too,
+    ``(B, 1, T, T)``."""
+    from gptspeed.model import attention_allowed
+
+    idx = torch.randint(0, 50000, (2, 10), generator=torch.Generator().manual_seed(5))
+    idx[0, [0, 4]] = EOT_TOKEN
+    idx[1, 6] = EOT_TOKEN
+    documents = kw.get("documents", False)
+    got = attention_allowed(idx, **kw)
+    assert got.shape == (2 if documents else 1, 1, 10, 10)
+    assert torch.equal(got[:, 0].expand(2, 10, 10), window_rule(idx, kw.get("window", 10), documents))
+
+
+@pytest.mark.parametrize("start, T", [(0, 8), (0, 9), (5, 3), (5, 4)])
+def test_an_eval_window_covering_every_column_leaves_plain_causal_attention(start, T):
+    """Eval mode, --attn-window 8: where the window covers every key column (``start + T <= 8``: a forward
+    of 8 tokens, or a cached step whose columns end at column 8) there is no mask (None: plain causal
+    attention, SDPA's causal kernels); one column more and the mask is the window's: query column ``q``
+    sees key ``k`` iff ``k <= q < k + 8``."""
+    from gptspeed.model import KVCache
+
+    model = tiny(attn_window=8).eval()
+    idx = torch.randint(0, 50000, (1, T), generator=torch.Generator().manual_seed(6))
+    kv = None
+    if start:
+        kv = KVCache(model.config.n_layer, model.config.block_size)
+        kv.start = start
+    mask = model.attention_mask(idx, kv)
+    if start + T <= 8:
+        assert mask is None
+    else:
+        want = [[k <= q < k + 8 for k in range(start + T)] for q in range(start, start + T)]
+        assert mask.shape == (1, 1, T, start + T) and mask[0, 0].tolist() == want
 
 
 @pytest.mark.parametrize("doc_mask", [False, True], ids=["alone", "doc-mask"])

@@ -564,25 +564,41 @@ def test_each_adam_group_reaches_its_own_peak_rate_and_the_default_keeps_two_gro
     assert [g["weight_decay"] for g in adam.param_groups] == [plain.optim.weight_decay, 0.0]
 
 
-def test_muons_momentum_warms_up_linearly_then_holds_and_adamw_is_untouched():
-    """--muon-momentum-warmup 300 with start 0.85 and --muon-momentum 0.95 (the speedrun's): the
-    momentum of step s is 0.85 + min(s / 300, 1) * 0.10, set into Muon's groups with the learning
-    rate; AdamW's betas do not move; 0 (the default) leaves Muon's momentum alone."""
+@pytest.mark.parametrize("warmup", [300, 1, 0])
+def test_muons_momentum_warms_up_linearly_then_holds_and_adamw_is_untouched(warmup):
+    """--muon-momentum-warmup N with start 0.85 and --muon-momentum 0.95 (the speedrun's: N = 300): the
+    momentum of step s is 0.85 + min(s / N, 1) * 0.10 (N = 1: 0.85 at step 0 only), what
+    ``muon_momentum_at`` gives and ``set_lr`` sets into Muon's groups with the learning rate; AdamW's betas
+    do not move; N = 0 (the default, off) is 0.95 at every step, Muon's momentum left as built."""
+    from gptspeed.config import preset
+    from gptspeed.optim import muon_momentum_at, set_lr
+
+    cfg = preset("pico").override(
+        dict(TINY_MODEL, optimizer="muon", muon_momentum_warmup=warmup, muon_momentum_start=0.85, muon_momentum=0.95)
+    )
+    opt, _ = build_optimizer(GPT(cfg.model), cfg.optim, "cpu")
+    for step in (0, 1, 150, 299, 300, 1000):
+        frac = min(Fraction(step, warmup), 1) if warmup else 1
+        want = float(Fraction("0.85") + frac * Fraction("0.10"))
+        assert muon_momentum_at(step, cfg.optim) == pytest.approx(want, rel=1e-12), f"step {step}"
+        set_lr(opt, cfg, step)
+        assert [g["momentum"] for g in opt.muon.param_groups] == [pytest.approx(want, rel=1e-12)], f"step {step}"
+        assert all(g["betas"] == (cfg.optim.beta1, cfg.optim.beta2) for g in opt.adamw.param_groups)
+
+
+def test_the_muon_momentum_warm_up_leaves_another_optimizers_momentum_alone(toy):
+    """--muon-momentum-warmup moves Muon's momentum only: a registered optimizer with a ``momentum`` of its
+    own (the toy SGD's 0.9) keeps it at every step."""
     from gptspeed.config import preset
     from gptspeed.optim import set_lr
 
     cfg = preset("pico").override(
-        dict(TINY_MODEL, optimizer="muon", muon_momentum_warmup=300, muon_momentum_start=0.85, muon_momentum=0.95)
+        dict(TINY_MODEL, optimizer="toy-sgd", muon_momentum_warmup=300, muon_momentum_start=0.85, muon_momentum=0.95)
     )
     opt, _ = build_optimizer(GPT(cfg.model), cfg.optim, "cpu")
-    for step in (0, 1, 150, 299, 300, 1000):
+    for step in (0, 150, 300):
         set_lr(opt, cfg, step)
-        assert [g["momentum"] for g in opt.muon.param_groups] == [pytest.approx(0.85 + min(step / 300, 1) * 0.10)]
-        assert all(g["betas"] == (cfg.optim.beta1, cfg.optim.beta2) for g in opt.adamw.param_groups)
-    off = preset("pico").override(dict(TINY_MODEL, optimizer="muon", muon_momentum=0.9))
-    opt, _ = build_optimizer(GPT(off.model), off.optim, "cpu")
-    set_lr(opt, off, 0)
-    assert [g["momentum"] for g in opt.muon.param_groups] == [0.9]
+        assert [g["momentum"] for g in opt.param_groups] == [0.9], f"step {step}"
 
 
 # ------------------------------------------------------------------ --attn-window: the window's warm-up
@@ -651,13 +667,22 @@ def accum_by_hand(step: int, start_tokens: int | None, micro: int, full: int, n:
 
 @pytest.mark.parametrize(
     "start_tokens, full, n, world",
-    [(None, 8, 5, 1), (3 * 256, 8, 7, 1), (1, 4, 3, 2), (10**9, 6, 4, 1), (512, 1, 4, 2), (2 * 256, 16, 100, 1)],
+    [
+        (None, 8, 5, 1),
+        (3 * 256, 8, 7, 1),
+        (1, 4, 3, 2),
+        (10**9, 6, 4, 1),
+        (512, 1, 4, 2),
+        (2 * 256, 16, 100, 1),
+        (3 * 256 + 100, 8, 5, 2),
+    ],
 )
 def test_the_batch_of_every_step_is_the_linear_warm_up_in_whole_micro_batches(start_tokens, full, n, world):
     """``grad_accum_at``, the micro-batches the trainer's loop gives each step, equals the ramp written from its
     definition at every step of the warm-up and past it; it never shrinks, starts at ``--batch-start-tokens`` in
-    whole micro-batches (at least one, at most the full batch) and ends at the full accumulation;
-    ``tokens_between`` is the sum of the steps' tokens over any span."""
+    whole micro-batches of all the processes' tokens (rounded down, at least one, at most the full batch) and
+    ends at the full accumulation; ``tokens_between`` is the sum of the steps' tokens over any span. Both count
+    one process unless told the world size."""
     from gptspeed.config import RunConfig, TrainConfig
     from gptspeed.optim import grad_accum_at, tokens_between
 
@@ -677,6 +702,9 @@ def test_the_batch_of_every_step_is_the_linear_warm_up_in_whole_micro_batches(st
         want = micro * sum(got[s] for s in range(first, last)) if last <= n + 3 else None
         assert tokens_between(first, last, cfg, world) == want
     assert tokens_between(0, 1000, cfg, world) == micro * (sum(got[:n]) + (1000 - n) * full)
+    if world == 1:
+        assert [grad_accum_at(s, cfg) for s in range(n + 3)] == got
+        assert tokens_between(0, 1000, cfg) == micro * (sum(got[:n]) + (1000 - n) * full)
     off = RunConfig(model=GPTConfig(block_size=T), train=TrainConfig(batch_size=B, total_batch_tokens=full * micro))
     assert {grad_accum_at(s, off, world) for s in range(n + 1)} == {full}
     assert tokens_between(3, 10, off, world) == 7 * full * micro

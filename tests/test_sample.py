@@ -599,3 +599,80 @@ def test_top_1_and_temperature_0_are_argmax():
 
     assert torch.equal(sample_next(logits, 1.0, 1, g), logits.argmax(-1))
     assert torch.equal(sample_next(logits, 0.0, None, g), logits.argmax(-1))
+
+
+# ------------------------------------------------------------------------------ arguments and memory
+OK_ARGS = dict(max_new_tokens=1, temperature=0.8, top_k=0, num_samples=1, kv_cache=True)
+
+
+@pytest.mark.parametrize(
+    "prompts", ["abc", ["a", 3], ("a", None)], ids=["a-text", "a-number-in-a-list", "none-in-a-tuple"]
+)
+def test_prompts_must_be_a_list_or_tuple_of_texts(prompts):
+    """A bare text (its characters are texts) and a list holding a non-text are both refused."""
+    with pytest.raises(GptspeedError) as e:
+        sample_mod.check_sample_arguments(prompts, **OK_ARGS)
+    assert str(e.value) == f"prompts must be a list of texts, got {prompts!r}"
+    sample_mod.check_sample_arguments(["a", "b"], **OK_ARGS)
+    sample_mod.check_sample_arguments(("a",), **OK_ARGS)
+
+
+def test_max_new_tokens_goes_up_to_2_to_the_20_inclusive():
+    """The documented range is 0..MAX_NEW_TOKENS, a bound included: 2**20 = 1,048,576."""
+    sample_mod.check_sample_arguments(["a"], **{**OK_ARGS, "max_new_tokens": 2**20})
+    with pytest.raises(GptspeedError) as e:
+        sample_mod.check_sample_arguments(["a"], **{**OK_ARGS, "max_new_tokens": 2**20 + 1})
+    assert str(e.value) == "--max-new-tokens must be at most 1,048,576, got 1,048,577"
+
+
+@pytest.mark.parametrize(
+    "rows, length, shown",
+    [(3, 20, "625.97 KiB"), (2, 5, "400.58 KiB")],  # 640,992 and 410,192 bytes
+    ids=["past-block-size", "within-block-size"],
+)
+def test_rows_fit_in_exactly_the_bytes_of_their_kv_cache_ids_and_logits(monkeypatch, rows, length, shown):
+    """The documented lower bound, measured as the bytes of tensors of its shapes (on meta): per
+    layer a key and a value (rows, heads, min(length, block_size), head_dim) in fp32, the int64 ids
+    (rows, length) and one fp32 row of logits per row. Exactly that much memory fits, a byte less
+    is refused, in one line naming both amounts."""
+    import gptspeed.step
+
+    config = GPTConfig(block_size=16, n_layer=3, n_head=2, n_embd=32)
+    positions = min(length, config.block_size)
+    cache = torch.empty(rows, 2, positions, 16, dtype=torch.float32, device="meta")
+    ids = torch.empty(rows, length, dtype=torch.long, device="meta")
+    logits = torch.empty(rows, 50304, dtype=torch.float32, device="meta")
+    need = 2 * config.n_layer * cache.nbytes + ids.nbytes + logits.nbytes
+    assert config.vocab_size == 50304
+    memory = []
+    monkeypatch.setattr(gptspeed.step, "device_memory_available", lambda device: (memory[-1], "free on the GPU"))
+    cpu = torch.device("cpu")
+    memory.append(need)
+    sample_mod.check_rows_fit(config, rows, length, cpu)
+    memory.append(need - 1)
+    with pytest.raises(GptspeedError, match=f"^sampling {rows} rows of up to {length} tokens needs at least "):
+        sample_mod.check_rows_fit(config, rows, length, cpu)
+    memory.append(1000)
+    with pytest.raises(GptspeedError) as e:
+        sample_mod.check_rows_fit(config, rows, length, cpu)
+    assert str(e.value) == (
+        f"sampling {rows} rows of up to {length} tokens needs at least {shown} (KV cache and logits), "
+        "more than the 1000 B free on the GPU: lower --num-samples, the number of prompts or --max-new-tokens"
+    )
+
+
+def test_load_any_model_of_a_hugging_face_folder_says_so_and_puts_it_on_the_runtimes_device(tmp_path):
+    """info is {"init_from": the source, "step": None} (no step for HF weights), and the model is
+    moved to the runtime's device (here meta, not the CPU it is built on) in eval mode."""
+    from gptspeed.hf import export_hf
+
+    cfg = preset("pico")
+    cfg.model = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
+    torch.manual_seed(0)
+    run_folder = tmp_path / "run"
+    run_folder.mkdir()
+    save_checkpoint(run_folder, {"step": 1, "model": GPT(cfg.model).state_dict(), "config": cfg.to_dict()})
+    folder = str(export_hf(run_folder, tmp_path / "hf"))
+    model, info = sample_mod.load_any_model(META, init_from=folder)
+    assert info == {"init_from": folder, "step": None}
+    assert {p.device.type for p in model.parameters()} == {"meta"} and not model.training

@@ -944,6 +944,36 @@ def test_after_a_step_the_gradients_are_freed_not_zero_filled():
     assert not left, f"gradients kept after the step: {left[:3]}"
 
 
+@pytest.mark.parametrize("done", [2, 0])
+def test_a_stop_before_a_micro_batch_abandons_the_step_and_drops_its_gradients(done):
+    """``stop`` is asked before each of the step's 3 micro-batches: True before micro-batch ``done`` raises
+    StepAbandoned(done, 3), "step abandoned after <done> of 3 micro-batches", with no further batch read; the
+    gradients accumulated so far are dropped (every .grad None) and nothing is stepped (the weights as
+    before, AdamW without state)."""
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(small(total_batch_tokens=3 * 2 * 16), CPU)
+    assert step.accum == 3
+    before = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+    x = torch.randint(0, 100, (2, 16))
+    reads, asked = [], []
+
+    def next_batch():
+        reads.append(x)
+        return x, x
+
+    def stop():
+        asked.append(True)
+        return len(asked) > done
+
+    with pytest.raises(step_mod.StepAbandoned) as left:
+        step(next_batch, stop)
+    assert (left.value.done, left.value.accum) == (done, 3) and len(reads) == done
+    assert str(left.value) == f"step abandoned after {done} of 3 micro-batches"
+    assert all(p.grad is None for p in step.model.parameters()), "the abandoned step's gradients were kept"
+    moved = [n for n, p in step.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert not moved and not step.optimizer.state, f"an abandoned step moved {moved[:3]}"
+
+
 def test_a_finite_loss_with_a_non_finite_gradient_skips_the_step():
     """The step is bad when the loss OR the gradient is not finite: here the loss is finite and one
     gradient element is inf -- bad is True and no weight moves."""

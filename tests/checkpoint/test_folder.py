@@ -190,6 +190,59 @@ def test_the_lock_file_names_its_holder_and_is_not_executable(tmp_path):
     lock.release()
 
 
+@pytest.mark.parametrize(
+    "make, code",
+    [(lambda p: p.mkdir(), errno.EISDIR), (lambda p: p.symlink_to(p.with_name("notes.txt")), errno.ELOOP)],
+    ids=["a-folder", "a-link-to-a-file"],
+)
+def test_the_lock_is_never_taken_through_what_stands_under_its_name(tmp_path, make, code):
+    """A folder or a symbolic link under the lock's name is refused in one line with the system's
+    reason; a link is never followed, so the file it points to is not truncated."""
+    from gptspeed.checkpoint.folder import RunLock
+
+    (tmp_path / "notes.txt").write_text("the user's notes")
+    path = tmp_path / LOCK_NAME
+    make(path)
+    with pytest.raises(GptspeedError) as e:
+        RunLock(tmp_path).acquire()
+    assert str(e.value) == (
+        f"cannot take the run folder's lock {path}: {os.strerror(code)}; it is gptspeed's own file: "
+        "move whatever is there away (gptspeed makes it again)"
+    )
+    assert (tmp_path / "notes.txt").read_text() == "the user's notes"
+
+
+def test_the_lock_is_taken_where_the_system_has_no_o_nofollow(tmp_path, monkeypatch):
+    """os.O_NOFOLLOW is not on every platform: without it the lock is opened read-write as before and
+    names its holder."""
+    import socket
+
+    from gptspeed.checkpoint.folder import RunLock
+
+    monkeypatch.delattr(os, "O_NOFOLLOW", raising=False)
+    lock = RunLock(tmp_path).acquire()
+    try:
+        assert (tmp_path / LOCK_NAME).read_text() == f"pid {os.getpid()} on {socket.gethostname()}"
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl"])
+def test_a_folder_under_the_name_of_a_runs_own_file_is_refused_beside_checkpoints(tmp_path, name):
+    """Beside a checkpoint the folder counts as a run's (its extra entries are left alone), but a
+    folder standing where the run writes its config.json or metrics.jsonl is refused, naming it,
+    before the lock is taken."""
+    (tmp_path / "ckpt_00000002.pt").write_bytes(b"")
+    (tmp_path / name).mkdir()
+    folder = RunFolder(tmp_path, is_main=True)
+    with pytest.raises(GptspeedError) as e:
+        folder.open()
+    assert str(e.value) == (
+        f"{tmp_path / name} is not a file (a folder?), where the run writes its {name}: move it away, then run again"
+    )
+    assert not folder.opened and not (tmp_path / LOCK_NAME).exists()
+
+
 def test_a_write_probe_left_by_a_killed_start_is_not_a_foreign_file(tmp_path, monkeypatch):
     """A start killed between writing its write-test probe and removing it leaves the probe: the
     next start must not take the folder for the user's."""

@@ -134,3 +134,44 @@ def test_marking_an_unlistable_checkpoint_verified_vouches_for_no_other(tmp_path
     assert check_checkpoint(tmp_path / "ckpt_00000002.pt") == "not sealed (interrupted while saving?)", (
         "a missing checkpoint must not be taken as verified because another missing path was marked"
     )
+
+
+@pytest.mark.parametrize(
+    "extra, derived, is_run",
+    [
+        ({}, {"run_id": "abc"}, True),
+        ({"environment": {"device": "cpu"}}, {"run_id": "abc"}, True),
+        ({"source": {"hf_source": "gpt2"}}, {"run_id": "abc"}, False),
+        ({}, None, False),
+        ({}, ["abc"], False),
+    ],
+    ids=["a-runs", "with-its-environment", "an-imported-models", "no-derived", "derived-a-list"],
+)
+def test_started_run_reads_only_a_runs_own_configuration(tmp_path, extra, derived, is_run):
+    """config.json of a run that started (model, train and derived objects; environment beside them)
+    gives back its configuration and derived entries; an imported model's (it names its source), or
+    one without a derived object, is no run's start: None."""
+    from gptspeed.checkpoint import started_run
+
+    doc = {"model": {"n_layer": 2}, "train": {}, **extra}
+    if derived is not None:
+        doc["derived"] = derived
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    got = started_run(tmp_path)
+    if not is_run:
+        assert got is None, f"{doc} is not a run's configuration: started_run must return None"
+        return
+    cfg, got_derived = got
+    assert cfg.model.n_layer == 2 and cfg.preset == "custom"
+    assert got_derived == {"run_id": "abc"}
+
+
+def test_a_runs_configuration_that_cannot_be_read_back_names_the_file(tmp_path):
+    from gptspeed.checkpoint import started_run
+    from gptspeed.errors import GptspeedError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model": {"n_layer": "four"}, "train": {}, "derived": {"run_id": "abc"}}))
+    with pytest.raises(GptspeedError) as e:
+        started_run(tmp_path)
+    assert str(e.value) == f"run configuration {path}: n_layer must be int, got 'four'"

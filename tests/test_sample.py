@@ -17,6 +17,7 @@ from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import Runtime
 from gptspeed.sample import _window_inputs, generate, generate_cached, left_pad, sample_next, sample_text
+from gptspeed.step import format_bytes
 from gptspeed.tokenizer import decode, encode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -626,39 +627,71 @@ def test_max_new_tokens_goes_up_to_2_to_the_20_inclusive():
 
 
 @pytest.mark.parametrize(
-    "rows, length, shown",
-    [(3, 20, "625.97 KiB"), (2, 5, "400.58 KiB")],  # 640,992 and 410,192 bytes
-    ids=["past-block-size", "within-block-size"],
+    "rows, length, kv_cache, cache_dtype, doc_mask",
+    [
+        (3, 20, True, torch.float32, False),
+        (2, 5, True, torch.float32, False),
+        (2, 5, True, torch.bfloat16, False),
+        (2, 5, True, torch.float16, True),
+        (3, 20, False, torch.float32, False),
+    ],
+    ids=["past-block-size", "within-block-size", "bf16-cache", "fp16-cache-doc-ids", "no-cache"],
 )
-def test_rows_fit_in_exactly_the_bytes_of_their_kv_cache_ids_and_logits(monkeypatch, rows, length, shown):
-    """The documented lower bound, measured as the bytes of tensors of its shapes (on meta): per
-    layer a key and a value (rows, heads, min(length, block_size), head_dim) in fp32, the int64 ids
-    (rows, length) and one fp32 row of logits per row. Exactly that much memory fits, a byte less
-    is refused, in one line naming both amounts."""
+def test_rows_fit_in_exactly_the_bytes_generation_allocates(monkeypatch, rows, length, kv_cache, cache_dtype, doc_mask):
+    """The documented lower bound is the bytes of the tensors generate_cached allocates, measured on
+    meta from their shapes: per layer a key and a value (rows, heads, block_size, head_dim) in the
+    dtype attention computes in -- the cache is allocated whole at the prefill, however short the
+    sequences --, the int64 document ids (rows, block_size) with the document mask, the int64 token
+    ids (rows, length) and one fp32 row of logits per row; no cache without the KV cache. Exactly
+    that much memory fits, a byte less is refused, in one line naming both amounts."""
     import gptspeed.step
 
-    config = GPTConfig(block_size=16, n_layer=3, n_head=2, n_embd=32)
-    positions = min(length, config.block_size)
-    cache = torch.empty(rows, 2, positions, 16, dtype=torch.float32, device="meta")
+    config = GPTConfig(block_size=16, n_layer=3, n_head=2, n_embd=32, doc_mask=doc_mask)
+    key = torch.empty(rows, 2, config.block_size, 16, dtype=cache_dtype, device="meta")
+    seg = torch.empty(rows, config.block_size, dtype=torch.long, device="meta")
     ids = torch.empty(rows, length, dtype=torch.long, device="meta")
     logits = torch.empty(rows, 50304, dtype=torch.float32, device="meta")
-    need = 2 * config.n_layer * cache.nbytes + ids.nbytes + logits.nbytes
+    cache = (2 * config.n_layer * key.nbytes + doc_mask * seg.nbytes) if kv_cache else 0
+    need = cache + ids.nbytes + logits.nbytes
     assert config.vocab_size == 50304
     memory = []
     monkeypatch.setattr(gptspeed.step, "device_memory_available", lambda device: (memory[-1], "free on the GPU"))
     cpu = torch.device("cpu")
+
+    def check():
+        sample_mod.check_rows_fit(config, rows, length, cpu, kv_cache=kv_cache, cache_dtype=cache_dtype)
+
     memory.append(need)
-    sample_mod.check_rows_fit(config, rows, length, cpu)
+    check()
     memory.append(need - 1)
     with pytest.raises(GptspeedError, match=f"^sampling {rows} rows of up to {length} tokens needs at least "):
-        sample_mod.check_rows_fit(config, rows, length, cpu)
+        check()
     memory.append(1000)
     with pytest.raises(GptspeedError) as e:
-        sample_mod.check_rows_fit(config, rows, length, cpu)
+        check()
+    what = "KV cache and logits" if kv_cache else "token ids and logits"
     assert str(e.value) == (
-        f"sampling {rows} rows of up to {length} tokens needs at least {shown} (KV cache and logits), "
+        f"sampling {rows} rows of up to {length} tokens needs at least {format_bytes(need)} ({what}), "
         "more than the 1000 B free on the GPU: lower --num-samples, the number of prompts or --max-new-tokens"
     )
+
+
+@pytest.mark.parametrize("dtype, kv_cache, cache_dtype", [("bfloat16", True, torch.bfloat16), ("float32", False, None)])
+def test_sample_text_checks_the_memory_of_the_cache_it_will_make(monkeypatch, dtype, kv_cache, cache_dtype):
+    """sample_text asks check_rows_fit about its rows (prompts x samples), their longest length (the
+    longest prompt's tokens plus the new ones) and the cache it will make: one in the autocast dtype,
+    or none with kv_cache False."""
+    asked = []
+    monkeypatch.setattr(sample_mod, "check_rows_fit", lambda *a, **k: asked.append((a[1:3], k)))
+    prompts = ["Hi", "Hello there"] if kv_cache else ["Hi", "Hi"]  # the cache-free path pads nothing
+    sample_text(
+        loaded=loaded(), prompts=prompts, num_samples=3, max_new_tokens=2, device="cpu", dtype=dtype,
+        kv_cache=kv_cache, out=io.StringIO(),
+    )  # fmt: skip
+    length = max(len(encode(p)) for p in prompts) + 2
+    assert asked[0][0] == (6, length)
+    assert asked[0][1]["kv_cache"] is kv_cache
+    assert not kv_cache or asked[0][1]["cache_dtype"] == cache_dtype
 
 
 def test_load_any_model_of_a_hugging_face_folder_says_so_and_puts_it_on_the_runtimes_device(tmp_path):

@@ -241,21 +241,29 @@ def check_sample_arguments(prompts, *, max_new_tokens, temperature, top_k, num_s
         raise GptspeedError(f"--max-new-tokens must be at most {MAX_NEW_TOKENS:,}, got {max_new_tokens:,}")
 
 
-def check_rows_fit(config, rows: int, length: int, device: torch.device) -> None:
+def check_rows_fit(
+    config, rows: int, length: int, device: torch.device, *, kv_cache: bool = True, cache_dtype=torch.float32
+) -> None:
     """GptspeedError (one line) when ``rows`` sequences of up to ``length`` tokens cannot be sampled
-    in the memory ``device`` has: the KV cache (keys and values of every layer, fp32, up to
-    ``block_size`` positions), the token ids and a row of logits each -- a lower bound; a
-    ``--num-samples`` of millions was killed by the kernel's OOM killer."""
+    in the memory ``device`` has -- a lower bound: with ``kv_cache``, the cache
+    :func:`generate_cached` allocates whole at the prefill (a key and a value ``(rows, n_head,
+    block_size, head_dim)`` per layer in ``cache_dtype``, the dtype attention computes in: fp32, or
+    bf16/fp16 under autocast; the document ids ``(rows, block_size)`` int64 with ``doc_mask``); the
+    token ids ``(rows, length)`` int64 and one fp32 row of logits per row. A ``--num-samples`` of
+    millions was killed by the kernel's OOM killer."""
     from gptspeed.step import device_memory_available, format_bytes
 
-    positions = min(length, config.block_size)
-    need = rows * (4 * 2 * config.n_layer * positions * config.n_embd + 8 * length + 4 * config.vocab_size)
+    cache = 0
+    if kv_cache:
+        element = torch.empty((), dtype=cache_dtype).element_size()
+        cache = config.block_size * (element * 2 * config.n_layer * config.n_embd + 8 * config.doc_mask)
+    need = rows * (cache + 8 * length + 4 * config.vocab_size)
     available, what = device_memory_available(device)
     if available is not None and need > available:
         raise GptspeedError(
             f"sampling {rows:,} rows of up to {length:,} tokens needs at least {format_bytes(need)} "
-            f"(KV cache and logits), more than the {format_bytes(available)} {what}: lower "
-            "--num-samples, the number of prompts or --max-new-tokens"
+            f"({'KV cache and logits' if kv_cache else 'token ids and logits'}), more than the "
+            f"{format_bytes(available)} {what}: lower --num-samples, the number of prompts or --max-new-tokens"
         )
 
 
@@ -307,7 +315,11 @@ def sample_text(
         raise GptspeedError("a --prompt encodes to no tokens: give some text")
     rt = resolve_runtime(device, dtype, compile=compile)
     model, info = loaded if loaded is not None else load_any_model(rt, run, init_from)
-    check_rows_fit(unwrap(model).config, len(prompts) * num_samples, max(map(len, encoded)) + max_new_tokens, rt.device)
+    length = max(map(len, encoded)) + max_new_tokens
+    cache_dtype = rt.autocast_dtype or torch.float32
+    check_rows_fit(
+        unwrap(model).config, len(prompts) * num_samples, length, rt.device, kv_cache=kv_cache, cache_dtype=cache_dtype
+    )
     rows = [(p, e) for p, e in zip(prompts, encoded) for _ in range(num_samples)]
     idx, pad = left_pad([e for _, e in rows], device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(seed)

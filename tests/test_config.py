@@ -350,3 +350,26 @@ def test_head_lr_needs_an_untied_head_and_every_group_rate_is_positive():
             preset("pico").override(dict(base, tie_embeddings=False, **{flag: 0.0})).validate()
     with pytest.raises(GptspeedError, match="--muon-momentum-start must be in"):
         preset("pico").override(dict(base, muon_momentum_start=1.5)).validate()
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"train": {"lr": 0.1}}, "run.json: unknown setting 'lr' (a setting of the 'optim' group)"),
+        ({"model": {"max_steps": 3}}, "run.json: unknown setting 'max_steps' (a setting of the 'train' group)"),
+        ({"optim": {"lrr": 0.1}}, "run.json: unknown setting 'lrr' (did you mean 'lr'?)"),
+    ],
+)
+def test_a_setting_in_the_wrong_group_of_a_configuration_names_its_group(doc, message):
+    """A configuration (config.json, a checkpoint's) with a setting under another group is refused in
+    one line naming the group it belongs to; a misspelt one gets the nearest name."""
+    with pytest.raises(GptspeedError) as e:
+        RunConfig.from_dict(doc, "run.json")
+    assert str(e.value) == message
+
+
+def test_a_configuration_ignores_what_is_not_a_setting_and_defaults_what_is_missing():
+    """derived, environment and an imported model's source sit beside the groups in config.json: not
+    settings, ignored; a missing group takes its defaults."""
+    cfg = RunConfig.from_dict({"model": {"n_layer": 3}, "derived": {}, "environment": {}, "source": {}}, "run.json")
+    assert cfg.model.n_layer == 3 and cfg.optim == RunConfig().optim and cfg.preset == "custom"

@@ -698,8 +698,10 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: Any, source: str = "configuration") -> RunConfig:
         """Rebuild from :meth:`to_dict` output (a checkpoint's or config.json's). Raises
-        GptspeedError naming ``source`` for anything malformed: not a dict, unknown or missing
-        groups or fields, values of the wrong type."""
+        GptspeedError naming ``source`` for anything malformed: not a dict, a group that is not an
+        object, an unknown field (or one of another group), a value of the wrong type. A missing
+        group or field takes its default; top-level keys other than the four groups and ``preset``
+        (``derived``, ``environment``, an imported model's ``source``) are not settings: ignored."""
         if not isinstance(d, dict):
             raise GptspeedError(f"{source}: expected a JSON object, got {type(d).__name__}")
         groups = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
@@ -938,7 +940,12 @@ def _typed(cls, name: str, value: Any, source: str, context: bool = True) -> Any
     ``source`` being the flag, and a float's range left to :func:`check_fields`)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
-        raise GptspeedError(f"{source}: unknown setting {_show(name)}{did_you_mean(str(name)[:100])}"[:300])
+        groups = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
+        home = [
+            g for g, c in groups.items() if cls in groups.values() and name in {f.name for f in dataclasses.fields(c)}
+        ]
+        hint = f" (a setting of the '{home[0]}' group)" if home else did_you_mean(str(name)[:100])
+        raise GptspeedError(f"{source}: unknown setting {_show(name)}{hint}"[:300])
     if value is None and _accepts_none(cls, name):
         return None
     if value == "auto" and fields[name].metadata.get("parse") == "batch_size":

@@ -82,12 +82,22 @@ STATUS = {
 #: of a mutated function while it records which tests reach which function) made a no-op: only
 #: its dependency tracking reads it, which is off here, and under CPython 3.11 it segfaulted the
 #: stats pass now and then in tests that drain generators (gptspeed.data.loader.iter_eval_batches).
+#: And its record of a hit hidden from torch.compile: traced in a compiled test, it put a guard on
+#: mutmut's set of hits that failed on the frame that made it (a compiled training's stats pass failed
+#: on unmutated code, 2026-11-28); disabled for dynamo it is a graph break, in the stats pass only.
 MUTMUT = """
 import sys
 from mutmut.core import MutmutCallStack
 MutmutCallStack.get = classmethod(lambda cls: (None, 0))
 MutmutCallStack.set = classmethod(lambda cls, value: None)
 MutmutCallStack.reset = classmethod(lambda cls, token: None)
+import mutmut.mutation.trampoline as trampoline
+record_hit = trampoline.record_trampoline_hit
+try:  # torch.compile must not trace the stats pass's record of a hit (it guards on the set of hits and fails)
+    import torch._dynamo
+    trampoline.record_trampoline_hit = torch._dynamo.disable(lambda name, caller=None: record_hit(name, caller))
+except ImportError:
+    pass
 from mutmut.__main__ import cli
 sys.argv[0] = "mutmut"
 cli()

@@ -559,6 +559,16 @@ def test_the_data_softmax_takes_the_unused_head_rows_out_of_the_flops_per_token(
     )
 
 
+def test_value_embeddings_are_lookups_left_out_of_the_flops_per_token():
+    """``value_embeds`` = 1 on 2 layers adds a (V, C) lookup table, which multiplies nothing, and two gates in each of
+    the 2 layers it mixes into (the first and the last), which do: 4 weights, 6 FLOPs each a token (6N), the
+    attention term unchanged."""
+    plain = GPT(small_one_layer(n_layer=2))
+    ve = GPT(small_one_layer(n_layer=2, value_embeds=1))
+    assert ve.num_params() - plain.num_params() == ve.config.vocab_size * ve.config.n_embd + 4
+    assert ve.flops_per_token(8) - plain.flops_per_token(8) == 6 * 4
+
+
 # ------------------------------------------------------------------ what the switches do to the outputs
 def test_rope_makes_the_output_depend_on_the_order_of_the_tokens_before():
     """Causal attention with no position information is blind to the order of earlier tokens: the

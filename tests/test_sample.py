@@ -666,6 +666,9 @@ def test_rows_fit_in_exactly_the_bytes_generation_allocates(monkeypatch, rows, l
     memory.append(need - 1)
     with pytest.raises(GptspeedError, match=f"^sampling {rows} rows of up to {length} tokens needs at least "):
         check()
+    if kv_cache and cache_dtype == torch.float32 and not doc_mask:  # the defaults: the KV cache, in fp32
+        with pytest.raises(GptspeedError, match=r"\(KV cache and logits\)"):
+            sample_mod.check_rows_fit(config, rows, length, cpu)
     memory.append(1000)
     with pytest.raises(GptspeedError) as e:
         check()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import types
 
@@ -11,7 +12,7 @@ import torch
 
 import gptspeed.data.loader as loader_mod
 from gptspeed.data.loader import TokenLoader, eval_batches_per_rank, eval_schedule, iter_eval_batches, to_device
-from gptspeed.data.shards import MappedShard, write_shard
+from gptspeed.data.shards import MappedShard, ShardError, shard_fingerprint, write_shard
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN
 
@@ -279,8 +280,13 @@ def test_a_state_from_before_the_batch_counter_resumes_from_epoch_shard_and_posi
         assert torch.equal(a.next_batch()[0], b.next_batch()[0])
 
 
-def test_a_state_without_its_sampling_field_is_sequential(shards_uneven):
-    state = {k: v for k, v in advanced(TokenLoader(shards_uneven, B, T), 4).state_dict().items() if k != "sampling"}
+@pytest.mark.parametrize(
+    "field, other", [("sampling", {"sampling": "random"}), ("align_to_docs", {"align_to_docs": True})]
+)
+def test_a_state_without_a_later_field_was_sequential_and_unaligned(shards_uneven, field, other):
+    """States saved before ``sampling`` / ``align_to_docs`` were recorded were taken sequential and not aligned to
+    documents: such a state resumes a loader of the defaults and is refused by one sampling randomly or aligned."""
+    state = {k: v for k, v in advanced(TokenLoader(shards_uneven, B, T), 4).state_dict().items() if k != field}
     b = TokenLoader(shards_uneven, B, T)
     b.load_state_dict(state)
     assert b.batches == 4
@@ -290,7 +296,7 @@ def test_a_state_without_its_sampling_field_is_sequential(shards_uneven):
         r"shape \(different shards, batch size, sequence length, world size, "
         r"sampling, seed or --align-to-docs\)$",
     ):
-        TokenLoader(shards_uneven, B, T, sampling="random").load_state_dict(state)
+        TokenLoader(shards_uneven, B, T, **other).load_state_dict(state)
 
 
 def test_the_seed_matters_to_random_sampling_only(shards_uneven):
@@ -319,6 +325,53 @@ def test_to_device_copies_to_a_device_that_is_not_the_cpu():
     assert t.dtype == torch.int64 and t.tolist() == [0, 1, 2, 3, 4]
     m = to_device(buf, torch.device("meta"))  # meta: no data, but it shows where the tensor went
     assert m.device.type == "meta" and m.shape == (5,) and m.dtype == torch.int64
+
+
+def test_rows_to_xy_splits_rows_into_inputs_and_shifted_targets_on_the_device():
+    """Rows ``(B, T + 1)`` -> x = each row's first T tokens, y = its last T; on the CPU as they are, on another device
+    (meta: no data, but it shows where the tensors went) copied there."""
+    t = torch.arange(10).view(2, 5)
+    x, y = loader_mod.rows_to_xy(t, torch.device("cpu"))
+    assert x.tolist() == [[0, 1, 2, 3], [5, 6, 7, 8]] and y.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
+    mx, my = loader_mod.rows_to_xy(t, torch.device("meta"))
+    assert mx.device.type == my.device.type == "meta" and mx.shape == my.shape == (2, 4), (mx, my)
+
+
+def test_a_shard_whose_tokens_changed_but_not_its_length_is_refused_with_expect(tmp_path):
+    """``expect`` (tokens, fingerprint) per shard: a shard rewritten under the run with as many tokens but other ones
+    is a ShardError when first opened, in one line naming it; without ``expect`` only the length is checked."""
+    path = _shard_of(tmp_path, 40, "train_000000.bin")
+    expect = [(40, shard_fingerprint(path))]
+    loader, unchecked = TokenLoader([path], B, T, expect=expect), TokenLoader([path], B, T)
+    write_shard(path, np.arange(40) % 1000 + 1)  # the same length, other tokens
+    with pytest.raises(ShardError) as e:
+        loader.next_batch()
+    assert str(e.value) == (
+        f"shard {path} changed under the running job (its tokens are not those it held when the run started): it was "
+        "re-prepared or replaced; put the run's data back to --resume, or start a new run on the new data"
+    )
+    assert unchecked.next_batch()[0].flatten().tolist() == list(range(1, 17))
+
+
+def test_the_fingerprint_checked_is_that_of_the_tokens_mapped_not_of_the_path_reopened(tmp_path, monkeypatch):
+    """The shard mapped holds other tokens than the run started on, and the original is put back under its path right
+    after the loader opened it: the loader reads the mapped tokens, so it must refuse them (a fingerprint of the file
+    the path names a moment later would pass the wrong tokens)."""
+    path = _shard_of(tmp_path, 40, "train_000000.bin")
+    expect = [(40, shard_fingerprint(path))]
+    original = path.read_bytes()
+    write_shard(path, np.arange(40) % 1000 + 1)  # the same length, other tokens
+
+    def open_then_restore(p):
+        shard = MappedShard(p)  # maps the changed file; the path then names the original again
+        (tmp_path / "restore.bin").write_bytes(original)
+        os.replace(tmp_path / "restore.bin", p)
+        return shard
+
+    monkeypatch.setattr(loader_mod, "MappedShard", open_then_restore)
+    loader = TokenLoader([path], B, T, expect=expect)
+    with pytest.raises(ShardError, match="its tokens are not those it held when the run started"):
+        loader.next_batch()
 
 
 def test_epoch_progress_is_the_consumed_fraction_of_this_epoch(shards_uneven):
@@ -633,6 +686,27 @@ def test_aligned_rows_start_at_a_document_or_go_on_with_a_long_one_and_skip_only
     after = first if first - ends[-1] < T else ends[-1]
     assert after + T + 1 > len(tokens)
     assert loader_mod.doc_aligned_rows(tokens[:3], T).size == 0  # no document start: no row
+
+
+@pytest.mark.parametrize(
+    "tokens, want",
+    [
+        # a document start at 1; row [1, 5] ends at 5, a document starts there: next row at 5; row [5, 9] ends at 9,
+        # inside a long document (next start 15, 6 >= T away): next row at 9; row [9, 13], the start at 15 is 2 < T
+        # away: 13, 14 skipped, next row at 15, which ends exactly at the shard's end (15 + T + 1 = 20 tokens)
+        ([9, EOT_TOKEN, 1, 2, 3, EOT_TOKEN, 1, 2, 3, 4, 5, 6, 7, 8, 9, EOT_TOKEN, 1, 2, 3, 4], [1, 5, 9, 15]),
+        ([9, EOT_TOKEN, 1, 2, 3, EOT_TOKEN, 1, 2, 3, 4, 5, 6, 7, 8, 9, EOT_TOKEN, 1, 2, 3], [1, 5, 9]),  # 1 short
+        ([EOT_TOKEN, 1, 2, 3, 4], [0]),  # one row, exactly T + 1 tokens
+        ([EOT_TOKEN, 1, 2, 3], []),  # T tokens: no row
+        ([1, 2, 3, 4, 5, 6, 7, 8, 9], []),  # no document start: no row
+    ],
+    ids=["long-doc-short-tail-exact-end", "last-row-one-short", "exactly-one-row", "too-short", "no-document"],
+)
+def test_aligned_rows_worked_out_by_hand_are_int64_offsets(tokens, want):
+    """``doc_aligned_rows`` at T = 4 (rows of 5 tokens) on token lists whose rows are worked out by hand, and the
+    documented int64 offsets, also when there is no row."""
+    rows = loader_mod.doc_aligned_rows(np.array(tokens, dtype=np.uint16), 4)
+    assert rows.tolist() == want and rows.dtype == np.int64, (rows, rows.dtype)
 
 
 def test_an_aligned_loader_reads_rows_from_document_starts_split_by_rank_and_counts_their_documents(tmp_path):

@@ -704,9 +704,8 @@ class RunConfig:
         (``derived``, ``environment``, an imported model's ``source``) are not settings: ignored."""
         if not isinstance(d, dict):
             raise GptspeedError(f"{source}: expected a JSON object, got {type(d).__name__}")
-        groups = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
         built = {}
-        for name, cls_ in groups.items():
+        for name, cls_ in GROUPS.items():
             values = d.get(name, {})
             if not isinstance(values, dict):
                 raise GptspeedError(f"{source}: '{name}' must be an object, got {type(values).__name__}")
@@ -940,9 +939,8 @@ def _typed(cls, name: str, value: Any, source: str, context: bool = True) -> Any
     ``source`` being the flag, and a float's range left to :func:`check_fields`)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if name not in fields:
-        groups = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
         home = [
-            g for g, c in groups.items() if cls in groups.values() and name in {f.name for f in dataclasses.fields(c)}
+            g for g, c in GROUPS.items() if cls in GROUPS.values() and name in {f.name for f in dataclasses.fields(c)}
         ]
         hint = f" (a setting of the '{home[0]}' group)" if home else did_you_mean(str(name)[:100])
         raise GptspeedError(f"{source}: unknown setting {_show(name)}{hint}"[:300])

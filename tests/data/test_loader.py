@@ -758,3 +758,26 @@ def test_aligned_rows_too_few_for_a_micro_batch_are_one_line(tmp_path):
     write_shard(path, np.array([7, 8, EOT_TOKEN] + [5] * (T + 1)))  # one row
     with pytest.raises(GptspeedError, match="--align-to-docs: the train split has fewer rows"):
         TokenLoader([path], B, T, align_to_docs=True)
+
+
+def test_an_aligned_batch_with_a_token_id_past_the_vocabulary_names_that_rows_token(tmp_path):
+    """``align_to_docs`` rows need not be adjacent in the shard: an id >= ``max_token_id`` in rank 1's second row is
+    refused in one line naming the shard and the token's own place (its row's start + its column), not an offset
+    counted through the stacked rows."""
+    rng = np.random.default_rng(4)
+    tokens = documents_of(rng, rng.integers(2, 3 * T, 60))
+    rows = loader_mod.doc_aligned_rows(tokens, T)
+    p, col = int(rows[B + 1]), T - 2  # rank 1's second row of the first job batch
+    assert tokens[p + col] != EOT_TOKEN and tokens[:p].size
+    tokens[p + col] = 50300
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, tokens)
+    assert rows[B + 1] != rows[B] + T + 1, "the rows must not be adjacent for this test to tell the offsets apart"
+    loader = TokenLoader([path], B, T, rank=1, world_size=2, align_to_docs=True, max_token_id=50257)
+    with pytest.raises(GptspeedError) as e:
+        loader.next_batch()
+    assert str(e.value).startswith(f"{path}: token id 50300 at token {p + col:,} is not below the vocabulary size "), (
+        e.value
+    )
+    ok = TokenLoader([path], B, T, rank=0, world_size=2, align_to_docs=True, max_token_id=50257)
+    assert ok.next_batch()[0].shape == (B, T)  # rank 0's rows hold no bad id

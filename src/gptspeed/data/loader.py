@@ -28,13 +28,17 @@ from gptspeed.tokenizer import EOT_TOKEN
 SAMPLING = ("sequential", "random")
 
 
-def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offset: int) -> None:
-    """GptspeedError naming the shard if ``buf`` holds an id >= ``max_token_id`` (it would index
-    past the embedding: a crash deep inside torch on CPU, a device-side assert on CUDA)."""
+def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offset: int | np.ndarray) -> None:
+    """GptspeedError naming the shard and the first bad token if ``buf`` holds an id >= ``max_token_id``
+    (it would index past the embedding: a crash deep inside torch on CPU, a device-side assert on
+    CUDA). ``buf``: 1-D tokens starting at token ``offset`` of the shard, or 2-D rows ``(B, T+1)``
+    with ``offset`` the shard offset of each row's first token (``--align-to-docs``: rows need not
+    be adjacent)."""
     if max_token_id is not None and buf.size and int(buf.max()) >= max_token_id:
-        bad = int(np.argmax(buf >= max_token_id))
+        where = np.unravel_index(int(np.argmax(buf >= max_token_id)), buf.shape)
+        at = offset + where[0] if buf.ndim == 1 else int(offset[where[0]]) + where[1]
         raise GptspeedError(
-            f"{path}: token id {int(buf[bad])} at token {offset + bad:,} is not below the vocabulary size "
+            f"{path}: token id {int(buf[where])} at token {int(at):,} is not below the vocabulary size "
             f"{max_token_id}: the shard was not made with the GPT-2 tokenizer, or is corrupted"
         )
 
@@ -257,8 +261,9 @@ class TokenLoader:
         starts = self._rows[s][i * B * self.world_size : (i + 1) * B * self.world_size]
         rows = [shard.window(p, p + T + 1) for p in starts]  # every rank's, for the job's document count
         docs = sum(int(np.count_nonzero(r[:T] == EOT_TOKEN)) for r in rows)
-        buf = np.stack(rows[self.rank * B : (self.rank + 1) * B])
-        check_token_ids(buf, self.max_token_id, self.shards[s], int(starts[self.rank * B]))
+        mine = slice(self.rank * B, (self.rank + 1) * B)
+        buf = np.stack(rows[mine])
+        check_token_ids(buf, self.max_token_id, self.shards[s], starts[mine])
         return host_tensor(buf, self.device), docs
 
     # -------------------------------------------------------------- background threads

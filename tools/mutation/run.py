@@ -588,7 +588,7 @@ def main() -> int:
     ap.add_argument(
         "--survivors",
         action="store_true",
-        help="retest only the survivors of the run kept in .mutation/ (implies --resume)",
+        help="retest only the survivors and timeouts of the run kept in .mutation/ (implies --resume)",
     )
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once")
     ap.add_argument(
@@ -628,7 +628,7 @@ def main() -> int:
             n = restore_cache()
             print(f"{n} mutant results restored from {CACHE.relative_to(REPO)}", flush=True)
         if args.survivors:
-            names = [n for n, s in load_results(prefixes).items() if s == "survived"]
+            names = [n for n, s in load_results(prefixes).items() if s in ("survived", "timeout")]
             if not names:
                 print("no survivors in .mutation/ to retest")
                 return 0

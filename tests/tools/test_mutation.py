@@ -237,3 +237,30 @@ def test_the_workdir_is_emptied_only_when_the_script_made_it(tmp_path, monkeypat
     run.WORK = empty
     run.write_snapshot({"src/gptspeed/a.py": b"x = 1\n"}, fresh=True)
     assert (empty / run.MARKER).is_file() and (empty / "src/gptspeed/a.py").is_file()
+
+
+def test_survivors_are_retested_with_the_timeouts_and_only_those_a_mutant_pattern_names(tmp_path):
+    """``--survivors`` retests what survived or timed out (not the killed, nor those without tests);
+    ``--mutant GLOB`` (repeatable) narrows that to the names a pattern matches."""
+    run = load_run_py(tmp_path)
+    results = {
+        "gptspeed.optim.x_a__mutmut_1": "survived",
+        "gptspeed.optim.x_a__mutmut_2": "killed",
+        "gptspeed.optim.x_b__mutmut_1": "timeout",
+        "gptspeed.model.x_c__mutmut_3": "survived",
+        "gptspeed.model.x_c__mutmut_4": "no tests",
+    }
+    assert run.to_retest(results, []) == [
+        "gptspeed.model.x_c__mutmut_3",
+        "gptspeed.optim.x_a__mutmut_1",
+        "gptspeed.optim.x_b__mutmut_1",
+    ]
+    assert run.to_retest(results, ["gptspeed.optim.*"]) == [
+        "gptspeed.optim.x_a__mutmut_1",
+        "gptspeed.optim.x_b__mutmut_1",
+    ]
+    assert run.to_retest(results, ["*x_c__mutmut_3", "*x_b*"]) == [
+        "gptspeed.model.x_c__mutmut_3",
+        "gptspeed.optim.x_b__mutmut_1",
+    ]
+    assert run.to_retest(results, ["gptspeed.loss.*"]) == []

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import fnmatch
 import hashlib
 import json
 import os
@@ -573,6 +574,13 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def to_retest(results: dict[str, str], patterns: list[str]) -> list[str]:
+    """The mutants ``--survivors`` tests again: those that survived or timed out, only those whose name
+    matches one of the glob ``patterns`` when any are given (``--mutant``), sorted."""
+    again = (n for n, s in results.items() if s in ("survived", "timeout"))
+    return sorted(n for n in again if not patterns or any(fnmatch.fnmatchcase(n, p) for p in patterns))
+
+
 def main() -> int:
     global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -589,6 +597,14 @@ def main() -> int:
         "--survivors",
         action="store_true",
         help="retest only the survivors and timeouts of the run kept in .mutation/ (implies --resume)",
+    )
+    ap.add_argument(
+        "--mutant",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --survivors (implied): retest only the survivors whose name matches this glob (repeatable), "
+        "e.g. after a test written for them",
     )
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once")
     ap.add_argument(
@@ -615,6 +631,8 @@ def main() -> int:
     prefixes = [MODULES[m][1] for m in modules]
     full = not args.modules and not args.worktree and not args.survivors
     out_dir = HERE if (full or args.record) else WORK
+    if args.mutant:
+        args.survivors = True
     if args.survivors:
         args.resume = True
     if shutil.which("mutmut") is None:
@@ -628,7 +646,7 @@ def main() -> int:
             n = restore_cache()
             print(f"{n} mutant results restored from {CACHE.relative_to(REPO)}", flush=True)
         if args.survivors:
-            names = [n for n, s in load_results(prefixes).items() if s in ("survived", "timeout")]
+            names = to_retest(load_results(prefixes), args.mutant)
             if not names:
                 print("no survivors in .mutation/ to retest")
                 return 0

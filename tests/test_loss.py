@@ -676,6 +676,11 @@ def test_the_op_run_without_gradients_refuses_to_be_differentiated():
     assert grad_x.numel() == 0 and grad_w.numel() == 0
     with pytest.raises(RuntimeError, match=r"ran without gradients \(need_grad=False\); it cannot be differentiated"):
         loss.backward()
+    with pytest.raises(RuntimeError) as err:
+        loss_mod._fused_lce(x, w, t, 10, 8, torch.float32, False, 0.0)[0].backward()
+    assert str(err.value) == (
+        "fused_linear_cross_entropy ran without gradients (need_grad=False); it cannot be differentiated"
+    )
 
 
 def test_a_softcap_of_one_caps_the_logits_and_their_gradient():

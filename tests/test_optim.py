@@ -333,6 +333,25 @@ def test_weight_decay_only_on_matrices_and_embeddings():
     assert any(p is m.transformer.wte.weight for p in decay["params"])
 
 
+def test_per_group_rates_on_a_model_without_an_lm_head_decay_every_matrix_and_embedding():
+    """With --embed-lr / --scalar-lr set, param_groups works on any module: one without an ``lm_head`` attribute has
+    no head group; the matrices and the embeddings get ``weight_decay``, the gains and biases none, each group the
+    ``lr_mult`` of its peak rate over ``cfg.lr``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    emb, lin, norm = model
+    cfg = OptimConfig(lr=1e-3, embed_lr=0.5, scalar_lr=0.02)
+    groups = param_groups(model, 0.1, cfg)
+    got = [([id(p) for p in g["params"]], g["weight_decay"], g["lr_mult"]) for g in groups]
+    want = [
+        ([id(lin.weight)], 0.1, 1.0),
+        ([id(emb.weight)], 0.1, 0.5 / 1e-3),
+        ([id(lin.bias), id(norm.weight), id(norm.bias)], 0.0, 0.02 / 1e-3),
+    ]
+    assert [(ids, wd) for ids, wd, _ in got] == [(ids, wd) for ids, wd, _ in want]
+    assert [m for *_, m in got] == pytest.approx([m for *_, m in want])
+
+
 def test_fused_adamw_choice():
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16))
     opt, fused = build_optimizer(m, OptimConfig(), "cpu")

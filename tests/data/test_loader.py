@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import gptspeed.data.loader as loader_mod
 from gptspeed.data.loader import TokenLoader, eval_batches_per_rank, eval_schedule, iter_eval_batches, to_device
@@ -335,6 +336,38 @@ def test_rows_to_xy_splits_rows_into_inputs_and_shifted_targets_on_the_device():
     assert x.tolist() == [[0, 1, 2, 3], [5, 6, 7, 8]] and y.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
     mx, my = loader_mod.rows_to_xy(t, torch.device("meta"))
     assert mx.device.type == my.device.type == "meta" and mx.shape == my.shape == (2, 4), (mx, my)
+
+
+class _RecordTo(TorchFunctionMode):
+    """Records the arguments of every ``Tensor.to`` call made inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            self.calls.append((args[1:], kwargs))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("split", ["rows_to_xy", "to_xy"])
+def test_the_copy_of_a_batch_to_another_device_is_non_blocking(split):
+    """rows_to_xy and to_xy promise a non-blocking copy to a device that is not the CPU (the host tensor is pinned
+    on CUDA, so the host thread queues the copy and goes on preparing work); on the CPU nothing is copied."""
+    rows = torch.arange(10).view(2, 5)
+    call = {
+        "rows_to_xy": lambda d: loader_mod.rows_to_xy(rows, d),
+        "to_xy": lambda d: loader_mod.to_xy(torch.arange(9), 2, 4, d),
+    }[split]
+    with _RecordTo() as meta:
+        x, _ = call(torch.device("meta"))
+    assert x.device.type == "meta"
+    assert meta.calls and all(kw.get("non_blocking") is True for _, kw in meta.calls), meta.calls
+    with _RecordTo() as cpu:
+        call(torch.device("cpu"))
+    assert cpu.calls == []
 
 
 def test_a_shard_whose_tokens_changed_but_not_its_length_is_refused_with_expect(tmp_path):

@@ -67,6 +67,41 @@ def test_a_config_or_metrics_file_is_gptspeeds_only_in_gptspeeds_form(tmp_path, 
     assert foreign_entries(tmp_path) == ([name] if foreign else [])
 
 
+MiB, KiB = 1 << 20, 1 << 10
+
+
+@pytest.mark.parametrize("size, foreign", [(MiB, False), (MiB + 1, True)], ids=["one-MiB", "one-MiB-and-a-byte"])
+def test_a_config_json_is_read_as_gptspeeds_up_to_one_mib(tmp_path, size, foreign):
+    """A config.json is judged gptspeed's only up to 1 MiB (a run's is a few KiB; the read is bounded):
+    one of gptspeed's form padded with JSON whitespace to 1 MiB is the run's own, one byte more is foreign."""
+    text = json.dumps({"model": {}, "train": {}}).encode()
+    (tmp_path / "config.json").write_bytes(text[:-1] + b" " * (size - len(text)) + b"}")
+    assert (tmp_path / "config.json").stat().st_size == size
+    assert foreign_entries(tmp_path) == (["config.json"] if foreign else [])
+
+
+def _record_of(size: int, pad: str) -> bytes:
+    """A metrics record ``{"step": 1, "note": "..."}`` of exactly ``size`` bytes of UTF-8, its note ``pad`` repeated."""
+    head, tail, unit = b'{"step": 1, "note": "', b'"}', pad.encode()
+    n, rest = divmod(size - len(head) - len(tail), len(unit))
+    return head + unit * n + b"x" * rest + tail
+
+
+@pytest.mark.parametrize(
+    "size, pad, foreign",
+    [(64 * KiB, "x", False), (64 * KiB + 1, "x", True), (64 * KiB, "\u00e9", False), (64 * KiB + 1, "\u00e9", True)],
+    ids=["64-KiB", "64-KiB-and-a-byte", "64-KiB-of-two-byte-characters", "64-KiB-and-a-byte-of-two-byte-characters"],
+)
+def test_the_first_metrics_record_is_read_as_gptspeeds_up_to_64_kib_of_bytes(tmp_path, size, pad, foreign):
+    """metrics.jsonl is judged by its first line, read up to 64 KiB -- bytes, whatever characters they
+    encode (gptspeed's records are a few hundred bytes): a first record of 64 KiB is the run's own, one
+    of a byte more (cut short by the bounded read: not a JSON record) makes the file foreign."""
+    record = _record_of(size, pad)
+    assert len(record) == size
+    (tmp_path / "metrics.jsonl").write_bytes(record + b"\n" + b'{"step": 2}\n')
+    assert foreign_entries(tmp_path) == (["metrics.jsonl"] if foreign else [])
+
+
 def test_abandon_removes_what_the_run_wrote_folders_too_and_the_folder_it_made(tmp_path):
     run = tmp_path / "run"
     rf = _opened(run)

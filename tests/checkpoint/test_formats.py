@@ -27,6 +27,7 @@ from gptspeed.checkpoint import (
 )
 from gptspeed.checkpoint.formats import (
     DcpFormat,
+    PtFormat,
     check_room,
     load_latest,
     load_latest_run,
@@ -473,6 +474,30 @@ def test_a_checkpoint_written_in_this_process_is_known_valid_without_hashing_it_
     monkeypatch.setattr(seals, "sha256_file", lambda p: hashed.append(p) or real(p))
     assert check_checkpoint(ckpt) is None
     assert hashed == [], f"a checkpoint written and sealed here must be known valid, not hashed again; hashed {hashed}"
+
+
+@pytest.mark.parametrize("fmt", [PtFormat, DcpFormat], ids=["pt", "dcp"])
+def test_a_formats_load_leaves_verifying_to_its_caller_and_hashes_nothing(tmp_path, monkeypatch, fmt):
+    """A format's load reads the checkpoint without hashing it: Checkpointer.load is given a checkpoint
+    that find_resume_point verified already, so a resume hashes a checkpoint once, in that check -- here
+    one this process did not write (its seal touched since), which check_checkpoint would hash afresh."""
+    import gptspeed.checkpoint.seals as seals
+
+    if fmt is DcpFormat:
+        ckpt, parts, sharded = _save(tmp_path, 2), _parts(scale=0.0), {"model", "optimizer"}
+    else:
+        ckpt, parts, sharded = tmp_path / "ckpt_00000002.pt", {}, set()
+        write_checkpoint_file(ckpt, {"step": 2, "run_id": RUN_ID})
+    seal = ckpt.with_suffix(".json")
+    st = seal.stat()
+    os.utime(seal, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # not the checkpoint written here: not known valid
+    hashed = []
+    real = seals.sha256_file
+    monkeypatch.setattr(seals, "sha256_file", lambda p: hashed.append(p) or real(p))
+    rest = fmt(tmp_path, True, lambda: None, 2).load(ckpt, parts, sharded)
+    assert rest["step"] == 2 and rest["run_id"] == RUN_ID
+    assert hashed == [], f"a format's load must not hash the checkpoint (its caller verified it); it hashed {hashed}"
+    assert check_checkpoint(ckpt) is None and hashed, "the checkpoint is valid: the check hashes it"
 
 
 @pytest.mark.parametrize("optimizer, kind", [(False, "weights"), (True, "full")])

@@ -166,6 +166,28 @@ def test_started_run_reads_only_a_runs_own_configuration(tmp_path, extra, derive
     assert got_derived == {"run_id": "abc"}
 
 
+@pytest.mark.parametrize(
+    "size, is_run", [(1 << 20, True), ((1 << 20) + 1, False)], ids=["one-MiB", "one-MiB-and-a-byte"]
+)
+def test_a_runs_configuration_is_read_up_to_one_mib_as_the_folders_rules_read_it(tmp_path, size, is_run):
+    """started_run reads config.json only up to 1 MiB (a run's is a few KiB; the read is bounded), the
+    bound the run folder's rules judge it by: a run's configuration padded with JSON whitespace to 1 MiB
+    is the run's start and its own file; one byte more is no run's start (None) and a foreign file."""
+    from gptspeed.checkpoint import started_run
+    from gptspeed.checkpoint.folder import foreign_entries
+
+    text = json.dumps({"model": {"n_layer": 2}, "train": {}, "derived": {"run_id": "abc"}}).encode()
+    (tmp_path / "config.json").write_bytes(text[:-1] + b" " * (size - len(text)) + b"}")
+    assert (tmp_path / "config.json").stat().st_size == size
+    got = started_run(tmp_path)
+    if is_run:
+        assert got is not None and got[0].model.n_layer == 2 and got[1] == {"run_id": "abc"}
+        assert foreign_entries(tmp_path) == []
+    else:
+        assert got is None, "a config.json over 1 MiB must not be read as a run's start"
+        assert foreign_entries(tmp_path) == ["config.json"]
+
+
 def test_a_runs_configuration_that_cannot_be_read_back_names_the_file(tmp_path):
     from gptspeed.checkpoint import started_run
     from gptspeed.errors import GptspeedError

@@ -1268,3 +1268,138 @@ def test_a_step_at_a_shorter_sequence_length_trains_each_piece_as_its_own_sequen
     whole = step_mod.TrainStep(small(**arch), CPU)  # the full length is the plain step
     whole.model.load_state_dict(twin.state_dict())
     assert whole.forward_backward(x, y, True, seq_len=16).item() == pytest.approx(twin(x, y)[1].item(), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------ check_step's wording
+@pytest.mark.parametrize("fp8, flag", [(False, "--fp8-lm-head"), (True, "--fp8")])
+def test_a_missing_torchao_is_refused_naming_the_flag_that_asked_for_it(monkeypatch, fp8, flag):
+    """``--fp8-lm-head`` alone without torchao: the refusal names ``--fp8-lm-head`` (the flag the user gave),
+    not ``--fp8``; with both flags it names ``--fp8``."""
+    fake_packages(monkeypatch, torchao=False)
+    with pytest.raises(GptspeedError) as e:
+        step_mod.check_step(unvalidated(fp8=fp8, fp8_lm_head=True, loss="plain"), CPU, 1)
+    assert str(e.value) == f"{flag} needs torchao, which is not installed: pip install 'gptspeed[fp8]'"
+
+
+@pytest.mark.parametrize("fp8, flag", [(False, "--fp8-lm-head"), (True, "--fp8")])
+def test_the_fp8_device_refusal_names_the_flag_that_asked_for_it(torchao_installed, fp8, flag):
+    """torchao found, a CPU: the refusal is the device's (no FP8 tensor cores), in one line naming the flag
+    given -- ``--fp8-lm-head`` when only the LM head is converted, ``--fp8`` otherwise."""
+    with pytest.raises(GptspeedError) as e:
+        step_mod.check_step(unvalidated(fp8=fp8, fp8_lm_head=True, loss="plain"), CPU, 1)
+    assert str(e.value) == f"{flag} needs an NVIDIA GPU with FP8 tensor cores (H100, L4, ...); not cpu"
+
+
+@pytest.mark.parametrize("reason", ["", "float32: as asked"])
+def test_residual_bfloat16_without_bf16_autocast_is_refused_with_the_dtype_and_its_reason(reason):
+    """``--residual-dtype bfloat16`` on a float32 run: one line naming the dtype the run computes in, followed by
+    why it resolved so in parentheses when the runtime says why -- and nothing (no empty parentheses) when not."""
+    rt = dataclasses.replace(CPU, dtype_reason=reason)
+    with pytest.raises(GptspeedError) as e:
+        step_mod.check_step(unvalidated(residual_dtype="bfloat16"), rt, 1)
+    why = f" ({reason})" if reason else ""
+    assert str(e.value) == (
+        f"--residual-dtype bfloat16 needs bf16 autocast; this run computes in float32{why}: use "
+        "--dtype bfloat16, or --residual-dtype float32"
+    )
+
+
+# ------------------------------------------------------------------------------ TrainStep's options reach their parts
+@pytest.mark.parametrize("threads", [0, 3])
+def test_threads_sets_torchs_cpu_threads_before_the_model_is_built(monkeypatch, threads):
+    """``--threads N`` on a CPU run: torch.set_num_threads(N), before the model is built (its init runs on
+    them); 0 leaves PyTorch's default alone; a GPU run leaves the CPU's threads alone."""
+    events = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: events.append(("threads", n)))
+    real_build = step_mod.build_model
+    monkeypatch.setattr(step_mod, "build_model", lambda cfg, rt: events.append("build") or real_build(cfg, rt))
+    step_mod.TrainStep(small(threads=threads), CPU)
+    assert events == ([("threads", threads)] if threads else []) + ["build"]
+    events.clear()
+    monkeypatch.setattr(step_mod, "parallelize", lambda model, rt, **kw: model)
+    cuda = dataclasses.replace(CPU, device=torch.device("cuda"))
+    step_mod.TrainStep(small(threads=threads), cuda, model=Recorder([]))
+    assert events == [], "a GPU run must not change the CPU's thread count"
+
+
+def test_fp8_lm_head_converts_the_lm_head(monkeypatch, torchao_installed):
+    """``--fp8-lm-head`` alone: the model's LM head is converted and the blocks are not (torchao's conversion
+    and the GPU check are stood in for: this CPU has no FP8)."""
+    from gptspeed import fp8
+
+    converted = []
+    monkeypatch.setattr(fp8, "check_fp8_device", lambda device, flag="--fp8": None)
+    monkeypatch.setattr(fp8, "convert_to_float8", lambda model, **kw: converted.append((model, kw)) or 1)
+    step = step_mod.TrainStep(unvalidated(fp8_lm_head=True, loss="plain"), CPU)
+    assert converted == [(step.model, dict(blocks=False, lm_head=True))], converted
+
+
+def fsdp_casts(monkeypatch, cast_weights_once: bool) -> tuple[int, list[float]]:
+    """(FSDP2 weight casts, losses) over 2 steps of 2 micro-batches of a 1-block bf16 model under FSDP2 in
+    one process: a cast is a fresh unshard of an FSDP group's weights (the block's, the root's)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as pg
+
+    casts = [0]
+    real = pg.FSDPParamGroup.unshard
+
+    def counting(self, *a, **k):
+        if self._all_gather_result is None and not self.is_unsharded:
+            casts[0] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pg.FSDPParamGroup, "unshard", counting)
+    cfg = small(parallel="fsdp", dtype="bfloat16", cast_weights_once=cast_weights_once, total_batch_tokens=2 * 2 * 16)
+    torch.manual_seed(0)
+    step = step_mod.TrainStep(cfg, dataclasses.replace(CPU_BF16, parallel="fsdp"))
+    assert step.accum == 2
+    x = torch.randint(0, 100, (8, 17))
+    batches = iter([(x[i : i + 2, :-1], x[i : i + 2, 1:]) for i in range(0, 8, 2)])
+    casts[0] = 0
+    losses = [step(lambda: next(batches))[0].item() for _ in range(2)]
+    return casts[0], losses
+
+
+def test_cast_weights_once_casts_each_fsdp_groups_weights_once_a_step(monkeypatch, group_of_one):
+    """``--cast-weights-once`` (FSDP2, bf16): each FSDP group (here the block and the root) casts its weights
+    once an optimizer step -- kept from forward to backward and between micro-steps -- where without it each
+    micro-step casts every group in its forward and the block again in its backward; the losses are the same."""
+    groups, steps, micro = 2, 2, 2
+    every, losses = fsdp_casts(monkeypatch, False)
+    once, kept = fsdp_casts(monkeypatch, True)
+    assert every == (groups + 1) * micro * steps
+    assert once == groups * steps, f"{once} casts in {steps} steps: the weights must be cast once a step"
+    assert kept == losses
+
+
+class ShapeRecorder(torch.nn.Module):
+    """A stand-in model noting the ``(x, y)`` each forward is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.seen = []
+
+    def forward(self, x, y):
+        self.seen.append((x, y))
+        return None, self.w * x.float().mean()
+
+
+@pytest.mark.parametrize("batch", [2, 4])
+def test_a_step_at_a_shorter_sequence_length_hands_the_model_pieces_of_that_length(batch):
+    """``step(next_batch, seq_len=4)`` on ``(batch, 16)`` micro-batches -- including a batch of 4 rows, as many
+    as the piece's length: every micro-batch reaches the model as ``(batch * 16 / 4, 4)`` inputs and targets,
+    each row the next 4 tokens of the batch in order, the targets aligned with their inputs."""
+    model = ShapeRecorder()
+    step = step_mod.TrainStep(small(batch_size=batch, total_batch_tokens=2 * batch * 16), CPU, model=model)
+    assert step.accum == 2
+    batches = [
+        (torch.arange(batch * 16).view(batch, 16) + 100 * k, torch.arange(batch * 16).view(batch, 16) - k)
+        for k in range(2)
+    ]
+    reads = iter(batches)
+    step(lambda: next(reads), seq_len=4)
+    assert len(model.seen) == 2
+    for (x, y), (got_x, got_y) in zip(batches, model.seen):
+        want_x = torch.stack([x[r, i : i + 4] for r in range(batch) for i in range(0, 16, 4)])
+        want_y = torch.stack([y[r, i : i + 4] for r in range(batch) for i in range(0, 16, 4)])
+        assert torch.equal(got_x, want_x) and torch.equal(got_y, want_y), (got_x.shape, got_y.shape)

@@ -1195,6 +1195,17 @@ def test_the_padding_is_masked_in_the_heads_output_or_in_a_new_tensor_for_a_head
         assert not W.grad[50257:].any()
 
 
+def test_a_head_returning_a_view_masks_the_padding_on_the_logits_device():
+    """The padding mask of a head marked ``returns_view`` (gptspeed.fp8's, on an accelerator) is made on the
+    logits' device, not on the default one: a model whose weights live off the CPU (here the meta device)
+    gets its ``(..., vocab_size)`` logits back on that device."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**dict(TINY_MODEL, block_size=16)))
+    model.lm_head.returns_view = True
+    logits = model.logits(torch.empty(2, 3, 32, device="meta"))
+    assert logits.device.type == "meta" and logits.shape == (2, 3, 50304)
+
+
 @pytest.mark.parametrize("kw", [{}, dict(tie_embeddings=False)], ids=["tied", "untied"])
 def test_zero_init_makes_every_block_the_identity_so_the_model_is_its_embeddings_norm_and_head(kw):
     """--zero-init-proj (the modded-nanogpt speedrun's): at initialisation the blocks' output
@@ -1292,6 +1303,58 @@ def test_value_embedding_i_goes_to_block_i_and_to_block_n_minus_n_plus_i_and_no_
         GPTConfig(**dict(TINY_MODEL, n_layer=5, value_embeds=3)).validate()
 
 
+def test_value_embedding_gates_start_at_one_half_each():
+    """Every layer mixing a value embedding starts with the gates ``ve_gates`` = (0.5, 0.5) (the speedrun's):
+    a fresh layer's values are ``0.5 * v + 0.5 * E[idx]``."""
+    model = tiny(value_embeds=1, block_size=16)
+    for block in model.transformer.h:
+        assert torch.equal(block.attn.ve_gates.detach(), torch.tensor([0.5, 0.5]))
+
+
+def test_under_bf16_autocast_the_value_embedding_gates_multiply_in_bf16_and_get_the_bf16_products_gradients():
+    """Under bf16 autocast the values are bf16, and so is their mix: ``v' = bf16(g0) * v + bf16(g1) * bf16(E[idx])``,
+    then causal attention and the output projection; its backward multiplies the values' gradient by the same bf16
+    gates. Output and every weight's gradient (the gates' bf16 numbers, cast to the fp32 gates) are those of a
+    hand-written mix in bf16, to the bit."""
+    model = tiny(value_embeds=1, block_size=16)
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():
+        attn.ve_gates.copy_(torch.tensor([0.7, -1.3]))
+    idx = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(2))
+    ve = model.transformer.ve[0](idx).detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attn(x, ve=ve)
+    names, weights = zip(*attn.named_parameters())
+    grads = torch.autograd.grad(got.float().square().sum(), weights)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = attn.c_attn(x).split(32, dim=2)
+        g = attn.ve_gates.to(torch.bfloat16)
+        v = g[0] * v + g[1] * ve.to(torch.bfloat16)
+        heads = lambda t: t.view(2, 12, 2, 16).transpose(1, 2)  # noqa: E731
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        want = attn.c_proj(y.transpose(1, 2).reshape(2, 12, 32))
+    want_grads = torch.autograd.grad(want.float().square().sum(), weights)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    for name, grad, want_grad in zip(names, grads, want_grads):
+        assert torch.equal(grad, want_grad), f"the gradient of {name}"
+    gates = grads[names.index("ve_gates")]
+    assert torch.equal(gates, gates.to(torch.bfloat16).float())  # bf16 numbers, cast to the fp32 gates
+
+
+def test_under_bf16_autocast_the_kv_cache_of_value_embedding_layers_holds_bf16():
+    """A layer mixing a value embedding (fp32, a lookup) into its bf16 values keeps bf16 values: the cache it
+    fills under bf16 autocast holds keys and values in bf16, the dtype attention computes in (the memory
+    check of sampling counts 2 bytes an element)."""
+    from gptspeed.model import KVCache
+
+    model = tiny(value_embeds=1, block_size=16).eval()
+    cache = KVCache(2, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.tensor([[1, 2, 3]]), kv=cache)
+    assert {t.dtype for t in (*cache.k, *cache.v)} == {torch.bfloat16}
+
+
 @pytest.mark.parametrize("n_layer", [4, 5])
 def test_unet_skips_add_each_first_half_output_to_its_mirror_block_by_its_weight(n_layer):
     """U-net skips (Ronneberger et al. 2015, as the speedrun wires its blocks): with ``h = n_layer // 2``
@@ -1311,6 +1374,35 @@ def test_unet_skips_add_each_first_half_output_to_its_mirror_block_by_its_weight
         outs.append(x)
     torch.testing.assert_close(model.hidden_states(idx), model.transformer.ln_f(x))
     assert model.skip_weights.shape == (n_layer // 2,)
+
+
+def test_under_a_bf16_stream_the_skip_weight_gets_the_gradient_of_its_bf16_product():
+    """With ``residual_dtype="bfloat16"`` under bf16 autocast the skip ``w * output(0)`` is added to the bf16
+    stream as a bf16 product, ``bf16(w) * output(0)``, and the backward multiplies the stream's gradient by the
+    same bf16 weight: the loss and every weight's gradient (the skip weight's a bf16 number) are those of a
+    hand-written forward of the 2 blocks, to the bit."""
+    model = tiny(unet_skips=True, residual_dtype="bfloat16", block_size=16)
+    with torch.no_grad():
+        model.skip_weights.fill_(0.7)
+    idx = torch.randint(0, 50257, (2, 9), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, 50257, (2, 9), generator=torch.Generator().manual_seed(2))
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    loss = lambda h: F.cross_entropy(model.logits(h).float().flatten(0, 1), targets.flatten())  # noqa: E731
+    with bf16():
+        got = loss(model.hidden_states(idx))
+    names, weights = zip(*model.named_parameters())
+    grads = torch.autograd.grad(got, weights)
+    with bf16():
+        x = (model.transformer.wte(idx) + model.transformer.wpe(torch.arange(9))).to(torch.bfloat16)
+        x = model.transformer.h[0](x)
+        x = x + model.skip_weights[0].to(torch.bfloat16) * x
+        want = loss(model.transformer.ln_f(model.transformer.h[1](x)))
+    want_grads = torch.autograd.grad(want, weights)
+    assert torch.equal(got, want)
+    for name, grad, want_grad in zip(names, grads, want_grads):
+        assert torch.equal(grad, want_grad), f"the gradient of {name}"
+    skip = grads[names.index("skip_weights")]
+    assert torch.equal(skip, skip.to(torch.bfloat16).float())  # a bf16 number, cast to the fp32 weight
 
 
 def test_the_speedruns_logit_rescale_30_sigmoid_over_7_5_is_the_soft_cap_of_15():
@@ -1468,6 +1560,19 @@ def test_the_window_is_refused_in_one_line_past_the_sequence_length_and_by_expor
     with pytest.raises(ValueError, match="outside 1 .. 8"):
         model.set_attn_window(9)
     assert GPTConfig(**dict(TINY_MODEL, attn_window=8)).buffer_bytes() == 8 == model.attn_window_now.element_size()
+
+
+def test_the_attention_window_in_effect_is_not_saved():
+    """The training window (``set_attn_window``) is a pure function of the step: not in the state dict, whose
+    keys are those of the same model without ``attn_window``; a model loading it keeps its own window."""
+    model = tiny(attn_window=8, block_size=16)
+    model.set_attn_window(3)
+    state = model.state_dict()
+    assert "attn_window_now" not in state
+    assert set(state) == set(tiny(block_size=16).state_dict())
+    fresh = tiny(attn_window=8, block_size=16)
+    fresh.load_state_dict(state)
+    assert int(fresh.attn_window_now) == 8 and int(model.attn_window_now) == 3
 
 
 def test_a_run_whose_window_grows_across_the_resume_point_resumes_to_the_bit(shakespeare_data, tmp_path):

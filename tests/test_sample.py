@@ -618,6 +618,28 @@ def test_prompts_must_be_a_list_or_tuple_of_texts(prompts):
     sample_mod.check_sample_arguments(("a",), **OK_ARGS)
 
 
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("prompts", "prompts must be a list of texts, got "),
+        ("max_new_tokens", "--max-new-tokens must be an integer, got "),
+        ("top_k", "--top-k must be an integer, got "),
+        ("num_samples", "--num-samples must be an integer, got "),
+        ("temperature", "--temperature must be a number (0: greedy), got "),
+        ("kv_cache", "kv_cache must be True or False, got "),
+    ],
+    ids=["prompts", "max_new_tokens", "top_k", "num_samples", "temperature", "kv_cache"],
+)
+def test_a_value_of_the_wrong_type_with_a_long_repr_is_cut_to_a_300_character_line(name, message):
+    """A wrong-type argument is named in one line, its repr cut so the whole message is at most 300 characters:
+    a huge value does not flood the error."""
+    value = ["a", 7] * 100 if name == "prompts" else "x" * 400  # a repr of 800 / 402 characters
+    kw = {**OK_ARGS, **({} if name == "prompts" else {name: value})}
+    with pytest.raises(GptspeedError) as e:
+        sample_mod.check_sample_arguments(value if name == "prompts" else ["a"], **kw)
+    assert str(e.value) == (message + repr(value))[:300] and len(str(e.value)) == 300
+
+
 def test_max_new_tokens_goes_up_to_2_to_the_20_inclusive():
     """The documented range is 0..MAX_NEW_TOKENS, a bound included: 2**20 = 1,048,576."""
     sample_mod.check_sample_arguments(["a"], **{**OK_ARGS, "max_new_tokens": 2**20})

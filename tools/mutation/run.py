@@ -629,10 +629,10 @@ def main() -> int:
         ap.error(f"unknown module(s) {', '.join(unknown)}; the core modules: {', '.join(MODULES)}")
     modules = args.modules or list(MODULES)
     prefixes = [MODULES[m][1] for m in modules]
-    full = not args.modules and not args.worktree and not args.survivors
-    out_dir = HERE if (full or args.record) else WORK
     if args.mutant:
         args.survivors = True
+    full = not args.modules and not args.worktree and not args.survivors
+    out_dir = HERE if (full or args.record) else WORK
     if args.survivors:
         args.resume = True
     if shutil.which("mutmut") is None:

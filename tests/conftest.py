@@ -52,6 +52,24 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module")
+def emulated_fp8_matmul():
+    """PyTorch's own emulation for the CPU's ``torch._scaled_mm`` while a module runs: the FP8
+    operands dequantized to fp32 and one fp32 matmul (``_scaled_mm_out_cpu_emulated``, PyTorch's
+    aten/src/ATen/native/Blas.cpp). With oneDNN enabled, ``_scaled_mm_out_cpu`` hands the call
+    instead to oneDNN's FP8 matmul on a CPU with AMX-INT8 (Intel Xeon, Sapphire Rapids on): on such
+    a Xeon three bf16 steps through an FP8 LM head ran past pytest's 300 s timeout, alone and idle,
+    where an AMD EPYC (no AMX: it always emulates) takes ~2 s. What the FP8 tests prove (CUDA's
+    rules, the conversion, losses close to bf16) does not depend on the CPU kernel that multiplies;
+    CUDA's kernel is tested on a GPU (``pytest -m cuda``)."""
+    import torch
+
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    yield
+    torch.backends.mkldnn.enabled = before
+
+
 @pytest.fixture(autouse=True)
 def _mirror(monkeypatch):
     monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(SHARED_DATA))

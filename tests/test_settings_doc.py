@@ -59,13 +59,15 @@ def test_a_metadata_key_the_page_does_not_know_gets_an_also_column():
 
     @dataclasses.dataclass
     class Declared:
+        name: str = _f(dataclasses.MISSING, "what it is called", positional=True)
         width: int = _f(8, "how wide", min=1, gpt2_weights="compatible")
         depth: int = _f(2, "how deep", min=1, exported=True)
 
     assert "also" not in settings_table(Known).splitlines()[0]
-    table = settings_table(Declared)
-    assert table.splitlines()[0].endswith("| also |")
-    assert rows(table)["width"][-1] == "gpt2 weights: compatible" and rows(table)["depth"][-1] == "exported"
+    table = rows(settings_table(Declared))
+    assert settings_table(Declared).splitlines()[0].endswith("| also |")
+    assert table["width"][-1] == "gpt2 weights: compatible" and table["depth"][-1] == "exported"
+    assert table["name"][2] == "required" and table["name"][-1] == "positional"
 
 
 def test_presets_and_recipes_are_listed_with_what_they_set():

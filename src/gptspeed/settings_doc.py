@@ -54,8 +54,11 @@ def _flag(f: dataclasses.Field) -> str:
 
 
 def _default(f: dataclasses.Field) -> str:
-    """The field's own default as a user writes it: on/off, unset, a number or a word."""
+    """The field's own default as a user writes it: on/off, unset, a number or a word; ``required``
+    for a field without one."""
     value = f.default
+    if value is dataclasses.MISSING:
+        return "required" if f.default_factory is dataclasses.MISSING else _code(f.default_factory())
     if isinstance(value, bool):
         return "on" if value else "off"
     if value is None or value == "":

@@ -150,7 +150,7 @@ class GPTConfig:
         "full",
         "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
         "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
-        "it have probability 0)",
+        "it have probability 0; such a run cannot be exported to transformers)",
         choices=SOFTMAXES,
         run_defining=True,
     )
@@ -206,7 +206,8 @@ class GPTConfig:
     )
     logit_softcap: float = _f(
         0.0,
-        "tanh soft-capping of the logits at this value, cap * tanh(logits / cap) (Gemma 2; 0 = off)",
+        "tanh soft-capping of the logits at this value, cap * tanh(logits / cap) (Gemma 2; 0 = off); 15 is the "
+        "modded-nanogpt speedrun's 30 * sigmoid(logits / 7.5), which equals 15 * tanh(logits / 15) + 15",
         min=0,
         run_defining=True,
     )
@@ -393,7 +394,8 @@ class OptimConfig:
     optimizer: str = _f(
         "adamw",
         "adamw | muon (Muon for the blocks' 2-D weights at --muon-lr, AdamW at --lr for "
-        "embeddings, head, gains and biases)",
+        "embeddings, head, gains and biases; Jordan et al. 2024, as modded-nanogpt; Muon cannot skip a "
+        "non-finite step on the device, so that check costs one host-device sync a step)",
         choices=OPTIMIZERS,
         run_defining=True,
     )
@@ -448,7 +450,8 @@ class TrainConfig:
     batch_size: int = _f(
         16,
         "micro-batch size B (sequences per forward/backward), or auto: the largest power of two "
-        "that fits in GPU memory (probed once, cached) and divides the global batch (CUDA only)",
+        "that fits in GPU memory with a 10% margin and divides the global batch (CUDA only; probed once per GPU "
+        "model and configuration, cached in $GPTSPEED_CACHE/batch_size.json)",
         parse="batch_size",
         min=1,
         run_defining=True,
@@ -572,8 +575,19 @@ class RuntimeConfig:
     """Where and how the computation runs. These may change between a run and its resume."""
 
     device: str = _f("auto", "auto | cuda | mps | cpu", choices=DEVICES)
-    dtype: str = _f("auto", "auto | float32 | tf32 | bfloat16 | float16 (auto: bf16 where supported)", choices=DTYPES)
-    compile: bool | None = _f(None, "torch.compile the model (default: on for CUDA)", kind="bool")
+    dtype: str = _f(
+        "auto",
+        "auto | float32 | tf32 | bfloat16 | float16: the autocast precision (auto: bf16 on a CUDA GPU that has "
+        "it, else fp16 with a GradScaler; on a CPU bf16 only where it multiplies bf16 natively, amx_bf16 or "
+        "avx512_bf16, else fp32; fp32 on MPS; tf32: fp32 with TF32 tensor-core matmuls)",
+        choices=DTYPES,
+    )
+    compile: bool | None = _f(
+        None,
+        "torch.compile the model (default: on for CUDA; on a CPU only in bf16 with native bf16 matmuls and "
+        "for runs past compiling's ~100-step break-even; compiled graphs are cached in $GPTSPEED_CACHE/inductor)",
+        kind="bool",
+    )
     seed: int = _f(
         1337,
         "random seed for initialisation and --sampling random (0 to 2**63-1)",

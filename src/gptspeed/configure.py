@@ -85,7 +85,7 @@ def add_train_arguments(s: argparse.ArgumentParser) -> None:
 
     s.description = (
         "Flags override the preset; with --resume, the run's own configuration. The defaults shown "
-        "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (README, "
+        "are the gpt2 preset's; the other presets set their own shape, lr, batch and steps (docs/settings.md, "
         "Presets)."
     )
     s.add_argument(

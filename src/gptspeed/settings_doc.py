@@ -187,8 +187,10 @@ def recipes_table() -> str:
     return "\n".join(rows)
 
 
-def _first_paragraph(cls: type) -> str:
-    return " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())
+def _docstring(cls: type) -> str:
+    """The class's docstring as Markdown paragraphs (reST's ````code```` as Markdown's `` `code` ``)."""
+    paragraphs = (inspect.getdoc(cls) or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()).replace("``", "`") for p in paragraphs if p.strip())
 
 
 def settings_markdown() -> str:
@@ -204,10 +206,11 @@ def settings_markdown() -> str:
         "order: the preset (`--preset`, default `gpt2`), the recipe (`--recipe`), the `--config` file, then "
         "the flags; with `--resume`, the run's own configuration comes first. The defaults below are the "
         "fields' own; a preset sets some of them (the [presets](#presets) table). *Defines the run*: a "
-        "`--resume` that changes it is refused unless `--force-resume`.",
+        "`--resume` that changes it is refused unless `--force-resume`. `$GPTSPEED_CACHE` is "
+        "`~/.cache/gptspeed` unless set.",
     ]
     for group, cls in config.GROUPS.items():
-        parts += ["", f"## {group}", "", f"`{cls.__name__}`: {_first_paragraph(cls)}", "", settings_table(cls)]
+        parts += ["", f"## {group}", "", f"`{cls.__name__}`: {_docstring(cls)}", "", settings_table(cls)]
     parts += ["", "## Presets", "", presets_table(), "", "## Recipes", "", recipes_table(), ""]
     return "\n".join(parts)
 

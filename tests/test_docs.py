@@ -91,3 +91,21 @@ def test_every_test_a_page_cites_exists(page):
         for what in dangling(line)
     ]
     assert not wrong, "the docs cite tests that are not where they say:\n" + "\n".join(wrong)
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    """.ci/run says it runs "exactly the README's test command": the two stay the same line."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"Run the tests[^\n]*\n+```bash\n(.*?)\n```", readme, re.S)
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
+    assert block and ci == [block.group(1)], "README.md's test command and .ci/run's differ"
+
+
+def test_the_readme_stays_a_front_page():
+    """The README is the front page (issue 53: at most 160 lines); the reference goes to docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines: move reference material to docs/"

@@ -47,7 +47,7 @@ def load_model(run_dir: str | Path, rt: Runtime) -> tuple[GPT, dict]:
 
 def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | None = None) -> tuple[GPT, dict]:
     """The model of a run folder (``run``: newest checkpoint) or of a Hugging Face GPT-2
-    (``init_from``: folder or name, see :func:`gptspeed.hf.resolve_source`), on ``rt.device`` in
+    (``init_from``: folder or name, see :func:`gptspeed.hf.load.resolve_source`), on ``rt.device`` in
     eval mode. Returns ``(model, info)`` with ``info`` = ``{"run" | "init_from", "step"}``
     (``step`` None for HF weights).
 
@@ -59,7 +59,7 @@ def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | 
     if run is not None:
         model, ckpt = load_model(run, rt)
         return model, {"run": str(run), "step": ckpt["step"]}
-    from gptspeed.hf import load_hf_model
+    from gptspeed.hf.load import load_hf_model
 
     model, _ = load_hf_model(init_from)
     return model.to(rt.device).eval(), {"init_from": init_from, "step": None}

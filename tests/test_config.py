@@ -413,3 +413,28 @@ def test_the_declarations_say_which_settings_gpt2_weights_take_and_which_export_
     assert settings_off_default(every, "export", EXPORT_KINDS) == ["attn_window", "attn_window_start"]
     with pytest.raises(AssertionError):
         _f(0, "a setting", init_from="maybe")
+
+
+def test_a_run_is_validated_once_where_its_configuration_is_resolved(tmp_path, monkeypatch):
+    """``gptspeed train`` and ``make_config`` + ``train()`` check a configuration once, where
+    build_train_config resolves it: the training code relies on it (it checked it twice, three times
+    from Python). A setting changed after make_config is checked again (and refused in one line:
+    test_a_value_a_setting_refuses_is_one_line_from_make_config_and_after_a_change)."""
+    from support.hf_models import write_data
+
+    calls = []
+    real = RunConfig.validate
+    monkeypatch.setattr(RunConfig, "validate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    data = write_data(tmp_path / "data")
+    flags = dict(max_steps=1, batch_size=2, n_layer=1, block_size=32, eval_tokens=64, device="cpu", dtype="float32")
+    args = [x for k, v in flags.items() for x in (setting_flag(k), str(v))]
+    res = run_main("train", "--preset", "pico", "--data", str(data), "--out", str(tmp_path / "a"), *args)
+    assert res.returncode == 0, res.stderr
+    assert len(calls) == 1
+    cfg = api.make_config("pico", data=str(data), out=str(tmp_path / "b"), **flags)
+    api.train(cfg, echo=False)
+    assert len(calls) == 2
+    cfg = api.make_config("pico", data=str(data), out=str(tmp_path / "c"), **flags)
+    cfg.optim.lr = 1e-4  # the notebook habit
+    api.train(cfg, echo=False)
+    assert len(calls) == 4

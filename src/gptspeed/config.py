@@ -822,9 +822,10 @@ class RunConfig:
         """Check everything that can be checked before touching data or devices, for ``world_size``
         processes (None: as torchrun's environment says, :func:`world_from_env`): every field's
         declared type, choices and range (:func:`check_fields`), then the rules between fields.
-        Called where a configuration is built (:func:`gptspeed.configure.build_train_config`) and
-        where it is trained (:func:`gptspeed.resume.resolve_run`: a configuration changed after it
-        was made is checked too). GptspeedError naming the setting."""
+        Called once, where a configuration is resolved (:func:`gptspeed.configure.build_train_config`;
+        :func:`gptspeed.api.train`, whose configuration a user may have changed since; the bench's
+        rungs and tuned configurations; :func:`gptspeed.resume.resolve_run` after ``--batch-size
+        auto`` sets B): what runs it relies on it. GptspeedError naming the setting."""
         if world_size is None:
             world_size = world_from_env()[1]
         self.model.validate()
@@ -871,6 +872,17 @@ class RunConfig:
                 )
         else:
             self.grad_accum_steps(world_size)
+        self._validated_as = (world_size, self.to_dict())  # what validate_if_changed compares
+
+    def validate_if_changed(self, world_size: int | None = None) -> None:
+        """:meth:`validate`, unless it passed on this configuration as it is now (no setting changed
+        since) for as many processes: :func:`gptspeed.api.train` takes a configuration that was
+        resolved and validated by :func:`gptspeed.api.make_config`, and that its user may have
+        changed since (``cfg.optim.optimizer = "lion"``). GptspeedError as :meth:`validate`."""
+        if world_size is None:
+            world_size = world_from_env()[1]
+        if getattr(self, "_validated_as", None) != (world_size, self.to_dict()):
+            self.validate(world_size)
 
     def run_defining(self) -> dict[str, Any]:
         """The settings that define the run (declared ``run_defining``), by name: a resume that

@@ -14,15 +14,19 @@ import pytest
 from gptspeed import api
 from gptspeed.cli import main
 from gptspeed.config import (
+    EXPORT_KINDS,
     FIELDS,
     GROUPS,
+    INIT_FROM_KINDS,
     MAX_COUNT,
     GPTConfig,
     RunConfig,  # noqa: E402
+    _f,
     preset,
     read_config_file,
     run_defining_diff,
     setting_flag,
+    settings_off_default,
 )
 from gptspeed.configure import build_train_config
 from gptspeed.errors import GptspeedError
@@ -373,3 +377,64 @@ def test_a_configuration_ignores_what_is_not_a_setting_and_defaults_what_is_miss
     settings, ignored; a missing group takes its defaults."""
     cfg = RunConfig.from_dict({"model": {"n_layer": 3}, "derived": {}, "environment": {}, "source": {}}, "run.json")
     assert cfg.model.n_layer == 3 and cfg.optim == RunConfig().optim and cfg.preset == "custom"
+
+
+@dataclasses.dataclass
+class _WithANewSwitch(GPTConfig):
+    new_switch: bool = _f(False, "a switch declared without init_from= or export=", kind="bool")
+
+
+def test_a_model_setting_without_a_declaration_is_off_gpt2_for_init_from_and_export():
+    """Fail closed: a field with no ``init_from=`` / ``export=`` counts once off its default -- for
+    --init-from, for export-hf, and among non_gpt2_switches -- and not at its default."""
+    off = _WithANewSwitch(new_switch=True)
+    assert settings_off_default(off, "init_from", INIT_FROM_KINDS) == ["new_switch"]
+    assert settings_off_default(off, "export", EXPORT_KINDS) == ["new_switch"]
+    assert off.non_gpt2_switches() == ["--new-switch True"]
+    at_default = _WithANewSwitch()
+    assert settings_off_default(at_default, "init_from", INIT_FROM_KINDS) == [] == at_default.non_gpt2_switches()
+
+
+def test_the_declarations_say_which_settings_gpt2_weights_take_and_which_export_as_gpt2():
+    """What --init-from refuses and what makes an export gptspeed's own code, read from config.py's
+    declarations; a declaration of an unknown kind is a programming error."""
+    every = GPTConfig(
+        pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", tie_embeddings=False, zero_init_proj=True,
+        logit_softcap=30.0, doc_mask=True, value_embeds=1, unet_skips=True, attn_window=512, attn_window_start=256,
+        attention="manual", residual_dtype="bfloat16", softmax="data", rope_theta=500.0, n_layer=4, block_size=512,
+    )  # fmt: skip
+    assert settings_off_default(every, "init_from", INIT_FROM_KINDS) == [
+        "pos_emb", "qk_norm", "mlp", "norm", "tie_embeddings", "zero_init_proj", "value_embeds", "unet_skips",
+    ]  # fmt: skip
+    assert [s.split()[0] for s in every.non_gpt2_switches()] == [
+        "--pos-emb", "--qk-norm", "--mlp", "--norm", "--tie-embeddings", "--logit-softcap", "--doc-mask",
+        "--value-embeds", "--unet-skips", "--attn-window", "--attn-window-start",
+    ]  # fmt: skip
+    assert settings_off_default(every, "export", EXPORT_KINDS) == ["attn_window", "attn_window_start"]
+    with pytest.raises(AssertionError):
+        _f(0, "a setting", init_from="maybe")
+
+
+def test_a_run_is_validated_once_where_its_configuration_is_resolved(tmp_path, monkeypatch):
+    """``gptspeed train`` and ``make_config`` + ``train()`` check a configuration once, where
+    build_train_config resolves it: the training code relies on it (it checked it twice, three times
+    from Python). A setting changed after make_config is checked again (and refused in one line:
+    test_a_value_a_setting_refuses_is_one_line_from_make_config_and_after_a_change)."""
+    from support.hf_models import write_data
+
+    calls = []
+    real = RunConfig.validate
+    monkeypatch.setattr(RunConfig, "validate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    data = write_data(tmp_path / "data")
+    flags = dict(max_steps=1, batch_size=2, n_layer=1, block_size=32, eval_tokens=64, device="cpu", dtype="float32")
+    args = [x for k, v in flags.items() for x in (setting_flag(k), str(v))]
+    res = run_main("train", "--preset", "pico", "--data", str(data), "--out", str(tmp_path / "a"), *args)
+    assert res.returncode == 0, res.stderr
+    assert len(calls) == 1
+    cfg = api.make_config("pico", data=str(data), out=str(tmp_path / "b"), **flags)
+    api.train(cfg, echo=False)
+    assert len(calls) == 2
+    cfg = api.make_config("pico", data=str(data), out=str(tmp_path / "c"), **flags)
+    cfg.optim.lr = 1e-4  # the notebook habit
+    api.train(cfg, echo=False)
+    assert len(calls) == 4

@@ -1549,7 +1549,7 @@ def test_the_window_is_refused_in_one_line_past_the_sequence_length_and_by_expor
     with pytest.raises(GptspeedError, match="--attn-window-start must be at least 1"):
         GPTConfig(**dict(TINY_MODEL, attn_window=16, attn_window_start=0)).validate()
     assert GPTConfig(**dict(TINY_MODEL, attn_window=16)).non_gpt2_switches() == ["--attn-window 16"]
-    from gptspeed.hf import check_exportable  # no exported modeling code computes the window (yet)
+    from gptspeed.hf.export import check_exportable  # no exported modeling code computes the window (yet)
 
     with pytest.raises(GptspeedError, match="^the run uses --attn-window 16,"):
         check_exportable(GPTConfig(**dict(TINY_MODEL, attn_window=16)), "the run")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import warnings
 
 import numpy as np
@@ -19,6 +20,9 @@ from gptspeed.runtime import Runtime
 from gptspeed.sample import _window_inputs, generate, generate_cached, left_pad, sample_next, sample_text
 from gptspeed.step import format_bytes
 from gptspeed.tokenizer import decode, encode
+
+from support.cli import assert_user_error, run_main
+from support.hf_models import write_run_pico
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -722,7 +726,7 @@ def test_sample_text_checks_the_memory_of_the_cache_it_will_make(monkeypatch, dt
 def test_load_any_model_of_a_hugging_face_folder_says_so_and_puts_it_on_the_runtimes_device(tmp_path):
     """info is {"init_from": the source, "step": None} (no step for HF weights), and the model is
     moved to the runtime's device (here meta, not the CPU it is built on) in eval mode."""
-    from gptspeed.hf import export_hf
+    from gptspeed.hf.export import export_hf
 
     cfg = preset("pico")
     cfg.model = GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=32)
@@ -734,3 +738,40 @@ def test_load_any_model_of_a_hugging_face_folder_says_so_and_puts_it_on_the_runt
     model, info = sample_mod.load_any_model(META, init_from=folder)
     assert info == {"init_from": folder, "step": None}
     assert {p.device.type for p in model.parameters()} == {"meta"} and not model.training
+
+
+@pytest.mark.parametrize("kv", [[], ["--no-kv-cache"]])
+@pytest.mark.parametrize("temperature", ["0", "0.8"])
+def test_sample_of_a_diverged_checkpoint_is_one_line(tmp_path, kv, temperature):
+    run = write_run_pico(tmp_path / "run", poison=float("nan"))
+    res = run_main(
+        "sample",
+        "--run",
+        str(run),
+        "--max-new-tokens",
+        "3",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--temperature",
+        temperature,
+        *kv,
+    )
+    assert_user_error(res, "logits are not finite")
+
+
+def test_sample_next_refuses_impossible_rows_and_overflowing_temperatures():
+    from gptspeed.sample import sample_next
+
+    ok = torch.tensor([[0.0, 1.0, -math.inf]])
+    assert sample_next(ok, 0, None, None).tolist() == [1]
+    for logits in (
+        torch.tensor([[0.0, math.nan]]),
+        torch.tensor([[0.0, math.inf]]),
+        torch.full((1, 3), -math.inf),
+    ):  # every token impossible
+        with pytest.raises(GptspeedError, match="not finite"):
+            sample_next(logits, 1.0, None, None)
+    with pytest.raises(GptspeedError, match="--temperature 1e-40 is too small"):
+        sample_next(torch.tensor([[0.0, 30.0]]), 1e-40, 2, None)

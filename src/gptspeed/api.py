@@ -60,7 +60,7 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
     if not isinstance(config, RunConfig):
         raise GptspeedError(f"train() takes a RunConfig (gptspeed.make_config(...)), got {type(config).__name__}")
     check_config_shape(config)
-    config.validate()  # fields may have been changed since make_config; the data is checked before importing torch
+    config.validate_if_changed()  # a setting changed since make_config; the data is checked before importing torch
     t = config.train
     if t.data:
         find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
@@ -84,7 +84,7 @@ def check_config_shape(config: RunConfig) -> None:
         if type(obj) is not cls:
             raise GptspeedError(f"{where} must be a {cls.__name__} (as make_config made it), got {type(obj).__name__}")
         fields = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in vars(obj) if k not in fields]
+        unknown = [k for k in vars(obj) if k not in fields and not k.startswith("_")]  # _: gptspeed's own
         if unknown:
             raise GptspeedError(
                 f"{where}.{unknown[0]} is not a setting{did_you_mean(unknown[0], fields)}: set one of "

@@ -635,7 +635,7 @@ def _tune(a: argparse.Namespace) -> int:
 
 
 def cmd_import_hf(a: argparse.Namespace) -> int:
-    from gptspeed.hf import import_hf
+    from gptspeed.hf.load import import_hf
 
     path = import_hf(a.source, a.out)
     print(f"imported {a.source} into {path}")
@@ -643,7 +643,7 @@ def cmd_import_hf(a: argparse.Namespace) -> int:
 
 
 def cmd_export_hf(a: argparse.Namespace) -> int:
-    from gptspeed.hf import export_hf
+    from gptspeed.hf.export import export_hf
 
     print(f"exported {a.run} to {export_hf(a.run, a.out, force=a.force, dtype=a.dtype)}")
     return 0

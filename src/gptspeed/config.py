@@ -63,6 +63,14 @@ MAX_GRAD_ACCUM = 1 << 16  # micro-batches per optimizer step: 65,536 (the gpt2 p
 MAX_THREADS = 4096  # --threads: a bound, not this machine's count (a configuration stays valid on every machine)
 MAX_DIST_TIMEOUT_S = 30 * 86400.0  # --dist-timeout-s: 30 days (torch converts it to int64 milliseconds)
 
+# How a model setting meets GPT-2's weights, declared on each GPTConfig field (gptspeed.hf reads them). A field
+# declared neither way fails closed: off its default, --init-from and export-hf refuse it.
+# init_from=: "source" (the GPT-2 source decides it: the shape) | "kept" (any value fits GPT-2's weights; kept)
+INIT_FROM_KINDS = ("source", "kept")
+# export=: "gpt2" (any value is still GPT-2's function: a GPT2LMHeadModel) | "switch" (off its default, the export
+# carries gptspeed's modeling code, gptspeed.hf_modeling, which computes it)
+EXPORT_KINDS = ("gpt2", "switch")
+
 
 def _f(
     default,
@@ -78,6 +86,8 @@ def _f(
     max_note: str | None = None,
     run_defining: bool = False,
     cli: bool = True,
+    init_from: str | None = None,
+    export: str | None = None,
     **meta,
 ):
     """A setting, declared once: its default and ``--help`` text, and everything derived from it --
@@ -85,12 +95,17 @@ def _f(
     ``choices``, the range (``min`` (exclusive with ``min_open``), ``max``; ``finite``: also no
     inf/nan below the range check; ``text``: what the error line says it must be, e.g. ``in [0,
     1)``; ``max_note``: the reason shown after "at most N"), and whether it defines the run
-    (``run_defining``: a resume that changes it is refused, :func:`run_defining_diff`). Other
+    (``run_defining``: a resume that changes it is refused, :func:`run_defining_diff`). A model
+    setting also declares how it meets GPT-2's weights: ``init_from`` (:data:`INIT_FROM_KINDS`: what
+    ``--init-from`` does with it) and ``export`` (:data:`EXPORT_KINDS`: how ``export-hf`` carries it);
+    undeclared, only its default is accepted by either (:func:`settings_off_default`). Other
     ``meta``: ``kind`` (``flag``: store_true; ``bool``: --x/--no-x), ``parse`` (``batch_size``:
     a number or ``auto``), ``path=True`` (a file or folder: ``~`` expanded, :func:`expand_path_setting`).
     The CLI (gptspeed.cli), YAML and JSON files, :func:`gptspeed.api.make_config`, ``--print-config``,
     the resume check and the bench's rungs all read these; :meth:`RunConfig.validate` enforces them."""
     rules = dict(choices=choices, min=min, max=max, min_open=min_open, finite=finite, text=text, max_note=max_note)
+    assert init_from in (None, *INIT_FROM_KINDS) and export in (None, *EXPORT_KINDS), (init_from, export)
+    gpt2 = {k: v for k, v in dict(init_from=init_from, export=export).items() if v is not None}
     return field(
         default=default,
         metadata={
@@ -99,6 +114,7 @@ def _f(
             "run_defining": run_defining,
             "cli": cli,
             **{k: v for k, v in rules.items() if v is not None and v is not False},
+            **gpt2,
             **meta,
         },
     )
@@ -115,28 +131,50 @@ class GPTConfig:
     """
 
     block_size: int = _f(
-        1024, "sequence length T (also the model's number of positions)", flag="--seq-len", min=1, run_defining=True
+        1024,
+        "sequence length T (also the model's number of positions)",
+        flag="--seq-len",
+        min=1,
+        run_defining=True,
+        init_from="source",
+        export="gpt2",
     )
     vocab_size: int = _f(
         PADDED_VOCAB_SIZE,
         "embedding rows; 50257 padded up to 50304 (a multiple of 64) by default",
         min=1,
         run_defining=True,
+        init_from="source",
+        export="gpt2",
     )
     valid_vocab_size: int = _f(
-        GPT2_VOCAB_SIZE, "token ids the tokenizer emits (GPT-2's 50,257)", min=1, run_defining=True, cli=False
+        GPT2_VOCAB_SIZE,
+        "token ids the tokenizer emits (GPT-2's 50,257)",
+        min=1,
+        run_defining=True,
+        cli=False,
+        init_from="source",
+        export="gpt2",
     )
-    n_layer: int = _f(12, "transformer blocks L", min=1, run_defining=True)
-    n_head: int = _f(12, "attention heads H", min=1, run_defining=True)
-    n_embd: int = _f(768, "embedding width C (divisible by n_head)", min=1, run_defining=True)
+    n_layer: int = _f(12, "transformer blocks L", min=1, run_defining=True, init_from="source", export="gpt2")
+    n_head: int = _f(12, "attention heads H", min=1, run_defining=True, init_from="source", export="gpt2")
+    n_embd: int = _f(
+        768, "embedding width C (divisible by n_head)", min=1, run_defining=True, init_from="source", export="gpt2"
+    )
     attention: str = _f(
-        "sdpa", "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual", choices=ATTENTIONS
+        "sdpa",
+        "sdpa (F.scaled_dot_product_attention, flash kernels on GPU) | manual",
+        choices=ATTENTIONS,
+        init_from="kept",
+        export="gpt2",
     )
     loss: str = _f(
         "auto",
         "auto (fused on a CPU, plain elsewhere) | fused (chunked linear + cross-entropy, no full "
         "logits) | plain | liger (Liger-Kernel's fused linear + cross-entropy, Hsu et al. 2024; CUDA only)",
         choices=LOSSES,
+        init_from="kept",
+        export="gpt2",
     )
     residual_dtype: str = _f(
         "float32",
@@ -145,6 +183,8 @@ class GPTConfig:
         "activation saved along the stream is bf16, half the bytes; as the modded-nanogpt "
         "speedrun); bfloat16 needs --dtype bfloat16 (or auto resolving to it)",
         choices=RESIDUAL_DTYPES,
+        init_from="kept",
+        export="gpt2",
     )
     softmax: str = _f(
         "full",
@@ -153,15 +193,20 @@ class GPTConfig:
         "it have probability 0; such a run cannot be exported to transformers)",
         choices=SOFTMAXES,
         run_defining=True,
+        init_from="kept",
+        export="gpt2",  # --softmax data: refused by export-hf on its own (transformers has no such head)
     )
-    # the modern-GPT switches (issue 32); the defaults are GPT-2's, and a run with any other value cannot be
-    # exported to transformers' GPT-2 format (non_gpt2_switches)
+    # the modern-GPT switches (issue 32); the defaults are GPT-2's. export="switch": off its default, the export
+    # carries gptspeed's modeling code (non_gpt2_switches). No init_from: GPT-2's weights cannot take it -- rotary
+    # positions have no wpe, RMSNorm no bias; QK-norm, an untied head, value embeddings and U-net skips have
+    # tensors of their own; zero-init projections are an initialisation the loaded weights replace
     pos_emb: str = _f(
         "learned",
         "learned (GPT-2's position embeddings) | rope (rotary embeddings of queries and keys; "
         "Su et al. 2021, RoFormer)",
         choices=POS_EMBS,
         run_defining=True,
+        export="switch",
     )
     rope_theta: float = _f(
         10000.0,
@@ -171,24 +216,29 @@ class GPTConfig:
         finite=True,
         text="a positive finite number",
         run_defining=True,
+        init_from="kept",  # inert without --pos-emb rope, which --init-from refuses
+        export="gpt2",  # inert without --pos-emb rope, a switch: the export's config.json carries it
     )
     qk_norm: bool = _f(
         False,
         "RMS-normalise queries and keys per head before attention (Dehghani et al. 2023)",
         kind="bool",
         run_defining=True,
+        export="switch",
     )
     mlp: str = _f(
         "gelu",
         "gelu (GPT-2's, tanh approximation) | relu2 (ReLU squared; So et al. 2021, Primer)",
         choices=MLPS,
         run_defining=True,
+        export="switch",
     )
     norm: str = _f(
         "layernorm",
         "layernorm (GPT-2's) | rmsnorm (Zhang & Sennrich 2019; no bias, no mean)",
         choices=NORMS,
         run_defining=True,
+        export="switch",
     )
     tie_embeddings: bool = _f(
         True,
@@ -196,6 +246,7 @@ class GPTConfig:
         "--no-tie-embeddings: an LM head of its own",
         kind="bool",
         run_defining=True,
+        export="switch",
     )
     zero_init_proj: bool = _f(
         False,
@@ -203,6 +254,7 @@ class GPTConfig:
         "the modded-nanogpt speedrun does",
         kind="bool",
         run_defining=True,
+        export="gpt2",
     )
     logit_softcap: float = _f(
         0.0,
@@ -210,6 +262,8 @@ class GPTConfig:
         "modded-nanogpt speedrun's 30 * sigmoid(logits / 7.5), which equals 15 * tanh(logits / 15) + 15",
         min=0,
         run_defining=True,
+        init_from="kept",
+        export="switch",
     )
     doc_mask: bool = _f(
         False,
@@ -217,6 +271,8 @@ class GPTConfig:
         "to itself (FlexAttention's block mask on CUDA, an equivalent masked SDPA elsewhere)",
         kind="bool",
         run_defining=True,
+        init_from="kept",
+        export="switch",
     )
     value_embeds: int = _f(
         0,
@@ -225,6 +281,7 @@ class GPTConfig:
         "modded-nanogpt speedrun: 3); 0 = off",
         min=0,
         run_defining=True,
+        export="switch",
     )
     unet_skips: bool = _f(
         False,
@@ -232,6 +289,7 @@ class GPTConfig:
         "of its mirror block of the first half (the modded-nanogpt speedrun)",
         kind="bool",
         run_defining=True,
+        export="switch",
     )
     attn_window: int = _f(
         0,
@@ -242,6 +300,7 @@ class GPTConfig:
         "equivalent masked SDPA elsewhere; at most --seq-len; 0 = off (full causal attention)",
         min=0,
         run_defining=True,
+        init_from="kept",  # a mask: no tensors of its own. No export: no exported modeling code computes it (yet)
     )
     attn_window_start: int = _f(
         128,
@@ -249,6 +308,7 @@ class GPTConfig:
         "--attn-window at --max-steps",
         min=1,
         run_defining=True,
+        init_from="kept",
     )
 
     def validate(self) -> None:
@@ -303,22 +363,10 @@ class GPTConfig:
 
     def non_gpt2_switches(self) -> list[str]:
         """The flags of the switches by which this model is not GPT-2's architecture (what
-        transformers' ``GPT2LMHeadModel`` cannot load): empty for GPT-2. ``--zero-init-proj`` only
-        changes the initial weights, so it is not among them."""
-        gpt2 = GPTConfig()
-        names = (
-            "pos_emb",
-            "qk_norm",
-            "mlp",
-            "norm",
-            "tie_embeddings",
-            "logit_softcap",
-            "doc_mask",
-            "value_embeds",
-            "unet_skips",
-            "attn_window",
-        )
-        return [f"{setting_flag(n)} {getattr(self, n)}" for n in names if getattr(self, n) != getattr(gpt2, n)]
+        transformers' ``GPT2LMHeadModel`` cannot load), as ``--flag value``: empty for GPT-2. Every
+        setting off its default except those declared ``export="gpt2"`` (``--zero-init-proj`` only
+        changes the initial weights, so it is not among them); an undeclared one is (fails closed)."""
+        return [f"{setting_flag(n)} {getattr(self, n)}" for n in settings_off_default(self, "export", ("gpt2",))]
 
     def buffer_bytes(self) -> int:
         """Bytes of the model's buffers: ``--attention manual``'s causal mask (T x T bools per block),
@@ -788,9 +836,10 @@ class RunConfig:
         """Check everything that can be checked before touching data or devices, for ``world_size``
         processes (None: as torchrun's environment says, :func:`world_from_env`): every field's
         declared type, choices and range (:func:`check_fields`), then the rules between fields.
-        Called where a configuration is built (:func:`gptspeed.configure.build_train_config`) and
-        where it is trained (:func:`gptspeed.resume.resolve_run`: a configuration changed after it
-        was made is checked too). GptspeedError naming the setting."""
+        Called once, where a configuration is resolved (:func:`gptspeed.configure.build_train_config`;
+        :func:`gptspeed.api.train`, whose configuration a user may have changed since; the bench's
+        rungs and tuned configurations; :func:`gptspeed.resume.resolve_run` after ``--batch-size
+        auto`` sets B): what runs it relies on it. GptspeedError naming the setting."""
         if world_size is None:
             world_size = world_from_env()[1]
         self.model.validate()
@@ -837,6 +886,17 @@ class RunConfig:
                 )
         else:
             self.grad_accum_steps(world_size)
+        self._validated_as = (world_size, self.to_dict())  # what validate_if_changed compares
+
+    def validate_if_changed(self, world_size: int | None = None) -> None:
+        """:meth:`validate`, unless it passed on this configuration as it is now (no setting changed
+        since) for as many processes: :func:`gptspeed.api.train` takes a configuration that was
+        resolved and validated by :func:`gptspeed.api.make_config`, and that its user may have
+        changed since (``cfg.optim.optimizer = "lion"``). GptspeedError as :meth:`validate`."""
+        if world_size is None:
+            world_size = world_from_env()[1]
+        if getattr(self, "_validated_as", None) != (world_size, self.to_dict()):
+            self.validate(world_size)
 
     def run_defining(self) -> dict[str, Any]:
         """The settings that define the run (declared ``run_defining``), by name: a resume that
@@ -886,6 +946,22 @@ def _check_range(flag: str, value: float, meta: Any) -> None:
             note = f" ({meta['max_note']})" if meta.get("max_note") else ""
             raise GptspeedError(f"{flag} must be at most {hi:,.0f}{note}, got {_show(value)}")
         raise GptspeedError(f"{flag} must be {meta['text']}, got {_show(value)}")
+
+
+def settings_off_default(config: Any, key: str, accepted: tuple[str, ...]) -> list[str]:
+    """The names of the fields of the dataclass instance ``config`` (its own class's fields: a subclass's
+    too) whose value is not their default and whose declaration ``key`` in the field's metadata
+    (``init_from`` / ``export``, :func:`_f`) is not in ``accepted``. An undeclared field counts: what
+    ``--init-from`` and ``export-hf`` refuse fails closed for a setting added without a declaration."""
+    return [
+        f.name
+        for f in dataclasses.fields(config)
+        if f.metadata.get(key) not in accepted and getattr(config, f.name) != _field_default(f)
+    ]
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 def setting_flag(name: str) -> str:

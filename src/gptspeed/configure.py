@@ -70,7 +70,7 @@ def build_train_config(
         cfg = cfg.apply_file(config_file)
     cfg = cfg.override(overrides)
     if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
-        from gptspeed.hf import shape_for_init_from
+        from gptspeed.hf.load import shape_for_init_from
 
         cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
     cfg.validate()  # once, here, for the processes torchrun's environment names

@@ -57,13 +57,13 @@ def resolve_run(
     resolved runtime ``rt``, whose folder is locked already. ``data_identity``: the training data's
     (:attr:`gptspeed.data.train_data.TrainData.identity`), compared with a checkpoint's.
 
-    In order: every setting checked again (:meth:`RunConfig.validate`: a configuration changed
-    after :func:`gptspeed.api.make_config` made it is refused like a flag); the resume point (refusing a changed run, :func:`find_resume_point`); the global
-    batch kept (:func:`keep_global_batch`); ``--batch-size auto`` probed on the device
-    (:func:`gptspeed.step.auto_batch_size`) and the result validated (the FP8 shape rule needs B).
-    Raises GptspeedError for anything the user can fix."""
+    ``cfg`` is valid: validated where it was resolved (:func:`gptspeed.configure.build_train_config`,
+    or :func:`gptspeed.api.train` for a configuration a user may have changed since). In order: the
+    resume point (refusing a changed run, :func:`find_resume_point`); the global batch kept
+    (:func:`keep_global_batch`); ``--batch-size auto`` probed on the device
+    (:func:`gptspeed.step.auto_batch_size`) and the configuration it changed validated (the FP8
+    shape rule needs B). Raises GptspeedError for anything the user can fix."""
     cfg = copy.deepcopy(cfg)
-    cfg.validate(rt.world_size)  # again: a configuration may have been changed after it was made (a notebook)
     point = find_resume_point(cfg, rt, data_identity, say=say)
     if point.continues and rt.device_type == "cpu":
         note_other_thread_count(Path(cfg.train.out), cfg.runtime.threads, say)

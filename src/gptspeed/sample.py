@@ -47,7 +47,7 @@ def load_model(run_dir: str | Path, rt: Runtime) -> tuple[GPT, dict]:
 
 def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | None = None) -> tuple[GPT, dict]:
     """The model of a run folder (``run``: newest checkpoint) or of a Hugging Face GPT-2
-    (``init_from``: folder or name, see :func:`gptspeed.hf.resolve_source`), on ``rt.device`` in
+    (``init_from``: folder or name, see :func:`gptspeed.hf.load.resolve_source`), on ``rt.device`` in
     eval mode. Returns ``(model, info)`` with ``info`` = ``{"run" | "init_from", "step"}``
     (``step`` None for HF weights).
 
@@ -59,7 +59,7 @@ def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | 
     if run is not None:
         model, ckpt = load_model(run, rt)
         return model, {"run": str(run), "step": ckpt["step"]}
-    from gptspeed.hf import load_hf_model
+    from gptspeed.hf.load import load_hf_model
 
     model, _ = load_hf_model(init_from)
     return model.to(rt.device).eval(), {"init_from": init_from, "step": None}
@@ -297,7 +297,7 @@ def sample_text(
     Raises:
         GptspeedError: bad numbers, an empty prompt, or the model cannot be loaded.
     """
-    from gptspeed.tokenizer import decode, encode
+    from gptspeed.tokenizer import encode
 
     out = out or sys.stdout
     prompts = ["\n"] if prompts is None or (isinstance(prompts, list) and not prompts) else prompts
@@ -321,36 +321,63 @@ def sample_text(
         unwrap(model).config, len(prompts) * num_samples, length, rt.device, kv_cache=kv_cache, cache_dtype=cache_dtype
     )
     rows = [(p, e) for p, e in zip(prompts, encoded) for _ in range(num_samples)]
-    idx, pad = left_pad([e for _, e in rows], device=rt.device)
+    sampling = dict(temperature=temperature, top_k=top_k, seed=seed, kv_cache=kv_cache)
+    tokens = _generate_rows(model, rt, [e for _, e in rows], max_new_tokens, **sampling)
+    if len(rows) == 1:
+        return [_stream_row(tokens, rows[0][0], out)]
+    where = f"step {info['step']}" if info["step"] is not None else info.get("init_from", "")
+    return _print_rows(tokens, [p for p, _ in rows], where, out)
+
+
+def _generate_rows(
+    model: GPT, rt: Runtime, rows: list[list[int]], max_new_tokens: int, *, temperature, top_k, seed, kv_cache
+) -> Iterator[torch.Tensor]:
+    """:func:`sample_text`'s tokens: the token id lists ``rows`` left-padded into one batch
+    (:func:`left_pad`) and continued by :func:`generate_cached` (``kv_cache``) or :func:`generate`
+    on ``rt``, drawn from a generator seeded with ``seed``; yields each step's new tokens, ``(rows,)``
+    int64. GptspeedError: without the KV cache, prompts of different token lengths."""
+    idx, pad = left_pad(rows, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(seed)
     kw = dict(temperature=temperature, top_k=top_k or None, generator=gen, autocast=rt.autocast())
     if not kv_cache and bool((pad > 0).any()):
         raise GptspeedError("--no-kv-cache needs prompts of equal token length (it has no padding mask)")
-    tokens = (
-        generate_cached(model, idx, max_new_tokens, pad=pad, compile=rt.compile, **kw)
-        if kv_cache
-        else generate(model, idx, max_new_tokens, **kw)
-    )
-    new: list[list[int]] = [[] for _ in rows]
-    stream = len(rows) == 1
-    if stream:
-        out.write(rows[0][0])
+    if kv_cache:
+        return generate_cached(model, idx, max_new_tokens, pad=pad, compile=rt.compile, **kw)
+    return generate(model, idx, max_new_tokens, **kw)
+
+
+def _stream_row(tokens: Iterator[torch.Tensor], prompt: str, out: TextIO) -> str:
+    """Write ``prompt``, then one row's text to ``out`` as ``tokens`` (``(1,)`` a step) come, whole
+    characters at a time (a token that ends inside a UTF-8 character waits for the next), then a
+    newline. Returns the generated text."""
+    from gptspeed.tokenizer import decode
+
+    new: list[int] = []
     shown = 0
+    out.write(prompt)
+    for tok in tokens:
+        new.extend(tok.tolist())
+        text = decode(new[shown:])
+        if not text.endswith("\ufffd"):  # write whole characters only
+            out.write(text)
+            out.flush()
+            shown = len(new)
+    out.write(decode(new[shown:]) + "\n")
+    out.flush()
+    return decode(new)
+
+
+def _print_rows(tokens: Iterator[torch.Tensor], prompts: list[str], where: str, out: TextIO) -> list[str]:
+    """Collect every row of ``tokens`` (``(rows,)`` a step), then write each row to ``out`` under a
+    ``--- sample i (where) ---`` header, its prompt before its text. Returns the texts, row by row."""
+    from gptspeed.tokenizer import decode
+
+    new: list[list[int]] = [[] for _ in prompts]
     for tok in tokens:
         for r, t in enumerate(tok.tolist()):
             new[r].append(t)
-        if stream:
-            text = decode(new[0][shown:])
-            if not text.endswith("\ufffd"):  # write whole characters only
-                out.write(text)
-                out.flush()
-                shown = len(new[0])
     texts = [decode(n) for n in new]
-    if stream:
-        out.write(decode(new[0][shown:]) + "\n")
-    else:
-        where = f"step {info['step']}" if info["step"] is not None else info.get("init_from", "")
-        for r, ((prompt, _), text) in enumerate(zip(rows, texts)):
-            out.write(f"--- sample {r + 1} ({where}) ---\n{prompt}{text}\n")
+    for r, (prompt, text) in enumerate(zip(prompts, texts)):
+        out.write(f"--- sample {r + 1} ({where}) ---\n{prompt}{text}\n")
     out.flush()
     return texts

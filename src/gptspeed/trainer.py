@@ -221,7 +221,7 @@ class Trainer:
         if cfg.model.softmax == "data":  # the same ids on resume (the data are checked unchanged)
             model.set_softmax_ids(self.data.token_ids())
         if cfg.train.init_from and self.resume.path is None:
-            from gptspeed.hf import load_hf_weights
+            from gptspeed.hf.load import load_hf_weights
 
             self.say(f"initialised from {load_hf_weights(model, cfg.train.init_from)}")
         self.stepper = TrainStep(cfg, self.rt, model=model)

@@ -68,7 +68,7 @@ ENDINGS = [
 def models(tmp_path_factory):
     """(transformers model, our GPT with the same weights, its folder). A wide init makes the
     likelihoods of the endings differ clearly."""
-    from gptspeed.hf import load_hf_model
+    from gptspeed.hf.load import load_hf_model
 
     torch.manual_seed(0)
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")

@@ -171,7 +171,7 @@ def build_hf_gpt2(cfg: GPTConfig, seed: int) -> torch.nn.Module:
     )
     model = GPT2LMHeadModel(hf_cfg)
     ours = init_gpt(dataclasses.replace(cfg, vocab_size=GPT2_VOCAB_SIZE), seed).state_dict()
-    from gptspeed.hf import CONV1D  # HF GPT-2's Conv1D weights are [in, out]; ours are nn.Linear, [out, in]
+    from gptspeed.hf.load import CONV1D  # HF GPT-2's Conv1D weights are [in, out]; ours are nn.Linear, [out, in]
 
     state = {k: v.t().contiguous() if k.endswith(CONV1D) else v for k, v in ours.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)

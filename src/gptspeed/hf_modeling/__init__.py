@@ -4,5 +4,5 @@ embeddings, U-net skips):
 ``configuration_gptspeed.py`` and ``modeling_gptspeed.py`` are copied, as they are, into the export
 folder, and ``transformers`` loads them from there with ``trust_remote_code=True`` (config.json's
 ``auto_map``). They import nothing of gptspeed's -- the folder works where gptspeed is not installed --
-so nothing in gptspeed imports them either: :func:`gptspeed.hf.export_hf` copies the files.
+so nothing in gptspeed imports them either: :func:`gptspeed.hf.export.export_hf` copies the files.
 """

@@ -1,22 +1,13 @@
-"""GPT-2 weights in and out of Hugging Face format.
+"""GPT-2 weights in from Hugging Face format.
 
-In: a folder as ``transformers``' ``GPT2LMHeadModel.save_pretrained`` writes it (``config.json``
-with ``model.safetensors``, a sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``),
-or one of OpenAI's released models by name (:data:`NAMED_MODELS`, fetched with
+A folder as ``transformers``' ``GPT2LMHeadModel.save_pretrained`` writes it (``config.json`` with
+``model.safetensors``, a sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``), or one
+of OpenAI's released models by name (:data:`NAMED_MODELS`, fetched with
 ``huggingface_hub.snapshot_download``). ``gptspeed import-hf DIR --out RUN`` writes a run folder
-with a step-0 checkpoint; ``--init-from`` on train / sample / eval loads the weights directly.
-
-Out: ``gptspeed export-hf --run RUN --out DIR`` writes ``config.json``, ``model.safetensors``,
-GPT-2's tokenizer files (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``) and a marker
-(:data:`EXPORT_MARKER`: what it wrote, so ``--force`` replaces an earlier export and nothing else), so
-``AutoModelForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
-offline with the same logits (the vocabulary padding rows are removed). A GPT-2 run is a
-``GPT2LMHeadModel``. A run with architecture switches (``GPTConfig.non_gpt2_switches``: rotary
-positions, QK-norm, ReLU², RMSNorm, an untied head, logit soft-capping, the document mask, value
-embeddings, U-net skips), which no model of transformers' computes -- Llama's MLP is gated and has
-no biases, ours is neither -- carries its own modeling code, :mod:`gptspeed.hf_modeling`'s two
-files, and both calls take ``trust_remote_code=True`` (https://huggingface.co/docs/transformers/custom_models: a
-``PretrainedConfig`` and a ``PreTrainedModel`` subclass named in config.json's ``auto_map``).
+with a step-0 checkpoint (:func:`import_hf`); ``--init-from`` on train / sample / eval loads the
+weights directly (:func:`shape_for_init_from`, :func:`load_hf_weights`, :func:`load_hf_model`).
+Which settings of a run can start from GPT-2's weights is declared on each setting (``init_from=``
+in :mod:`gptspeed.config`'s field metadata); any other setting off its default is refused.
 
 The mapping, as in nanoGPT's ``GPT.from_pretrained``: parameter names are the same (with or
 without the ``transformer.`` prefix: OpenAI's own files have none); HF's GPT-2 uses ``Conv1D``,
@@ -30,23 +21,18 @@ the token embedding. Loading never unpickles code: safetensors, or ``torch.load(
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import re
-import secrets
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gptspeed.config import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig
+from gptspeed.config import GPT2_VOCAB_SIZE, PADDED_VOCAB_SIZE, GPTConfig, settings_off_default
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 from gptspeed.model import GPT
-from gptspeed.tokenizer import EOT_TOKEN
 
 NAMED_MODELS = {
     "gpt2": "openai-community/gpt2",  # 124M
@@ -244,10 +230,12 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
     from the file headers), so a config.json that does not describe its weights is refused before
     the run builds a model of the size it claims.
 
-    The switches that need no weights of their own -- ``doc_mask``, ``logit_softcap``,
-    ``residual_dtype`` -- are kept from ``model`` too; those GPT-2's weights cannot take
-    (:data:`INIT_FROM_REFUSED`: rotary positions, RMSNorm, ReLU², QK-norm, an untied head, zero-init
-    projections), from a flag, ``--recipe`` or a config file, are refused before the source is read.
+    The settings declared ``init_from="kept"`` in :mod:`gptspeed.config` (those that need no
+    weights of their own: ``doc_mask``, ``logit_softcap``, ``attn_window``, ``residual_dtype`` ...)
+    are kept from ``model`` too; any other setting off its default (rotary positions, RMSNorm,
+    ReLU², QK-norm, an untied head, zero-init projections, value embeddings, U-net skips, and any
+    setting not declared), from a flag, ``--recipe`` or a config file, is refused before the source
+    is read (:func:`check_init_from_switches`).
 
     Raises:
         GptspeedError: as :func:`resolve_source` / :func:`read_hf_config` / :func:`check_hf_layout`,
@@ -265,35 +253,21 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
             )
     shape = gpt_config_from_hf(hf, block_size=explicit.get("block_size"), vocab_size=model.vocab_size)
     check_hf_layout(read_hf_shapes(folder), shape, where=str(folder), vocab_rows=hf["vocab_size"])
-    return dataclasses.replace(
-        shape,
-        attention=model.attention,
-        loss=model.loss,
-        softmax=model.softmax,
-        doc_mask=model.doc_mask,
-        logit_softcap=model.logit_softcap,
-        residual_dtype=model.residual_dtype,
-    )
-
-
-# The model settings GPT-2's weights cannot take: another layout or function of its tensors (rotary
-# positions have no wpe, RMSNorm no bias, QK-norm and an untied head tensors of their own), or an
-# initialisation the loaded weights replace (zero-init projections).
-INIT_FROM_REFUSED = ("pos_emb", "norm", "mlp", "qk_norm", "tie_embeddings", "zero_init_proj")
+    kept = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.metadata.get("init_from") == "kept"}
+    return dataclasses.replace(shape, **kept)
 
 
 def check_init_from_switches(source: str, model: GPTConfig) -> None:
-    """GptspeedError (one line naming them) when ``model`` sets any of :data:`INIT_FROM_REFUSED`
-    away from GPT-2's: ``--init-from`` would silently drop them."""
-    from gptspeed.config import setting_flag
+    """GptspeedError (one line naming them) when ``model`` sets a setting away from its default that
+    is not declared to start from GPT-2's weights (``init_from=`` in :mod:`gptspeed.config`'s field
+    metadata, :func:`gptspeed.config.settings_off_default`): ``--init-from`` would silently drop it.
+    A setting added without a declaration is refused here until it is declared."""
+    from gptspeed.config import INIT_FROM_KINDS, setting_flag
 
-    gpt2 = GPTConfig()
     named = []
-    for name in INIT_FROM_REFUSED:
-        value = getattr(model, name)
-        if value != getattr(gpt2, name):
-            flag = setting_flag(name)
-            named.append((flag if value else "--no-" + flag[2:]) if isinstance(value, bool) else f"{flag} {value}")
+    for name in settings_off_default(model, "init_from", INIT_FROM_KINDS):
+        value, flag = getattr(model, name), setting_flag(name)
+        named.append((flag if value else "--no-" + flag[2:]) if isinstance(value, bool) else f"{flag} {value}")
     if named:
         raise GptspeedError(
             f"--init-from {source} starts from GPT-2's weights, which {', '.join(named)} would not fit "
@@ -679,451 +653,3 @@ def import_hf(source: str, out: str | Path) -> Path:
     )
     write_text_atomic(out / "config.json", json.dumps({**cfg.to_dict(), "source": source_info}, indent=2) + "\n")
     return path
-
-
-# ------------------------------------------------------------------------------------- export-hf
-EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-"""``export-hf --dtype``: the dtype the exported tensors are stored in (and config.json's ``dtype``)."""
-
-MODELING_FILES = ("configuration_gptspeed.py", "modeling_gptspeed.py")
-"""The files of :mod:`gptspeed.hf_modeling` copied into the export of a run with architecture switches."""
-
-
-def hf_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
-    """``config.json`` for ``transformers.GPT2LMHeadModel`` with our shape (vocabulary unpadded).
-    Dropout is 0: gptspeed trains without it. ``dtype`` (and ``torch_dtype``, its name before
-    transformers 4.56) is the stored tensors' dtype."""
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": config.valid_vocab_size,
-        "n_positions": config.block_size,
-        "n_ctx": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "n_inner": None,
-        "activation_function": "gelu_new",
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": True,
-        "use_cache": True,
-        "bos_token_id": EOT_TOKEN,
-        "eos_token_id": EOT_TOKEN,
-        "dtype": dtype,
-        "torch_dtype": dtype,
-    }
-
-
-def gptspeed_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
-    """``config.json`` of a run with architecture switches, for :mod:`gptspeed.hf_modeling`'s
-    ``GptspeedConfig`` (``model_type`` ``gptspeed_gpt``; ``auto_map`` names the two files, so
-    ``AutoConfig`` / ``AutoModelForCausalLM`` load them with ``trust_remote_code=True``). The switches
-    keep gptspeed's names and values."""
-    return {
-        "architectures": ["GptspeedForCausalLM"],
-        "model_type": "gptspeed_gpt",
-        "auto_map": {
-            "AutoConfig": "configuration_gptspeed.GptspeedConfig",
-            "AutoModelForCausalLM": "modeling_gptspeed.GptspeedForCausalLM",
-        },
-        "vocab_size": config.valid_vocab_size,
-        "n_positions": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "pos_emb": config.pos_emb,
-        "rope_theta": config.rope_theta,
-        "qk_norm": config.qk_norm,
-        "mlp": config.mlp,
-        "norm": config.norm,
-        "tie_embeddings": config.tie_embeddings,
-        "logit_softcap": config.logit_softcap,
-        "doc_mask": config.doc_mask,
-        "value_embeds": config.value_embeds,
-        "unet_skips": config.unet_skips,
-        "eot_token_id": EOT_TOKEN,
-        "tie_word_embeddings": False,
-        "use_cache": True,
-        "bos_token_id": EOT_TOKEN,
-        "eos_token_id": EOT_TOKEN,
-        "dtype": dtype,
-        "torch_dtype": dtype,
-    }
-
-
-def gpt_to_hf_state_dict(
-    sd: dict[str, torch.Tensor], config: GPTConfig, dtype: torch.dtype = torch.float32
-) -> dict[str, torch.Tensor]:
-    """HF ``GPT2LMHeadModel`` tensors (``transformer.``-prefixed, Conv1D weights ``[in, out]``,
-    ``dtype``, contiguous) from our state dict; the padding rows of ``wte`` are removed and
-    ``lm_head.weight`` is left out (transformers ties it to ``wte`` on load; safetensors cannot store
-    shared tensors)."""
-    out = {}
-    for k, t in sd.items():
-        if k == "lm_head.weight" or not k.startswith("transformer."):
-            continue
-        t = t.detach().to("cpu", dtype)
-        if k == "transformer.wte.weight":
-            t = t[: config.valid_vocab_size]
-        elif k.endswith(CONV1D):
-            t = t.t()
-        out[k] = t.contiguous().clone()
-    return out
-
-
-def gpt_to_gptspeed_hf_state_dict(
-    sd: dict[str, torch.Tensor], config: GPTConfig, dtype: torch.dtype = torch.float32
-) -> dict[str, torch.Tensor]:
-    """The tensors of ``modeling_gptspeed.GptspeedForCausalLM``: every tensor of our state dict under
-    its own name (``nn.Linear`` weights ``[out, in]``), in ``dtype``, contiguous; the padding rows of
-    ``wte``, of the value embeddings and of an untied ``lm_head`` removed, a tied ``lm_head.weight``
-    left out (the model reads ``wte``). :func:`gptspeed_hf_names` are the names the model has."""
-    out = {}
-    for k, t in sd.items():
-        if k == "lm_head.weight" and config.tie_embeddings:
-            continue
-        t = t.detach().to("cpu", dtype)
-        if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("transformer.ve."):
-            t = t[: config.valid_vocab_size]
-        out[k] = t.contiguous().clone()
-    return out
-
-
-EXPORTED_FIELDS = frozenset(
-    {
-        # the shape
-        "block_size",
-        "vocab_size",
-        "valid_vocab_size",
-        "n_layer",
-        "n_head",
-        "n_embd",
-        # how the model computes, trains or starts, not what it computes
-        "attention",
-        "loss",
-        "residual_dtype",
-        "zero_init_proj",
-        "softmax",  # "data" is refused on its own
-        # the switches modeling_gptspeed.py computes
-        "pos_emb",
-        "rope_theta",
-        "qk_norm",
-        "mlp",
-        "norm",
-        "tie_embeddings",
-        "logit_softcap",
-        "doc_mask",
-        "value_embeds",
-        "unet_skips",
-    }
-)
-"""The :class:`GPTConfig` fields an export carries (or that do not change the function the model
-computes). A run with any other field off its default is refused: a switch added to the model
-later is never exported as a model that silently computes without it."""
-
-
-def check_exportable(config: GPTConfig, where: str) -> None:
-    """GptspeedError (one line) naming the settings of ``config`` that no export computes:
-    ``--softmax data``, and any field outside :data:`EXPORTED_FIELDS` that is not at its default."""
-    from gptspeed.config import setting_flag
-
-    if config.softmax == "data":
-        raise GptspeedError(
-            f"{where} was trained with --softmax data (its LM head covers only the tokens of its training "
-            "data); transformers' models have no such restriction, so it cannot be exported faithfully"
-        )
-    default = GPTConfig()
-    unknown = [
-        f"{setting_flag(f.name)} {getattr(config, f.name)}"
-        for f in dataclasses.fields(GPTConfig)
-        if f.name not in EXPORTED_FIELDS and getattr(config, f.name) != getattr(default, f.name)
-    ]
-    if unknown:
-        raise GptspeedError(
-            f"{where} uses {', '.join(unknown)}, which export-hf does not write yet (the exported model "
-            "would compute without it); sample and eval it with gptspeed"
-        )
-
-
-def gptspeed_hf_names(config: GPTConfig) -> set[str]:
-    """The tensor names of ``modeling_gptspeed.GptspeedForCausalLM`` for ``config``."""
-    norm = ("weight", "bias") if config.norm == "layernorm" else ("weight",)
-    block = [f"{n}.{p}" for n in ("ln_1", "ln_2") for p in norm]
-    block += [f"{m}.{p}" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") for p in ("weight", "bias")]
-    names = {"transformer.wte.weight", *(f"transformer.ln_f.{p}" for p in norm)}
-    names |= {f"transformer.h.{i}.{b}" for i in range(config.n_layer) for b in block}
-    if config.pos_emb == "learned":
-        names.add("transformer.wpe.weight")
-    if not config.tie_embeddings:
-        names.add("lm_head.weight")
-    n, k = config.n_layer, config.value_embeds
-    names |= {f"transformer.ve.{j}.weight" for j in range(k)}
-    names |= {f"transformer.h.{i}.attn.ve_gates" for i in range(n) if k and (i < k or i >= n - k)}
-    if config.unet_skips:
-        names.add("skip_weights")
-    return names
-
-
-def _export_contents(config: GPTConfig, sd: dict[str, torch.Tensor], dtype: str) -> tuple[dict, dict, dict, list]:
-    """What an export of a model of ``config`` with weights ``sd`` holds, stored in ``dtype``:
-    ``(tensors, config.json, generation_config.json, code files to copy)`` -- GPT-2's layout, or with
-    architecture switches gptspeed's own (:func:`gptspeed_config_dict`, :data:`MODELING_FILES`)."""
-    generation = {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}
-    if not config.non_gpt2_switches():
-        return gpt_to_hf_state_dict(sd, config, EXPORT_DTYPES[dtype]), hf_config_dict(config, dtype), generation, []
-    code = [Path(__file__).parent / "hf_modeling" / name for name in MODELING_FILES]
-    tensors = gpt_to_gptspeed_hf_state_dict(sd, config, EXPORT_DTYPES[dtype])
-    want = gptspeed_hf_names(config)
-    if set(tensors) != want:  # a tensor the modeling code would drop, or leave at its initialisation
-        odd = sorted(set(tensors) ^ want)
-        raise GptspeedError(
-            f"the checkpoint's tensors do not match the exported model's ({_listed(odd)} on one side only): "
-            "export-hf does not know this architecture"
-        )
-    return tensors, gptspeed_config_dict(config, dtype), generation, code
-
-
-def write_tokenizer_files(folder: Path, model_max_length: int = 1024) -> None:
-    """GPT-2's tokenizer in HF's layout, from the local OpenAI files (no network):
-    ``vocab.json`` = ``encoder.json``, ``merges.txt`` = ``vocab.bpe``, plus the configs."""
-    from gptspeed.tokenizer import tokenizer_files
-
-    encoder_json, vocab_bpe = tokenizer_files()
-    shutil.copyfile(encoder_json, folder / "vocab.json")
-    shutil.copyfile(vocab_bpe, folder / "merges.txt")
-    eot = "<|endoftext|>"
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "GPT2Tokenizer",
-                "model_max_length": model_max_length,
-                "add_prefix_space": False,
-                "bos_token": eot,
-                "eos_token": eot,
-                "unk_token": eot,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    (folder / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": eot, "eos_token": eot, "unk_token": eot}, indent=2) + "\n"
-    )
-
-
-def _apply_umask(folder: Path) -> None:
-    """Give ``folder`` (made by ``tempfile.mkdtemp``: 0700) and the files in it the permissions
-    every other file gets: 0777 / 0666 less the user's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for f in folder.iterdir():
-        f.chmod(0o666 & ~umask)
-
-
-EXPORT_MARKER = ".gptspeed-export.json"
-"""Written last into every export-hf folder: the files the export wrote and their sizes. ``--force``
-replaces only a folder it describes exactly (or an empty folder): never the user's own files."""
-
-
-def _evidence(folder: Path, k: str) -> str:
-    """What makes ``folder`` a run or data folder (:func:`gptspeed.paths.kind`), for an error line."""
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return k
-    from gptspeed.paths import _CKPT
-
-    if k == "run folder":
-        shown = [n for n in names if _CKPT.match(n)] or [n for n in names if n in ("config.json", "metrics.jsonl")]
-    else:
-        shown = [n for n in names if n == "manifest.json" or n.endswith(".bin")]
-    return f"{k} (it holds {_listed(shown, 2)})"
-
-
-def _not_an_export(folder: Path) -> str | None:
-    """None when ``folder`` holds exactly what an earlier ``export-hf`` wrote there (its
-    :data:`EXPORT_MARKER` and the files it lists, at their sizes); else what is there instead."""
-    from gptspeed.fileio import read_user_json
-
-    try:
-        entries = {e.name: e for e in os.scandir(folder)}
-    except OSError as e:
-        return f"it cannot be listed ({e.strerror or e})"
-    if EXPORT_MARKER not in entries:
-        return f"it holds {_listed(sorted(entries))}, and no {EXPORT_MARKER} of an earlier export"
-    try:
-        files = read_user_json(folder / EXPORT_MARKER, "export marker", max_bytes=1 << 16).get("files")
-    except GptspeedError as e:
-        return str(e)
-    if not isinstance(files, dict):
-        return f"its {EXPORT_MARKER} lists no files"
-    foreign = sorted(n for n in entries if n != EXPORT_MARKER and n not in files)
-    if foreign:
-        return f"it holds {_listed(foreign)}, which export-hf did not write"
-    for name, size in files.items():
-        e = entries.get(name)
-        if e is None or e.is_symlink() or not e.is_file() or e.stat().st_size != size:
-            return f"its {name} is not the one export-hf wrote (changed or removed since)"
-    return None
-
-
-def check_export_target(run: Path, out: Path, force: bool) -> None:
-    """Refuse an ``export-hf --out`` that would lose something, before any work: ``out`` equal to
-    ``run`` or holding it; ``out`` (or the folder it would be created in) a run folder or a data
-    folder (:func:`gptspeed.paths.kind`) -- even with ``force``; a file or a symbolic link; a
-    non-empty folder that is not an earlier export (:func:`_not_an_export`) -- even with
-    ``force``; an earlier export without ``force``. An empty folder is written into.
-
-    Raises:
-        GptspeedError: one line naming what is there.
-    """
-    from gptspeed.paths import kind
-
-    if out.is_symlink():
-        raise GptspeedError(f"--out {out} is a symbolic link: give the folder to write itself")
-    r_run, r_out = run.resolve(), out.resolve()
-    if r_out == r_run or r_out in r_run.parents:
-        raise GptspeedError(
-            f"--out {out} is {'the --run folder' if r_out == r_run else 'a folder holding the --run folder'} "
-            f"{run}: an export never replaces the run it exports; choose another --out (e.g. {run}-hf)"
-        )
-    if not os.path.lexists(out):
-        parent = next(p for p in r_out.parents if p.exists())  # the folder the export creates its first entry in
-        k = kind(parent)
-        if k in ("run folder", "data folder"):
-            raise GptspeedError(
-                f"--out {out} would be written into {parent}, a {_evidence(parent, k)}: an export never "
-                "writes into one; choose an --out outside it"
-            )
-        return
-    k = kind(out)
-    if k in ("run folder", "data folder"):
-        raise GptspeedError(
-            f"--out {out} is a {_evidence(out, k)}: export-hf never writes over one, even with --force; "
-            "choose another --out"
-        )
-    if k in ("file", "text file"):
-        raise GptspeedError(
-            f"--out {out} is a file, not a folder: export-hf never writes over it; choose another --out"
-        )
-    if k == "empty folder":
-        return
-    reason = _not_an_export(out)
-    if reason is not None:
-        raise GptspeedError(
-            f"--out {out} is not an earlier export ({reason}): --force replaces only an export-hf "
-            "folder or an empty folder; choose another --out"
-        )
-    if not force:
-        raise GptspeedError(
-            f"{out} already exists (an earlier export): choose another --out or pass --force to replace it"
-        )
-
-
-def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: str = "float32") -> Path:
-    """``gptspeed export-hf``: the newest checkpoint of ``run`` as a Hugging Face folder ``out``
-    (``config.json``, ``model.safetensors``, tokenizer files, ``generation_config.json``, and
-    :data:`EXPORT_MARKER`) that ``transformers.AutoModelForCausalLM.from_pretrained(out)`` loads
-    offline, with the logits of gptspeed's ``GPT`` ``(B, T, 50257)`` (the vocabulary padding removed).
-    Written into a temporary folder beside ``out`` and renamed, so ``out`` is never half-written.
-    ``force`` replaces an earlier export (the old folder is renamed aside, the new one renamed in,
-    then the old one deleted); nothing else is ever replaced, see :func:`check_export_target`.
-    Returns ``out``.
-
-    A GPT-2 run (``--zero-init-proj`` only changes the initial weights) is a ``GPT2LMHeadModel``
-    (Conv1D weights transposed, LM head tied). A run with architecture switches carries its modeling
-    code (:data:`MODELING_FILES`, copied from :mod:`gptspeed.hf_modeling`; config.json's ``auto_map``
-    names them), which ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained(out,
-    trust_remote_code=True)`` load (transformers' "Customizing models",
-    https://huggingface.co/docs/transformers/custom_models): rotary positions, QK-norm, ReLU²,
-    RMSNorm, an untied head, the logit soft-cap, value embeddings and U-net skips computed as
-    gptspeed computes them, under gptspeed's tensor names. The document mask is part of the model,
-    as in gptspeed's training, eval and sampling: attention never crosses an ``<|endoftext|>`` of
-    the input, with a KV cache too (the first layer's cached keys carry the EOT flags).
-    ``--attention`` and ``--residual-dtype`` do not change the function the model computes, so the
-    export has neither; a setting it does not compute is refused (:func:`check_exportable`).
-
-    ``dtype`` (:data:`EXPORT_DTYPES`): ``float32`` (as trained: the logits equal gptspeed's fp32
-    ones to rounding), or ``bfloat16``, half the bytes (GPT-2 XL: 3.1 GB instead of 6.2 GB); the
-    tensors are stored in it and config.json's ``dtype`` / ``torch_dtype`` name it.
-
-    Raises:
-        GptspeedError: a ``dtype`` not in :data:`EXPORT_DTYPES`; no checkpoint in ``run``; an ``out``
-            refused by :func:`check_export_target`; a run :func:`check_exportable` refuses (--softmax
-            data, a setting outside :data:`EXPORTED_FIELDS`); not writable.
-    """
-    from gptspeed.checkpoint import load_latest_run
-
-    if dtype not in EXPORT_DTYPES:
-        raise GptspeedError(f"export-hf --dtype {dtype}: choose one of {', '.join(EXPORT_DTYPES)}")
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise GptspeedError("export-hf writes safetensors: `pip install safetensors`") from None
-    run, out = Path(run), Path(out)
-    check_export_target(run, out, force)
-    ckpt, run_config = load_latest_run(run)
-    config = run_config.model
-    check_exportable(config, str(run))
-    tensors, config_json, generation, code = _export_contents(config, ckpt["model"], dtype)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as e:
-        raise GptspeedError(f"cannot write to {out.parent}: {e.strerror or e}") from None
-    try:
-        _save_safetensors(save_file, tensors, tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        for path in code:
-            shutil.copyfile(path, tmp / path.name)
-        write_tokenizer_files(tmp, config.block_size)
-        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
-        (tmp / EXPORT_MARKER).write_text(
-            json.dumps(
-                {"exported_by": "gptspeed export-hf", "run": str(run), "step": ckpt.get("step"), "files": files},
-                indent=2,
-            )
-            + "\n"
-        )
-        _apply_umask(tmp)
-        if os.path.lexists(out):  # an earlier export or an empty folder (checked): move it aside, swap, delete it
-            old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")
-            os.replace(out, old)
-            try:
-                os.replace(tmp, out)
-            except OSError:
-                os.replace(old, out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except OSError as e:
-        full = ": free some space, then export again" if e.errno == errno.ENOSPC else ""
-        raise GptspeedError(f"could not write {out}: {e.strerror or e}{full} (nothing was written there)") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _save_safetensors(save_file, tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """``save_file(tensors, path)``, whose write errors (safetensors' Rust writer raises a
-    ``SafetensorError`` "I/O error: No space left on device (os error 28)", not an OSError) are
-    re-raised as the OSError they are, so the export's one line names them."""
-    try:
-        save_file(tensors, str(path), metadata={"format": "pt"})
-    except OSError:
-        raise
-    except Exception as e:  # SafetensorError
-        code = re.search(r"os error (\d+)", str(e))
-        if code is None:
-            raise OSError(f"safetensors could not write {path.name}: {_one_line(e)}") from None
-        raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None

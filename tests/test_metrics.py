@@ -155,6 +155,23 @@ def test_throughput_mfu_and_eta_over_the_interval_since_restart():
     assert f["mfu"] == pytest.approx(1e9 * 4096 / 2e13)
 
 
+def test_throughput_mfu_weighs_each_step_by_its_own_flops_per_token():
+    """Steps at another sequence length (--seq-len-warmup-steps) pass their own FLOPs per token: the interval's
+    MFU is its FLOPs over its seconds, not the constructor's FLOPs per token times its tokens."""
+    clock = Clock()
+    tp = Throughput(
+        tokens_per_step=1000, flops_per_token=8.0, peak_flops=100.0, world_size=1, max_steps=10, clock=clock
+    )
+    for fpt in (6.0, 7.0, None):  # two short steps, then one at the full length (the constructor's 8)
+        clock.t += 1.0
+        tp.step_done(1000, fpt)
+    assert tp.measure(step=3)["mfu"] == pytest.approx((6.0 + 7.0 + 8.0) * 1000 / 3.0 / 100.0)
+    tp.restart()
+    clock.t += 1.0
+    tp.step_done(1000, 6.0)
+    assert tp.measure(step=4)["mfu"] == pytest.approx(6.0 * 1000 / 100.0)  # the restart forgot the earlier steps
+
+
 def test_epoch_eta_only_when_the_epoch_ends_before_the_run():
     clock = Clock()
     tp = Throughput(1000, 1.0, None, 1, max_steps=50, clock=clock)

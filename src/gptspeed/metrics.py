@@ -366,28 +366,37 @@ class Throughput:
         self.world_size, self.max_steps, self.clock = world_size, max_steps, clock
         self.tokens_between = tokens_between or (lambda first, last: max(0, last - first) * tokens_per_step)
         self.steps = self.tokens = 0
+        self.flops = 0.0
         self.t0 = clock()
         self.wait0 = 0.0
         self.warm = False
 
     def restart(self, wait_s: float = 0.0) -> None:
-        self.t0, self.steps, self.tokens, self.wait0 = self.clock(), 0, 0, wait_s
+        self.t0, self.steps, self.tokens, self.flops, self.wait0 = self.clock(), 0, 0, 0.0, wait_s
 
-    def step_done(self, tokens: int | None = None) -> None:
+    def step_done(self, tokens: int | None = None, flops_per_token: float | None = None) -> None:
+        """One optimizer step done: ``tokens`` it trained on (default ``tokens_per_step``) at
+        ``flops_per_token`` training FLOPs each (default the constructor's: a step of another sequence
+        length, e.g. under ``--seq-len-warmup-steps``, passes its own, whose attention term is smaller)."""
         self.steps += 1
-        self.tokens += self.tokens_per_step if tokens is None else tokens
+        tokens = self.tokens_per_step if tokens is None else tokens
+        self.tokens += tokens
+        self.flops += tokens * (self.fpt if flops_per_token is None else flops_per_token)
 
     def measure(self, step: int, epoch_tokens_left: float | None = None, wait_s: float = 0.0) -> dict[str, Any]:
         """Fields of a metrics record for the interval since :meth:`restart`: ``step_ms`` (mean
         wall ms per optimizer step), ``data_wait_ms`` (mean ms per step the loop waited for its
         batches), ``tokens_per_s`` (whole job) and ``tokens_per_s_per_device``,
-        ``mfu`` (``flops_per_token * tokens/s / (peak * world_size)``, None without a peak),
+        ``mfu`` (the steps' training FLOPs per second over ``peak * world_size``: ``flops_per_token *
+        tokens/s`` when every step ran at the constructor's FLOPs per token; each step's own otherwise;
+        None without a peak),
         ``eta_s`` (seconds to ``max_steps``: the tokens left at this tokens/s), ``epoch_eta_s`` (seconds
         to the end of the current epoch, given ``epoch_tokens_left``; None when unknown or when the run
         ends first), ``includes_warmup`` (the first interval of a process)."""
         dt = (self.clock() - self.t0) / max(1, self.steps)
         tokens = self.tokens / self.steps if self.steps else self.tokens_per_step  # a step's mean
         tps = tokens / dt if dt > 0 else float("inf")
+        fpt = self.flops / self.tokens if self.tokens else self.fpt  # the interval's FLOPs per token
         tokens_left = self.tokens_between(step, self.max_steps)
         epoch_eta = None
         if epoch_tokens_left is not None and epoch_tokens_left < tokens_left:
@@ -397,7 +406,7 @@ class Throughput:
             data_wait_ms=1000 * (wait_s - self.wait0) / max(1, self.steps),
             tokens_per_s=tps,
             tokens_per_s_per_device=tps / self.world_size,
-            mfu=self.fpt * tps / (self.peak * self.world_size) if self.peak else None,
+            mfu=fpt * tps / (self.peak * self.world_size) if self.peak else None,
             eta_s=tokens_left / tps,
             epoch_eta_s=epoch_eta,
             includes_warmup=not self.warm,

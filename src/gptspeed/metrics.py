@@ -45,7 +45,16 @@ from gptspeed.fileio import write_text_atomic
 #     accumulate, 104.8 tf32, 104.8 fp32).
 #   MI300X / MI325X: AMD Instinct MI300X and MI325X datasheets (1,307.4 bf16, 653.7 tf32, 163.4 fp32
 #     matrix); MI250X: AMD Instinct MI250X datasheet (383 bf16, no TF32: its 95.7 fp32 matrix rate).
-#   A10G, L4, RTX 3090, V100, T4: their datasheets (V100 and T4: fp16 tensor cores, no bf16/tf32).
+#   L4: NVIDIA L4 datasheet (242 bf16 / 120 tf32 with sparsity, 30.3 fp32). RTX 3090: NVIDIA Ampere GA102
+#     whitepaper, appendix (71 bf16 with FP32 accumulate, 35.6 tf32, 35.6 fp32). V100 SXM2 / PCIe: NVIDIA
+#     V100 datasheet (125 / 112 "tensor performance", fp16 tensor cores, no bf16/tf32: 15.7 / 14 fp32). T4:
+#     NVIDIA T4 datasheet (65 mixed-precision FP16/FP32, 8.1 fp32).
+#   A10G (AWS's variant of the A10; NVIDIA publishes no A10G datasheet): Baseten, "NVIDIA A10 vs A10G for
+#     ML model inference" (https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/): 70
+#     bf16/fp16 tensor, 35 tf32, 35 fp32 -- "the A10 prioritizes tensor compute, while the A10G has a higher
+#     CUDA core performance", so not the A10's datasheet (125 / 62.5 / 31.2, which this table used to give).
+#     The same figures follow from GA102's rates: 80 SMs x 4 tensor cores x 64 FP32-accumulate FMAs a clock
+#     (GeForce's rate, as the RTX 3090's 71) x 2 x 1.71 GHz = 70.0; 80 x 128 FP32 lanes x 2 x 1.71 = 35.0.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "H100 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0},
@@ -62,7 +71,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "RTX 5090": {"bf16": 209.5, "tf32": 104.8, "fp32": 104.8},
     "MI300X": {"bf16": 1307.4, "tf32": 653.7, "fp32": 163.4},
     "MI250X": {"bf16": 383.0, "tf32": 95.7, "fp32": 95.7},
-    "A10G": {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "A10G": {"bf16": 70.0, "tf32": 35.0, "fp32": 35.0},
     "L4": {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3},
     "RTX 4090": {"bf16": 165.2, "tf32": 82.6, "fp32": 82.6},
     "RTX 3090": {"bf16": 71.0, "tf32": 35.6, "fp32": 35.6},

@@ -16,55 +16,8 @@ from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
 
 from support.cli import assert_user_error, run_cli
-from support.tune_fakes import knob, rows, tune
+from support.tune_fakes import FakeWorker, knob, rows, tune
 from support.verify_rows import TINY_RUNG
-
-
-class FakeWorker:
-    """``run_worker`` without a process: ms per step 100, times ``factor`` for each (setting, value) the
-    candidate has; out of memory from micro-batch ``oom_at``; losses 10 - 0.1 * step, scaled by 1.1 for
-    the settings in ``off`` (a candidate that trains differently); each call advances ``clock`` by ``cost`` s."""
-
-    def __init__(self, factors=None, oom_at=None, off=(), refuse=(), cost=1.0):
-        self.factors, self.oom_at, self.off, self.refuse, self.cost = factors or {}, oom_at, off, refuse, cost
-        self.calls, self.now = [], 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def __call__(self, spec, log_path, timeout=None, cache_dir=None):
-        self.calls.append(spec)
-        self.now += min(self.cost, timeout) if timeout is not None else self.cost
-        s = {**spec.settings, "batch_size": spec.batch_size}
-        if timeout is not None and self.cost >= timeout:
-            return {"status": "failed", "reason": f"timed out after {timeout:g} s (--stage-timeout)"}
-        if self.oom_at and spec.batch_size >= self.oom_at:
-            return {"status": "failed", "reason": f"out of memory at B={spec.batch_size}", "oom": True}
-        if any(s.get(k) == v for k, v in self.refuse):
-            return {"status": "skipped", "reason": "refused: a device rule"}
-        ms = 100.0
-        for (k, v), f in self.factors.items():
-            ms *= f if s.get(k) == v else 1
-        n = spec.warmup + spec.steps
-        scale = 1.1 if any(s.get(k) == v for k, v in self.off) else 1.0
-        tokens = spec.batch_size * spec.grad_accum * spec.seq_len
-        return {
-            "status": "ok",
-            "losses": [scale * (10 - 0.1 * i) for i in range(n)],
-            "skipped": [False] * n,
-            "ms_median": ms,
-            "ms_q25": ms * 0.998,
-            "ms_q75": ms * 1.002,
-            "ms_steps": [ms] * spec.steps,
-            "tokens_per_s": tokens / ms * 1000,
-            "mfu": None,
-            "peak_mem_bytes": spec.batch_size << 20,
-            "batch_size": spec.batch_size,
-            "grad_accum": spec.grad_accum,
-            "tokens_per_step": tokens,
-            "compile": None,
-            "syncs": {"counted": False, "budget": 0},
-        }
 
 
 def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_does_not_fit(tmp_path, monkeypatch):
@@ -273,3 +226,58 @@ def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yo
     )
     assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
     assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)
+
+
+def test_each_candidate_is_judged_against_your_row_not_the_best_so_far(tmp_path, monkeypatch):
+    """Losses near bf16's 1e-2 after a kept row: ``a`` (+0.8% from yours) is kept; ``b`` from it sits 1.6% from
+    yours but 0.8% from ``a`` (kept rows must not drift away from your run step by step: it fails), and ``c``
+    from it sits 0.3% from yours but 1.2% from ``a`` (it trains as yours: verified and kept)."""
+    worker = FakeWorker(
+        {("compile", True): 0.9, ("loss", "plain"): 0.9, ("threads", 1): 0.9},
+        offsets={("compile", True): 0.008, ("loss", "plain"): 0.008, ("threads", 1): -0.011},
+    )
+    knobs = (
+        knob("a", [{"compile": True}]),
+        knob("b", [{"loss": "plain"}]),
+        knob("c", [{"threads": 1}]),
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--dtype bfloat16")
+    r = rows(res)
+    assert r["a=True"]["verdict"] == "verified" and r["a=True"]["kept"]
+    assert r["a=True"]["loss_check"]["rtol"] == pytest.approx(1e-2)
+    assert r["b=plain"]["verdict"] == "fails verification" and not r["b=plain"]["kept"]
+    assert r["b=plain"]["loss_check"]["max_rel_diff"] == pytest.approx(0.016)  # from yours, not from a's
+    assert "vs yours's" in r["b=plain"]["reason"]
+    assert r["c=1"]["verdict"] == "verified" and r["c=1"]["kept"]
+    assert r["c=1"]["loss_check"]["max_rel_diff"] == pytest.approx(0.003)
+    assert res["best"] == {"compile": True, "threads": 1}
+
+
+@pytest.mark.parametrize(
+    "yours, candidate, rtol",
+    [
+        ("--dtype bfloat16", {"fp8_lm_head": True, "loss": "plain"}, 2e-2),  # a bf16 run, an FP8 head: fp8's 2e-2
+        ("--dtype bfloat16 --fp8-lm-head --loss plain", {"fp8_lm_head": False}, 2e-2),  # and the other way round
+        ("--dtype float32", {"dtype": "bfloat16"}, 1e-2),  # an fp32 run (1e-4), a bf16 candidate: bf16's 1e-2
+    ],
+)
+def test_a_candidate_is_judged_at_the_looser_of_the_two_rows_tolerances(tmp_path, monkeypatch, yours, candidate, rtol):
+    """After a kept row, a candidate in another format whose losses sit at 0.75 of the looser tolerance is
+    verified (the tighter one would reject it: FP8 judged at bf16's 1e-2), and one at 1.25 of it fails."""
+    key = next(iter(candidate.items()))
+    worker = FakeWorker(
+        {("compile", True): 0.9, key: 0.8, ("attention", "manual"): 0.8},
+        offsets={key: 0.75 * rtol, ("attention", "manual"): 0.5 * rtol},
+    )
+    knobs = (
+        knob("kept", [{"compile": True}]),
+        knob("near", [candidate]),
+        knob("far", [{**candidate, "attention": "manual"}]),  # 0.75 + 0.5 = 1.25 of the tolerance
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags=yours)
+    got = {x["knob"]: x for x in res["rows"]}
+    assert got["kept"]["kept"]
+    assert got["near"]["loss_check"]["rtol"] == pytest.approx(rtol)
+    assert got["near"]["verdict"] == "verified" and got["near"]["kept"], got["near"]["reason"]
+    assert got["far"]["loss_check"]["rtol"] == pytest.approx(rtol)
+    assert got["far"]["verdict"] == "fails verification" and not got["far"]["kept"]

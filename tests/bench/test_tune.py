@@ -10,6 +10,7 @@ import yaml
 
 from gptspeed import cli
 from gptspeed.bench import knobs as knobs_mod
+from gptspeed.bench import tune as tune_mod
 from gptspeed.bench.tune import measured_sequences
 from gptspeed.bench.tune_report import VERDICTS
 from gptspeed.config import preset
@@ -26,7 +27,7 @@ def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_d
         {("batch_size", 16): 0.8, ("loss", "plain"): 0.5, ("compile", True): 0.95}, oom_at=32, off=[("loss", "plain")]
     )
     knobs = (
-        knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True),
+        knob("micro-batch", knobs_mod._micro_batch, sizes=True),
         knob("loss", [{"loss": "plain"}]),
         knob("compile", [{"compile": True}, {"compile": False}]),
     )
@@ -53,7 +54,7 @@ def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_d
 
 def test_a_larger_batch_that_does_not_fit_is_a_row_and_the_search_goes_on(tmp_path, monkeypatch):
     worker = FakeWorker({("compile", True): 0.9}, oom_at=16)
-    knobs = (knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True), knob("compile", [{"compile": True}]))
+    knobs = (knob("micro-batch", knobs_mod._micro_batch, sizes=True), knob("compile", [{"compile": True}]))
     res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 4096")
     r = rows(res)
     assert r["micro-batch=16"]["verdict"] == "does not fit" and "out of memory" in r["micro-batch=16"]["reason"]
@@ -170,12 +171,16 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     res = json.loads((out / "tune.json").read_text())
     r = rows(res)
     assert r["yours"]["verdict"] == "yours" and r["yours"]["dtype"] == "float32"
-    assert {x["knob"] for x in res["rows"]} >= {"dtype", "compile", "loss", "threads"}
+    assert {x["knob"] for x in res["rows"]} >= {"dtype", "compile", "loss", "threads", "coordinate-descent"}
     for x in res["rows"][1:]:  # every CPU knob gave a row with a verdict; the ones that ran were compared with yours
-        assert x["verdict"] in ("verified", "not applicable") and x["verdict"] in VERDICTS, x
+        assert x["verdict"] in ("verified", "not applicable", "duplicate") and x["verdict"] in VERDICTS, x
         if x["verdict"] == "verified":
             assert x["loss_check"]["steps_compared"] == 3 and x["loss_check"]["ok"]
     assert r["loss=plain"]["verdict"] == "verified"  # the CPU's auto is fused: plain is the other path
+    assert r["loss=fused"]["verdict"] == "duplicate"  # ... and fused itself is not run again
+    assert r["coordinate-descent"]["verdict"] == "not applicable" and "Triton" in r["coordinate-descent"]["reason"]
+    assert res["config"]["resolved"]["sdpa_backend"] == "flash"  # auto resolved from your row's profile
+    assert "Your run, resolved here:" in (out / "tune.md").read_text()
     assert f"train it: gptspeed train --config {out}/tuned.yaml --out RUN_DIR" in proc.stdout
     # the file trains as gptspeed train --config reads it (in this process: two more would each import torch)
     import torch
@@ -211,7 +216,9 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
 
 def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yours(tmp_path):
     """``--cast-weights-once``'s candidate (``--parallel fsdp`` in the worker's one process, its gloo group
-    of one on a CPU) runs as a real worker process, with your row's losses (the same bf16 numbers)."""
+    of one on a CPU) runs as a real worker process, with your row's losses (the same bf16 numbers); compiled
+    per block (``--compile-mode blocks``), dynamo compiles it with no graph break or recompile (under
+    whole-model compile it breaks at FSDP2's hooks: the knob says "not applicable" there)."""
     import dataclasses
 
     from gptspeed.bench.ladder import run_worker
@@ -221,11 +228,23 @@ def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yo
     base = StageSpec(name="yours", settings=settings, **TINY_RUNG, grad_accum=2)
     yours = run_worker(base, tmp_path / "yours.log")
     once = run_worker(
-        dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp", "cast_weights_once": True}),
+        dataclasses.replace(
+            base,
+            name="once",
+            settings={
+                **settings,
+                "parallel": "fsdp",
+                "cast_weights_once": True,
+                "compile": True,
+                "compile_mode": "blocks",
+            },
+            compile_backend="eager",
+        ),
         tmp_path / "once.log",
     )
     assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
     assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)
+    assert once["compile"]["graph_breaks"] == 0 and once["compile"]["recompiles"] == 0, once["compile"]
 
 
 def test_each_candidate_is_judged_against_your_row_not_the_best_so_far(tmp_path, monkeypatch):
@@ -281,3 +300,43 @@ def test_a_candidate_is_judged_at_the_looser_of_the_two_rows_tolerances(tmp_path
     assert got["near"]["verdict"] == "verified" and got["near"]["kept"], got["near"]["reason"]
     assert got["far"]["loss_check"]["rtol"] == pytest.approx(rtol)
     assert got["far"]["verdict"] == "fails verification" and not got["far"]["kept"]
+
+
+def test_sdpa_auto_is_resolved_from_your_rows_profile_and_its_kernel_is_a_duplicate_not_a_row_run(
+    tmp_path, monkeypatch
+):
+    worker = FakeWorker({("sdpa_backend", "flash"): 0.9}, sdpa="cudnn")  # auto runs cuDNN's kernel here
+    knobs = (knob("sdpa-backend", knobs_mod._choices("sdpa_backend", ("cudnn", "flash", "efficient"))),)
+    res = tune(tmp_path, monkeypatch, worker, knobs)
+    r = rows(res)
+    assert res["config"]["resolved"]["sdpa_backend"] == "cudnn"
+    assert (
+        r["sdpa-backend=cudnn"]["verdict"] == "duplicate"
+        and "already ran cudnn's kernel" in r["sdpa-backend=cudnn"]["reason"]
+    )
+    assert [c.settings.get("sdpa_backend") for c in worker.calls] == ["auto", "flash", "efficient"]  # cudnn never ran
+    assert r["sdpa-backend=flash"]["kept"] and res["best"] == {"sdpa_backend": "flash"}
+    md = (tmp_path / "tune" / "tune.md").read_text()
+    assert "SDPA kernel (its profile) cudnn" in md and "| duplicate |" in md
+
+
+def test_the_micro_batch_compares_every_size_that_fits_not_only_the_first_that_gains(tmp_path, monkeypatch):
+    """B=8 gains 5% over yours (B=4), B=16 another 0.5% over B=8 (under the 1% gate from B=8): the fastest of
+    the sizes that fit is kept; B=32 does not fit and ends the knob."""
+    monkeypatch.setattr(tune_mod, "STEP_FACTOR", {"cpu": 8})  # a measured step of 8 micro-batches of yours
+    worker = FakeWorker({("batch_size", 8): 0.95, ("batch_size", 16): 0.945}, oom_at=32)
+    knobs = (knob("micro-batch", knobs_mod._micro_batch, sizes=True),)
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--batch-size 4 --total-batch-tokens 4096")
+    r = rows(res)
+    assert list(r) == ["yours", "micro-batch=8", "micro-batch=16", "micro-batch=32"]
+    assert r["micro-batch=16"]["kept"] and not r["micro-batch=8"]["kept"]
+    assert r["micro-batch=16"]["from"] == "(your configuration)"  # every size from the same best
+    assert r["micro-batch=32"]["verdict"] == "does not fit" and res["best"] == {"batch_size": 16}
+
+
+def test_every_row_compiles_into_one_shared_cache(tmp_path, monkeypatch):
+    worker = FakeWorker({("compile", True): 0.9})
+    knobs = (knob("compile", [{"compile": True}]), knob("loss", [{"loss": "plain"}]))
+    tune(tmp_path, monkeypatch, worker, knobs)
+    assert len(worker.caches) == 3 and worker.caches[0] is not None and len(set(worker.caches)) == 1
+    assert not worker.caches[0].exists()  # removed at the end

@@ -63,8 +63,8 @@ class FakeWorker:
         }
 
 
-def knob(name, values, until_no_gain=False):
-    return Knob(name, name, "test", values if callable(values) else (lambda state: values), until_no_gain)
+def knob(name, values, sizes=False):
+    return Knob(name, name, "test", values if callable(values) else (lambda state: values), sizes)
 
 
 def tune(tmp_path, monkeypatch, worker, knobs, flags="", budget_s=1000.0, preset_name="pico"):

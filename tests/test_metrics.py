@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from gptspeed.errors import GptspeedError
-from gptspeed.metrics import FirstPace, Throughput, first_step_pace, format_duration, format_record, peak_flops_for_name
+from gptspeed.metrics import (
+    DEVICE_NAMES,
+    PEAK_TFLOPS,
+    FirstPace,
+    Throughput,
+    first_step_pace,
+    format_duration,
+    format_record,
+    peak_flops_for_name,
+)
 
 from support.strategies import HealthCheck, given, json_values, settings, st
 
@@ -155,6 +164,23 @@ def test_throughput_mfu_and_eta_over_the_interval_since_restart():
     assert f["mfu"] == pytest.approx(1e9 * 4096 / 2e13)
 
 
+def test_throughput_mfu_weighs_each_step_by_its_own_flops_per_token():
+    """Steps at another sequence length (--seq-len-warmup-steps) pass their own FLOPs per token: the interval's
+    MFU is its FLOPs over its seconds, not the constructor's FLOPs per token times its tokens."""
+    clock = Clock()
+    tp = Throughput(
+        tokens_per_step=1000, flops_per_token=8.0, peak_flops=100.0, world_size=1, max_steps=10, clock=clock
+    )
+    for fpt in (6.0, 7.0, None):  # two short steps, then one at the full length (the constructor's 8)
+        clock.t += 1.0
+        tp.step_done(1000, fpt)
+    assert tp.measure(step=3)["mfu"] == pytest.approx((6.0 + 7.0 + 8.0) * 1000 / 3.0 / 100.0)
+    tp.restart()
+    clock.t += 1.0
+    tp.step_done(1000, 6.0)
+    assert tp.measure(step=4)["mfu"] == pytest.approx(6.0 * 1000 / 100.0)  # the restart forgot the earlier steps
+
+
 def test_epoch_eta_only_when_the_epoch_ends_before_the_run():
     clock = Clock()
     tp = Throughput(1000, 1.0, None, 1, max_steps=50, clock=clock)
@@ -210,6 +236,77 @@ def test_console_line_shows_epoch_eta_and_documents_only_when_they_inform():
 def test_peaks_match_the_device_name_of_each_listed_card(name, dtype, tflops):
     peak, source = peak_flops_for_name(name, dtype)
     assert peak == pytest.approx(tflops * 1e12) and "datasheet" in source
+
+
+# Every card's figures as its datasheet (or whitepaper appendix) prints them, TFLOPS, and whether the printed
+# figure is "with sparsity" (2:4 structured sparsity doubles a tensor-core figure; MFU needs the dense one).
+# bf16: the bf16 (or, on V100 / T4, fp16) tensor-core figure with FP32 accumulation; tf32: TF32 tensor cores
+# (a card without them: its fp32 rate); fp32: plain FP32 (AMD: the FP32 matrix rate).
+SPARSE, DENSE = True, False
+DATASHEETS = {
+    # NVIDIA A100 Tensor Core GPU datasheet: "BF16 Tensor Core 312 | 624*", "TF32 156 | 312*", FP32 19.5
+    "A100": {"bf16": (312.0, DENSE), "tf32": (156.0, DENSE), "fp32": (19.5, DENSE)},
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM / PCIe / NVL columns): "BF16 Tensor Core 1,979* / 1,513* /
+    # 1,671*", "TF32 989* / 756* / 835*" (* with sparsity), FP32 67 / 51 / 60
+    "H100 SXM": {"bf16": (1979.0, SPARSE), "tf32": (989.0, SPARSE), "fp32": (67.0, DENSE)},
+    "H100 PCIe": {"bf16": (1513.0, SPARSE), "tf32": (756.0, SPARSE), "fp32": (51.0, DENSE)},
+    "H100 NVL": {"bf16": (1671.0, SPARSE), "tf32": (835.0, SPARSE), "fp32": (60.0, DENSE)},
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM / NVL): "BF16 1,979* / 1,671*", "TF32 989* / 835*", 67 / 60
+    "H200 SXM": {"bf16": (1979.0, SPARSE), "tf32": (989.0, SPARSE), "fp32": (67.0, DENSE)},
+    "H200 NVL": {"bf16": (1671.0, SPARSE), "tf32": (835.0, SPARSE), "fp32": (60.0, DENSE)},
+    # NVIDIA HGX B200 datasheet, per GPU: "FP16/BF16 4.5 PFLOPS*", "TF32 2.2 PFLOPS*", FP32 75 TFLOPS
+    "B200": {"bf16": (4500.0, SPARSE), "tf32": (2200.0, SPARSE), "fp32": (75.0, DENSE)},
+    # NVIDIA L40S datasheet: "BF16 Tensor Core 362.05 | 733*", "TF32 183 | 366*", FP32 91.6
+    "L40S": {"bf16": (362.05, DENSE), "tf32": (183.0, DENSE), "fp32": (91.6, DENSE)},
+    # NVIDIA L40 datasheet: "BF16 Tensor Core 181.05 | 362.1*", "TF32 90.5 | 181*", FP32 90.5
+    "L40": {"bf16": (181.05, DENSE), "tf32": (90.5, DENSE), "fp32": (90.5, DENSE)},
+    # NVIDIA Ampere GA102 whitepaper, appendix, RTX A6000: "BF16 Tensor TFLOPS with FP32 Accumulate
+    # 154.8/309.7", "TF32 77.4/154.8", FP32 38.7
+    "RTX A6000": {"bf16": (154.8, DENSE), "tf32": (77.4, DENSE), "fp32": (38.7, DENSE)},
+    # NVIDIA A40 datasheet: "BF16 Tensor TFLOPS with FP32 Accumulate 149.7 | 299.4*", "TF32 74.8 | 149.6*", 37.4
+    "A40": {"bf16": (149.7, DENSE), "tf32": (74.8, DENSE), "fp32": (37.4, DENSE)},
+    # NVIDIA Ada Lovelace whitepaper, appendix, RTX 6000 Ada: "BF16 with FP32 Accumulate 364.2/728.5",
+    # "TF32 182.1/364.2", FP32 91.1
+    "RTX 6000 Ada": {"bf16": (364.2, DENSE), "tf32": (182.1, DENSE), "fp32": (91.1, DENSE)},
+    # NVIDIA RTX Blackwell GPU architecture whitepaper, appendix, RTX 5090: "FP16/BF16 Tensor with FP32
+    # Accumulate 209.5/419", "TF32 104.8/209.5", FP32 104.8
+    "RTX 5090": {"bf16": (209.5, DENSE), "tf32": (104.8, DENSE), "fp32": (104.8, DENSE)},
+    # AMD Instinct MI300X datasheet (MI325X: the same compute): "BF16 1307.4 TFLOPs" (2614.9 with sparsity),
+    # "TF32 653.7", "FP32 Matrix 163.4"
+    "MI300X": {"bf16": (1307.4, DENSE), "tf32": (653.7, DENSE), "fp32": (163.4, DENSE)},
+    # AMD Instinct MI250X datasheet: "Peak bfloat16 383 TFLOPs", "Peak FP32 Matrix 95.7" (no TF32)
+    "MI250X": {"bf16": (383.0, DENSE), "tf32": (95.7, DENSE), "fp32": (95.7, DENSE)},
+    # Baseten, "NVIDIA A10 vs A10G for ML model inference" (no NVIDIA A10G datasheet): 70 BF16 tensor,
+    # 35 TF32, 35 FP32 -- not the A10's datasheet (125 | 250*, 62.5 | 125*, 31.2)
+    "A10G": {"bf16": (70.0, DENSE), "tf32": (35.0, DENSE), "fp32": (35.0, DENSE)},
+    # NVIDIA L4 datasheet: "BF16 Tensor Core 242*", "TF32 Tensor Core 120*", FP32 30.3
+    "L4": {"bf16": (242.0, SPARSE), "tf32": (120.0, SPARSE), "fp32": (30.3, DENSE)},
+    # NVIDIA Ada Lovelace whitepaper, appendix, RTX 4090: "BF16 with FP32 Accumulate 165.2/330.4",
+    # "TF32 82.6/165.2", FP32 82.6
+    "RTX 4090": {"bf16": (165.2, DENSE), "tf32": (82.6, DENSE), "fp32": (82.6, DENSE)},
+    # NVIDIA Ampere GA102 whitepaper, appendix, RTX 3090: "BF16 with FP32 Accumulate 71/142", "TF32 35.6/71",
+    # FP32 35.6
+    "RTX 3090": {"bf16": (71.0, DENSE), "tf32": (35.6, DENSE), "fp32": (35.6, DENSE)},
+    # NVIDIA V100 datasheet (SXM2 / PCIe): "Tensor Performance 125 / 112" (fp16; Volta has no sparsity),
+    # "Single-Precision 15.7 / 14" (no TF32 cores: the fp32 rate in the tf32 column)
+    "V100 SXM2": {"bf16": (125.0, DENSE), "tf32": (15.7, DENSE), "fp32": (15.7, DENSE)},
+    "V100 PCIe": {"bf16": (112.0, DENSE), "tf32": (14.0, DENSE), "fp32": (14.0, DENSE)},
+    # NVIDIA T4 datasheet: "Mixed Precision (FP16/FP32) 65 TFLOPS", "Single-Precision 8.1 TFLOPS" (no TF32)
+    "T4": {"bf16": (65.0, DENSE), "tf32": (8.1, DENSE), "fp32": (8.1, DENSE)},
+}
+
+
+def test_every_peak_is_its_datasheets_dense_figure():
+    """Each card and column of the peak table against its datasheet's figure, halved where the datasheet
+    prints it with sparsity: a with-sparsity figure in the table would halve MFU there unnoticed."""
+    assert set(PEAK_TFLOPS) == set(DATASHEETS)  # a new card comes with its datasheet's figures
+    for card, columns in DATASHEETS.items():
+        assert set(PEAK_TFLOPS[card]) == set(columns) == {"bf16", "tf32", "fp32"}, card
+        for column, (printed, sparse) in columns.items():
+            dense = printed / 2 if sparse else printed
+            assert PEAK_TFLOPS[card][column] == pytest.approx(dense), (card, column)
+    # every card the device names lead to is in the table
+    assert set(DEVICE_NAMES.values()) <= set(PEAK_TFLOPS)
 
 
 def test_unknown_device_gets_no_mfu_rather_than_a_neighbours_peak():

@@ -205,3 +205,28 @@ def test_compile_blocks_traces_and_matches_eager():
     # both blocks traced by dynamo; the second block reuses the first's code (one unique graph)
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+def test_coordinate_descent_tuning_joins_the_compile_modes_own_inductor_options(monkeypatch):
+    """--coordinate-descent-tuning: torch.compile takes a mode or options, not both, so the mode's own options
+    (``torch._inductor.list_mode_options``) travel with it; inductor alone gets them (an eager backend takes none)."""
+    from gptspeed.parallelize import compile_options
+
+    assert compile_options("default", False) == {"mode": None}
+    assert compile_options("reduce-overhead", False) == {"mode": "reduce-overhead"}
+    assert compile_options("default", True) == {"options": {"coordinate_descent_tuning": True}}
+    autotune = compile_options("max-autotune-no-cudagraphs", True)["options"]
+    assert autotune["max_autotune"] is True and autotune["coordinate_descent_tuning"] is True
+    assert compile_options("reduce-overhead", True)["options"] == {
+        "triton.cudagraphs": True,
+        "coordinate_descent_tuning": True,
+    }
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    rt = resolve_runtime("cpu", "float32", True)
+    parallelize(_model(), rt, coordinate_descent_tuning=True)
+    parallelize(_model(), rt, coordinate_descent_tuning=True, backend="eager")
+    assert seen == [
+        {"backend": "inductor", "options": {"coordinate_descent_tuning": True}},
+        {"backend": "eager", "mode": None},
+    ]

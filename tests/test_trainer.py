@@ -613,3 +613,42 @@ def test_the_batch_and_length_warm_ups_give_each_step_its_micro_batches_tokens_a
     for r in recs:
         assert r["eta_s"] == pytest.approx(tokens_between(r["step"], 5, cfg) / r["tokens_per_s"], rel=1e-9)
     assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])  # one graph per length at most
+
+
+def test_mfu_counts_each_steps_own_sequence_length_during_the_seq_len_warm_up(shakespeare_data, tmp_path):
+    """--seq-len-warmup-steps 3 from 16 tokens to 64: each logged MFU is the FLOPs of that step's own length
+    (``flops_per_token(seq_len_at(step))``: a shorter step's attention term is smaller) times its tokens/s over
+    the peak, not the full --seq-len's (at GPT-2 124M and T=128 of 1024 that would read ~13% high)."""
+    from gptspeed.optim import seq_len_at
+    from gptspeed.trainer import Trainer
+
+    cfg = build_train_config(
+        "pico",
+        dict(
+            TINY_MODEL,
+            block_size=64,
+            data=str(shakespeare_data),
+            out=str(tmp_path / "run"),
+            batch_size=2,
+            total_batch_tokens=2 * 64,
+            seq_len_warmup_steps=3,
+            seq_len_start=16,
+            max_steps=4,
+            log_every=1,
+            eval_every=0,
+            save_every=0,
+            device="cpu",
+            dtype="float32",
+            compile=False,
+            peak_tflops=1.0,
+        ),
+    )
+    trainer = Trainer(cfg, resolve_runtime("cpu", "float32", False), echo=False)
+    assert trainer.train()["step"] == 4
+    recs = [r for r in records(tmp_path / "run") if r["step"] > 0]
+    lengths = [seq_len_at(r["step"] - 1, cfg) for r in recs]  # each record holds one step (--log-every 1)
+    assert lengths == [16, 32, 32, 64]
+    full = trainer.model.flops_per_token(64)
+    for r, t in zip(recs, lengths):
+        assert r["mfu"] == pytest.approx(trainer.model.flops_per_token(t) * r["tokens_per_s"] / 1e12, rel=1e-9)
+    assert recs[0]["mfu"] < full * recs[0]["tokens_per_s"] / 1e12  # the full length's FLOPs would read high

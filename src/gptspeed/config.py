@@ -664,6 +664,14 @@ class RuntimeConfig:
         "CUDA graphs) | max-autotune-no-cudagraphs | reduce-overhead (CUDA graphs)",
         choices=COMPILE_TUNINGS,
     )
+    coordinate_descent_tuning: bool = _f(
+        False,
+        "inductor's coordinate-descent tuning: each generated Triton kernel's block sizes searched "
+        "around its heuristic config, timed on the device (torch._inductor.config.coordinate_descent_tuning; "
+        "already part of --compile-tuning max-autotune*). Set in modded-nanogpt's 2024 records; a longer "
+        "compile. CUDA and --compile only (the CPU's C++ kernels have nothing to tune)",
+        kind="flag",
+    )
     activation_checkpointing: str = _f(
         "none",
         "recompute activations in backward to save memory: none | selective "

@@ -45,7 +45,16 @@ from gptspeed.fileio import write_text_atomic
 #     accumulate, 104.8 tf32, 104.8 fp32).
 #   MI300X / MI325X: AMD Instinct MI300X and MI325X datasheets (1,307.4 bf16, 653.7 tf32, 163.4 fp32
 #     matrix); MI250X: AMD Instinct MI250X datasheet (383 bf16, no TF32: its 95.7 fp32 matrix rate).
-#   A10G, L4, RTX 3090, V100, T4: their datasheets (V100 and T4: fp16 tensor cores, no bf16/tf32).
+#   L4: NVIDIA L4 datasheet (242 bf16 / 120 tf32 with sparsity, 30.3 fp32). RTX 3090: NVIDIA Ampere GA102
+#     whitepaper, appendix (71 bf16 with FP32 accumulate, 35.6 tf32, 35.6 fp32). V100 SXM2 / PCIe: NVIDIA
+#     V100 datasheet (125 / 112 "tensor performance", fp16 tensor cores, no bf16/tf32: 15.7 / 14 fp32). T4:
+#     NVIDIA T4 datasheet (65 mixed-precision FP16/FP32, 8.1 fp32).
+#   A10G (AWS's variant of the A10; NVIDIA publishes no A10G datasheet): Baseten, "NVIDIA A10 vs A10G for
+#     ML model inference" (https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/): 70
+#     bf16/fp16 tensor, 35 tf32, 35 fp32 -- "the A10 prioritizes tensor compute, while the A10G has a higher
+#     CUDA core performance", so not the A10's datasheet (125 / 62.5 / 31.2, which this table used to give).
+#     The same figures follow from GA102's rates: 80 SMs x 4 tensor cores x 64 FP32-accumulate FMAs a clock
+#     (GeForce's rate, as the RTX 3090's 71) x 2 x 1.71 GHz = 70.0; 80 x 128 FP32 lanes x 2 x 1.71 = 35.0.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "H100 SXM": {"bf16": 989.5, "tf32": 494.5, "fp32": 67.0},
@@ -62,7 +71,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "RTX 5090": {"bf16": 209.5, "tf32": 104.8, "fp32": 104.8},
     "MI300X": {"bf16": 1307.4, "tf32": 653.7, "fp32": 163.4},
     "MI250X": {"bf16": 383.0, "tf32": 95.7, "fp32": 95.7},
-    "A10G": {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "A10G": {"bf16": 70.0, "tf32": 35.0, "fp32": 35.0},
     "L4": {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3},
     "RTX 4090": {"bf16": 165.2, "tf32": 82.6, "fp32": 82.6},
     "RTX 3090": {"bf16": 71.0, "tf32": 35.6, "fp32": 35.6},
@@ -366,28 +375,37 @@ class Throughput:
         self.world_size, self.max_steps, self.clock = world_size, max_steps, clock
         self.tokens_between = tokens_between or (lambda first, last: max(0, last - first) * tokens_per_step)
         self.steps = self.tokens = 0
+        self.flops = 0.0
         self.t0 = clock()
         self.wait0 = 0.0
         self.warm = False
 
     def restart(self, wait_s: float = 0.0) -> None:
-        self.t0, self.steps, self.tokens, self.wait0 = self.clock(), 0, 0, wait_s
+        self.t0, self.steps, self.tokens, self.flops, self.wait0 = self.clock(), 0, 0, 0.0, wait_s
 
-    def step_done(self, tokens: int | None = None) -> None:
+    def step_done(self, tokens: int | None = None, flops_per_token: float | None = None) -> None:
+        """One optimizer step done: ``tokens`` it trained on (default ``tokens_per_step``) at
+        ``flops_per_token`` training FLOPs each (default the constructor's: a step of another sequence
+        length, e.g. under ``--seq-len-warmup-steps``, passes its own, whose attention term is smaller)."""
         self.steps += 1
-        self.tokens += self.tokens_per_step if tokens is None else tokens
+        tokens = self.tokens_per_step if tokens is None else tokens
+        self.tokens += tokens
+        self.flops += tokens * (self.fpt if flops_per_token is None else flops_per_token)
 
     def measure(self, step: int, epoch_tokens_left: float | None = None, wait_s: float = 0.0) -> dict[str, Any]:
         """Fields of a metrics record for the interval since :meth:`restart`: ``step_ms`` (mean
         wall ms per optimizer step), ``data_wait_ms`` (mean ms per step the loop waited for its
         batches), ``tokens_per_s`` (whole job) and ``tokens_per_s_per_device``,
-        ``mfu`` (``flops_per_token * tokens/s / (peak * world_size)``, None without a peak),
+        ``mfu`` (the steps' training FLOPs per second over ``peak * world_size``: ``flops_per_token *
+        tokens/s`` when every step ran at the constructor's FLOPs per token; each step's own otherwise;
+        None without a peak),
         ``eta_s`` (seconds to ``max_steps``: the tokens left at this tokens/s), ``epoch_eta_s`` (seconds
         to the end of the current epoch, given ``epoch_tokens_left``; None when unknown or when the run
         ends first), ``includes_warmup`` (the first interval of a process)."""
         dt = (self.clock() - self.t0) / max(1, self.steps)
         tokens = self.tokens / self.steps if self.steps else self.tokens_per_step  # a step's mean
         tps = tokens / dt if dt > 0 else float("inf")
+        fpt = self.flops / self.tokens if self.tokens else self.fpt  # the interval's FLOPs per token
         tokens_left = self.tokens_between(step, self.max_steps)
         epoch_eta = None
         if epoch_tokens_left is not None and epoch_tokens_left < tokens_left:
@@ -397,7 +415,7 @@ class Throughput:
             data_wait_ms=1000 * (wait_s - self.wait0) / max(1, self.steps),
             tokens_per_s=tps,
             tokens_per_s_per_device=tps / self.world_size,
-            mfu=self.fpt * tps / (self.peak * self.world_size) if self.peak else None,
+            mfu=fpt * tps / (self.peak * self.world_size) if self.peak else None,
             eta_s=tokens_left / tps,
             epoch_eta_s=epoch_eta,
             includes_warmup=not self.warm,

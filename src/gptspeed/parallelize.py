@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,6 +140,7 @@ def parallelize(
     *,
     compile_mode: str = "model",
     compile_tuning: str = "default",
+    coordinate_descent_tuning: bool = False,
     activation_checkpointing: str = "none",
     fp8: bool = False,
     fp8_lm_head: bool = False,
@@ -171,7 +173,9 @@ def parallelize(
     compiles each transformer block in place (``nn.Module.compile``): the blocks are identical, so
     dynamo traces one and reuses the code for the rest, cutting compile time roughly by the number
     of layers; the embeddings and the loss then run eagerly. ``compile_tuning`` is torch.compile's
-    ``mode`` (None for "default"). ``backend``: torch.compile's backend (tests use "eager").
+    ``mode`` (None for "default"); ``coordinate_descent_tuning`` adds inductor's option of that name to
+    the mode's own (``torch._inductor.list_mode_options``: torch.compile takes a mode or options, not both).
+    ``backend``: torch.compile's backend (tests use "eager"; the option is inductor's, passed to it alone).
 
     Returns the module to call for training and evaluation; the original ``model`` (same
     parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
@@ -213,12 +217,25 @@ def parallelize(
     if not rt.compile:
         return train_model
     use_compile_cache()
-    mode = None if compile_tuning == "default" else compile_tuning
+    how = compile_options(compile_tuning, coordinate_descent_tuning and backend == "inductor")
     if compile_mode == "blocks":
         for block in model.transformer.h:
-            block.compile(backend=backend, mode=mode)
+            block.compile(backend=backend, **how)
         return train_model
-    return torch.compile(train_model, backend=backend, mode=mode)
+    return torch.compile(train_model, backend=backend, **how)
+
+
+def compile_options(compile_tuning: str, coordinate_descent_tuning: bool) -> dict[str, Any]:
+    """torch.compile's ``mode`` or ``options`` keyword for ``--compile-tuning`` and
+    ``--coordinate-descent-tuning``: ``{"mode": None}`` for the default, ``{"mode": m}`` for another mode,
+    and with coordinate-descent tuning ``{"options": {**the mode's options, "coordinate_descent_tuning":
+    True}}`` (``torch._inductor.list_mode_options``; torch.compile refuses a mode and options together)."""
+    mode = None if compile_tuning == "default" else compile_tuning
+    if not coordinate_descent_tuning:
+        return {"mode": mode}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode or "default"), "coordinate_descent_tuning": True}}
 
 
 def _selective_policy(ctx, op, *args, **kwargs):

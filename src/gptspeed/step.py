@@ -294,6 +294,7 @@ class TrainStep:
             rt,
             compile_mode=r.compile_mode,
             compile_tuning=r.compile_tuning,
+            coordinate_descent_tuning=r.coordinate_descent_tuning,
             activation_checkpointing=r.activation_checkpointing,
             fp8=r.fp8,
             fp8_lm_head=r.fp8_lm_head,

@@ -428,12 +428,14 @@ class Trainer:
             lr = set_lr(self.optimizer, self.cfg, self.step)
             self.model.set_attn_window(attn_window_at(self.step, self.cfg))  # --attn-window's warm-up
             accum = grad_accum_at(self.step, self.cfg, self.rt.world_size)  # --batch-warmup-steps
-            if (done := self.train_step(accum, seq_len_at(self.step, self.cfg))) is None:  # a signal left the step
+            seq_len = seq_len_at(self.step, self.cfg)  # --seq-len-warmup-steps
+            if (done := self.train_step(accum, seq_len)) is None:  # a signal left the step
                 return stop.signum
             loss, grad_norm, bad = done
             self.state.step += 1
             self.state.tokens += (tokens := self.tokens_per_step // self.accum * accum)  # --batch-warmup-steps
-            self.throughput.step_done(tokens)
+            full = seq_len == self.cfg.model.block_size  # MFU counts a shorter step's own (smaller) attention term
+            self.throughput.step_done(tokens, self.flops_per_token if full else self.model.flops_per_token(seq_len))
             self.divergence.note(bad, self.step)
             due = due_at(self.step, first_interval, self.cfg, self.checkpointer.due(self.step), self.evals.hellaswag_on)
             if not self.rt.distributed:

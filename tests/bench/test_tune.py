@@ -10,61 +10,15 @@ import yaml
 
 from gptspeed import cli
 from gptspeed.bench import knobs as knobs_mod
+from gptspeed.bench import tune as tune_mod
 from gptspeed.bench.tune import measured_sequences
 from gptspeed.bench.tune_report import VERDICTS
 from gptspeed.config import preset
 from gptspeed.errors import GptspeedError
 
 from support.cli import assert_user_error, run_cli
-from support.tune_fakes import knob, rows, tune
+from support.tune_fakes import FakeWorker, knob, rows, tune
 from support.verify_rows import TINY_RUNG
-
-
-class FakeWorker:
-    """``run_worker`` without a process: ms per step 100, times ``factor`` for each (setting, value) the
-    candidate has; out of memory from micro-batch ``oom_at``; losses 10 - 0.1 * step, scaled by 1.1 for
-    the settings in ``off`` (a candidate that trains differently); each call advances ``clock`` by ``cost`` s."""
-
-    def __init__(self, factors=None, oom_at=None, off=(), refuse=(), cost=1.0):
-        self.factors, self.oom_at, self.off, self.refuse, self.cost = factors or {}, oom_at, off, refuse, cost
-        self.calls, self.now = [], 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def __call__(self, spec, log_path, timeout=None, cache_dir=None):
-        self.calls.append(spec)
-        self.now += min(self.cost, timeout) if timeout is not None else self.cost
-        s = {**spec.settings, "batch_size": spec.batch_size}
-        if timeout is not None and self.cost >= timeout:
-            return {"status": "failed", "reason": f"timed out after {timeout:g} s (--stage-timeout)"}
-        if self.oom_at and spec.batch_size >= self.oom_at:
-            return {"status": "failed", "reason": f"out of memory at B={spec.batch_size}", "oom": True}
-        if any(s.get(k) == v for k, v in self.refuse):
-            return {"status": "skipped", "reason": "refused: a device rule"}
-        ms = 100.0
-        for (k, v), f in self.factors.items():
-            ms *= f if s.get(k) == v else 1
-        n = spec.warmup + spec.steps
-        scale = 1.1 if any(s.get(k) == v for k, v in self.off) else 1.0
-        tokens = spec.batch_size * spec.grad_accum * spec.seq_len
-        return {
-            "status": "ok",
-            "losses": [scale * (10 - 0.1 * i) for i in range(n)],
-            "skipped": [False] * n,
-            "ms_median": ms,
-            "ms_q25": ms * 0.998,
-            "ms_q75": ms * 1.002,
-            "ms_steps": [ms] * spec.steps,
-            "tokens_per_s": tokens / ms * 1000,
-            "mfu": None,
-            "peak_mem_bytes": spec.batch_size << 20,
-            "batch_size": spec.batch_size,
-            "grad_accum": spec.grad_accum,
-            "tokens_per_step": tokens,
-            "compile": None,
-            "syncs": {"counted": False, "budget": 0},
-        }
 
 
 def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_does_not_fit(tmp_path, monkeypatch):
@@ -73,7 +27,7 @@ def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_d
         {("batch_size", 16): 0.8, ("loss", "plain"): 0.5, ("compile", True): 0.95}, oom_at=32, off=[("loss", "plain")]
     )
     knobs = (
-        knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True),
+        knob("micro-batch", knobs_mod._micro_batch, sizes=True),
         knob("loss", [{"loss": "plain"}]),
         knob("compile", [{"compile": True}, {"compile": False}]),
     )
@@ -100,7 +54,7 @@ def test_greedy_keeps_each_larger_batch_that_gains_and_stops_at_the_first_that_d
 
 def test_a_larger_batch_that_does_not_fit_is_a_row_and_the_search_goes_on(tmp_path, monkeypatch):
     worker = FakeWorker({("compile", True): 0.9}, oom_at=16)
-    knobs = (knob("micro-batch", knobs_mod._micro_batch, until_no_gain=True), knob("compile", [{"compile": True}]))
+    knobs = (knob("micro-batch", knobs_mod._micro_batch, sizes=True), knob("compile", [{"compile": True}]))
     res = tune(tmp_path, monkeypatch, worker, knobs, flags="--total-batch-tokens 4096")
     r = rows(res)
     assert r["micro-batch=16"]["verdict"] == "does not fit" and "out of memory" in r["micro-batch=16"]["reason"]
@@ -217,12 +171,16 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     res = json.loads((out / "tune.json").read_text())
     r = rows(res)
     assert r["yours"]["verdict"] == "yours" and r["yours"]["dtype"] == "float32"
-    assert {x["knob"] for x in res["rows"]} >= {"dtype", "compile", "loss", "threads"}
+    assert {x["knob"] for x in res["rows"]} >= {"dtype", "compile", "loss", "threads", "coordinate-descent"}
     for x in res["rows"][1:]:  # every CPU knob gave a row with a verdict; the ones that ran were compared with yours
-        assert x["verdict"] in ("verified", "not applicable") and x["verdict"] in VERDICTS, x
+        assert x["verdict"] in ("verified", "not applicable", "duplicate") and x["verdict"] in VERDICTS, x
         if x["verdict"] == "verified":
             assert x["loss_check"]["steps_compared"] == 3 and x["loss_check"]["ok"]
     assert r["loss=plain"]["verdict"] == "verified"  # the CPU's auto is fused: plain is the other path
+    assert r["loss=fused"]["verdict"] == "duplicate"  # ... and fused itself is not run again
+    assert r["coordinate-descent"]["verdict"] == "not applicable" and "Triton" in r["coordinate-descent"]["reason"]
+    assert res["config"]["resolved"]["sdpa_backend"] == "flash"  # auto resolved from your row's profile
+    assert "Your run, resolved here:" in (out / "tune.md").read_text()
     assert f"train it: gptspeed train --config {out}/tuned.yaml --out RUN_DIR" in proc.stdout
     # the file trains as gptspeed train --config reads it (in this process: two more would each import torch)
     import torch
@@ -258,7 +216,9 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
 
 def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yours(tmp_path):
     """``--cast-weights-once``'s candidate (``--parallel fsdp`` in the worker's one process, its gloo group
-    of one on a CPU) runs as a real worker process, with your row's losses (the same bf16 numbers)."""
+    of one on a CPU) runs as a real worker process, with your row's losses (the same bf16 numbers); compiled
+    per block (``--compile-mode blocks``), dynamo compiles it with no graph break or recompile (under
+    whole-model compile it breaks at FSDP2's hooks: the knob says "not applicable" there)."""
     import dataclasses
 
     from gptspeed.bench.ladder import run_worker
@@ -268,8 +228,115 @@ def test_a_one_process_fsdp_candidate_runs_in_the_verify_worker_and_trains_as_yo
     base = StageSpec(name="yours", settings=settings, **TINY_RUNG, grad_accum=2)
     yours = run_worker(base, tmp_path / "yours.log")
     once = run_worker(
-        dataclasses.replace(base, name="once", settings={**settings, "parallel": "fsdp", "cast_weights_once": True}),
+        dataclasses.replace(
+            base,
+            name="once",
+            settings={
+                **settings,
+                "parallel": "fsdp",
+                "cast_weights_once": True,
+                "compile": True,
+                "compile_mode": "blocks",
+            },
+            compile_backend="eager",
+        ),
         tmp_path / "once.log",
     )
     assert yours["status"] == once["status"] == "ok", (tmp_path / "once.log").read_text()[-2000:]
     assert once["losses"] == pytest.approx(yours["losses"], rel=1e-2)
+    assert once["compile"]["graph_breaks"] == 0 and once["compile"]["recompiles"] == 0, once["compile"]
+
+
+def test_each_candidate_is_judged_against_your_row_not_the_best_so_far(tmp_path, monkeypatch):
+    """Losses near bf16's 1e-2 after a kept row: ``a`` (+0.8% from yours) is kept; ``b`` from it sits 1.6% from
+    yours but 0.8% from ``a`` (kept rows must not drift away from your run step by step: it fails), and ``c``
+    from it sits 0.3% from yours but 1.2% from ``a`` (it trains as yours: verified and kept)."""
+    worker = FakeWorker(
+        {("compile", True): 0.9, ("loss", "plain"): 0.9, ("threads", 1): 0.9},
+        offsets={("compile", True): 0.008, ("loss", "plain"): 0.008, ("threads", 1): -0.011},
+    )
+    knobs = (
+        knob("a", [{"compile": True}]),
+        knob("b", [{"loss": "plain"}]),
+        knob("c", [{"threads": 1}]),
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--dtype bfloat16")
+    r = rows(res)
+    assert r["a=True"]["verdict"] == "verified" and r["a=True"]["kept"]
+    assert r["a=True"]["loss_check"]["rtol"] == pytest.approx(1e-2)
+    assert r["b=plain"]["verdict"] == "fails verification" and not r["b=plain"]["kept"]
+    assert r["b=plain"]["loss_check"]["max_rel_diff"] == pytest.approx(0.016)  # from yours, not from a's
+    assert "vs yours's" in r["b=plain"]["reason"]
+    assert r["c=1"]["verdict"] == "verified" and r["c=1"]["kept"]
+    assert r["c=1"]["loss_check"]["max_rel_diff"] == pytest.approx(0.003)
+    assert res["best"] == {"compile": True, "threads": 1}
+
+
+@pytest.mark.parametrize(
+    "yours, candidate, rtol",
+    [
+        ("--dtype bfloat16", {"fp8_lm_head": True, "loss": "plain"}, 2e-2),  # a bf16 run, an FP8 head: fp8's 2e-2
+        ("--dtype bfloat16 --fp8-lm-head --loss plain", {"fp8_lm_head": False}, 2e-2),  # and the other way round
+        ("--dtype float32", {"dtype": "bfloat16"}, 1e-2),  # an fp32 run (1e-4), a bf16 candidate: bf16's 1e-2
+    ],
+)
+def test_a_candidate_is_judged_at_the_looser_of_the_two_rows_tolerances(tmp_path, monkeypatch, yours, candidate, rtol):
+    """After a kept row, a candidate in another format whose losses sit at 0.75 of the looser tolerance is
+    verified (the tighter one would reject it: FP8 judged at bf16's 1e-2), and one at 1.25 of it fails."""
+    key = next(iter(candidate.items()))
+    worker = FakeWorker(
+        {("compile", True): 0.9, key: 0.8, ("attention", "manual"): 0.8},
+        offsets={key: 0.75 * rtol, ("attention", "manual"): 0.5 * rtol},
+    )
+    knobs = (
+        knob("kept", [{"compile": True}]),
+        knob("near", [candidate]),
+        knob("far", [{**candidate, "attention": "manual"}]),  # 0.75 + 0.5 = 1.25 of the tolerance
+    )
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags=yours)
+    got = {x["knob"]: x for x in res["rows"]}
+    assert got["kept"]["kept"]
+    assert got["near"]["loss_check"]["rtol"] == pytest.approx(rtol)
+    assert got["near"]["verdict"] == "verified" and got["near"]["kept"], got["near"]["reason"]
+    assert got["far"]["loss_check"]["rtol"] == pytest.approx(rtol)
+    assert got["far"]["verdict"] == "fails verification" and not got["far"]["kept"]
+
+
+def test_sdpa_auto_is_resolved_from_your_rows_profile_and_its_kernel_is_a_duplicate_not_a_row_run(
+    tmp_path, monkeypatch
+):
+    worker = FakeWorker({("sdpa_backend", "flash"): 0.9}, sdpa="cudnn")  # auto runs cuDNN's kernel here
+    knobs = (knob("sdpa-backend", knobs_mod._choices("sdpa_backend", ("cudnn", "flash", "efficient"))),)
+    res = tune(tmp_path, monkeypatch, worker, knobs)
+    r = rows(res)
+    assert res["config"]["resolved"]["sdpa_backend"] == "cudnn"
+    assert (
+        r["sdpa-backend=cudnn"]["verdict"] == "duplicate"
+        and "already ran cudnn's kernel" in r["sdpa-backend=cudnn"]["reason"]
+    )
+    assert [c.settings.get("sdpa_backend") for c in worker.calls] == ["auto", "flash", "efficient"]  # cudnn never ran
+    assert r["sdpa-backend=flash"]["kept"] and res["best"] == {"sdpa_backend": "flash"}
+    md = (tmp_path / "tune" / "tune.md").read_text()
+    assert "SDPA kernel (its profile) cudnn" in md and "| duplicate |" in md
+
+
+def test_the_micro_batch_compares_every_size_that_fits_not_only_the_first_that_gains(tmp_path, monkeypatch):
+    """B=8 gains 5% over yours (B=4), B=16 another 0.5% over B=8 (under the 1% gate from B=8): the fastest of
+    the sizes that fit is kept; B=32 does not fit and ends the knob."""
+    monkeypatch.setattr(tune_mod, "STEP_FACTOR", {"cpu": 8})  # a measured step of 8 micro-batches of yours
+    worker = FakeWorker({("batch_size", 8): 0.95, ("batch_size", 16): 0.945}, oom_at=32)
+    knobs = (knob("micro-batch", knobs_mod._micro_batch, sizes=True),)
+    res = tune(tmp_path, monkeypatch, worker, knobs, flags="--batch-size 4 --total-batch-tokens 4096")
+    r = rows(res)
+    assert list(r) == ["yours", "micro-batch=8", "micro-batch=16", "micro-batch=32"]
+    assert r["micro-batch=16"]["kept"] and not r["micro-batch=8"]["kept"]
+    assert r["micro-batch=16"]["from"] == "(your configuration)"  # every size from the same best
+    assert r["micro-batch=32"]["verdict"] == "does not fit" and res["best"] == {"batch_size": 16}
+
+
+def test_every_row_compiles_into_one_shared_cache(tmp_path, monkeypatch):
+    worker = FakeWorker({("compile", True): 0.9})
+    knobs = (knob("compile", [{"compile": True}]), knob("loss", [{"loss": "plain"}]))
+    tune(tmp_path, monkeypatch, worker, knobs)
+    assert len(worker.caches) == 3 and worker.caches[0] is not None and len(set(worker.caches)) == 1
+    assert not worker.caches[0].exists()  # removed at the end

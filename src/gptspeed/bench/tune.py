@@ -15,10 +15,20 @@ accumulation: up to 8 micro-batches on CUDA, 2 elsewhere), so every candidate mi
 same sequences, regrouped (:func:`gptspeed.bench.verify_worker.regroup`); tokens/s are per measured
 step, the same tokens for every row. The search is greedy (the seeds' habit: one change at a time,
 kept when it is faster, the batch raised again after a saving): each knob's values are tried from
-the best configuration so far, and the fastest verified one is kept when it beats the best by more
-than :data:`MIN_GAIN` and more than the two rows' step-time spread. A candidate that runs out of
-memory is a row "does not fit"; one a rule of gptspeed's refuses (checked on your whole run: its
-global batch, device, toolchain) is "not applicable"; a crash is "failed" -- the search goes on.
+the best configuration so far, in the order of :func:`gptspeed.bench.knobs.knobs_for` (by expected
+gain per second of row), and the fastest verified one is kept when it beats the best by more than
+:data:`MIN_GAIN` and more than the two rows' step-time spread; every micro-batch that fits is
+compared, not only the first that gains. A candidate that runs out of memory is a row "does not
+fit"; one a rule of gptspeed's refuses (checked on your whole run: its global batch, device,
+toolchain) is "not applicable"; a crash is "failed" -- the search goes on. A candidate that changes
+nothing as the best configuration resolves here is a "duplicate", reported and never run: ``auto``
+settings are resolved first, ``--sdpa-backend auto`` to the kernel your row's profile saw run
+(:func:`gptspeed.bench.checks.sdpa_backend`), before any SDPA candidate is tried.
+
+Every row compiles into one shared compile cache (``TORCHINDUCTOR_CACHE_DIR``, the FX-graph cache on:
+:func:`gptspeed.bench.ladder.run_worker`), so a row whose graphs agree with an earlier row's (the same
+graph, shapes and inductor options: e.g. a ``--threads`` row on a CPU) loads them instead of compiling
+again; the cache is removed at the end.
 
 ``--budget-s`` bounds the whole search: a candidate starts only while the budget holds at least
 half the time your row took, and runs with what is left as its timeout; the rest are listed as
@@ -56,6 +66,10 @@ NOT_PASSED = frozenset(
     {"device", "seed", "peak_tflops", "parallel", "dist_timeout_s", "batch_size", "total_batch_tokens"}
 )
 YOURS = "yours"
+#: :func:`gptspeed.bench.checks.sdpa_backend`'s names -> ``--sdpa-backend``'s
+SDPA_KERNELS = {"cudnn": "cudnn", "flash": "flash", "mem-efficient": "efficient", "math": "math"}
+#: the settings a row's report resolves for your run (``auto`` and unset: what ran here)
+RESOLVED = ("dtype", "compile", "loss", "sdpa_backend", "coordinate_descent_tuning")
 
 
 @dataclass
@@ -155,6 +169,7 @@ class Tuner:
         self.env = report.environment(self.device, command)
         self.rows: list[dict[str, Any]] = []
         self.ref: dict[str, Any] | None = None  # your row's result
+        self.resolved: dict[str, Any] = {}  # your run's auto settings as they ran here (after your row)
         self.best_row: dict[str, Any] | None = None
         self.tuned: dict[str, str] = {}  # tuned.yaml's path and the command that trains it, once written
         b = user.train.batch_size
@@ -224,6 +239,18 @@ class Tuner:
         row.update(verdict=verdict, reason=reason)
         self.save(complete=False)
         return row
+
+    def duplicate_row(self, name: str, knob: str, delta: Delta, reason: str) -> dict[str, Any]:
+        """A candidate that changes nothing from the best so far (:meth:`TuneState.duplicate`): a row, not run."""
+        row = {"name": name, "knob": knob, "delta": delta, "flags": describe(delta), "from": describe(self.state.best)}
+        self.rows.append({**row, "kept": False})
+        return self._verdict(self.rows[-1], "duplicate", reason)
+
+    def _ran(self, row: dict[str, Any]) -> None:
+        """What a row of the best configuration was seen running: the SDPA kernel of ``--sdpa-backend auto``."""
+        kernel = SDPA_KERNELS.get(((row.get("sdpa") or {}).get("backend")) or "")
+        if kernel and self.state.value("sdpa_backend") == "auto":
+            self.state.ran["sdpa_backend"] = kernel
 
     def _judge(self, row: dict[str, Any], result: dict[str, Any], cut: bool) -> None:
         keep = (
@@ -296,6 +323,8 @@ class Tuner:
                 )
             self.ref = self.best_row = mine
             mine["kept"] = True
+            self._ran(mine)  # auto resolved to what ran, before any knob
+            self.resolved = {k: self.state.resolved(k) for k in RESOLVED}
             self.search(cache)
         finally:
             shutil.rmtree(cache, ignore_errors=True)
@@ -308,52 +337,45 @@ class Tuner:
         won_since = False
         for knob in knobs:
             stopped = self.turn(knob, cache)
-            if knob.name == "micro-batch":
+            if knob.sizes:
                 batch_stopped, won_since = stopped, False
             elif self.rows and any(r["kept"] and r["knob"] == knob.name for r in self.rows):
                 won_since = True
         if batch_stopped and won_since:  # a saving since (memory or time): try the next larger micro-batch again
-            self.turn(next(k for k in knobs if k.name == "micro-batch"), cache, once=True)
+            self.turn(next(k for k in knobs if k.sizes), cache, once=True)
 
     def turn(self, knob: Knob, cache: Path, once: bool = False) -> bool:
-        """Try ``knob``'s values from the best so far; keep the fastest verified one that counts
-        (:meth:`faster`). Returns True when a ``until_no_gain`` knob stopped at a row that did not fit."""
+        """Try ``knob``'s values from the best so far (a duplicate is a row, not run); keep the fastest
+        verified one that counts (:meth:`faster`). A ``sizes`` knob compares every value until the first
+        that does not fit; it returns True when it stopped there."""
         values = knob.values(self.state)
         if isinstance(values, str):
-            self.rows.append(
-                {
-                    "name": knob.name,
-                    "knob": knob.name,
-                    "delta": {},
-                    "flags": "",
-                    "kept": False,
-                    "from": describe(self.state.best),
-                    "verdict": "not applicable",
-                    "reason": values,
-                }
-            )
-            self.save(complete=False)
+            row = {"name": knob.name, "knob": knob.name, "delta": {}, "flags": "", "kept": False}
+            self.rows.append({**row, "from": describe(self.state.best)})
+            self._verdict(self.rows[-1], "not applicable", values)
             return False
-        winner, gain_best = None, 0.0
+        winner, gain_best, stopped = None, 0.0, False
         for delta in values[:1] if once else values:
-            row = self.measure(f"{knob.name}={'+'.join(str(v) for v in delta.values())}", knob.name, delta, cache)
+            name = f"{knob.name}={'+'.join(str(v) for v in delta.values())}"
+            if (why := self.state.duplicate(delta)) is not None:
+                self.duplicate_row(name, knob.name, delta, why)
+                continue
+            row = self.measure(name, knob.name, delta, cache)
+            if knob.sizes and row["verdict"] == "does not fit":  # a larger one would not fit either
+                stopped = True
+                break
             gain = self.faster(row)
-            if (
-                knob.until_no_gain
-            ):  # each value larger than the last: keep each gain at once, stop at the first non-gain
-                if gain is None:
-                    return row["verdict"] == "does not fit"
-                self._keep(row)
-            elif gain is not None and gain > gain_best:
+            if gain is not None and gain > gain_best:
                 winner, gain_best = row, gain
         if winner is not None:
             self._keep(winner)
-        return False
+        return stopped
 
     def _keep(self, row: dict[str, Any]) -> None:
         row["kept"] = True
         self.state.best = {**self.state.best, **row["delta"]}
         self.best_row = row
+        self._ran(row)
 
     # ------------------------------------------------------------------ the report
     def result(self, complete: bool) -> dict[str, Any]:
@@ -376,7 +398,11 @@ class Tuner:
             "data": self.cfg.data,
             "budget_s": self.cfg.budget_s,
             "min_gain": MIN_GAIN,
-            "knobs": [k.name for k in knobs_for(self.device)],
+            "knobs": [
+                {"name": k.name, "gain": list(k.gain), "cost": k.cost, "source": k.source}
+                for k in knobs_for(self.device)
+            ],
+            "resolved": self.resolved,
         }
         return {
             "format": "gptspeed-tune",

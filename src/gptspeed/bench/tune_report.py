@@ -14,6 +14,7 @@ VERDICTS = (
     "fails verification",
     "does not fit",
     "not applicable",
+    "duplicate",
     "failed",
     "cut by --budget-s",
     "not tried",
@@ -41,6 +42,15 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
+def _resolved(resolved: dict[str, Any]) -> list[str]:
+    """The line naming what your run's ``auto`` settings resolved to here (empty before your row ran)."""
+    if not resolved:
+        return []
+    names = {"sdpa_backend": "SDPA kernel (its profile)", "coordinate_descent_tuning": "coordinate-descent tuning"}
+    parts = [f"{names.get(k, k)} {v}" for k, v in resolved.items() if v is not None]
+    return [f"Your run, resolved here: {', '.join(parts)}.", ""]
+
+
 def tune_markdown(res: dict[str, Any]) -> str:
     """The report (:func:`gptspeed.bench.tune.Tuner.result`) as Markdown."""
     env, c, rows = res["environment"], res["config"], res["rows"]
@@ -60,6 +70,7 @@ def tune_markdown(res: dict[str, Any]) -> str:
         "",
         f"Command: `{env['command']}`",
         "",
+        *_resolved(c.get("resolved") or {}),
         "| row | change (from the best so far) | verdict | tokens/s | vs yours | ms/step (IQR) | MFU | peak mem "
         "| loss: max rel. diff vs yours | notes |",
         "|---|---|---|--:|--:|--:|--:|--:|---|---|",
@@ -90,7 +101,11 @@ def tune_markdown(res: dict[str, Any]) -> str:
         "host-device sync beyond the step's design. *kept*: verified and faster than the best so far by more than "
         f"{100 * res['config']['min_gain']:.0f}% and more than either row's step-time spread (IQR). *does not fit*: "
         "out of device memory. *not applicable*: a rule of gptspeed's refuses it for your run (the same line "
-        "`gptspeed train` would print). tokens/s from the median timed step; peak mem: "
+        "`gptspeed train` would print), or it cannot gain here (said before the row, not run). *duplicate*: "
+        "the best configuration already resolves to it here (e.g. `--sdpa-backend auto` ran that kernel): "
+        "not run. The knobs are tried by expected gain per second of row: "
+        + ", ".join(k["name"] if isinstance(k, dict) else str(k) for k in c.get("knobs", []))
+        + " (priors and sources in tune.json's config.knobs). tokens/s from the median timed step; peak mem: "
         + ("peak allocated by PyTorch on the GPU." if env["device_type"] == "cuda" else "the process's peak RSS."),
     ]
     return "\n".join(lines) + "\n"

@@ -86,6 +86,17 @@ def eager():
     return torch.compiler.set_stance("force_eager")
 
 
+def allow_static_graphs(graphs: int) -> None:
+    """Raise dynamo's per-function cache (``torch._dynamo.config.recompile_limit``, 8 by default) to at
+    least ``graphs`` compiled graphs, so the static graphs a run needs (one per
+    ``--seq-len-warmup-steps`` length, one for evaluation) are all compiled: past the limit dynamo
+    would run the function eagerly for every later shape -- the full length, that is, the rest of the
+    run. Never lowers it."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, graphs)
+
+
 def is_ddp(module) -> bool:
     """Whether ``module`` is a ``DistributedDataParallel`` wrapper (used by :mod:`gptspeed.distributed` too)."""
     from torch.nn.parallel import DistributedDataParallel
@@ -171,7 +182,11 @@ def parallelize(
     compiles each transformer block in place (``nn.Module.compile``): the blocks are identical, so
     dynamo traces one and reuses the code for the rest, cutting compile time roughly by the number
     of layers; the embeddings and the loss then run eagerly. ``compile_tuning`` is torch.compile's
-    ``mode`` (None for "default"). ``backend``: torch.compile's backend (tests use "eager").
+    ``mode`` (None for "default"). ``backend``: torch.compile's backend (tests use "eager"). Shapes are
+    static (``dynamic=False``): a new input shape -- each length of ``--seq-len-warmup-steps`` -- compiles
+    a graph of its own, specialised to it, instead of dynamo's automatic dynamic shapes turning the
+    second shape seen into one dynamic-shape graph for the rest of the run (torch.compile docs,
+    "dynamic"); :func:`allow_static_graphs` makes room for them.
 
     Returns the module to call for training and evaluation; the original ``model`` (same
     parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
@@ -214,11 +229,11 @@ def parallelize(
         return train_model
     use_compile_cache()
     mode = None if compile_tuning == "default" else compile_tuning
-    if compile_mode == "blocks":
+    if compile_mode == "blocks":  # dynamic=False: one static graph per shape (see the docstring)
         for block in model.transformer.h:
-            block.compile(backend=backend, mode=mode)
+            block.compile(backend=backend, mode=mode, dynamic=False)
         return train_model
-    return torch.compile(train_model, backend=backend, mode=mode)
+    return torch.compile(train_model, backend=backend, mode=mode, dynamic=False)
 
 
 def _selective_policy(ctx, op, *args, **kwargs):

@@ -24,13 +24,14 @@ def param_groups(
 ) -> list[dict]:
     """AdamW's param groups over ``params`` (default: every trainable parameter of ``model``; tied
     weights count once). By default two: tensors with ``dim >= 2`` decayed, the rest not, each with
-    ``lr_mult`` 1. With ``cfg.embed_lr``, ``head_lr`` or ``scalar_lr`` set (the modded-nanogpt
-    speedrun's per-group Adam rates), four: the matrices, the ``nn.Embedding`` weights, the untied LM
-    head, the gains and biases, each with ``lr_mult`` = its peak rate / ``cfg.lr`` (the schedule
+    ``lr_mult`` 1. With ``cfg.embed_lr``, ``head_lr`` or ``scalar_lr`` set, or their ``*_lr_ratio``
+    (:meth:`OptimConfig.group_lr`; the modded-nanogpt speedrun's per-group Adam rates), four: the
+    matrices, the ``nn.Embedding`` weights, the untied LM head, the gains and biases, each with ``lr_mult`` = its peak rate / ``cfg.lr`` (the schedule
     scales every group); empty groups are left out."""
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]  # parameters() de-duplicates ties
-    if cfg is None or (cfg.embed_lr, cfg.head_lr, cfg.scalar_lr) == (None, None, None):
+    rates = ({"matrix": None} | {g: cfg.group_lr(g) for g in ("embed", "head", "scalar")}) if cfg is not None else {}
+    if not any(rates.values()):
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -47,7 +48,6 @@ def param_groups(
             return "head"
         return "matrix" if p.dim() >= 2 else "scalar"
 
-    rates = {"matrix": cfg.lr, "embed": cfg.embed_lr, "head": cfg.head_lr, "scalar": cfg.scalar_lr}
     groups = []
     for name, lr in rates.items():
         members = [p for p in params if kind(p) == name]

@@ -349,7 +349,9 @@ def test_head_lr_needs_an_untied_head_and_every_group_rate_is_positive():
     with pytest.raises(GptspeedError, match=r"--head-lr is the untied LM head's learning rate; .* --no-tie-embeddings"):
         preset("pico").override(dict(base, head_lr=0.008)).validate()
     preset("pico").override(dict(base, head_lr=0.008, tie_embeddings=False)).validate()
-    for flag in ("embed_lr", "head_lr", "scalar_lr"):
+    with pytest.raises(GptspeedError, match=r"--head-lr is the untied LM head's learning rate"):
+        preset("pico").override(dict(base, head_lr_ratio=3.0)).validate()
+    for flag in ("embed_lr", "head_lr", "scalar_lr", "embed_lr_ratio", "head_lr_ratio", "scalar_lr_ratio"):
         with pytest.raises(GptspeedError, match=f"--{flag.replace('_', '-')} must be a positive finite number"):
             preset("pico").override(dict(base, tie_embeddings=False, **{flag: 0.0})).validate()
     with pytest.raises(GptspeedError, match="--muon-momentum-start must be in"):

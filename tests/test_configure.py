@@ -112,3 +112,17 @@ def test_config_file_applies_and_flags_win(tmp_path):
     assert_user_error(
         run_cli("train", "--config", str(path), "--data", "x", "--out", str(tmp_path / "r")), "not valid JSON"
     )
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_a_setting_the_file_or_a_flag_gives_replaces_the_recipes_relative_one(tmp_path, nested):
+    """``--recipe speedrun`` declares its warm-up as a share of the steps and its rates as multiples of ``--lr``:
+    ``--warmup-steps`` or ``--embed-lr`` from a config file (flat or nested) or a flag is what the run uses, not the
+    recipe's ratio (which would replace it); the settings nobody gave stay the recipe's."""
+    settings = {"warmup_steps": 9, "scalar_lr": 0.5}
+    file = tmp_path / "run.json"
+    file.write_text(json.dumps({"optim": settings} if nested else settings))
+    cfg = build_train_config("pico", {"embed_lr": 0.25}, str(file), recipe_name="speedrun")
+    assert (cfg.warmup_steps(), cfg.optim.group_lr("embed"), cfg.optim.group_lr("scalar")) == (9, 0.25, 0.5)
+    plain = build_train_config("pico", {}, recipe_name="speedrun")
+    assert plain.warmup_steps() == 1 and plain.optim.group_lr("embed") == pytest.approx(3e-3)  # 2% of 50; 3x 1e-3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
@@ -1666,3 +1667,32 @@ def test_cuda_sliding_window_through_flexattention_compiled_and_eager():
     assert len(set(losses)) == 4
     assert graphs == graphs[:1] * 4 and not counters["recompiles"], (graphs, dict(counters["recompiles"]))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("doc_mask", [False, True], ids=["alone", "doc-mask"])
+def test_an_eager_forward_with_a_block_mask_runs_masked_sdpa_not_flexattentions_unfused_path(monkeypatch, doc_mask):
+    """Where FlexAttention's block mask is built (CUDA; forced here on the CPU), an eval-mode forward run eagerly
+    (evaluation under ``eager()``, HellaSwag) with a final window of 8 below the 32 tokens never calls
+    ``flex_attention`` (its unfused reference path materialises B*H*T*T scores): it attends through masked SDPA
+    with the rule's bool mask (:func:`gptspeed.model.dense_mask`), and its loss equals the training path's --
+    the compiled model (FlexAttention traced by dynamo) at the same window -- and the CPU's own bool-mask path."""
+    import torch.nn.attention.flex_attention as flex
+
+    model = paper_model(attn_window=8, doc_mask=doc_mask)
+    idx = with_documents(2, 32)
+    cpu_loss = model(idx, idx)[1]
+    monkeypatch.setattr(GPT, "_flex_device", staticmethod(lambda idx: True))
+    torch._dynamo.reset()
+    model.train()  # the training window (set_attn_window's buffer) at the final 8: the same rule
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "flex_attention called without torch.compile")  # it warns eagerly
+        train_loss = torch.compile(model, backend="eager", dynamic=False)(idx, idx)[1]
+    torch._dynamo.reset()
+    calls = []
+    monkeypatch.setattr(flex, "flex_attention", lambda *a, **k: calls.append(a) or pytest.fail("unfused flex path"))
+    with torch.no_grad():  # as evaluation runs
+        eval_loss = model.eval()(idx, idx)[1]
+    assert calls == []
+    torch.testing.assert_close(eval_loss, train_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(eval_loss, cpu_loss, rtol=1e-6, atol=1e-6)
+    assert model.attention_mask(idx).seq_lengths == (32, 32)  # the block mask, as on CUDA

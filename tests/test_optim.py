@@ -756,3 +756,33 @@ def test_the_sequence_length_of_every_step_is_the_linear_warm_up_rounded_down_to
     assert all(full % t == 0 for t in got) and all(a <= b for a, b in zip(got, got[1:])) and got[-1] == full
     off = RunConfig(model=GPTConfig(block_size=full))
     assert {seq_len_at(s, off) for s in range(n + 1)} == {full}
+
+
+@pytest.mark.parametrize("name", ["nano", "gpt2"])
+def test_the_speedrun_recipes_group_rates_and_warm_up_scale_with_the_preset(name):
+    """``--recipe speedrun`` at nano (lr 2e-3, where it was tuned) and at gpt2 (lr 6e-4): the tied head's (the token
+    embedding's) and the gains' peak rates are the multiple of ``--lr`` the recipe declares (3x: 6e-3 at nano, 1.8e-3 at
+    gpt2, not nano's 6e-3 at 10x gpt2's rate), Muon's matrices at ``--muon-lr``; the warm-up is the declared share of
+    ``--max-steps``. A rate or warm-up given as a flag replaces the recipe's multiple."""
+    from gptspeed.config import RECIPES
+
+    cfg = build_train_config(name, {}, recipe_name="speedrun")
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    opt = MuonWithAdamW(model, cfg.optim, fused=False)
+    mult = {id(p): g["lr_mult"] for g in opt.param_groups for p in g["params"]}
+    declared = RECIPES["speedrun"]
+    assert model.config.tie_embeddings and model.lm_head.weight is model.transformer.wte.weight
+    assert mult[id(model.transformer.wte.weight)] == declared["embed_lr_ratio"] == 3.0
+    assert mult[id(model.transformer.ln_f.weight)] == declared["scalar_lr_ratio"]
+    assert mult[id(model.transformer.h[0].attn.c_attn.weight)] * cfg.optim.lr == pytest.approx(cfg.optim.muon_lr)
+    head_lr = mult[id(model.lm_head.weight)] * cfg.optim.lr
+    assert head_lr == pytest.approx({"nano": 6e-3, "gpt2": 1.8e-3}[name])
+    assert cfg.warmup_steps() == round(declared["warmup_ratio"] * cfg.train.max_steps) == {"nano": 7, "gpt2": 381}[name]
+    assert build_train_config(name, {"max_steps": 100}, recipe_name="speedrun").warmup_steps() == 2  # as tuned
+    flagged = build_train_config(name, {"embed_lr": 1e-3, "warmup_steps": 5}, recipe_name="speedrun")
+    assert (flagged.optim.group_lr("embed"), flagged.optim.group_lr("scalar"), flagged.warmup_steps()) == (
+        1e-3,
+        pytest.approx(3 * cfg.optim.lr),
+        5,
+    )

@@ -227,6 +227,6 @@ def test_coordinate_descent_tuning_joins_the_compile_modes_own_inductor_options(
     parallelize(_model(), rt, coordinate_descent_tuning=True)
     parallelize(_model(), rt, coordinate_descent_tuning=True, backend="eager")
     assert seen == [
-        {"backend": "inductor", "options": {"coordinate_descent_tuning": True}},
-        {"backend": "eager", "mode": None},
+        {"backend": "inductor", "dynamic": False, "options": {"coordinate_descent_tuning": True}},
+        {"backend": "eager", "dynamic": False, "mode": None},
     ]

@@ -770,14 +770,14 @@ def test_fp8_reaches_the_model(monkeypatch, torchao_installed):
 def test_the_step_compiles_with_inductor_in_the_runs_tuning_by_default(compile_calls):
     cfg = small(compile=True, compile_tuning="max-autotune-no-cudagraphs")
     step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, compile=True))
-    assert compile_calls == [(step.model, {"backend": "inductor", "mode": "max-autotune-no-cudagraphs"})], (
-        "the whole model must be compiled by inductor (the default backend) in --compile-tuning's mode"
-    )
+    assert compile_calls == [
+        (step.model, {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": False})
+    ], "the whole model must be compiled by inductor (the default backend) in --compile-tuning's mode"
 
 
 def test_the_step_compiles_with_the_backend_it_is_given(compile_calls):
     step = step_mod.TrainStep(small(compile=True), dataclasses.replace(CPU, compile=True), backend="eager")
-    assert compile_calls == [(step.model, {"backend": "eager", "mode": None})]
+    assert compile_calls == [(step.model, {"backend": "eager", "mode": None, "dynamic": False})]
 
 
 def test_compile_mode_blocks_compiles_each_block_in_place(compile_calls):
@@ -1403,3 +1403,44 @@ def test_a_step_at_a_shorter_sequence_length_hands_the_model_pieces_of_that_leng
         want_x = torch.stack([x[r, i : i + 4] for r in range(batch) for i in range(0, 16, 4)])
         want_y = torch.stack([y[r, i : i + 4] for r in range(batch) for i in range(0, 16, 4)])
         assert torch.equal(got_x, want_x) and torch.equal(got_y, want_y), (got_x.shape, got_y.shape)
+
+
+def test_the_length_warm_up_compiles_one_static_graph_per_length():
+    """``--seq-len-warmup-steps`` through a compiled step at lengths 4, 8 and 16 (then 16 and 4 again): one graph
+    per length, each of static shapes (no symbolic size among its inputs: dynamo's automatic dynamic shapes would
+    make the second length's graph a dynamic one), and the lengths already seen reuse their graph."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        shapes = [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")]
+        symbolic = [s for s in shapes if isinstance(s, torch.SymInt)]
+        symbolic += [s for s in shapes if isinstance(s, torch.Tensor) for d in s.shape if isinstance(d, torch.SymInt)]
+        graphs.append((tuple(shapes[0].shape) if isinstance(shapes[0], torch.Tensor) else None, symbolic))
+        return gm.forward
+
+    torch._dynamo.reset()
+    cfg = small(seq_len_warmup_steps=3, seq_len_start=4)
+    step = step_mod.TrainStep(cfg, dataclasses.replace(CPU, compile=True), backend=backend)
+    x = torch.randint(0, 100, (2, 16))
+    for t in (4, 8, 16, 16, 4):
+        step(lambda: (x, x), seq_len=t)
+    torch._dynamo.reset()
+    assert all(not symbolic for _, symbolic in graphs), graphs
+    assert [len(graphs)] == [3], graphs
+
+
+def test_a_compiled_step_makes_room_for_a_static_graph_per_length():
+    """A warm-up from 1 token to 1,024 trains at 11 lengths: the compiled step raises dynamo's per-function
+    cache to hold a graph for each, plus evaluation's and a spare (past the limit dynamo would run the full
+    length -- the rest of the run -- eagerly); it never lowers a larger limit."""
+    import torch._dynamo.config as dynamo_config
+
+    from gptspeed.optim import seq_lens
+
+    cfg = small(block_size=1024, seq_len_warmup_steps=1000, seq_len_start=1)
+    assert seq_lens(cfg) == [2**k for k in range(11)]
+    for limit, want in ((8, 13), (64, 64)):
+        with dynamo_config.patch(recompile_limit=limit):
+            step_mod.TrainStep(cfg, dataclasses.replace(CPU, compile=True), backend="eager")
+            assert dynamo_config.recompile_limit == want
+    assert seq_lens(small()) == [16]

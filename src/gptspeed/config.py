@@ -476,6 +476,15 @@ class OptimConfig:
     scalar_lr: float | None = _group_lr(
         "AdamW peak learning rate of the gains and biases (tensors of under 2 dims; default: --lr)"
     )
+    embed_lr_ratio: float | None = _group_lr("--embed-lr as a multiple of --lr; replaces --embed-lr when given")
+    head_lr_ratio: float | None = _group_lr("--head-lr as a multiple of --lr; replaces --head-lr when given")
+    scalar_lr_ratio: float | None = _group_lr("--scalar-lr as a multiple of --lr; replaces --scalar-lr when given")
+
+    def group_lr(self, group: str) -> float | None:
+        """The peak learning rate of param group ``group`` (``embed``, ``head`` or ``scalar``): its
+        ``--GROUP-lr-ratio`` times ``--lr`` when given, else its ``--GROUP-lr``; None: ``--lr``."""
+        ratio = getattr(self, f"{group}_lr_ratio")
+        return ratio * self.lr if ratio is not None else getattr(self, f"{group}_lr")
 
 
 @dataclass
@@ -873,7 +882,7 @@ class RunConfig:
                 f"--parallel fsdp (one process may use it) and --dtype bfloat16; this run has "
                 f"--parallel {r.parallel} --dtype {r.dtype}"
             )
-        if self.optim.head_lr is not None and self.model.tie_embeddings:
+        if self.optim.group_lr("head") is not None and self.model.tie_embeddings:
             raise GptspeedError(
                 "--head-lr is the untied LM head's learning rate; this run ties the head to the token "
                 "embedding: add --no-tie-embeddings, or use --embed-lr for the tied weight"
@@ -1322,18 +1331,26 @@ RECIPES: dict[str, dict[str, Any]] = {
         optimizer="muon", pos_emb="rope", qk_norm=True, mlp="relu2", norm="rmsnorm", lr_schedule="wsd", decay_ratio=0.4
     ),
 }
-# modern + the speedrun's value embeddings and per-group Adam rates, with a 2-step warm-up (the speedrun's Muon
-# runs without one); the rates are absolute, measured at the nano preset (3x its --lr): docs/race.md
-RECIPES["speedrun"] = dict(RECIPES["modern"], value_embeds=1, embed_lr=6e-3, scalar_lr=6e-3, warmup_steps=2)
+# modern + the speedrun's value embeddings and per-group Adam rates, with a short warm-up (the speedrun's Muon runs
+# without one). Tuned at the nano preset on a 100-step budget (docs/race.md): rates of 6e-3 (3x nano's --lr) and a 2-step
+# warm-up, declared relative to --lr and --max-steps so they scale with the preset (at gpt2: 1.8e-3, 2% of the steps)
+RECIPES["speedrun"] = dict(
+    RECIPES["modern"], value_embeds=1, embed_lr_ratio=3.0, scalar_lr_ratio=3.0, warmup_ratio=0.02
+)
+# a recipe's setting on the left yields to the one on the right given by a config file or a flag, which it would replace
+RECIPE_YIELDS = {f"{g}_lr_ratio": f"{g}_lr" for g in ("embed", "head", "scalar")} | {"warmup_ratio": "warmup_steps"}
 
 
-def recipe(name: str) -> dict[str, Any]:
-    """The settings of recipe ``name`` (:data:`RECIPES`); GptspeedError naming the recipes for another."""
+def recipe(name: str, given: collections.abc.Collection[str] = ()) -> dict[str, Any]:
+    """The settings of recipe ``name`` (:data:`RECIPES`), less those that would replace a setting in
+    ``given`` (the flat names a config file and the flags set after it: :data:`RECIPE_YIELDS`, so
+    ``--recipe speedrun --warmup-steps 5`` warms up over 5 steps); GptspeedError naming the recipes for
+    another name."""
     if name not in RECIPES:
         raise GptspeedError(
             f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)}{did_you_mean(name, list(RECIPES))}"
         )
-    return dict(RECIPES[name])
+    return {k: v for k, v in RECIPES[name].items() if RECIPE_YIELDS.get(k) not in given}
 
 
 def preset(name: str) -> RunConfig:

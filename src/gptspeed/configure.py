@@ -64,8 +64,10 @@ def build_train_config(
         cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
         if preset_name == "custom":
             cfg.preset = preset_name
-    if recipe_name:
-        cfg = cfg.override(recipe(recipe_name))
+    if recipe_name:  # less what the file and flags replace (config.RECIPE_YIELDS)
+        named = read_config_file(config_file) if config_file else {}
+        inner = {k for v in named.values() if isinstance(v, dict) for k in v}
+        cfg = cfg.override(recipe(recipe_name, set(overrides) | set(named) | inner))
     if config_file:
         cfg = cfg.apply_file(config_file)
     cfg = cfg.override(overrides)

@@ -141,6 +141,18 @@ def attention_allowed(
     return allowed
 
 
+def dense_mask(block_mask) -> torch.Tensor:
+    """The bool mask ``(B | 1, 1, T, S)`` (True: may attend) of a FlexAttention ``BlockMask``'s rule
+    (its ``mask_mod``, token-exact), for a forward that runs eagerly: FlexAttention outside
+    ``torch.compile`` takes its unfused reference path, which materialises the ``B*H*T*S`` scores
+    (PyTorch's ``flex_attention`` docs); masked SDPA with this mask runs a fused kernel instead."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    T, S = block_mask.seq_lengths
+    B = block_mask.kv_num_blocks.size(0)
+    return create_mask(block_mask.mask_mod, B, 1, T, S, device=block_mask.kv_num_blocks.device)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``; with a :class:`KVCache`, the
     new positions attend to the cached ones too."""
@@ -195,9 +207,11 @@ class CausalSelfAttention(nn.Module):
     def _attend(self, q, k, v, kv: KVCache | None, mask) -> torch.Tensor:
         T = q.size(2)
         if mask is not None and not isinstance(mask, torch.Tensor):  # a FlexAttention BlockMask (CUDA)
-            from torch.nn.attention.flex_attention import flex_attention
+            if torch.compiler.is_compiling():  # FlexAttention's fused kernel, compiled with the model
+                from torch.nn.attention.flex_attention import flex_attention
 
-            return flex_attention(q, k, v, block_mask=mask)
+                return flex_attention(q, k, v, block_mask=mask)
+            mask = dense_mask(mask)  # eager (eval under eager(), --no-compile): masked SDPA, not flex's B*H*T*T path
         if kv is not None and mask is None:
             if kv.mask is None:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # prefill from column 0, or 1 token
@@ -453,7 +467,9 @@ class GPT(nn.Module):
 
     def attention_mask(self, idx: torch.Tensor, kv: KVCache | None = None):
         """The mask of ``doc_mask`` and ``attn_window`` (:func:`attention_allowed`'s rule): on CUDA
-        without a cache FlexAttention's block mask (only the blocks the rule allows are computed), else
+        without a cache FlexAttention's block mask (only the blocks the rule allows are computed; under
+        ``torch.compile`` its fused kernel, run eagerly -- evaluation under ``eager()``, HellaSwag,
+        ``--no-compile`` -- the same rule as masked SDPA's bool mask, :func:`dense_mask`), else
         the bool mask of masked SDPA; None where nothing but causality is left (an eval-mode window
         covering every column, without ``doc_mask``). The window: in training mode the buffer
         :meth:`set_attn_window` fills (a tensor: one graph whatever its value), in eval mode the final
@@ -466,9 +482,14 @@ class GPT(nn.Module):
                 window = None  # every column is within it: plain causal attention
         if window is None and not c.doc_mask:
             return None
-        if kv is None and idx.is_cuda:
+        if kv is None and self._flex_device(idx):
             return self._block_mask(idx, window)
         return attention_allowed(idx, kv, documents=c.doc_mask, window=window)
+
+    @staticmethod
+    def _flex_device(idx: torch.Tensor) -> bool:
+        """Whether a forward over ``idx`` builds FlexAttention's block mask: on CUDA (its kernels)."""
+        return idx.is_cuda
 
     def _block_mask(self, idx: torch.Tensor, window):
         """FlexAttention's ``BlockMask`` of :func:`attention_allowed`'s rule for a forward without a

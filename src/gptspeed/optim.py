@@ -24,13 +24,14 @@ def param_groups(
 ) -> list[dict]:
     """AdamW's param groups over ``params`` (default: every trainable parameter of ``model``; tied
     weights count once). By default two: tensors with ``dim >= 2`` decayed, the rest not, each with
-    ``lr_mult`` 1. With ``cfg.embed_lr``, ``head_lr`` or ``scalar_lr`` set (the modded-nanogpt
-    speedrun's per-group Adam rates), four: the matrices, the ``nn.Embedding`` weights, the untied LM
-    head, the gains and biases, each with ``lr_mult`` = its peak rate / ``cfg.lr`` (the schedule
+    ``lr_mult`` 1. With ``cfg.embed_lr``, ``head_lr`` or ``scalar_lr`` set, or their ``*_lr_ratio``
+    (:meth:`OptimConfig.group_lr`; the modded-nanogpt speedrun's per-group Adam rates), four: the
+    matrices, the ``nn.Embedding`` weights, the untied LM head, the gains and biases, each with ``lr_mult`` = its peak rate / ``cfg.lr`` (the schedule
     scales every group); empty groups are left out."""
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]  # parameters() de-duplicates ties
-    if cfg is None or (cfg.embed_lr, cfg.head_lr, cfg.scalar_lr) == (None, None, None):
+    rates = ({"matrix": None} | {g: cfg.group_lr(g) for g in ("embed", "head", "scalar")}) if cfg is not None else {}
+    if not any(rates.values()):
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -47,7 +48,6 @@ def param_groups(
             return "head"
         return "matrix" if p.dim() >= 2 else "scalar"
 
-    rates = {"matrix": cfg.lr, "embed": cfg.embed_lr, "head": cfg.head_lr, "scalar": cfg.scalar_lr}
     groups = []
     for name, lr in rates.items():
         members = [p for p in params if kind(p) == name]
@@ -342,13 +342,20 @@ def tokens_between(first: int, last: int, cfg, world_size: int = 1) -> int:
     return micro * (ramp + max(0, last - max(first, ramp_end)) * cfg.grad_accum_steps(world_size))
 
 
+def seq_lens(cfg) -> list[int]:
+    """The distinct sequence lengths a run trains at, shortest first (:func:`seq_len_at` over the
+    ``--seq-len-warmup-steps``, then ``--seq-len``): one compiled graph each."""
+    return sorted({seq_len_at(s, cfg) for s in range(cfg.train.seq_len_warmup_steps)} | {cfg.model.block_size})
+
+
 def seq_len_at(step: int, cfg) -> int:
     """The sequence length ``t`` of optimizer step ``step`` (0-based) under ``--seq-len-warmup-steps N``:
     each micro-batch's ``B x T`` tokens are trained as ``B * T / t`` sequences of ``t`` tokens (the same
     tokens, positions counted from each sequence's start, attention within it). ``t`` follows the line
     from ``t0 = --seq-len-start`` to ``T = --seq-len`` over the first N steps, rounded down to a length
-    ``T / 2**k`` (one compiled graph per length; the shortest such length at or above ``min(t0, T)``
-    where the line is below it); ``T`` without the switch and from step N on. Li, Zhang & He 2022, "The
+    ``T / 2**k`` (one static compiled graph per length, :func:`seq_lens`; the shortest such length at or
+    above ``min(t0, T)`` where the line is below it); ``T`` without the switch and from step N on. Li,
+    Zhang & He 2022, "The
     Stability-Efficiency Dilemma: Investigating Sequence Length Warmup for Training GPT Models" (a
     linear warm-up of the length, the batch's tokens kept); a pure function of the step."""
     full, n = cfg.model.block_size, cfg.train.seq_len_warmup_steps

@@ -87,6 +87,17 @@ def eager():
     return torch.compiler.set_stance("force_eager")
 
 
+def allow_static_graphs(graphs: int) -> None:
+    """Raise dynamo's per-function cache (``torch._dynamo.config.recompile_limit``, 8 by default) to at
+    least ``graphs`` compiled graphs, so the static graphs a run needs (one per
+    ``--seq-len-warmup-steps`` length, one for evaluation) are all compiled: past the limit dynamo
+    would run the function eagerly for every later shape -- the full length, that is, the rest of the
+    run. Never lowers it."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, graphs)
+
+
 def is_ddp(module) -> bool:
     """Whether ``module`` is a ``DistributedDataParallel`` wrapper (used by :mod:`gptspeed.distributed` too)."""
     from torch.nn.parallel import DistributedDataParallel
@@ -175,7 +186,11 @@ def parallelize(
     of layers; the embeddings and the loss then run eagerly. ``compile_tuning`` is torch.compile's
     ``mode`` (None for "default"); ``coordinate_descent_tuning`` adds inductor's option of that name to
     the mode's own (``torch._inductor.list_mode_options``: torch.compile takes a mode or options, not both).
-    ``backend``: torch.compile's backend (tests use "eager"; the option is inductor's, passed to it alone).
+    ``backend``: torch.compile's backend (tests use "eager"; the option is inductor's, passed to it alone). Shapes are
+    static (``dynamic=False``): a new input shape -- each length of ``--seq-len-warmup-steps`` -- compiles
+    a graph of its own, specialised to it, instead of dynamo's automatic dynamic shapes turning the
+    second shape seen into one dynamic-shape graph for the rest of the run (torch.compile docs,
+    "dynamic"); :func:`allow_static_graphs` makes room for them.
 
     Returns the module to call for training and evaluation; the original ``model`` (same
     parameters, same state-dict keys) stays the one to save and load. GptspeedError (one line)
@@ -218,11 +233,11 @@ def parallelize(
         return train_model
     use_compile_cache()
     how = compile_options(compile_tuning, coordinate_descent_tuning and backend == "inductor")
-    if compile_mode == "blocks":
+    if compile_mode == "blocks":  # dynamic=False: one static graph per shape (see the docstring)
         for block in model.transformer.h:
-            block.compile(backend=backend, **how)
+            block.compile(backend=backend, dynamic=False, **how)
         return train_model
-    return torch.compile(train_model, backend=backend, **how)
+    return torch.compile(train_model, backend=backend, dynamic=False, **how)
 
 
 def compile_options(compile_tuning: str, coordinate_descent_tuning: bool) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from gptspeed.errors import GptspeedError
 from gptspeed.loss import liger_problem, resolve_loss
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
-from gptspeed.optim import build_optimizer, optimizer_spec
-from gptspeed.parallelize import check_cuda_graphs, parallelize, uses_cuda_graphs
+from gptspeed.optim import build_optimizer, optimizer_spec, seq_lens
+from gptspeed.parallelize import allow_static_graphs, check_cuda_graphs, parallelize, uses_cuda_graphs
 from gptspeed.runtime import Runtime, sdpa_backend_problem, sdpa_backend_scope
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -301,6 +301,8 @@ class TrainStep:
             cast_weights_once=r.cast_weights_once,
             backend=backend,
         )
+        if rt.compile:  # a static graph per length (parallelize), one for evaluation, one spare
+            allow_static_graphs(len(seq_lens(cfg)) + 2)
         self.sync = grad_sync_control(self.train_model, keep_weights=r.cast_weights_once)
         optim = cfg.optim
         if rt.parallel == "fsdp" and rt.use_grad_scaler:

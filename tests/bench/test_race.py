@@ -212,8 +212,8 @@ def test_recipes_are_train_settings():
     assert {k: getattr(g, k) for g in speedrun.groups().values() for k in RECIPES["modern"] if hasattr(g, k)} == {
         k: getattr(g, k) for g in modern.groups().values() for k in RECIPES["modern"] if hasattr(g, k)
     }
-    assert (speedrun.model.value_embeds, speedrun.optim.embed_lr, speedrun.optim.scalar_lr) == (1, 6e-3, 6e-3)
-    assert speedrun.warmup_steps() == 2 and modern.warmup_steps() == 5  # pico's
+    assert (speedrun.model.value_embeds, speedrun.optim.embed_lr_ratio, speedrun.optim.scalar_lr_ratio) == (1, 3, 3)
+    assert speedrun.warmup_steps() == 1 and modern.warmup_steps() == 5  # 2% of pico's 50 steps; pico's
     with pytest.raises(GptspeedError, match="unknown recipe 'moden'.*did you mean 'modern'"):
         build_train_config("pico", {}, recipe_name="moden")
     flagged = build_train_config("pico", {"pos_emb": "learned"}, recipe_name="modern")  # flags override a recipe

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gptspeed.data.doc_rows import aligned_rows
 from gptspeed.data.prefetch import Prefetcher
 from gptspeed.data.shards import MappedShard, ShardError, read_header, shard_fingerprint
 from gptspeed.errors import GptspeedError
@@ -111,10 +112,11 @@ class TokenLoader:
     was *consumed* by :meth:`next_batch`, never what was prefetched, so a resume is exact.
 
     ``align_to_docs``: each row starts where :func:`doc_aligned_rows` says (a document start, or a
-    long document's next row), each shard's rows found by one scan of its tokens when the loader is
-    built and kept (8 bytes a row: ~80 MB for 10B tokens at T = 1024), so random sampling across
-    shards never scans again; a micro-step takes ``B * world_size`` consecutive rows, rank ``r`` the
-    ``r``-th ``B``.
+    long document's next row), each shard's rows found by one scan of its tokens the first time a
+    loader of this ``seq_len`` is built on the folder, and kept in memory (8 bytes a row: ~80 MB for
+    10B tokens at T = 1024) and beside the shards (:func:`gptspeed.data.doc_rows.aligned_rows`:
+    checked against the shards, so a later start or resume reads them instead of scanning); a
+    micro-step takes ``B * world_size`` consecutive rows, rank ``r`` the ``r``-th ``B``.
 
     Raises GptspeedError if the shards hold fewer tokens than one global micro-batch needs, and
     when a batch holds a token id >= ``max_token_id`` (checked per batch: a max over B*T ids).
@@ -162,8 +164,8 @@ class TokenLoader:
         self.align_to_docs = align_to_docs
         self._maps: dict[int, MappedShard] = {}
         self._lock = threading.Lock()
-        if align_to_docs:  # every shard's aligned rows' starts, found once
-            self._rows = [doc_aligned_rows(self._shard(s).window(0, n), seq_len) for s, n in enumerate(self.lengths)]
+        if align_to_docs:  # every shard's aligned rows' starts, found once per data folder and kept there
+            self._rows = aligned_rows(self.shards, self.lengths, seq_len, self._scan_rows)
             self.batches_per_shard = [len(r) // (batch_size * world_size) for r in self._rows]
         else:
             self.batches_per_shard = [max(0, (n - 1) // self.global_tokens) for n in self.lengths]
@@ -188,6 +190,10 @@ class TokenLoader:
         self.documents = 0
         self.wait_s = 0.0
         self._prefetcher: Prefetcher | None = None
+
+    def _scan_rows(self, s: int) -> np.ndarray:
+        """Shard ``s``'s aligned rows' starts, from one scan of its tokens (:func:`doc_aligned_rows`)."""
+        return doc_aligned_rows(self._shard(s).window(0, self.lengths[s]), self.T)
 
     # -------------------------------------------------------------- where a batch comes from
     @property

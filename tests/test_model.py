@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from gptspeed.config import preset, run_defining_diff
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig, document_ids
-from gptspeed.optim import lr_at
 from gptspeed.runtime import resolve_runtime
 from gptspeed.sample import generate, generate_cached, left_pad, load_model
+from gptspeed.schedules import lr_at
 from gptspeed.step import TrainStep, check_step
 from gptspeed.tokenizer import EOT_TOKEN
 from gptspeed.trainer import build_train_config, fit
@@ -1579,7 +1579,7 @@ def test_a_run_whose_window_grows_across_the_resume_point_resumes_to_the_bit(sha
     """--seq-len 256 --attn-window 256 --attn-window-start 64 over 6 steps: windows 128, 128, 128, 256,
     256, 256 (64 + 32 * step, rounded up to 128); a run resumed from its checkpoint at step 3 trains
     steps 3..5 with the windows of the run never stopped, to the bit."""
-    from gptspeed.optim import attn_window_at
+    from gptspeed.schedules import attn_window_at
 
     flags = dict(
         TINY_MODEL,

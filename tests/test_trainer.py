@@ -486,7 +486,7 @@ def test_the_window_of_each_step_reaches_the_compiled_model_without_a_recompile(
     recompile when it moves)."""
     from torch._dynamo.utils import counters
 
-    from gptspeed.optim import attn_window_at
+    from gptspeed.schedules import attn_window_at
     from gptspeed.trainer import Trainer
 
     cfg = build_train_config(
@@ -563,7 +563,7 @@ def test_the_batch_and_length_warm_ups_give_each_step_its_micro_batches_tokens_a
     far, the ETA is the tokens left at the measured tokens/s, and each length compiles at most once."""
     from torch._dynamo.utils import counters
 
-    from gptspeed.optim import grad_accum_at, seq_len_at, tokens_between
+    from gptspeed.schedules import grad_accum_at, seq_len_at, tokens_between
     from gptspeed.trainer import Trainer
 
     cfg = build_train_config(

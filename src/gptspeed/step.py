@@ -326,7 +326,7 @@ class TrainStep:
         seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accum`` micro-batches (default :attr:`accum`; the trainer passes
-        :func:`gptspeed.optim.grad_accum_at` of the step) from ``next_batch() -> (x, y)`` (each ``(B, T)``
+        :func:`gptspeed.schedules.grad_accum_at` of the step) from ``next_batch() -> (x, y)`` (each ``(B, T)``
         int64 on the device), each trained as sequences of ``seq_len`` tokens (default ``T``; see
         :meth:`forward_backward`). Returns device tensors ``(loss, grad_norm, bad)``: the mean loss over
         the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read.

@@ -63,11 +63,11 @@ from gptspeed.metrics import (
     memory_stats,
     peak_flops,
 )
-from gptspeed.optim import attn_window_at, grad_accum_at, seq_len_at, set_lr, tokens_between
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
 from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
 from gptspeed.runtime import Runtime, resolve_runtime
+from gptspeed.schedules import attn_window_at, grad_accum_at, seq_len_at, set_lr, tokens_between
 from gptspeed.signals import StopFlag, agree_on_stop
 from gptspeed.step import StepAbandoned, TrainStep, build_model, is_out_of_memory
 

@@ -188,6 +188,22 @@ def parallelize(
         model.to(rt.device)
     apply_matmul_precision(rt)
     apply_activation_checkpointing(model, activation_checkpointing)
+    train_model = wrap_data_parallel(model, rt, cast_weights_once)
+    if not rt.compile:
+        return train_model
+    use_compile_cache()
+    mode = None if compile_tuning == "default" else compile_tuning
+    if compile_mode == "blocks":
+        for block in model.transformer.h:
+            block.compile(backend=backend, mode=mode)
+        return train_model
+    return torch.compile(train_model, backend=backend, mode=mode)
+
+
+def wrap_data_parallel(model: torch.nn.Module, rt: Runtime, cast_weights_once: bool = False) -> torch.nn.Module:
+    """``model`` under ``rt.parallel``'s data parallelism (see :func:`parallelize`): the
+    ``DistributedDataParallel`` wrapper (``ddp``), ``model`` itself sharded in place (``fsdp``: every
+    block, then the root), or ``model`` as it is."""
     train_model = model
     if rt.parallel == "ddp":
         import inspect
@@ -210,15 +226,7 @@ def parallelize(
         for block in model.transformer.h:
             fully_shard(block, mp_policy=mp, **keep)
         fully_shard(model, mp_policy=mp, **keep)  # embeddings (tied with the LM head), final norm
-    if not rt.compile:
-        return train_model
-    use_compile_cache()
-    mode = None if compile_tuning == "default" else compile_tuning
-    if compile_mode == "blocks":
-        for block in model.transformer.h:
-            block.compile(backend=backend, mode=mode)
-        return train_model
-    return torch.compile(train_model, backend=backend, mode=mode)
+    return train_model
 
 
 def _selective_policy(ctx, op, *args, **kwargs):

@@ -22,8 +22,6 @@ from gptspeed.fileio import read_user_json, write_text_atomic
 from gptspeed.locks import FolderLock
 
 _SHARD_GLOBS = ("train_[0-9]*.bin", "val_[0-9]*.bin", ".train_*.tmp", ".val_*.tmp", ".manifest.json.*.tmp")
-
-
 PROGRESS_NAME = PREPARE_PROGRESS_NAME
 STAGE_NAME = ".stream_{:06d}.bin"  # the staging chunks, in order
 STAGE_RE = r"\.stream_[0-9]{6}\.bin"
@@ -48,10 +46,12 @@ def clear_prepared(out: Path) -> None:
 
 
 def input_sha256(file_hashes: list[str]) -> str:
+    """The sha256 (hex) that names an input: of its files' sha256 digests, one a line, in order."""
     return hashlib.sha256("".join(d + "\n" for d in file_hashes).encode()).hexdigest()
 
 
 def write_progress(out: Path, progress: dict) -> None:
+    """Write ``progress`` (:func:`fresh_state`'s fields, then the chunks staged) as ``out``'s progress file, atomically."""
     write_text_atomic(out / PROGRESS_NAME, json.dumps(progress, indent=1) + "\n")
 
 

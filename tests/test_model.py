@@ -14,7 +14,6 @@ from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig, document_ids
 from gptspeed.runtime import resolve_runtime
 from gptspeed.sample import generate, generate_cached, left_pad, load_model
-from gptspeed.schedules import lr_at
 from gptspeed.step import TrainStep, check_step
 from gptspeed.tokenizer import EOT_TOKEN
 from gptspeed.trainer import build_train_config, fit
@@ -940,17 +939,6 @@ def test_soft_capped_logits_and_loss_through_every_loss_path(loss, softmax):
     g_got = torch.autograd.grad(got, model.lm_head.weight)[0]
     g_want = torch.autograd.grad(want, model.lm_head.weight)[0]
     torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-6)
-
-
-def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
-    kw = dict(max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100, schedule="wsd", decay_ratio=0.2)
-    lrs = [lr_at(s, **kw) for s in range(101)]
-    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
-    assert all(lr == 1.0 for lr in lrs[10:80])
-    assert lrs[90] == pytest.approx(0.55) and lrs[100] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))
-    cosine = lr_at(55, **{**kw, "schedule": "cosine"})
-    assert cosine == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
 
 
 @pytest.mark.usefixtures("hf_offline")

@@ -77,6 +77,17 @@ def test_lr_schedule_warmup_then_cosine():
     assert lrs[110] == lrs[119] == pytest.approx(0.1)
 
 
+def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
+    kw = dict(max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100, schedule="wsd", decay_ratio=0.2)
+    lrs = [lr_at(s, **kw) for s in range(101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(lr == 1.0 for lr in lrs[10:80])
+    assert lrs[90] == pytest.approx(0.55) and lrs[100] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))
+    cosine = lr_at(55, **{**kw, "schedule": "cosine"})
+    assert cosine == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
+
+
 def schedule_by_hand(step: int, schedule: str, peak: float, floor: float, warmup: int, steps: int, share: float):
     """The learning rate of 0-based step ``step``, from the papers' shapes: a linear warm-up in which
     step ``s`` of ``warmup`` runs at ``(s + 1) / warmup`` of the peak; then ``cosine`` (GPT-3, Brown

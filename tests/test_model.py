@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from gptspeed.config import preset, run_defining_diff
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, GPTConfig, document_ids
-from gptspeed.optim import lr_at
 from gptspeed.runtime import resolve_runtime
 from gptspeed.sample import generate, generate_cached, left_pad, load_model
 from gptspeed.step import TrainStep, check_step
@@ -943,17 +942,6 @@ def test_soft_capped_logits_and_loss_through_every_loss_path(loss, softmax):
     torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-6)
 
 
-def test_the_wsd_schedule_warms_up_holds_then_decays_linearly():
-    kw = dict(max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100, schedule="wsd", decay_ratio=0.2)
-    lrs = [lr_at(s, **kw) for s in range(101)]
-    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
-    assert all(lr == 1.0 for lr in lrs[10:80])
-    assert lrs[90] == pytest.approx(0.55) and lrs[100] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))
-    cosine = lr_at(55, **{**kw, "schedule": "cosine"})
-    assert cosine == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
-
-
 @pytest.mark.usefixtures("hf_offline")
 def test_a_modern_run_exports_to_transformers_and_samples(shakespeare_data, tmp_path):
     flags = dict(
@@ -1580,7 +1568,7 @@ def test_a_run_whose_window_grows_across_the_resume_point_resumes_to_the_bit(sha
     """--seq-len 256 --attn-window 256 --attn-window-start 64 over 6 steps: windows 128, 128, 128, 256,
     256, 256 (64 + 32 * step, rounded up to 128); a run resumed from its checkpoint at step 3 trains
     steps 3..5 with the windows of the run never stopped, to the bit."""
-    from gptspeed.optim import attn_window_at
+    from gptspeed.schedules import attn_window_at
 
     flags = dict(
         TINY_MODEL,

@@ -1435,7 +1435,7 @@ def test_a_compiled_step_makes_room_for_a_static_graph_per_length():
     length -- the rest of the run -- eagerly); it never lowers a larger limit."""
     import torch._dynamo.config as dynamo_config
 
-    from gptspeed.optim import seq_lens
+    from gptspeed.schedules import seq_lens
 
     cfg = small(block_size=1024, seq_len_warmup_steps=1000, seq_len_start=1)
     assert seq_lens(cfg) == [2**k for k in range(11)]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from gptspeed.errors import GptspeedError
+from gptspeed.configio import config_yaml, read_config_file
+from gptspeed.errors import GptspeedError, show_value
 
 # This module imports no torch: `gptspeed train --help` and configuration errors answer at once.
 GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
@@ -944,7 +943,7 @@ def check_fields(group: Any) -> None:
             continue
         meta = f.metadata
         if isinstance(value, int) and "max" not in meta and value > MAX_COUNT:
-            raise GptspeedError(f"{flag} must be at most {MAX_COUNT:,} (2**53), got {_show(value)}")
+            raise GptspeedError(f"{flag} must be at most {MAX_COUNT:,} (2**53), got {show_value(value)}")
         _check_range(flag, value, meta)
         if isinstance(value, float) and not math.isfinite(value):
             raise GptspeedError(f"{flag} must be a finite number, got {value}")
@@ -957,12 +956,12 @@ def _check_range(flag: str, value: float, meta: Any) -> None:
     low = lo is not None and (value <= lo if meta.get("min_open") else value < lo)
     if low or (meta.get("finite") and not math.isfinite(value)):
         default = "at least 1" if lo == 1 else "0 or more" if lo == 0 else f"at least {lo}"
-        raise GptspeedError(f"{flag} must be {meta.get('text') or default}, got {_show(value)}")
+        raise GptspeedError(f"{flag} must be {meta.get('text') or default}, got {show_value(value)}")
     if hi is not None and (value >= hi if meta.get("text", "").endswith(")") else value > hi):
         if meta.get("max_note") or not meta.get("text"):
             note = f" ({meta['max_note']})" if meta.get("max_note") else ""
-            raise GptspeedError(f"{flag} must be at most {hi:,.0f}{note}, got {_show(value)}")
-        raise GptspeedError(f"{flag} must be {meta['text']}, got {_show(value)}")
+            raise GptspeedError(f"{flag} must be at most {hi:,.0f}{note}, got {show_value(value)}")
+        raise GptspeedError(f"{flag} must be {meta['text']}, got {show_value(value)}")
 
 
 def settings_off_default(config: Any, key: str, accepted: tuple[str, ...]) -> list[str]:
@@ -987,28 +986,12 @@ def setting_flag(name: str) -> str:
     return (f.metadata.get("flag") if f is not None else None) or "--" + name.replace("_", "-")
 
 
-def _show(value: Any) -> str:
-    """``value`` for an error line: a number in full unless it is very long, anything else
-    shortened by :mod:`reprlib` (a YAML alias can make a value of billions of nested items whose
-    full ``repr`` would never end)."""
-    import reprlib
-
-    if isinstance(value, int) and not isinstance(value, bool):
-        text = str(value)
-        return text if len(text) <= 30 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
-    if isinstance(value, float):
-        return repr(value)
-    short = reprlib.Repr()
-    short.maxlevel, short.maxstring, short.maxother, short.maxlist, short.maxdict = 2, 80, 80, 4, 4
-    return short.repr(value)
-
-
 def check_seed(seed: Any, flag: str = "--seed") -> int:
     """``seed`` if it is an integer from 0 to :data:`MAX_SEED`, which every consumer takes
     (``torch.manual_seed``, ``torch.Generator.manual_seed``, ``numpy.random.default_rng``, the
     loader's ``--sampling random``); else GptspeedError naming ``flag``."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise GptspeedError(f"{flag} must be an integer from 0 to {MAX_SEED:,} (2**63 - 1), got {_show(seed)}")
+        raise GptspeedError(f"{flag} must be an integer from 0 to {MAX_SEED:,} (2**63 - 1), got {show_value(seed)}")
     return seed
 
 
@@ -1050,7 +1033,7 @@ def _typed(cls, name: str, value: Any, source: str, context: bool = True) -> Any
             g for g, c in GROUPS.items() if cls in GROUPS.values() and name in {f.name for f in dataclasses.fields(c)}
         ]
         hint = f" (a setting of the '{home[0]}' group)" if home else did_you_mean(str(name)[:100])
-        raise GptspeedError(f"{source}: unknown setting {_show(name)}{hint}"[:300])
+        raise GptspeedError(f"{source}: unknown setting {show_value(name)}{hint}"[:300])
     if value is None and _accepts_none(cls, name):
         return None
     if value == "auto" and fields[name].metadata.get("parse") == "batch_size":
@@ -1064,14 +1047,14 @@ def _typed(cls, name: str, value: Any, source: str, context: bool = True) -> Any
         bool: isinstance(value, bool),
     }[base]
     if not ok:
-        raise GptspeedError(f"{what} must be {base.__name__}, got {_show(value)}"[:300])
+        raise GptspeedError(f"{what} must be {base.__name__}, got {show_value(value)}"[:300])
     if base is float:
         value = float(value)
         if context and not math.isfinite(value):
             raise GptspeedError(f"{what} must be a finite number, got {value}")
     choices = fields[name].metadata.get("choices")
     if choices and value not in choices:
-        raise GptspeedError(f"{what} must be one of {', '.join(choices)}, got {_show(value)}"[:300])
+        raise GptspeedError(f"{what} must be one of {', '.join(choices)}, got {show_value(value)}"[:300])
     return value
 
 
@@ -1101,7 +1084,7 @@ def check_settings(values: dict[str, Any], source: str) -> dict[str, Any]:
     checked = {}
     for k, v in values.items():
         if not isinstance(k, str) or k not in owners:
-            raise GptspeedError(f"{source}: unknown setting {_show(k)}{did_you_mean(str(k)[:100])}"[:300])
+            raise GptspeedError(f"{source}: unknown setting {show_value(k)}{did_you_mean(str(k)[:100])}"[:300])
         checked[k] = _typed(owners[k], k, v, source)
     return checked
 
@@ -1124,113 +1107,14 @@ def parse_log_to(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-# ------------------------------------------------------------------------------------ config files
-class DuplicateKey(Exception):
-    """A config file's mapping names ``key`` twice (at ``line``, YAML only)."""
-
-    def __init__(self, key: Any, line: int | None = None):
-        super().__init__(key, line)
-        self.key, self.line = key, line
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' ``object_pairs_hook``: the object, or DuplicateKey for a key given twice."""
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise DuplicateKey(key)
-        seen[key] = value
-    return seen
-
-
-def _yaml_loader():
-    """PyYAML's safe loader, reading ``1e-3`` as a float as YAML 1.2 and JSON do (YAML 1.1, which
-    PyYAML implements, wants a dot -- ``1.0e-3`` -- and would make ``1e-3`` a string)."""
-    import re
-
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):  # a key twice is refused, not "the last one wins"
-            seen = set()
-            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                if isinstance(key, collections.abc.Hashable):
-                    if key in seen:
-                        raise DuplicateKey(key, key_node.start_mark.line + 1)
-                    seen.add(key)
-            return super().construct_mapping(node, deep)
-
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
-    )
-    return Loader
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a config file: JSON for a ``.json`` file, YAML (PyYAML, safe loading) for
-    any other (``.yaml``, ``.yml``, ...). Raises GptspeedError (one line, with the line and column
-    of a syntax error) when the file cannot be read -- missing, a folder, a FIFO or a device
-    (``/dev/zero``), too large, not UTF-8 (:func:`gptspeed.fileio.read_user_text`) --, does not
-    parse, is nested too deeply to parse, names a key twice in one mapping (PyYAML and ``json``
-    would keep the last silently), or is not a mapping. A ``~`` in ``path`` is expanded."""
-    from gptspeed.fileio import parse_json, read_user_text
-
-    path = Path(os.path.expanduser(str(path)))
-    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
-    text = read_user_text(path, "config file")
-    try:
-        if kind == "JSON":
-            raw = parse_json(text, f"config file {path}", expect=None)
-            json.loads(text, object_pairs_hook=_no_duplicate_keys)  # parsed: now the keys given twice
-        else:
-            raw = _read_yaml(text, path)
-    except DuplicateKey as e:
-        where = f" (line {e.line})" if e.line else ""
-        raise GptspeedError(f"config file {path}: {_show(e.key)} is given twice{where}: keep one"[:300]) from None
-    if not isinstance(raw, dict):
-        raise GptspeedError(
-            f"config file {path}: expected a {'JSON object' if kind == 'JSON' else 'YAML mapping'} "
-            f"of settings, got {type(raw).__name__}"
-        )
-    return raw
-
-
-def _read_yaml(text: str, path: Path) -> Any:
-    """:func:`read_config_file`'s YAML: PyYAML's safe loading (:func:`_yaml_loader`), its errors one line."""
-    import yaml
-
-    try:
-        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 -- a SafeLoader subclass
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        what = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise GptspeedError(f"config file {path} is not valid YAML: {what}{where}"[:300]) from None
-    except RecursionError:
-        raise GptspeedError(f"config file {path} is nested too deeply to be read") from None
-    except (ValueError, OverflowError) as e:  # a value PyYAML's constructors cannot make (an int of 5,000 digits)
-        what = " ".join(str(e).split())
-        raise GptspeedError(f"config file {path} is not valid YAML: {what}"[:300]) from None
-
-
 def config_to_yaml(cfg: RunConfig) -> str:
     """``cfg`` as the YAML file ``gptspeed train --print-config`` prints: every setting, nested by
     group (model, optim, train, runtime) under the preset's name, so that ``--config FILE``
-    reproduces the run. ``--batch-size auto`` is written as ``auto``."""
-    import yaml
-
+    reproduces the run (:func:`gptspeed.configio.config_yaml`). ``--batch-size auto`` is written as ``auto``."""
     d = cfg.to_dict()
     if d["train"]["batch_size"] == AUTO_BATCH_SIZE:
         d["train"]["batch_size"] = "auto"
-    doc = {"preset": d.pop("preset"), **d}
-    return (
-        "# gptspeed train configuration (every setting; `gptspeed train --help` says what each does).\n"
-        "# Run it with: gptspeed train --config THIS_FILE  (flags given as well override it)\n"
-        + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    )
+    return config_yaml({"preset": d.pop("preset"), **d})
 
 
 def parse_batch_size(text: str) -> int:

@@ -350,7 +350,7 @@ class Throughput:
         max_steps: the run's last step (for the ETA).
         clock: seconds, monotonic (``time.perf_counter``; tests pass a fake one).
         tokens_between: ``(first, last) -> tokens`` of steps ``first`` to ``last - 1``, all ranks
-            (:func:`gptspeed.optim.tokens_between` under a batch-size warm-up; default: ``tokens_per_step``
+            (:func:`gptspeed.schedules.tokens_between` under a batch-size warm-up; default: ``tokens_per_step``
             each), for the ETA.
 
     Call :meth:`restart` when the clock should (re)start (after start-up, and after each record:

@@ -345,7 +345,7 @@ class GPT(nn.Module):
 
     def set_attn_window(self, window: int) -> None:
         """``attn_window``: the window (tokens) of the training-mode forwards from now on -- the trainer
-        sets :func:`gptspeed.optim.attn_window_at` of each step before it. Written in place into a 0-dim
+        sets :func:`gptspeed.schedules.attn_window_at` of each step before it. Written in place into a 0-dim
         int64 buffer (not saved: a pure function of the step) that the mask reads on the device, so a
         ``torch.compile``-d model never recompiles for a new window and no step waits on the host.
         Eval-mode forwards (evaluation, HellaSwag, sampling) use the final window, ``attn_window``; a

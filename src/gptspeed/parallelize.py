@@ -207,6 +207,22 @@ def parallelize(
         model.to(rt.device)
     apply_matmul_precision(rt)
     apply_activation_checkpointing(model, activation_checkpointing)
+    train_model = wrap_data_parallel(model, rt, cast_weights_once)
+    if not rt.compile:
+        return train_model
+    use_compile_cache()
+    how = compile_options(compile_tuning, coordinate_descent_tuning and backend == "inductor")
+    if compile_mode == "blocks":  # dynamic=False: one static graph per shape (see the docstring)
+        for block in model.transformer.h:
+            block.compile(backend=backend, dynamic=False, **how)
+        return train_model
+    return torch.compile(train_model, backend=backend, dynamic=False, **how)
+
+
+def wrap_data_parallel(model: torch.nn.Module, rt: Runtime, cast_weights_once: bool = False) -> torch.nn.Module:
+    """``model`` under ``rt.parallel``'s data parallelism (see :func:`parallelize`): the
+    ``DistributedDataParallel`` wrapper (``ddp``), ``model`` itself sharded in place (``fsdp``: every
+    block, then the root), or ``model`` as it is."""
     train_model = model
     if rt.parallel == "ddp":
         import inspect
@@ -229,15 +245,7 @@ def parallelize(
         for block in model.transformer.h:
             fully_shard(block, mp_policy=mp, **keep)
         fully_shard(model, mp_policy=mp, **keep)  # embeddings (tied with the LM head), final norm
-    if not rt.compile:
-        return train_model
-    use_compile_cache()
-    how = compile_options(compile_tuning, coordinate_descent_tuning and backend == "inductor")
-    if compile_mode == "blocks":  # dynamic=False: one static graph per shape (see the docstring)
-        for block in model.transformer.h:
-            block.compile(backend=backend, dynamic=False, **how)
-        return train_model
-    return torch.compile(train_model, backend=backend, dynamic=False, **how)
+    return train_model
 
 
 def compile_options(compile_tuning: str, coordinate_descent_tuning: bool) -> dict[str, Any]:

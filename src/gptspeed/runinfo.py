@@ -11,8 +11,8 @@ from typing import Any
 from gptspeed.config import RunConfig
 from gptspeed.fileio import write_text_atomic
 from gptspeed.metrics import environment
-from gptspeed.optim import grad_accum_at, seq_len_at
 from gptspeed.runtime import Runtime
+from gptspeed.schedules import grad_accum_at, seq_len_at
 
 
 def write_run_config(run_dir: Path, cfg: RunConfig, rt: Runtime, derived: dict[str, Any]) -> None:

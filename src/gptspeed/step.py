@@ -31,9 +31,10 @@ from gptspeed.errors import GptspeedError
 from gptspeed.loss import liger_problem, resolve_loss
 from gptspeed.metrics import reset_peak_memory
 from gptspeed.model import GPT
-from gptspeed.optim import build_optimizer, optimizer_spec, seq_lens
+from gptspeed.optim import build_optimizer, optimizer_spec
 from gptspeed.parallelize import allow_static_graphs, check_cuda_graphs, parallelize, uses_cuda_graphs
 from gptspeed.runtime import Runtime, sdpa_backend_problem, sdpa_backend_scope
+from gptspeed.schedules import seq_lens
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -329,7 +330,7 @@ class TrainStep:
         seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step over ``accum`` micro-batches (default :attr:`accum`; the trainer passes
-        :func:`gptspeed.optim.grad_accum_at` of the step) from ``next_batch() -> (x, y)`` (each ``(B, T)``
+        :func:`gptspeed.schedules.grad_accum_at` of the step) from ``next_batch() -> (x, y)`` (each ``(B, T)``
         int64 on the device), each trained as sequences of ``seq_len`` tokens (default ``T``; see
         :meth:`forward_backward`). Returns device tensors ``(loss, grad_norm, bad)``: the mean loss over
         the micro-batches (this rank's), and :meth:`optimizer_step`'s two. No host read.

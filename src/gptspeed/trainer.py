@@ -8,7 +8,8 @@ loads the checkpoint, then per step sets the learning rate, runs :meth:`Trainer.
 :class:`~gptspeed.step.TrainStep`) and, when due, logs, evaluates and saves. Compare torchtitan's
 ``Trainer.train`` / ``train_step`` and litgpt's ``fit``. The policies live beside it: resume and
 global batch in :mod:`gptspeed.resume`, ``--on-nan`` in :mod:`gptspeed.divergence`, signals in
-:mod:`gptspeed.signals`, config.json and the banner in :mod:`gptspeed.runinfo`.
+:mod:`gptspeed.signals`; what it writes and says (metrics records, config.json, the banner, the
+closing line) in :mod:`gptspeed.trainlog`.
 
 Hot-loop rules: the loss, gradient norm and non-finite flags stay on the device and are read (one
 host-device sync) only at log steps; the wall clock is read only after synchronising the device
@@ -24,8 +25,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,21 +54,19 @@ from gptspeed.errors import GptspeedError
 from gptspeed.eval.during import RunEvaluator
 from gptspeed.metrics import (
     FirstPace,
-    RunLog,
     Throughput,
     eval_pace,
     first_step_pace,
-    format_duration,
-    memory_stats,
     peak_flops,
 )
-from gptspeed.optim import attn_window_at, grad_accum_at, seq_len_at, set_lr, tokens_between
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
-from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
+from gptspeed.runinfo import resume_command
 from gptspeed.runtime import Runtime, resolve_runtime
+from gptspeed.schedules import attn_window_at, grad_accum_at, seq_len_at, set_lr, tokens_between
 from gptspeed.signals import StopFlag, agree_on_stop
 from gptspeed.step import StepAbandoned, TrainStep, build_model, is_out_of_memory
+from gptspeed.trainlog import TrainLog
 
 __all__ = ["Trainer", "TrainState", "fit", "build_train_config", "resume_command"]
 
@@ -211,8 +208,9 @@ class Trainer:
             t.max_steps,
             tokens_between=lambda first, last: tokens_between(first, last, cfg, rt.world_size),
         )
+        self.log = TrainLog(self)
         if rt.is_main:
-            self._open_log()
+            self.log.open()
 
     def _build_step(self) -> None:
         """The model (seeded; ``--init-from`` weights on a new run) and its :class:`TrainStep`."""
@@ -225,19 +223,6 @@ class Trainer:
 
             self.say(f"initialised from {load_hf_weights(model, cfg.train.init_from)}")
         self.stepper = TrainStep(cfg, self.rt, model=model)
-
-    def _open_log(self) -> None:
-        """The metrics log (rank 0) and the trackers ``--log-to`` names, whose files count as this run's."""
-        from gptspeed.trackers import open_trackers  # --log-to: TensorBoard, W&B
-
-        t = self.cfg.train
-        before = {p.name for p in self.run_dir.iterdir()}
-        trackers = open_trackers(
-            t.log_to, self.run_dir, self.cfg.to_dict(), self.state.step if self.resume.continues else None, say=self.say
-        )
-        self.folder.written |= {p.name for p in self.run_dir.iterdir()} - before  # their files and folders
-        show_docs = self.data.documents is None or self.data.documents > 1
-        self.log = RunLog(self.run_dir / "metrics.jsonl", echo=self.echo, show_documents=show_docs, trackers=trackers)
 
     # the step's parts, for the checkpointer, evaluation and the log
     model = property(lambda self: self.stepper.model)
@@ -302,57 +287,6 @@ class Trainer:
         with out_of_memory_as_one_line(self, f"the val loss after step {self.step}"):
             return self.evals.val_loss(stop)
 
-    def record(self, step: int, **fields) -> None:
-        """Write one metrics record (rank 0): progress counters plus ``fields``."""
-        if self.log is None:
-            return
-        self.log.write(
-            {
-                "step": step,
-                "max_steps": self.cfg.train.max_steps,
-                "tokens": self.tokens,
-                "documents": self.loader.documents,
-                "epoch": self.loader.epoch + self.loader.epoch_progress(),
-                "time_s": time.monotonic() - self.wall_start,
-                "skipped_steps": self.skipped_steps,
-                **fields,
-            }
-        )
-
-    def log_step(
-        self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, due: Due, stop: StopFlag
-    ) -> dict[str, Any]:
-        """The record of a log step: losses and norms read (the step's one sync), throughput since
-        the last record, memory, and the evaluations due. Returns its fields."""
-        if self.rt.distributed:
-            import torch.distributed as dist
-
-            loss = loss.clone()
-            dist.all_reduce(loss)  # gloo has no AVG: sum, then divide
-            loss /= self.rt.world_size
-        self.rt.synchronize()
-        left = None
-        if self.loader.tokens_per_epoch:
-            left = (1 - self.loader.epoch_progress()) * self.loader.tokens_per_epoch
-        fields = self.throughput.measure(self.step, left, self.loader.wait_s)
-        self.check_divergence()
-        mem_peak, mem_total = memory_stats(self.rt.device)
-        fields.update(
-            train_loss=_finite(loss.item()),
-            lr=lr,
-            grad_norm=_finite(grad_norm.item()),
-            mem_peak_bytes=mem_peak,
-            mem_total_bytes=mem_total,
-            mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
-        )
-        if due.eval:
-            fields["val_loss"] = self.evaluate(stop)
-        if due.hellaswag:
-            fields.update(self.evals.hellaswag())
-        self.record(self.step, **fields)
-        self.throughput.restart(self.loader.wait_s)
-        return fields
-
     # --------------------------------------------------------------------------------- run
     def train(self) -> dict[str, Any]:
         """Train to ``--max-steps`` (or until SIGINT / SIGTERM). Returns a summary: ``step``,
@@ -374,7 +308,6 @@ class Trainer:
             )
             self.close()
             return summary
-        self.wall_start = time.monotonic()  # durations from a monotonic clock: a clock jump cannot make them negative
         self.stop = stop = StopFlag(self.say, ranks=self.rt.distributed)
         first_step, stopping = self.step, None
         try:
@@ -394,14 +327,7 @@ class Trainer:
         """config.json, metrics.jsonl cut back to the checkpoint, the banner, and a new run's step-0
         val loss. Returns the signal that stopped it, or None."""
         t = self.cfg.train
-        if self.rt.is_main:
-            self.folder.written.add("config.json")
-            write_run_config(self.run_dir, self.cfg, self.rt, run_derived(self))
-        if self.log is not None:
-            self.folder.written.add(self.log.path.name)
-            self.log.truncate_after(self.step if self.resume.path is not None else -1)
-        for line in banner(self.cfg, self.rt, run_derived(self), malloc_reason=self.malloc_reason, step=self.step):
-            self.say(line)
+        self.log.start()
         stopping = None
         if not self.resume.continues and self.data.has_val:
             # eagerly when the run compiles: training's graphs are compiled first, so the first step
@@ -414,7 +340,7 @@ class Trainer:
             if stop():
                 stopping = agree_on_stop(stop, self.rt)
             else:
-                self.record(0, val_loss=summary["last_val_loss"])
+                self.log.record(0, val_loss=summary["last_val_loss"])
         self.throughput.restart(self.loader.wait_s)
         self.pace = first_step_pace(self.say, self.cfg, self.step, self.accum, self.rt.device.type == "cpu")
         return stopping
@@ -442,7 +368,7 @@ class Trainer:
                 stopping = stop.signum
             if due.log or stopping:  # ranks agree on stopping at log steps only (no per-step collective)
                 stopping = agree_on_stop(stop, self.rt)
-                fields = self.log_step(loss, grad_norm, lr, due, stop)
+                fields = self.log.log_step(loss, grad_norm, lr, due, stop)
                 first_interval = False
                 summary["last_train_loss"] = fields["train_loss"]
                 if due.eval:
@@ -462,25 +388,9 @@ class Trainer:
 
     def _finish(self, summary: dict[str, Any], stopping: int | None, first_step: int) -> dict[str, Any]:
         summary.update(step=self.step, skipped_steps=self.skipped_steps, interrupted=stopping)
+        self.log.say_end(summary, stopping, first_step)
         if stopping is not None and self.step == first_step:
-            self.say("stopped before the first step: nothing to save")
             self.folder.abandon()
-        elif stopping is not None:
-            self.say(
-                f"stopped at step {self.step}; checkpoint saved in {self.run_dir}. "
-                f"Resume with: {resume_command(self.rt, self.run_dir)}"
-            )
-        else:
-            if summary.get("reached_target") is not None:
-                self.say(
-                    f"reached --stop-at-val-loss {self.cfg.train.stop_at_val_loss:g}: val loss "
-                    f"{summary['last_val_loss']:.4f} at step {self.step}"
-                )
-            skipped = f" ({self.skipped_steps} skipped as non-finite in all)" if self.skipped_steps else ""
-            self.say(
-                f"done: {self.step - first_step} steps{skipped} in "
-                f"{format_duration(time.monotonic() - self.wall_start)}; checkpoint in {self.run_dir}"
-            )
         return summary
 
     def close(self) -> None:
@@ -488,7 +398,7 @@ class Trainer:
         if self.loader is not None:
             self.loader.close()
         if self.log is not None:
-            self.log.close()
+            self.log.close()  # the trackers
         self.folder.close()
         self.data.close()  # the data folder's shared lock (gptspeed.data.folder): a prepare may write it again
 
@@ -563,10 +473,6 @@ def out_of_memory_error(trainer: Trainer, where: str) -> GptspeedError:
         f"{t.batch_size * T:,} tokens: use {auto}a smaller --batch-size (e.g. {smaller}) with the same --total-batch-tokens "
         f"{total} (more micro-steps a step, the same run){ac}, then --resume; {intact}"
     )
-
-
-def _finite(x: float | None) -> float | None:
-    return x if x is None or math.isfinite(x) else None
 
 
 def config_hash(cfg: RunConfig) -> str:

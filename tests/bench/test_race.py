@@ -235,7 +235,7 @@ def test_an_arm_name_is_a_folder_name_never_a_path(name, tmp_path):
 def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_data, tmp_path, monkeypatch):
     """A file, a run folder, a data folder, the user's folder, or a race folder holding anything else:
     one line each, nothing written or deleted (the race used to reuse --out and delete its runs)."""
-    from gptspeed.checkpoint import RunLock
+    from gptspeed.checkpoint import run_lock
 
     fake_train(monkeypatch, "finish")
     a_file = tmp_path / "notes.txt"
@@ -278,7 +278,7 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
     race_args = ["bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(earlier)]
     assert_user_error(run_main(*race_args), "holds an earlier race (2 run folder(s)", "--force")
     assert tree(earlier) == before
-    lock = RunLock(earlier).acquire()  # a race still running on it: its lock
+    lock = run_lock(earlier).acquire()  # a race still running on it: its lock
     try:
         assert_user_error(run_main(*race_args, "--force"), "is in use by pid", "another `gptspeed bench --race`")
     finally:

@@ -63,7 +63,7 @@ def test_a_bench_row_reading_a_data_folder_holds_its_read_lock(shakespeare_data,
 
     from gptspeed.bench import worker
     from gptspeed.bench.worker import StageSpec, make_loader
-    from gptspeed.data.folder import DataFolderLock
+    from gptspeed.data.folder import data_folder_lock
     from gptspeed.errors import GptspeedError as Error
 
     spec = StageSpec(
@@ -82,12 +82,12 @@ def test_a_bench_row_reading_a_data_folder_holds_its_read_lock(shakespeare_data,
     make_loader(spec, torch.device("cpu"))
     try:
         with pytest.raises(Error, match="is in use"):
-            DataFolderLock.for_writing(shakespeare_data)
+            data_folder_lock(shakespeare_data, exclusive=True).acquire()
     finally:
         for lock in worker._HELD:
             lock and lock.release()
         worker._HELD.clear()
-    DataFolderLock.for_writing(shakespeare_data).release()
+    data_folder_lock(shakespeare_data, exclusive=True).acquire().release()
 
 
 def test_a_batch_auto_rung_trains_the_same_sequences_per_step_as_its_reference(monkeypatch):

@@ -1,4 +1,4 @@
-"""``gptspeed.checkpoint.folder``: the run folder: one writer at a time (:class:`RunLock`), gptspeed's own or refused (:func:`refuse_foreign_folder`), created and -- when a new run fails before its first step -- left as it was found (:class:`RunFolder`); and the room a checkpoint needs there."""
+"""``gptspeed.checkpoint.folder``: the run folder: one writer at a time (:func:`run_lock`), gptspeed's own or refused (:func:`refuse_foreign_folder`), created and -- when a new run fails before its first step -- left as it was found (:class:`RunFolder`); and the room a checkpoint needs there."""
 
 from __future__ import annotations
 
@@ -188,17 +188,17 @@ def test_a_foreign_folder_shows_its_first_five_entries_and_counts_the_rest(tmp_p
 def test_a_folder_and_lock_never_opened_close_and_release_quietly(tmp_path):
     """Another rank's RunFolder (never opened, holds no lock) closes without error; a lock is
     released once even when release is called again (as close and abandon both may)."""
-    from gptspeed.checkpoint.folder import RunLock
+    from gptspeed.checkpoint.folder import run_lock
 
     other_rank = RunFolder(tmp_path, is_main=False)
     other_rank.open()
     other_rank.close()
     assert other_rank.lock is None and not other_rank.opened and not other_rank.created
-    RunLock(tmp_path).release()  # never acquired
-    lock = RunLock(tmp_path).acquire()
+    run_lock(tmp_path).release()  # never acquired
+    lock = run_lock(tmp_path).acquire()
     lock.release()
     lock.release()
-    again = RunLock(tmp_path).acquire()  # the first one's flock is gone
+    again = run_lock(tmp_path).acquire()  # the first one's flock is gone
     again.release()
 
 
@@ -208,19 +208,19 @@ def test_the_lock_file_names_its_holder_and_is_not_executable(tmp_path):
     import socket
     import stat
 
-    from gptspeed.checkpoint.folder import RunLock
+    from gptspeed.checkpoint.folder import run_lock
 
     path, holder = tmp_path / LOCK_NAME, f"pid {os.getpid()} on {socket.gethostname()}".encode()
     old = os.umask(0o022)
     try:
-        lock = RunLock(tmp_path).acquire()
+        lock = run_lock(tmp_path).acquire()
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert path.read_bytes() == holder
     lock.release()
     path.write_text("pid 1 on an-earlier-holder-with-a-longer-name-than-this-one-" + "x" * len(holder))
-    lock = RunLock(tmp_path).acquire()
+    lock = run_lock(tmp_path).acquire()
     assert path.read_bytes() == holder
     lock.release()
 
@@ -233,13 +233,13 @@ def test_the_lock_file_names_its_holder_and_is_not_executable(tmp_path):
 def test_the_lock_is_never_taken_through_what_stands_under_its_name(tmp_path, make, code):
     """A folder or a symbolic link under the lock's name is refused in one line with the system's
     reason; a link is never followed, so the file it points to is not truncated."""
-    from gptspeed.checkpoint.folder import RunLock
+    from gptspeed.checkpoint.folder import run_lock
 
     (tmp_path / "notes.txt").write_text("the user's notes")
     path = tmp_path / LOCK_NAME
     make(path)
     with pytest.raises(GptspeedError) as e:
-        RunLock(tmp_path).acquire()
+        run_lock(tmp_path).acquire()
     assert str(e.value) == (
         f"cannot take the run folder's lock {path}: {os.strerror(code)}; it is gptspeed's own file: "
         "move whatever is there away (gptspeed makes it again)"
@@ -252,10 +252,10 @@ def test_the_lock_is_taken_where_the_system_has_no_o_nofollow(tmp_path, monkeypa
     names its holder."""
     import socket
 
-    from gptspeed.checkpoint.folder import RunLock
+    from gptspeed.checkpoint.folder import run_lock
 
     monkeypatch.delattr(os, "O_NOFOLLOW", raising=False)
-    lock = RunLock(tmp_path).acquire()
+    lock = run_lock(tmp_path).acquire()
     try:
         assert (tmp_path / LOCK_NAME).read_text() == f"pid {os.getpid()} on {socket.gethostname()}"
     finally:

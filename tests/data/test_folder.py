@@ -1,4 +1,4 @@
-"""``gptspeed.data.folder``: the data folder keeps what it promises: one writer or many readers at a time (:class:`DataFolderLock`), and ``gptspeed prepare`` writes only into a folder that is new, empty or gptspeed's own data folder (:func:`check_prepare_target`)."""
+"""``gptspeed.data.folder``: the data folder keeps what it promises: one writer or many readers at a time (:func:`data_folder_lock`, :func:`prepare_lock`), and ``gptspeed prepare`` writes only into a folder that is new, empty or gptspeed's own data folder (:func:`check_prepare_target`)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 
 from gptspeed.data import read_shard, write_shard
-from gptspeed.data.prepare import PrepareLock, prepare
+from gptspeed.data.folder import prepare_lock
+from gptspeed.data.prepare import prepare
 from gptspeed.data.train_data import find_train_data
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, get_encoding
 
 from support.cli import assert_user_error, run_main
+from support.records import DOCS as DOCS_RECORDS
+from support.records import lines_of
 from support.runs import train_args
 
 DOCS = [
@@ -128,7 +131,7 @@ def test_a_train_is_refused_while_a_prepare_writes_the_folder(tmp_path):
     folder (or trained on the shards being rewritten). Now it names the prepare and writes nothing."""
     src, data = corpus(tmp_path), tmp_path / "data"
     prepare(str(src), data, shard_tokens=1000, progress=False)
-    lock = PrepareLock(data).acquire()
+    lock = prepare_lock(data).acquire()
     try:
         proc = run_main(*train_args(data, tmp_path / "run", max_steps=1))
         assert_user_error(proc, f"data folder {data} is being prepared by pid {os.getpid()}", "wait for it to finish")
@@ -146,9 +149,9 @@ def test_a_shard_changed_where_the_folder_cannot_be_locked_stops_the_run_after_s
     checked against the run's data identity when first opened: one line naming it, after the
     last finished step is saved."""
     from gptspeed.checkpoint import check_checkpoint, list_checkpoints
-    from gptspeed.data.folder import DataFolderLock
+    from gptspeed.locks import FolderLock
 
-    monkeypatch.setattr(DataFolderLock, "_take", classmethod(lambda cls, folder, exclusive: (None, False)))
+    monkeypatch.setattr(FolderLock, "_lock_folder", lambda self, fcntl: None)  # the folder cannot be locked
     src, data, run = corpus(tmp_path), tmp_path / "data", tmp_path / "run"
     prepare(str(src), data, shard_tokens=1000, shuffle_seed=1, progress=False)
     other = (
@@ -165,6 +168,28 @@ def test_a_shard_changed_where_the_folder_cannot_be_locked_stops_the_run_after_s
     (ck,) = list_checkpoints(run)
     step = int(ck.stem.split("_")[1])
     assert step >= 3 and f"the checkpoint of step {step} was saved" in msg and check_checkpoint(ck) is None, msg
+
+
+def test_a_second_prepare_into_the_same_folder_is_refused_naming_the_first(tmp_path):
+    """Two prepares into one folder deleted each other's staging chunks and left orphans."""
+    src = tmp_path / "d.jsonl"
+    src.write_bytes(lines_of(DOCS_RECORDS))
+    out = tmp_path / "out"
+    out.mkdir()
+    staged = out / ".stream_000000.bin"
+    write_shard(staged, np.arange(7))  # the first prepare's chunk, not yet in its progress file
+    lock = prepare_lock(out).acquire()
+    try:
+        proc = run_main("prepare", str(src), "--out", str(out))
+        assert_user_error(proc, f"{out} is being prepared by pid {os.getpid()}", "another `gptspeed prepare`")
+        with pytest.raises(GptspeedError, match="being prepared by"):
+            prepare(str(src), out, force=True, progress=False)
+        assert staged.is_file() and sorted(p.name for p in out.iterdir()) == [".prepare.lock", staged.name]
+    finally:
+        lock.release()
+    staged.unlink()
+    prepare(str(src), out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train_000000.bin", "val_000000.bin"]
 
 
 # ------------------------------------------------------------------------ where prepare writes

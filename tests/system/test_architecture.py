@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from support.paths import SRC
 
 PACKAGE = SRC / "gptspeed"
@@ -73,14 +75,41 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _body_lines(node: ast.AST) -> int:
-    """Statements of a function (the lines on which one begins), its docstring excluded: a measure the
-    formatter's layout does not move (a call split over eight lines by ``ruff format`` is one)."""
-    starts = {s.lineno for s in ast.walk(node) if isinstance(s, ast.stmt)}
-    first = node.body[0] if node.body else None
+def reader_lines(node: ast.AST) -> int:
+    """The lines of a function or class as formatted, as a reader counts them: from its first line to its
+    last, blank lines and comments included, its docstring excluded (from the line after it; the
+    ``def`` / ``class`` line and the signature count where there is none)."""
+    body = node.body
+    first = body[0] if body else None
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        starts.discard(first.lineno)
-    return len(starts)
+        start = body[1].lineno if len(body) > 1 else node.end_lineno
+    else:
+        start = node.lineno
+    return node.end_lineno - start + 1
+
+
+FUNCTION_LINES, CLASS_LINES, MODULE_LINES, CHECKPOINT_MODULE_LINES = 60, 300, 800, 400
+MODULES_EXEMPT = {"gptspeed/config.py"}  # the catalogue of settings: it reads and writes no file (configio.py does)
+# What other branches of issue 53 shorten: the lead removes the xfails once they are merged.
+OTHERS_OFFENDERS = (
+    "cli.py and bench/ (cmd_bench, _add_bench_args, markdown, run_verify, verify_stage); hf.py (1,129 lines)"
+)
+
+
+def too_long() -> list[str]:
+    """Every function over 60 lines and class over 300 (:func:`reader_lines`) in the package."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and reader_lines(node) > FUNCTION_LINES:
+                long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({reader_lines(node)} lines)")
+            if isinstance(node, ast.ClassDef) and reader_lines(node) > CLASS_LINES:
+                long.append(f"{path.relative_to(SRC)}:{node.lineno} class {node.name} ({reader_lines(node)} lines)")
+    return long
+
+
+def module_lines(path: Path) -> int:
+    return path.read_text().count("\n")
 
 
 def test_the_cycle_finder_finds_a_circle_through_a_lazy_import():
@@ -96,23 +125,52 @@ def test_no_import_circle_in_gptspeed():
     assert cycles(graph) == []
 
 
-def test_config_imports_nothing_of_gptspeed_but_its_errors():
-    assert import_graph()["gptspeed.config"] <= {"gptspeed.errors", "gptspeed.fp8", "gptspeed.fileio"}  # fileio: row 0
+def test_config_imports_nothing_of_gptspeed_but_its_errors_and_its_files():
+    allowed = {"gptspeed.errors", "gptspeed.fp8", "gptspeed.configio"}  # configio: errors and fileio only
+    assert import_graph()["gptspeed.config"] <= allowed
+    assert import_graph()["gptspeed.configio"] <= {"gptspeed.errors", "gptspeed.fileio"}
 
 
-def test_no_function_over_60_lines_no_class_over_300_no_checkpoint_module_over_400():
-    """A function that does not fit on a screen is a sign a part is missing. Functions and
-    classes are measured in statements (_body_lines), so that the formatter's layout does not move the
-    limits: 60 for a function; 230 for a class (the 300 physical lines of the code before ``ruff
-    format`` held about 0.64 statements a line, as Trainer did)."""
-    long = []
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > 60:
-                long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({_body_lines(node)} statements)")
-            if isinstance(node, ast.ClassDef) and _body_lines(node) > 230:
-                long.append(f"{path.relative_to(SRC)}:{node.lineno} class {node.name} ({_body_lines(node)} statements)")
-    for path in (PACKAGE / "checkpoint").glob("*.py"):
-        if len(path.read_text().splitlines()) > 400:
-            long.append(f"{path.relative_to(SRC)} ({len(path.read_text().splitlines())} lines)")
+def test_config_reads_and_writes_no_file_so_its_length_is_exempt():
+    """config.py may pass 800 lines (the catalogue of settings) only while its file I/O lives in configio.py."""
+    tree = ast.parse((PACKAGE / "config.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert not imported & {"yaml", "json", "io"} and not called & {"open", "read_user_text", "read_user_json"}
+
+
+def test_the_line_count_is_a_readers():
+    """Blank lines and comments count, the docstring does not (counting starts at the statement after it);
+    without one the signature counts."""
+    tree = ast.parse(
+        'def f(a,\n      b):\n    """Doc\n    string."""\n    x = 1\n\n    # a comment\n    return x\n\n\n'
+        'def g():\n    return 1\n\n\nclass C:\n    """Doc."""\n\n    y = 2\n'
+    )
+    assert {n.name: reader_lines(n) for n in tree.body} == {"f": 4, "g": 2, "C": 1}
+
+
+@pytest.mark.xfail(strict=False, reason=f"until the other branches of issue 53 land: {OTHERS_OFFENDERS}")
+def test_no_function_over_60_lines_and_no_class_over_300():
+    """A function that does not fit on a screen is a sign a part is missing: at most 60 lines for a
+    function and 300 for a class as formatted, docstrings excluded (:func:`reader_lines`)."""
+    assert too_long() == []
+
+
+@pytest.mark.xfail(strict=False, reason=f"until the other branches of issue 53 land: {OTHERS_OFFENDERS}")
+def test_no_module_over_800_lines():
+    long = [
+        f"{p.relative_to(SRC)} ({module_lines(p)} lines)"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if module_lines(p) > MODULE_LINES and str(p.relative_to(SRC)) not in MODULES_EXEMPT
+    ]
+    assert long == []
+
+
+def test_no_checkpoint_module_over_400_lines():
+    long = [
+        f"{p.relative_to(SRC)} ({module_lines(p)} lines)"
+        for p in sorted((PACKAGE / "checkpoint").glob("*.py"))
+        if module_lines(p) > CHECKPOINT_MODULE_LINES
+    ]
     assert long == []

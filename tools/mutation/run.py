@@ -47,11 +47,13 @@ MODULES = {
     "loss": ("src/gptspeed/loss.py", "gptspeed.loss."),
     "step": ("src/gptspeed/step.py", "gptspeed.step."),
     "optim": ("src/gptspeed/optim.py", "gptspeed.optim."),
+    "schedules": ("src/gptspeed/schedules.py", "gptspeed.schedules."),  # optim.py's until issue 53
     "loader": ("src/gptspeed/data/loader.py", "gptspeed.data.loader."),
     "sample": ("src/gptspeed/sample.py", "gptspeed.sample."),
     "val_loss": ("src/gptspeed/eval/val_loss.py", "gptspeed.eval.val_loss."),
     "hellaswag": ("src/gptspeed/eval/hellaswag.py", "gptspeed.eval.hellaswag."),
     "checkpoint": ("src/gptspeed/checkpoint/", "gptspeed.checkpoint."),  # a package
+    "locks": ("src/gptspeed/locks.py", "gptspeed.locks."),  # checkpoint.RunLock's until issue 53
 }
 #: decorators that only wrap the function object (no registration by name, no class magic): moved
 #: below the function in the snapshot so that mutmut mutates its body

@@ -25,7 +25,7 @@ overridden). An arm's name is a folder name (``OUT/runs/NAME-seedN``), never a p
 a new or empty folder, or an earlier race's, replaced only with ``--force`` (its runs, logs and
 ``race.*``); a file, a run or data folder, or a folder holding anything else is refused
 (:func:`race_entries`). ``--out`` is locked for the whole race with the run folder's lock
-(:class:`gptspeed.checkpoint.RunLock`), so a second race on it is refused. A stop signal (Ctrl-C,
+(:func:`gptspeed.checkpoint.run_lock`), so a second race on it is refused. A stop signal (Ctrl-C,
 SIGTERM, SIGHUP) is passed on to the running ``gptspeed train`` as SIGTERM -- it saves its last
 finished step -- and the race waits for it (at most :data:`STOP_WAIT_S`), says so in one line and
 exits 128 + the signal (:func:`spawn`).
@@ -482,7 +482,7 @@ def _refuse_earlier_race(out: Path, names: list[str], force: bool) -> None:
 
 
 def open_race_folder(out: Path, force: bool):
-    """Create ``out`` and lock it for one race (:class:`gptspeed.checkpoint.RunLock`, the run
+    """Create ``out`` and lock it for one race (:func:`gptspeed.checkpoint.run_lock`, the run
     folder's lock: released by the kernel when the process dies), then make it empty of an earlier
     race: refused without ``force`` (one line), removed with it -- each earlier run's folder only
     after taking its own run lock, so never under a live ``gptspeed train``. Returns the lock
@@ -490,11 +490,11 @@ def open_race_folder(out: Path, force: bool):
     race did not write (:func:`race_entries`)."""
     import shutil
 
-    from gptspeed.checkpoint import LOCK_NAME, RunLock
+    from gptspeed.checkpoint import LOCK_NAME, run_lock
 
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(out).acquire()
+        lock = run_lock(out).acquire()
     except GptspeedError:
         try:
             holder = (out / LOCK_NAME).read_text(errors="replace")[:200].strip() or "another process"
@@ -513,11 +513,11 @@ def open_race_folder(out: Path, force: bool):
             for name in ("race.json", "race.md", "race.png"):  # the record first: a cut clearing leaves a race's
                 (out / name).unlink(missing_ok=True)
             for run in sorted((out / "runs").iterdir()) if "runs" in names else []:
-                run_lock = RunLock(run).acquire()  # refused, naming it, while a gptspeed train writes it
+                held = run_lock(run).acquire()  # refused, naming it, while a gptspeed train writes it
                 try:
                     shutil.rmtree(run)
                 finally:
-                    run_lock.release()
+                    held.release()
             for log in sorted((out / "logs").iterdir()) if "logs" in names else []:
                 log.unlink()
         except OSError as e:

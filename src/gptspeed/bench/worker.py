@@ -107,18 +107,18 @@ class SyntheticLoader:
 
 def make_loader(spec: StageSpec, device: torch.device, n_batches: int | None = None):
     """The batches of every row: a prepared folder's train shards (read under the folder's shared lock,
-    :class:`gptspeed.data.folder.DataFolderLock`: a ``prepare`` of it meanwhile is one line), or
+    :func:`gptspeed.data.folder.data_folder_lock`: a ``prepare`` of it meanwhile is one line), or
     :class:`SyntheticLoader` (``spec.synthetic``) holding ``n_batches`` (default: one per warm-up and
     timed micro-step)."""
     if spec.data is None:
         n = n_batches or (spec.warmup + spec.steps) * spec.grad_accum
         return SyntheticLoader(spec.batch_size, spec.seq_len, n, spec.seed, device, spec.synthetic)
     from gptspeed.data import find_shards
-    from gptspeed.data.folder import DataFolderLock
+    from gptspeed.data.folder import data_folder_lock
     from gptspeed.data.loader import TokenLoader
 
     # a shared lock on the folder for this worker process's life, as train holds one: no prepare rewrites it meanwhile
-    _HELD.append(DataFolderLock.for_reading(spec.data))
+    _HELD.append(data_folder_lock(spec.data).acquire())
     return TokenLoader(find_shards(spec.data, "train"), spec.batch_size, spec.seq_len, device=device)
 
 

@@ -24,11 +24,11 @@ reading seals (and the configuration a resume continues with) costs no torch imp
 from gptspeed.checkpoint.consolidate import consolidate, split_optimizer_state
 from gptspeed.checkpoint.folder import (
     RunFolder,
-    RunLock,
     check_free_space,
     estimate_checkpoint_bytes,
     foreign_entries,
     refuse_foreign_folder,
+    run_lock,
 )
 from gptspeed.checkpoint.formats import (
     DcpFormat,
@@ -116,11 +116,11 @@ __all__ = [
     "optimizers_of",
     "Checkpointer",
     "RunFolder",
-    "RunLock",
     "check_free_space",
     "estimate_checkpoint_bytes",
     "foreign_entries",
     "refuse_foreign_folder",
+    "run_lock",
     "consolidate",
     "split_optimizer_state",
 ]

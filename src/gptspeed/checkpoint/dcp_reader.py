@@ -195,17 +195,13 @@ def _is_size(x: Any) -> bool:
     return type(x) is torch.Size and all(type(n) is int and n >= 0 for n in x)
 
 
-def _check_metadata(md: Any, folder: Path) -> str | None:
-    """Why ``md`` is not the metadata of a checkpoint in ``folder`` (a short reason), or None."""
-    if type(md) is not Metadata:
-        return f"it holds a {type(md).__name__}"
-    entries, storage, planner = md.state_dict_metadata, md.storage_data, md.planner_data
-    if type(entries) is not dict or type(storage) is not dict:
-        return "its entries or storage are not dicts"
+def _check_entries(entries: dict) -> tuple[str | None, int]:
+    """``(why a state-dict entry is malformed or None, the bytes the tensors take)``: each entry named by
+    a string and of DCP's own types (a tensor's properties, size and chunks; or bytes)."""
     tensor_bytes = 0
     for key, entry in entries.items():
         if type(key) is not str:
-            return f"an entry named {key!r}"
+            return f"an entry named {key!r}", 0
         if type(entry) is TensorStorageMetadata:
             props = entry.properties
             if (
@@ -214,7 +210,7 @@ def _check_metadata(md: Any, folder: Path) -> str | None:
                 or not _is_size(entry.size)
                 or type(entry.chunks) is not list
             ):
-                return f"entry {key[:80]} is malformed"
+                return f"entry {key[:80]} is malformed", 0
             for chunk in entry.chunks:
                 if (
                     type(chunk) is not ChunkStorageMetadata
@@ -222,13 +218,27 @@ def _check_metadata(md: Any, folder: Path) -> str | None:
                     or not _is_size(chunk.sizes)
                     or not len(chunk.offsets) == len(chunk.sizes) == len(entry.size)
                 ):
-                    return f"entry {key[:80]} has a malformed chunk"
+                    return f"entry {key[:80]} has a malformed chunk", 0
             numel = 1
             for n in entry.size:
                 numel *= n
             tensor_bytes += numel * props.dtype.itemsize
         elif type(entry) is not BytesStorageMetadata:
-            return f"entry {key[:80]} is a {type(entry).__name__}"
+            return f"entry {key[:80]} is a {type(entry).__name__}", 0
+    return None, tensor_bytes
+
+
+def _check_metadata(md: Any, folder: Path) -> str | None:
+    """Why ``md`` is not the metadata of a checkpoint in ``folder`` (a short reason), or None: its entries
+    (:func:`_check_entries`), planner data and storage of DCP's own types, every file inside the folder."""
+    if type(md) is not Metadata:
+        return f"it holds a {type(md).__name__}"
+    entries, storage, planner = md.state_dict_metadata, md.storage_data, md.planner_data
+    if type(entries) is not dict or type(storage) is not dict:
+        return "its entries or storage are not dicts"
+    why, tensor_bytes = _check_entries(entries)
+    if why is not None:
+        return why
     if planner is not None:
         if type(planner) is not dict:
             return "its planner data is not a dict"

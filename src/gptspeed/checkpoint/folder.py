@@ -1,4 +1,4 @@
-"""The run folder: one writer at a time (:class:`RunLock`), gptspeed's own or refused
+"""The run folder: one writer at a time (:func:`run_lock`), gptspeed's own or refused
 (:func:`refuse_foreign_folder`), created and -- when a new run fails before its first step -- left
 as it was found (:class:`RunFolder`); and the room a checkpoint needs there."""
 
@@ -8,11 +8,11 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 from pathlib import Path
 
 from gptspeed.checkpoint.paths import LOCK_NAME, OWN_NAMES, STALE_NAMES, list_checkpoints
 from gptspeed.errors import GptspeedError
+from gptspeed.locks import FolderLock
 
 
 def estimate_checkpoint_bytes(model, optimizer_states: int = 2) -> int:
@@ -32,45 +32,26 @@ def check_free_space(run_dir: Path, need_bytes: int) -> None:
         )
 
 
-class RunLock:
-    """One writer per run folder: an exclusive ``fcntl.flock`` on ``RUN_DIR/.gptspeed.lock``,
-    which holds the owner's pid and host. The kernel drops the lock when its process dies (even
-    by SIGKILL), so a stale lock file never blocks ``--resume``. Raises GptspeedError naming the
-    holder when another live process has it, and when the lock file cannot be opened (a folder, a
-    symbolic link -- never followed: the lock is truncated -- under its name)."""
-
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
-        self._fd: int | None = None
-
-    def acquire(self) -> RunLock:
-        import fcntl
-
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
-        except OSError as e:  # a folder, a dangling link, a file it may not write under the lock's name
-            raise GptspeedError(
-                f"cannot take the run folder's lock {self.path}: {e.strerror or e}; it is gptspeed's "
-                "own file: move whatever is there away (gptspeed makes it again)"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise GptspeedError(
-                f"{self.path.parent} is being written by {holder} (another `gptspeed train`): "
-                "wait for it to finish or stop it, or choose another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
+def run_lock(run_dir: str | os.PathLike) -> FolderLock:
+    """One writer per run folder (a :class:`~gptspeed.locks.FolderLock`, not yet taken): an exclusive
+    ``fcntl.flock`` on ``RUN_DIR/.gptspeed.lock``, which holds the owner's pid and host. The kernel
+    drops the lock when its process dies (even by SIGKILL), so a stale lock file never blocks
+    ``--resume``. Its ``acquire`` raises GptspeedError naming the holder when another live process has
+    it, and when the lock file cannot be opened (a folder, a symbolic link -- never followed: the lock
+    is truncated -- under its name)."""
+    run_dir = Path(run_dir)
+    return FolderLock(
+        run_dir,
+        file=LOCK_NAME,
+        busy=lambda holder: (
+            f"{run_dir} is being written by {holder} (another `gptspeed train`): "
+            "wait for it to finish or stop it, or choose another --out"
+        ),
+        cannot_open=lambda e: (
+            f"cannot take the run folder's lock {run_dir / LOCK_NAME}: {e.strerror or e}; it is gptspeed's "
+            "own file: move whatever is there away (gptspeed makes it again)"
+        ),
+    )
 
 
 def _is_own_config(path: Path) -> bool:
@@ -147,7 +128,7 @@ def refuse_foreign_folder(folder: Path, what: str = "--out") -> None:
 class RunFolder:
     """The run folder of one writer: created if new, refused if it holds files gptspeed did not
     write (:func:`refuse_foreign_folder`) or where something other than a file stands under the
-    name of one of its own (config.json, metrics.jsonl, the lock), locked (:class:`RunLock`) by rank
+    name of one of its own (config.json, metrics.jsonl, the lock), locked (:func:`run_lock`) by rank
     0 for the whole run, and -- when a new run fails before its first step -- left as it was found: only the files
     this run created are removed, and only gptspeed's own stale temporary names are cleaned."""
 
@@ -156,7 +137,7 @@ class RunFolder:
         self.created = self.opened = False
         self.written: set[str] = set()  # files this run wrote (abandon removes those it created)
         self.existing: set[str] = set()  # names in the folder when it was opened (abandon keeps them)
-        self.lock: RunLock | None = None
+        self.lock: FolderLock | None = None
 
     def open(self) -> None:
         if not self.is_main:
@@ -176,7 +157,7 @@ class RunFolder:
                 raise GptspeedError(
                     f"{own} is not a file (a folder?), where the run writes its {name}: move it away, then run again"
                 )
-        self.lock = RunLock(self.path).acquire()
+        self.lock = run_lock(self.path).acquire()
         self.opened = True
         self.existing = {p.name for p in self.path.iterdir()} - {LOCK_NAME}
         for stale in self.path.iterdir():  # left by a gptspeed process killed while writing (a file, or a .dcp folder)

@@ -1,12 +1,12 @@
 """The data folder keeps what it promises: one writer or many readers at a time
-(:class:`DataFolderLock`), and ``gptspeed prepare`` writes only into a folder that is new, empty
+(:func:`data_folder_lock`, :func:`prepare_lock`), and ``gptspeed prepare`` writes only into a folder that is new, empty
 or gptspeed's own data folder (:func:`check_prepare_target`).
 
 The lock is an ``fcntl.flock`` of the folder itself (an open directory), not of a file in it: a
 reader needs no write permission and adds nothing to the folder. ``gptspeed train`` holds it
 shared for its whole run (:func:`gptspeed.data.train_data.find_train_data` takes it before it
 lists the shards; the :class:`~gptspeed.data.train_data.TrainData` keeps it); ``gptspeed prepare``
-holds it exclusive while it writes (:class:`gptspeed.data.prepare.PrepareLock`). So a ``prepare
+holds it exclusive while it writes (:func:`prepare_lock`). So a ``prepare
 --force`` is refused while a train reads the folder (naming the readers' pids, from
 ``/proc/locks`` where there is one), and a train is refused while a prepare writes it (naming the
 prepare). The kernel drops a lock when its process dies, even by SIGKILL. Where the file system
@@ -18,93 +18,72 @@ saving its last finished step (:class:`gptspeed.data.loader.TokenLoader`).
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from pathlib import Path
 
 from gptspeed.errors import GptspeedError
+from gptspeed.locks import FolderLock, reader_pids
 
 PREPARE_LOCK_NAME = ".prepare.lock"
-"""The file of :class:`gptspeed.data.prepare.PrepareLock` (the pid and host of the prepare)."""
-
-_UNLOCKABLE = {errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}
+"""The lock file of :func:`prepare_lock` (the pid and host of the prepare)."""
 
 
-class DataFolderLock:
-    """A shared (readers) or exclusive (``prepare``) ``fcntl.flock`` on the data folder ``folder``.
-    :meth:`release` (or the object being collected, or the process ending) drops it.
+def data_folder_lock(folder: str | os.PathLike, *, exclusive: bool = False) -> FolderLock:
+    """The data folder ``folder``'s own lock (a :class:`~gptspeed.locks.FolderLock` of the folder itself,
+    not yet taken): shared (any number of readers, no ``prepare``) or ``exclusive`` (no reader). Its
+    :meth:`~gptspeed.locks.FolderLock.acquire` raises GptspeedError naming the prepare (its
+    ``.prepare.lock``) when one is writing the folder, or the readers (their pids, where ``/proc/locks``
+    tells) when a ``gptspeed train`` or another reader holds it; where the folder cannot be locked
+    nothing is held."""
+    folder = Path(folder)
+    return FolderLock(
+        folder,
+        folder_mode="exclusive" if exclusive else "shared",
+        in_use=(lambda: _in_use(folder)) if exclusive else (lambda: _being_prepared(folder)),
+    )
 
-    Use :meth:`for_reading` / :meth:`for_writing`: each returns the held lock, or None where the
-    folder cannot be locked (no ``fcntl``, or a file system that refuses: see the module
-    docstring), and raises GptspeedError (one line, naming the other side) when the folder is
-    held the other way."""
 
-    def __init__(self, folder: Path, fd: int):
-        self.folder, self._fd = folder, fd
+def prepare_lock(out: str | os.PathLike) -> FolderLock:
+    """One ``prepare`` per output folder, and no reader while it writes (a
+    :class:`~gptspeed.locks.FolderLock`, not yet taken): an exclusive flock on ``OUT/.prepare.lock``,
+    which holds the owner's pid and host and is removed at release (a prepared folder holds only its
+    shards and manifest), then on the folder itself, exclusive (as :func:`data_folder_lock`). Its
+    ``acquire`` raises GptspeedError naming the holder when another prepare has it, naming the readers
+    when a train reads the folder (the lock file is removed again), or naming the folder when the lock
+    file cannot be made."""
+    out = Path(out)
+    return FolderLock(
+        out,
+        file=PREPARE_LOCK_NAME,
+        folder_mode="exclusive",
+        remove_file=True,
+        busy=lambda holder: (
+            f"{out} is being prepared by {holder} (another `gptspeed prepare`): wait for it to finish or "
+            "stop it, or choose another --out"
+        ),
+        in_use=lambda: _in_use(out),
+        cannot_open=lambda e: f"cannot write the data folder {out}: {e.strerror or e}: choose another --out",
+    )
 
-    @classmethod
-    def _take(cls, folder: Path, exclusive: bool) -> tuple[DataFolderLock | None, bool]:
-        """(the lock or None, whether another process holds it the other way)."""
-        try:
-            import fcntl
-        except ImportError:  # Windows: no flock
-            return None, False
-        try:
-            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError:
-            return None, False  # not a folder, or unreadable: the caller's own checks say so
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return None, True
-            if e.errno in _UNLOCKABLE:
-                return None, False
-            raise
-        return cls(folder, fd), False
 
-    @classmethod
-    def for_reading(cls, folder: str | os.PathLike) -> DataFolderLock | None:
-        """A shared lock: any number of readers, no ``prepare``. GptspeedError naming the prepare
-        (its ``.prepare.lock``) when one is writing the folder."""
-        folder = Path(folder)
-        lock, busy = cls._take(folder, exclusive=False)
-        if busy:
-            holder = _prepare_holder(folder)
-            raise GptspeedError(
-                f"data folder {folder} is being prepared{holder} (a `gptspeed prepare` is writing "
-                "its shards): wait for it to finish, then start again"
-            )
-        return lock
+def _being_prepared(folder: Path) -> str:
+    """The refusal of a reader while a prepare writes ``folder``, naming the prepare."""
+    return (
+        f"data folder {folder} is being prepared{_prepare_holder(folder)} (a `gptspeed prepare` is writing "
+        "its shards): wait for it to finish, then start again"
+    )
 
-    @classmethod
-    def for_writing(cls, folder: str | os.PathLike) -> DataFolderLock | None:
-        """An exclusive lock: no reader. GptspeedError naming the readers (their pids, where
-        ``/proc/locks`` tells) when a ``gptspeed train`` or another reader holds the folder."""
-        folder = Path(folder)
-        lock, busy = cls._take(folder, exclusive=True)
-        if busy:
-            pids = _reader_pids(folder)
-            who = f" by pid {', '.join(map(str, pids))}" if pids else ""
-            raise GptspeedError(
-                f"data folder {folder} is in use{who} (a running `gptspeed train` reads its shards; "
-                "preparing it again would change them under the run): wait for the run to finish or "
-                "stop it, or prepare into another --out"
-            )
-        return lock
 
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:
-            pass
+def _in_use(folder: Path) -> str:
+    """The refusal of a prepare while readers hold ``folder``, naming their pids where they can be known."""
+    pids = reader_pids(folder)
+    who = f" by pid {', '.join(map(str, pids))}" if pids else ""
+    return (
+        f"data folder {folder} is in use{who} (a running `gptspeed train` reads its shards; preparing it "
+        "again would change them under the run): wait for the run to finish or stop it, or prepare into "
+        "another --out"
+    )
 
 
 def _prepare_holder(folder: Path) -> str:
@@ -115,23 +94,6 @@ def _prepare_holder(folder: Path) -> str:
     except OSError:
         return ""
     return f" by {text}" if text.startswith("pid ") and "\n" not in text else ""
-
-
-def _reader_pids(folder: Path) -> list[int]:
-    """The pids holding a shared ``flock`` on ``folder``, from ``/proc/locks`` (Linux; [] elsewhere)."""
-    try:
-        st = os.stat(folder)
-        with open("/proc/locks") as f:
-            lines = f.read(1 << 20).splitlines()
-    except OSError:
-        return []
-    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = set()
-    for line in lines:  # "1: FLOCK  ADVISORY  READ 12345 fe:00:2146356 0 EOF"
-        parts = line.split()
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "READ" and parts[5] == where and parts[4].isdigit():
-            pids.add(int(parts[4]))
-    return sorted(pids)
 
 
 # ------------------------------------------------------------------ what prepare may write into

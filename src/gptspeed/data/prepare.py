@@ -11,7 +11,7 @@ seed, of the documents put in a global random order first), written as shards
 (:mod:`gptspeed.data.shards`); ``manifest.json`` is written last: its presence marks the folder
 complete. An interrupted prepare resumes after its last finished chunk. A corpus tokenized upstream
 (:data:`~gptspeed.data.corpora.SHARD_CORPORA`: the speedrun's ``fineweb10B``) is not tokenized: its
-shards are checked and linked into the folder as they are (:func:`prepare_shard_corpus`).
+shards are checked and linked into the folder as they are (:mod:`gptspeed.data.fineweb`).
 
 How :func:`prepare` keeps memory flat: documents are read one at a time, tokenized and appended to
 staging chunks of ``shard_tokens`` tokens written as they fill, so a corpus larger than RAM fits.
@@ -22,12 +22,13 @@ documents are written in a global random order instead (:func:`shuffled_order`,
 :func:`write_shuffled`). A ``.prepare-progress.json`` beside the chunks records the documents
 consumed per finished chunk: an interrupted prepare with the same input and settings resumes after
 the last finished chunk; once every document is staged it says so, and a prepare interrupted while
-writing the final shards finishes them without reading the input again.
+writing the final shards finishes them without reading the input again (the folder's state between
+two runs: :mod:`gptspeed.data.prepared_state`).
 
 One ``prepare`` at a time per folder: it holds an exclusive ``fcntl.flock`` on ``OUT/.prepare.lock``
-(:class:`PrepareLock`) from before it touches the staging chunks until the manifest is written;
-a second one is refused in one line naming the holder. It also holds the folder itself exclusive
-(:class:`gptspeed.data.folder.DataFolderLock`), which every ``gptspeed train`` reading the folder
+(:func:`gptspeed.data.folder.prepare_lock`) from before it touches the staging chunks until the manifest
+is written; a second one is refused in one line naming the holder. It also holds the folder itself
+exclusive (as :func:`gptspeed.data.folder.data_folder_lock`), which every ``gptspeed train`` reading the folder
 holds shared for its whole run: a prepare (``--force``) is refused while a train reads the
 folder, and a train while a prepare writes it. ``--out`` must be new, empty, or gptspeed's own
 data folder (:func:`gptspeed.data.folder.check_prepare_target`): never ``/``, the home folder,
@@ -43,14 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import hashlib
 import importlib.metadata
 import itertools
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,125 +59,28 @@ import numpy as np
 from tqdm import tqdm
 
 import gptspeed
-from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME, PREPARE_PROGRESS_NAME, load_manifest
-from gptspeed.data.corpora import (
-    CORPORA,
-    HF_CORPORA,
-    MIRROR_ENV,
-    SHARD_CORPORA,
-    ShardCorpus,
-    ShardFile,
-    resolve_source,
-    shard_corpus_files,
+from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME
+from gptspeed.data.corpora import CORPORA, HF_CORPORA, SHARD_CORPORA, resolve_source
+from gptspeed.data.fineweb import prepare_shard_corpus
+from gptspeed.data.folder import check_prepare_target, prepare_lock
+from gptspeed.data.prepared_state import (
+    PROGRESS_NAME,
+    STAGE_NAME,
+    check_out,
+    clear_prepared,
+    input_sha256,
+    make_out,
+    remove_if_nothing_staged,
+    reuse_prepared,
+    staging_state,
+    write_progress,
 )
-from gptspeed.data.folder import PREPARE_LOCK_NAME, DataFolderLock, check_prepare_target
-from gptspeed.data.shards import HEADER_BYTES, SHARD_MAGIC, SHARD_VERSION, TOKEN_DTYPE, read_shard, write_shard
+from gptspeed.data.shards import read_shard, write_shard
 from gptspeed.data.sources import SourceStats, iter_files, iter_hf
 from gptspeed.data.tokenize import default_workers, tokenize_stream
 from gptspeed.errors import GptspeedError
-from gptspeed.fileio import read_user_json, sha256_file, write_atomic, write_text_atomic
+from gptspeed.fileio import sha256_file, write_text_atomic
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB
-
-_SHARD_GLOBS = ("train_[0-9]*.bin", "val_[0-9]*.bin", ".train_*.tmp", ".val_*.tmp", ".manifest.json.*.tmp")
-
-PROGRESS_NAME = PREPARE_PROGRESS_NAME
-_STAGE = ".stream_{:06d}.bin"
-_STAGE_RE = r"\.stream_[0-9]{6}\.bin"
-LOCK_NAME = PREPARE_LOCK_NAME
-
-
-class PrepareLock:
-    """One ``prepare`` per output folder: an exclusive ``fcntl.flock`` on ``OUT/.prepare.lock``,
-    which holds the owner's pid and host. The kernel drops the lock when its process dies (even by
-    SIGKILL), so a stale lock file never blocks the next prepare. :meth:`release` removes the
-    file (a prepared folder holds only its shards and manifest); :meth:`acquire` checks after
-    locking that the file it locked is still the one at the path, so a file removed meanwhile by
-    a releasing holder is never taken for the lock. Then it locks the folder itself, exclusive
-    (:meth:`gptspeed.data.folder.DataFolderLock.for_writing`): no train reads it meanwhile.
-
-    Raises:
-        GptspeedError: from :meth:`acquire`, naming the holder, when another live process has it,
-            or naming the readers when a train reads the folder (the lock file is removed again);
-            or the lock file cannot be made (naming the folder).
-    """
-
-    def __init__(self, out: Path):
-        self.path = Path(out) / LOCK_NAME
-        self._fd: int | None = None
-        self._folder: DataFolderLock | None = None
-
-    def acquire(self) -> PrepareLock:
-        import fcntl
-        import socket
-
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            except OSError as e:
-                raise GptspeedError(
-                    f"cannot write the data folder {self.path.parent}: {e.strerror or e}: choose another --out"
-                ) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise GptspeedError(
-                    f"{self.path.parent} is being prepared by {holder} (another `gptspeed "
-                    "prepare`): wait for it to finish or stop it, or choose another --out"
-                ) from None
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # the holder removed it as we opened it: lock the new one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        self._fd = fd
-        try:
-            self._folder = DataFolderLock.for_writing(self.path.parent)
-        except BaseException:
-            self.release()
-            raise
-        return self
-
-    def release(self) -> None:
-        """Remove the lock file, then drop the lock (in that order: see the class docstring), then
-        the folder's."""
-        if self._fd is not None:
-            try:
-                self.path.unlink(missing_ok=True)
-            except OSError:
-                pass
-            os.close(self._fd)
-            self._fd = None
-        if self._folder is not None:
-            self._folder.release()
-            self._folder = None
-
-
-def _clear(out: Path) -> None:
-    """Remove a previous preparation: manifest first (the folder is then incomplete), shards,
-    staging chunks and the progress file."""
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for pattern in (
-        *_SHARD_GLOBS,
-        ".stream_*.bin",
-        ".stream_*.tmp",
-        "..stream_*.tmp",
-        PROGRESS_NAME,
-        ".prepare-progress.json.*.tmp",
-        "..prepare-progress.json.*.tmp",
-    ):
-        for p in out.glob(pattern):
-            if p.is_file():
-                p.unlink()
-
-
-def _input_sha256(file_hashes: list[str]) -> str:
-    return hashlib.sha256("".join(d + "\n" for d in file_hashes).encode()).hexdigest()
 
 
 class _Concat:
@@ -339,10 +241,6 @@ def write_shuffled(
     return train, val
 
 
-def _write_progress(out: Path, progress: dict) -> None:
-    write_text_atomic(out / PROGRESS_NAME, json.dumps(progress, indent=1) + "\n")
-
-
 def _stage(
     docs: Iterator[str],
     out: Path,
@@ -380,13 +278,13 @@ def _stage(
                 full = fill == len(buf)
                 done = max_tokens is not None and total + fill >= max_tokens
                 if full or done:
-                    name = _STAGE.format(len(state["chunks"]))
+                    name = STAGE_NAME.format(len(state["chunks"]))
                     write_shard(out / name, buf[:fill])
                     total, chunk_len, fill = total + fill, fill, 0
                     nxt, off = (doc_index, p) if p < len(doc) else (doc_index + 1, 0)
                     state["chunks"].append({"name": name, "tokens": chunk_len})
                     state.update(next_doc=nxt, doc_offset=off, documents=n_docs, tokens=total)
-                    _write_progress(out, state)
+                    write_progress(out, state)
                 if done:
                     break
             if done:
@@ -396,7 +294,7 @@ def _stage(
                     f"{(total + fill - start_tokens) / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s", refresh=False
                 )
         if fill:
-            name = _STAGE.format(len(state["chunks"]))
+            name = STAGE_NAME.format(len(state["chunks"]))
             write_shard(out / name, buf[:fill])
             total += fill
             state["chunks"].append({"name": name, "tokens": fill})
@@ -420,7 +318,7 @@ def _noting_text(docs: Iterator[str], seen: dict[str, bool]) -> Iterator[str]:
 class _Input:
     """What ``prepare`` reads: a dataset streamed through ``datasets`` (``dataset`` set; no files)
     or local files (``paths``, their names in the manifest, and (sha256, bytes) of each), and the
-    ``input_sha256`` that identifies it (:func:`_input_sha256`; for a dataset, of its name/config/split)."""
+    ``input_sha256`` that identifies it (:func:`input_sha256`; for a dataset, of its name/config/split)."""
 
     dataset: str | None
     hf_name: str | None
@@ -478,49 +376,8 @@ def _check_arguments(
         from gptspeed.config import check_seed
 
         check_seed(shuffle_seed, "--shuffle-seed")  # numpy's generators take non-negative seeds only
-    _check_out(out)
+    check_out(out)
     return workers or default_workers()
-
-
-def _check_out(out: Path) -> None:
-    """GptspeedError (one line) when ``out`` cannot be the output folder: it is something else than
-    a folder, a part of its path is a file, or its name is too long for the file system."""
-    import errno
-
-    try:
-        st = out.stat()
-    except FileNotFoundError:
-        return  # made by prepare
-    except NotADirectoryError:
-        raise GptspeedError(f"output {out}: a part of its path is a file, not a folder: choose another --out") from None
-    except OSError as e:
-        why = (
-            "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
-        )
-        raise GptspeedError(f"output {out}: {why}: choose another --out") from None
-    import stat
-
-    if not stat.S_ISDIR(st.st_mode):
-        raise GptspeedError(f"output {out} exists and is not a folder: choose another --out")
-
-
-def _make_out(out: Path) -> bool:
-    """Create ``out`` (and its parents); True if it did not exist. GptspeedError naming it if it
-    cannot be made."""
-    import errno
-
-    _check_out(out)
-    try:
-        out.mkdir(parents=True)
-        return True
-    except FileExistsError:
-        _check_out(out)  # a folder made meanwhile is fine
-        return False
-    except OSError as e:
-        why = (
-            "a name in it is too long for the file system" if e.errno == errno.ENAMETOOLONG else (e.strerror or str(e))
-        )
-        raise GptspeedError(f"cannot create the output folder {out}: {why}: choose another --out") from None
 
 
 def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool) -> _Input:
@@ -545,100 +402,7 @@ def _resolve_input(source: str, hf_name: str | None, split: str, progress: bool)
         info = [(known.get(n) or sha256_file(p), size) for p, n, (size, _) in zip(paths, names, stamps)]
     except OSError as e:
         raise GptspeedError(f"cannot read {e.filename or source}: {e.strerror or e}") from None
-    return _Input(None, hf_name, split, paths, names, info, _input_sha256([d for d, _ in info]), stamps)
-
-
-def _reuse(out: Path, source: str, val_fraction: float, shard_tokens: int, input_sha: str, settings: dict) -> dict:
-    """The manifest of ``out``, prepared before from the same input and settings, with
-    ``"reused": True``; GptspeedError if it was prepared from anything else."""
-    old = load_manifest(out)
-    old_settings = old.get(
-        "settings",
-        {
-            "text_field": "text",
-            "shuffle_seed": None,
-            "skip_bad": False,
-            "max_tokens": None,
-            "dataset": None,
-            "hf_name": None,
-            "split": "train",
-        },
-    )
-    same = (
-        old.get("source") == source
-        and old.get("val_fraction") == val_fraction
-        and old.get("shard_tokens") == shard_tokens
-        and old.get("input_sha256") == input_sha
-        and old_settings == settings
-    )
-    if not same:
-        raise GptspeedError(f"{out} is already prepared from other input or settings; pass --force to overwrite")
-    return {**old, "reused": True}
-
-
-def _read_progress(out: Path) -> dict | None:
-    """The progress file of an interrupted prepare in ``out`` (:func:`_stage`), or None when there
-    is none, or it cannot be read or is not one (it is then started over): read with
-    :func:`gptspeed.fileio.read_user_json`, and checked field by field, chunk names included (only
-    ``.stream_NNNNNN.bin`` in ``out``: a progress file never makes prepare rename or delete a file
-    elsewhere).
-
-    Raises:
-        GptspeedError: the progress file's name is taken by something that is not a file (a
-            folder): gptspeed does not delete it.
-    """
-    import re
-    import stat
-
-    path = out / PROGRESS_NAME
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise GptspeedError(f"cannot read {path}: {e.strerror or e}") from None
-    if not stat.S_ISREG(mode):
-        raise GptspeedError(
-            f"{path} is not a file (gptspeed keeps the progress of a prepare under that name): "
-            "remove it, or choose another --out"
-        )
-    try:
-        state = read_user_json(path, "prepare progress file")
-    except GptspeedError:
-        return None
-    ints = ("next_doc", "doc_offset", "documents", "tokens")
-    chunks = state.get("chunks")
-    if (
-        not isinstance(state.get("key"), str)
-        or any(type(state.get(k)) is not int or state[k] < 0 for k in ints)
-        or not isinstance(chunks, list)
-        or not all(
-            isinstance(c, dict)
-            and isinstance(c.get("name"), str)
-            and re.fullmatch(_STAGE_RE, c["name"])
-            and type(c.get("tokens")) is int
-            and c["tokens"] > 0
-            for c in chunks
-        )
-        or [c["name"] for c in chunks] != [_STAGE.format(i) for i in range(len(chunks))]
-    ):
-        return None
-    return state
-
-
-def _staging_state(out: Path, key: str, force: bool) -> dict:
-    """The progress of an interrupted prepare of the same input and settings (``key``) in ``out``,
-    its chunks written after the last recorded one removed; else a fresh state, ``out`` cleared."""
-    state = _read_progress(out) if not force else None
-    if state is not None and (state["key"] != key or not all((out / c["name"]).is_file() for c in state["chunks"])):
-        state = None
-    if state is None:
-        _clear(out)
-        return {"key": key, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
-    for p in out.glob(".stream_*.bin"):
-        if p.name not in {c["name"] for c in state["chunks"]}:
-            p.unlink()
-    return state
+    return _Input(None, hf_name, split, paths, names, info, input_sha256([d for d, _ in info]), stamps)
 
 
 def _stage_input(
@@ -676,7 +440,7 @@ def _stage_input(
         progress=progress,
     )
     state.update(complete=True, bad_records=stats.bad, has_text=seen["text"])
-    _write_progress(out, state)
+    write_progress(out, state)
 
 
 def _write_splits(
@@ -696,7 +460,7 @@ def _write_splits(
     total, n_docs = state["tokens"], state["documents"]
     chunk_paths = [out / c["name"] for c in state["chunks"]]
     if total == 0 or not state.get("has_text", True):
-        _clear(out)
+        clear_prepared(out)
         raise GptspeedError(f"no text in {source} (empty, or only whitespace): give files with some text")
     val_fraction = val_share(total, val_fraction, val_tokens)
     tokens = _Concat(chunk_paths)
@@ -706,7 +470,7 @@ def _write_splits(
         cut = split_cut(tokens, val_fraction)
     if not 0 < cut < total:
         del tokens
-        _clear(out)
+        clear_prepared(out)
         raise GptspeedError(
             f"{source} has only {total} tokens, too few to split with val_fraction={val_fraction}: "
             "add text or change --val-fraction"
@@ -790,7 +554,7 @@ def prepare(
     """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest,
     streaming, in flat memory (how: the module docstring); or, for a corpus tokenized upstream
     (``fineweb10B``: :data:`~gptspeed.data.corpora.SHARD_CORPORA`), put its shards in the folder
-    as they are (:func:`prepare_shard_corpus`).
+    as they are (:func:`gptspeed.data.fineweb.prepare_shard_corpus`).
 
     Args:
         source: a named corpus (``tinyshakespeare``, ``shakespeare-gutenberg``, or online through
@@ -823,14 +587,14 @@ def prepare(
         shard_tokens, splits (tokens, documents = EOT count, shards), settings (text_field,
         shuffle_seed, skip_bad, max_tokens, dataset, hf_name, split; val_tokens for a corpus with
         a fixed val size), bad_records, created (UTC ISO time), gptspeed_version,
-        tiktoken_version, numpy_version. A corpus tokenized upstream: see :func:`prepare_shard_corpus`.
+        tiktoken_version, numpy_version. A corpus tokenized upstream: see :func:`~gptspeed.data.fineweb.prepare_shard_corpus`.
 
     Raises:
         GptspeedError: bad arguments (``shard_tokens`` above 2^31-1 included), an ``out_dir`` that
             cannot be a folder (under a file, a name too long), or must not be one (``/``, the home
             folder, a folder of files gptspeed did not write: :func:`check_prepare_target`), folder
             already prepared without force, another prepare into it under way or a train reading it
-            (:class:`PrepareLock`), bad SOURCE (see
+            (:func:`~gptspeed.data.folder.prepare_lock`), bad SOURCE (see
             :func:`resolve_source`), a file that cannot be read to its end (a corrupt or truncated
             ``.gz`` / ``.zst``), a non-UTF-8 file, a bad record (naming file and line) without
             ``skip_bad``, no text, too little text for both splits, an OSError while writing (a
@@ -881,9 +645,9 @@ def _prepare_text(
     if inp.val_tokens is not None:  # only then: a folder prepared before it was a setting is still reused
         settings["val_tokens"] = inp.val_tokens
     if os.path.lexists(out / MANIFEST_NAME) and not force:
-        return _reuse(out, source, val_fraction, shard_tokens, inp.sha256, settings)
-    created = _make_out(out)
-    lock = PrepareLock(out).acquire()
+        return reuse_prepared(out, source, val_fraction, shard_tokens, inp.sha256, settings)
+    created = make_out(out)
+    lock = prepare_lock(out).acquire()
     try:
         manifest = _prepare_locked(
             source,
@@ -902,28 +666,11 @@ def _prepare_text(
         )
     except BaseException:
         if created:  # a prepare that fails leaves no new folder behind, unless it holds chunks to resume from
-            _remove_if_nothing_staged(out, lock)
+            remove_if_nothing_staged(out, lock)
         raise
     finally:
         lock.release()
     return manifest
-
-
-def _remove_if_nothing_staged(out: Path, lock: PrepareLock) -> None:
-    """Remove the folder ``out`` (made by this prepare, whose ``lock`` it holds) unless its progress
-    file records staged chunks a rerun can resume from; never a folder holding anything else."""
-    try:
-        state = _read_progress(out)
-    except GptspeedError:
-        return
-    if state and state["chunks"]:
-        return
-    (out / PROGRESS_NAME).unlink(missing_ok=True)
-    lock.release()
-    try:
-        out.rmdir()  # only if empty
-    except OSError:
-        pass
 
 
 def _prepare_locked(
@@ -942,12 +689,12 @@ def _prepare_locked(
     shuffle_seed: int | None,
     progress: bool,
 ) -> dict:
-    """:func:`prepare`'s work in ``out``, whose :class:`PrepareLock` the caller holds: stage, split,
+    """:func:`prepare`'s work in ``out``, whose :func:`~gptspeed.data.folder.prepare_lock` the caller holds: stage, split,
     write the manifest (then drop the progress file). An OSError (a full disk) becomes one line
     naming the folder; what was written stays hidden or unlisted (see the module docstring)."""
     try:
         key = hashlib.sha256(json.dumps([source, inp.sha256, shard_tokens, settings]).encode()).hexdigest()
-        state = _staging_state(out, key, force)
+        state = staging_state(out, key, force)
         _stage_input(
             inp,
             out,
@@ -974,246 +721,6 @@ def _prepare_locked(
         raise GptspeedError(
             f"cannot write the data folder {out}: {what}{name}; nothing there is marked prepared: "
             "make room (or fix the folder), then run the same command again to resume"
-        ) from None
-    return manifest
-
-
-# ------------------------------------------------------------------ corpora tokenized upstream (fineweb10B)
-
-_TOKENIZING_FLAGS = {  # prepare's keyword -> (its flag, its default): none applies to shards made upstream
-    "val_fraction": ("--val-fraction", 0.1),
-    "shard_tokens": ("--shard-tokens", 100_000_000),
-    "text_field": ("--text-field", "text"),
-    "shuffle_seed": ("--shuffle-seed", None),
-    "skip_bad": ("--skip-bad", False),
-    "max_tokens": ("--max-tokens", None),
-    "hf_name": ("--hf-name", None),
-    "split": ("--split", "train"),
-}
-_SCAN_BYTES = 1 << 24  # read per step while a shard is hashed and its documents counted
-
-
-def _check_shard_corpus_arguments(source: str, max_shards: int | None, given: dict) -> int:
-    """The number of train shards to take; GptspeedError (one line) for ``--max-shards`` with a source
-    that is not a :data:`~gptspeed.data.corpora.SHARD_CORPORA` corpus, out of range, or a tokenizing
-    flag given (the shards are used as they were made)."""
-    if source not in SHARD_CORPORA:
-        raise GptspeedError(
-            f"--max-shards is for the corpora tokenized upstream ({', '.join(SHARD_CORPORA)}), not {source!r}: "
-            "use --max-tokens to prepare less of it"
-        )
-    corpus = SHARD_CORPORA[source]
-    bad = [flag for key, (flag, default) in _TOKENIZING_FLAGS.items() if given.get(key, default) != default]
-    if bad:
-        raise GptspeedError(
-            f"{source} is tokenized upstream and its shards are used as they are: {', '.join(bad)} "
-            f"{'does' if len(bad) == 1 else 'do'} not apply (--max-shards N takes its first N train shards)"
-        )
-    n = len(corpus.train) if max_shards is None else max_shards
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(corpus.train):
-        raise GptspeedError(
-            f"--max-shards must be an integer from 1 to {len(corpus.train)} ({source}'s train shards), "
-            f"got {max_shards!r}"
-        )
-    return n
-
-
-def _header_problem(head: bytes, size: int) -> str | None:
-    """What is wrong with a shard whose first bytes are ``head`` and whose size is ``size``, by the
-    format's own checks (magic, version, a token count that matches the size); None if nothing."""
-    if len(head) < HEADER_BYTES:
-        return f"{size:,} bytes, shorter than the {HEADER_BYTES:,}-byte header of a token shard"
-    magic, version, count = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
-    if magic != SHARD_MAGIC:
-        return f"not a token shard (it starts with magic {magic}, expected {SHARD_MAGIC})"
-    if version != SHARD_VERSION:
-        return f"a shard of format version {version}, expected {SHARD_VERSION}"
-    expected = HEADER_BYTES + TOKEN_DTYPE.itemsize * count
-    if count < 0 or size != expected:
-        return f"damaged: its header says {count:,} tokens ({expected:,} bytes) but the file has {size:,} bytes"
-    return None
-
-
-def _scan_upstream_shard(f: ShardFile, known: str | None, bar: tqdm) -> dict:
-    """Check the shard ``f`` and measure it in one read: its header (:func:`_header_problem`), then its
-    sha256 against ``known`` (recorded in gptspeed) and the Hub's (:attr:`ShardFile.hub_sha256`) where
-    there is one; its ``<|endoftext|>`` tokens counted on the way. Returns ``{"sha256", "bytes",
-    "tokens", "documents"}``. GptspeedError (one line naming the file and what to do) otherwise."""
-    if f.origin == "mirror":
-        fix = f"replace it in {MIRROR_ENV}, or remove it there to download it"
-    else:
-        fix = f"remove {os.path.realpath(f.path)} from the Hugging Face cache and run again to download it again"
-    try:
-        with open(f.path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(HEADER_BYTES)
-            problem = _header_problem(head, size)
-            if problem:
-                raise GptspeedError(f"{f.rel} ({f.path}) is {problem}: {fix}")
-            h, documents, read = hashlib.sha256(head), 0, len(head)
-            while chunk := fh.read(_SCAN_BYTES):
-                h.update(chunk)
-                documents += int(np.count_nonzero(np.frombuffer(chunk, dtype=TOKEN_DTYPE) == EOT_TOKEN))
-                read += len(chunk)
-                bar.update(len(chunk))
-    except OSError as e:
-        raise GptspeedError(f"cannot read {f.path}: {e.strerror or e}") from None
-    if read != size:
-        raise GptspeedError(
-            f"{f.path} changed while it was read (a download not finished?): run again once it is complete"
-        )
-    digest = h.hexdigest()
-    for expect, whose in ((known, "recorded in gptspeed"), (f.hub_sha256, "the Hub's")):
-        if expect and digest != expect:
-            raise GptspeedError(f"{f.rel} ({f.path}) has sha256 {digest}, expected {expect} ({whose}): {fix}")
-    return {"sha256": digest, "bytes": size, "tokens": (size - HEADER_BYTES) // 2, "documents": documents}
-
-
-def _local_name(file: str) -> str:
-    """The name a prepared folder gives the upstream shard ``file``: its split and its number
-    (``fineweb_train_000001.bin`` -> ``train_000001.bin``), as :func:`gptspeed.data.find_shards` finds it."""
-    import re
-
-    from gptspeed.data import shard_name_split
-
-    number = re.search(r"(\d+)\.bin$", file)
-    split = shard_name_split(file)
-    assert number is not None and split is not None, file  # the corpus tables name them so
-    return f"{split}_{int(number.group(1)):06d}.bin"
-
-
-def _place_shard(src: Path, dest: Path) -> str:
-    """Put the file ``src`` (its real path: a cache's link is followed) in the folder as ``dest``, through a
-    temporary name so that ``dest`` is whole or absent: a hard link where the file system allows (the
-    folder and the cache share the bytes: no space), else a symbolic link to it, else a copy. Returns
-    ``"hardlink"``, ``"symlink"`` or ``"copy"``."""
-    real = Path(os.path.realpath(src))
-    for how, make in (("hardlink", os.link), ("symlink", os.symlink)):
-        tmp = dest.with_name(f".{dest.name}.{os.urandom(4).hex()}.tmp")
-        try:
-            make(real, tmp)
-        except OSError:
-            continue
-        try:
-            os.replace(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return how
-    import shutil
-
-    with open(real, "rb") as f:
-        write_atomic(dest, lambda out: shutil.copyfileobj(f, out, _SCAN_BYTES))
-    return "copy"
-
-
-def prepare_shard_corpus(
-    source: str, out: Path, *, force: bool, progress: bool, max_shards: int | None, given: dict
-) -> dict:
-    """:func:`prepare` of a corpus tokenized upstream (:data:`~gptspeed.data.corpora.SHARD_CORPORA`):
-    its val shard and first ``max_shards`` train shards (default all) are taken from the mirror or the
-    Hub (:func:`~gptspeed.data.corpora.shard_corpus_files`), each checked (:func:`_scan_upstream_shard`),
-    then put in ``out`` under the names :func:`_local_name` gives (:func:`_place_shard`: linked where
-    possible, else copied) with a manifest like any prepared folder's; each file entry also says where the
-    file came from (``origin``: mirror or hub), under which name it stands (``as``) and how
-    (``placed``). ``given``: prepare's tokenizing arguments, refused unless at their defaults."""
-    n = _check_shard_corpus_arguments(source, max_shards, given)
-    _check_out(out)
-    check_prepare_target(out)  # never /, the home folder, or a folder of other files
-    corpus = SHARD_CORPORA[source]
-    files = shard_corpus_files(source, [*corpus.val, *corpus.train[:n]], progress=progress)
-    total = sum(os.path.getsize(f.path) for f in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc="check", disable=None if progress else True) as bar:
-        scans = [_scan_upstream_shard(f, corpus.sums.get(f.rel), bar) for f in files]
-    settings = {"max_shards": n}
-    input_sha = _input_sha256([s["sha256"] for s in scans])
-    shard_tokens = max(s["tokens"] for s in scans)
-    if os.path.lexists(out / MANIFEST_NAME) and not force:
-        return _reuse(out, source, None, shard_tokens, input_sha, settings)
-    created = _make_out(out)
-    lock = PrepareLock(out).acquire()
-    try:
-        manifest = _write_shard_corpus(out, corpus, files, scans, settings, input_sha, shard_tokens)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            _clear(out)  # nothing half-placed stays: the folder holds gptspeed's names only, or nothing
-        if created:
-            lock.release()
-            with contextlib.suppress(OSError):
-                out.rmdir()
-        raise
-    finally:
-        lock.release()
-    if progress:
-        print(_placement_line(source, out, manifest["files"]), file=sys.stderr)
-    return manifest
-
-
-def _placement_line(source: str, out: Path, entries: list[dict]) -> str:
-    """One line saying how the shards of ``entries`` came into ``out``: linked (no space) or copied, from where."""
-    import collections
-
-    words = {"hardlink": "hard-linked", "symlink": "symbolically linked", "copy": "copied"}
-    where = {"mirror": f"the mirror ({MIRROR_ENV})", "hub": "the Hugging Face cache"}
-    counts = collections.Counter((e["placed"], e["origin"]) for e in entries)
-    return f"{source}: {len(entries)} shards in {out}: " + ", ".join(
-        f"{n} {words[placed]} from {where[origin]}" for (placed, origin), n in counts.items()
-    )
-
-
-def _write_shard_corpus(
-    out: Path,
-    corpus: ShardCorpus,
-    files: list[ShardFile],
-    scans: list[dict],
-    settings: dict,
-    input_sha: str,
-    shard_tokens: int,
-) -> dict:
-    """:func:`prepare_shard_corpus`'s writing, under its lock: a progress file first (a folder holding it
-    and no manifest is refused by ``train``), the shards, the manifest, then the progress file removed.
-    An OSError (a full disk for a copy) is one line naming the folder."""
-    try:
-        _clear(out)
-        state = {"key": corpus.name, "chunks": [], "next_doc": 0, "doc_offset": 0, "documents": 0, "tokens": 0}
-        _write_progress(out, state)
-        entries, splits = [], {s: {"tokens": 0, "documents": 0, "shards": []} for s in ("train", "val")}
-        for f, scan in zip(files, scans):
-            name = _local_name(f.rel.rsplit("/", 1)[1])
-            placed = _place_shard(f.path, out / name)
-            entries.append({"path": f.rel, "sha256": scan["sha256"], "bytes": scan["bytes"], "as": name})
-            entries[-1].update(origin=f.origin, placed=placed)
-            split = splits[name.split("_", 1)[0]]
-            split["tokens"] += scan["tokens"]
-            split["documents"] += scan["documents"]
-            split["shards"].append(name)
-        revisions = sorted({f.revision for f in files if f.revision})
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "format_version": MANIFEST_FORMAT_VERSION,
-            "source": corpus.name,
-            "tokenizer": "gpt2",
-            "eot_token": EOT_TOKEN,
-            "n_vocab": N_VOCAB,
-            "files": entries,
-            "input_sha256": input_sha,
-            "documents": splits["train"]["documents"] + splits["val"]["documents"],
-            "val_fraction": None,  # the split is upstream's: its val shard
-            "shard_tokens": shard_tokens,
-            "splits": splits,
-            "settings": settings,
-            "bad_records": 0,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gptspeed_version": gptspeed.__version__,
-            "hub": {"repo": corpus.repo, "revisions": revisions},
-        }
-        write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
-        (out / PROGRESS_NAME).unlink(missing_ok=True)
-    except OSError as e:
-        what = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-        raise GptspeedError(
-            f"cannot write the data folder {out}: {what}; nothing there is marked prepared: "
-            "make room (or fix the folder), then run the same command again"
         ) from None
     return manifest
 

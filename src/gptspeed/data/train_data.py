@@ -6,7 +6,7 @@ while training) implement; :func:`find_train_data` resolves ``--data`` once (sha
 identity) and :meth:`TrainData.loader` builds the right loader, so the trainer never asks which
 kind it has.
 
-A prepared folder is read under a shared lock (:class:`gptspeed.data.folder.DataFolderLock`),
+A prepared folder is read under a shared lock (:func:`gptspeed.data.folder.data_folder_lock`),
 taken before its shards are listed and kept by the :class:`TrainData` -- the trainer's, for its
 whole run -- so ``gptspeed prepare`` cannot write the folder while it is read; and the folder is
 checked to be what its manifest says (no shard listed twice, none both train and val, no two
@@ -63,8 +63,8 @@ class TrainData:
     manifest's input hash and settings and each train shard's name, token count and
     :func:`~gptspeed.data.shards.shard_fingerprint`, or the stream and its options) and
     ``documents`` (documents in the train split when the manifest says, else None). ``lock``:
-    the folder's shared :class:`~gptspeed.data.folder.DataFolderLock` (None for a stream, or
-    where the folder cannot be locked), held while this object lives or until :meth:`close`."""
+    the folder's shared lock (:func:`~gptspeed.data.folder.data_folder_lock`; None for a stream; holding
+    nothing where the folder cannot be locked), held while this object lives or until :meth:`close`."""
 
     spec: str
     train_shards: list[Path] = field(default_factory=list)
@@ -247,17 +247,17 @@ def find_train_data(
 ) -> TrainData:
     """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
     ``hf_name`` and ``split``) or a prepared folder: locked shared
-    (:meth:`~gptspeed.data.folder.DataFolderLock.for_reading`, kept by the result), then its train
+    (:func:`~gptspeed.data.folder.data_folder_lock`, kept by the result), then its train
     and val shards listed, checked to exist and to be what the manifest says (:func:`check_consistent`).
     GptspeedError (one line, saying what the path is) when there is nothing to train on, the
     folder is inconsistent, or a ``gptspeed prepare`` is writing it."""
     from gptspeed.data import find_shards, load_manifest
-    from gptspeed.data.folder import DataFolderLock
+    from gptspeed.data.folder import data_folder_lock
 
     if is_stream_source(data):
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
         return TrainData(data, stream_options=options)
-    lock = DataFolderLock.for_reading(data) if Path(data).is_dir() else None
+    lock = data_folder_lock(data).acquire() if Path(data).is_dir() else None
     try:
         train = find_shards(data, "train")
         val = find_shards(data, "val")

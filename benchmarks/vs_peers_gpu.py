@@ -464,5 +464,33 @@ def build_lines(summary: dict) -> str:
     ) + "".join(f"\n{row} ran `{cmd}`\n" for row, cmd in runs.items())
 
 
+def build_main(argv: list[str]) -> int:
+    """``vs_peers_gpu.py --build-llmc --work DIR [--timeout S] [--llmc-cudnn auto|on|off] [--llmc-make
+    VARS] [--device cpu]``: llm.c's build alone (:func:`llmc_cuda_binary`), ahead of its rows --
+    ``benchmarks/gpu_session.py`` starts it first, in the background -- so that every later run with
+    the same ``--work`` uses it. Prints the build record (``llmc-build.json`` in ``--work``: the make
+    line, cuDNN on or off and why, the seconds); exit 0 when built, with or without cuDNN, 1 when not
+    (``llmc-build-failed.txt`` says why). ``--device cpu``: says it is skipped (no GPU) and exits 0."""
+    ap = argparse.ArgumentParser(description="llm.c's train_gpt2cu built ahead of its rows")
+    ap.add_argument("--build-llmc", action="store_true", required=True)
+    ap.add_argument("--work", default="/tmp/gptspeed-peers-gpu")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds one make may take (cuDNN, then without)")
+    ap.add_argument("--llmc-cudnn", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("--llmc-make", default="")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        print("llm.c's build skipped: train_gpt2cu needs a CUDA GPU", flush=True)
+        return 0
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    try:
+        _, build = llmc_cuda_binary(Path(args.work), shlex.split(args.llmc_make), args.llmc_cudnn, args.timeout)
+    except RuntimeError as e:
+        print(f"llm.c not built: {e}", flush=True)
+        return 1
+    print(json.dumps(build, indent=1), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(build_main(sys.argv[1:]) if "--build-llmc" in sys.argv else main())

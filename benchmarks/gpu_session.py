@@ -261,6 +261,7 @@ class Session:
     in_archive_max = 4 << 20  # a file over this stays out of <phase>.tgz (packed after every part): a trace ...
     return_max = 15 << 20  # ... and comes back beside it, gzipped, when that is at most this (the device: 16 MiB)
     out_files_max = 8  # the device returns at most 8 files from $OUT
+    min_part_s = 10  # a part with less time than this left is recorded as not run
 
     def __init__(self, phase: str, out: Path, budget_s: float, smoke: bool):
         self.phase, self.smoke = phase, smoke
@@ -295,7 +296,7 @@ class Session:
         None when it timed out or there was no time left to start it."""
         timeout = min(cap_s, self.left() - 15)
         entry = {"part": name, "command": shlex.join(cmd)}
-        if timeout < 10:
+        if timeout < self.min_part_s:
             entry.update(status="not run: out of time")
             self.summary.append(entry)
             print(f"== {name}: not run, {self.left():.0f} s left", flush=True)

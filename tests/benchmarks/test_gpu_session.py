@@ -118,9 +118,31 @@ def test_a_part_with_no_budget_left_is_recorded_not_run(tmp_path, monkeypatch):
 def test_a_part_past_its_time_is_killed_and_said_so(tmp_path, monkeypatch):
     monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
     s = gpu_session.Session("profile", tmp_path / "OUT", budget_s=60, smoke=True)
-    s.budget_s = time.monotonic() - s.t0 + 15 + 12  # 12 s left for the part (15 s are kept for packing)
+    monkeypatch.setattr(s, "min_part_s", 1)
+    s.budget_s = time.monotonic() - s.t0 + 15 + 3  # 3 s left for the part (15 s are kept for packing)
     code = s.run("sleeper", [sys.executable, "-c", "import time; print('start', flush=True); time.sleep(120)"], 60)
-    assert code is None and s.summary[-1]["status"] == "timed out" and s.summary[-1]["seconds"] < 30
+    assert code is None and s.summary[-1]["status"] == "timed out" and 2 < s.summary[-1]["seconds"] < 30
+
+
+def test_a_background_part_runs_beside_the_next_and_is_recorded_when_waited_for(tmp_path, monkeypatch):
+    """llm.c's build runs in the background (Session.start) while the next parts run; waiting for it
+    records it as a part -- its status, exit and seconds, its output in its log -- and one past its
+    limit is killed (its whole process group) and recorded as timed out."""
+    monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
+    s = gpu_session.Session("window1", tmp_path / "OUT", budget_s=120, smoke=True)
+    quick = s.start("builder", [sys.executable, "-c", "print('built', flush=True)"], 60)
+    assert s.run("beside", [sys.executable, "-c", "print('ran')"], 60) == 0
+    assert s.wait(quick) == 0
+    slow = s.start("slow", [sys.executable, "-c", "import time; time.sleep(120)"], 2)
+    t0 = time.monotonic()
+    assert s.wait(slow) is None and time.monotonic() - t0 < 30 and slow.returncode == -signal.SIGKILL
+    parts = {p["part"]: p for p in s.summary}
+    assert list(parts) == ["beside", "builder", "slow"]
+    assert parts["builder"]["status"] == "ok" and parts["builder"]["exit"] == 0
+    assert parts["slow"]["status"] == "timed out" and parts["slow"]["seconds"] < 30
+    assert (s.dir / "builder.log").read_text() == "built\n"
+    with tarfile.open(tmp_path / "OUT" / "window1.tgz") as tar:  # packed when waited for
+        assert [p["part"] for p in json.load(tar.extractfile("window1-results/summary.json"))["parts"]][-1] == "slow"
 
 
 def test_the_window_fits_15_minutes_with_a_rerun_and_the_plan_says_so():

@@ -761,6 +761,8 @@ def phase_window1(s: Session) -> None:
     copy_build_logs(s)
     record = json.loads((work / "llmc-build.json").read_text()) if (work / "llmc-build.json").exists() else {}
     failed = (work / "llmc-build-failed.txt").read_text() if (work / "llmc-build-failed.txt").exists() else None
+    log = s.dir / "llmc-build.log"  # what it said, where it left no record (skipped without a GPU)
+    failed = failed or next(iter(log.read_text().strip().splitlines()[-1:] if log.exists() else []), None)
     s.note(
         part="llmc-build-result",
         built=bool(record),

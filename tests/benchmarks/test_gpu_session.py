@@ -281,7 +281,8 @@ def test_the_windows_commands_run_on_the_cpu_within_their_budget(tmp_path, shake
             summary = json.load(tar.extractfile(f"{phase}-results/summary.json"))
         assert summary["parts"] and all(p["status"] == "ok" for p in summary["parts"] if "status" in p), summary
     with tarfile.open(runs["window1"][2] / "window1.tgz") as tar:
-        parts = [p["part"] for p in json.load(tar.extractfile("window1-results/summary.json"))["parts"]]
+        summary_parts = json.load(tar.extractfile("window1-results/summary.json"))["parts"]
+        parts = [p["part"] for p in summary_parts]
         peers = json.load(tar.extractfile("window1-results/rounds.json"))
         default = json.load(tar.extractfile("window1-results/default.json"))
         build_log = tar.extractfile("window1-results/llmc-build.log").read().decode()
@@ -291,6 +292,8 @@ def test_the_windows_commands_run_on_the_cpu_within_their_budget(tmp_path, shake
     # the corpus: prepared once per test session; llm.c's build started first, recorded when waited for
     assert parts == ["profile", "default", "llmc-build", "llmc-build-result", "llmc-record", "rounds"]
     assert build_log.startswith("llm.c's build skipped: train_gpt2cu needs a CUDA GPU")
+    result = next(p for p in summary_parts if p["part"] == "llmc-build-result")
+    assert result["built"] is False and result["why"] == "llm.c's build skipped: train_gpt2cu needs a CUDA GPU"
     rows = peers["shapes"][0]["rows"]
     assert list(rows) == ["gptspeed", "llmc", "B4"] and peers["complete"]
     assert peers["settings"]["llmc_flags"] == "-r 0 -b 4"

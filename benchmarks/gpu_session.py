@@ -345,7 +345,10 @@ class Session:
     def start(self, name: str, cmd: list[str], cap_s: float) -> subprocess.Popen:
         """Start ``cmd`` in the background (its own process group) with its output in ``<name>.log``:
         :meth:`wait` records it. Its time limit, ``cap_s`` or the budget less 15 s, is kept with it."""
-        print(f"== {name} (in the background, at most {min(cap_s, self.left() - 15):.0f} s): {shlex.join(cmd)}")
+        print(
+            f"== {name} (in the background, at most {min(cap_s, self.left() - 15):.0f} s): {shlex.join(cmd)}",
+            flush=True,
+        )
         with (self.dir / f"{name}.log").open("w") as log:
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True

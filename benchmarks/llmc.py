@@ -554,7 +554,7 @@ def _cudnn_make_vars(
     every CUDA wheel's headers, which must not shadow nvcc's own); ``NVCC_LDLIBS`` names ``-lnvrtc``
     (:data:`LINK_REASON`), the library folders nvcc does not search itself (a bare-name link made in
     ``work/cudnn-lib`` where a wheel ships only ``.so.9`` / ``.so.13``: :func:`_bare_name`) and an
-    rpath to each; ``LD_LIBRARY_PATH`` the same folders."""
+    rpath to each library's folder (nvcc's toolkit's too); ``LD_LIBRARY_PATH`` the same folders."""
     (inc, lib), (n_inc, n_lib) = cudnn, nvrtc
     link = src / "cudnn-frontend"
     link.mkdir(exist_ok=True)
@@ -571,11 +571,13 @@ def _cudnn_make_vars(
         includes.append(f"-I{only}")
     dirs, rpaths = [], []
     for name, d in (("cudnn", lib), ("nvrtc", n_lib)):
-        if str(d) in _SYSTEM_LIBS or d.resolve() in own_libs:
+        if str(d) in _SYSTEM_LIBS:
+            continue
+        rpaths += [d] if d not in rpaths else []  # nvcc's toolkit too: its lib64 need not be on the loader's path
+        if d.resolve() in own_libs:
             continue
         bare = _bare_name(d, name, work)
         dirs += [bare] if bare not in dirs else []
-        rpaths += [d] if d not in rpaths else []
     ldlibs = [*(f"-L{d}" for d in dirs), "-lnvrtc", *(f"-Xlinker -rpath={r}" for r in rpaths)]
     make_vars = [
         "USE_CUDNN=1",

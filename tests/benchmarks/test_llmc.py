@@ -346,7 +346,8 @@ def test_the_cudnn_link_line_names_every_library_cudnn_att_needs(tmp_path, monke
 def test_cudnn_attention_needs_nvrtc_and_takes_it_from_nvccs_toolkit_first(tmp_path, monkeypatch):
     """Without NVRTC (no nvrtc.h and libnvrtc beside nvcc, on the system or in a wheel) the cuDNN
     build could not link: ``auto`` builds without cuDNN and says why, ``on`` is one line. With NVRTC in
-    nvcc's own toolkit (its --dryrun INCLUDES and LIBRARIES) the line adds -lnvrtc and no folder."""
+    nvcc's own toolkit (its --dryrun INCLUDES and LIBRARIES) the line adds -lnvrtc and no folder to search,
+    only an rpath (the toolkit's lib64 need not be on the loader's path)."""
     fake_gpu_tools(tmp_path, monkeypatch)
     carry, site = fake_cudnn(tmp_path)
     for f in (site / "nvidia" / "cu13").rglob("*"):
@@ -368,7 +369,11 @@ def test_cudnn_attention_needs_nvrtc_and_takes_it_from_nvccs_toolkit_first(tmp_p
     on = llmc_cuda_make(src, work, carry=carry, search=[str(site)])
     assert on["cudnn"] is True and f"NVRTC from {kit / 'lib'}" in on["cudnn_note"]
     ldlibs = next(c for c in on["command"] if c.startswith("NVCC_LDLIBS="))
-    assert ldlibs == f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -lnvrtc -Xlinker -rpath={site / 'nvidia' / 'cudnn' / 'lib'}"
+    cudnn_lib = site / "nvidia" / "cudnn" / "lib"
+    assert (
+        ldlibs
+        == f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -lnvrtc -Xlinker -rpath={cudnn_lib} -Xlinker -rpath={kit / 'lib'}"
+    )
     assert "nvrtc-include" not in " ".join(on["command"])
 
 

@@ -24,8 +24,8 @@ Rows (``--peers``, in run order):
   GPU_COMPUTE_CAPABILITY=90`` on an H100, the capability read from ``nvidia-smi``: llm.c's own
   detection is dead -- its Makefile writes ``$(nvidia-smi ...)``, a make variable, not
   ``$(shell ...)`` -- so without it nvcc builds for its default architecture), with cuDNN attention
-  (``USE_CUDNN=1``, what llm.c's reported 468k tokens/s per H100 runs) when cuDNN frontend's headers
-  are carried (``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``; ``--llmc-cudnn
+  (``USE_CUDNN=1``, what llm.c's reported 468k tokens/s per H100 runs, linked with ``-lnvrtc``: the
+  frontend's NVRTC engine needs it) when cuDNN frontend's headers are carried and NVRTC is found (``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``; ``--llmc-cudnn
   auto|on|off``) -- if that build fails, again without it, and the row says so. The make line is
   recorded with the row (``build`` in the JSON, under the tables in the Markdown). ``-e d12`` (a
   fresh GPT-2 124M), the shape's ``-b -t -d``, its defaults otherwise (bf16, GeLU recompute ``-r 1``)
@@ -53,7 +53,9 @@ atomically (``complete`` false until the last), so a command cut at its limit ke
         [--variant 'NAME: FLAGS'] [--llmc-flags '-r 0'] [--json OUT.json] [--md OUT.md] [--work DIR]
         [--row-timeout 420]
 
-llm.c at the settings of its record, alone, 10 timed steps: ``--peers llmc --batch-size 64 --accum 8
+llm.c's build alone, ahead of its rows (``benchmarks/gpu_session.py`` starts it first, in the
+background): ``--build-llmc --work DIR [--timeout S]`` (:func:`build_main`); later runs with the same
+``--work`` use it. llm.c at the settings of its record, alone, 10 timed steps: ``--peers llmc --batch-size 64 --accum 8
 --llmc-flags '-r 0' --rounds 1 --warmup 2 --steps 10`` (``-b 64 -t 1024 -d 524288 -r 0``).
 
 ``--device cpu`` with a small shape (``--n-layer 2 --n-embd 64 --n-head 2 --seq-len 64``) runs the

@@ -1,22 +1,22 @@
 """A lent GPU's 15-minute window: everything it should measure, in two prepared device commands.
 
 GPU time comes in windows of 15 minutes of device time a session (the machine's start, 1-2 minutes,
-included; at most 10 minutes a command; the machine goes back when idle), and only some sessions get
-one. So the window runs two commands back to back, each planned to end within 6 minutes by
-:data:`ESTIMATES` (``--plan`` prints them with what they rest on), each a phase of this script:
+included; at most 10 minutes a command; the machine goes back after 30 s idle), and only some sessions
+get one. So the window runs two commands back to back, each under a ``timeout_s`` of :data:`RUN_TIMEOUT_S`,
+so that the start, both commands and a rerun of either fit the 15 minutes (:func:`window_total`);
+``--plan`` prints them with their estimates (the constants below, each saying what it rests on) and the total:
 
 ==========  ==============================================================================================
-command     what it runs (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg; nothing measured on
-            2026-11-27 -- nanoGPT, the seeds' rungs, verify, resume -- is run again)
+command     what it runs, in this order (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg)
 ==========  ==============================================================================================
-window1     ``benchmarks/vs_peers_gpu.py``: gptspeed's default (B=16 x 4) and its B=64 form (``--batch-size 64
-            --total-batch-tokens 65536``) against llm.c's ``train_gpt2cu`` (B=16, ``-r 0``), 65,536 tokens
-            a step, 2 interleaved rounds (llm.c built in the background while the first rows compile);
-            then llm.c alone at the settings of its record (``-b 64 -t 1024 -d 524288 -r 0``, 10 timed
-            steps); then ``gptspeed bench --profile fused-adamw`` (the default step): the trace, the top
-            kernels and the step's time by category (``profile-fused-adamw-breakdown.json`` / ``.md``)
+window1     llm.c's build with cuDNN attention (``vs_peers_gpu.py --build-llmc``), started first, in the
+            background, under :data:`LLMC_BUILD_TIMEOUT` a make; ``gptspeed bench --profile fused-adamw``
+            (the default step, B=16: its time by category); ``gptspeed train``'s default at 524,288 tokens a
+            step; the build waited for and its result noted; llm.c alone at its record's settings (``-b 64
+            -t 1024 -d 524288 -r 0``); then the default, llm.c and the default at B=64 interleaved at 524,288
+            tokens a step, as many of 2 rounds as the budget leaves
 window2     ``gptspeed bench --tune --preset gpt2``: the fastest configuration of the default run that trains
-            the same, found on this GPU, one change at a time (``--budget-s`` 300, cut to what is left)
+            the same, found on this GPU, one change at a time (``--budget-s`` cut to what is left)
 ==========  ==============================================================================================
 
 Each phase runs its parts one after another, each part under a timeout cut to what is left of the
@@ -95,14 +95,26 @@ PHASES = (
 # typed as COMMAND_LINE says, with the run tool's carry [".carry"] and timeout_s RUN_TIMEOUT_S
 COMMANDS = (("window1",), ("window2",))
 COMMAND_LINE = "source .carry/setup.sh && python3 benchmarks/gpu_session.py {}"
-RUN_TIMEOUT_S = 360  # the run tool's timeout_s for each: 6 minutes, twice, beside the machine's start in 15
-BUDGET_S = 330.0  # the phases' budget (their clock starts after setup.sh): the command ends by ~5.8 minutes
+# The window: WINDOW_S of device time for the session, the machine's start included (MACHINE_START s, 1-2 minutes),
+# the second command issued within GAP s of the first returning (the machine goes back after 30 s idle), and one
+# command's rerun to spare: MACHINE_START[1] + 3 x RUN_TIMEOUT_S + 2 x GAP + GIVE_BACK <= WINDOW_S
+WINDOW_S = 900
+MACHINE_START = (60, 120)
+GAP = 10
+GIVE_BACK = 5
+RUN_TIMEOUT_S = 250  # the run tool's timeout_s for each command (its limit: 600)
+SETUP = 15  # source .carry/setup.sh: pip installs the carried wheels into /tmp/site, prints the GPU (estimate)
+BUDGET_S = float(RUN_TIMEOUT_S - SETUP - 5)  # the phases' budget (its clock starts after setup.sh): 230 s
 COMMAND_TARGET_S = RUN_TIMEOUT_S  # each command's upper estimate, setup.sh included, stays below this
-# window1: llm.c's rows run with its own flags: no GELU recompute, as its record (llm.c's GPT-2 124M run:
-# -b 64 -t 1024 -d 524288 -r 0, 140 ms a step on 8xH100, ~468k tokens/s per GPU); the record alone: B, micro-steps
-# (-d = 64 x 1024 x 8 = 524,288), timed steps
+# llm.c's rows run with its own flags: no GELU recompute, as its record (llm.c's GPT-2 124M run: -b 64 -t 1024
+# -d 524288 -r 0, 140 ms a step on 8xH100, ~468k tokens/s per GPU); the record alone: B, micro-steps
+# (-d = 64 x 1024 x 8 = 524,288), warm-up and timed steps
 LLMC_FLAGS = "-r 0"
-LLMC_RECORD = (64, 8, 10)
+LLMC_RECORD = (64, 8, 2, 5)
+# window1's interleaved rounds, at the record's 524,288 tokens a step: gptspeed's default (B=16 x 32), its B=64 form
+# (x 8) and llm.c (-b 64 -r 0); 2 warm-up + 5 timed steps a process, as many of 2 rounds as the budget leaves
+ROUND_ROWS = "gptspeed,llmc,B64"
+ROUND_STEPS = (2, 5)
 TUNE_BUDGET_S = 300.0  # window2: bench --tune's --budget-s, cut to what the command has left ...
 TUNE_MARGIN_S = 20.0  # ... less this, for its start and tuned.yaml before the part's timeout
 
@@ -114,29 +126,20 @@ START = 10  # a fresh Python process: import torch, initialise CUDA, build the m
 COLD = (30, 45)  # a cold torch.compile of train's graph: measured 19-28 s as verify's first step (compile 27.5,
 #                  flash 19.2, vocab-pad 21.6) and ~35 s in the peers' first round; 45 at the upper end
 WARM = 5  # the same graph from the FX-graph cache: measured 3.4 s (verify's fused-adamw first step)
-BLOCK_COLD = 35  # --compile-mode blocks: one transformer block compiled once (estimate)
-AUTOTUNE = 300  # max-autotune(-no-cudagraphs): inductor benchmarks Triton matmul configs for every GEMM (estimate;
-#                 the least certain figure here)
 PREPARE = 5  # gptspeed prepare shakespeare-gutenberg: 1.1-2.6 s on a 2-core CPU (measured); 0 when carried prepared
-SETUP = 15  # source .carry/setup.sh: pip installs the carried wheels into /tmp/site, prints the GPU (estimate)
-LLMC_BUILD = (60, 120)  # make train_gpt2cu USE_CUDNN=1 for sm_90: 31 s (llm.c PR #386, on an H100 machine), 48.7 s
-#   (PR #322, before cudnn_att moved to a .cpp), "a few seconds" without cuDNN (its Makefile); 60 planned, 120 at the
-#   upper end (estimate: not built on a GPU here yet). It runs in the background while gptspeed's rows compile
+LLMC_BUILD = (130, 170)  # make train_gpt2cu USE_CUDNN=1 for sm_90: cudnn_att.cpp alone took 96 CPU-s (nvcc 13.0,
+#   frontend 1.32.0, on this project's 2-core CPU machine: benchmarks/llmc_cudnn_att.nm-u.txt), then train_gpt2.cu
+#   (~30-50 s, llm.c PRs #322 and #386: not compiled here, no cuBLAS headers); it runs beside the profile
+LLMC_BUILD_TIMEOUT = 170  # each make's timeout: the cuDNN build, then (~40 s) one without cuDNN if it fails
 LLMC_START = 10  # train_gpt2cu's start to its first step: 124M random weights on the host, allocations (estimate)
 TRACE = 30  # bench --profile: exporting the Chrome trace of 3 steps, the breakdown, gzip (estimate)
-PEER_STEPS = 28  # a peer row: 8 warm-up + 20 timed steps
 # ms per micro-batch of 16,384 tokens, measured (verify's median steps / 2): bf16 compiled with SDPA, vocab 50304 and
-# fused AdamW 36.2; bf16 eager with manual attention 168.9; TF32 185.3; fp32 eager with manual attention 392.2
-MS = {"bf16": 37, "eager": 169, "tf32": 185, "fp32": 392}
+# fused AdamW 36.2 (llm.c's record: 35 ms per 16k tokens per GPU on 8xH100)
+MS = {"bf16": 37}
 
 
-def _steps(n: int, micro: int, kind: str) -> float:
+def _steps(n: int, micro: int, kind: str = "bf16") -> float:
     return n * micro * MS[kind] / 1000
-
-
-def _verify_rung(kind: str, compile_s: float = 0.0, micro: int = 2) -> float:
-    """One verify rung: a process, its compile, 15 + 5 steps of ``micro`` micro-batches and a profiled step."""
-    return START + compile_s + _steps(21, micro, kind)
 
 
 def tune_budget(left_s: float) -> float:
@@ -146,143 +149,71 @@ def tune_budget(left_s: float) -> float:
 
 
 def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float, str]]:
-    """The parts of a window phase: ``(part, seconds on one H100, what they rest on)`` with a cold
-    compile of ``cold`` s and llm.c's build of ``build`` s."""
-    row_cold = START + cold + _steps(PEER_STEPS, 4, "bf16")  # measured 44.9 s (process start to its last step)
-    row_warm = START + WARM + _steps(PEER_STEPS, 4, "bf16")  # from the compile cache: measured 19.7 s
-    llmc = LLMC_START + _steps(PEER_STEPS, 4, "bf16")
+    """The parts of a window phase in run order: ``(part, seconds on one H100, what they rest on)`` with a
+    cold compile of ``cold`` s and llm.c's build of ``build`` s (run beside the profile: 0 s of its own)."""
     prepare = ("prepare", PREPARE, "shakespeare-gutenberg tokenized (0 when carried in .carry/prepared)")
     if phase == "window2":
         budget = tune_budget(BUDGET_S - PREPARE)
-        return [
-            prepare,
-            (
-                "tune",
-                budget + 10,
-                f"bench --tune's own --budget-s {budget:.0f} (at most "
-                f"{TUNE_BUDGET_S:.0f}, cut to what the command has left; each row a fresh process with a "
-                f"cold compile, ~{row_cold:.0f} s: yours and ~5 candidates), its start and tuned.yaml",
-            ),
-        ]
-    b, accum, steps = LLMC_RECORD
+        why = (
+            f"bench --tune's own --budget-s {budget:.0f} (at most {TUNE_BUDGET_S:.0f}, cut to what the command "
+            f"has left; each row a fresh process, ~{START + cold + 1:.0f} s with a cold compile), its start and tuned.yaml"
+        )
+        return [prepare, ("tune", budget + 10, why)]
+    b, accum, warm, steps = LLMC_RECORD
+    profile = START + cold + _steps(11, 1) + TRACE
+    llmc = LLMC_START + _steps(warm + steps, b * accum // 16)
+    row = START + cold + _steps(sum(ROUND_STEPS), 32)
+    row_warm = START + WARM + _steps(sum(ROUND_STEPS), 32)
+    wait = max(0.0, build - profile - row)
     return [
         prepare,
         (
-            "peers",
-            max(2 * row_cold, build) + llmc + 2 * row_warm + llmc,
-            f"round 1: gptspeed B=16 and B=64 each a cold compile ({row_cold:.0f} s a row; measured 44.9) while "
-            f"llm.c builds ({build:.0f} s), then llm.c ({llmc:.0f} s); round 2 from the compile cache "
-            f"({row_warm:.0f} s a row; measured 19.7) and llm.c",
-        ),
-        (
-            "llmc-record",
-            LLMC_START + _steps(2 + steps, b * accum // 16, "bf16"),
-            f"train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0: 2 + {steps} steps of {b * 1024 * accum:,} tokens at "
-            "gptspeed's measured 36.2 ms per 16k tokens (llm.c's record: 35 ms per 16k on 8xH100)",
+            "llmc-build",
+            0,
+            f"llm.c's make with cuDNN, ~{build:.0f} s beside the next parts (its timeout {LLMC_BUILD_TIMEOUT})",
         ),
         (
             "profile",
-            START + cold + _steps(11, 1, "bf16") + TRACE,
-            "a fresh process, one cold compile, 8 + 3 steps at B=16, the trace's export and gzip",
+            profile,
+            "bench --profile fused-adamw: a fresh process, a cold compile, 8 + 3 steps at B=16, the trace",
+        ),
+        (
+            "default",
+            row,
+            f"gptspeed train's default at 524,288 tokens a step, {ROUND_STEPS[0]} + {ROUND_STEPS[1]} steps, cold",
+        ),
+        (
+            "llmc-record",
+            wait + llmc,
+            f"waits {wait:.0f} s for the build; train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0, "
+            f"{warm} + {steps} steps at gptspeed's measured 36.2 ms per 16k tokens",
+        ),
+        (
+            "rounds",
+            row_warm + llmc + row + 2 * row_warm + llmc,
+            f"{ROUND_ROWS} at 524,288 tokens a step, {ROUND_STEPS[0]} + {ROUND_STEPS[1]} steps a process: round 1 "
+            f"~{row_warm + llmc + row:.0f} s (the default from the compile cache, B=64 cold), round 2 "
+            f"~{2 * row_warm + llmc:.0f} s",
         ),
     ]
 
 
-def _estimates(cold: float, build: float) -> dict[str, tuple[float, str]]:
-    fp32, tf32, bf16 = _verify_rung("fp32"), _verify_rung("tf32"), _verify_rung("eager")
-    comp, warm = _verify_rung("bf16", cold), _verify_rung("bf16", WARM)
-    gpt = START + cold + _steps(28, 4, "bf16")  # a peer row: 8 + 20 steps of 4 micro-batches
-    gpt_warm = START + WARM + _steps(28, 4, "bf16")
-    llmc = START + _steps(28, 4, "bf16")
-    ladder_c = START + cold + _steps(38, 1, "bf16")  # 8 + 30 steps of 1 micro-batch, its own cold cache
-    beyond = PREPARE + 3 * gpt + 3 * gpt_warm  # the default and 2 variants, 2 rounds
-    windows = {phase: window_parts(phase, cold, build) for phase in WINDOW}
-    return {
-        **{
-            phase: (
-                sum(sec for _, sec, _ in parts),
-                "; ".join(f"{part} ~{sec:.0f} s: {why}" for part, sec, why in parts),
-            )
-            for phase, parts in windows.items()
-        },
-        "peers": (
-            PREPARE + build + (2 * gpt + llmc) + (PEER_ROUNDS - 1) * (2 * gpt_warm + llmc),
-            "prepare; llm.c's build; round 1 compiles gptspeed and nanoGPT cold, later rounds load them "
-            "from their compile caches; llm.c compiles nothing at run time",
-        ),
-        "verify": (
-            PREPARE + fp32 + tf32 + bf16 + 3 * comp + warm,
-            "fp32, TF32, bf16 eager; compile, flash, vocab-pad cold; fused-adamw's model is vocab-pad's "
-            "graph, loaded from the shared cache",
-        ),
-        "first": (
-            5
-            + PREPARE
-            + (START + cold + 50 * _steps(1, 32, "bf16") + 15)
-            + (START + WARM + 30 * _steps(1, 32, "bf16") + 5)
-            + (START + WARM + 20 * _steps(1, 32, "bf16") + 10)
-            + START
-            + 10,
-            "50 steps of 32 micro-batches (524,288 tokens) with a cold compile, 2 evals and checkpoints; 30 "
-            "steps and 20 resumed steps from the compile cache; a sample",
-        ),
-        "ladder": (
-            PREPARE
-            + START
-            + _steps(38, 1, "fp32")
-            + START
-            + _steps(38, 1, "tf32")
-            + START
-            + _steps(38, 1, "eager")
-            + 4 * ladder_c,
-            "3 eager rows, then 4 compiled rows each with its own cold cache (the warm-up is the compile)",
-        ),
-        "cudatests": (
-            15 + 45 + 145,
-            "measured on the H100: the NCCL step 12.5 s, the other cuda tests but verify 41.7 s, verify at "
-            "2 layers x 128 (7 rungs, 3 cold small compiles) 140.6 s",
-        ),
-        "profile": (
-            PREPARE + 60 + START + cold + _steps(11, 1, "bf16") + 30,
-            "the loss benchmark (~60 s, one small compile); one cold compile, 11 steps, the trace export",
-        ),
-        "verify2": (
-            PREPARE + 2 * fp32 + comp + (comp + 25) + comp + warm,
-            "2 fp32 references (AdamW, Muon); fused-ce, batch-auto (its probe ~25 s, another B: cold) and "
-            "FP8 cold; Muon's model is fused-ce's graph, loaded from the cache",
-        ),
-        "verify3": (
-            PREPARE + 2 * fp32 + _verify_rung("bf16", BLOCK_COLD) + bf16 + 2 * comp,
-            "2 fp32 references; per-block compile (one block); fp16 eager; fp16 + fused loss and cuDNN attention cold",
-        ),
-        "verify4": (
-            PREPARE + fp32 + _verify_rung("bf16", AUTOTUNE),
-            "the reference; max-autotune-no-cudagraphs's matmul search",
-        ),
-        "verify6": (
-            PREPARE + fp32 + 2 * comp,
-            "the fp32 reference; each rung no other group names (fp8-lm-head, bf16-residual) a cold compile",
-        ),
-        "verify5": (
-            PREPARE
-            + 2 * _verify_rung("fp32", micro=1)
-            + _verify_rung("bf16", cold + 5, micro=1)
-            + _verify_rung("bf16", AUTOTUNE / 2, micro=1),
-            "2 fp32 references at 1 micro-batch; reduce-overhead cold (+5 s of CUDA-graph capture); "
-            "max-autotune on per-block graphs (one block's search: half the whole model's, estimate)",
-        ),
-        **{
-            name: (beyond, "the default and 2 variants, each cold in round 1 and from its cache in round 2")
-            for name in BEYOND_GROUPS
-        },
-    }
+def estimate(phase: str) -> tuple[float, float, str] | None:
+    """``(seconds planned, seconds at the upper end, what they rest on)`` for a window ``phase`` on one H100
+    (the upper end: a cold compile of ``COLD[1]`` s, llm.c's build ``LLMC_BUILD[1]`` s), each at most the
+    budget (its last part is cut there: :func:`cut_at_budget`); None for the older phases."""
+    if phase not in WINDOW:
+        return None
+    mid, high = (window_parts(phase, c, b) for c, b in zip(COLD, LLMC_BUILD))
+    why = "; ".join(f"{p} ~{s:.0f} s: {w}" for p, s, w in mid) + cut_at_budget(mid)
+    return round(min(BUDGET_S, sum(s for _, s, _ in mid))), round(min(BUDGET_S, sum(s for _, s, _ in high))), why
 
 
-def estimate(phase: str) -> tuple[float, float, str]:
-    """``(seconds planned, seconds at the upper end, what they rest on)`` for ``phase`` on one H100
-    (the upper end: a cold compile of ``COLD[1]`` s, llm.c's build ``LLMC_BUILD[1]`` s)."""
-    (mid, why), (high, _) = _estimates(COLD[0], LLMC_BUILD[0])[phase], _estimates(COLD[1], LLMC_BUILD[1])[phase]
-    return round(mid), round(high), why
+def cut_at_budget(parts: list[tuple[str, float, str]]) -> str:
+    """What the budget leaves the last part, said when it is less than the part's estimate ('' else)."""
+    before, (name, sec, _) = sum(s for _, s, _ in parts[:-1]), parts[-1]
+    left = BUDGET_S - 15 - before
+    return "" if left >= sec else f" -- the budget leaves {name} ~{max(0.0, left):.0f} s of its ~{sec:.0f}: what fits"
 
 
 def command_estimate(cmd: tuple[str, ...]) -> tuple[float, float]:
@@ -290,8 +221,17 @@ def command_estimate(cmd: tuple[str, ...]) -> tuple[float, float]:
     return SETUP + sum(estimate(p)[0] for p in cmd), SETUP + sum(estimate(p)[1] for p in cmd)
 
 
+def window_total() -> tuple[float, float]:
+    """The whole window's device time, ``(planned, at most)``: the machine's start, the two commands and the
+    gaps between them (planned: their estimates, give-back included; at most: the start's upper end, each
+    command its full ``timeout_s``, and a rerun of one of them)."""
+    planned = MACHINE_START[0] + sum(command_estimate(c)[0] for c in COMMANDS) + GAP + GIVE_BACK
+    return planned, MACHINE_START[1] + 3 * RUN_TIMEOUT_S + 2 * GAP + GIVE_BACK
+
+
 def plan_lines() -> list[str]:
-    """The window's commands as typed on the device, with their estimates and what they rest on (``--plan``)."""
+    """The window's commands as typed on the device, with their estimates and what they rest on, and the
+    window's total (``--plan``)."""
     out = []
     for cmd in COMMANDS:
         mid, high = command_estimate(cmd)
@@ -300,11 +240,17 @@ def plan_lines() -> list[str]:
             f'carry [".carry"], timeout_s {RUN_TIMEOUT_S}) -- setup.sh ~{SETUP} s; '
             + "; ".join(estimate(p)[2] for p in cmd)
         )
+    planned, most = window_total()
     out.append(
-        f"estimates for one H100 (an H200 should be no slower): cold compile {COLD[0]}-{COLD[1]} s (measured "
-        f"19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
-        f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (estimate); the budget stops each at {BUDGET_S:.0f} s "
-        "after setup.sh, packing what finished"
+        f"window total: ~{planned / 60:.1f} min planned; at most {most / 60:.1f} min of {WINDOW_S / 60:.0f} -- the "
+        f"machine's start {MACHINE_START[1]} s, each command its timeout_s {RUN_TIMEOUT_S} s, {GAP} s between calls, "
+        f"give_back, and one command's rerun to spare"
+    )
+    out.append(
+        f"estimates for one H100 (an H200 should be no slower), not measurements: cold compile {COLD[0]}-{COLD[1]} s "
+        f"(measured 19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
+        f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (cudnn_att.cpp measured at 96 CPU-s on the CPU machine); "
+        f"the budget stops each command {BUDGET_S:.0f} s after setup.sh, packing what finished"
     )
     return out
 
@@ -315,6 +261,7 @@ class Session:
     in_archive_max = 4 << 20  # a file over this stays out of <phase>.tgz (packed after every part): a trace ...
     return_max = 15 << 20  # ... and comes back beside it, gzipped, when that is at most this (the device: 16 MiB)
     out_files_max = 8  # the device returns at most 8 files from $OUT
+    min_part_s = 10  # a part with less time than this left is recorded as not run
 
     def __init__(self, phase: str, out: Path, budget_s: float, smoke: bool):
         self.phase, self.smoke = phase, smoke
@@ -349,7 +296,7 @@ class Session:
         None when it timed out or there was no time left to start it."""
         timeout = min(cap_s, self.left() - 15)
         entry = {"part": name, "command": shlex.join(cmd)}
-        if timeout < 10:
+        if timeout < self.min_part_s:
             entry.update(status="not run: out of time")
             self.summary.append(entry)
             print(f"== {name}: not run, {self.left():.0f} s left", flush=True)
@@ -394,6 +341,44 @@ class Session:
         print(f"== {name}: {entry['status']} in {entry['seconds']} s | " + " | ".join(tail)[-600:], flush=True)
         self.pack()
         return None if timed_out else code
+
+    def start(self, name: str, cmd: list[str], cap_s: float) -> subprocess.Popen:
+        """Start ``cmd`` in the background (its own process group) with its output in ``<name>.log``:
+        :meth:`wait` records it. Its time limit, ``cap_s`` or the budget less 15 s, is kept with it."""
+        print(
+            f"== {name} (in the background, at most {min(cap_s, self.left() - 15):.0f} s): {shlex.join(cmd)}",
+            flush=True,
+        )
+        with (self.dir / f"{name}.log").open("w") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        proc.gptspeed = (name, shlex.join(cmd), time.monotonic(), min(cap_s, self.left() - 15))
+        return proc
+
+    def wait(self, proc: subprocess.Popen) -> int | None:
+        """Wait for a part :meth:`start` began, up to its limit (then it is killed), and record it as
+        :meth:`run` records a part. Returns its exit status, or None when it was killed at its limit."""
+        name, line, t, cap = proc.gptspeed
+        try:
+            code = proc.wait(timeout=max(0.0, t + cap - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+        status = "timed out" if code is None else "ok" if code == 0 else f"exit {code}"
+        self.summary.append(
+            {
+                "part": name,
+                "command": line,
+                "status": status,
+                "exit": proc.returncode,
+                "seconds": round(time.monotonic() - t, 1),
+            }
+        )
+        print(f"== {name}: {status} in {self.summary[-1]['seconds']} s", flush=True)
+        self.pack()
+        return code
 
     def note(self, **fields) -> None:
         self.summary.append(fields)
@@ -458,6 +443,12 @@ class Session:
 
 def gptspeed(*args: str) -> list[str]:
     return [sys.executable, "-m", "gptspeed", *args]
+
+
+def bench_cmd(mode: str, *args: str) -> list[str]:
+    """``gptspeed bench --MODE ARGS``: the one place this script spells a bench mode (``tune``,
+    ``profile``, ``verify``, ``ladder``), so that a new spelling (``gptspeed bench tune``) is one line."""
+    return gptspeed("bench", f"--{mode}", *args)
 
 
 def shape(s: Session) -> list[str]:
@@ -609,7 +600,8 @@ def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> 
         if s.smoke
         else ["--preset", "gpt2", "--device", "cuda", "--seq-len", "1024"]
     )
-    s.run(name, gptspeed("bench", *what, *size, "--data", str(data), "--out", str(s.dir / name), *extra), cap_s)
+    mode = what[0].removeprefix("--")
+    s.run(name, bench_cmd(mode, *what[1:], *size, "--data", str(data), "--out", str(s.dir / name), *extra), cap_s)
 
 
 def verify_stages(phase: str) -> str | None:
@@ -702,7 +694,12 @@ def peers(
     for v in variants:
         cmd += ["--variant", v]
     s.run(name, cmd, cap_s)
-    for log in sorted((s.work / "peers-gpu").glob("llmc-build*")):  # llm.c's make output, whole
+    copy_build_logs(s)
+
+
+def copy_build_logs(s: Session) -> None:
+    """llm.c's make output, whole, and its build record (``llmc-build*``) into the results."""
+    for log in sorted((s.work / "peers-gpu").glob("llmc-build*")):
         shutil.copy(log, s.dir / log.name)
 
 
@@ -747,43 +744,43 @@ def phase_profile(s: Session) -> None:
 
 
 def phase_window1(s: Session) -> None:
-    """gptspeed's default and its B=64 form against llm.c (``-r 0``), interleaved; llm.c at its
-    record's settings; a profile of the default step (module docstring)."""
-    b, t, accum = (2, 32, 2) if s.smoke else (16, 1024, 4)
-    wide = f"B{b * accum}"  # the same tokens a step in one micro-batch: B64 on the GPU
-    peers(
-        s,
-        "peers",
-        f"gptspeed,{wide},llmc",
-        [f"{wide}: --batch-size {b * accum} --total-batch-tokens {b * t * accum}"],
-        PEER_ROUNDS,
-        (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "150"),
-        cap_s=240,
-    )
-    rb, raccum, rsteps = LLMC_RECORD
-    peers(
-        s,
-        "llmc-record",
-        "llmc",
-        [],
-        1,
-        (
-            f"--llmc-flags={LLMC_FLAGS}",
-            "--row-timeout",
-            "120",
-            "--warmup",
-            "2",
-            "--steps",
-            str(rsteps),
-            "--batch-size",
-            str(rb),
-            "--accum",
-            str(raccum),
-        ),
-        cap_s=150,
-    )
+    """llm.c's build first, in the background; gptspeed's default step profiled by category; llm.c alone at
+    its record's settings; then the interleaved rounds at 524,288 tokens a step (module docstring)."""
+    data_dir(s)
+    work = s.work / "peers-gpu"
+    build = [sys.executable, str(ROOT / "benchmarks" / "vs_peers_gpu.py"), "--build-llmc", "--work", str(work)]
+    build += ["--timeout", str(LLMC_BUILD_TIMEOUT), *(["--device", "cpu"] if s.smoke else [])]
+    building = s.start("llmc-build", build, 2 * LLMC_BUILD_TIMEOUT)
     steps = ["--steps", "2", "--warmup", "1"] if s.smoke else ["--steps", "3", "--warmup", "8", "--batch-size", "16"]
     bench(s, "profile", ["--profile", "fused-adamw" if not s.smoke else "baseline"], 180, *steps)
+    shape = ("--batch-size", "2" if s.smoke else "16", "--accum", "2" if s.smoke else "32")
+    steps = ("--warmup", str(ROUND_STEPS[0]), "--steps", str(ROUND_STEPS[1]))
+    peers(s, "default", "gptspeed", [], 1, ("--row-timeout", "120", *shape, *steps), 150)
+    built = s.wait(building)
+    if built is None:  # stopped at its limit: the llm.c rows say so instead of building again
+        (work / "llmc-build-failed.txt").write_text(
+            f"llm.c's build was stopped at its limit ({s.summary[-1]['seconds']} s)"
+        )
+    copy_build_logs(s)
+    record = json.loads((work / "llmc-build.json").read_text()) if (work / "llmc-build.json").exists() else {}
+    failed = (work / "llmc-build-failed.txt").read_text() if (work / "llmc-build-failed.txt").exists() else None
+    log = s.dir / "llmc-build.log"  # what it said, where it left no record (skipped without a GPU)
+    failed = failed or next(iter(log.read_text().strip().splitlines()[-1:] if log.exists() else []), None)
+    s.note(
+        part="llmc-build-result",
+        built=bool(record),
+        cudnn=record.get("cudnn"),
+        why=record.get("cudnn_note") or failed,
+        seconds=record.get("seconds"),
+    )
+    rb, raccum, rwarm, rsteps = LLMC_RECORD
+    record_shape = ("--batch-size", str(rb), "--accum", str(raccum), "--warmup", str(rwarm), "--steps", str(rsteps))
+    peers(s, "llmc-record", "llmc", [], 1, (f"--llmc-flags={LLMC_FLAGS}", "--row-timeout", "120", *record_shape), 150)
+    b, accum, wide = (2, 2, 4) if s.smoke else (16, 32, 64)  # 524,288 tokens a step on the GPU (shape, above)
+    rows = ROUND_ROWS.replace("B64", f"B{wide}")
+    variant = f"B{wide}: --batch-size {wide} --total-batch-tokens {b * accum * (32 if s.smoke else 1024)}"
+    flags = (f"--llmc-flags={LLMC_FLAGS} -b {wide}", "--row-timeout", "120", *shape, *steps)
+    peers(s, "rounds", rows, [variant], 2, flags, BUDGET_S)
 
 
 def phase_window2(s: Session) -> None:
@@ -791,41 +788,16 @@ def phase_window2(s: Session) -> None:
     data = data_dir(s)
     budget = tune_budget(s.left())
     if s.smoke:
-        size = [
-            "--preset",
-            "pico",
-            "--n-layer",
-            "1",
-            "--n-head",
-            "2",
-            "--n-embd",
-            "32",
-            "--seq-len",
-            "32",
-            "--batch-size",
-            "2",
-            "--device",
-            "cpu",
-            "--compile-backend",
-            "eager",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-        ]
+        size = ["--preset", "pico", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32"]
+        size += ["--batch-size", "2", "--device", "cpu", "--compile-backend", "eager", "--steps", "2", "--warmup", "1"]
         budget = min(budget, 45.0)
     else:
         size = ["--preset", "gpt2", "--device", "cuda"]
     if budget < 30:
         s.note(part="tune", status="not run: out of time", seconds_left=round(s.left()))
         return
-    s.run(
-        "tune",
-        gptspeed(
-            "bench", "--tune", *size, "--data", str(data), "--budget-s", f"{budget:.0f}", "--out", str(s.dir / "tune")
-        ),
-        budget + TUNE_MARGIN_S,
-    )
+    tune = bench_cmd("tune", *size, "--data", str(data), "--budget-s", f"{budget:.0f}", "--out", str(s.dir / "tune"))
+    s.run("tune", tune, budget + TUNE_MARGIN_S)
 
 
 def run_phase(s: Session) -> None:
@@ -876,11 +848,12 @@ def main(argv: list[str] | None = None) -> int:
         s.pack()
         bad = [p["part"] for p in s.summary if p.get("status") not in (None, "ok")]
         failed += [f"{phase}/{b}" for b in bad]
-        mid, high, _ = estimate(phase)
+        est = estimate(phase)
         print(
             f"== {phase}: {len(s.summary)} parts, {'failed or cut: ' + ', '.join(bad) if bad else 'all ok'}; "
-            f"{time.monotonic() - s.t0:.0f} s (estimated on an H100: {mid} s, up to {high}); results in "
-            f"{out / (phase + '.tgz')}",
+            f"{time.monotonic() - s.t0:.0f} s"
+            + (f" (estimated on an H100: {est[0]} s, up to {est[1]})" if est else "")
+            + f"; results in {out / (phase + '.tgz')}",
             flush=True,
         )
     return 1 if failed else 0

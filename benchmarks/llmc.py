@@ -467,11 +467,128 @@ def find_cudnn(search: list[str] | None = None) -> tuple[Path | None, Path | Non
     return None, None, "cuDNN (cudnn.h and libcudnn.so) not found"
 
 
+def nvcc_dirs(nvcc: str = "nvcc") -> tuple[list[Path], list[Path]]:
+    """The include and library folders ``nvcc`` passes by itself (its ``INCLUDES`` and ``LIBRARIES``,
+    read off ``nvcc --dryrun``: the toolkit's ``targets/<arch>/include``, ``lib`` and ``lib/stubs``);
+    ``([], [])`` when there is no nvcc or it prints none. A header or library there needs no flag."""
+    import re
+    import shutil
+    import subprocess
+
+    exe = shutil.which(nvcc)
+    if not exe:
+        return [], []
+    try:
+        out = subprocess.run([exe, "--dryrun", "-o", "x", "x.o"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return [], []
+    text = out.stdout + out.stderr
+    found = {k: [] for k in ("INCLUDES", "LIBRARIES")}
+    for key, flag in (("INCLUDES", "-I"), ("LIBRARIES", "-L")):
+        for line in re.findall(rf"^#\$ {key}=(.*)$", text, re.M):
+            found[key] += [Path(m).resolve() for m in re.findall(rf'"{flag}([^"]+)"', line)]
+    return found["INCLUDES"], found["LIBRARIES"]
+
+
+def find_cuda_library(
+    name: str, header: str | None, search: list[str] | None = None, nvcc: str = "nvcc"
+) -> tuple[Path | None, Path | None, str]:
+    """A CUDA library the link needs (``lib<name>.so*``) and its ``header``: ``(folder of the header
+    or None, folder of the library or None, where)``. Looked for in nvcc's own folders
+    (:func:`nvcc_dirs`), then the system's, then the CUDA wheels under each ``p`` of ``search``
+    (default ``sys.path``): ``nvidia/<name>/lib`` with ``nvidia/<name>/include`` beside it (CUDA 13's
+    wheels share ``nvidia/cu13``; ``nvidia-cuda-nvrtc`` ships ``libnvrtc.so.13`` and ``nvrtc.h``)."""
+    incs, libs = nvcc_dirs(nvcc)
+    inc = next((i for i in (*incs, *map(Path, _SYSTEM_INCLUDES)) if header and (i / header).is_file()), None)
+    for d in (*libs, *map(Path, _SYSTEM_LIBS)):
+        if d.is_dir() and list(d.glob(f"lib{name}.so*")) and (inc is not None or not header):
+            return inc, d, f"{d} (nvcc's toolkit or the system)"
+    for p in _search_paths(search):
+        for lib in sorted((p / "nvidia").glob(f"*/lib/lib{name}.so*")):
+            inc = lib.parent.parent / "include"
+            return (
+                (inc if header and (inc / header).is_file() else None),
+                lib.parent,
+                f"the {lib.parent.parent.name} wheel in {p}",
+            )
+    return None, None, f"lib{name}.so not found (nvcc's toolkit, the system, the nvidia/*/lib wheels)"
+
+
+def _bare_name(lib: Path, name: str, work: Path) -> Path:
+    """The folder to give ``-L`` for ``-l<name>``: ``lib`` when it holds ``lib<name>.so``, else
+    ``<work>/cudnn-lib`` with that name linked to the versioned file (the wheels ship ``.so.9`` /
+    ``.so.13`` only, and the linker looks for the bare name)."""
+    if (lib / f"lib{name}.so").exists():
+        return lib
+    versioned = sorted(lib.glob(f"lib{name}.so.*"))[0]
+    out = work / "cudnn-lib"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"lib{name}.so").unlink(missing_ok=True)
+    (out / f"lib{name}.so").symlink_to(versioned)
+    return out
+
+
 def _make_var(flags: list[str], name: str) -> str | None:
     for f in flags:
         if f.startswith(name + "="):
             return f.split("=", 1)[1]
     return None
+
+
+#: why train_gpt2cu's link line names ``-lnvrtc`` (llm.c's Makefile adds only ``-lcudnn`` for cuDNN)
+LINK_REASON = (
+    "cuDNN frontend 1.32's OSS RMSNorm-SiLU engine (cudnn_frontend/experimental/nvrtc_shim.h, reached "
+    "from plans.h) calls NVRTC directly unless NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING is defined, so "
+    "cudnn_att.o needs nvrtcCreateProgram and six more at link time (benchmarks/llmc_cudnn_att.nm-u.txt)"
+)
+
+
+def _cudnn_make_vars(
+    src: Path, work: Path, headers: Path, cudnn: tuple[Path, Path], nvrtc: tuple[Path, Path], nvcc: str = "nvcc"
+) -> tuple[list[str], dict[str, str]]:
+    """``USE_CUDNN=1``'s make variables and the run-time environment, for the frontend's ``headers``,
+    cuDNN's ``(include, lib)`` folders and NVRTC's. llm.c's Makefile accepts the frontend only at
+    ``$HOME/cudnn-frontend/include`` or ``./cudnn-frontend/include``: ``src/cudnn-frontend/include`` is
+    linked to it. ``NVCC_INCLUDES`` names the frontend, cudnn.h's folder and -- when nvcc does not see
+    it itself -- a folder holding only a link to ``nvrtc.h`` (the wheel's ``nvidia/cu13/include`` holds
+    every CUDA wheel's headers, which must not shadow nvcc's own); ``NVCC_LDLIBS`` names ``-lnvrtc``
+    (:data:`LINK_REASON`), the library folders nvcc does not search itself (a bare-name link made in
+    ``work/cudnn-lib`` where a wheel ships only ``.so.9`` / ``.so.13``: :func:`_bare_name`) and an
+    rpath to each library's folder (nvcc's toolkit's too); ``LD_LIBRARY_PATH`` the same folders."""
+    (inc, lib), (n_inc, n_lib) = cudnn, nvrtc
+    link = src / "cudnn-frontend"
+    link.mkdir(exist_ok=True)
+    if (link / "include").is_symlink() or (link / "include").exists():
+        (link / "include").unlink()
+    (link / "include").symlink_to(headers.resolve(), target_is_directory=True)
+    own_incs, own_libs = nvcc_dirs(nvcc)
+    includes = [f"-I{headers.resolve()}"] + ([] if str(inc) in _SYSTEM_INCLUDES else [f"-I{inc}"])
+    if n_inc.resolve() not in own_incs and str(n_inc) not in _SYSTEM_INCLUDES:
+        only = work / "nvrtc-include"
+        only.mkdir(parents=True, exist_ok=True)
+        (only / "nvrtc.h").unlink(missing_ok=True)
+        (only / "nvrtc.h").symlink_to(n_inc / "nvrtc.h")
+        includes.append(f"-I{only}")
+    dirs, rpaths = [], []
+    for name, d in (("cudnn", lib), ("nvrtc", n_lib)):
+        if str(d) in _SYSTEM_LIBS:
+            continue
+        rpaths += [d] if d not in rpaths else []  # nvcc's toolkit too: its lib64 need not be on the loader's path
+        if d.resolve() in own_libs:
+            continue
+        bare = _bare_name(d, name, work)
+        dirs += [bare] if bare not in dirs else []
+    ldlibs = [*(f"-L{d}" for d in dirs), "-lnvrtc", *(f"-Xlinker -rpath={r}" for r in rpaths)]
+    make_vars = [
+        "USE_CUDNN=1",
+        f"CUDNN_FRONTEND_PATH={headers.resolve()}",
+        "NVCC_INCLUDES=" + " ".join([*includes, "-include", str(CUDA13_COMPAT)]),
+        "NVCC_LDLIBS=" + " ".join(ldlibs),
+    ]
+    env = {}
+    if rpaths:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(map(str, filter(None, [*rpaths, os.environ.get("LD_LIBRARY_PATH")])))
+    return make_vars, env
 
 
 def llmc_cuda_make(
@@ -482,6 +599,7 @@ def llmc_cuda_make(
     carry: str | os.PathLike | None = None,
     search: list[str] | None = None,
     smi: str = "nvidia-smi",
+    nvcc: str = "nvcc",
 ) -> dict:
     """The ``make`` command that builds llm.c's ``train_gpt2cu`` in ``src`` (a scratch copy of the
     clone) for the GPU it will run on, and what it rests on. Returns ``{"command": [...],
@@ -492,19 +610,17 @@ def llmc_cuda_make(
       H100) unless ``extra`` sets it: llm.c's Makefile then adds ``--generate-code
       arch=compute_90,code=[compute_90,sm_90]``. Without it nvcc builds for its default architecture
       (llm.c's slow ``__CUDA_ARCH__ < 800`` paths and a PTX JIT at start, or errors).
-    - cuDNN attention (``USE_CUDNN=1``) with ``cudnn="on"``, or ``"auto"`` when both cuDNN
-      frontend's headers (:func:`find_cudnn_frontend`) and cuDNN (:func:`find_cudnn`) are found;
-      ``"off"`` or ``USE_CUDNN=`` in ``extra``: as given. Its Makefile accepts the headers only at
-      ``$HOME/cudnn-frontend/include`` or ``./cudnn-frontend/include``, so ``src/cudnn-frontend/include``
-      is linked to them; ``NVCC_INCLUDES`` names them and cudnn.h, ``NVCC_LDLIBS`` the folder of
-      libcudnn (a ``libcudnn.so`` link made in ``work`` when the wheel ships only ``libcudnn.so.9``)
-      with an rpath.
+    - cuDNN attention (``USE_CUDNN=1``) with ``cudnn="on"``, or ``"auto"`` when cuDNN frontend's
+      headers (:func:`find_cudnn_frontend`), cuDNN (:func:`find_cudnn`) and NVRTC (``nvrtc.h`` and
+      ``libnvrtc.so*``: :func:`find_cuda_library`) are all found; ``"off"`` or ``USE_CUDNN=`` in
+      ``extra``: as given. The make variables: :func:`_cudnn_make_vars` (``-lnvrtc`` among them:
+      :data:`LINK_REASON`).
     - :data:`CUDA13_COMPAT` forced in with ``nvcc -include`` (in ``NVCC_INCLUDES``): llm.c's
       ``cuda_utils.cuh`` does not compile against CUDA 13's ``cudaMemAdvise`` (an H100 with CUDA
       13.0, 2026-11-27: "no suitable constructor exists to convert from int to cudaMemLocation");
       the header adds the old form, forwarding to the new, and does nothing before CUDA 13.
 
-    GptspeedError for ``cudnn="on"`` when cuDNN or its frontend is missing, or an unknown ``cudnn``."""
+    GptspeedError for ``cudnn="on"`` when cuDNN, its frontend or NVRTC is missing, or an unknown ``cudnn``."""
     if cudnn not in CUDNN_CHOICES:
         raise GptspeedError(f"llm.c cuDNN must be one of {', '.join(CUDNN_CHOICES)}, got {cudnn!r}")
     src, work, extra = Path(src), Path(work), list(extra)
@@ -525,35 +641,18 @@ def llmc_cuda_make(
     else:
         headers, where_h = find_cudnn_frontend(work, carry, search)
         inc, lib, where_c = find_cudnn(search)
-        on = headers is not None and inc is not None
+        n_inc, n_lib, where_n = find_cuda_library("nvrtc", "nvrtc.h", search, nvcc)
+        if n_lib is not None and n_inc is None:
+            where_n = f"nvrtc.h not found beside {where_n}"
+        on = headers is not None and inc is not None and n_inc is not None
         if not on:
-            note = "; ".join(w for w, ok in ((where_h, headers), (where_c, inc)) if ok is None)
+            note = "; ".join(w for w, ok in ((where_h, headers), (where_c, inc), (where_n, n_inc)) if ok is None)
             if cudnn == "on":
                 raise GptspeedError(f"llm.c with cuDNN attention: {note}")
         else:
-            note = f"frontend headers from {where_h}; cuDNN from {where_c}"
-            link = src / "cudnn-frontend"
-            link.mkdir(exist_ok=True)
-            if (link / "include").is_symlink() or (link / "include").exists():
-                (link / "include").unlink()
-            (link / "include").symlink_to(headers.resolve(), target_is_directory=True)
-            includes = [f"-I{headers.resolve()}"] + ([] if str(inc) in _SYSTEM_INCLUDES else [f"-I{inc}"])
-            libdir = lib
-            if not (lib / "libcudnn.so").exists():  # the wheels ship libcudnn.so.9 only: -lcudnn needs the bare name
-                versioned = sorted(lib.glob("libcudnn.so.*"))[0]
-                libdir = work / "cudnn-lib"
-                libdir.mkdir(parents=True, exist_ok=True)
-                (libdir / "libcudnn.so").unlink(missing_ok=True)
-                (libdir / "libcudnn.so").symlink_to(versioned)
-            ldlibs = [] if str(lib) in _SYSTEM_LIBS else [f"-L{libdir}", f"-Xlinker -rpath={lib}"]
-            cmd += [
-                "USE_CUDNN=1",
-                f"CUDNN_FRONTEND_PATH={headers.resolve()}",
-                "NVCC_INCLUDES=" + " ".join([*includes, "-include", str(CUDA13_COMPAT)]),
-            ]
-            if ldlibs:
-                cmd.append("NVCC_LDLIBS=" + " ".join(ldlibs))
-                env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))
+            note = f"frontend headers from {where_h}; cuDNN from {where_c}; NVRTC from {where_n}"
+            make_vars, env = _cudnn_make_vars(src, work, headers, (inc, lib), (n_inc, n_lib), nvcc)
+            cmd += make_vars
     if not any(c.startswith("NVCC_INCLUDES=") for c in cmd + extra):  # with cuDNN: in its NVCC_INCLUDES above
         cmd.append(f"NVCC_INCLUDES=-include {CUDA13_COMPAT}")
     cmd += extra
@@ -570,3 +669,175 @@ def llmc_cuda_make(
         "cudnn": on,
         "cudnn_note": note,
     }
+
+
+# ------------------------------------------------------------------- checking llm.c's link line
+#: the prefix of an undefined symbol -> the library (``-l<name>``) that defines it, for the libraries
+#: train_gpt2cu links by name (cudart comes with nvcc; libc, libstdc++ and libm with the host compiler)
+SYMBOL_LIBS = (
+    ("nvrtc", "nvrtc"),
+    ("cudnn", "cudnn"),
+    ("cublasLt", "cublasLt"),
+    ("cublas", "cublas"),
+    ("nvml", "nvidia-ml"),
+)
+#: ``nm -u`` of cudnn_att.o as :func:`check_link` recorded it (``--check-link --record``), with how
+LINK_RECORD = Path(__file__).resolve().with_name("llmc_cudnn_att.nm-u.txt")
+
+
+def read_symbols(path: str | os.PathLike = LINK_RECORD) -> list[str]:
+    """The symbols of a record written by :func:`check_link`: every line but the ``#`` comments."""
+    lines = Path(path).read_text().splitlines()
+    return [s.strip() for s in lines if s.strip() and not s.startswith("#")]
+
+
+def libraries_needed(symbols: list[str]) -> dict[str, list[str]]:
+    """``{library: [its symbols]}`` for the undefined ``symbols`` a named library must define
+    (:data:`SYMBOL_LIBS`; the first matching prefix wins, so ``cublasLt...`` is cublasLt's)."""
+    out: dict[str, list[str]] = {}
+    for sym in symbols:
+        lib = next((lib for prefix, lib in SYMBOL_LIBS if sym.startswith(prefix)), None)
+        if lib is not None:
+            out.setdefault(lib, []).append(sym)
+    return out
+
+
+def unlinked(symbols: list[str], line: str) -> dict[str, list[str]]:
+    """The libraries :func:`libraries_needed` names for ``symbols`` that the link ``line`` (a shell
+    command line) does not name with ``-l``, with the symbols each would have defined."""
+    import re
+    import shlex
+
+    named = {m.group(1) for tok in shlex.split(line) for m in [re.match(r"^-l(\S+)$", tok)] if m}
+    return {lib: syms for lib, syms in libraries_needed(symbols).items() if lib not in named}
+
+
+def link_line(build: dict) -> str:
+    """The nvcc command that links ``train_gpt2cu`` for ``build`` (:func:`llmc_cuda_make`), as llm.c's
+    Makefile writes it (``make -n``: nothing is compiled). GptspeedError when make prints none."""
+    import subprocess
+
+    cmd = build["command"]
+    out = subprocess.run([cmd[0], "-n", *cmd[1:]], capture_output=True, text=True, timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if "train_gpt2.cu" in ln and "train_gpt2cu" in ln]
+    if not lines:
+        raise GptspeedError(f"make -n printed no train_gpt2cu link line for {build['line']}")
+    return lines[-1]
+
+
+def _exported(line: str, libs: list[str], extra_dirs: list[Path]) -> dict[str, set[str] | None]:
+    """``{library: its dynamic symbols (nm -D --defined-only)}`` for each of ``libs`` found in the
+    line's ``-L`` folders or ``extra_dirs``; None where no ``lib<name>.so`` is there to read."""
+    import shlex
+    import subprocess
+
+    dirs = [Path(t[2:]) for t in shlex.split(line) if t.startswith("-L")] + extra_dirs
+    out: dict[str, set[str] | None] = {}
+    for lib in libs:
+        path = next((d / f"lib{lib}.so" for d in dirs if (d / f"lib{lib}.so").exists()), None)
+        if path is None:
+            out[lib] = None
+            continue
+        nm = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, timeout=120)
+        out[lib] = {ln.split()[-1].split("@")[0] for ln in nm.stdout.splitlines() if ln.strip()}
+    return out
+
+
+def check_link(
+    llmc_dir: str | os.PathLike,
+    work: str | os.PathLike,
+    carry: str | os.PathLike | None,
+    search: list[str] | None,
+    record: str | os.PathLike | None = None,
+) -> dict:
+    """Compile llm.c's ``llmc/cudnn_att.cpp`` as its Makefile does for ``USE_CUDNN=1`` (the make line of
+    :func:`llmc_cuda_make` for compute capability 90, target ``build/cudnn_att.o``, in a copy of
+    ``llmc_dir`` under ``work``; ~90 CPU-seconds), list its undefined symbols (``nm -u``) and check
+    that every library they need (:func:`libraries_needed`) is named on train_gpt2cu's link line
+    (:func:`link_line`) and, where that library is at hand, exports them. With ``record``, write the
+    symbols there, after ``#`` lines saying how they were produced. Returns ``{"symbols", "line",
+    "unlinked", "unexported", "compile_s", "compile_cpu_s", "build"}``. GptspeedError if the compile
+    fails or cuDNN, its frontend or NVRTC is not found."""
+    import datetime
+    import platform
+    import resource
+    import shutil
+    import subprocess
+    import time
+
+    src, work = Path(work) / "llm.c", Path(work)
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(llmc_dir, src)
+    build = llmc_cuda_make(src, work, ["GPU_COMPUTE_CAPABILITY=90"], cudnn="on", carry=carry, search=search)
+    obj = [*build["command"][:3], "build/cudnn_att.o", *build["command"][4:]]
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    done = subprocess.run(obj, capture_output=True, text=True)
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode != 0:
+        raise GptspeedError(f"compiling cudnn_att.cpp failed: {(done.stdout + done.stderr).strip()[-800:]}")
+    nm = subprocess.run(["nm", "-u", str(src / "build" / "cudnn_att.o")], capture_output=True, text=True, check=True)
+    symbols = sorted({ln.split()[-1] for ln in nm.stdout.splitlines() if ln.strip()})
+    line = link_line(build)
+    needed = libraries_needed(symbols)
+    exported = _exported(line, list(needed), nvcc_dirs()[1])
+    unexported = {
+        lib: [s for s in syms if s not in exported[lib]] for lib, syms in needed.items() if exported[lib] is not None
+    }
+    if record is not None:
+        nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        head = [
+            "cudnn_att.o's undefined symbols (nm -u), one a line: llm.c's llmc/cudnn_att.cpp compiled as its",
+            "Makefile compiles it for USE_CUDNN=1, by `python benchmarks/llmc.py --check-link` (llmc.check_link)",
+            f"nvcc: {next((v for v in nvcc if 'release' in v), '?')}; {build['cudnn_note']}",
+            f"compiled in {wall:.0f} s wall, {cpu:.0f} CPU-s ({platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), {datetime.date.today()}",
+            "compile: " + " ".join(obj),
+            "link line (make -n): " + line,
+        ]
+        Path(record).write_text("".join(f"# {h}\n" for h in head) + "".join(f"{s}\n" for s in symbols))
+    return {
+        "symbols": symbols,
+        "line": line,
+        "unlinked": unlinked(symbols, line),
+        "unexported": {k: v for k, v in unexported.items() if v},
+        "compile_s": wall,
+        "compile_cpu_s": cpu,
+        "build": build,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/llmc.py --check-link``: :func:`check_link`, printed; exit 1 when a library
+    the symbols need is not on the link line or does not export them."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="llm.c beside gptspeed: checks of its GPU build on this machine")
+    ap.add_argument("--check-link", action="store_true", required=True, help="compile cudnn_att.cpp, check its link")
+    ap.add_argument("--llmc", default=str(Path(__file__).resolve().parents[2] / "shared" / "peers" / "llm.c"))
+    ap.add_argument("--carry", default=str(Path(__file__).resolve().parents[1] / ".carry"), help="the frontend wheel")
+    ap.add_argument("--site", action="append", default=None, help="a folder holding nvidia/*/ wheels (cuDNN, NVRTC)")
+    ap.add_argument("--record", default=None, help=f"write the symbols here (the checked-in one: {LINK_RECORD.name})")
+    args = ap.parse_args(argv)
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmc-link-") as work:
+            r = check_link(args.llmc, work, args.carry, args.site, args.record)
+    except GptspeedError as e:
+        print(f"error: {e}", file=__import__("sys").stderr)
+        return 2
+    needed = libraries_needed(r["symbols"])
+    print(
+        f"cudnn_att.o compiled in {r['compile_s']:.0f} s ({r['compile_cpu_s']:.0f} CPU-s); {len(r['symbols'])} undefined"
+    )
+    print("link line: " + r["line"])
+    for lib, syms in needed.items():
+        state = "MISSING from the link line" if lib in r["unlinked"] else "on the link line"
+        print(f"  -l{lib}: {len(syms)} symbols ({', '.join(syms[:3])}, ...) {state}")
+    for lib, syms in r["unexported"].items():
+        print(f"  lib{lib}.so does not export: {', '.join(syms)}")
+    return 1 if r["unlinked"] or r["unexported"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,8 +24,8 @@ Rows (``--peers``, in run order):
   GPU_COMPUTE_CAPABILITY=90`` on an H100, the capability read from ``nvidia-smi``: llm.c's own
   detection is dead -- its Makefile writes ``$(nvidia-smi ...)``, a make variable, not
   ``$(shell ...)`` -- so without it nvcc builds for its default architecture), with cuDNN attention
-  (``USE_CUDNN=1``, what llm.c's reported 468k tokens/s per H100 runs) when cuDNN frontend's headers
-  are carried (``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``; ``--llmc-cudnn
+  (``USE_CUDNN=1``, what llm.c's reported 468k tokens/s per H100 runs, linked with ``-lnvrtc``: the
+  frontend's NVRTC engine needs it) when cuDNN frontend's headers are carried and NVRTC is found (``bash ../shared/device/carry.sh nvidia-cudnn-frontend==1.32.0``; ``--llmc-cudnn
   auto|on|off``) -- if that build fails, again without it, and the row says so. The make line is
   recorded with the row (``build`` in the JSON, under the tables in the Markdown). ``-e d12`` (a
   fresh GPT-2 124M), the shape's ``-b -t -d``, its defaults otherwise (bf16, GeLU recompute ``-r 1``)
@@ -53,7 +53,9 @@ atomically (``complete`` false until the last), so a command cut at its limit ke
         [--variant 'NAME: FLAGS'] [--llmc-flags '-r 0'] [--json OUT.json] [--md OUT.md] [--work DIR]
         [--row-timeout 420]
 
-llm.c at the settings of its record, alone, 10 timed steps: ``--peers llmc --batch-size 64 --accum 8
+llm.c's build alone, ahead of its rows (``benchmarks/gpu_session.py`` starts it first, in the
+background): ``--build-llmc --work DIR [--timeout S]`` (:func:`build_main`); later runs with the same
+``--work`` use it. llm.c at the settings of its record, alone, 10 timed steps: ``--peers llmc --batch-size 64 --accum 8
 --llmc-flags '-r 0' --rounds 1 --warmup 2 --steps 10`` (``-b 64 -t 1024 -d 524288 -r 0``).
 
 ``--device cpu`` with a small shape (``--n-layer 2 --n-embd 64 --n-head 2 --seq-len 64``) runs the
@@ -464,5 +466,33 @@ def build_lines(summary: dict) -> str:
     ) + "".join(f"\n{row} ran `{cmd}`\n" for row, cmd in runs.items())
 
 
+def build_main(argv: list[str]) -> int:
+    """``vs_peers_gpu.py --build-llmc --work DIR [--timeout S] [--llmc-cudnn auto|on|off] [--llmc-make
+    VARS] [--device cpu]``: llm.c's build alone (:func:`llmc_cuda_binary`), ahead of its rows --
+    ``benchmarks/gpu_session.py`` starts it first, in the background -- so that every later run with
+    the same ``--work`` uses it. Prints the build record (``llmc-build.json`` in ``--work``: the make
+    line, cuDNN on or off and why, the seconds); exit 0 when built, with or without cuDNN, 1 when not
+    (``llmc-build-failed.txt`` says why). ``--device cpu``: says it is skipped (no GPU) and exits 0."""
+    ap = argparse.ArgumentParser(description="llm.c's train_gpt2cu built ahead of its rows")
+    ap.add_argument("--build-llmc", action="store_true", required=True)
+    ap.add_argument("--work", default="/tmp/gptspeed-peers-gpu")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds one make may take (cuDNN, then without)")
+    ap.add_argument("--llmc-cudnn", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("--llmc-make", default="")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        print("llm.c's build skipped: train_gpt2cu needs a CUDA GPU", flush=True)
+        return 0
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    try:
+        _, build = llmc_cuda_binary(Path(args.work), shlex.split(args.llmc_make), args.llmc_cudnn, args.timeout)
+    except RuntimeError as e:
+        print(f"llm.c not built: {e}", flush=True)
+        return 1
+    print(json.dumps(build, indent=1), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(build_main(sys.argv[1:]) if "--build-llmc" in sys.argv else main())

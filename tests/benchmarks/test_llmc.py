@@ -281,16 +281,21 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
     build = llmc_cuda_make(src, work, carry=carry, search=[str(site)])
     headers, lib = work / "cudnn-frontend" / "include", site / "nvidia" / "cudnn" / "lib"
     assert (headers / "cudnn_frontend.h").exists()  # unpacked from the carried wheel
+    nvrtc = site / "nvidia" / "cu13"
     assert build["cudnn"] is True and "nvidia_cudnn_frontend-1.32.0" in build["cudnn_note"]
+    assert "NVRTC from the cu13 wheel" in build["cudnn_note"]
     assert build["command"][6:] == [
         "GPU_COMPUTE_CAPABILITY=90",
         "USE_CUDNN=1",
         f"CUDNN_FRONTEND_PATH={headers.resolve()}",
-        f"NVCC_INCLUDES=-I{headers.resolve()} -I{site / 'nvidia' / 'cudnn' / 'include'} -include {CUDA13_COMPAT}",
-        f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -Xlinker -rpath={lib}",
+        f"NVCC_INCLUDES=-I{headers.resolve()} -I{site / 'nvidia' / 'cudnn' / 'include'} -I{work / 'nvrtc-include'} "
+        f"-include {CUDA13_COMPAT}",
+        f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -lnvrtc -Xlinker -rpath={lib} -Xlinker -rpath={nvrtc / 'lib'}",
     ]
     assert (work / "cudnn-lib" / "libcudnn.so").resolve() == (lib / "libcudnn.so.9").resolve()
-    assert build["env"]["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(lib)
+    assert (work / "cudnn-lib" / "libnvrtc.so").resolve() == (nvrtc / "lib" / "libnvrtc.so.13").resolve()
+    assert os.listdir(work / "nvrtc-include") == ["nvrtc.h"]  # nvrtc.h alone: the wheel's other headers stay out
+    assert build["env"]["LD_LIBRARY_PATH"].split(os.pathsep)[:2] == [str(lib), str(nvrtc / "lib")]
     out = dry_run(build)
     assert "cuDNN found" in out
     compiled = [line for line in out.splitlines() if "cudnn_att.cpp" in line or "train_gpt2.cu" in line]
@@ -299,12 +304,77 @@ def test_llmc_with_carried_cudnn_frontend_headers_builds_cudnn_attention(tmp_pat
         for line in compiled
     )
     assert f"-I{headers.resolve()}" in compiled[0] and "build/cudnn_att.o" in compiled[1]
-    assert "-lcudnn" in compiled[1] and f"-L{work / 'cudnn-lib'}" in compiled[1]
+    assert "-lcudnn" in compiled[1] and f"-L{work / 'cudnn-lib'}" in compiled[1] and "-lnvrtc" in compiled[1]
     # asked for explicitly without the headers: one line saying what to carry
     with pytest.raises(GptspeedError, match="carry.sh nvidia-cudnn-frontend"):
         llmc_cuda_make(src, work / "other", cudnn="on", search=[])
     off = llmc_cuda_make(src, work, cudnn="off", carry=carry, search=[str(site)])
     assert off["cudnn"] is False and not any(c.startswith("USE_CUDNN") for c in off["command"])
+
+
+@pytest.mark.skipif(
+    not (LLMC_DIR / "Makefile").exists() or not __import__("shutil").which("make"),
+    reason="needs llm.c's clone in ../shared/peers and make",
+)
+def test_the_cudnn_link_line_names_every_library_cudnn_att_needs(tmp_path, monkeypatch):
+    """cudnn_att.o's undefined symbols, as ``llmc.py --check-link`` recorded them (a real CUDA 13 nvcc,
+    cuDNN frontend 1.32.0): the frontend's NVRTC engine needs seven nvrtc* symbols beside cuDNN's.
+    The link line llm.c's Makefile writes from the make line names a library for each of them --
+    ``-lnvrtc`` with a folder holding ``libnvrtc.so`` -- where llm.c's own line (-lcudnn alone) leaves
+    NVRTC out, so the H100's cuDNN build could not have linked."""
+    import shutil
+
+    from llmc import LINK_RECORD, libraries_needed, link_line, read_symbols, unlinked
+
+    head = [line for line in LINK_RECORD.read_text().splitlines() if line.startswith("#")]
+    assert any("--check-link" in line for line in head) and any("nvcc: Cuda compilation tools" in h for h in head)
+    symbols = read_symbols(LINK_RECORD)
+    needed = libraries_needed(symbols)
+    assert set(needed) == {"cudnn", "nvrtc"} and len(needed["nvrtc"]) == 7 and "nvrtcGetCUBIN" in needed["nvrtc"]
+    fake_gpu_tools(tmp_path, monkeypatch)
+    carry, site = fake_cudnn(tmp_path)
+    src, work = tmp_path / "llm.c", tmp_path / "work"
+    shutil.copytree(LLMC_DIR, src)
+    build = llmc_cuda_make(src, work, carry=carry, search=[str(site)])
+    line = link_line(build)
+    assert unlinked(symbols, line) == {}
+    assert (work / "cudnn-lib" / "libnvrtc.so").exists() and f"-L{work / 'cudnn-lib'}" in line
+    llmc_own = [c for c in build["command"] if not c.startswith("NVCC_LDLIBS=")]  # llm.c's Makefile alone
+    assert unlinked(symbols, link_line({**build, "command": llmc_own})) == {"nvrtc": needed["nvrtc"]}
+
+
+def test_cudnn_attention_needs_nvrtc_and_takes_it_from_nvccs_toolkit_first(tmp_path, monkeypatch):
+    """Without NVRTC (no nvrtc.h and libnvrtc beside nvcc, on the system or in a wheel) the cuDNN
+    build could not link: ``auto`` builds without cuDNN and says why, ``on`` is one line. With NVRTC in
+    nvcc's own toolkit (its --dryrun INCLUDES and LIBRARIES) the line adds -lnvrtc and no folder to search,
+    only an rpath (the toolkit's lib64 need not be on the loader's path)."""
+    fake_gpu_tools(tmp_path, monkeypatch)
+    carry, site = fake_cudnn(tmp_path)
+    for f in (site / "nvidia" / "cu13").rglob("*"):
+        if f.is_file():
+            f.unlink()
+    src, work = tmp_path / "llm.c", tmp_path / "work"
+    src.mkdir()
+    off = llmc_cuda_make(src, work, carry=carry, search=[str(site)])
+    assert off["cudnn"] is False and off["cudnn_note"].startswith("libnvrtc.so not found")
+    with pytest.raises(GptspeedError, match="libnvrtc.so not found"):
+        llmc_cuda_make(src, work, cudnn="on", carry=carry, search=[str(site)])
+    kit = tmp_path / "cuda" / "targets" / "x86_64-linux"
+    for d, f in (("include", "nvrtc.h"), ("lib", "libnvrtc.so")):
+        (kit / d).mkdir(parents=True, exist_ok=True)
+        (kit / d / f).write_text("")
+    (tmp_path / "bin" / "nvcc").write_text(
+        f'#!/bin/sh\necho \'#$ INCLUDES="-I{kit}/include"\'\necho \'#$ LIBRARIES=  "-L{kit}/lib/stubs" "-L{kit}/lib"\'\n'
+    )
+    on = llmc_cuda_make(src, work, carry=carry, search=[str(site)])
+    assert on["cudnn"] is True and f"NVRTC from {kit / 'lib'}" in on["cudnn_note"]
+    ldlibs = next(c for c in on["command"] if c.startswith("NVCC_LDLIBS="))
+    cudnn_lib = site / "nvidia" / "cudnn" / "lib"
+    assert (
+        ldlibs
+        == f"NVCC_LDLIBS=-L{work / 'cudnn-lib'} -lnvrtc -Xlinker -rpath={cudnn_lib} -Xlinker -rpath={kit / 'lib'}"
+    )
+    assert "nvrtc-include" not in " ".join(on["command"])
 
 
 def test_llmc_record_settings_reach_train_gpt2cu_after_the_rows_own_flags():

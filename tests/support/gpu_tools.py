@@ -19,8 +19,9 @@ def fake_gpu_tools(tmp_path, monkeypatch, capability="9.0"):
 
 
 def fake_cudnn(tmp_path) -> tuple[Path, Path]:
-    """A carried cuDNN-frontend wheel (its include/ folder) and a cuDNN wheel's folder as PyTorch's
-    nvidia-cudnn-cu13 lays it out (libcudnn.so.9 only, no bare libcudnn.so)."""
+    """A carried cuDNN-frontend wheel (its include/ folder), a cuDNN wheel's folder as PyTorch's
+    nvidia-cudnn-cu13 lays it out (libcudnn.so.9 only, no bare libcudnn.so), and NVRTC's as
+    nvidia-cuda-nvrtc 13 lays it out (nvidia/cu13: nvrtc.h, libnvrtc.so.13 only)."""
     import zipfile
 
     carry, site = tmp_path / "carry", tmp_path / "site"
@@ -30,9 +31,14 @@ def fake_cudnn(tmp_path) -> tuple[Path, Path]:
     ) as z:
         z.writestr("include/cudnn_frontend.h", "// header-only\n")
         z.writestr("cudnn/__init__.py", "")
-    for d, f in (("include", "cudnn.h"), ("lib", "libcudnn.so.9")):
-        (site / "nvidia" / "cudnn" / d).mkdir(parents=True)
-        (site / "nvidia" / "cudnn" / d / f).write_text("")
+    for pkg, d, f in (
+        ("cudnn", "include", "cudnn.h"),
+        ("cudnn", "lib", "libcudnn.so.9"),
+        ("cu13", "include", "nvrtc.h"),
+        ("cu13", "lib", "libnvrtc.so.13"),
+    ):
+        (site / "nvidia" / pkg / d).mkdir(parents=True, exist_ok=True)
+        (site / "nvidia" / pkg / d / f).write_text("")
     return carry, site
 
 

@@ -734,3 +734,19 @@ def test_load_any_model_of_a_hugging_face_folder_says_so_and_puts_it_on_the_runt
     model, info = sample_mod.load_any_model(META, init_from=folder)
     assert info == {"init_from": folder, "step": None}
     assert {p.device.type for p in model.parameters()} == {"meta"} and not model.training
+
+
+def test_run_generate_takes_sample_texts_defaults():
+    """``Run.generate`` is ``gptspeed sample`` from Python: every option it shares with
+    :func:`gptspeed.sample.sample_text` has the same default (and the CLI's are sample_text's: tests/test_cli.py)."""
+    import inspect
+
+    from gptspeed.api import Run
+
+    def defaults(f):
+        return {n: p.default for n, p in inspect.signature(f).parameters.items() if p.default is not p.empty}
+
+    generate, sample = defaults(Run.generate), defaults(sample_mod.sample_text)
+    shared = set(generate) & set(sample)
+    assert shared >= {"max_new_tokens", "temperature", "top_k", "num_samples", "seed", "kv_cache"}
+    assert {n: generate[n] for n in shared} == {n: sample[n] for n in shared}

@@ -19,7 +19,7 @@ def test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict(tm
     out = tmp_path / "tune"
     proc = run_cli(
         "bench",
-        "--tune",
+        "tune",
         "--device",
         "cuda",
         "--synthetic",

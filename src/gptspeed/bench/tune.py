@@ -34,18 +34,19 @@ import json
 import math
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
-from typing import Any
+from typing import Any, ClassVar
 
 from gptspeed.bench import report
 from gptspeed.bench.knobs import Delta, Knob, TuneState, knobs_for
 from gptspeed.bench.ladder import run_worker, spread_ms
+from gptspeed.bench.settings import Workload
 from gptspeed.bench.stages import loss_rtol
 from gptspeed.bench.verify import compare_losses, rung_problems
 from gptspeed.bench.worker import StageSpec
-from gptspeed.config import GROUPS, RunConfig, config_to_yaml, setting_flag
+from gptspeed.config import GROUPS, RunConfig, _f, config_to_yaml, setting_flag
 from gptspeed.errors import GptspeedError
 
 MIN_GAIN = 0.01  # a candidate is kept only when at least 1% faster (and faster than the rows' spread)
@@ -58,20 +59,28 @@ NOT_PASSED = frozenset(
 YOURS = "yours"
 
 
-@dataclass
-class TuneConfig:
-    """The flags of ``gptspeed bench --tune``: ``run`` is your configuration (validated), ``data`` a
-    prepared folder (None: learnable synthetic phrases), ``budget_s`` the search's wall-clock bound."""
+@dataclass(kw_only=True)
+class TuneConfig(Workload):
+    """What ``gptspeed bench tune`` was asked: ``run`` is your configuration (validated; the CLI makes it
+    of ``--preset``, ``--config``, the shape flags and ``--flags``, as ``gptspeed train`` would:
+    :mod:`gptspeed.bench.cli`), ``data`` a prepared folder (None: learnable synthetic phrases),
+    ``budget_s`` the search's wall-clock bound. The shape, preset and file fields are the flags
+    ``run`` was made of; the search reads ``run``."""
 
-    out: str
-    run: RunConfig
-    device: str = "auto"
-    data: str | None = None
-    budget_s: float = 300.0
-    steps: int = 8
-    warmup: int = 3
-    compile_backend: str = "inductor"
-    peak_tflops: float | None = None
+    PRESET_WHEN_UNSET: ClassVar[str | None] = None  # your --config file's preset:, else gpt2 (train's rule)
+
+    run: RunConfig = field(metadata={"cli": False})
+    config_file: str | None = _f(None, "your run's gptspeed train --config file (YAML or JSON)", flag="--config")
+    flags: str = _f(
+        "",
+        'your run\'s other gptspeed train flags, quoted: --flags "--dtype bfloat16 --loss fused" '
+        "(one flag alone: --flags=--no-compile)",
+        metavar='"FLAGS"',
+    )
+    budget_s: float = _f(
+        300.0, "seconds the whole search may take; the candidates left are listed as not tried (default 300)"
+    )
+    steps: int = _f(8, "timed steps per candidate (default 8)")
 
 
 def run_settings(cfg: RunConfig) -> dict[str, Any]:

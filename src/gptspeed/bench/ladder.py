@@ -68,7 +68,7 @@ class ProfileConfig(Rows):
     """What ``gptspeed bench profile STAGE`` was asked: the row to trace and its traced steps."""
 
     stage: str = _f(dataclasses.MISSING, f"the row to trace: a stage or {PEER_NAME}", positional=True, metavar="STAGE")
-    steps: int = _f(3, "traced steps, after the warm-up (default 3)")
+    steps: int = _f(3, "traced steps, after the warm-up")
 
 
 def base_spec(cfg: Rows) -> StageSpec:

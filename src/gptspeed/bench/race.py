@@ -317,10 +317,10 @@ class RaceConfig(BenchBase):
         kind="append",
         metavar='NAME="FLAGS"',
     )
-    seeds: int = _f(3, "runs per arm (default 3)")
+    seeds: int = _f(3, "runs per arm")
     sampling: str = _f(
         "sequential",
-        "every arm's order of the training windows (gptspeed train --sampling; default sequential); random gives "
+        "every arm's order of the training windows (gptspeed train --sampling); random gives "
         "each step windows from the whole corpus, as FineWeb's shuffled documents do",
         choices=("sequential", "random"),
     )

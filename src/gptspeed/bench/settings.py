@@ -52,7 +52,7 @@ class Workload(BenchBase):
     n_embd: int | None = _f(None, "embedding width C (default: the preset's)")
     seq_len: int | None = _f(None, "sequence length T (default: the preset's)")
     batch_size: int | None = _f(None, "micro-batch size B (default: the preset's)")
-    warmup: int = _f(5, "untimed warm-up steps first, compilation included (default 5)")
+    warmup: int = _f(5, "untimed warm-up steps first, compilation included")
     synthetic: bool = _f(
         False,
         "random tokens instead of --data (verify and tune: learnable random phrases)",
@@ -61,7 +61,7 @@ class Workload(BenchBase):
     )
     compile_backend: str = _f(
         "inductor",
-        "torch.compile backend (default inductor; eager/aot_eager check tracing, not speed)",
+        "torch.compile backend (eager / aot_eager check tracing, not speed)",
         choices=COMPILE_BACKENDS,
     )
     peak_tflops: float | None = _f(None, "device peak TFLOPS for MFU (default: the built-in GPU table)")
@@ -84,7 +84,7 @@ class Rows(Workload):
 class Staged(Rows):
     """The flags of the subcommands that run a chosen set of rows: ladder and verify."""
 
-    steps: int = _f(20, "timed steps per row (default 20)")
+    steps: int = _f(20, "timed steps per row")
     stages: str | None = _f(
         None,
         "comma-separated stages to run, or all (default: the subcommand's own set, named in its description); "

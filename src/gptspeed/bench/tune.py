@@ -77,10 +77,8 @@ class TuneConfig(Workload):
         "(one flag alone: --flags=--no-compile)",
         metavar='"FLAGS"',
     )
-    budget_s: float = _f(
-        300.0, "seconds the whole search may take; the candidates left are listed as not tried (default 300)"
-    )
-    steps: int = _f(8, "timed steps per candidate (default 8)")
+    budget_s: float = _f(300.0, "seconds the whole search may take; the candidates left are listed as not tried")
+    steps: int = _f(8, "timed steps per candidate")
 
 
 def run_settings(cfg: RunConfig) -> dict[str, Any]:

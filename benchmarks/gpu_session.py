@@ -10,12 +10,12 @@ so that the start, both commands and a rerun of either fit the 15 minutes (:func
 command     what it runs, in this order (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg)
 ==========  ==============================================================================================
 window1     llm.c's build with cuDNN attention (``vs_peers_gpu.py --build-llmc``), started first, in the
-            background, under :data:`LLMC_BUILD_TIMEOUT` a make; ``gptspeed bench --profile fused-adamw``
+            background, under :data:`LLMC_BUILD_TIMEOUT` a make; ``gptspeed bench profile fused-adamw``
             (the default step, B=16: its time by category); ``gptspeed train``'s default at 524,288 tokens a
             step; the build waited for and its result noted; llm.c alone at its record's settings (``-b 64
             -t 1024 -d 524288 -r 0``); then the default, llm.c and the default at B=64 interleaved at 524,288
             tokens a step, as many of 2 rounds as the budget leaves
-window2     ``gptspeed bench --tune --preset gpt2``: the fastest configuration of the default run that trains
+window2     ``gptspeed bench tune --preset gpt2``: the fastest configuration of the default run that trains
             the same, found on this GPU, one change at a time (``--budget-s`` cut to what is left)
 ==========  ==============================================================================================
 
@@ -57,7 +57,7 @@ from harness import read_lines  # beside this file: reads a pipe line by line up
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRY = ROOT / ".carry"
-# bench --verify's rungs in groups that each fit one command (each group also runs its fp32 references):
+# bench verify's rungs in groups that each fit one command (each group also runs its fp32 references):
 # (--stages, extra flags, seconds one rung may take). None: verify's own default set (the seeds' rungs).
 VERIFY_GROUPS = {
     "verify": (None, [], 240),
@@ -115,7 +115,7 @@ LLMC_RECORD = (64, 8, 2, 5)
 # (x 8) and llm.c (-b 64 -r 0); 2 warm-up + 5 timed steps a process, as many of 2 rounds as the budget leaves
 ROUND_ROWS = "gptspeed,llmc,B64"
 ROUND_STEPS = (2, 5)
-TUNE_BUDGET_S = 300.0  # window2: bench --tune's --budget-s, cut to what the command has left ...
+TUNE_BUDGET_S = 300.0  # window2: bench tune's --budget-s, cut to what the command has left ...
 TUNE_MARGIN_S = 20.0  # ... less this, for its start and tuned.yaml before the part's timeout
 
 # ------------------------------------------------------------------ the estimates the plan rests on
@@ -132,7 +132,7 @@ LLMC_BUILD = (130, 170)  # make train_gpt2cu USE_CUDNN=1 for sm_90: cudnn_att.cp
 #   (~30-50 s, llm.c PRs #322 and #386: not compiled here, no cuBLAS headers); it runs beside the profile
 LLMC_BUILD_TIMEOUT = 170  # each make's timeout: the cuDNN build, then (~40 s) one without cuDNN if it fails
 LLMC_START = 10  # train_gpt2cu's start to its first step: 124M random weights on the host, allocations (estimate)
-TRACE = 30  # bench --profile: exporting the Chrome trace of 3 steps, the breakdown, gzip (estimate)
+TRACE = 30  # bench profile: exporting the Chrome trace of 3 steps, the breakdown, gzip (estimate)
 # ms per micro-batch of 16,384 tokens, measured (verify's median steps / 2): bf16 compiled with SDPA, vocab 50304 and
 # fused AdamW 36.2 (llm.c's record: 35 ms per 16k tokens per GPU on 8xH100)
 MS = {"bf16": 37}
@@ -143,7 +143,7 @@ def _steps(n: int, micro: int, kind: str = "bf16") -> float:
 
 
 def tune_budget(left_s: float) -> float:
-    """window2's ``bench --tune --budget-s`` with ``left_s`` seconds left of the command's budget: at most
+    """window2's ``bench tune --budget-s`` with ``left_s`` seconds left of the command's budget: at most
     :data:`TUNE_BUDGET_S`, leaving 15 s for the packing and :data:`TUNE_MARGIN_S` for its start and end."""
     return min(TUNE_BUDGET_S, left_s - 15 - TUNE_MARGIN_S)
 
@@ -155,7 +155,7 @@ def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float
     if phase == "window2":
         budget = tune_budget(BUDGET_S - PREPARE)
         why = (
-            f"bench --tune's own --budget-s {budget:.0f} (at most {TUNE_BUDGET_S:.0f}, cut to what the command "
+            f"bench tune's own --budget-s {budget:.0f} (at most {TUNE_BUDGET_S:.0f}, cut to what the command "
             f"has left; each row a fresh process, ~{START + cold + 1:.0f} s with a cold compile), its start and tuned.yaml"
         )
         return [prepare, ("tune", budget + 10, why)]
@@ -175,7 +175,7 @@ def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float
         (
             "profile",
             profile,
-            "bench --profile fused-adamw: a fresh process, a cold compile, 8 + 3 steps at B=16, the trace",
+            "bench profile fused-adamw: a fresh process, a cold compile, 8 + 3 steps at B=16, the trace",
         ),
         (
             "default",
@@ -446,9 +446,9 @@ def gptspeed(*args: str) -> list[str]:
 
 
 def bench_cmd(mode: str, *args: str) -> list[str]:
-    """``gptspeed bench --MODE ARGS``: the one place this script spells a bench mode (``tune``,
-    ``profile``, ``verify``, ``ladder``), so that a new spelling (``gptspeed bench tune``) is one line."""
-    return gptspeed("bench", f"--{mode}", *args)
+    """``gptspeed bench MODE ARGS``: the one place this script spells a bench subcommand (``tune``,
+    ``profile``, ``verify``, ``ladder``)."""
+    return gptspeed("bench", mode, *args)
 
 
 def shape(s: Session) -> list[str]:
@@ -605,7 +605,7 @@ def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> 
 
 
 def verify_stages(phase: str) -> str | None:
-    """``bench --verify --stages`` of a verify group (None: verify's default set); ``verify6``'s "rest" is
+    """``bench verify --stages`` of a verify group (None: verify's default set); ``verify6``'s "rest" is
     every rung of this gptspeed that neither the default set nor another group names."""
     stages = VERIFY_GROUPS[phase][0]
     if stages != "rest":
@@ -784,7 +784,7 @@ def phase_window1(s: Session) -> None:
 
 
 def phase_window2(s: Session) -> None:
-    """``gptspeed bench --tune`` of the default run (``--preset gpt2``), its budget cut to what is left."""
+    """``gptspeed bench tune`` of the default run (``--preset gpt2``), its budget cut to what is left."""
     data = data_dir(s)
     budget = tune_budget(s.left())
     if s.smoke:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The optimization ladder, run the way benchmarks/README.md ("bench ladder", "bench --verify", "Recipes") describes
+# The optimization ladder, run the way benchmarks/README.md ("bench ladder", "bench verify", "Recipes") describes
 # it; its results are recorded in benchmarks/LOG.md.
 #
 #   benchmarks/ladder.sh cpu            # this CPU: preset nano on Shakespeare, every stage
-#   benchmarks/ladder.sh gpu            # a CUDA GPU: bench --verify, then the ladder of GPT-2 124M at T=1024,
+#   benchmarks/ladder.sh gpu            # a CUDA GPU: bench verify, then the ladder of GPT-2 124M at T=1024,
 #                                       #   B=16 (every stage) and B=64 (from bf16 on: fp32 at B=64 needs ~100 GB)
-#   benchmarks/ladder.sh verify         # a CUDA GPU: bench --verify only
+#   benchmarks/ladder.sh verify         # a CUDA GPU: bench verify only
 #   benchmarks/ladder.sh cpu --steps 50 # extra flags go to every `gptspeed bench` call
 #
 # Results land in benchmarks/runs/<cpu|gpu-verify|gpu-B..>-<date>/ (ladder.md/.json/.png or
@@ -32,12 +32,12 @@ esac
 [ -f "$data/manifest.json" ] || gptspeed prepare shakespeare-gutenberg --out "$data" || exit 1
 gpu_shape=(--device cuda --preset gpt2 --seq-len 1024 --data "$data")
 verify() {
-  run gpu-verify gptspeed bench --verify "${gpu_shape[@]}" --steps 20 --warmup 5 \
+  run gpu-verify gptspeed bench verify "${gpu_shape[@]}" --steps 20 --warmup 5 \
     --out "benchmarks/runs/gpu-verify-$stamp" "$@"
 }
 case "$which" in
   cpu)
-    run cpu gptspeed bench --ladder --device cpu --preset nano --steps 20 --warmup 5 --data "$data" \
+    run cpu gptspeed bench ladder --device cpu --preset nano --steps 20 --warmup 5 --data "$data" \
       --out "benchmarks/runs/cpu-$stamp" "$@"
     ;;
   verify)
@@ -45,11 +45,11 @@ case "$which" in
     ;;
   gpu)
     verify "$@"
-    run gpu-B16 gptspeed bench --ladder "${gpu_shape[@]}" --batch-size 16 --steps 50 --warmup 10 \
+    run gpu-B16 gptspeed bench ladder "${gpu_shape[@]}" --batch-size 16 --steps 50 --warmup 10 \
       --out "benchmarks/runs/gpu-B16-$stamp" "$@"
     # fp32 rows at B=64 would need ~100 GB (activations of 124M at T=1024 in fp32): start at bf16
     from_bf16=$(python -c "from gptspeed.bench.stages import STAGE_NAMES as s; print(','.join(s[s.index('bf16'):]))")
-    run gpu-B64 gptspeed bench --ladder "${gpu_shape[@]}" --batch-size 64 --steps 50 --warmup 10 \
+    run gpu-B64 gptspeed bench ladder "${gpu_shape[@]}" --batch-size 64 --steps 50 --warmup 10 \
       --stages "$from_bf16" --out "benchmarks/runs/gpu-B64-$stamp" "$@"
     ;;
 esac

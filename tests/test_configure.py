@@ -126,3 +126,52 @@ def test_a_setting_the_file_or_a_flag_gives_replaces_the_recipes_relative_one(tm
     assert (cfg.warmup_steps(), cfg.optim.group_lr("embed"), cfg.optim.group_lr("scalar")) == (9, 0.25, 0.5)
     plain = build_train_config("pico", {}, recipe_name="speedrun")
     assert plain.warmup_steps() == 1 and plain.optim.group_lr("embed") == pytest.approx(3e-3)  # 2% of 50; 3x 1e-3
+
+
+def test_any_dataclass_becomes_flags_from_its_fields_declarations():
+    """add_dataclass_flags: a field's flag, type, choices and default come from its _f declaration; a
+    field without a default is a required flag; kind off / append, positional and exclusive groups as
+    declared; cli=False and undeclared fields make no flag."""
+    import argparse
+    import dataclasses
+
+    from gptspeed.config import _f
+    from gptspeed.configure import add_dataclass_flags, dataclass_values
+
+    @dataclasses.dataclass(kw_only=True)
+    class Options:
+        out: str = _f(dataclasses.MISSING, "folder")
+        steps: int = _f(20, "steps")
+        mode: str = _f("a", "mode", choices=("a", "b"))
+        timeout_s: float | None = _f(None, "seconds", flag="--run-timeout")
+        peers: bool = _f(True, "no peers", flag="--no-peers", kind="off")
+        arm: list[str] | None = _f(None, "an arm", kind="append")
+        data: str | None = _f(None, "data", exclusive="source")
+        synthetic: bool = _f(False, "synthetic", kind="flag", exclusive="source")
+        stage: str = _f("x", "the stage", positional=True)
+        hidden: int = _f(0, "not a flag", cli=False)
+        plain: int = 0
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_dataclass_flags(p, Options)
+    a = p.parse_args(
+        ["s", "--out", "o", "--steps", "3", "--run-timeout", "1.5", "--no-peers", "--arm", "x", "--arm", "y"]
+    )
+    assert Options(**dataclass_values(Options, a)) == Options(
+        out="o", steps=3, timeout_s=1.5, peers=False, arm=["x", "y"], stage="s"
+    )
+    assert dataclass_values(Options, p.parse_args(["s", "--out", "o"])) == {
+        "out": "o",
+        "steps": 20,
+        "mode": "a",
+        "timeout_s": None,
+        "peers": True,
+        "arm": None,
+        "data": None,
+        "synthetic": False,
+        "stage": "s",
+    }
+    for argv in (["s"], ["s", "--out", "o", "--mode", "c"], ["s", "--out", "o", "--data", "d", "--synthetic"]):
+        with pytest.raises((argparse.ArgumentError, SystemExit)):
+            p.parse_args(argv)
+    assert "--hidden" not in p.format_help() and "--plain" not in p.format_help()

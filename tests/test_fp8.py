@@ -338,7 +338,7 @@ def test_fp8_head_obeys_cuda_rules_and_stays_close_to_the_bf16_head():
     """Tolerances: e4m3 keeps 3 mantissa bits (unit roundoff 2^-4), e5m2 gradients 2 (2^-3); a
     rounding error uniform in +-u has an RMS of u / sqrt(3): 3.6% for e4m3, 7.2% for e5m2. So the
     logits (two e4m3 operands) are held to 10% relative (norm), every gradient (an e5m2 operand) to
-    10%, and the loss, an average over the vocabulary, to 2e-2 as bench --verify holds FP8 rungs
+    10%, and the loss, an average over the vocabulary, to 2e-2 as bench verify holds FP8 rungs
     (measured here: 1e-6 on the loss, 2.6-3.6% on the gradients)."""
     ref, model = _pair()
     x, y = _batch()

@@ -703,7 +703,7 @@ def test_the_stream_is_bf16_only_with_the_setting_under_bf16_autocast(kw):
 @pytest.mark.parametrize("compile_backend", [None, "aot_eager"], ids=["eager", "compiled"])
 def test_training_stays_within_bf16_tolerance_of_the_fp32_stream(compile_backend):
     """bf16 keeps 7 mantissa bits (unit roundoff 2^-8 = 3.9e-3) in each residual add: the losses stay
-    within 1e-2 relative of the fp32 stream's, bench --verify's bf16 tolerance (measured here: 5e-5
+    within 1e-2 relative of the fp32 stream's, bench verify's bf16 tolerance (measured here: 5e-5
     over the 5 steps, eager and compiled alike); and they are not the same numbers (the branch ran)."""
     ref, got = _losses("float32", compile_backend), _losses("bfloat16", compile_backend)
     assert ref[-1] < ref[0] and got[-1] < got[0]  # the one batch is being learnt

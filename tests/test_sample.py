@@ -775,3 +775,19 @@ def test_sample_next_refuses_impossible_rows_and_overflowing_temperatures():
             sample_next(logits, 1.0, None, None)
     with pytest.raises(GptspeedError, match="--temperature 1e-40 is too small"):
         sample_next(torch.tensor([[0.0, 30.0]]), 1e-40, 2, None)
+
+
+def test_run_generate_takes_sample_texts_defaults():
+    """``Run.generate`` is ``gptspeed sample`` from Python: every option it shares with
+    :func:`gptspeed.sample.sample_text` has the same default (and the CLI's are sample_text's: tests/test_cli.py)."""
+    import inspect
+
+    from gptspeed.api import Run
+
+    def defaults(f):
+        return {n: p.default for n, p in inspect.signature(f).parameters.items() if p.default is not p.empty}
+
+    generate, sample = defaults(Run.generate), defaults(sample_mod.sample_text)
+    shared = set(generate) & set(sample)
+    assert shared >= {"max_new_tokens", "temperature", "top_k", "num_samples", "seed", "kv_cache"}
+    assert {n: generate[n] for n in shared} == {n: sample[n] for n in shared}

@@ -1201,7 +1201,7 @@ for _name, _cfg in PRESETS.items():
     _cfg.preset = _name
 
 
-# Named recipes (``gptspeed train --recipe NAME``, bench --race's arms): settings applied on top of the preset,
+# Named recipes (``gptspeed train --recipe NAME``, bench race's arms): settings applied on top of the preset,
 # before a config file and the flags. gpt2: the architecture and schedule of GPT-2 as the presets have them.
 # modern: Muon with the speedrun lineage's architecture switches, the combination that won the race on the CPU at
 # the nano preset (benchmarks/LOG.md, "Time to quality"; alone, QK-norm and RMSNorm did not help there): rotary

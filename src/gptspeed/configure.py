@@ -17,7 +17,14 @@ from gptspeed.checkpoint import list_checkpoints, newest_run_config, started_run
 from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file, recipe
 from gptspeed.errors import GptspeedError
 
-__all__ = ["build_train_config", "add_train_arguments", "config_from_arguments", "config_from_flags"]
+__all__ = [
+    "build_train_config",
+    "add_train_arguments",
+    "add_dataclass_flags",
+    "dataclass_values",
+    "config_from_arguments",
+    "config_from_flags",
+]
 
 
 def build_train_config(
@@ -127,27 +134,75 @@ def recipe_help() -> str:
 
 def add_setting_flags(p: argparse.ArgumentParser) -> None:
     """Every setting of the configuration dataclasses as a flag, from what its field declares
-    (:func:`gptspeed.config._f`: flag, help, choices, kind), one argument group per dataclass."""
-    from gptspeed.config import GROUPS, field_type, parse_batch_size, setting_flag
+    (:func:`gptspeed.config._f`: flag, help, choices, kind), one argument group per dataclass. A flag
+    not given sets nothing (``argparse.SUPPRESS``): the preset, recipe and config file fill it."""
+    from gptspeed.config import GROUPS
 
     titles = {"model": "model (override the preset)", "optim": "optimizer", "train": "training", "runtime": "runtime"}
     for group, cls in GROUPS.items():
-        g = p.add_argument_group(titles[group])
-        for f in dataclasses.fields(cls):
-            meta = f.metadata
-            if not meta.get("cli", True):
-                continue
-            kind = meta.get("kind")
-            shown = "" if f.default in (None, "", False) or group == "model" else f" (default: {f.default})"
-            kw = dict(dest=f.name, help=meta["help"] + shown, default=argparse.SUPPRESS)
-            if kind == "flag":
-                g.add_argument(setting_flag(f.name), action="store_true", **kw)
-            elif kind == "bool":
-                g.add_argument(setting_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
-            elif meta.get("parse") == "batch_size":
-                g.add_argument(setting_flag(f.name), type=parse_batch_size, **kw)
-            else:
-                g.add_argument(setting_flag(f.name), type=field_type(cls, f.name), choices=meta.get("choices"), **kw)
+        add_dataclass_flags(p.add_argument_group(titles[group]), cls, given_only=True, show_default=group != "model")
+
+
+def add_dataclass_flags(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    given_only: bool = False,
+    show_default: bool = False,
+) -> None:
+    """A flag for every field of dataclass ``cls`` declared with :func:`gptspeed.config._f` (but those
+    declared ``cli=False``), on ``p``, its ``dest`` the field's name (so :func:`dataclass_values` of the
+    parsed arguments are keyword arguments of ``cls``). What the field's metadata declares: ``flag``
+    (default ``--`` + the name with dashes), ``help``, ``choices``, ``kind`` (``flag``: store_true;
+    ``bool``: ``--x`` / ``--no-x``; ``off``: store_false under the declared flag, e.g. ``--no-peers``;
+    ``append``: repeatable), ``parse`` (``batch_size``: a number or ``auto``; ``seed``:
+    :func:`gptspeed.config.parse_seed`), ``positional``, ``metavar`` and ``exclusive`` (the fields naming
+    the same key are one mutually exclusive group). A field without a default is a required flag.
+
+    ``given_only``: a flag not given sets nothing (``train``'s: the preset fills it); else it sets the
+    field's default, which ``--help`` shows (:class:`gptspeed.cli._DefaultsFormatter`). ``show_default``:
+    the default appended to the help here (with ``given_only``, where argparse cannot show it)."""
+    from gptspeed.config import field_type, parse_batch_size, parse_seed
+
+    parsers = {"batch_size": parse_batch_size, "seed": parse_seed}
+    groups: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "help" not in meta or not meta.get("cli", True):
+            continue
+        kind = meta.get("kind")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        shown = "" if not show_default or f.default in (None, "", False) or required else f" (default: {f.default})"
+        kw: dict[str, Any] = dict(help=(meta["help"] + shown).replace("%", "%%"))  # argparse %-formats help
+        if not meta.get("positional"):
+            kw.update(dest=f.name, default=argparse.SUPPRESS if given_only or required else f.default)
+            if required:
+                kw["required"] = True
+        if "metavar" in meta:
+            kw["metavar"] = meta["metavar"]
+        if kind == "flag":
+            kw["action"] = "store_true"
+        elif kind == "off":
+            kw["action"] = "store_false"
+        elif kind == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif kind == "append":
+            kw["action"] = "append"
+        else:
+            kw.update(type=parsers.get(meta.get("parse")) or field_type(cls, f.name), choices=meta.get("choices"))
+        target = p
+        if meta.get("exclusive"):
+            if meta["exclusive"] not in groups:
+                groups[meta["exclusive"]] = p.add_mutually_exclusive_group()
+            target = groups[meta["exclusive"]]
+        name = f.name if meta.get("positional") else meta.get("flag") or "--" + f.name.replace("_", "-")
+        target.add_argument(name, **kw)
+
+
+def dataclass_values(cls: type, a: argparse.Namespace) -> dict[str, Any]:
+    """The parsed values of :func:`add_dataclass_flags`' flags of ``cls``, by field name: the keyword
+    arguments that make a ``cls`` of the command line."""
+    return {f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)}
 
 
 def config_from_arguments(a: argparse.Namespace) -> RunConfig:
@@ -161,7 +216,7 @@ def config_from_arguments(a: argparse.Namespace) -> RunConfig:
 
 def config_from_flags(flags: list[str], source: str, shown: list[str] | None = None) -> RunConfig:
     """The configuration ``gptspeed train FLAGS`` would run (validated), for the commands that take a
-    training run's flags (``bench --race``'s arms, ``bench --tune``'s run). GptspeedError (one line,
+    training run's flags (``bench race``'s arms, ``bench tune``'s run). GptspeedError (one line,
     naming ``source`` and the flags ``shown``, default all) for flags ``train`` does not take, or a
     configuration it refuses."""
     import contextlib

@@ -73,7 +73,7 @@ class OptimizerSpec:
     (AdamW's ``found_inf`` argument, which :meth:`gptspeed.step.TrainStep.optimizer_step` sets:
     no host-device sync; otherwise the step reads the flag, one sync a step). ``grad_scaler``:
     whether it works under float16's GradScaler (``scaler.step`` unscales and skips). ``verify_rtol``:
-    the least relative loss tolerance of its ``bench --verify`` rungs (None: the dtype's)."""
+    the least relative loss tolerance of its ``bench verify`` rungs (None: the dtype's)."""
 
     name: str
     build: Callable[[torch.nn.Module, OptimConfig, str], tuple[Any, bool]]

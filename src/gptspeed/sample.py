@@ -26,6 +26,7 @@ from gptspeed.checkpoint import load_latest_run
 from gptspeed.config import check_seed
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPT, KVCache
+from gptspeed.options import DeviceOptions, SampleOptions
 from gptspeed.parallelize import unwrap
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.tokenizer import EOT_TOKEN
@@ -271,16 +272,16 @@ def sample_text(
     *,
     run: str | None = None,
     init_from: str | None = None,
-    prompts: list[str] | None = None,
-    max_new_tokens: int = 200,
-    temperature: float = 0.8,
-    top_k: int = 200,
-    num_samples: int = 1,
-    seed: int = 1337,
-    device: str = "auto",
-    dtype: str = "auto",
-    kv_cache: bool = True,
-    compile: bool = False,
+    prompts: list[str] | None = SampleOptions.prompts,
+    max_new_tokens: int = SampleOptions.max_new_tokens,
+    temperature: float = SampleOptions.temperature,
+    top_k: int = SampleOptions.top_k,
+    num_samples: int = SampleOptions.num_samples,
+    seed: int = SampleOptions.seed,
+    device: str = DeviceOptions.device,
+    dtype: str = DeviceOptions.dtype,
+    kv_cache: bool = SampleOptions.kv_cache,
+    compile: bool = SampleOptions.compile,
     out: TextIO | None = None,
     loaded: tuple[GPT, dict] | None = None,
 ) -> list[str]:

@@ -1,4 +1,4 @@
-"""``gptspeed.bench.breakdown``: where a profiled training step's time goes, summed by category: ``bench --profile``'s breakdown."""
+"""``gptspeed.bench.breakdown``: where a profiled training step's time goes, summed by category: ``bench profile``'s breakdown."""
 
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ def test_the_table_carries_the_estimate_only_when_given_and_lists_the_unclassifi
 
 def test_bench_profile_writes_the_breakdown(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ladder_mod, "run_worker", in_process_worker)
-    assert cli.main(["bench", "--profile", "fused-adamw", "--out", str(tmp_path), *TINY]) == 0
+    assert cli.main(["bench", "profile", "fused-adamw", "--out", str(tmp_path), *TINY]) == 0
     out = capsys.readouterr().out
     bd = json.loads((tmp_path / "profile-fused-adamw-breakdown.json").read_text())
     md = (tmp_path / "profile-fused-adamw-breakdown.md").read_text()

@@ -1,4 +1,4 @@
-"""``gptspeed.bench.checks``: what ``bench --verify`` watches while a rung trains: host-device syncs, compilation, the SDPA kernel."""
+"""``gptspeed.bench.checks``: what ``bench verify`` watches while a rung trains: host-device syncs, compilation, the SDPA kernel."""
 
 from __future__ import annotations
 

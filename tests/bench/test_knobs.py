@@ -1,4 +1,4 @@
-"""``gptspeed.bench.knobs``: the knobs ``gptspeed bench --tune`` turns: each a setting of the run configuration and the values to try from the best configuration found so far, on this device."""
+"""``gptspeed.bench.knobs``: the knobs ``gptspeed bench tune`` turns: each a setting of the run configuration and the values to try from the best configuration found so far, on this device."""
 
 from __future__ import annotations
 

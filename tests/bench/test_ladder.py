@@ -134,7 +134,7 @@ def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ladder_mod, "run_worker", worker)
     out = tmp_path / "ladder"
-    code = cli.main(["bench", "--ladder", "--out", str(out), "--stages", "baseline", *TINY])
+    code = cli.main(["bench", "ladder", "--out", str(out), "--stages", "baseline", *TINY])
     assert code == 0, capsys.readouterr().err
     result = json.loads((out / "ladder.json").read_text())
     peer = result["rows"][-1]
@@ -144,7 +144,7 @@ def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
 
 
 def test_profile_one_stage(tmp_path, capsys):
-    assert cli.main(["bench", "--profile", "baseline", "--out", str(tmp_path), *TINY]) == 0
+    assert cli.main(["bench", "profile", "baseline", "--out", str(tmp_path), *TINY]) == 0
     out = capsys.readouterr().out
     trace = tmp_path / "trace-baseline.json"
     assert json.loads(trace.read_text())["traceEvents"]
@@ -156,21 +156,19 @@ def test_profile_one_stage(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--ladder", "--stages", "baseline,warp-drive"], "unknown stage"),
-        (["--ladder", "--steps", "0"], "--steps must be at least 1"),
-        (["--ladder", "--warmup", "0"], "--warmup must be at least 1"),
-        (["--ladder", "--n-head", "3"], "divisible by n_head"),
-        (["--ladder", "--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--ladder", "--stages", "tf32"], "none of the selected stages runs on cpu"),
-        (["--profile", "warp-drive"], "unknown --profile stage"),
-        (["--profile", "tf32"], "does not apply on cpu"),
-        (["--profile", "baseline", "--stages", "baseline"], "--stages selects ladder rows"),
-        (["--ladder", "--seeds", "5", "--force"], "--seeds, --force: only --race reads it"),
+        (["ladder", "--stages", "baseline,warp-drive"], "unknown stage"),
+        (["ladder", "--steps", "0"], "--steps must be at least 1"),
+        (["ladder", "--warmup", "0"], "--warmup must be at least 1"),
+        (["ladder", "--n-head", "3"], "divisible by n_head"),
+        (["ladder", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["ladder", "--stages", "tf32"], "none of the selected stages runs on cpu"),
+        (["profile", "warp-drive"], "unknown stage to profile"),
+        (["profile", "tf32"], "does not apply on cpu"),
     ],
 )
 def test_bad_flags_one_line(tmp_path, capsys, args, message):
     base = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic", "--device", "cpu"]
-    code = cli.main(["bench", "--out", str(tmp_path / "o"), *base, *args])
+    code = cli.main(["bench", args[0], "--out", str(tmp_path / "o"), *base, *args[1:]])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and message in err and err.startswith("gptspeed bench: error:")
@@ -179,24 +177,24 @@ def test_bad_flags_one_line(tmp_path, capsys, args, message):
 @pytest.mark.parametrize(
     "args",
     [
-        ["--ladder", "--profile", "baseline", "--synthetic"],  # both
-        ["--synthetic"],  # neither
-        ["--ladder", "--synthetic", "--data", "somewhere"],  # two data sources
-        ["--ladder", "--synthetic", "--steps", "many"],
+        ["--ladder", "--profile", "baseline", "--synthetic"],  # two modes, old spelling
+        ["--synthetic"],  # no subcommand
+        ["ladder", "--synthetic", "--data", "somewhere"],  # two data sources
+        ["ladder", "--synthetic", "--steps", "many"],
+        ["profile", "baseline", "--synthetic", "--stages", "baseline"],  # the ladder's rows: not profile's
+        ["ladder", "--synthetic", "--seeds", "5", "--force"],  # the race's
     ],
 )
 def test_bad_flag_combinations_argparse(tmp_path, capsys, args):
     with pytest.raises(SystemExit) as e:
-        cli.main(["bench", "--out", str(tmp_path), *args])
+        cli.main(["bench", *args, "--out", str(tmp_path)])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error:" in err
 
 
 def test_bad_flags_subprocess_one_line_no_traceback(tmp_path):
-    proc = _gptspeed(
-        "bench", "--ladder", "--out", str(tmp_path), "--data", str(tmp_path / "missing"), "--device", "cpu"
-    )
+    proc = _gptspeed("bench", "ladder", "--out", str(tmp_path), "--data", str(tmp_path / "missing"), "--device", "cpu")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr
@@ -309,7 +307,7 @@ def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
     code = cli.main(
         [
             "bench",
-            "--ladder",
+            "ladder",
             "--out",
             str(tmp_path),
             "--stages",
@@ -331,7 +329,7 @@ def test_flagged_stage_makes_exit_status_nonzero(tmp_path, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------------------------------ cut short
-@pytest.mark.parametrize("mode, file, key", [("--ladder", "ladder", "rows")])
+@pytest.mark.parametrize("mode, file, key", [("ladder", "ladder", "rows")])
 def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_path, mode, file, key):
     """A GPU command is killed at its limit. The ladder (and verify: tests/test_gpu_session.py)
     writes its JSON and Markdown after every row (atomically), so killing the command while a row runs
@@ -350,7 +348,7 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
         "--stages",
         "baseline,compile,flash",
         *TINY,
-        *(["--no-peers"] if mode == "--ladder" else []),
+        *(["--no-peers"] if mode == "ladder" else []),
     ]
     # killed once the sleeping row has started (its worker's output goes to its log)
     run_until_line(cmd, sleeper_env(tmp_path, "flash"), r"^\[3/3\] flash: ", timeout=120)
@@ -358,18 +356,18 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
     rows = {r["name"]: r for r in result[key]}
     assert result["complete"] is False
     assert rows["baseline"]["status"] == rows["compile"]["status"] == "ok"
-    assert len(rows["compile"]["losses" if mode == "--verify" else "ms_steps"]) >= 2
+    assert len(rows["compile"]["losses" if mode == "verify" else "ms_steps"]) >= 2
     assert rows["flash"]["status"] == "pending"
     assert rows["tf32"]["status"] == "skipped"  # the plan is all there: what did not apply says why
     md = (out / f"{file}.md").read_text()
     assert "| compile |" in md and ("pending" in md)
-    if mode == "--verify":
+    if mode == "verify":
         assert result["verdict"] == "incomplete" and rows["compile"]["verdict"] == "verified"
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
 
 
 @pytest.mark.parametrize(
-    "mode", [["--ladder"], ["--verify"], ["--profile", "baseline"], ["--tune"], ["--race", "--arm", "a=--lr 1e-3"]]
+    "mode", [["ladder"], ["verify"], ["profile", "baseline"], ["tune"], ["race", "--arm", "a=--lr 1e-3"]]
 )
 def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp_path, capsys):
     """Every bench --out goes through one check (report.check_out_dir) before any work: a run folder
@@ -384,7 +382,7 @@ def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp
     before = sorted(tmp_path.rglob("*"))
     shape = (
         []
-        if "--race" in mode
+        if "race" in mode
         else ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic"]
     )
     for out, fragment in [

@@ -1,4 +1,4 @@
-"""``gptspeed.bench.race``: ``gptspeed bench --race``: wall-clock training time to a target validation loss, arm against arm."""
+"""``gptspeed.bench.race``: ``gptspeed bench race``: wall-clock training time to a target validation loss, arm against arm."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
     out = tmp_path / "race"
     proc = run_main(
         "bench",
-        "--race",
+        "race",
         "--arm",
         f"plain={' '.join(shape)}",
         "--arm",
@@ -190,14 +190,13 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
         (["--arm", "nameless"], 'give NAME="FLAGS"'),
         (["--arm", "a=--no-such-flag"], "arm a: '--no-such-flag' are not gptspeed train flags"),
         (["--arm", "a=--lr 1", "--arm", "a=--lr 2"], "arm names must differ"),
-        ([], "--race needs arms"),
+        ([], "bench race needs arms"),
         (["--arms", "gpt2", "--seeds", "0"], "--seeds must be at least 1"),
-        (["--arms", "gpt2", "--n-layer", "4", "--synthetic"], "--n-layer, --synthetic: not read by --race"),
     ],
 )
 def test_bad_race_arguments_are_one_line(args, message, tmp_path):
     assert_user_error(
-        run_main("bench", "--race", *args, "--preset", "pico", "--device", "cpu", "--out", str(tmp_path / "r")), message
+        run_main("bench", "race", *args, "--preset", "pico", "--device", "cpu", "--out", str(tmp_path / "r")), message
     )
 
 
@@ -226,7 +225,7 @@ def test_an_arm_name_is_a_folder_name_never_a_path(name, tmp_path):
     """An arm's name names its runs' folders (OUT/runs/NAME-seedN): ``/abs/x`` or ``../../x`` used to
     train (and, run again, delete) outside --out."""
     assert_user_error(
-        run_main("bench", "--race", "--arm", f"{name}=--lr 1e-3", *BASE, "--out", str(tmp_path / "r")),
+        run_main("bench", "race", "--arm", f"{name}=--lr 1e-3", *BASE, "--out", str(tmp_path / "r")),
         "an arm's name names its runs' folders",
     )
     assert list(tmp_path.iterdir()) == []
@@ -261,7 +260,7 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
         before = tree(out)
         assert_user_error(
             run_main(
-                "bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out), "--force"
+                "bench", "race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out), "--force"
             ),
             fragment,
         )
@@ -275,12 +274,12 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
         (earlier / "logs" / f"{name}.log").write_text("log")
     (earlier / "race.json").write_text('{"command": "old", "steps_cap": 8, "arms": []}')
     before = tree(earlier)
-    race_args = ["bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(earlier)]
+    race_args = ["bench", "race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(earlier)]
     assert_user_error(run_main(*race_args), "holds an earlier race (2 run folder(s)", "--force")
     assert tree(earlier) == before
     lock = run_lock(earlier).acquire()  # a race still running on it: its lock
     try:
-        assert_user_error(run_main(*race_args, "--force"), "is in use by pid", "another `gptspeed bench --race`")
+        assert_user_error(run_main(*race_args, "--force"), "is in use by pid", "another `gptspeed bench race`")
     finally:
         lock.release()
     assert {p: b for p, b in tree(earlier).items() if p.name != ".gptspeed.lock"} == before
@@ -324,7 +323,7 @@ def test_every_arm_is_checked_whole_before_the_first_run(arm, message, shakespea
     assert_user_error(
         run_main(
             "bench",
-            "--race",
+            "race",
             "--arm",
             ARM,
             "--arm",
@@ -343,7 +342,7 @@ def test_every_arm_is_checked_whole_before_the_first_run(arm, message, shakespea
 def test_a_race_on_a_stream_without_a_val_split_is_refused(tmp_path):
     out = tmp_path / "r"
     assert_user_error(
-        run_main("bench", "--race", "--arm", ARM, *BASE, "--data", f"jsonl:{tmp_path / 'x.jsonl'}", "--out", str(out)),
+        run_main("bench", "race", "--arm", ARM, *BASE, "--data", f"jsonl:{tmp_path / 'x.jsonl'}", "--out", str(out)),
         "the race measures the val loss",
     )
     assert not out.exists()
@@ -375,7 +374,7 @@ def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(
 
     sender = threading.Thread(target=signal_when_training)
     sender.start()
-    proc = run_main("bench", "--race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out))
+    proc = run_main("bench", "race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out))
     sender.join()
     sig = getattr(signal, signum)
     assert_user_error(proc, f"race stopped by {signum} while a seed 0 ran")

@@ -55,7 +55,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ladder_mod, "run_worker", in_process_worker)
     out = tmp_path / "ladder"
-    argv = ["bench", "--ladder", "--out", str(out), "--stages", "baseline,fused-ce,muon", *TINY]
+    argv = ["bench", "ladder", "--out", str(out), "--stages", "baseline,fused-ce,muon", *TINY]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
     assert cli.main(argv) == 0, capsys.readouterr().err
     stdout, stderr = capsys.readouterr()
@@ -123,7 +123,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
     env = result["environment"]
     for key in ("device", "torch", "cpu", "command", "git_commit", "date"):
         assert key in env
-    assert env["command"].startswith("gptspeed bench --ladder")
+    assert env["command"].startswith("gptspeed bench ladder")
 
     peer = rows[PEER_NAME]  # transformers is in the test extras
     assert peer["kind"] == "peer" and peer["status"] == "ok", peer  # after Muon's row (its groups need our names)
@@ -261,7 +261,7 @@ def test_verify_end_to_end_records_failures_and_goes_on(tmp_path, monkeypatch, c
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(faults), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("GPTSPEED_TEST_FAULTS", json.dumps({"compile": "oom", "flash": "crash"}))
     out = tmp_path / "verify"
-    argv = ["bench", "--verify", "--out", str(out), "--stages", "compile,flash,fused-ce", *TINY]
+    argv = ["bench", "verify", "--out", str(out), "--stages", "compile,flash,fused-ce", *TINY]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
 
     code = cli.main(argv)
@@ -310,7 +310,7 @@ def test_verify_end_to_end_records_failures_and_goes_on(tmp_path, monkeypatch, c
     env = result["environment"]
     for key in ("device", "torch", "git_commit", "command", "date"):
         assert key in env
-    assert env["command"].startswith("gptspeed bench --verify")
+    assert env["command"].startswith("gptspeed bench verify")
 
 
 def test_loss_tolerance_is_that_of_the_least_precise_format(monkeypatch):

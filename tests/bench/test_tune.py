@@ -1,4 +1,4 @@
-"""``gptspeed.bench.tune``: ``gptspeed bench --tune``: the fastest configuration of *your* run that trains the same, found on this device, and written as a ``--config`` file."""
+"""``gptspeed.bench.tune``: ``gptspeed bench tune``: the fastest configuration of *your* run that trains the same, found on this device, and written as a ``--config`` file."""
 
 from __future__ import annotations
 
@@ -120,37 +120,41 @@ def test_measured_step_divides_your_global_batch():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--preset", "pico", "--device", "cpu"], "--tune needs --data DIR"),
+        (["--preset", "pico", "--device", "cpu"], "bench tune needs --data DIR"),
         (
             ["--preset", "pico", "--synthetic", "--flags=--no-such-flag"],
             "'--no-such-flag' are not gptspeed train flags",
         ),
-        (["--preset", "pico", "--synthetic", "--stages", "all"], "--stages: not read by --tune"),
-        (["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"], "--no-peers, --seed: not read by --tune"),
+        (["--preset", "pico", "--synthetic", "--stages", "all"], "unrecognized arguments: --stages all"),
+        (
+            ["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"],
+            "unrecognized arguments: --seed 3 --no-peers",
+        ),
         (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be positive"),
     ],
 )
 def test_tune_bad_flags_are_one_line(tmp_path, args, fragment):
-    assert_user_error(run_cli("bench", "--tune", "--out", str(tmp_path / "t"), *args), fragment)
+    assert_user_error(run_cli("bench", "tune", "--out", str(tmp_path / "t"), *args), fragment)
 
 
 def test_tune_refuses_a_run_folder_and_the_ladder_refuses_tune_flags(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("{}")
-    argv = ["bench", "--tune", "--out", str(run), "--preset", "pico", "--synthetic", "--device", "cpu"]
+    argv = ["bench", "tune", "--out", str(run), "--preset", "pico", "--synthetic", "--device", "cpu"]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
     assert cli.main(argv) == 2
     assert "is a run folder: bench never writes into one" in capsys.readouterr().err
-    assert cli.main(["bench", "--ladder", "--out", str(tmp_path / "l"), "--flags", "--lr 1"]) == 2
-    assert "--config and --flags describe your run for --tune" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "ladder", "--out", str(tmp_path / "l"), "--flags", "--lr 1"])
+    assert e.value.code == 2 and "unrecognized arguments: --flags --lr 1" in capsys.readouterr().err
 
 
 def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     out = tmp_path / "tune"
     proc = run_cli(
         "bench",
-        "--tune",
+        "tune",
         "--preset",
         "pico",
         "--device",

@@ -1,4 +1,4 @@
-"""``gptspeed.bench.tune_report``: ``bench --tune``'s report as Markdown (``tune.md``): the environment, your run, one row per candidate in the order tried, the configuration kept and the command that trains it."""
+"""``gptspeed.bench.tune_report``: ``bench tune``'s report as Markdown (``tune.md``): the environment, your run, one row per candidate in the order tried, the configuration kept and the command that trains it."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from support.cli import run_cli
 
 @pytest.mark.cuda
 def test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict(tmp_path):
-    """``bench --tune`` on CUDA at a small shape: your row runs, the micro-batch is raised, every CUDA
+    """``bench tune`` on CUDA at a small shape: your row runs, the micro-batch is raised, every CUDA
     knob gives a row (FP8 ones are "not applicable" below compute capability 8.9 or without torchao),
     and the tuned configuration trains."""
     out = tmp_path / "tune"
     proc = run_cli(
         "bench",
-        "--tune",
+        "tune",
         "--device",
         "cuda",
         "--synthetic",

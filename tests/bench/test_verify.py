@@ -1,4 +1,4 @@
-"""``gptspeed.bench.verify``: ``gptspeed bench --verify``: does every rung train correctly here, and how fast? One command."""
+"""``gptspeed.bench.verify``: ``gptspeed bench verify``: does every rung train correctly here, and how fast? One command."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ REF = [10.8, 10.4, 10.0, 9.7]
 
 
 def _on_a_simulated_h100(monkeypatch):
-    """``bench --verify --device cpu`` planned and reported as on an H100 (nothing runs on a GPU:
+    """``bench verify --device cpu`` planned and reported as on an H100 (nothing runs on a GPU:
     the workers are faked, the plan sees capability 9.0, the environment is the CPU's)."""
     real_base_spec, real_env = verify_mod.base_spec, verify_mod.report.environment
     monkeypatch.setattr(verify_mod, "base_spec", lambda cfg: dataclasses.replace(real_base_spec(cfg), device="cuda"))
@@ -91,7 +91,7 @@ def test_a_rung_with_a_wrong_loss_is_flagged_and_the_exit_is_nonzero(tmp_path, m
 
     monkeypatch.setattr(verify_mod, "run_worker", fake_worker)
     out = tmp_path / "v"
-    assert cli.main(["bench", "--verify", "--out", str(out), "--stages", "compile,fused-ce", *TINY]) == code
+    assert cli.main(["bench", "verify", "--out", str(out), "--stages", "compile,fused-ce", *TINY]) == code
     stdout, stderr = capsys.readouterr()
     rungs = {r["name"]: r for r in json.loads((out / "verify.json").read_text())["rungs"]}
     assert rungs["compile"]["problems"] == []
@@ -116,7 +116,7 @@ def test_on_an_h100_the_default_rungs_run_and_the_verdict_is_verified(tmp_path, 
     ran = []
     monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
     out = tmp_path / "v"
-    assert cli.main(["bench", "--verify", "--out", str(out), *TINY]) == 0
+    assert cli.main(["bench", "verify", "--out", str(out), *TINY]) == 0
     assert [name for name, _, _ in ran] == list(verify_mod.DEFAULT_RUNGS)
     result = json.loads((out / "verify.json").read_text())
     assert result["verdict"] == "verified" and result["ok"] and result["complete"]
@@ -144,8 +144,7 @@ def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_
     monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
     out = tmp_path / "v"
     assert (
-        cli.main(["bench", "--verify", "--out", str(out), "--stages", "all", *TINY, "--compile-backend", "inductor"])
-        == 0
+        cli.main(["bench", "verify", "--out", str(out), "--stages", "all", *TINY, "--compile-backend", "inductor"]) == 0
     )
     result = json.loads((out / "verify.json").read_text())
     assert result["verdict"] == "verified" and result["not_verified"] == []
@@ -288,7 +287,7 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     ],
 )
 def test_verify_bad_flags_one_line(tmp_path, capsys, args, message):
-    code = cli.main(["bench", "--verify", "--out", str(tmp_path / "o"), *TINY, *args])
+    code = cli.main(["bench", "verify", "--out", str(tmp_path / "o"), *TINY, *args])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err and err.startswith("gptspeed bench: error:")
 
@@ -296,13 +295,13 @@ def test_verify_bad_flags_one_line(tmp_path, capsys, args, message):
 # ------------------------------------------------------------------------------------ GPU only
 @pytest.mark.cuda
 def test_verify_on_cuda_at_a_small_shape_passes(tmp_path, monkeypatch, capsys):
-    """``bench --verify`` on CUDA exits 0 (it could not: refused rungs made it "not verified", exit 3).
+    """``bench verify`` on CUDA exits 0 (it could not: refused rungs made it "not verified", exit 3).
     The default rung set at 2 layers x 128: ~7 processes and 3 small cold compiles, ~3 minutes by the
     estimate (gpu_session.py's cudatests phase runs it as its own part, last)."""
     out = tmp_path / "verify"
     argv = [
         "bench",
-        "--verify",
+        "verify",
         "--out",
         str(out),
         "--n-layer",

@@ -1,4 +1,4 @@
-"""``gptspeed.bench.verify_worker``: one ``bench --verify`` rung, in this (fresh) process: :func:`verify_stage`."""
+"""``gptspeed.bench.verify_worker``: one ``bench verify`` rung, in this (fresh) process: :func:`verify_stage`."""
 
 from __future__ import annotations
 

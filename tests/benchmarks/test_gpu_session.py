@@ -187,7 +187,7 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     """What the CPU smoke cannot run, read off the commands window1 and window2 would start on a GPU: llm.c's
     build started first, in the background, with its timeout; the default step profiled; the default at
     524,288 tokens a step; llm.c alone at its record's settings (-b 64 x 8 micro-steps = -d 524,288, -r 0);
-    then the default, llm.c (-b 64 -r 0) and the B=64 form interleaved at 524,288 tokens; bench --tune of
+    then the default, llm.c (-b 64 -r 0) and the B=64 form interleaved at 524,288 tokens; bench tune of
     the gpt2 preset with what is left of the budget; every flag one its tool accepts."""
     import shlex
 
@@ -213,7 +213,7 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     build = ran["llmc-build"][0]
     assert build[1].endswith("vs_peers_gpu.py") and "--build-llmc" in build
     assert flags("llmc-build")["--timeout"] == str(gpu_session.LLMC_BUILD_TIMEOUT)
-    assert ran["profile"][0][3:8] == ["bench", "--profile", "fused-adamw", "--preset", "gpt2"]
+    assert ran["profile"][0][3:8] == ["bench", "profile", "fused-adamw", "--preset", "gpt2"]
     assert flags("profile")["--device"] == "cuda" and flags("profile")["--batch-size"] == "16"
     default, record, rounds = flags("default"), flags("llmc-record"), flags("rounds")
     assert default["--peers"] == "gptspeed" and int(default["--batch-size"]) * int(default["--accum"]) == 512
@@ -227,7 +227,7 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     work = {flags(p)["--work"] for p in ("default", "llmc-record", "rounds")} | {flags("llmc-build")["--work"]}
     assert len(work) == 1  # llm.c built once, ahead, for every llm.c row
     tune = flags("tune")
-    assert ran["tune"][0][3:5] == ["bench", "--tune"] and tune["--preset"] == "gpt2" and tune["--device"] == "cuda"
+    assert ran["tune"][0][3:5] == ["bench", "tune"] and tune["--preset"] == "gpt2" and tune["--device"] == "cuda"
     assert float(tune["--budget-s"]) == gpu_session.tune_budget(gpu_session.BUDGET_S) > 150
     assert ran["tune"][1] <= gpu_session.BUDGET_S - 15  # the part's timeout leaves the packing its time
     variant = rounds["--variant"].split(":", 1)[1].split()  # after the peers' shape flags, as vs_peers_gpu.py adds it

@@ -1,4 +1,4 @@
-"""``bench --tune``'s search over a fake worker: knobs, a tune run and its rows, without a process or a model."""
+"""``bench tune``'s search over a fake worker: knobs, a tune run and its rows, without a process or a model."""
 
 from __future__ import annotations
 

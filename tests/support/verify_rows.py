@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-#: A ``bench --verify`` rung on the CPU (StageSpec fields): two steps of 2 x 16 tokens of a 1-block model,
+#: A ``bench verify`` rung on the CPU (StageSpec fields): two steps of 2 x 16 tokens of a 1-block model,
 #: on the synthetic phrases; each test adds its name and settings (and what it changes).
 TINY_RUNG = dict(
     n_layer=1,

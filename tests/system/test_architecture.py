@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 from support.paths import SRC
 
 PACKAGE = SRC / "gptspeed"
@@ -90,10 +88,6 @@ def reader_lines(node: ast.AST) -> int:
 
 FUNCTION_LINES, CLASS_LINES, MODULE_LINES, CHECKPOINT_MODULE_LINES = 60, 300, 800, 400
 MODULES_EXEMPT = {"gptspeed/config.py"}  # the catalogue of settings: it reads and writes no file (configio.py does)
-# What other branches of issue 53 shorten: the lead removes the xfails once they are merged.
-OTHERS_OFFENDERS = (
-    "cli.py and bench/ (cmd_bench, _add_bench_args, markdown, run_verify, verify_stage); hf.py (1,129 lines)"
-)
 
 
 def too_long() -> list[str]:
@@ -150,14 +144,12 @@ def test_the_line_count_is_a_readers():
     assert {n.name: reader_lines(n) for n in tree.body} == {"f": 4, "g": 2, "C": 1}
 
 
-@pytest.mark.xfail(strict=False, reason=f"until the other branches of issue 53 land: {OTHERS_OFFENDERS}")
 def test_no_function_over_60_lines_and_no_class_over_300():
     """A function that does not fit on a screen is a sign a part is missing: at most 60 lines for a
     function and 300 for a class as formatted, docstrings excluded (:func:`reader_lines`)."""
     assert too_long() == []
 
 
-@pytest.mark.xfail(strict=False, reason=f"until the other branches of issue 53 land: {OTHERS_OFFENDERS}")
 def test_no_module_over_800_lines():
     long = [
         f"{p.relative_to(SRC)} ({module_lines(p)} lines)"

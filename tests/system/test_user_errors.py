@@ -118,7 +118,7 @@ def test_sample_temperature_nan_and_eval_negative_tokens(tmp_path):
     [
         ["sample", "--run", "RUN", "--seed"],
         ["prepare", "tinyshakespeare", "--out", "RUN/d", "--shuffle-seed"],
-        ["bench", "--ladder", "--out", "RUN/b", "--synthetic", "--seed"],
+        ["bench", "ladder", "--out", "RUN/b", "--synthetic", "--seed"],
     ],
 )
 def test_every_seed_flag_shares_the_seed_bound(tmp_path, args):
@@ -279,7 +279,15 @@ def test_every_options_help_names_its_real_default_once_and_never_none():
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(subparsers.choices) == set(SUBCOMMANDS)
-    for name, sub in subparsers.choices.items():
+    nested = {  # bench's subcommands too
+        f"{name} {mode}": parser
+        for name, sub in subparsers.choices.items()
+        for a in sub._actions
+        if isinstance(a, argparse._SubParsersAction)
+        for mode, parser in a.choices.items()
+    }
+    assert {"bench ladder", "bench race", "bench tune"} <= set(nested)
+    for name, sub in {**subparsers.choices, **nested}.items():
         fmt = sub.formatter_class(name)  # what --help uses
         for action in sub._actions:
             if not action.option_strings or action.help in (None, argparse.SUPPRESS):

@@ -1,4 +1,4 @@
-"""Where a profiled training step's time goes, summed by category: ``bench --profile``'s breakdown.
+"""Where a profiled training step's time goes, summed by category: ``bench profile``'s breakdown.
 
 From a finished :class:`torch.profiler.profile` (its :meth:`~torch.profiler.profile.events`: one
 ``FunctionEvent`` per CPU op and per device activity, times in microseconds from the trace start;

@@ -1,4 +1,4 @@
-"""What ``bench --verify`` watches while a rung trains: host-device syncs, compilation, the SDPA kernel.
+"""What ``bench verify`` watches while a rung trains: host-device syncs, compilation, the SDPA kernel.
 
 Each is a small piece usable on its own (the ``cuda``-marked tests use :func:`sdpa_backend`):
 

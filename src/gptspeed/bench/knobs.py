@@ -1,4 +1,4 @@
-"""The knobs ``gptspeed bench --tune`` turns: each a setting of the run configuration and the values to
+"""The knobs ``gptspeed bench tune`` turns: each a setting of the run configuration and the values to
 try from the best configuration found so far, on this device.
 
 A :class:`Knob` gives, for the search's current state (:class:`TuneState`), the deltas to try (settings

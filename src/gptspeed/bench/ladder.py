@@ -23,6 +23,7 @@ from typing import Any
 
 import gptspeed
 from gptspeed.bench import report
+from gptspeed.bench.settings import COMPILE_BACKENDS, Rows, Staged
 from gptspeed.bench.stages import (
     BASELINE,
     STAGE_NAMES,
@@ -35,14 +36,13 @@ from gptspeed.bench.stages import (
     switches,
 )
 from gptspeed.bench.worker import PEER_KIND, StageSpec
-from gptspeed.config import preset
+from gptspeed.config import _f, preset
 from gptspeed.errors import GptspeedError
 from gptspeed.model import GPTConfig
 
 PEER_NAME = "hf-gpt2"
 PEER_DESCRIPTION = "transformers GPT2LMHeadModel, attn_implementation='sdpa', vocab 50257, its own loss"
 PEER_SOURCE = "the baseline's optimizer (AdamW) and model; dtype, compile and fused AdamW as"
-COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 def peer_settings(last: dict[str, Any]) -> dict[str, Any]:
@@ -55,32 +55,23 @@ def peer_settings(last: dict[str, Any]) -> dict[str, Any]:
     return {**BASELINE, **{k: last[k] for k in ("dtype", "compile", "fused_adamw")}, "attention": "sdpa"}
 
 
-@dataclass
-class BenchConfig:
-    """The flags of ``gptspeed bench``. Shape fields left None come from the preset."""
+@dataclass(kw_only=True)
+class BenchConfig(Staged):
+    """What ``gptspeed bench ladder`` was asked (its flags: :mod:`gptspeed.bench.settings`). Shape fields
+    left None come from the preset; ``stages`` None: every rung."""
 
-    out: str
-    preset: str = "gpt2"
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    seq_len: int | None = None
-    batch_size: int | None = None
-    steps: int = 20  # timed steps per row
-    warmup: int = 5  # untimed steps first (the first one compiles)
-    device: str = "auto"
-    data: str | None = None
-    synthetic: bool = False
-    stages: str | None = None  # comma-separated names, or all; None: every rung (--ladder), the seeds' (--verify)
-    peers: bool = True
-    seed: int = 1337
-    compile_backend: str = "inductor"
-    peak_tflops: float | None = None
-    stage_timeout: float | None = None  # seconds per row; None = no limit
-    grad_accum: int | None = None  # micro-batches per optimizer step; None: 1 (ladder), 2 (--verify)
+    peers: bool = _f(True, "leave out the transformers GPT-2 row", flag="--no-peers", kind="off")
 
 
-def base_spec(cfg: BenchConfig) -> StageSpec:
+@dataclass(kw_only=True)
+class ProfileConfig(Rows):
+    """What ``gptspeed bench profile STAGE`` was asked: the row to trace and its traced steps."""
+
+    stage: str = _f(dataclasses.MISSING, f"the row to trace: a stage or {PEER_NAME}", positional=True, metavar="STAGE")
+    steps: int = _f(3, "traced steps, after the warm-up")
+
+
+def base_spec(cfg: Rows) -> StageSpec:
     """Validate the flags (GptspeedError, one line) and return the spec every row starts from."""
     from gptspeed.runtime import resolve_device
 
@@ -171,7 +162,7 @@ def run_worker(
 
     ``cache_dir`` None: a fresh, empty compile cache for this row alone (the ladder: no kernel
     compiled by an earlier row is reused, so its warm-up seconds are its own compile's); a folder:
-    that cache, shared with the other rows given it (``bench --verify``: a graph an earlier rung
+    that cache, shared with the other rows given it (``bench verify``: a graph an earlier rung
     compiled is loaded, not compiled again)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="gptspeed-bench-"))
@@ -354,17 +345,18 @@ def run_ladder(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
     return final
 
 
-def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
+def profile_stage(cfg: ProfileConfig) -> dict[str, Any]:
     """Trace ``cfg.steps`` steps of one row (after the warm-up) with torch.profiler, in a fresh
     process: writes ``trace-NAME.json`` (Chrome trace), ``profile-NAME.txt`` (top ops by self
     time) and ``profile-NAME-breakdown.json`` / ``.md`` (the step's time by category:
-    :mod:`gptspeed.bench.breakdown`) into ``cfg.out`` and prints the tables. ``name`` is a stage or ``hf-gpt2``.
+    :mod:`gptspeed.bench.breakdown`) into ``cfg.out`` and prints the tables. ``cfg.stage`` is a stage or
+    ``hf-gpt2``.
 
     Raises GptspeedError for bad flags, an unknown stage, one that does not apply, or a failed run.
     """
     import torch
 
-    spec0 = base_spec(cfg)
+    spec0, name = base_spec(cfg), cfg.stage
     device = torch.device(spec0.device)
     if name == PEER_NAME:
         last = [r.settings for r in plan_ladder(device, None, cfg.compile_backend) if r.settings is not None][-1]
@@ -372,7 +364,7 @@ def profile_stage(cfg: BenchConfig, name: str) -> dict[str, Any]:
     elif name in STAGE_NAMES:
         settings, kind = stage_settings(name, device, cfg.compile_backend), "gptspeed"
     else:
-        raise GptspeedError(f"unknown --profile stage {name!r}: choose from {', '.join(STAGE_NAMES + (PEER_NAME,))}")
+        raise GptspeedError(f"unknown stage to profile {name!r}: choose from {', '.join(STAGE_NAMES + (PEER_NAME,))}")
     out = report.make_out_dir(cfg.out)
     spec = dataclasses.replace(spec0, name=name, kind=kind, settings=settings, profile_dir=str(out.resolve()))
     report.say(f"profiling {name} ({spec.warmup} warm-up + {spec.steps} traced steps) on {device.type}")

@@ -1,4 +1,4 @@
-"""``gptspeed bench --race``: wall-clock training time to a target validation loss, arm against arm.
+"""``gptspeed bench race``: wall-clock training time to a target validation loss, arm against arm.
 
 The modded-nanogpt speedrun's measure (time to 3.28 FineWeb val loss for GPT-2 124M), on any data
 and device: each *arm* is a set of ``gptspeed train`` flags (a named recipe of
@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptspeed.config import RECIPES
+from gptspeed.bench.settings import BenchBase
+from gptspeed.config import RECIPES, _f
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_text_atomic
 
@@ -95,10 +96,10 @@ def parse_arms(names: str | None, specs: list[str] | None) -> list[Arm]:
         except ValueError as e:
             raise GptspeedError(f"--arm {spec!r}: {e}") from None
     if not arms:
-        raise GptspeedError('--race needs arms: --arms gpt2,modern and/or --arm NAME="FLAGS"')
+        raise GptspeedError('bench race needs arms: --arms gpt2,modern and/or --arm NAME="FLAGS"')
     names_seen = [a.name for a in arms]
     if len(set(names_seen)) != len(names_seen):
-        raise GptspeedError(f"--race: arm names must differ, got {', '.join(names_seen)}")
+        raise GptspeedError(f"bench race: arm names must differ, got {', '.join(names_seen)}")
     return arms
 
 
@@ -294,26 +295,54 @@ def welch_p(faster: list[float], than: list[float]) -> float | None:
     return None if math.isnan(p) else p
 
 
-@dataclass
-class RaceConfig:
-    """What ``gptspeed bench --race`` was asked: arms, seeds, the preset, data and data order
-    (``sampling``: ``gptspeed train --sampling``) every arm shares, the device, the output folder,
-    the target (None: the first arm's mean final val loss), the evaluation interval (None: about 15
-    evaluations over the first arm's steps) and tokens (None: the first arm's), and ``force``
-    (replace an earlier race in ``out``)."""
+@dataclass(kw_only=True)
+class RaceConfig(BenchBase):
+    """What ``gptspeed bench race`` was asked: arms (``--arms``' recipes, then each ``--arm``:
+    :func:`parse_arms`, unless ``arms`` is given), seeds, the preset, data and data order (``sampling``:
+    ``gptspeed train --sampling``) every arm shares, the device, the output folder, the target (None:
+    the first arm's mean final val loss), the evaluation interval (None: about 15 evaluations over
+    the first arm's steps) and tokens (None: the first arm's), ``timeout_s`` (one run's limit) and
+    ``force`` (replace an earlier race in ``out``). Its flags: :mod:`gptspeed.bench.cli`.
 
-    arms: list[Arm]
-    seeds: int = 3
-    preset: str = "nano"
-    data: str | None = None
-    sampling: str = "sequential"
-    device: str = "auto"
-    out: str = "race"
-    target_val_loss: float | None = None
-    eval_every: int | None = None
-    eval_tokens: int | None = None
-    timeout_s: float | None = None
-    force: bool = False
+    Raises:
+        GptspeedError: ``seeds`` below 1, or arms :func:`parse_arms` refuses.
+    """
+
+    recipes: str | None = _f(
+        None, "comma-separated recipes, each an arm: gpt2, modern, speedrun (the first is the baseline)", flag="--arms"
+    )
+    arm: list[str] | None = _f(
+        None,
+        "an arm of any gptspeed train flags (repeatable), after --arms' ones",
+        kind="append",
+        metavar='NAME="FLAGS"',
+    )
+    seeds: int = _f(3, "runs per arm")
+    sampling: str = _f(
+        "sequential",
+        "every arm's order of the training windows (gptspeed train --sampling); random gives "
+        "each step windows from the whole corpus, as FineWeb's shuffled documents do",
+        choices=("sequential", "random"),
+    )
+    target_val_loss: float | None = _f(None, "the val loss to reach (default: the first arm's mean final val loss)")
+    eval_every: int | None = _f(None, "steps between evaluations (default: the first arm's steps / 15)")
+    eval_tokens: int | None = _f(None, "val tokens per evaluation (default: the preset's)")
+    timeout_s: float | None = _f(
+        None, "seconds one run may take (default: no limit)", flag="--run-timeout", metavar="SECONDS"
+    )
+    force: bool = _f(
+        False,
+        "replace an earlier race in --out (its runs, logs and race.*; never a folder holding anything else)",
+        kind="flag",
+    )
+    arms: list[Arm] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seeds < 1:
+            raise GptspeedError(f"--seeds must be at least 1, got {self.seeds}")
+        if not self.arms:
+            self.arms = parse_arms(self.recipes, self.arm)
 
 
 class RaceStopped(GptspeedError):
@@ -387,15 +416,7 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
                     "--save-every",
                     "0",
                     *arm.flags,
-                    "--seed",
-                    str(1337 + seed),
-                    "--eval-every",
-                    str(eval_every),
-                    "--eval-tokens",
-                    str(eval_tokens),
-                    "--max-steps",
-                    str(arm_cfg.train.max_steps),
-                    *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else []),
+                    *_run_flags(cfg, seed, eval_every, eval_tokens, arm_cfg),
                 ]
                 arm.runs.append(_one_run(out, arm, seed, flags, cfg.timeout_s, say, stop, cfg.arms))
                 _write(out, race, cfg)
@@ -405,6 +426,22 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
         stop.restore()
         lock.release()
     return race
+
+
+def _run_flags(cfg: RaceConfig, seed: int, eval_every: int, eval_tokens: int, arm_cfg) -> list[str]:
+    """The flags the race sets on one run of an arm (after the arm's own): its seed, the evaluation,
+    the arm's steps and the target to stop at."""
+    return [
+        "--seed",
+        str(1337 + seed),
+        "--eval-every",
+        str(eval_every),
+        "--eval-tokens",
+        str(eval_tokens),
+        "--max-steps",
+        str(arm_cfg.train.max_steps),
+        *(["--stop-at-val-loss", str(cfg.target_val_loss)] if cfg.target_val_loss else []),
+    ]
 
 
 def _stopped(signum: int, where: str, out: Path, arms: list[Arm]) -> RaceStopped:
@@ -501,7 +538,7 @@ def open_race_folder(out: Path, force: bool):
         except OSError:
             holder = "another process"
         raise GptspeedError(
-            f"--out {out} is in use by {holder} (another `gptspeed bench --race`): wait for it to "
+            f"--out {out} is in use by {holder} (another `gptspeed bench race`): wait for it to "
             "end or stop it, or choose another --out"
         ) from None
     except OSError as e:
@@ -659,7 +696,7 @@ def race_markdown(race: dict[str, Any]) -> str:
     it (mean ± std), the time ratio to the first arm and the p-value."""
     env = race.get("environment", {})
     lines = [
-        f"## gptspeed bench --race ({'complete' if race['complete'] else 'in progress'})",
+        f"## gptspeed bench race ({'complete' if race['complete'] else 'in progress'})",
         "",
         f"{env.get('device', '?')} · torch {env.get('torch', '?')} · gptspeed {env.get('git_commit', '?')} · "
         f"{env.get('date', '')}",

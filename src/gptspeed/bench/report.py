@@ -195,62 +195,20 @@ def _notes(r: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     """The ladder as a Markdown table with a header (device, shape, data) and a legend."""
-    env, c, rows = result["environment"], result["config"], result["rows"]
-    ran = [r for r in rows if r["status"] == "ok"]
-    params = f" ({ran[0]['params'] / 1e6:.1f}M parameters)" if ran else ""
-    data = "synthetic tokens" if c["data"] is None else f"`{c['data']}`"
-    accum = c.get("grad_accum") or 1
-    accum_note = f", {accum} micro-batches per step" if accum > 1 else ""
-    backend = "" if c["compile_backend"] == "inductor" else f"; torch.compile backend **{c['compile_backend']}**"
+    rows = result["rows"]
     lines = [
-        "## gptspeed bench ladder",
-        "",
-        environment_line(env),
-        "",
-        f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}{params}; "
-        f"B={c['batch_size']}, T={c['seq_len']}{accum_note} ({c['batch_size'] * c['seq_len'] * accum:,} tokens/step); data: {data}; "
-        f"{c['warmup']} warm-up + {c['steps']} timed steps per row, each row in a fresh process{backend}.",
-        "",
-        f"Command: `{env['command']}`",
-        "",
+        *_header(result),
         "| stage | switches | ms/step | IQR | min–max | tokens/s | MFU | peak mem | warm-up s | loss step 0 | loss end "
         "| vs prev | vs first row | notes |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|",
-    ]
-    for r in rows:
-        if r["status"] != "ok":
-            lines.append(f"| {_label(r)} | — | — | — | — | — | — | — | — | — | — | — | — | {_notes(r)} |")
-            continue
-        mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        iqr = "—" if r.get("ms_q25") is None else _ms(r["ms_q75"] - r["ms_q25"])
-        lines.append(
-            f"| {_label(r)} | {r.get('switches') or '—'} | {_ms(r['ms_median'])} | {iqr} | {_ms(r['ms_min'])}–{_ms(r['ms_max'])} "
-            f"| {r['tokens_per_s']:,.0f} | {mfu} | {fmt_bytes(r['peak_mem_bytes'])} | {r['warmup_s']:.1f} "
-            f"| {r['loss_step0']:.4f} | {r['loss_last']:.4f} | {vs_prev(r)} | {_x(r['speedup_baseline'])} | {_notes(r)} |"
-        )
-    lines += [
+        *[_table_row(r) for r in rows],
         "",
         "Rows are cumulative: each adds its change to every row that ran or would run above it; the "
         "switches column says what was on.",
         "",
     ]
     lines += [f"- **{_label(r)}**: {r['description']}" + (f" ({r['source']})" if r.get("source") else "") for r in rows]
-    mem = (
-        "peak memory allocated by PyTorch on the GPU"
-        if env["device_type"] == "cuda"
-        else "peak resident memory of the row's process"
-    )
-    mfu_note = next((r["peak_flops_source"] for r in ran if r["mfu"] is None), None)
-    lines += [
-        "",
-        "ms/step: median over the timed steps (CUDA events on a GPU, perf_counter on a CPU); IQR: interquartile range "
-        "of the timed steps; tokens/s from the median; warm-up s includes compilation; peak mem: "
-        f"{mem}. vs prev: speed-up over the previous row that ran, credited to the one switch between them (in "
-        "brackets) -- n/a when they differ by more than one, and marked *noise* when either row's IQR is wider than "
-        "the gap between the two medians. vs first row: speed-up over the first row that ran, all of this row's "
-        "switches together. Step-0 losses must agree with the first row's within the dtype's tolerance (fp32 1e-4, "
-        "tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2 relative)." + (f" MFU: {mfu_note}." if mfu_note else ""),
-    ]
+    lines += ["", _legend(result)]
     if result["problems"]:
         lines += ["", "**Problems:** " + "; ".join(result["problems"])]
     if not result.get("complete", True):
@@ -262,6 +220,62 @@ def markdown(result: dict[str, Any]) -> str:
             + ".",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _header(result: dict[str, Any]) -> list[str]:
+    """The table's header lines: the title, the environment, the model and its batch, data and steps, the command."""
+    env, c, rows = result["environment"], result["config"], result["rows"]
+    ran = [r for r in rows if r["status"] == "ok"]
+    params = f" ({ran[0]['params'] / 1e6:.1f}M parameters)" if ran else ""
+    data = "synthetic tokens" if c["data"] is None else f"`{c['data']}`"
+    accum = c.get("grad_accum") or 1
+    accum_note = f", {accum} micro-batches per step" if accum > 1 else ""
+    backend = "" if c["compile_backend"] == "inductor" else f"; torch.compile backend **{c['compile_backend']}**"
+    return [
+        "## gptspeed bench ladder",
+        "",
+        environment_line(env),
+        "",
+        f"Model: preset {c['preset']}, L={c['n_layer']} H={c['n_head']} C={c['n_embd']}{params}; "
+        f"B={c['batch_size']}, T={c['seq_len']}{accum_note} ({c['batch_size'] * c['seq_len'] * accum:,} tokens/step); data: {data}; "
+        f"{c['warmup']} warm-up + {c['steps']} timed steps per row, each row in a fresh process{backend}.",
+        "",
+        f"Command: `{env['command']}`",
+        "",
+    ]
+
+
+def _table_row(r: dict[str, Any]) -> str:
+    """One row of the ladder's table: its figures, or dashes and why it did not run."""
+    if r["status"] != "ok":
+        return f"| {_label(r)} | — | — | — | — | — | — | — | — | — | — | — | — | {_notes(r)} |"
+    mfu = "—" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+    iqr = "—" if r.get("ms_q25") is None else _ms(r["ms_q75"] - r["ms_q25"])
+    return (
+        f"| {_label(r)} | {r.get('switches') or '—'} | {_ms(r['ms_median'])} | {iqr} | {_ms(r['ms_min'])}–{_ms(r['ms_max'])} "
+        f"| {r['tokens_per_s']:,.0f} | {mfu} | {fmt_bytes(r['peak_mem_bytes'])} | {r['warmup_s']:.1f} "
+        f"| {r['loss_step0']:.4f} | {r['loss_last']:.4f} | {vs_prev(r)} | {_x(r['speedup_baseline'])} | {_notes(r)} |"
+    )
+
+
+def _legend(result: dict[str, Any]) -> str:
+    """What each column of the ladder's table means, on this device."""
+    mem = (
+        "peak memory allocated by PyTorch on the GPU"
+        if result["environment"]["device_type"] == "cuda"
+        else "peak resident memory of the row's process"
+    )
+    ran = [r for r in result["rows"] if r["status"] == "ok"]
+    mfu_note = next((r["peak_flops_source"] for r in ran if r["mfu"] is None), None)
+    return (
+        "ms/step: median over the timed steps (CUDA events on a GPU, perf_counter on a CPU); IQR: interquartile range "
+        "of the timed steps; tokens/s from the median; warm-up s includes compilation; peak mem: "
+        f"{mem}. vs prev: speed-up over the previous row that ran, credited to the one switch between them (in "
+        "brackets) -- n/a when they differ by more than one, and marked *noise* when either row's IQR is wider than "
+        "the gap between the two medians. vs first row: speed-up over the first row that ran, all of this row's "
+        "switches together. Step-0 losses must agree with the first row's within the dtype's tolerance (fp32 1e-4, "
+        "tf32 2e-3, bf16 / fp16 1e-2, fp8 2e-2 relative)." + (f" MFU: {mfu_note}." if mfu_note else "")
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> str | None:

@@ -60,8 +60,8 @@ def baseline_with(**changes: Any) -> dict[str, Any]:
 
 # Relative tolerance of a loss against the fp32 reference's on the same batches from the same
 # weights, by the least precise format the rung's matmuls run in (:func:`loss_rtol`): the ladder checks
-# step 0 with it, ``bench --verify`` every step of a short trajectory (max over steps of
-# |loss - loss_ref| / loss_ref). Why these numbers (benchmarks/README.md, "bench --verify"):
+# step 0 with it, ``bench verify`` every step of a short trajectory (max over steps of
+# |loss - loss_ref| / loss_ref). Why these numbers (benchmarks/README.md, "bench verify"):
 # - float32: rungs that change only the order of summation (compile, SDPA, padded vocabulary, fused
 #   AdamW, the chunked loss) differ on the CPU by <= 2e-7 relative over 20 steps (2 layers, width 64)
 #   and <= 3e-6 over 13 (nano on Shakespeare) (measured); 1e-4 leaves >= 30x for GPU kernels that
@@ -70,7 +70,7 @@ def baseline_with(**changes: Any) -> dict[str, Any]:
 # - bfloat16 keeps 7 (2^-8 = 3.9e-3); float16 10 bits but a narrow range, handled by the GradScaler:
 #   1e-2 for both, i.e. 0.1 nats at a loss of 10. Mixed-precision loss curves are reported to track
 #   fp32 within run-to-run noise (Micikevicius et al. 2018); the CPU measured 3e-5 over 20 steps
-#   (emulated bf16). How sharp that is: benchmarks/README.md, "bench --verify".
+#   (emulated bf16). How sharp that is: benchmarks/README.md, "bench verify".
 # - fp8 (e4m3: 3 mantissa bits, per-tensor scaling) in the blocks' matmuls or the LM head's: 2e-2.
 # - an optimizer may hold its rungs to a looser tolerance of its own (gptspeed.optim.OptimizerSpec.verify_rtol):
 #   Muon orthogonalises its update with Newton-Schulz iterations in bf16, which turns summation-order
@@ -290,7 +290,7 @@ def _fp16(device: torch.device, compile_backend: str) -> str | None:
     return None
 
 
-# Rungs only ``bench --verify`` runs: other ways to train that a user can pick with a flag, checked
+# Rungs only ``bench verify`` runs: other ways to train that a user can pick with a flag, checked
 # against the same fp32 reference. Not in the ladder (they are alternatives, not cumulative steps).
 VERIFY_EXTRAS: tuple[Stage, ...] = (
     Stage(

@@ -1,9 +1,9 @@
-"""``gptspeed bench --tune``: the fastest configuration of *your* run that trains the same, found on
+"""``gptspeed bench tune``: the fastest configuration of *your* run that trains the same, found on
 this device, and written as a ``--config`` file.
 
 Your run is what ``gptspeed train`` would run: a preset, a ``--config`` file and flags. Every
 candidate is that configuration with a delta (:mod:`gptspeed.bench.knobs`), trained in a fresh
-process by ``bench --verify``'s worker (:mod:`gptspeed.bench.verify_worker`): from the same initial
+process by ``bench verify``'s worker (:mod:`gptspeed.bench.verify_worker`): from the same initial
 weights, on the same batches, an untimed warm-up (compilation included), then timed steps; its
 losses over every step are compared with your configuration's own row as ``--verify`` compares a
 rung with its reference (:func:`gptspeed.bench.verify.compare_losses`, the tolerance of the least
@@ -44,18 +44,19 @@ import json
 import math
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
-from typing import Any
+from typing import Any, ClassVar
 
 from gptspeed.bench import report
 from gptspeed.bench.knobs import Delta, Knob, TuneState, knobs_for
 from gptspeed.bench.ladder import run_worker, spread_ms
+from gptspeed.bench.settings import Workload
 from gptspeed.bench.stages import loss_rtol
 from gptspeed.bench.verify import compare_losses, rung_problems
 from gptspeed.bench.worker import StageSpec
-from gptspeed.config import GROUPS, RunConfig, config_to_yaml, setting_flag
+from gptspeed.config import GROUPS, RunConfig, _f, config_to_yaml, setting_flag
 from gptspeed.errors import GptspeedError
 
 MIN_GAIN = 0.01  # a candidate is kept only when at least 1% faster (and faster than the rows' spread)
@@ -72,20 +73,26 @@ SDPA_KERNELS = {"cudnn": "cudnn", "flash": "flash", "mem-efficient": "efficient"
 RESOLVED = ("dtype", "compile", "loss", "sdpa_backend", "coordinate_descent_tuning")
 
 
-@dataclass
-class TuneConfig:
-    """The flags of ``gptspeed bench --tune``: ``run`` is your configuration (validated), ``data`` a
-    prepared folder (None: learnable synthetic phrases), ``budget_s`` the search's wall-clock bound."""
+@dataclass(kw_only=True)
+class TuneConfig(Workload):
+    """What ``gptspeed bench tune`` was asked: ``run`` is your configuration (validated; the CLI makes it
+    of ``--preset``, ``--config``, the shape flags and ``--flags``, as ``gptspeed train`` would:
+    :mod:`gptspeed.bench.cli`), ``data`` a prepared folder (None: learnable synthetic phrases),
+    ``budget_s`` the search's wall-clock bound. The shape, preset and file fields are the flags
+    ``run`` was made of; the search reads ``run``."""
 
-    out: str
-    run: RunConfig
-    device: str = "auto"
-    data: str | None = None
-    budget_s: float = 300.0
-    steps: int = 8
-    warmup: int = 3
-    compile_backend: str = "inductor"
-    peak_tflops: float | None = None
+    PRESET_WHEN_UNSET: ClassVar[str | None] = None  # your --config file's preset:, else gpt2 (train's rule)
+
+    run: RunConfig = field(metadata={"cli": False})
+    config_file: str | None = _f(None, "your run's gptspeed train --config file (YAML or JSON)", flag="--config")
+    flags: str = _f(
+        "",
+        'your run\'s other gptspeed train flags, quoted: --flags "--dtype bfloat16 --loss fused" '
+        "(one flag alone: --flags=--no-compile)",
+        metavar='"FLAGS"',
+    )
+    budget_s: float = _f(300.0, "seconds the whole search may take; the candidates left are listed as not tried")
+    steps: int = _f(8, "timed steps per candidate")
 
 
 def run_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -446,7 +453,7 @@ def _json_value(v: Any) -> Any:
 
 
 def run_tune(cfg: TuneConfig, command: str = "") -> dict[str, Any]:
-    """Run ``bench --tune`` (module docstring) and return the report as in tune.json, plus
+    """Run ``bench tune`` (module docstring) and return the report as in tune.json, plus
     ``tuned_yaml`` and ``train_command``. GptspeedError (one line) for bad flags, an ``--out`` that
     is a run or data folder or a file (:func:`gptspeed.bench.report.check_out_dir`), or your own
     configuration failing to run here."""

@@ -1,4 +1,4 @@
-"""``bench --tune``'s report as Markdown (``tune.md``): the environment, your run, one row per
+"""``bench tune``'s report as Markdown (``tune.md``): the environment, your run, one row per
 candidate in the order tried, the configuration kept and the command that trains it."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def tune_markdown(res: dict[str, Any]) -> str:
     env, c, rows = res["environment"], res["config"], res["rows"]
     data = "synthetic phrases (learnable random token phrases)" if c["data"] is None else f"`{c['data']}`"
     lines = [
-        "## gptspeed bench --tune",
+        "## gptspeed bench tune",
         "",
         environment_line(env),
         "",

@@ -1,4 +1,4 @@
-"""``gptspeed bench --verify``: does every rung train correctly here, and how fast? One command.
+"""``gptspeed bench verify``: does every rung train correctly here, and how fast? One command.
 
 For every rung -- the ladder's stages (:data:`gptspeed.bench.stages.STAGES`, with their cumulative
 settings) and the verify-only alternatives (:data:`~gptspeed.bench.stages.VERIFY_EXTRAS`: fp16 with
@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from gptspeed.bench import report
-from gptspeed.bench.ladder import BenchConfig, base_spec, run_worker
+from gptspeed.bench.ladder import base_spec, run_worker
+from gptspeed.bench.settings import Staged
 from gptspeed.bench.stages import (
     ALL_STAGES,
     BASELINE,
@@ -77,8 +78,14 @@ REFUSED = "refused: "  # how a refusal's reason starts (the plan's, and a verify
 PENDING = "pending: not run yet (the command was cut before this rung, or is still running)"
 
 
+@dataclass(kw_only=True)
+class VerifyConfig(Staged):
+    """What ``gptspeed bench verify`` was asked (its flags: :mod:`gptspeed.bench.settings`); ``stages``
+    None: the seeds' rungs (:data:`DEFAULT_RUNGS`), ``grad_accum`` None: :data:`DEFAULT_GRAD_ACCUM`."""
+
+
 def select_rungs(stages: str | None) -> tuple[list[str] | None, str]:
-    """``--stages`` of ``bench --verify``: ``(selected names or None for every rung, the reason the
+    """``--stages`` of ``bench verify``: ``(selected names or None for every rung, the reason the
     others are not run)``. None: :data:`DEFAULT_RUNGS`; ``all``: every rung; else the names given.
     GptspeedError for an unknown name."""
     if stages is None:
@@ -359,7 +366,7 @@ def _planned_row(r: Rung) -> dict[str, Any]:
     return {**row, "status": "pending", "reason": PENDING}
 
 
-def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
+def run_verify(cfg: VerifyConfig, command: str = "") -> dict[str, Any]:
     """Run every selected rung of :func:`plan_verify` (:func:`select_rungs`: by default the seeds'
     rungs) in its own process, compare, and write ``verify.md`` and ``verify.json`` into
     ``cfg.out`` after every rung (atomically; ``complete`` is False until the last), printing the
@@ -387,20 +394,10 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
 
     env = report.environment(device, command)
     rows = {r.name: _planned_row(r) for r in plan}
-    config = {
-        **dataclasses.asdict(cfg),
-        **{
-            k: getattr(spec0, k)
-            for k in ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")
-        },
-        "grad_accum": accum,
-        "device": spec0.device,
-        "rungs": "the default set (the seeds' rungs)" if cfg.stages is None else cfg.stages,
-        "compile_cache": "one fresh TorchInductor/Triton cache shared by this run's rungs",
-    }
+    config = _verify_config(cfg, spec0)
 
-    def result(complete: bool) -> dict[str, Any]:
-        return {
+    def save(complete: bool) -> tuple[dict[str, Any], str]:
+        res = {
             "format": "gptspeed-verify",
             "format_version": 2,
             "environment": env,
@@ -410,33 +407,52 @@ def run_verify(cfg: BenchConfig, command: str = "") -> dict[str, Any]:
             "rungs": list(rows.values()),
             **assess(plan, rows),
         }
-
-    def save(res: dict[str, Any]) -> str:
         table = verify_markdown(res)
         report.write_text_atomic(out / "verify.md", table)
         report.write_text_atomic(out / "verify.json", json.dumps(res, indent=2) + "\n")
-        return table
+        return res, table
 
     cache = Path(tempfile.mkdtemp(prefix="gptspeed-verify-cache-"))
     try:
-        save(result(False))
+        save(False)
         for i, r in enumerate(to_run, 1):
-            report.say(f"[{i}/{len(to_run)}] {r.name}: {switches(record(r.settings))}")
-            spec = dataclasses.replace(spec0, name=r.name, settings=r.settings)
-            rows[r.name].update(reason=None)
-            rows[r.name].update(run_worker(spec, out / "logs" / f"{r.name}.log", cfg.stage_timeout, cache_dir=cache))
-            if rows[r.name]["reason"] is None:
-                del rows[r.name]["reason"]
-            report.say("    " + _progress(rows[r.name]))
-            save(result(False))
+            _run_rung(r, f"[{i}/{len(to_run)}]", rows[r.name], spec0, out, cfg.stage_timeout, cache)
+            save(False)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    final = result(True)
-    print(save(final), end="")
+    final, table = save(True)
+    print(table, end="")
     return final
 
 
-# ------------------------------------------------------------------------------------ bench --verify
+def _verify_config(cfg: VerifyConfig, spec0) -> dict[str, Any]:
+    """verify.json's ``config``: the flags, and what the rungs ran with (the preset's shape filled in)."""
+    return {
+        **dataclasses.asdict(cfg),
+        **{
+            k: getattr(spec0, k)
+            for k in ("n_layer", "n_head", "n_embd", "seq_len", "batch_size", "lr", "data", "warmup", "steps")
+        },
+        "grad_accum": spec0.grad_accum,
+        "device": spec0.device,
+        "rungs": "the default set (the seeds' rungs)" if cfg.stages is None else cfg.stages,
+        "compile_cache": "one fresh TorchInductor/Triton cache shared by this run's rungs",
+    }
+
+
+def _run_rung(r: Rung, counter: str, row: dict[str, Any], spec0, out: Path, timeout: float | None, cache: Path) -> None:
+    """Run rung ``r`` in its own process (:func:`run_worker`, sharing the compile ``cache``) and record its
+    result in ``row``, saying its progress."""
+    report.say(f"{counter} {r.name}: {switches(record(r.settings))}")
+    spec = dataclasses.replace(spec0, name=r.name, settings=r.settings)
+    row.update(reason=None)
+    row.update(run_worker(spec, out / "logs" / f"{r.name}.log", timeout, cache_dir=cache))
+    if row["reason"] is None:
+        del row["reason"]
+    report.say("    " + _progress(row))
+
+
+# ------------------------------------------------------------------------------------ bench verify
 def _verdict(r: dict[str, Any]) -> str:
     return {"failed": "**FAILED**", "not verified": "*not verified*", "pending": "*pending*"}.get(
         r["verdict"], r["verdict"]
@@ -519,14 +535,14 @@ def _summary_line(result: dict[str, Any]) -> str:
 
 
 def verify_markdown(result: dict[str, Any]) -> str:
-    """``bench --verify``'s report as Markdown: environment and command, one row per rung (verdict,
+    """``bench verify``'s report as Markdown: environment and command, one row per rung (verdict,
     switches, loss agreement with the fp32 reference, syncs per step, graph breaks / recompiles,
     SDPA kernel, tokens/s, MFU, peak memory), the failing rungs, and how to read it."""
     env, c, rungs = result["environment"], result["config"], result["rungs"]
     data = "synthetic phrases (learnable random token phrases)" if c["data"] is None else f"`{c['data']}`"
     tol = result["tolerances"]
     lines = [
-        "## gptspeed bench --verify",
+        "## gptspeed bench verify",
         "",
         report.environment_line(env),
         "",

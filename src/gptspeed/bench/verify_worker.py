@@ -1,4 +1,4 @@
-"""One ``bench --verify`` rung, in this (fresh) process: :func:`verify_stage`.
+"""One ``bench verify`` rung, in this (fresh) process: :func:`verify_stage`.
 
 The rung trains ``warmup + steps`` optimizer steps of ``grad_accum`` micro-batches from the same
 initial weights (:func:`gptspeed.bench.worker.init_gpt`) on the same batches (read once, before
@@ -51,7 +51,7 @@ def sync_budget(fused: bool) -> int:
 
 
 def verify_stage(spec: StageSpec) -> dict[str, Any]:
-    """Train one rung and return what ``bench --verify`` compares and reports.
+    """Train one rung and return what ``bench verify`` compares and reports.
 
     Keys: ``status`` ("ok"), ``losses`` (fp32 loss of every step, ``warmup + steps`` floats),
     ``skipped`` (per step: True when the step was not applied -- non-finite, or a float16 overflow
@@ -70,16 +70,7 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
     rt = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.parallel)
     if rt.parallel == "fsdp":  # one process (a --tune candidate): FSDP2 needs its group of one
         init_distributed(rt, cfg.runtime.dist_timeout_s)
-    read = spec  # the micro-batches every rung reads
-    if spec.extra.get("read_micro_batch"):  # bench --tune: every candidate reads your micro-batches, then regroups
-        b = spec.extra["read_micro_batch"]
-        read = dataclasses.replace(spec, batch_size=b, grad_accum=spec.batch_size * spec.grad_accum // b)
-    spec = resolve_batch(spec, rt, keep_global=True)  # resets the peak memory after probing
-    n_batches = (read.warmup + read.steps) * read.grad_accum
-    loader = make_loader(read, rt.device, n_batches=n_batches)
-    batches = [loader.next_batch() for _ in range(n_batches)]  # the same tensors for every rung
-    if spec.batch_size != read.batch_size:
-        batches = regroup(batches, read.grad_accum, spec.batch_size)
+    spec, loader, batches = _rung_batches(spec, rt)
     feed = iter(batches)
     reset_peak_memory(rt.device)  # the peak is the training's, not the batches' loading
     watch = CompileWatch() if rt.compile else None
@@ -108,11 +99,6 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
         again = iter(batches)
         sdpa = sdpa_backend(profiled_names(lambda: train(lambda: next(again)), rt.device_type))
 
-    tokens = spec.batch_size * spec.seq_len * spec.grad_accum
-    median = statistics.median(ms)
-    q25, q75 = quartiles(ms)
-    tps = tokens / (median / 1000)
-    peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
     return {
         "status": "ok",
         "losses": loss_values,
@@ -120,17 +106,7 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
         "batch_size": spec.batch_size,
         "seq_len": spec.seq_len,
         "grad_accum": spec.grad_accum,
-        "tokens_per_step": tokens,
-        "ms_steps": ms,
-        "ms_median": median,
-        "ms_q25": q25,
-        "ms_q75": q75,
-        "ms_min": min(ms),
-        "ms_max": max(ms),
-        "tokens_per_s": tps,
-        "flops_per_token": flops_per_token,
-        "mfu": flops_per_token * tps / peak if peak else None,
-        "peak_flops_source": peak_source,
+        **_speed(ms, spec, rt, flops_per_token),
         "peak_mem_bytes": mem_peak,
         "mem_total_bytes": mem_total,
         "first_step_s": first_step_s,
@@ -143,6 +119,46 @@ def verify_stage(spec: StageSpec) -> dict[str, Any]:
         "fused_adamw": train.skips_on_device,
         "params": sum(p.numel() for p in train.model.parameters()),
         "threads": torch.get_num_threads(),
+    }
+
+
+def _rung_batches(spec: StageSpec, rt) -> tuple[StageSpec, Any, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``(spec with its batch resolved, the loader, every micro-batch the rung trains on)``: the same
+    tensors for every rung; with ``read_micro_batch`` (bench tune), your micro-batches, regrouped
+    (:func:`regroup`) into the candidate's."""
+    read = spec  # the micro-batches every rung reads
+    if spec.extra.get("read_micro_batch"):  # bench tune: every candidate reads your micro-batches, then regroups
+        b = spec.extra["read_micro_batch"]
+        read = dataclasses.replace(spec, batch_size=b, grad_accum=spec.batch_size * spec.grad_accum // b)
+    spec = resolve_batch(spec, rt, keep_global=True)  # resets the peak memory after probing
+    n_batches = (read.warmup + read.steps) * read.grad_accum
+    loader = make_loader(read, rt.device, n_batches=n_batches)
+    batches = [loader.next_batch() for _ in range(n_batches)]
+    if spec.batch_size != read.batch_size:
+        batches = regroup(batches, read.grad_accum, spec.batch_size)
+    return spec, loader, batches
+
+
+def _speed(ms: list[float], spec: StageSpec, rt, flops_per_token: float) -> dict[str, Any]:
+    """The rung's speed from its steady steps' times ``ms``: tokens per step, the step-time statistics
+    (ms), tokens/s of the median and MFU (None without a peak, :func:`peak_flops`)."""
+    tokens = spec.batch_size * spec.seq_len * spec.grad_accum
+    median = statistics.median(ms)
+    q25, q75 = quartiles(ms)
+    tps = tokens / (median / 1000)
+    peak, peak_source = peak_flops(rt.device, rt.dtype, spec.peak_tflops)
+    return {
+        "tokens_per_step": tokens,
+        "ms_steps": ms,
+        "ms_median": median,
+        "ms_q25": q25,
+        "ms_q75": q75,
+        "ms_min": min(ms),
+        "ms_max": max(ms),
+        "tokens_per_s": tps,
+        "flops_per_token": flops_per_token,
+        "mfu": flops_per_token * tps / peak if peak else None,
+        "peak_flops_source": peak_source,
     }
 
 

@@ -59,7 +59,7 @@ class StageSpec:
     compile_backend: str = "inductor"
     peak_tflops: float | None = None
     profile_dir: str | None = None  # set: trace the timed steps with torch.profiler into this folder
-    mode: str = "time"  # time (a ladder row) | verify (a bench --verify rung: gptspeed.bench.verify_worker)
+    mode: str = "time"  # time (a ladder row) | verify (a bench verify rung: gptspeed.bench.verify_worker)
     grad_accum: int = 1  # micro-batches per optimizer step
     synthetic: str = "uniform"  # without data: uniform | phrases (see SyntheticLoader)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -78,7 +78,7 @@ class SyntheticLoader:
     ln(50257) = 10.8 (the ladder times steps; it needs no learning). ``kind="phrases"``: a stream of
     phrases drawn at random from a fixed table of 1024 phrases of 16 ids, over 512 ids picked from
     the vocabulary: learnable (unigram, then which phrase continues), so the loss falls and two
-    rungs that train differently end on different losses (``bench --verify``).
+    rungs that train differently end on different losses (``bench verify``).
     """
 
     def __init__(
@@ -264,7 +264,7 @@ def resolve_batch(spec: StageSpec, rt: Runtime, keep_global: bool = False) -> St
     """``spec`` with its micro-batch resolved: for a row with ``--batch-size auto`` the one
     adapter of ``train`` (:func:`gptspeed.step.auto_batch_size`) picks it (the spec then holds it,
     and its settings no longer say ``auto``); other rows keep theirs. ``keep_global`` False (the ladder): no global batch to divide, one micro-batch per step.
-    True (``bench --verify``): the global batch stays ``batch_size x grad_accum`` sequences, as
+    True (``bench verify``): the global batch stays ``batch_size x grad_accum`` sequences, as
     ``train`` keeps ``--total-batch-tokens`` -- the micro-batch is the largest that fits and divides
     it, and ``grad_accum`` becomes the sequences per step over it."""
     if spec.settings.get("batch_size") != AUTO_BATCH_SIZE:

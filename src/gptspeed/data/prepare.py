@@ -80,6 +80,7 @@ from gptspeed.data.sources import SourceStats, iter_files, iter_hf
 from gptspeed.data.tokenize import default_workers, tokenize_stream
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import sha256_file, write_text_atomic
+from gptspeed.options import PrepareOptions
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB
 
 
@@ -537,19 +538,19 @@ def prepare(
     source: str,
     out_dir: str | os.PathLike,
     *,
-    val_fraction: float = 0.1,
-    shard_tokens: int = 100_000_000,
-    force: bool = False,
+    val_fraction: float = PrepareOptions.val_fraction,
+    shard_tokens: int = PrepareOptions.shard_tokens,
+    force: bool = PrepareOptions.force,
     progress: bool = True,
-    workers: int = 0,
-    text_field: str = "text",
-    shuffle_seed: int | None = None,
-    skip_bad: bool = False,
-    max_tokens: int | None = None,
-    hf_name: str | None = None,
-    split: str = "train",
-    max_shards: int | None = None,
-    print_hashes: bool = False,
+    workers: int = PrepareOptions.workers,
+    text_field: str = PrepareOptions.text_field,
+    shuffle_seed: int | None = PrepareOptions.shuffle_seed,
+    skip_bad: bool = PrepareOptions.skip_bad,
+    max_tokens: int | None = PrepareOptions.max_tokens,
+    hf_name: str | None = PrepareOptions.hf_name,
+    split: str = PrepareOptions.split,
+    max_shards: int | None = PrepareOptions.max_shards,
+    print_hashes: bool = PrepareOptions.print_hashes,
 ) -> dict:
     """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest,
     streaming, in flat memory (how: the module docstring); or, for a corpus tokenized upstream

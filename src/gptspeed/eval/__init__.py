@@ -7,20 +7,21 @@ import math
 from pathlib import Path
 
 from gptspeed.errors import GptspeedError
+from gptspeed.options import DeviceOptions, EvalOptions
 
 
 def evaluate_run(
     run_dir: str | Path | None = None,
-    data_dir: str | Path | None = None,
+    data_dir: str | Path | None = EvalOptions.data_dir,
     *,
     init_from: str | None = None,
-    hellaswag: bool = False,
-    hellaswag_file: str | None = None,
-    max_examples: int = 0,
-    batch_size: int = 8,
-    max_tokens: int = 0,
-    device: str = "auto",
-    dtype: str = "auto",
+    hellaswag: bool = EvalOptions.hellaswag,
+    hellaswag_file: str | None = EvalOptions.hellaswag_file,
+    max_examples: int = EvalOptions.max_examples,
+    batch_size: int = EvalOptions.batch_size,
+    max_tokens: int = EvalOptions.max_tokens,
+    device: str = DeviceOptions.device,
+    dtype: str = DeviceOptions.dtype,
 ) -> dict:
     """``gptspeed eval``: for the newest checkpoint of ``run_dir`` (or the HF model ``init_from``),
     the val loss on the val split of ``data_dir`` (``step``, ``val_loss``, ``perplexity``,

@@ -1,4 +1,4 @@
-"""Command line: ``gptspeed prepare | train | sample | eval | bench | import-hf | export-hf | consolidate | plot``.
+"""Command line: ``gptspeed prepare | tokenizer | train | sample | eval | bench | import-hf | export-hf | consolidate | plot``.
 
 Each subcommand parses its flags and calls one typed function; the logic lives in the modules.
 The flags of ``train`` are generated from the configuration dataclasses (gptspeed.config), so a
@@ -74,6 +74,18 @@ def _add_prepare_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--out", required=True, help="output data folder")
     _add_options(s, "PrepareOptions")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_tokenizer_args(s: argparse.ArgumentParser) -> None:
+    sub = s.add_subparsers(dest="tokenizer_command", required=True, parser_class=_Parser)
+    t = sub.add_parser("train", help="train a byte-level BPE (Hugging Face tokenizers) on the sources prepare reads")
+    t.add_argument("sources", nargs="+", metavar="SOURCE", help="named corpus, file, folder or glob (as prepare's)")
+    t.add_argument("--out", required=True, help="tokenizer folder to write (tokenizer.json and its manifest)")
+    _add_options(t, "TokenizerTrainOptions")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = sub.add_parser("compare", help="bytes per token of each tokenizer and GPT-2's on each text file")
+    c.add_argument("tokenizers", nargs="*", metavar="TOK_DIR", help="tokenizer folders or tiktoken encoding names")
+    _add_options(c, "TokenizerCompareOptions")
 
 
 def _add_sample_args(s: argparse.ArgumentParser) -> None:
@@ -187,6 +199,21 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokenizer(a: argparse.Namespace) -> int:
+    from gptspeed import bpe_train
+
+    if a.tokenizer_command == "compare":
+        rows = bpe_train.compare_tokenizers(a.tokenizers, **_options(a, "TokenizerCompareOptions"))
+        print(bpe_train.format_comparison(rows))
+        return 0
+    m = bpe_train.train_tokenizer(a.sources, a.out, progress=not a.no_progress, **_options(a, "TokenizerTrainOptions"))
+    print(
+        f"trained {a.out}: {m['vocab_size']:,} ids ({m['pattern']['name']} pattern) from {m['chars']:,} "
+        f"characters of {m['documents']:,} documents"
+    )
+    return 0
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from gptspeed.config import config_to_yaml
     from gptspeed.configure import config_from_arguments
@@ -255,6 +282,10 @@ def cmd_plot(a: argparse.Namespace) -> int:
 
 SUBCOMMANDS = {  # name -> (help, adds its flags)
     "prepare": ("tokenize a corpus into train/val shards", _add_prepare_args),
+    "tokenizer": (
+        "train a tokenizer on your text (train), or compare tokenizers' bytes per token (compare)",
+        _add_tokenizer_args,
+    ),
     "train": ("pretrain a GPT-2 on prepared data", _add_train_args),
     "sample": ("generate text from a trained run or a Hugging Face GPT-2", _add_sample_args),
     "eval": ("val loss / perplexity and HellaSwag accuracy, as JSON", _add_eval_args),
@@ -273,6 +304,7 @@ SUBCOMMANDS = {  # name -> (help, adds its flags)
 }
 COMMANDS = {
     "prepare": cmd_prepare,
+    "tokenizer": cmd_tokenizer,
     "train": cmd_train,
     "sample": cmd_sample,
     "eval": cmd_eval,
@@ -297,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = new_spelling(argv)  # `bench --race` -> `bench race`, for one more release
     args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
-        if args.command not in ("prepare", "plot"):  # these two need no torch
+        if args.command not in ("prepare", "plot", "tokenizer"):  # these need no torch
             check_torch()
         return COMMANDS[args.command](args)
     except GptspeedError as e:

@@ -155,7 +155,7 @@ def add_dataclass_flags(
     parsed arguments are keyword arguments of ``cls``). What the field's metadata declares: ``flag``
     (default ``--`` + the name with dashes), ``help``, ``choices``, ``kind`` (``flag``: store_true;
     ``bool``: ``--x`` / ``--no-x``; ``off``: store_false under the declared flag, e.g. ``--no-peers``;
-    ``append``: repeatable), ``parse`` (``batch_size``: a number or ``auto``; ``seed``:
+    ``append``: repeatable; ``list``: one or more values), ``parse`` (``batch_size``: a number or ``auto``; ``seed``:
     :func:`gptspeed.config.parse_seed`), ``positional``, ``metavar`` and ``exclusive`` (the fields naming
     the same key are one mutually exclusive group). A field without a default is a required flag.
 
@@ -188,6 +188,8 @@ def add_dataclass_flags(
             kw["action"] = argparse.BooleanOptionalAction
         elif kind == "append":
             kw["action"] = "append"
+        elif kind == "list":
+            kw["nargs"] = "+"
         else:
             kw.update(type=parsers.get(meta.get("parse")) or field_type(cls, f.name), choices=meta.get("choices"))
         target = p

@@ -7,7 +7,7 @@ help). Imports no torch: ``gptspeed sample --help`` does not wait for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 from gptspeed.config import DEVICES, DTYPES, _f
 
@@ -53,6 +53,31 @@ class PrepareOptions:
         None, "fineweb10B: its first N train shards, ~100M tokens each (default all 103); the val shard always"
     )
     print_hashes: bool = _f(False, "print each input file's sha256 as `sha256  path` lines", kind="flag")
+    tokenizer: str = _f(
+        "gpt2",
+        "gpt2 (GPT-2's BPE, shipped), a tiktoken encoding (cl100k_base, o200k_base, ...) or a folder written by "
+        "`gptspeed tokenizer train`; a vocabulary above 65,536 ids writes llm.c's uint32 shards",
+        metavar="TOK_DIR|gpt2|ENCODING",
+    )
+
+
+@dataclass
+class TokenizerTrainOptions:
+    """``gptspeed tokenizer train``'s options (:func:`gptspeed.bpe_train.train_tokenizer`'s keyword arguments)."""
+
+    vocab_size: int = _f(16_384, "ids in the vocabulary: the 256 bytes, the merges and <|endoftext|>")
+    pattern: str = _f("gpt4", "the split pattern, GPT-2's or GPT-4's", choices=("gpt2", "gpt4"))
+    max_chars: int = _f(1_000_000_000, "read at most this many characters of the sources")
+    text_field: str = _f("text", "JSON field / parquet column with the text")
+    skip_bad: bool = _f(False, "skip and count bad records instead of stopping", kind="flag")
+    force: bool = _f(False, "replace --out if it is a tokenizer folder", kind="flag")
+
+
+@dataclass
+class TokenizerCompareOptions:
+    """``gptspeed tokenizer compare``'s options (:func:`gptspeed.bpe_train.compare_tokenizers`)."""
+
+    text: list[str] = _f(MISSING, "UTF-8 text files to encode", kind="list", metavar="FILE")
 
 
 @dataclass

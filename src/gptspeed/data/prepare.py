@@ -43,6 +43,7 @@ again resumes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import importlib.metadata
@@ -54,6 +55,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -63,6 +65,7 @@ from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAM
 from gptspeed.data.corpora import CORPORA, HF_CORPORA, SHARD_CORPORA, resolve_source
 from gptspeed.data.fineweb import prepare_shard_corpus
 from gptspeed.data.folder import check_prepare_target, prepare_lock
+from gptspeed.data.prepare_tokenizer import check_gpt2_only, load_prepare_tokenizer, tokenizer_manifest
 from gptspeed.data.prepared_state import (
     PROGRESS_NAME,
     STAGE_NAME,
@@ -85,10 +88,11 @@ from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB
 
 
 class _Concat:
-    """Read-only slices ``[a, b)`` across a list of shard memmaps laid end to end."""
+    """Read-only slices ``[a, b)`` across a list of shard memmaps laid end to end; ``eot`` the id
+    that starts each document."""
 
-    def __init__(self, paths: list[Path]):
-        self.arrays = [read_shard(p) for p in paths]
+    def __init__(self, paths: list[Path], eot: int = EOT_TOKEN):
+        self.arrays, self.eot = [read_shard(p) for p in paths], eot
         self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
         self.n = int(self.starts[-1])
 
@@ -101,7 +105,7 @@ class _Concat:
             lo, hi = max(a, int(self.starts[i])), min(b, int(self.starts[i + 1]))
             if lo < hi:
                 parts.append(arr[lo - self.starts[i] : hi - self.starts[i]])
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.arrays[0].dtype if self.arrays else np.uint16)
 
     def find_eot(self, lo: int, hi: int, last: bool, block: int = 1 << 22) -> int | None:
         """First (or last) EOT position in ``[lo, hi]``, scanning blocks outward; None if none."""
@@ -111,7 +115,7 @@ class _Concat:
         starts = range(hi + 1, lo, -block) if last else range(lo, hi + 1, block)
         for s in starts:
             a, b = (max(lo, s - block), s) if last else (s, min(hi + 1, s + block))
-            hits = np.flatnonzero(self.slice(a, b) == EOT_TOKEN)
+            hits = np.flatnonzero(self.slice(a, b) == self.eot)
             if len(hits):
                 return a + int(hits[-1] if last else hits[0])
         return None
@@ -150,7 +154,7 @@ def document_starts(tokens: _Concat, block: int = 1 << 22) -> np.ndarray:
     """Positions (int64) of every EOT in the stream, i.e. of every document's first token, in
     order; reads the stream once, ``block`` tokens at a time."""
     parts = [
-        np.flatnonzero(tokens.slice(a, min(tokens.n, a + block)) == EOT_TOKEN) + a for a in range(0, tokens.n, block)
+        np.flatnonzero(tokens.slice(a, min(tokens.n, a + block)) == tokens.eot) + a for a in range(0, tokens.n, block)
     ]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
@@ -158,13 +162,13 @@ def document_starts(tokens: _Concat, block: int = 1 << 22) -> np.ndarray:
 class _ShardWriter:
     """Packs token pieces into ``{split}_NNNNNN.bin`` shards of ``shard_tokens`` tokens."""
 
-    def __init__(self, out: Path, split: str, shard_tokens: int, buf: np.ndarray):
-        self.out, self.split, self.buf, self.fill = out, split, buf[:shard_tokens], 0
+    def __init__(self, out: Path, split: str, shard_tokens: int, buf: np.ndarray, eot: int = EOT_TOKEN):
+        self.out, self.split, self.buf, self.fill, self.eot = out, split, buf[:shard_tokens], 0, eot
         self.shards: list[str] = []
         self.documents = 0
 
     def add(self, piece: np.ndarray) -> None:
-        self.documents += int(np.count_nonzero(piece == EOT_TOKEN))
+        self.documents += int(np.count_nonzero(piece == self.eot))
         p = 0
         while p < len(piece):
             take = min(len(self.buf) - self.fill, len(piece) - p)
@@ -222,8 +226,8 @@ def write_shuffled(
     Returns:
         The train and val writers (their ``shards`` and ``documents``).
     """
-    buf = np.empty(min(shard_tokens, tokens.n), dtype=np.uint16)
-    train, val = _ShardWriter(out, "train", shard_tokens, buf), None
+    buf = np.empty(min(shard_tokens, tokens.n), dtype=tokens.arrays[0].dtype)
+    train, val = _ShardWriter(out, "train", shard_tokens, buf, tokens.eot), None
     pos = 0
     with tqdm(total=len(order), unit="doc", desc="shuffle", disable=None if progress else True) as bar:
         for k in order:
@@ -232,7 +236,7 @@ def write_shuffled(
             if val is None and pos + length > cut:  # the cut falls in (or right before) this one
                 train.add(piece[: cut - pos])
                 train.flush()
-                val = _ShardWriter(out, "val", shard_tokens, buf)
+                val = _ShardWriter(out, "val", shard_tokens, buf, tokens.eot)
                 piece = piece[cut - pos :]
             (train if val is None else val).add(piece)
             pos += length
@@ -251,20 +255,23 @@ def _stage(
     shard_tokens: int,
     max_tokens: int | None,
     progress: bool,
+    tokenizer=None,
 ) -> None:
     """Tokenize ``docs`` (after the ``state["next_doc"]`` already staged) into staging chunks
     ``.stream_NNNNNN.bin`` of ``shard_tokens`` tokens, recording each finished chunk in ``state``
-    and the progress file, then the last partial chunk in ``state`` only."""
+    and the progress file, then the last partial chunk in ``state`` only. ``tokenizer``: a
+    :class:`gptspeed.bpe.Tokenizer`, None for GPT-2's."""
     skip_docs, skip_tokens = state["next_doc"], state["doc_offset"]
     docs = itertools.islice(docs, skip_docs, None)  # already in finished chunks: read, not tokenized
-    buf = np.empty(shard_tokens if max_tokens is None else min(shard_tokens, max_tokens), dtype=np.uint16)
+    dtype = np.uint16 if tokenizer is None else tokenizer.dtype
+    buf = np.empty(shard_tokens if max_tokens is None else min(shard_tokens, max_tokens), dtype=dtype)
     fill, total, n_docs = 0, state["tokens"], state["documents"]
     start_tokens = total
     t0 = time.perf_counter()
     bar = tqdm(unit="doc", desc="tokenize", initial=skip_docs, disable=None if progress else True)
     done = False
     # closing: on an error or Ctrl-C the tokenizer's threads stop here, not when the frame is collected
-    with bar, contextlib.closing(tokenize_stream(docs, workers)) as stream:
+    with bar, contextlib.closing(tokenize_stream(docs, workers, tokenizer)) as stream:
         for doc_index, doc in enumerate(stream, start=skip_docs):
             bar.update(1)
             p = skip_tokens if doc_index == skip_docs else 0
@@ -330,6 +337,7 @@ class _Input:
     sha256: str
     stamps: tuple[tuple[int, int], ...] = ()  # (size, mtime_ns) of each file, taken before it was hashed
     val_tokens: int | None = None  # a named corpus's fixed val size (HFCorpus.val_tokens)
+    tokenizer: Any = None  # how it is tokenized: a gptspeed.bpe.Tokenizer, None for GPT-2's (prepare_tokenizer.py)
 
     def check_unchanged(self) -> None:
         """GptspeedError naming the first file whose size or modification time is not what it was
@@ -439,6 +447,7 @@ def _stage_input(
         shard_tokens=shard_tokens,
         max_tokens=max_tokens,
         progress=progress,
+        tokenizer=inp.tokenizer,
     )
     state.update(complete=True, bad_records=stats.bad, has_text=seen["text"])
     write_progress(out, state)
@@ -453,6 +462,7 @@ def _write_splits(
     shuffle_seed: int | None,
     progress: bool,
     val_tokens: int | None = None,
+    eot: int = EOT_TOKEN,
 ) -> dict:
     """Staged chunks -> the train and val shards (:func:`split_cut`, or :func:`shuffled_order`
     with a seed); the chunks are removed or renamed. Returns the manifest's ``splits``.
@@ -464,7 +474,7 @@ def _write_splits(
         clear_prepared(out)
         raise GptspeedError(f"no text in {source} (empty, or only whitespace): give files with some text")
     val_fraction = val_share(total, val_fraction, val_tokens)
-    tokens = _Concat(chunk_paths)
+    tokens = _Concat(chunk_paths, eot)
     if shuffle_seed is not None:
         spans, order, cut = shuffled_order(tokens, shuffle_seed, val_fraction)
     else:
@@ -487,7 +497,7 @@ def _write_splits(
         val_shards, val_docs = [], 0
         for i, start in enumerate(range(cut, total, shard_tokens)):
             part = tokens.slice(start, min(total, start + shard_tokens))
-            val_docs += int(np.count_nonzero(part == EOT_TOKEN))
+            val_docs += int(np.count_nonzero(part == eot))
             val_shards.append(f"val_{i:06d}.bin")
             write_shard(out / val_shards[-1], part)
         train_shards = [f"train_{i:06d}.bin" for i in range((cut + shard_tokens - 1) // shard_tokens)]
@@ -510,7 +520,7 @@ def _manifest(
     source: str, inp: _Input, val_fraction: float, shard_tokens: int, splits: dict, settings: dict, state: dict
 ) -> dict:
     """The ``manifest.json`` of a finished prepare (fields: :func:`prepare`'s Returns)."""
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_FORMAT_VERSION,
         "source": source,
@@ -532,6 +542,7 @@ def _manifest(
         "tiktoken_version": importlib.metadata.version("tiktoken"),
         "numpy_version": np.__version__,
     }
+    return manifest if inp.tokenizer is None else tokenizer_manifest(manifest, inp.tokenizer)
 
 
 def prepare(
@@ -551,6 +562,7 @@ def prepare(
     split: str = PrepareOptions.split,
     max_shards: int | None = PrepareOptions.max_shards,
     print_hashes: bool = PrepareOptions.print_hashes,
+    tokenizer: str = PrepareOptions.tokenizer,
 ) -> dict:
     """Tokenize SOURCE into ``train_NNNNNN.bin`` / ``val_NNNNNN.bin`` shards and a manifest,
     streaming, in flat memory (how: the module docstring); or, for a corpus tokenized upstream
@@ -581,6 +593,10 @@ def prepare(
         max_shards: ``fineweb10B`` only: its first N train shards (default all); the val shard always.
         print_hashes: print each input file's sha256 as ``sha256  path`` lines (the format of the
             tables in :mod:`gptspeed.data.corpora`), from the manifest.
+        tokenizer: ``gpt2`` (the default: GPT-2's BPE, uint16 shards), a tiktoken encoding name or
+            a TOK_DIR (:func:`gptspeed.bpe.resolve_tokenizer`); a vocabulary above 65,536 ids is
+            written as llm.c's uint32 shards (:mod:`gptspeed.data.shards`), and the manifest records
+            the tokenizer (:mod:`gptspeed.data.prepare_tokenizer`).
 
     Returns:
         The manifest written to ``out_dir/manifest.json``: format, source, tokenizer, files
@@ -605,8 +621,10 @@ def prepare(
     args = dict(val_fraction=val_fraction, shard_tokens=shard_tokens, text_field=text_field, shuffle_seed=shuffle_seed)
     args.update(skip_bad=skip_bad, max_tokens=max_tokens, hf_name=hf_name, split=split)
     if source in SHARD_CORPORA or max_shards is not None:
+        check_gpt2_only(source, tokenizer)
         manifest = prepare_shard_corpus(source, out, force=force, progress=progress, max_shards=max_shards, given=args)
     else:
+        args["tokenizer"] = tokenizer
         manifest = _prepare_text(source, out, force=force, progress=progress, workers=workers, **args)
     if print_hashes:
         for f in manifest["files"]:
@@ -629,11 +647,13 @@ def _prepare_text(
     max_tokens: int | None,
     hf_name: str | None,
     split: str,
+    tokenizer: str,
 ) -> dict:
     """:func:`prepare` of a source it tokenizes."""
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out, shuffle_seed)
+    tok = load_prepare_tokenizer(tokenizer)
     check_prepare_target(out)  # never /, the home folder, or a folder of other files
-    inp = _resolve_input(source, hf_name, split, progress)
+    inp = dataclasses.replace(_resolve_input(source, hf_name, split, progress), tokenizer=tok)
     settings = {
         "text_field": text_field,
         "shuffle_seed": shuffle_seed,
@@ -645,6 +665,8 @@ def _prepare_text(
     }
     if inp.val_tokens is not None:  # only then: a folder prepared before it was a setting is still reused
         settings["val_tokens"] = inp.val_tokens
+    if tok is not None:  # only then, likewise (GPT-2's folders are as they were)
+        settings["tokenizer_sha256"] = tok.sha256
     if os.path.lexists(out / MANIFEST_NAME) and not force:
         return reuse_prepared(out, source, val_fraction, shard_tokens, inp.sha256, settings)
     created = make_out(out)
@@ -696,6 +718,7 @@ def _prepare_locked(
     try:
         key = hashlib.sha256(json.dumps([source, inp.sha256, shard_tokens, settings]).encode()).hexdigest()
         state = staging_state(out, key, force)
+        eot = EOT_TOKEN if inp.tokenizer is None else inp.tokenizer.eot
         _stage_input(
             inp,
             out,
@@ -709,7 +732,7 @@ def _prepare_locked(
         )
         inp.check_unchanged()  # the tokens are of the text the manifest's hashes name
         splits = _write_splits(
-            out, state, source, val_fraction, shard_tokens, shuffle_seed, progress, settings.get("val_tokens")
+            out, state, source, val_fraction, shard_tokens, shuffle_seed, progress, settings.get("val_tokens"), eot
         )
         manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
         write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")

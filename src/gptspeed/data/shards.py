@@ -1,9 +1,17 @@
-"""The token shard file format of llm.c and modded-nanogpt.
+"""The token shard file formats of llm.c (and modded-nanogpt).
 
-A shard is a 1024-byte header of 256 little-endian int32 — ``[0]`` magic 20240520, ``[1]``
-version 1, ``[2]`` token count, the rest 0 — followed by exactly ``count`` token ids as
-little-endian uint16 (GPT-2's 50,257 ids fit). Files written by llm.c's ``dev/data`` scripts and
-modded-nanogpt's ``data/cached_fineweb*.py`` read here unchanged, and ours read there.
+A shard is a 1024-byte header of 256 little-endian int32 — ``[0]`` magic, ``[1]`` version, ``[2]``
+token count, the rest 0 — followed by exactly ``count`` token ids. Two formats, as llm.c's
+``dev/data/data_common.py`` writes them:
+
+- GPT-2's: magic 20240520, version 1, ids as little-endian uint16 (a vocabulary of at most 65,536
+  ids: GPT-2's 50,257 fit). llm.c's C trainer and modded-nanogpt read it.
+- llm.c's uint32 format (its "llama-3" one): magic 20240801, version 7, ids as little-endian uint32
+  (any vocabulary up to 2**32 ids: Llama 3's 128,256, cl100k's, a tokenizer of one's own).
+
+:func:`write_shard` writes the uint32 format for a ``uint32`` array and GPT-2's otherwise; the
+readers take either, by the header. Files written by llm.c's scripts and modded-nanogpt's
+``data/cached_fineweb*.py`` read here unchanged, and ours read there.
 """
 
 from __future__ import annotations
@@ -22,7 +30,13 @@ SHARD_VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4  # 1024
 TOKEN_DTYPE = np.dtype("<u2")
-"""On-disk token dtype: little-endian uint16, 2 bytes per token."""
+"""GPT-2's format's token dtype: little-endian uint16, 2 bytes per token."""
+WIDE_MAGIC = 20240801
+WIDE_VERSION = 7
+WIDE_DTYPE = np.dtype("<u4")
+"""llm.c's uint32 format's token dtype: little-endian uint32, 4 bytes per token."""
+FORMATS = {SHARD_VERSION: (SHARD_MAGIC, TOKEN_DTYPE), WIDE_VERSION: (WIDE_MAGIC, WIDE_DTYPE)}
+"""version -> (magic, token dtype) of each format read and written here."""
 
 _REPREPARE = "prepare the data again with `gptspeed prepare SOURCE --out DIR --force`"
 
@@ -43,22 +57,27 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
 
     Args:
         path: destination file; its folder must exist.
-        tokens: 1-D (or any shape, flattened) integer array, values in [0, 65535].
+        tokens: 1-D (or any shape, flattened) integer array. A ``uint32`` array is written in
+            llm.c's uint32 format (values in [0, 2**32)), any other in GPT-2's uint16 format
+            (values in [0, 65535]).
 
     Raises:
-        ValueError: ``tokens`` is not an integer array or has values outside [0, 65535]
+        ValueError: ``tokens`` is not an integer array or has values outside its format's range
             (a caller bug, not a user error).
     """
     tokens = np.asarray(tokens)
     if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"shard tokens must be integers, got dtype {tokens.dtype}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() > 65535):
-        raise ValueError(f"shard tokens must be in [0, 65535], got min {tokens.min()} max {tokens.max()}")
+    version = WIDE_VERSION if tokens.dtype == np.uint32 else SHARD_VERSION
+    magic, dtype = FORMATS[version]
+    top = np.iinfo(dtype).max
+    if tokens.size and (tokens.min() < 0 or tokens.max() > top):
+        raise ValueError(f"shard tokens must be in [0, {top}], got min {tokens.min()} max {tokens.max()}")
     if tokens.size > np.iinfo(np.int32).max:
         raise ValueError(f"a shard holds at most 2**31-1 tokens, got {tokens.size}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = SHARD_MAGIC, SHARD_VERSION, tokens.size
-    data = tokens.reshape(-1).astype(TOKEN_DTYPE, copy=False)
+    header[0], header[1], header[2] = magic, version, tokens.size
+    data = tokens.reshape(-1).astype(dtype, copy=False)
 
     write_atomic(path, lambda f: (f.write(header.tobytes()), f.write(data.tobytes())))
 
@@ -66,8 +85,9 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
 def read_header(path: str | os.PathLike) -> tuple[int, int]:
     """Validate the shard at ``path`` and return ``(version, token_count)``.
 
-    Reads only the 1024-byte header and the file size; checks magic, version, and that the
-    file is exactly ``1024 + 2 * token_count`` bytes.
+    Reads only the 1024-byte header and the file size; checks magic and version (one of
+    :data:`FORMATS`), and that the file is exactly ``1024 + itemsize * token_count`` bytes
+    (itemsize 2 for version 1, 4 for version 7).
 
     Raises:
         ShardError: missing file, file shorter than the header, wrong magic (not an llm.c /
@@ -90,18 +110,19 @@ def read_header(path: str | os.PathLike) -> tuple[int, int]:
         )
     header = np.frombuffer(raw, dtype="<i4")
     magic, version, count = (int(x) for x in header[:3])
-    if magic != SHARD_MAGIC:
+    if magic not in (SHARD_MAGIC, WIDE_MAGIC):
         raise ShardError(
-            f"shard {path} starts with magic {magic}, expected {SHARD_MAGIC}: it is not an llm.c/gptspeed token shard"
+            f"shard {path} starts with magic {magic}, expected {SHARD_MAGIC} (uint16) or {WIDE_MAGIC} (uint32): "
+            "it is not an llm.c/gptspeed token shard"
         )
-    if version != SHARD_VERSION:
+    if FORMATS.get(version, (None,))[0] != magic:
         raise ShardError(
-            f"shard {path} has format version {version}, but this gptspeed reads only version "
-            f"{SHARD_VERSION}: {_REPREPARE}"
+            f"shard {path} has magic {magic} and format version {version}, but this gptspeed reads only versions "
+            f"{SHARD_VERSION} (magic {SHARD_MAGIC}) and {WIDE_VERSION} (magic {WIDE_MAGIC}): {_REPREPARE}"
         )
     if count < 0:
         raise ShardError(f"shard {path} has a negative token count {count}: {_REPREPARE}")
-    expected = HEADER_BYTES + TOKEN_DTYPE.itemsize * count
+    expected = HEADER_BYTES + FORMATS[version][1].itemsize * count
     if size < expected:
         raise ShardError(
             f"shard {path} is truncated: its header says {count} tokens ({expected} bytes) but "
@@ -119,18 +140,20 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
     """The tokens of the shard at ``path``, validated by :func:`read_header`.
 
     Returns:
-        A read-only ``np.memmap`` of dtype ``<u2`` and shape ``(token_count,)`` (no copy: pages
-        load on access). An empty shard gives a read-only empty ndarray (mmap cannot map 0 bytes).
+        A read-only ``np.memmap`` of dtype ``<u2`` (version 1) or ``<u4`` (version 7) and shape
+        ``(token_count,)`` (no copy: pages load on access). An empty shard gives a read-only empty
+        ndarray (mmap cannot map 0 bytes).
 
     Raises:
         ShardError: as :func:`read_header`.
     """
-    _, count = read_header(path)
+    version, count = read_header(path)
+    dtype = FORMATS[version][1]
     if count == 0:
-        empty = np.zeros(0, dtype=TOKEN_DTYPE)
+        empty = np.zeros(0, dtype=dtype)
         empty.flags.writeable = False
         return empty
-    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
 FINGERPRINT_BYTES = 1 << 16  # bytes read at each of a shard's start, middle and end
@@ -179,9 +202,9 @@ class MappedShard:
         return len(self.tokens)
 
     def window(self, start: int, stop: int) -> np.ndarray:
-        """Tokens ``[start, stop)`` (clipped to the shard): a read-only ``<u2`` view, no copy."""
+        """Tokens ``[start, stop)`` (clipped to the shard): a read-only ``<u2`` (or ``<u4``) view, no copy."""
         stop = min(stop, len(self.tokens))
-        need = HEADER_BYTES + TOKEN_DTYPE.itemsize * stop
+        need = HEADER_BYTES + self.tokens.dtype.itemsize * stop
         size = os.fstat(self._file.fileno()).st_size
         if size < need:
             raise ShardError(

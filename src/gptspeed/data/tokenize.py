@@ -183,8 +183,10 @@ def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return pool
 
 
-def tokenize_stream(docs: Iterable[str], workers: int = 1) -> Iterator[np.ndarray]:
+def tokenize_stream(docs: Iterable[str], workers: int = 1, tokenizer=None) -> Iterator[np.ndarray]:
     """The tokens of each document of ``docs`` (:func:`encode_document`), in document order.
+    ``tokenizer``: a :class:`gptspeed.bpe.Tokenizer` other than GPT-2's (its
+    :meth:`~gptspeed.bpe.Tokenizer.encode_documents` then encodes each batch); None for GPT-2's.
 
     ``workers`` > 1 encodes batches of documents (up to :data:`BATCH_DOCS` documents /
     :data:`BATCH_CHARS` characters) in that many threads while the caller reads the next
@@ -194,6 +196,11 @@ def tokenize_stream(docs: Iterable[str], workers: int = 1) -> Iterator[np.ndarra
     encodes in the calling thread. The result does not depend on ``workers``. An exception raised
     while reading ``docs`` or encoding propagates to the caller.
     """
+    encode = encode_documents if tokenizer is None else tokenizer.encode_documents
+    if workers <= 1 and tokenizer is not None:
+        for batch in _batches(docs):
+            yield from encode(batch)
+        return
     if workers <= 1:
         for text in docs:
             yield encode_document(text)
@@ -203,7 +210,7 @@ def tokenize_stream(docs: Iterable[str], workers: int = 1) -> Iterator[np.ndarra
     sizes: collections.deque[int] = collections.deque()  # characters of each pending batch
     try:
         for batch in _batches(docs):
-            pending.append(pool.submit(encode_documents, batch))
+            pending.append(pool.submit(encode, batch))
             sizes.append(sum(map(len, batch)))
             while pending and (len(pending) >= 4 * workers or sum(sizes) > 8 * workers * BATCH_CHARS):
                 sizes.popleft()

@@ -52,7 +52,8 @@ def test_fuzz_shard_reader(tmp_path_factory, data, header):
     except ShardError as e:
         assert str(path) in str(e) and "\n" not in str(e)
         return
-    assert len(toks) == count == (len(raw) - 1024) // 2 and version == 1 and toks.dtype == np.dtype("<u2")
+    itemsize = {1: 2, 7: 4}[version]
+    assert len(toks) == count == (len(raw) - 1024) // itemsize and toks.dtype == np.dtype(f"<u{itemsize}")
 
 
 # ------------------------------------------------------------------------------ what a batch reads
@@ -118,6 +119,38 @@ def test_round_trip(tmp_path):
         out[0] = 1  # read-only
 
 
+def test_a_uint32_shard_has_llm_c_header_and_its_tokens_read_back_exactly(tmp_path):
+    """A vocabulary above 65,536 ids: llm.c's uint32 format (dev/data/data_common.py's "llama-3":
+    magic 20240801, version 7, 4 bytes a token), written from a uint32 array and read by every reader."""
+    tokens = np.array([0, 65535, 65536, 100_277, 128_255, 2**32 - 1, 7], dtype=np.uint32)
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, tokens)
+    raw = path.read_bytes()
+    assert struct.unpack("<256i", raw[:HEADER_BYTES]) == (20240801, 7, 7, *([0] * 253))
+    assert len(raw) == HEADER_BYTES + 4 * 7 and raw[HEADER_BYTES:] == tokens.astype("<u4").tobytes()
+    assert read_header(path) == (7, 7)
+    out = read_shard(path)
+    assert out.dtype == np.dtype("<u4") and out.tolist() == tokens.tolist()
+    mapped = MappedShard(path)
+    assert mapped.window(2, 5).tolist() == [65536, 100_277, 128_255]
+    mapped.close()
+
+
+def test_a_uint32_shard_written_as_llm_c_writes_it_trains(tmp_path):
+    """The header and tokens as llm.c's script lays them out, read by the training loader: ids above
+    65,535 arrive whole in the int64 batches."""
+    ids = np.arange(70_000, 70_000 + 2 * B * T + 1, dtype="<u4")
+    path = raw_shard(tmp_path / "train_000000.bin", len(ids), ids.tobytes(), magic=20240801, version=7)
+    x, y = TokenLoader([path], B, T).next_batch()
+    assert x.flatten().tolist() == ids[: B * T].tolist() and y.flatten().tolist() == ids[1 : B * T + 1].tolist()
+
+
+def test_a_uint16_shard_refuses_ids_it_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match=r"\[0, 65535\]"):
+        write_shard(tmp_path / "x.bin", np.array([65536], dtype=np.int64))
+    assert not list(tmp_path.iterdir())
+
+
 def test_header_bytes(tmp_path):
     path = tmp_path / "x.bin"
     write_shard(path, np.array([1, 2, 3], dtype=np.uint16))
@@ -169,7 +202,10 @@ def test_failed_write_keeps_old_file_and_removes_temp(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda p: raw_shard(p, 2, b"\0" * 4, magic=20240801), "magic 20240801.*not an llm.c"),
+        (lambda p: raw_shard(p, 2, b"\0" * 4, magic=20240802), "magic 20240802.*not an llm.c"),
+        (lambda p: raw_shard(p, 2, b"\0" * 4, magic=20240801), "magic 20240801 and format version 1, but"),
+        (lambda p: raw_shard(p, 2, b"\0" * 4, version=7), "magic 20240520 and format version 7, but"),
+        (lambda p: raw_shard(p, 2, b"\0" * 4, magic=20240801, version=7), "truncated"),  # 2 uint32 need 8 bytes
         (lambda p: raw_shard(p, 10, b"\0" * 4), "truncated"),
         (lambda p: raw_shard(p, 2, b"\0" * 5), "1 bytes after"),
         (lambda p: raw_shard(p, 2, b"\0" * 6), "2 bytes after"),
@@ -179,7 +215,20 @@ def test_failed_write_keeps_old_file_and_removes_temp(tmp_path, monkeypatch):
         (lambda p: p.write_bytes(b""), "0 bytes"),
         (lambda p: None, "does not exist"),
     ],
-    ids=["magic", "truncated", "odd-extra", "extra", "negative", "short", "version", "empty", "missing"],
+    ids=[
+        "magic",
+        "uint32-magic-v1",
+        "uint16-magic-v7",
+        "uint32-truncated",
+        "truncated",
+        "odd-extra",
+        "extra",
+        "negative",
+        "short",
+        "version",
+        "empty",
+        "missing",
+    ],
 )
 def test_bad_shards(tmp_path, make, match):
     path = tmp_path / "bad.bin"

@@ -61,16 +61,12 @@ def test_a_trained_tokenizer_compresses_its_text_better_than_bytes(tok_dir):
     assert len(tok.encode(TEXT)) < 0.75 * len(TEXT.encode())
 
 
-def test_documents_start_with_the_separator_and_long_ones_encode_in_pieces_to_the_same_ids(tok_dir, monkeypatch):
+def test_documents_start_with_the_separator_and_long_ones_encode_in_pieces_to_the_same_ids(tok_dir):
     tok = load_tokenizer_dir(tok_dir)
     whole = [tok.eot, *tok.encode(TEXT)]
-    import gptspeed.bpe as bpe
-
-    monkeypatch.setattr(bpe, "PIECE_CHARS", 257)  # documents of 12,000 characters cut in ~50 pieces
-    monkeypatch.setattr(bpe.document_pieces, "__defaults__", (257,))
-    assert len(list(document_pieces(TEXT))) > 40
-    assert "".join(document_pieces(TEXT)) == TEXT
-    docs = tok.encode_documents([TEXT, "", "   "])
+    assert len(list(document_pieces(TEXT, 257))) > 40  # 12,000 characters cut in ~50 pieces
+    assert "".join(document_pieces(TEXT, 257)) == TEXT
+    docs = tok.encode_documents([TEXT, "", "   "], piece_chars=257)
     assert docs[0].tolist() == whole and docs[0].dtype == tok.dtype == "<u2"
     assert len(docs[1]) == 0 and docs[2].tolist() == [tok.eot, *tok.encode("   ")]
 

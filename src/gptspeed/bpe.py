@@ -90,10 +90,11 @@ class Tokenizer:
     def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
         return [self.encode(p) for p in pieces]
 
-    def encode_documents(self, texts: list[str]) -> list[np.ndarray]:
+    def encode_documents(self, texts: list[str], piece_chars: int = PIECE_CHARS) -> list[np.ndarray]:
         """``[eot, *encode(text)]`` of each text as a :attr:`dtype` array (empty for a text that
-        encodes to nothing: it is not a document). Long texts go in pieces (:func:`document_pieces`)."""
-        pieces = [list(document_pieces(t)) if t else [] for t in texts]
+        encodes to nothing: it is not a document). Texts longer than ``piece_chars`` go in pieces
+        (:func:`document_pieces`), to the same ids."""
+        pieces = [list(document_pieces(t, piece_chars)) if t else [] for t in texts]
         flat = self._encode_pieces([p for ps in pieces for p in ps])
         out, k = [], 0
         for ps in pieces:

@@ -1,9 +1,9 @@
-"""Corpus -> GPT-2 token shards: ``gptspeed prepare SOURCE --out DIR``.
+"""Corpus -> token shards: ``gptspeed prepare SOURCE --out DIR [--tokenizer ...]`` (:mod:`.prepare_tokenizer`).
 
 SOURCE is a named corpus (:data:`gptspeed.data.corpora.CORPORA`, files;
 :data:`~gptspeed.data.corpora.HF_CORPORA`, online through ``datasets``), a ``.txt`` /
 ``.jsonl[.gz|.zst]`` / ``.parquet`` file, a folder of such files, a glob, or ``hf:DATASET`` (see
-:mod:`gptspeed.data.sources`). Every document is tokenized with GPT-2's BPE (in ``workers``
+:mod:`gptspeed.data.sources`). Every document is tokenized with GPT-2's BPE by default (in ``workers``
 threads, :mod:`gptspeed.data.tokenize`) and preceded by ``<|endoftext|>`` (50256), as in nanoGPT /
 llm.c / modded-nanogpt data scripts. The stream is written as it is tokenized, in chunks of
 ``shard_tokens`` tokens, then cut into a train and a val split (val = the tail; with a shuffle

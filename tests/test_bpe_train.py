@@ -121,3 +121,17 @@ def test_compare_prints_bytes_per_token_of_gpt2_and_each_tokenizer_per_file(tmp_
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["file", "bytes", "gpt2", "tok"] and len(lines) == 3
     assert f"{first['gpt2']['bytes_per_token']:.3f}" in lines[1]
+
+
+def test_train_reads_what_prepare_reads_a_folder_of_text_and_jsonl_bad_records_skipped(tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "a.txt").write_text(shakespeare(4000), encoding="utf-8")
+    lines = [json.dumps({"text": shakespeare(8000)[4000 + i * 1000 : 5000 + i * 1000]}) for i in range(4)]
+    (folder / "b.jsonl").write_text("\n".join([lines[0], "{broken", *lines[1:]]) + "\n", encoding="utf-8")
+    with pytest.raises(GptspeedError, match="b.jsonl"):
+        train_tokenizer([str(folder)], tmp_path / "tok", vocab_size=300, progress=False)
+    assert not (tmp_path / "tok").exists()
+    m = train_tokenizer([str(folder)], tmp_path / "tok", vocab_size=300, skip_bad=True, progress=False)
+    assert [s["path"] for s in m["sources"]] == ["a.txt", "b.jsonl"]
+    assert (m["documents"], m["bad_records"], m["chars"]) == (5, 1, 8000)

@@ -59,11 +59,11 @@ def _sources(sources: list[str], progress: bool) -> list[tuple[Path, str, str, i
 
 def _documents(files, text_field: str, skip_bad: bool, max_chars: int, read: dict) -> Iterator[str]:
     """The documents of ``files``, up to ``max_chars`` characters in all (the last one cut); counts
-    ``read["chars"]`` and ``read["documents"]``. GptspeedError for a file holding NUL characters
+    ``read["chars"]`` and ``read["documents"]``, the bad records skipped in ``read["stats"]``. GptspeedError for a file holding NUL characters
     (binary, not text)."""
     from gptspeed.data.sources import SourceStats, iter_file
 
-    stats = SourceStats()
+    stats = read.setdefault("stats", SourceStats())
     for path, *_ in files:
         for doc in iter_file(path, text_field, stats, skip_bad):
             if "\0" in doc:
@@ -133,7 +133,7 @@ def train_tokenizer(
     Returns:
         The manifest written beside ``tokenizer.json``: format, vocab_size (the ids it has: fewer
         than asked when the text holds fewer distinct pairs), vocab_size_asked, pattern (name and
-        regex), eot_token, sources (path, sha256, bytes), max_chars, chars, documents,
+        regex), eot_token, sources (path, sha256, bytes), max_chars, chars, documents, bad_records,
         tokenizer_sha256, tokenizers_version, gptspeed_version, created.
 
     Raises:
@@ -178,6 +178,7 @@ def train_tokenizer(
         "max_chars": max_chars,
         "chars": read["chars"],
         "documents": read["documents"],
+        "bad_records": read["stats"].bad if "stats" in read else 0,
         "tokenizer_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "tokenizers_version": importlib.metadata.version("tokenizers"),
         "gptspeed_version": gptspeed.__version__,

@@ -77,7 +77,7 @@ def _add_prepare_args(s: argparse.ArgumentParser) -> None:
 
 
 def _add_tokenizer_args(s: argparse.ArgumentParser) -> None:
-    sub = s.add_subparsers(dest="tokenizer_command", required=True, parser_class=_Parser)
+    sub = s.add_subparsers(dest="tokenizer_command", required=True, parser_class=_Parser, metavar="{train,compare}")
     t = sub.add_parser("train", help="train a byte-level BPE (Hugging Face tokenizers) on the sources prepare reads")
     t.add_argument("sources", nargs="+", metavar="SOURCE", help="named corpus, file, folder or glob (as prepare's)")
     t.add_argument("--out", required=True, help="tokenizer folder to write (tokenizer.json and its manifest)")

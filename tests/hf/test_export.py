@@ -46,6 +46,7 @@ def test_export_loads_in_transformers_with_same_logits_and_tokenizer(tmp_path):
             "merges.txt",
             "model.safetensors",
             "special_tokens_map.json",
+            "tokenizer.json",
             "tokenizer_config.json",
             "vocab.json",
             EXPORT_MARKER,
@@ -358,3 +359,33 @@ def test_export_hf_dtype_flag_reaches_the_export_and_refuses_float16(tmp_path):
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     proc = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "f16"), "--dtype", "float16")
     assert proc.returncode != 0 and "invalid choice: 'float16'" in proc.stderr and not (tmp_path / "f16").exists()
+
+
+TEXTS = ["Hello world", "  two spaces\n\nand\ttabs", "naïve café 東京 🙂", "It's 2026: don't; we'll", "x" * 300]
+
+
+def test_the_export_has_a_tokenizer_json_that_encodes_as_gptspeed_and_no_path_of_the_machine(tmp_path):
+    """tokenizer.json (the fast tokenizer, read by tools that do not go through save_pretrained)
+    was missing; the marker recorded the run's path as typed (an absolute path travels with a
+    folder pushed to a hub). Now tokenizers' own reader and transformers' fast tokenizer encode as
+    gptspeed does, a literal <|endoftext|> being one token there (seven for gptspeed's
+    encoder, which reads it as text), and
+    no file of the export holds the run's absolute path."""
+    from tokenizers import Tokenizer
+
+    from gptspeed.tokenizer import encode
+
+    write_run(tmp_path / "run")
+    out = export_hf((tmp_path / "run").resolve(), tmp_path / "hf")
+    fast = Tokenizer.from_file(str(out / "tokenizer.json"))
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.is_fast
+    for text in TEXTS:
+        assert fast.encode(text).ids == auto(text)["input_ids"] == encode(text), text
+        assert fast.decode(encode(text)) == text
+    assert fast.encode("a<|endoftext|>b").ids == [64, 50256, 65]
+    assert len(encode("<|endoftext|>")) == 7  # "<", "|", "end", "of", "text", "|", ">"
+    marker = json.loads((out / EXPORT_MARKER).read_text())
+    assert marker["run"] == "run"
+    for f in out.iterdir():
+        assert str(tmp_path) not in f.read_bytes().decode("utf-8", "replace"), f.name

@@ -577,6 +577,12 @@ class TrainConfig:
     hellaswag_examples: int = _f(
         0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)", min=0
     )
+    eval_bpb: bool = _f(
+        False,
+        "each evaluation also gives the val bits per byte (val_bpb in metrics.jsonl: nats over ln 2 times the "
+        "UTF-8 bytes of the same val tokens, as nanochat reports it; a second pass over --eval-tokens)",
+        kind="bool",
+    )
     stop_at_val_loss: float | None = _f(
         None,
         "end the run at the first evaluation (every --eval-every steps) whose "

@@ -114,6 +114,23 @@ def test_export_never_writes_over_its_run_or_a_data_folder_even_with_force(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "other", "runs"]  # no temporary left
 
 
+def test_export_into_a_folder_holding_some_bin_file_is_not_refused_as_a_data_folder(tmp_path):
+    """export-hf --out NEW was refused when NEW's parent held any *.bin file ("a data folder"): a
+    downloads folder with a firmware.bin or another model's pytorch_model.bin. Only a folder gptspeed
+    reads as data (a manifest.json, or shards named as gptspeed's / llm.c's) is one."""
+    write_run_pico(tmp_path / "run")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / "firmware.bin").write_bytes(b"\0" * 64)
+    (downloads / "pytorch_model.bin").write_bytes(b"\0" * 64)
+    res = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(downloads / "hf"))
+    assert res.returncode == 0, res.stderr
+    assert (downloads / "hf" / "model.safetensors").is_file()
+    shards = write_data_pico(tmp_path / "shards", manifest=False)  # llm.c's names, no manifest: data
+    res = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(shards / "hf"))
+    assert_user_error(res, "data folder", "val_000000.bin")
+
+
 def test_export_force_replaces_only_an_earlier_export(tmp_path):
     run = write_run_pico(tmp_path / "run")
     user = tmp_path / "mine"

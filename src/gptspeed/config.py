@@ -189,11 +189,11 @@ class GPTConfig:
         "full",
         "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
         "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
-        "it have probability 0; such a run cannot be exported to transformers)",
+        "it have probability 0, in gptspeed and in its export-hf)",
         choices=SOFTMAXES,
         run_defining=True,
         init_from="kept",
-        export="gpt2",  # --softmax data: refused by export-hf on its own (transformers has no such head)
+        export="gpt2",  # --softmax data: export-hf writes gptspeed's modeling code, the ids in config.json
     )
     # the modern-GPT switches (issue 32); the defaults are GPT-2's. export="switch": off its default, the export
     # carries gptspeed's modeling code (non_gpt2_switches). No init_from: GPT-2's weights cannot take it -- rotary

@@ -32,6 +32,7 @@ import torch
 from gptspeed.config import GPTConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.hf.load import CONV1D, _listed, _one_line
+from gptspeed.hf.reload import gptspeed_hf_names
 from gptspeed.tokenizer import EOT_TOKEN
 
 # ------------------------------------------------------------------------------------- export-hf
@@ -142,7 +143,7 @@ def gpt_to_gptspeed_hf_state_dict(
     """The tensors of ``modeling_gptspeed.GptspeedForCausalLM``: every tensor of our state dict under
     its own name (``nn.Linear`` weights ``[out, in]``), in ``dtype``, contiguous; the padding rows of
     ``wte``, of the value embeddings and of an untied ``lm_head`` removed, a tied ``lm_head.weight``
-    left out (the model reads ``wte``). :func:`gptspeed_hf_names` are the names the model has."""
+    left out (the model reads ``wte``). :func:`gptspeed.hf.reload.gptspeed_hf_names` are the names the model has."""
     out = {}
     for k, t in sd.items():
         if (k == "lm_head.weight" and config.tie_embeddings) or k == "softmax_ids":  # the ids go in config.json
@@ -168,25 +169,6 @@ def check_exportable(config: GPTConfig, where: str) -> None:
             f"{where} uses {', '.join(unknown)}, which export-hf does not write yet (the exported model "
             "would compute without it); sample and eval it with gptspeed"
         )
-
-
-def gptspeed_hf_names(config: GPTConfig) -> set[str]:
-    """The tensor names of ``modeling_gptspeed.GptspeedForCausalLM`` for ``config``."""
-    norm = ("weight", "bias") if config.norm == "layernorm" else ("weight",)
-    block = [f"{n}.{p}" for n in ("ln_1", "ln_2") for p in norm]
-    block += [f"{m}.{p}" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") for p in ("weight", "bias")]
-    names = {"transformer.wte.weight", *(f"transformer.ln_f.{p}" for p in norm)}
-    names |= {f"transformer.h.{i}.{b}" for i in range(config.n_layer) for b in block}
-    if config.pos_emb == "learned":
-        names.add("transformer.wpe.weight")
-    if not config.tie_embeddings:
-        names.add("lm_head.weight")
-    n, k = config.n_layer, config.value_embeds
-    names |= {f"transformer.ve.{j}.weight" for j in range(k)}
-    names |= {f"transformer.h.{i}.attn.ve_gates" for i in range(n) if k and (i < k or i >= n - k)}
-    if config.unet_skips:
-        names.add("skip_weights")
-    return names
 
 
 def _export_contents(config: GPTConfig, sd: dict[str, torch.Tensor], dtype: str) -> tuple[dict, dict, dict, list]:

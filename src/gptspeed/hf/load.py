@@ -253,7 +253,7 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
 
     local = Path(source).expanduser()
     if local.is_dir() and reload.model_type(local) == reload.MODEL_TYPE:
-        return reload.shape_from_export(local, source, model, explicit)
+        return reload.shape_from_export(local, source, model, explicit, _read_stored(local))
     check_init_from_switches(source, model)
     folder = resolve_source(source)
     hf = read_hf_config(folder)
@@ -389,6 +389,16 @@ def read_hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     fmt, files = _weight_files(folder)
     loader = _load_safetensors if fmt == "safetensors" else _load_bin
     return _merged(folder, [loader(f) for f in files])
+
+
+def _read_stored(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``folder`` under its stored name (a gptspeed export's own names, the
+    ``transformer.`` prefix kept). GptspeedError as :func:`read_hf_state_dict`."""
+    fmt, files = _weight_files(folder)
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update((_load_safetensors if fmt == "safetensors" else _load_bin)(f))
+    return out
 
 
 def read_hf_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
@@ -615,7 +625,8 @@ def load_hf_weights(model: GPT, source: str) -> Path:
 
     folder = resolve_source(source)
     if reload.model_type(folder) == reload.MODEL_TYPE:  # the shape and switches came from it too
-        reload.load_export_into(model, folder, reload.gpt_config_from_export(folder)[1])
+        _fill(model, reload.state_dict_from_export(_read_stored(folder), model.config, str(folder)), str(folder))
+        reload.set_ids(model, reload.gpt_config_from_export(folder)[1], str(folder))
         return folder
     hf = read_hf_config(folder)
     c = model.config
@@ -638,7 +649,12 @@ def load_hf_model(source: str, *, block_size: int | None = None) -> tuple[GPT, d
         from gptspeed.fileio import read_user_json
 
         hf = read_user_json(folder / "config.json", "Hugging Face config", max_bytes=1 << 24)
-        return reload.load_export(folder, block_size), {"source": source, "folder": str(folder), "hf_config": hf}
+        config, ids = reload.gpt_config_from_export(folder, block_size)
+        sd = reload.state_dict_from_export(_read_stored(folder), config, str(folder))  # before building the model
+        model = GPT(config)
+        _fill(model, sd, str(folder))
+        reload.set_ids(model, ids, str(folder))
+        return model.eval(), {"source": source, "folder": str(folder), "hf_config": hf}
     hf = read_hf_config(folder)
     config = gpt_config_from_hf(hf, block_size=block_size)
     sd = _read_checked(folder, hf, config)

@@ -2,7 +2,8 @@
 architecture switches or ``--softmax data`` (config.json's ``model_type`` ``gptspeed_gpt``, read by
 :mod:`gptspeed.hf_modeling` in transformers) as a :class:`~gptspeed.model.GPT` with the same
 switches -- for ``import-hf``, ``--init-from`` on train / sample / eval (:mod:`gptspeed.hf.load`
-dispatches here).
+dispatches here, reads the tensors and fills the model; this module imports nothing of
+:mod:`gptspeed.hf` so there is no import circle).
 
 The mapping is the export's, reversed (:func:`gptspeed.hf.export.gpt_to_gptspeed_hf_state_dict`):
 every tensor under gptspeed's own name; the token embedding, the value embeddings and an untied
@@ -97,48 +98,42 @@ def gpt_config_from_export(folder: Path, block_size: int | None = None) -> tuple
     return config, ids
 
 
-def state_dict_from_export(folder: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
-    """Our state dict (fp32) for ``config`` from the export's tensors: every name the export has
-    (:func:`gptspeed.hf.export.gptspeed_hf_names`) at its shape, every value finite; the vocabulary
-    rows padded with zeros to ``config.vocab_size``, ``wpe`` cut to ``block_size`` rows, a tied
-    ``lm_head.weight`` the token embedding.
+def _names(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def state_dict_from_export(tensors: dict[str, torch.Tensor], config: GPTConfig, where: str) -> dict[str, torch.Tensor]:
+    """Our state dict (fp32) for ``config`` from the export's ``tensors`` (as stored, gptspeed's
+    names): every name the export has (:func:`gptspeed_hf_names`) at its shape, every value finite;
+    the vocabulary rows padded with zeros to ``config.vocab_size``, ``wpe`` cut to ``block_size``
+    rows, a tied ``lm_head.weight`` the token embedding.
 
     Raises:
-        GptspeedError: as :func:`gptspeed.hf.load.read_hf_state_dict`; a tensor missing, unexpected,
-            of the wrong shape, or holding NaN / inf."""
-    from gptspeed.hf.export import gptspeed_hf_names
-    from gptspeed.hf.load import _listed, _load_bin, _load_safetensors, _weight_files
+        GptspeedError: a tensor missing, unexpected, of the wrong shape, or holding NaN / inf."""
     from gptspeed.model import GPT
 
-    fmt, files = _weight_files(folder)
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update((_load_safetensors if fmt == "safetensors" else _load_bin)(f))
     want = gptspeed_hf_names(config)
-    if set(sd) != want:
-        odd = sorted(set(sd) ^ want)
+    if set(tensors) != want:
+        odd = sorted(set(tensors) ^ want)
         raise GptspeedError(
-            f"{folder}: its tensors do not match its config.json ({_listed(odd)} on one side only): "
+            f"{where}: its tensors do not match its config.json ({_names(odd)} on one side only): "
             "not a folder gptspeed export-hf wrote"
         )
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
     out = {}
-    for k, t in sd.items():
+    for k, t in tensors.items():
         if not (t.is_floating_point() and bool(torch.isfinite(t).all())):
-            raise GptspeedError(f"{folder}: tensor {k} holds NaN or infinite values (or is not floating point)")
+            raise GptspeedError(f"{where}: tensor {k} holds NaN or infinite values (or is not floating point)")
         t = t.float()
         if k == "transformer.wpe.weight":
             t = t[: config.block_size]
-        if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("transformer.ve."):
-            t = (
-                torch.cat((t, t.new_zeros(config.vocab_size - t.size(0), t.size(1))))
-                if t.size(0) <= config.vocab_size
-                else t
-            )
+        rows = k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("transformer.ve.")
+        if rows and t.dim() == 2 and t.size(0) <= config.vocab_size:
+            t = torch.cat((t, t.new_zeros(config.vocab_size - t.size(0), t.size(1))))
         if tuple(t.shape) != shapes[k]:
             raise GptspeedError(
-                f"{folder}: tensor {k} is {tuple(sd[k].shape)}, not of the model its config.json describes"
+                f"{where}: tensor {k} is {tuple(tensors[k].shape)}, not of the model its config.json describes"
             )
         out[k] = t.contiguous()
     if config.tie_embeddings:
@@ -146,34 +141,22 @@ def state_dict_from_export(folder: Path, config: GPTConfig) -> dict[str, torch.T
     return out
 
 
-def load_export_into(model, folder: Path, ids: list[int] | None) -> None:
-    """Fill ``model`` (a :class:`GPT` of the export's config) with the export's weights and softmax
-    ids. Raises GptspeedError as :func:`state_dict_from_export`."""
-    from gptspeed.hf.load import _fill
-
-    _fill(model, state_dict_from_export(folder, model.config), str(folder))
+def set_ids(model, ids: list[int] | None, where: str) -> None:
+    """The export's ``softmax_ids`` into ``model`` (a ``--softmax data`` :class:`GPT`); GptspeedError
+    when they are not sorted, unique ids of the vocabulary."""
     if ids is not None:
         try:
             model.set_softmax_ids(ids)
         except ValueError as e:
-            raise GptspeedError(f"{folder / 'config.json'}: softmax_ids: {e}") from None
+            raise GptspeedError(f"{where}: softmax_ids: {e}") from None
 
 
-def load_export(folder: Path, block_size: int | None = None):
-    """A :class:`GPT` (fp32, CPU, eval mode) holding the gptspeed export in ``folder``."""
-    from gptspeed.model import GPT
-
-    config, ids = gpt_config_from_export(folder, block_size)
-    state_dict_from_export(folder, config)  # checked before a model of the config's size is built
-    model = GPT(config)
-    load_export_into(model, folder, ids)
-    return model.eval()
-
-
-def shape_from_export(folder: Path, source: str, model: GPTConfig, explicit: dict[str, Any]) -> GPTConfig:
+def shape_from_export(
+    folder: Path, source: str, model: GPTConfig, explicit: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> GPTConfig:
     """``model`` (the run's settings) with the architecture of the export in ``folder``: its shape
     and switches (and ``--softmax data`` when it has softmax ids); ``block_size`` as given
-    (``explicit``), else the export's. A setting given explicitly that contradicts the export is
+    (``explicit``), else the export's; its ``tensors`` (as stored) checked to fit. A setting given explicitly that contradicts the export is
     refused: the run would not be the model it starts from.
 
     Raises:
@@ -188,5 +171,25 @@ def shape_from_export(folder: Path, source: str, model: GPTConfig, explicit: dic
                 f"{setting_flag(name)} {explicit[name]} contradicts --init-from {source}, whose {name} is "
                 f"{getattr(config, name)}: leave it out (the switches come from the export)"
             )
-    state_dict_from_export(folder, config)
+    state_dict_from_export(tensors, config, str(folder))  # the weights fit, before the run builds its model
     return dataclasses.replace(model, block_size=config.block_size, **{n: getattr(config, n) for n in carried})
+
+
+def gptspeed_hf_names(config: GPTConfig) -> set[str]:
+    """The tensor names of ``modeling_gptspeed.GptspeedForCausalLM`` for ``config`` (those
+    ``export-hf`` writes and this module reads back)."""
+    norm = ("weight", "bias") if config.norm == "layernorm" else ("weight",)
+    block = [f"{n}.{p}" for n in ("ln_1", "ln_2") for p in norm]
+    block += [f"{m}.{p}" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") for p in ("weight", "bias")]
+    names = {"transformer.wte.weight", *(f"transformer.ln_f.{p}" for p in norm)}
+    names |= {f"transformer.h.{i}.{b}" for i in range(config.n_layer) for b in block}
+    if config.pos_emb == "learned":
+        names.add("transformer.wpe.weight")
+    if not config.tie_embeddings:
+        names.add("lm_head.weight")
+    n, k = config.n_layer, config.value_embeds
+    names |= {f"transformer.ve.{j}.weight" for j in range(k)}
+    names |= {f"transformer.h.{i}.attn.ve_gates" for i in range(n) if k and (i < k or i >= n - k)}
+    if config.unet_skips:
+        names.add("skip_weights")
+    return names

@@ -444,6 +444,10 @@ def test_a_softmax_data_run_exports_with_its_unseen_tokens_at_probability_zero(s
     torch.testing.assert_close(loss, ours(IDX[:, :-1], IDX[:, 1:])[1], atol=1e-5, rtol=0)
     new = back.generate(IDX[:, :4], max_new_tokens=6, do_sample=False)[:, 4:]
     assert bool(torch.isin(new, ids).all())
+    back.resize_token_embeddings(50257 + 2)  # a token added for fine-tuning is not masked
+    logits = hf_logits(back, torch.tensor([[1, 50258]]))
+    assert logits.shape[-1] == 50259 and bool(torch.isfinite(logits[..., 50257:]).all())
+    assert bool(torch.isneginf(logits[..., :50257][..., unseen]).all())
 
 
 def test_a_speedrun_export_resizes_its_embeddings_checkpoints_gradients_and_takes_sdpa(tmp_path):

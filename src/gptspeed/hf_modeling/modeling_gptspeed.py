@@ -278,18 +278,18 @@ class GptspeedForCausalLM(PreTrainedModel, GenerationMixin):
         return emb
 
     def _mask_unseen(self, logits):
-        """``logits`` with the ids outside ``config.softmax_ids`` (of the first ``len`` of the
-        exported vocabulary) at -inf: a ``--softmax data`` run's head."""
+        """``logits`` ``(..., V)`` with the ids outside ``config.softmax_ids`` (among the first
+        ``softmax_vocab``: the exported vocabulary) at -inf: a ``--softmax data`` run's head."""
         ids = self.config.softmax_ids
         if ids is None:
             return logits
         unseen = getattr(self, "_unseen", None)
-        if unseen is None or unseen.device != logits.device:
-            unseen = torch.ones(self.transformer.wte.num_embeddings, dtype=torch.bool, device=logits.device)
+        if unseen is None or unseen.device != logits.device or unseen.numel() != logits.size(-1):
+            unseen = torch.ones(logits.size(-1), dtype=torch.bool, device=logits.device)
             unseen[torch.as_tensor(ids, dtype=torch.long, device=logits.device)] = False
             unseen[self.config.softmax_vocab :] = False  # ids added by resize_token_embeddings
             self._unseen = unseen
-        return logits.masked_fill(unseen[: logits.size(-1)], float("-inf"))
+        return logits.masked_fill(unseen, float("-inf"))
 
     def forward(
         self,

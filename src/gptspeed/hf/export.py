@@ -1,14 +1,15 @@
 """A run out to Hugging Face format: ``gptspeed export-hf --run RUN --out DIR`` (:func:`export_hf`).
 
 It writes ``config.json``, ``model.safetensors``, GPT-2's tokenizer files (``vocab.json``,
-``merges.txt``, ``tokenizer_config.json``) and a marker (:data:`EXPORT_MARKER`: what it wrote, so
+``merges.txt``, ``tokenizer.json``, ``tokenizer_config.json``) and a marker (:data:`EXPORT_MARKER`: what it wrote, so
 ``--force`` replaces an earlier export and nothing else), so
 ``AutoModelForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
 offline with the same logits (the vocabulary padding rows are removed). A GPT-2 run is a
 ``GPT2LMHeadModel``. A run with architecture switches (``GPTConfig.non_gpt2_switches``: the settings
 declared ``export="switch"`` in :mod:`gptspeed.config` -- rotary positions, QK-norm, ReLU², RMSNorm,
-an untied head, logit soft-capping, the document mask, value embeddings, U-net skips), which no model
-of transformers' computes -- Llama's MLP is gated and has no biases, ours is neither -- carries its
+an untied head, logit soft-capping, the document mask, value embeddings, U-net skips) or with
+``--softmax data`` (its data's token ids in config.json, every other id at probability 0), which no
+model of transformers' computes -- Llama's MLP is gated and has no biases, ours is neither -- carries its
 own modeling code, :mod:`gptspeed.hf_modeling`'s two files, and both calls take
 ``trust_remote_code=True`` (https://huggingface.co/docs/transformers/custom_models: a
 ``PretrainedConfig`` and a ``PreTrainedModel`` subclass named in config.json's ``auto_map``). A
@@ -396,8 +397,11 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
     gptspeed computes them, under gptspeed's tensor names. The document mask is part of the model,
     as in gptspeed's training, eval and sampling: attention never crosses an ``<|endoftext|>`` of
     the input, with a KV cache too (the first layer's cached keys carry the EOT flags).
+    A ``--softmax data`` run (the quickstart's ``--preset nano``) goes the same way, its token ids
+    in config.json's ``softmax_ids``: every other id gets logit -inf, as in gptspeed.
     ``--attention`` and ``--residual-dtype`` do not change the function the model computes, so the
-    export has neither; a setting it does not compute is refused (:func:`check_exportable`).
+    export has neither; a setting it does not compute is refused (:func:`check_exportable`). The
+    marker names the run's folder (its last component), never a path of the user's machine.
 
     ``dtype`` (:data:`EXPORT_DTYPES`): ``float32`` (as trained: the logits equal gptspeed's fp32
     ones to rounding), or ``bfloat16``, half the bytes (GPT-2 XL: 3.1 GB instead of 6.2 GB); the
@@ -405,8 +409,8 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
 
     Raises:
         GptspeedError: a ``dtype`` not in :data:`EXPORT_DTYPES`; no checkpoint in ``run``; an ``out``
-            refused by :func:`check_export_target`; a run :func:`check_exportable` refuses (--softmax
-            data, a setting not declared exportable); not writable.
+            refused by :func:`check_export_target`; a run :func:`check_exportable` refuses (a setting
+            not declared exportable); safetensors or tokenizers not installed; not writable.
     """
     from gptspeed.checkpoint import load_latest_run
 

@@ -15,7 +15,11 @@ whose weight is ``[in, out]`` where ``nn.Linear`` has ``[out, in]``, so ``c_attn
 ``c_fc`` weights are transposed; the token embedding (50,257 rows) is padded with zero rows to
 our ``vocab_size`` (those logits are -inf, see :class:`gptspeed.model.GPT`); ``attn.bias`` /
 ``attn.masked_bias`` (causal-mask buffers in old checkpoints) are dropped; the LM head is tied to
-the token embedding. Loading never unpickles code: safetensors, or ``torch.load(weights_only=True)``.
+the token embedding, unless config.json says ``tie_word_embeddings: false`` (a GPT-2 trained with a
+head of its own: the run gets ``--no-tie-embeddings`` and that head). A folder gptspeed's own
+``export-hf`` wrote with its modeling code (``model_type`` ``gptspeed_gpt``) comes back with its
+switches (:mod:`gptspeed.hf.reload`). Loading never unpickles code: safetensors, or
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations

@@ -189,11 +189,11 @@ class GPTConfig:
         "full",
         "full (over the 50,257 GPT-2 tokens) | data (only over the token ids the training data "
         "holds, e.g. 11,707 for tiny Shakespeare: a 4x cheaper LM head for small CPU runs; tokens outside "
-        "it have probability 0; such a run cannot be exported to transformers)",
+        "it have probability 0, in gptspeed and in its export-hf)",
         choices=SOFTMAXES,
         run_defining=True,
         init_from="kept",
-        export="gpt2",  # --softmax data: refused by export-hf on its own (transformers has no such head)
+        export="gpt2",  # --softmax data: export-hf writes gptspeed's modeling code, the ids in config.json
     )
     # the modern-GPT switches (issue 32); the defaults are GPT-2's. export="switch": off its default, the export
     # carries gptspeed's modeling code (non_gpt2_switches). No init_from: GPT-2's weights cannot take it -- rotary
@@ -576,6 +576,12 @@ class TrainConfig:
     hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)", min=0)
     hellaswag_examples: int = _f(
         0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)", min=0
+    )
+    eval_bpb: bool = _f(
+        False,
+        "each evaluation also gives the val bits per byte (val_bpb in metrics.jsonl: nats over ln 2 times the "
+        "UTF-8 bytes of the same val tokens, as nanochat reports it; a second pass over --eval-tokens)",
+        kind="bool",
     )
     stop_at_val_loss: float | None = _f(
         None,

@@ -312,6 +312,8 @@ def format_record(r: dict[str, Any], show_documents: bool = True) -> str:
         parts.append(f"loss {r['train_loss']:.4f}")
     if r.get("val_loss") is not None:
         parts.append(f"val {r['val_loss']:.4f}")
+    if r.get("val_bpb") is not None:
+        parts.append(f"bpb {r['val_bpb']:.4f}")
     if r.get("hellaswag_acc_norm") is not None:
         parts.append(f"hellaswag {100 * r['hellaswag_acc_norm']:.2f}%")
     if r.get("lr") is not None:

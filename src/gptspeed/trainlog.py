@@ -109,6 +109,7 @@ class TrainLog:
         )
         if due.eval:
             fields["val_loss"] = tr.evaluate(stop)
+            fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb
         if due.hellaswag:
             fields.update(tr.evals.hellaswag())
         self.record(tr.step, **fields)

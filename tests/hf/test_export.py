@@ -46,6 +46,7 @@ def test_export_loads_in_transformers_with_same_logits_and_tokenizer(tmp_path):
             "merges.txt",
             "model.safetensors",
             "special_tokens_map.json",
+            "tokenizer.json",
             "tokenizer_config.json",
             "vocab.json",
             EXPORT_MARKER,
@@ -111,6 +112,23 @@ def test_export_never_writes_over_its_run_or_a_data_folder_even_with_force(tmp_p
     assert snapshot(run) == before_run and snapshot(data) == before_data
     assert not (run / "hf").exists() and not (data / "hf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "other", "runs"]  # no temporary left
+
+
+def test_export_into_a_folder_holding_some_bin_file_is_not_refused_as_a_data_folder(tmp_path):
+    """export-hf --out NEW was refused when NEW's parent held any *.bin file ("a data folder"): a
+    downloads folder with a firmware.bin or another model's pytorch_model.bin. Only a folder gptspeed
+    reads as data (a manifest.json, or shards named as gptspeed's / llm.c's) is one."""
+    write_run_pico(tmp_path / "run")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / "firmware.bin").write_bytes(b"\0" * 64)
+    (downloads / "pytorch_model.bin").write_bytes(b"\0" * 64)
+    res = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(downloads / "hf"))
+    assert res.returncode == 0, res.stderr
+    assert (downloads / "hf" / "model.safetensors").is_file()
+    shards = write_data_pico(tmp_path / "shards", manifest=False)  # llm.c's names, no manifest: data
+    res = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(shards / "hf"))
+    assert_user_error(res, "data folder", "val_000000.bin")
 
 
 def test_export_force_replaces_only_an_earlier_export(tmp_path):
@@ -358,3 +376,108 @@ def test_export_hf_dtype_flag_reaches_the_export_and_refuses_float16(tmp_path):
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     proc = run_main("export-hf", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "f16"), "--dtype", "float16")
     assert proc.returncode != 0 and "invalid choice: 'float16'" in proc.stderr and not (tmp_path / "f16").exists()
+
+
+TEXTS = ["Hello world", "  two spaces\n\nand\ttabs", "naïve café 東京 🙂", "It's 2026: don't; we'll", "x" * 300]
+
+
+def test_the_export_has_a_tokenizer_json_that_encodes_as_gptspeed_and_no_path_of_the_machine(tmp_path):
+    """tokenizer.json (the fast tokenizer, read by tools that do not go through save_pretrained)
+    was missing; the marker recorded the run's path as typed (an absolute path travels with a
+    folder pushed to a hub). Now tokenizers' own reader and transformers' fast tokenizer encode as
+    gptspeed does, a literal <|endoftext|> being one token there (seven for gptspeed's
+    encoder, which reads it as text), and
+    no file of the export holds the run's absolute path."""
+    from tokenizers import Tokenizer
+
+    from gptspeed.tokenizer import encode
+
+    write_run(tmp_path / "run")
+    out = export_hf((tmp_path / "run").resolve(), tmp_path / "hf")
+    fast = Tokenizer.from_file(str(out / "tokenizer.json"))
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.is_fast
+    for text in TEXTS:
+        assert fast.encode(text).ids == auto(text)["input_ids"] == encode(text), text
+        assert fast.decode(encode(text)) == text
+    assert fast.encode("a<|endoftext|>b").ids == [64, 50256, 65]
+    assert len(encode("<|endoftext|>")) == 7  # "<", "|", "end", "of", "text", "|", ">"
+    marker = json.loads((out / EXPORT_MARKER).read_text())
+    assert marker["run"] == "run"
+    for f in out.iterdir():
+        assert str(tmp_path) not in f.read_bytes().decode("utf-8", "replace"), f.name
+
+
+def write_softmax_data_run(run_dir: Path, **switches) -> tuple[GPT, torch.Tensor]:
+    """A run as the quickstart's ``--preset nano`` trains it (``--softmax data``), tiny: its head
+    covers the ids of IDX and the EOT only. Returns the model and those ids."""
+    ids = torch.unique(torch.cat((IDX.flatten(), torch.tensor([EOT]))))
+    cfg = preset("pico")
+    cfg.model = GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, softmax="data", **switches)
+    torch.manual_seed(0)
+    model = GPT(cfg.model).eval()
+    model.set_softmax_ids(ids)
+    run_dir.mkdir(parents=True)
+    save_checkpoint(run_dir, {"step": 7, "model": model.state_dict(), "config": cfg.to_dict()})
+    return model, ids
+
+
+@pytest.mark.parametrize("switches", [{}, dict(logit_softcap=15.0, tie_embeddings=False)], ids=["gpt2", "switches"])
+def test_a_softmax_data_run_exports_with_its_unseen_tokens_at_probability_zero(switches, tmp_path):
+    """The quickstart's model (--preset nano: --softmax data) was refused with a message that named
+    nothing to do. Now it exports through gptspeed's modeling code, its data's ids in config.json:
+    transformers gives gptspeed's logits, -inf (probability 0) at every other id, the same loss,
+    and greedy generation never produces an unseen id."""
+    assert preset("nano").model.softmax == "data"
+    ours, ids = write_softmax_data_run(tmp_path / "run", **switches)
+    out = export_hf(tmp_path / "run", tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gptspeed_gpt" and config["softmax_ids"] == ids.tolist()
+    back = load_exported(out)
+    theirs, want = hf_logits(back, IDX), our_logits(ours, IDX)[..., :50257]
+    torch.testing.assert_close(theirs, want, atol=1e-5, rtol=0)
+    unseen = torch.ones(50257, dtype=torch.bool)
+    unseen[ids] = False
+    assert bool(torch.isneginf(theirs[..., unseen]).all()) and bool(torch.isfinite(theirs[..., ids]).all())
+    with torch.no_grad():
+        loss = back(IDX, labels=IDX).loss
+    torch.testing.assert_close(loss, ours(IDX[:, :-1], IDX[:, 1:])[1], atol=1e-5, rtol=0)
+    new = back.generate(IDX[:, :4], max_new_tokens=6, do_sample=False)[:, 4:]
+    assert bool(torch.isin(new, ids).all())
+    back.resize_token_embeddings(50257 + 2)  # a token added for fine-tuning is not masked
+    logits = hf_logits(back, torch.tensor([[1, 50258]]))
+    assert logits.shape[-1] == 50259 and bool(torch.isfinite(logits[..., 50257:]).all())
+    assert bool(torch.isneginf(logits[..., :50257][..., unseen]).all())
+
+
+def test_a_speedrun_export_resizes_its_embeddings_checkpoints_gradients_and_takes_sdpa(tmp_path):
+    """Fine-tuning a modern or speedrun export broke: after resize_token_embeddings any new id raised
+    IndexError (the value embeddings kept their rows); gradient_checkpointing_enable() and
+    attn_implementation="sdpa" raised ValueError. Now the new ids run through every embedding, the
+    checkpointed gradients equal the plain ones, and an sdpa load computes the same logits."""
+    write_modern_run(tmp_path / "run", **SWITCHES["all"])
+    out = export_hf(tmp_path / "run", tmp_path / "hf")
+    sdpa = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, attn_implementation="sdpa")
+    torch.testing.assert_close(hf_logits(sdpa.eval(), IDX), hf_logits(load_exported(out), IDX), atol=0, rtol=0)
+    grads, calls = [], []
+    for checkpointing in (False, True):
+        model = load_exported(out)
+        torch.manual_seed(0)  # the new rows are drawn around the old ones' mean
+        model.resize_token_embeddings(50257 + 3)
+        count = []
+        model.transformer.h[0].register_forward_pre_hook(lambda *a: count.append(1))
+        assert all(e.num_embeddings == 50260 for e in (model.transformer.wte, *model.transformer.ve))
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model.train()
+        idx = IDX.clone()
+        idx[:, 5] = 50259  # a new token
+        loss = model(idx, labels=idx, use_cache=False).loss
+        loss.backward()
+        assert torch.isfinite(loss)
+        calls.append(len(count))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert calls == [1, 2]  # checkpointed: the block ran again in the backward pass
+    assert grads[0].keys() == grads[1].keys() and "transformer.ve.0.weight" in grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)

@@ -432,3 +432,91 @@ def test_init_from_honours_the_attention_window(hf_model, tmp_path):
     assert loaded.config.attn_window == 16
     got = loaded.transformer.h[1].mlp.c_fc.weight
     assert torch.allclose(got, ref.transformer.h[1].mlp.c_fc.weight.t(), atol=1e-6)  # GPT-2's, barely moved
+
+
+ROUND_TRIP = {
+    "speedrun": dict(
+        pos_emb="rope",
+        qk_norm=True,
+        mlp="relu2",
+        norm="rmsnorm",
+        tie_embeddings=False,
+        logit_softcap=15.0,
+        doc_mask=True,
+        value_embeds=1,
+        unet_skips=True,
+    ),
+    "softmax data": dict(softmax="data"),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUND_TRIP))
+def test_a_trained_run_with_switches_comes_back_from_its_export_with_the_same_logits(case, tmp_path):
+    """import-hf and --init-from refused gptspeed's own exports (model_type 'gptspeed_gpt'). Now a
+    pico run trained with switches (or --softmax data, the quickstart's), exported, comes back
+    through `gptspeed import-hf` with its switches from the export's config.json and gptspeed's
+    logits to 1e-5; `--init-from` the export builds the same architecture, and a flag that
+    contradicts it is refused."""
+    from gptspeed.trainer import fit
+
+    data = write_data_pico(tmp_path / "data", manifest=False)
+    common = dict(data=str(data), max_steps=2, batch_size=2, eval_tokens=128, device="cpu", dtype="float32")
+    arch = dict(block_size=32, n_layer=2, n_head=2, n_embd=32, **ROUND_TRIP[case])
+    fit(build_train_config("pico", {**common, **arch, "compile": False, "out": str(tmp_path / "run")}), echo=False)
+    trained, _ = load_model(tmp_path / "run", resolve_runtime("cpu", "float32"))
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    res = gptspeed_cli("import-hf", tmp_path / "hf", "--out", tmp_path / "back")
+    assert res.returncode == 0, res.stderr
+    back, ckpt = load_model(tmp_path / "back", resolve_runtime("cpu", "float32"))
+    assert ckpt["step"] == 0
+    for name, value in ROUND_TRIP[case].items():
+        assert getattr(back.config, name) == value, name
+    idx = IDX[:, :32]
+    torch.testing.assert_close(our_logits(back, idx), our_logits(trained, idx), atol=1e-5, rtol=0)
+    if case == "softmax data":
+        assert torch.equal(back.softmax_ids, trained.softmax_ids)
+    cfg = build_train_config("pico", {**common, "init_from": str(tmp_path / "hf"), "out": str(tmp_path / "again")})
+    assert all(getattr(cfg.model, n) == v for n, v in ROUND_TRIP[case].items())
+    model = GPT(cfg.model)
+    load_hf_weights(model, str(tmp_path / "hf"))
+    torch.testing.assert_close(our_logits(model.eval(), idx), our_logits(trained, idx), atol=1e-5, rtol=0)
+    flag = {"speedrun": {"pos_emb": "learned"}, "softmax data": {"softmax": "full"}}[case]
+    with pytest.raises(GptspeedError, match="contradicts --init-from"):
+        build_train_config("pico", {**common, **flag, "init_from": str(tmp_path / "hf"), "out": str(tmp_path / "c")})
+
+
+def test_an_untied_gpt2_imports_as_an_untied_head_and_inits_an_untied_run(tmp_path):
+    """An untied GPT-2 checkpoint (tie_word_embeddings false, an lm_head of its own) was refused,
+    although gptspeed trains untied heads. It now imports as --no-tie-embeddings, with its logits."""
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(**TINY_HF_GPT2, tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        ref.lm_head.weight.normal_(0, 0.1)
+    ref.save_pretrained(tmp_path / "untied")
+    ours, _ = load_hf_model(str(tmp_path / "untied"))
+    assert not ours.config.tie_embeddings and ours.lm_head.weight is not ours.transformer.wte.weight
+    torch.testing.assert_close(our_logits(ours, IDX)[..., :50257], hf_logits(ref, IDX), atol=1e-5, rtol=0)
+    cfg = build_train_config("pico", {"init_from": str(tmp_path / "untied"), "out": str(tmp_path / "run")})
+    assert not cfg.model.tie_embeddings
+    model = GPT(cfg.model)
+    load_hf_weights(model, str(tmp_path / "untied"))
+    torch.testing.assert_close(our_logits(model.eval(), IDX)[..., :50257], hf_logits(ref, IDX), atol=1e-5, rtol=0)
+
+
+def test_import_hf_never_writes_into_a_folder_a_live_train_holds(hf_folder, tmp_path):
+    """import-hf --out wrote a step-0 checkpoint into a folder a live train was writing. It takes the
+    run folder's lock, as train does: refused in one line naming the holder, nothing written."""
+    from gptspeed.checkpoint.folder import run_lock
+
+    out = tmp_path / "live"
+    out.mkdir()
+    lock = run_lock(out).acquire()  # a train writing there
+    try:
+        before = snapshot(out)
+        res = gptspeed_cli("import-hf", hf_folder, "--out", out)
+        assert_one_line_error(res)
+        assert "is being written by" in res.stderr
+        assert snapshot(out) == before
+    finally:
+        lock.release()
+    assert gptspeed_cli("import-hf", hf_folder, "--out", out).returncode == 0  # once it is free

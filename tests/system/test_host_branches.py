@@ -217,10 +217,18 @@ def test_eval_val_loss_and_hellaswag(runs, reference, shakespeare_data, softmax,
     assert torch.allclose(total.cpu()[finite], ref_total[finite], rtol=tol)
 
 
-def test_export_of_a_softmax_data_run_is_refused_in_one_line(runs, tmp_path):
+def test_export_of_a_softmax_data_run_carries_its_token_ids(runs, tmp_path):
+    """It was refused; it now exports through gptspeed's modeling code with its data's ids
+    (tests/hf/test_export.py checks the logits)."""
+    import json
+
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.sample import load_model
+
     res = run_main("export-hf", "--run", str(runs["data"]), "--out", str(tmp_path / "hf"))
-    assert_user_error(res, "--softmax data")
-    assert not (tmp_path / "hf").exists()
+    assert res.returncode == 0, res.stderr
+    model, _ = load_model(runs["data"], resolve_runtime("cpu", "float32", compile=False))
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["softmax_ids"] == model.softmax_ids.tolist()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

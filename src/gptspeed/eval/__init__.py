@@ -1,4 +1,4 @@
-"""Evaluation: the val loss (:mod:`.val_loss`) and HellaSwag (:mod:`.hellaswag`), and the
+"""Evaluation: the val loss (:mod:`.val_loss`), bits per byte (:mod:`.bpb`) and HellaSwag (:mod:`.hellaswag`), and the
 ``gptspeed eval`` command that runs them on a checkpoint or a Hugging Face GPT-2."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def evaluate_run(
 ) -> dict:
     """``gptspeed eval``: for the newest checkpoint of ``run_dir`` (or the HF model ``init_from``),
     the val loss on the val split of ``data_dir`` (``step``, ``val_loss``, ``perplexity``,
-    ``tokens``, ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
+    ``val_bpb`` -- bits per byte over the same tokens, :mod:`gptspeed.eval.bpb` --, ``tokens``,
+    ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
     ``"hellaswag"`` (see :func:`gptspeed.eval.hellaswag.evaluate_hellaswag`; ``max_examples`` 0 = all;
     ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``).
 
@@ -44,6 +45,7 @@ def evaluate_run(
     if max_tokens < 0:
         raise GptspeedError(f"--max-tokens must be 0 (all) or more, got {max_tokens}")
     shards = find_shards(data_dir, "val") if data_dir is not None else None  # before importing torch
+    from gptspeed.eval.bpb import evaluate_bpb
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
     from gptspeed.eval.val_loss import evaluate
     from gptspeed.runtime import resolve_runtime
@@ -58,7 +60,8 @@ def evaluate_run(
     if shards is not None:
         loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
         perplexity = math.exp(loss) if loss < _MAX_EXP else math.inf  # NaN stays NaN
-        result.update(val_loss=loss, perplexity=perplexity, tokens=n, data=str(data_dir))
+        bpb = evaluate_bpb(model, rt, shards, batch_size, model.config.block_size, max_tokens)
+        result.update(val_loss=loss, perplexity=perplexity, val_bpb=bpb, tokens=n, data=str(data_dir))
     if items is not None:
         result["hellaswag"] = evaluate_hellaswag(
             model, items, device=rt.device, autocast=rt.autocast(), batch_examples=batch_size

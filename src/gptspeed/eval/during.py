@@ -17,6 +17,12 @@ class RunEvaluator:
         from gptspeed.eval.hellaswag import hellaswag_hook
 
         self.cfg, self.rt, self.data, self.stepper = cfg, rt, data, stepper
+        if cfg.train.eval_bpb and rt.parallel == "fsdp":
+            from gptspeed.errors import GptspeedError
+
+            raise GptspeedError(
+                "--eval-bpb is not computed under --parallel fsdp yet: leave it out, or run `gptspeed eval` on a checkpoint"
+            )
         self._hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every
 
     @property
@@ -42,6 +48,29 @@ class RunEvaluator:
                 m.valid_vocab_size,
                 stop=stop,
             )[0]
+
+    def bpb(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """``{"val_bpb": bits per byte}`` over ``--eval-tokens`` with ``--eval-bpb``
+        (:func:`gptspeed.eval.bpb.evaluate_bpb`, on the eager model: one row at a time); ``{}``
+        without it, without a val split, or when ``stop`` interrupted it."""
+        if not (self.cfg.train.eval_bpb and self.data.has_val):
+            return {}
+        from gptspeed.eval.bpb import evaluate_bpb
+        from gptspeed.parallelize import unwrap
+
+        t, m = self.cfg.train, self.cfg.model
+        with self.stepper.attention():
+            bpb = evaluate_bpb(
+                unwrap(self.stepper.model),
+                self.rt,
+                self.data.val_shards,
+                t.batch_size,
+                m.block_size,
+                t.eval_tokens,
+                m.valid_vocab_size,
+                stop=stop,
+            )
+        return {} if bpb is None else {"val_bpb": bpb}
 
     def hellaswag(self) -> dict[str, Any]:
         """``hellaswag_acc_norm``, ``hellaswag_acc``, ``hellaswag_examples`` of the model now."""

@@ -1,14 +1,15 @@
 """A run out to Hugging Face format: ``gptspeed export-hf --run RUN --out DIR`` (:func:`export_hf`).
 
 It writes ``config.json``, ``model.safetensors``, GPT-2's tokenizer files (``vocab.json``,
-``merges.txt``, ``tokenizer_config.json``) and a marker (:data:`EXPORT_MARKER`: what it wrote, so
+``merges.txt``, ``tokenizer.json``, ``tokenizer_config.json``) and a marker (:data:`EXPORT_MARKER`: what it wrote, so
 ``--force`` replaces an earlier export and nothing else), so
 ``AutoModelForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
 offline with the same logits (the vocabulary padding rows are removed). A GPT-2 run is a
 ``GPT2LMHeadModel``. A run with architecture switches (``GPTConfig.non_gpt2_switches``: the settings
 declared ``export="switch"`` in :mod:`gptspeed.config` -- rotary positions, QK-norm, ReLU², RMSNorm,
-an untied head, logit soft-capping, the document mask, value embeddings, U-net skips), which no model
-of transformers' computes -- Llama's MLP is gated and has no biases, ours is neither -- carries its
+an untied head, logit soft-capping, the document mask, value embeddings, U-net skips) or with
+``--softmax data`` (its data's token ids in config.json, every other id at probability 0), which no
+model of transformers' computes -- Llama's MLP is gated and has no biases, ours is neither -- carries its
 own modeling code, :mod:`gptspeed.hf_modeling`'s two files, and both calls take
 ``trust_remote_code=True`` (https://huggingface.co/docs/transformers/custom_models: a
 ``PretrainedConfig`` and a ``PreTrainedModel`` subclass named in config.json's ``auto_map``). A
@@ -32,6 +33,7 @@ import torch
 from gptspeed.config import GPTConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.hf.load import CONV1D, _listed, _one_line
+from gptspeed.hf.reload import gptspeed_hf_names
 from gptspeed.tokenizer import EOT_TOKEN
 
 # ------------------------------------------------------------------------------------- export-hf
@@ -74,11 +76,14 @@ def hf_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
     }
 
 
-def gptspeed_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
+def gptspeed_config_dict(
+    config: GPTConfig, dtype: str = "float32", softmax_ids: list[int] | None = None
+) -> dict[str, Any]:
     """``config.json`` of a run with architecture switches, for :mod:`gptspeed.hf_modeling`'s
     ``GptspeedConfig`` (``model_type`` ``gptspeed_gpt``; ``auto_map`` names the two files, so
     ``AutoConfig`` / ``AutoModelForCausalLM`` load them with ``trust_remote_code=True``). The switches
-    keep gptspeed's names and values."""
+    keep gptspeed's names and values; ``softmax_ids``, a ``--softmax data`` run's token ids (sorted
+    ints), masks every other id to probability 0."""
     return {
         "architectures": ["GptspeedForCausalLM"],
         "model_type": "gptspeed_gpt",
@@ -101,6 +106,8 @@ def gptspeed_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str,
         "doc_mask": config.doc_mask,
         "value_embeds": config.value_embeds,
         "unet_skips": config.unet_skips,
+        "softmax_ids": softmax_ids,
+        "softmax_vocab": config.valid_vocab_size,
         "eot_token_id": EOT_TOKEN,
         "tie_word_embeddings": False,
         "use_cache": True,
@@ -137,10 +144,10 @@ def gpt_to_gptspeed_hf_state_dict(
     """The tensors of ``modeling_gptspeed.GptspeedForCausalLM``: every tensor of our state dict under
     its own name (``nn.Linear`` weights ``[out, in]``), in ``dtype``, contiguous; the padding rows of
     ``wte``, of the value embeddings and of an untied ``lm_head`` removed, a tied ``lm_head.weight``
-    left out (the model reads ``wte``). :func:`gptspeed_hf_names` are the names the model has."""
+    left out (the model reads ``wte``). :func:`gptspeed.hf.reload.gptspeed_hf_names` are the names the model has."""
     out = {}
     for k, t in sd.items():
-        if k == "lm_head.weight" and config.tie_embeddings:
+        if (k == "lm_head.weight" and config.tie_embeddings) or k == "softmax_ids":  # the ids go in config.json
             continue
         t = t.detach().to("cpu", dtype)
         if k in ("transformer.wte.weight", "lm_head.weight") or k.startswith("transformer.ve."):
@@ -150,17 +157,13 @@ def gpt_to_gptspeed_hf_state_dict(
 
 
 def check_exportable(config: GPTConfig, where: str) -> None:
-    """GptspeedError (one line) naming the settings of ``config`` that no export computes:
-    ``--softmax data``, and any setting off its default that is not declared exportable (``export=``
-    in :mod:`gptspeed.config`'s field metadata, :func:`gptspeed.config.settings_off_default`): a
-    switch added to the model later is never exported as a model that silently computes without it."""
+    """GptspeedError (one line) naming the settings of ``config`` that no export computes: any
+    setting off its default that is not declared exportable (``export=`` in :mod:`gptspeed.config`'s
+    field metadata, :func:`gptspeed.config.settings_off_default`): a switch added to the model later
+    is never exported as a model that silently computes without it. (``--softmax data`` exports
+    through gptspeed's modeling code, its unseen ids masked: :func:`gptspeed_config_dict`.)"""
     from gptspeed.config import EXPORT_KINDS, setting_flag, settings_off_default
 
-    if config.softmax == "data":
-        raise GptspeedError(
-            f"{where} was trained with --softmax data (its LM head covers only the tokens of its training "
-            "data); transformers' models have no such restriction, so it cannot be exported faithfully"
-        )
     unknown = [f"{setting_flag(n)} {getattr(config, n)}" for n in settings_off_default(config, "export", EXPORT_KINDS)]
     if unknown:
         raise GptspeedError(
@@ -169,31 +172,12 @@ def check_exportable(config: GPTConfig, where: str) -> None:
         )
 
 
-def gptspeed_hf_names(config: GPTConfig) -> set[str]:
-    """The tensor names of ``modeling_gptspeed.GptspeedForCausalLM`` for ``config``."""
-    norm = ("weight", "bias") if config.norm == "layernorm" else ("weight",)
-    block = [f"{n}.{p}" for n in ("ln_1", "ln_2") for p in norm]
-    block += [f"{m}.{p}" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj") for p in ("weight", "bias")]
-    names = {"transformer.wte.weight", *(f"transformer.ln_f.{p}" for p in norm)}
-    names |= {f"transformer.h.{i}.{b}" for i in range(config.n_layer) for b in block}
-    if config.pos_emb == "learned":
-        names.add("transformer.wpe.weight")
-    if not config.tie_embeddings:
-        names.add("lm_head.weight")
-    n, k = config.n_layer, config.value_embeds
-    names |= {f"transformer.ve.{j}.weight" for j in range(k)}
-    names |= {f"transformer.h.{i}.attn.ve_gates" for i in range(n) if k and (i < k or i >= n - k)}
-    if config.unet_skips:
-        names.add("skip_weights")
-    return names
-
-
 def _export_contents(config: GPTConfig, sd: dict[str, torch.Tensor], dtype: str) -> tuple[dict, dict, dict, list]:
     """What an export of a model of ``config`` with weights ``sd`` holds, stored in ``dtype``:
     ``(tensors, config.json, generation_config.json, code files to copy)`` -- GPT-2's layout, or with
     architecture switches gptspeed's own (:func:`gptspeed_config_dict`, :data:`MODELING_FILES`)."""
     generation = {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}
-    if not config.non_gpt2_switches():
+    if not config.non_gpt2_switches() and config.softmax == "full":
         return gpt_to_hf_state_dict(sd, config, EXPORT_DTYPES[dtype]), hf_config_dict(config, dtype), generation, []
     code = [Path(__file__).parent.parent / "hf_modeling" / name for name in MODELING_FILES]
     tensors = gpt_to_gptspeed_hf_state_dict(sd, config, EXPORT_DTYPES[dtype])
@@ -204,18 +188,26 @@ def _export_contents(config: GPTConfig, sd: dict[str, torch.Tensor], dtype: str)
             f"the checkpoint's tensors do not match the exported model's ({_listed(odd)} on one side only): "
             "export-hf does not know this architecture"
         )
-    return tensors, gptspeed_config_dict(config, dtype), generation, code
+    ids = sd["softmax_ids"].tolist() if config.softmax == "data" else None
+    return tensors, gptspeed_config_dict(config, dtype, ids), generation, code
 
 
 def write_tokenizer_files(folder: Path, model_max_length: int = 1024) -> None:
-    """GPT-2's tokenizer in HF's layout, from the local OpenAI files (no network):
-    ``vocab.json`` = ``encoder.json``, ``merges.txt`` = ``vocab.bpe``, plus the configs."""
+    """The run's tokenizer in HF's layout, from the local files (no network): GPT-2's --
+    ``vocab.json`` = OpenAI's ``encoder.json``, ``merges.txt`` = ``vocab.bpe``, ``tokenizer.json``
+    (the fast tokenizer: byte-level BPE, built from those two files with the ``tokenizers`` library,
+    :func:`write_tokenizer_json`), plus the configs. The one place an export's tokenizer is written.
+
+    Raises:
+        OSError: as the writes raise it; ImportError without ``tokenizers``
+        (:func:`_tokenizers_library` checks it first)."""
     from gptspeed.tokenizer import tokenizer_files
 
     encoder_json, vocab_bpe = tokenizer_files()
     shutil.copyfile(encoder_json, folder / "vocab.json")
     shutil.copyfile(vocab_bpe, folder / "merges.txt")
     eot = "<|endoftext|>"
+    write_tokenizer_json(folder / "tokenizer.json", folder / "vocab.json", folder / "merges.txt", eot)
     (folder / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -233,6 +225,30 @@ def write_tokenizer_files(folder: Path, model_max_length: int = 1024) -> None:
     (folder / "special_tokens_map.json").write_text(
         json.dumps({"bos_token": eot, "eos_token": eot, "unk_token": eot}, indent=2) + "\n"
     )
+
+
+def write_tokenizer_json(path: Path, vocab: Path, merges: Path, eot: str) -> None:
+    """``tokenizer.json``: a byte-level BPE of ``vocab`` / ``merges`` as GPT-2's fast tokenizer is
+    (pre-tokenizer, post-processor and decoder ``ByteLevel``, no prefix space; ``eot`` an added
+    special token -- so a literal ``<|endoftext|>`` in text is one token for the export's tokenizer,
+    where gptspeed's ordinary encoding reads it as text), built with the ``tokenizers`` library."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    tok = Tokenizer(BPE.from_file(str(vocab), str(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(eot, special=True, normalized=False)])
+    tok.save(str(path))
+
+
+def _tokenizers_library() -> None:
+    """GptspeedError unless the ``tokenizers`` library (transformers' own) can be imported."""
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise GptspeedError("export-hf writes tokenizer.json with tokenizers: `pip install -e '.[hf]'`") from None
 
 
 def _apply_umask(folder: Path) -> None:
@@ -261,8 +277,26 @@ def _evidence(folder: Path, k: str) -> str:
     if k == "run folder":
         shown = [n for n in names if _CKPT.match(n)] or [n for n in names if n in ("config.json", "metrics.jsonl")]
     else:
-        shown = [n for n in names if n == "manifest.json" or n.endswith(".bin")]
+        from gptspeed.data import shard_name_split
+
+        shown = [n for n in names if n == "manifest.json" or shard_name_split(n)]
     return f"{k} (it holds {_listed(shown, 2)})"
+
+
+def _folder_kind(folder: Path) -> str:
+    """:func:`gptspeed.paths.kind`, except that a folder is a ``data folder`` only when it is one
+    gptspeed reads: a ``manifest.json``, or a shard named as gptspeed's, llm.c's or modded-nanogpt's
+    (:func:`gptspeed.data.shard_name_split`) -- not merely any ``*.bin`` file (the user's folder of
+    downloads, a ``pytorch_model.bin``)."""
+    from gptspeed.data import shard_name_split
+    from gptspeed.paths import kind
+
+    k = kind(folder)
+    if k == "data folder":
+        names = os.listdir(folder)
+        if "manifest.json" not in names and not any(shard_name_split(n) for n in names):
+            return "folder"
+    return k
 
 
 def _not_an_export(folder: Path) -> str | None:
@@ -302,8 +336,6 @@ def check_export_target(run: Path, out: Path, force: bool) -> None:
     Raises:
         GptspeedError: one line naming what is there.
     """
-    from gptspeed.paths import kind
-
     if out.is_symlink():
         raise GptspeedError(f"--out {out} is a symbolic link: give the folder to write itself")
     r_run, r_out = run.resolve(), out.resolve()
@@ -314,14 +346,14 @@ def check_export_target(run: Path, out: Path, force: bool) -> None:
         )
     if not os.path.lexists(out):
         parent = next(p for p in r_out.parents if p.exists())  # the folder the export creates its first entry in
-        k = kind(parent)
+        k = _folder_kind(parent)
         if k in ("run folder", "data folder"):
             raise GptspeedError(
                 f"--out {out} would be written into {parent}, a {_evidence(parent, k)}: an export never "
                 "writes into one; choose an --out outside it"
             )
         return
-    k = kind(out)
+    k = _folder_kind(out)
     if k in ("run folder", "data folder"):
         raise GptspeedError(
             f"--out {out} is a {_evidence(out, k)}: export-hf never writes over one, even with --force; "
@@ -365,8 +397,11 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
     gptspeed computes them, under gptspeed's tensor names. The document mask is part of the model,
     as in gptspeed's training, eval and sampling: attention never crosses an ``<|endoftext|>`` of
     the input, with a KV cache too (the first layer's cached keys carry the EOT flags).
+    A ``--softmax data`` run (the quickstart's ``--preset nano``) goes the same way, its token ids
+    in config.json's ``softmax_ids``: every other id gets logit -inf, as in gptspeed.
     ``--attention`` and ``--residual-dtype`` do not change the function the model computes, so the
-    export has neither; a setting it does not compute is refused (:func:`check_exportable`).
+    export has neither; a setting it does not compute is refused (:func:`check_exportable`). The
+    marker names the run's folder (its last component), never a path of the user's machine.
 
     ``dtype`` (:data:`EXPORT_DTYPES`): ``float32`` (as trained: the logits equal gptspeed's fp32
     ones to rounding), or ``bfloat16``, half the bytes (GPT-2 XL: 3.1 GB instead of 6.2 GB); the
@@ -374,12 +409,13 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
 
     Raises:
         GptspeedError: a ``dtype`` not in :data:`EXPORT_DTYPES`; no checkpoint in ``run``; an ``out``
-            refused by :func:`check_export_target`; a run :func:`check_exportable` refuses (--softmax
-            data, a setting not declared exportable); not writable.
+            refused by :func:`check_export_target`; a run :func:`check_exportable` refuses (a setting
+            not declared exportable); safetensors or tokenizers not installed; not writable.
     """
     from gptspeed.checkpoint import load_latest_run
 
     save_file = _safetensors_writer(dtype)
+    _tokenizers_library()
     run, out = Path(run), Path(out)
     check_export_target(run, out, force)
     ckpt, run_config = load_latest_run(run)
@@ -425,9 +461,10 @@ def _safetensors_writer(dtype: str):
 
 def _write_marker(folder: Path, run: Path, step: int | None) -> None:
     """:data:`EXPORT_MARKER` into ``folder``, last: the files there (name -> size in bytes), the
-    ``run`` and its checkpoint's ``step``. OSError as the write raises it."""
+    name of the ``run``'s folder (its last component only: no path of the user's machine travels
+    with an export pushed to a hub) and its checkpoint's ``step``. OSError as the write raises it."""
     files = {f.name: f.stat().st_size for f in sorted(folder.iterdir())}
-    marker = {"exported_by": "gptspeed export-hf", "run": str(run), "step": step, "files": files}
+    marker = {"exported_by": "gptspeed export-hf", "run": run.resolve().name, "step": step, "files": files}
     (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 

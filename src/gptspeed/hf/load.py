@@ -15,11 +15,16 @@ whose weight is ``[in, out]`` where ``nn.Linear`` has ``[out, in]``, so ``c_attn
 ``c_fc`` weights are transposed; the token embedding (50,257 rows) is padded with zero rows to
 our ``vocab_size`` (those logits are -inf, see :class:`gptspeed.model.GPT`); ``attn.bias`` /
 ``attn.masked_bias`` (causal-mask buffers in old checkpoints) are dropped; the LM head is tied to
-the token embedding. Loading never unpickles code: safetensors, or ``torch.load(weights_only=True)``.
+the token embedding, unless config.json says ``tie_word_embeddings: false`` (a GPT-2 trained with a
+head of its own: the run gets ``--no-tie-embeddings`` and that head). A folder gptspeed's own
+``export-hf`` wrote with its modeling code (``model_type`` ``gptspeed_gpt``) comes back with its
+switches (:mod:`gptspeed.hf.reload`). Loading never unpickles code: safetensors, or
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -202,7 +207,8 @@ def gpt_config_from_hf(
 
     ``block_size`` defaults to ``n_positions`` (a smaller one keeps the first rows of ``wpe``);
     ``vocab_size`` defaults to 50,304 (HF's 50,257 padded to a multiple of 64), or HF's own
-    vocab_size rounded up to a multiple of 64 when that is larger.
+    vocab_size rounded up to a multiple of 64 when that is larger. ``tie_word_embeddings`` false
+    (a GPT-2 trained with its own head) is an untied head, ``--no-tie-embeddings``.
     """
     n_positions = hf["n_positions"]
     block_size = block_size or n_positions
@@ -217,6 +223,7 @@ def gpt_config_from_hf(
         n_layer=hf["n_layer"],
         n_head=hf["n_head"],
         n_embd=hf["n_embd"],
+        tie_embeddings=hf["tie_word_embeddings"],
     )
 
 
@@ -237,11 +244,20 @@ def shape_for_init_from(source: str, model: GPTConfig, explicit: dict[str, Any])
     setting not declared), from a flag, ``--recipe`` or a config file, is refused before the source
     is read (:func:`check_init_from_switches`).
 
+    A gptspeed export (config.json's ``model_type`` ``gptspeed_gpt``) brings its own switches back
+    (:func:`gptspeed.hf.reload.shape_from_export`); an untied GPT-2 (``tie_word_embeddings`` false)
+    makes the run's head untied (``--no-tie-embeddings``).
+
     Raises:
         GptspeedError: as :func:`resolve_source` / :func:`read_hf_config` / :func:`check_hf_layout`,
             an explicit --n-layer / --n-head / --n-embd that contradicts the source, or an
             architecture switch GPT-2's weights cannot take.
     """
+    from gptspeed.hf import reload
+
+    local = Path(source).expanduser()
+    if local.is_dir() and reload.model_type(local) == reload.MODEL_TYPE:
+        return reload.shape_from_export(local, source, model, explicit, _read_stored(local))
     check_init_from_switches(source, model)
     folder = resolve_source(source)
     hf = read_hf_config(folder)
@@ -377,6 +393,16 @@ def read_hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     fmt, files = _weight_files(folder)
     loader = _load_safetensors if fmt == "safetensors" else _load_bin
     return _merged(folder, [loader(f) for f in files])
+
+
+def _read_stored(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``folder`` under its stored name (a gptspeed export's own names, the
+    ``transformer.`` prefix kept). GptspeedError as :func:`read_hf_state_dict`."""
+    fmt, files = _weight_files(folder)
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update((_load_safetensors if fmt == "safetensors" else _load_bin)(f))
+    return out
 
 
 def read_hf_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
@@ -518,6 +544,8 @@ def hf_to_gpt_state_dict(
         "ln_f.bias",
         *(f"h.{i}.{p}" for i in range(L) for p in _BLOCK_PARAMS),
     ]
+    if not config.tie_embeddings and "lm_head.weight" not in hf_sd:
+        raise GptspeedError(f"{where}: its config.json says the LM head is untied, but it holds no lm_head.weight")
     for k in [*used, *(["lm_head.weight"] if "lm_head.weight" in hf_sd and not tied else [])]:
         t = hf_sd[k]
         if not (t.is_floating_point() and bool(torch.isfinite(t).all())):
@@ -525,13 +553,29 @@ def hf_to_gpt_state_dict(
             raise GptspeedError(f"{where}: tensor {k} {what}: the weights are corrupt or diverged; use another copy")
     wte, wpe = hf_sd["wte.weight"].float(), hf_sd["wpe.weight"].float()
     head = hf_sd.get("lm_head.weight")
-    if head is not None and not tied and not (head.shape == wte.shape and torch.equal(head.float(), wte)):
-        raise GptspeedError(f"{where} has an LM head that is not tied to the token embedding: gptspeed's GPT ties them")
+    untied = not config.tie_embeddings
+    if (
+        head is not None
+        and not tied
+        and not untied
+        and not (head.shape == wte.shape and torch.equal(head.float(), wte))
+    ):
+        raise GptspeedError(
+            f"{where} has an LM head that is not tied to the token embedding, but its config.json ties them "
+            "(tie_word_embeddings): an untied GPT-2 says false there"
+        )
+    if untied and tuple(head.shape) != tuple(wte.shape):
+        raise GptspeedError(
+            f"{where}: lm_head.weight {tuple(head.shape)} is not the token embedding's shape {tuple(wte.shape)}"
+        )
     out = {"transformer.wpe.weight": wpe[: config.block_size].clone()}
     padded = torch.zeros(config.vocab_size, C)
     padded[: wte.shape[0]] = wte
     out["transformer.wte.weight"] = padded
     out["lm_head.weight"] = padded
+    if untied:
+        out["lm_head.weight"] = torch.zeros(config.vocab_size, C)
+        out["lm_head.weight"][: head.shape[0]] = head.float()
     for k in ("ln_f.weight", "ln_f.bias"):
         out[f"transformer.{k}"] = hf_sd[k].float()
     for i in range(L):
@@ -581,7 +625,13 @@ def load_hf_weights(model: GPT, source: str) -> Path:
         GptspeedError: as :func:`resolve_source`, :func:`read_hf_config`, :func:`hf_to_gpt_state_dict`,
             or the model's n_layer / n_head / n_embd differ from the source's.
     """
+    from gptspeed.hf import reload
+
     folder = resolve_source(source)
+    if reload.model_type(folder) == reload.MODEL_TYPE:  # the shape and switches came from it too
+        _fill(model, reload.state_dict_from_export(_read_stored(folder), model.config, str(folder)), str(folder))
+        reload.set_ids(model, reload.gpt_config_from_export(folder)[1], str(folder))
+        return folder
     hf = read_hf_config(folder)
     c = model.config
     for name in ("n_layer", "n_head", "n_embd"):
@@ -594,8 +644,21 @@ def load_hf_weights(model: GPT, source: str) -> Path:
 def load_hf_model(source: str, *, block_size: int | None = None) -> tuple[GPT, dict[str, Any]]:
     """A :class:`GPT` (fp32, CPU, eval mode) holding the HF GPT-2 ``source`` (folder or name).
     Returns ``(model, info)`` with ``info = {"source", "folder", "hf_config"}``. The weights are
-    read and checked before the model is built."""
+    read and checked before the model is built. A gptspeed export comes back with its switches
+    (:func:`gptspeed.hf.reload.load_export`)."""
+    from gptspeed.hf import reload
+
     folder = resolve_source(source)
+    if reload.model_type(folder) == reload.MODEL_TYPE:
+        from gptspeed.fileio import read_user_json
+
+        hf = read_user_json(folder / "config.json", "Hugging Face config", max_bytes=1 << 24)
+        config, ids = reload.gpt_config_from_export(folder, block_size)
+        sd = reload.state_dict_from_export(_read_stored(folder), config, str(folder))  # before building the model
+        model = GPT(config)
+        _fill(model, sd, str(folder))
+        reload.set_ids(model, ids, str(folder))
+        return model.eval(), {"source": source, "folder": str(folder), "hf_config": hf}
     hf = read_hf_config(folder)
     config = gpt_config_from_hf(hf, block_size=block_size)
     sd = _read_checked(folder, hf, config)
@@ -636,17 +699,42 @@ def import_hf(source: str, out: str | Path) -> Path:
             gptspeed did not write (:func:`gptspeed.checkpoint.refuse_foreign_folder`: e.g. the
             source folder itself) or is not writable.
     """
-    from gptspeed.checkpoint import refuse_checkpoints, refuse_foreign_folder, save_checkpoint
+    from gptspeed.checkpoint import refuse_checkpoints, refuse_foreign_folder
 
     out = Path(out)
     refuse_checkpoints(out, "choose another --out")
     refuse_foreign_folder(out)  # the source folder itself, a data folder, the user's files: never written into
     model, info = load_hf_model(source)
-    cfg = run_config_for(model.config, out=str(out), init_from=str(source))
+    with _held(out):  # as train holds it: never written into while a live train writes there
+        refuse_checkpoints(out, "choose another --out")
+        return _write_import(model, info, source, out)
+
+
+@contextlib.contextmanager
+def _held(out: Path):
+    """``out`` made, and held by its run folder lock (:func:`gptspeed.checkpoint.folder.run_lock`)
+    as train holds it, for the ``with`` block.
+
+    Raises:
+        GptspeedError: ``out`` cannot be made; another process (a live train) holds it."""
+    from gptspeed.checkpoint.folder import run_lock
+
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GptspeedError(f"cannot create run folder {out}: {e.strerror or e}") from None
+    lock = run_lock(out).acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_import(model: GPT, info: dict, source: str, out: Path) -> Path:
+    """The step-0 checkpoint and config.json of an imported ``model`` into ``out`` (held)."""
+    from gptspeed.checkpoint import save_checkpoint
+
+    cfg = run_config_for(model.config, out=str(out), init_from=str(source))
     source_info = {"hf_source": str(source), "hf_folder": info["folder"]}
     path = save_checkpoint(
         out, {"step": 0, "model": model.state_dict(), "config": cfg.to_dict(), "source": source_info}, keep=1

@@ -5,7 +5,9 @@ The fields are gptspeed's own (``GPTConfig``), with GPT-2's names for the shape:
 the run's sequence length (``block_size``), ``vocab_size`` the tokenizer's 50,257 tokens (the
 padding rows of the run's embedding are not exported). ``tie_word_embeddings`` stays false:
 the model reads a tied head from the token embedding itself (``tie_embeddings``), so transformers'
-own tying never runs.
+own tying never runs. ``softmax_ids``: a ``--softmax data`` run's token ids (those of its training
+data, sorted); every other id of the first ``softmax_vocab`` (the exported ``vocab_size``: ids added
+later are not masked) gets logit -inf, probability 0, as in gptspeed (None: every id).
 """
 
 from transformers import PretrainedConfig
@@ -37,6 +39,8 @@ class GptspeedConfig(PretrainedConfig):
         doc_mask=False,
         value_embeds=0,
         unet_skips=False,
+        softmax_ids=None,
+        softmax_vocab=None,
         eot_token_id=50256,
         use_cache=True,
         bos_token_id=50256,
@@ -58,6 +62,8 @@ class GptspeedConfig(PretrainedConfig):
         self.doc_mask = doc_mask  # attention never crosses eot_token_id
         self.value_embeds = value_embeds  # 0: off
         self.unet_skips = unet_skips
+        self.softmax_ids = softmax_ids  # None: every id; else the ids outside it have probability 0
+        self.softmax_vocab = softmax_vocab if softmax_vocab is not None else vocab_size  # the ids it covers
         self.eot_token_id = eot_token_id
         self.use_cache = use_cache
         kwargs["tie_word_embeddings"] = False

@@ -28,6 +28,19 @@ GPT-2's pre-norm blocks (Radford et al. 2019), and the switches of the run, from
   two gates ``attn.ve_gates``;
 - ``unet_skips``: the speedrun's U-net skips, each block of the last n_layer // 2 first adding
   ``skip_weights[m]`` times the output of its mirror block of the first half.
+- ``softmax_ids``: a ``--softmax data`` run's head covers only the ids of its training data: every
+  other id of the tokenizer's gets logit -inf (probability 0, never generated), after the soft-cap,
+  as gptspeed computes it; ids added later by ``resize_token_embeddings`` are not masked.
+
+transformers' fine-tuning hooks work: ``resize_token_embeddings`` resizes the value embeddings with
+the token embedding (new rows: the mean of the old ones), so new ids work everywhere;
+``gradient_checkpointing_enable()`` recomputes each block in the backward pass (training without a
+cache); ``attn_implementation="sdpa"`` is accepted -- the attention always is
+``F.scaled_dot_product_attention`` -- and ``"eager"`` too, computing the same.
+
+Positions past ``n_positions`` (the run's sequence length): ``learned`` has no embedding for them (an
+IndexError, as GPT-2's), ``rope`` computes them but the model was never trained there; gptspeed's
+sampler instead slides its window to the last ``n_positions`` tokens.
 
 Inputs: ``input_ids`` ``(B, T)`` int64; ``attention_mask`` ``(B, S)`` (1: a token, 0: padding; S the
 cached plus the new tokens): a padding key is never attended to, a padding query attends to itself;
@@ -68,6 +81,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def make_norm(config: GptspeedConfig) -> nn.Module:
     return nn.LayerNorm(config.n_embd) if config.norm == "layernorm" else nn.RMSNorm(config.n_embd)
+
+
+def _resized(old: nn.Embedding, rows: int) -> nn.Embedding:
+    """A copy of ``old`` with ``rows`` rows: the first ones ``old``'s, any new ones the mean of them."""
+    new = nn.Embedding(rows, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype)
+    with torch.no_grad():
+        n = min(rows, old.num_embeddings)
+        new.weight[:n] = old.weight[:n]
+        new.weight[n:] = old.weight.mean(dim=0)
+    return new
 
 
 class GptspeedAttention(nn.Module):
@@ -153,6 +176,7 @@ class GptspeedTransformer(nn.Module):
         self.ln_f = make_norm(config)
         if config.value_embeds:
             self.ve = nn.ModuleList(nn.Embedding(config.vocab_size, config.n_embd) for _ in range(config.value_embeds))
+        self.gradient_checkpointing = False  # transformers' gradient_checkpointing_enable() sets it
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, skip_weights=None):
         """Hidden states ``(B, T, n_embd)``; ``skip_weights``: the U-net skips' weights (``unet_skips``)."""
@@ -181,11 +205,17 @@ class GptspeedTransformer(nn.Module):
         half = n // 2 if c.unet_skips else 0
         ves = [e(input_ids) for e in self.ve] if k else []
         mask, skips = make_mask, []
+        checkpointed = self.gradient_checkpointing and self.training and cache is None
+        if checkpointed:  # the mask made once, up front: a recomputed block gets the same tensors
+            mask = make_mask(eot)
         for i, block in enumerate(self.h):
             if i >= n - half:  # the U-net skip from the mirror block of the first half
                 x = x + skip_weights[i - (n - half)].to(x.dtype) * skips.pop()
             ve = ves[i] if i < k else ves[i - (n - k)] if k and i >= n - k else None
-            x, mask = block(x, rope, mask, cache, eot if i == 0 else None, ve)
+            if checkpointed:
+                x, mask = self._gradient_checkpointing_func(block.__call__, x, rope, mask, None, None, ve)
+            else:
+                x, mask = block(x, rope, mask, cache, eot if i == 0 else None, ve)
             if i < half:
                 skips.append(x)
         return self.ln_f(x)
@@ -213,6 +243,8 @@ class GptspeedForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "transformer"
     _no_split_modules = ["GptspeedBlock"]
     _supports_cache_class = True
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True  # the attention is F.scaled_dot_product_attention, whatever is asked
 
     def __init__(self, config: GptspeedConfig):
         super().__init__(config)
@@ -232,6 +264,33 @@ class GptspeedForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return None if self.config.tie_embeddings else self.lm_head
 
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        """transformers' resize of the token embedding (and of an untied head), with the value
+        embeddings resized to the same rows: new rows the mean of the old ones. Returns the token
+        embedding."""
+        emb = super().resize_token_embeddings(*args, **kwargs)
+        rows = emb.num_embeddings
+        if self.config.value_embeds:
+            self.transformer.ve = nn.ModuleList(_resized(e, rows) for e in self.transformer.ve)
+        return emb
+
+    def _mask_unseen(self, logits):
+        """``logits`` ``(..., V)`` with the ids outside ``config.softmax_ids`` (among the first
+        ``softmax_vocab``: the exported vocabulary) at -inf: a ``--softmax data`` run's head."""
+        ids = self.config.softmax_ids
+        if ids is None:
+            return logits
+        unseen = getattr(self, "_unseen", None)
+        if unseen is None or unseen.device != logits.device or unseen.numel() != logits.size(-1):
+            unseen = torch.ones(logits.size(-1), dtype=torch.bool, device=logits.device)
+            unseen[torch.as_tensor(ids, dtype=torch.long, device=logits.device)] = False
+            unseen[self.config.softmax_vocab :] = False  # ids added by resize_token_embeddings
+            self._unseen = unseen
+        return logits.masked_fill(unseen, float("-inf"))
+
     def forward(
         self,
         input_ids=None,
@@ -247,6 +306,8 @@ class GptspeedForCausalLM(PreTrainedModel, GenerationMixin):
     ):
         cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.transformer.gradient_checkpointing and self.training:
+            use_cache = False  # a checkpointed block is recomputed: it must not write a cache twice
         if cache is None and use_cache:
             cache = DynamicCache()
         h = self.transformer(input_ids, attention_mask, position_ids, cache, getattr(self, "skip_weights", None))
@@ -257,6 +318,7 @@ class GptspeedForCausalLM(PreTrainedModel, GenerationMixin):
         cap = self.config.logit_softcap
         if cap:
             logits = cap * torch.tanh(logits / cap)
+        logits = self._mask_unseen(logits)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(

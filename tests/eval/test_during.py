@@ -1,0 +1,45 @@
+"""``gptspeed.eval.during``: the evaluations a run makes while it trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptspeed.configure import build_train_config
+from gptspeed.eval.bpb import evaluate_bpb
+from gptspeed.runtime import resolve_runtime
+from gptspeed.sample import load_model
+from gptspeed.trainer import fit
+
+from support.hf_models import write_data_pico
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_eval_bpb_puts_the_val_bits_per_byte_in_the_training_log(tmp_path):
+    """--eval-bpb: each evaluation's record holds val_bpb, the figure `gptspeed eval` gives for the
+    checkpoint of that step; without it the log has none (off by default: a second pass)."""
+    data = write_data_pico(tmp_path / "data", manifest=False)
+    common = dict(
+        data=str(data),
+        max_steps=2,
+        eval_every=2,
+        batch_size=2,
+        eval_tokens=128,
+        block_size=32,
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        device="cpu",
+        dtype="float32",
+        compile=False,
+    )
+    fit(build_train_config("pico", {**common, "eval_bpb": True, "out": str(tmp_path / "run")}), echo=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r.get("val_loss") is not None and r["step"] == 2]
+    assert evals and all("val_bpb" in r for r in evals)
+    model, _ = load_model(tmp_path / "run", resolve_runtime("cpu", "float32"))
+    want = evaluate_bpb(model, resolve_runtime("cpu", "float32"), [data / "val_000000.bin"], 2, 32, 128)
+    assert evals[-1]["val_bpb"] == pytest.approx(want, rel=1e-5)
+    assert build_train_config("pico", {**common, "out": str(tmp_path / "plain")}).train.eval_bpb is False

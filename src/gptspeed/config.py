@@ -76,8 +76,9 @@ EXPORT_KINDS = ("gpt2", "switch")
 # user gives (a flag, a --config file's changed value, a make_config keyword): no setting is accepted only to do
 # nothing (docs/reliability.md). needs: a setting that must be on (not 0, off, None or its declared ``off``);
 # only_with: settings that must hold the given values (a :class:`Where`); replaced_by: a setting that, when on,
-# replaces it; below: (setting, why) -- its value as the run uses it (:func:`value_in_effect`) below that one's.
-COMPANION_KEYS = ("needs", "only_with", "replaced_by", "below")
+# replaces it; below: (setting, why) -- its value as the run uses it (:func:`value_in_effect`) below that one's;
+# starts: on a warm-up's steps, its start setting (whose ``below`` is then checked when the steps are given).
+COMPANION_KEYS = ("needs", "only_with", "replaced_by", "below", "starts")
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def _f(
     only_with: dict[str, Any] | None = None,
     replaced_by: str | None = None,
     below: tuple[str, str] | None = None,
+    starts: str | None = None,
     run_defining: bool = False,
     cli: bool = True,
     init_from: str | None = None,
@@ -157,7 +159,7 @@ def _f(
     1)``; ``max_note``: the reason shown after "at most N"; ``min_note``: the reason shown when it
     is below its minimum; ``off``: the value that turns it off, accepted outside the range), what it
     acts with (:data:`COMPANION_KEYS`, checked on the settings a user gives by
-    :func:`check_companions`: ``needs``, ``only_with``, ``replaced_by``, ``below``), and whether it
+    :func:`check_companions`: ``needs``, ``only_with``, ``replaced_by``, ``below``, ``starts``), and whether it
     defines the run (``run_defining``: a resume that changes it is refused, :func:`run_defining_diff`). A model
     setting also declares how it meets GPT-2's weights: ``init_from`` (:data:`INIT_FROM_KINDS`: what
     ``--init-from`` does with it) and ``export`` (:data:`EXPORT_KINDS`: how ``export-hf`` carries it);
@@ -168,7 +170,7 @@ def _f(
     the resume check and the bench's rungs all read these; :meth:`RunConfig.validate` enforces them."""
     rules = dict(choices=choices, min=min, max=max, min_open=min_open, finite=finite, text=text, max_note=max_note)
     rules.update(min_note=min_note, off=off, needs=needs, only_with=_conditions(only_with), replaced_by=replaced_by)
-    rules.update(below=below)
+    rules.update(below=below, starts=starts)
     assert init_from in (None, *INIT_FROM_KINDS) and export in (None, *EXPORT_KINDS), (init_from, export)
     gpt2 = {k: v for k, v in dict(init_from=init_from, export=export).items() if v is not None}
     return field(
@@ -642,6 +644,7 @@ class TrainConfig:
         min=0,
         off=0,
         below=("max_steps", "the run would end inside the warm-up, never training at --total-batch-tokens"),
+        starts="batch_start_tokens",
         run_defining=True,
     )
     batch_start_tokens: int | None = _f(
@@ -662,6 +665,7 @@ class TrainConfig:
         min=0,
         off=0,
         below=("max_steps", "the run would end inside the warm-up, never training at --seq-len"),
+        starts="seq_len_start",
         run_defining=True,
     )
     seq_len_start: int = _f(
@@ -894,7 +898,8 @@ _GROUP_OF = {f.name: group for group, cls in GROUPS.items() for f in dataclasses
 assert all(
     other in FIELDS
     for f in FIELDS.values()
-    for other in [f.metadata.get("needs"), f.metadata.get("replaced_by"), *(f.metadata.get("only_with") or {})]
+    for other in [f.metadata.get(k) for k in ("needs", "replaced_by", "starts")]
+    + [*(f.metadata.get("only_with") or {})]
     + [(f.metadata.get("below") or ("max_steps",))[0]]
     if other is not None
 ), "a companion names no setting"
@@ -1226,7 +1231,10 @@ def _below_reason(cfg: RunConfig, name: str, world_size: int) -> str | None:
         return _as_flag(n, raw) + (f" ({_ROUNDED[n]}: {effect:,})" if effect != raw else "")
 
     flag, tflag = setting_flag(name), setting_flag(target)
-    return f"{shown(name, x)} is not below {shown(target, y)}: {why}; lower {flag} or raise {tflag}"
+    least = copy.deepcopy(cfg)  # at its least value: does lowering it help at all?
+    setattr(getattr(least, _GROUP_OF[name]), name, FIELDS[name].metadata.get("min", 0))
+    fix = f"lower {flag} or raise {tflag}" if value_in_effect(least, name, world_size) < y else f"raise {tflag}"
+    return f"{shown(name, x)} is not below {shown(target, y)}: {why}; {fix}"
 
 
 def _given_on(cfg: RunConfig, name: str) -> bool:
@@ -1239,17 +1247,20 @@ def check_companions(cfg: RunConfig, given: collections.abc.Collection[str], wor
     """GptspeedError (one line: what is wrong, what to do) for a setting the user gave (``given``: the
     names set by a flag, a ``--config`` file or a make_config keyword) that would do nothing in ``cfg``, as
     each setting declares (:data:`COMPANION_KEYS`): without the setting it ``needs`` on, without the values
-    its ``only_with`` names, beside the setting it is ``replaced_by``, or -- given, or its ``needs`` given
-    -- not ``below`` the setting it warms up to. A setting given at its ``off`` value asks for nothing. What
-    a preset or recipe set and the user did not give is not checked: it is theirs (docs/reliability.md)."""
+    its ``only_with`` names, beside the setting it is ``replaced_by``, or -- given, or the warm-up whose
+    start it ``starts`` given -- not ``below`` the setting it warms up to. A setting given at its ``off``
+    value asks for nothing. What a preset or recipe set and the user did not give is not checked: it is
+    theirs (docs/reliability.md)."""
+    started_by = {f.metadata["starts"]: name for name, f in FIELDS.items() if f.metadata.get("starts")}
     for name, f in FIELDS.items():
         meta = f.metadata
         own = name in given and _given_on(cfg, name)
         if own and (why := inert_reason(cfg, name)):
             raise GptspeedError(why)
-        needs = meta.get("needs")
+        needs, warm_up = meta.get("needs"), started_by.get(name)
         acts = setting_on(cfg, needs) if needs else own
-        if meta.get("below") and acts and (own or needs in given) and (why := _below_reason(cfg, name, world_size)):
+        asked = own or (warm_up in given and setting_on(cfg, warm_up))
+        if meta.get("below") and acts and asked and (why := _below_reason(cfg, name, world_size)):
             raise GptspeedError(why)
 
 
@@ -1274,6 +1285,7 @@ def companions_text(meta: Any) -> str:
     parts += [f"replaced by `{setting_flag(meta['replaced_by'])}`"] if meta.get("replaced_by") else []
     if meta.get("below"):
         parts.append(f"below `{setting_flag(meta['below'][0])}` (else {meta['below'][1]})")
+    parts += [f"warms up from `{setting_flag(meta['starts'])}`"] if meta.get("starts") else []
     unless = f"unless `{_shown(meta['off'])}`: " if parts and "off" in meta else ""  # its off value asks nothing
     return unless + "; ".join(parts)
 

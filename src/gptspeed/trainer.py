@@ -138,12 +138,6 @@ class Trainer:
         self.run_dir = Path(t.out)
         self.state = TrainState()
         self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
-        if t.stop_at_val_loss is not None and not self.data.has_val:  # a stream: refused by the configuration
-            self.data.close()
-            raise GptspeedError(
-                f"--stop-at-val-loss {t.stop_at_val_loss:g} compares the val loss, and {t.data} has no val split: "
-                "prepare it with one (gptspeed prepare --val-fraction), or drop --stop-at-val-loss"
-            )
         self.loader = self.log = self.stop = None  # self.stop: the stop signals' flag, while training
         self.pace = FirstPace(self.say, 0, None, 0.0)  # the first step's: set when training starts
         self.folder = RunFolder(self.run_dir, rt.is_main)

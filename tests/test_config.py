@@ -530,6 +530,10 @@ def test_a_rotary_base_or_soft_cap_out_of_its_sane_range_is_refused(name, value,
         (dict(muon_momentum_warmup=10), "--muon-momentum-warmup 10 acts only with --optimizer muon"),
         (dict(eval_every=10, data="hf:x"), "--eval-every 10 acts only with --data a prepared folder"),
         (dict(eval_tokens=4096, data="jsonl:/d.jsonl"), "--eval-tokens 4096 acts only with --data a prepared folder"),
+        (
+            dict(threads=8, device="cuda"),
+            "--threads 8 acts only with --device cpu (or auto on a machine without a GPU)",
+        ),
     ],
 )
 def test_every_other_setting_that_would_do_nothing_is_refused(settings, message):

@@ -872,6 +872,7 @@ class RuntimeConfig:
         min=0,
         max=MAX_THREADS,
         max_note="more than any CPU has",
+        only_with={"device": Where("cpu (or auto on a machine without a GPU)", lambda d: d in ("auto", "cpu"))},
     )
     parallel: str = _f(
         "auto",

@@ -213,8 +213,11 @@ def settings_markdown() -> str:
         "order: the preset (`--preset`, default `gpt2`), the recipe (`--recipe`), the `--config` file, then "
         "the flags; with `--resume`, the run's own configuration comes first. The defaults below are the "
         "fields' own; a preset sets some of them (the [presets](#presets) table). *Defines the run*: a "
-        "`--resume` that changes it is refused unless `--force-resume`. `$GPTSPEED_CACHE` is "
-        "`~/.cache/gptspeed` unless set.",
+        "`--resume` that changes it is refused unless `--force-resume`. *Acts with*: what the setting does "
+        "nothing without (a setting it needs on, values another must have, a setting that replaces it, the end "
+        "value its warm-up's start must be below); given without it -- by a flag, a `--config` file or "
+        "`make_config` -- it is refused before the first step, while a preset's or recipe's own value is not. "
+        "`$GPTSPEED_CACHE` is `~/.cache/gptspeed` unless set.",
     ]
     for group, cls in config.GROUPS.items():
         parts += ["", f"## {group}", "", f"`{cls.__name__}`: {_docstring(cls)}", "", settings_table(cls)]

@@ -19,6 +19,7 @@ from gptspeed.config import (
     GPTConfig,
     RunConfig,  # noqa: E402
     _f,
+    field_type,
     preset,
     run_defining_diff,
     setting_flag,
@@ -388,3 +389,248 @@ def test_a_run_is_validated_once_where_its_configuration_is_resolved(tmp_path, m
     cfg.optim.lr = 1e-4  # the notebook habit
     api.train(cfg, echo=False)
     assert len(calls) == 4
+
+
+# ------------------------------------------------------------------ no setting accepted only to do nothing
+def refused(settings: dict, *needles: str, preset_name: str = "pico") -> str:
+    """The one line ``build_train_config`` refuses ``settings`` (given as flags would be) with, holding each
+    of ``needles``."""
+    with pytest.raises(GptspeedError) as e:
+        build_train_config(preset_name, settings)
+    line = str(e.value)
+    assert "\n" not in line and all(n in line for n in needles), line
+    return line
+
+
+@pytest.mark.parametrize("data", ["jsonl:/some/docs.jsonl", "hf:some/dataset"])
+def test_random_sampling_of_a_stream_is_refused(data):
+    """A stream is read in order: ``--sampling random`` was accepted and did nothing (issue 56)."""
+    refused(dict(data=data, sampling="random"), "--sampling random acts only with --data a prepared folder", data)
+    assert build_train_config("pico", dict(data=data, sampling="sequential")).train.sampling == "sequential"
+    assert build_train_config("pico", dict(sampling="random")).train.sampling == "random"  # tiny Shakespeare
+
+
+@pytest.mark.parametrize(
+    "start, steps",
+    [
+        (dict(seq_len_start=16), "--seq-len-warmup-steps"),
+        (dict(batch_start_tokens=64), "--batch-warmup-steps"),
+        (dict(attn_window_start=128), "--attn-window"),
+        (dict(muon_momentum_start=0.5, optimizer="muon"), "--muon-momentum-warmup"),
+    ],
+)
+def test_a_warm_ups_start_without_its_steps_is_refused(start, steps):
+    """Each warm-up's start setting did nothing without the setting that turns the warm-up on (issue 56)."""
+    name = next(iter(start))
+    refused(start, f"{setting_flag(name)} {start[name]} does nothing without {steps}", f"drop {setting_flag(name)}")
+
+
+def test_a_sequence_length_warm_up_that_starts_at_the_full_length_is_refused():
+    """``--seq-len-start`` at or above ``--seq-len`` -- or rounded up to it: the warm-up trains at halvings of
+    --seq-len -- warmed up nothing; so did ``--seq-len-warmup-steps`` alone where the default start (64) is
+    the preset's whole length (pico's 64). A start that acts is accepted."""
+    warm = dict(seq_len_warmup_steps=10)
+    refused(dict(warm, seq_len_start=64), "--seq-len-start 64 is not below --seq-len 64", "lower --seq-len-start")
+    refused(dict(warm, seq_len_start=500), "--seq-len-start 500 (rounded up to a halving of --seq-len: 64)")
+    refused(dict(warm, seq_len_start=40), "--seq-len-start 40 (rounded up to a halving of --seq-len: 64)")
+    refused(warm, "--seq-len-start 64 is not below --seq-len 64")  # the default start, given by nobody
+    refused(dict(warm, block_size=63, seq_len_start=8), "--seq-len 63", "raise --seq-len")  # no halving of 63
+    assert build_train_config("pico", dict(warm, seq_len_start=32)).train.seq_len_start == 32
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(batch_warmup_steps=10), "--batch-start-tokens unset (512 in effect) is not below --total-batch-tokens"),
+        (dict(batch_warmup_steps=10, total_batch_tokens=4096, batch_start_tokens=4096), "is not below"),
+        (dict(attn_window=256, block_size=256, attn_window_start=200), "--attn-window-start 200 (rounded up"),
+        (dict(attn_window=64, attn_window_start=32), "the window would not grow; raise --attn-window"),
+    ],
+)
+def test_a_batch_or_window_warm_up_that_starts_at_its_end_is_refused(settings, message):
+    """A batch warm-up from one micro-batch to a global batch of one micro-batch, or from the full batch, and a
+    window warm-up whose start rounds up (to 128 tokens) to the window, changed nothing."""
+    refused(settings, message)
+
+
+@pytest.mark.parametrize(
+    "settings, flag",
+    [
+        (dict(batch_warmup_steps=50, total_batch_tokens=4096), "--batch-warmup-steps 50"),
+        (dict(batch_warmup_steps=500, total_batch_tokens=4096), "--batch-warmup-steps 500"),
+        (dict(seq_len_warmup_steps=50, seq_len_start=16), "--seq-len-warmup-steps 50"),
+        (dict(muon_momentum_warmup=80, optimizer="muon"), "--muon-momentum-warmup 80"),
+    ],
+)
+def test_a_warm_up_as_long_as_the_run_or_longer_is_refused(settings, flag):
+    """A warm-up of ``--max-steps`` or more (pico: 50) never reaches its end value: the run never trains at its
+    full batch or length, Muon never at its momentum. Refused; the learning rate's warm-up longer than the run
+    stays a warning at the start (a preset's warm-up meets a smoke test's short --max-steps:
+    test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run)."""
+    refused(settings, f"{flag} is not below --max-steps 50", "lower", "or raise --max-steps")
+    assert build_train_config("pico", dict(settings, max_steps=1000)).train.max_steps == 1000
+    assert build_train_config("pico", dict(warmup_steps=80)).optim.warmup_steps == 80
+
+
+def test_a_decay_ratio_under_the_cosine_schedule_is_refused():
+    """``--decay-ratio`` shapes the WSD schedule's cooldown; the cosine schedule ignored it (issue 56)."""
+    refused(dict(decay_ratio=0.3), "--decay-ratio 0.3 acts only with --lr-schedule wsd", "cosine")
+    assert build_train_config("pico", dict(decay_ratio=0.3, lr_schedule="wsd")).optim.decay_ratio == 0.3
+
+
+def test_a_target_val_loss_without_evaluations_is_refused():
+    """``--stop-at-val-loss`` on a stream (no val split) or with ``--eval-every 0`` (evaluated only at the
+    end, where the run ends anyway) never stopped a run early."""
+    refused(dict(stop_at_val_loss=3.5, data="jsonl:/d.jsonl"), "--stop-at-val-loss 3.5 acts only with --data a prep")
+    refused(dict(stop_at_val_loss=3.5, eval_every=0), "--stop-at-val-loss 3.5 does nothing without --eval-every")
+    assert build_train_config("pico", dict(stop_at_val_loss=3.5)).train.stop_at_val_loss == 3.5
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("rope_theta", 1e-300, "--rope-theta must be a finite number above 1, got 1e-300: the frequencies"),
+        ("rope_theta", 1.0, "--rope-theta must be a finite number above 1"),
+        ("logit_softcap", 1e-30, "--logit-softcap must be 0 (off) or at least 1, got 1e-30: a cap under 1"),
+        ("logit_softcap", 0.5, "--logit-softcap must be 0 (off) or at least 1"),
+        ("logit_softcap", -15.0, "--logit-softcap must be 0 (off) or at least 1"),
+    ],
+)
+def test_a_rotary_base_or_soft_cap_out_of_its_sane_range_is_refused(name, value, message):
+    """``--rope-theta 1e-300`` was accepted (and diverged, with advice about the learning rate): RoPE's
+    frequencies base^(-2i/d) decrease only for a base above 1. ``--logit-softcap 1e-30`` was accepted: a cap
+    under 1 keeps every logit within +-1, a near-uniform prediction. Refused by the model's own declaration."""
+    with pytest.raises(GptspeedError) as e:
+        GPTConfig(pos_emb="rope", **{name: value}).validate()
+    assert str(e.value).startswith(message)
+    refused({name: value, "pos_emb": "rope"}, message)
+    GPTConfig(pos_emb="rope", rope_theta=1.5, logit_softcap=1.0).validate()
+    GPTConfig(logit_softcap=0.0).validate()  # off
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(force_resume=True), "--force-resume does nothing without --resume: add --resume"),
+        (dict(warmup_steps=3, warmup_ratio=0.1), "--warmup-steps 3 does nothing: --warmup-ratio 0.1 replaces it"),
+        (dict(embed_lr=1e-3, embed_lr_ratio=2.0), "--embed-lr 0.001 does nothing: --embed-lr-ratio 2.0 replaces it"),
+        (dict(scalar_lr=1e-3, scalar_lr_ratio=2.0), "--scalar-lr 0.001 does nothing"),
+        (dict(hellaswag_examples=100), "--hellaswag-examples 100 does nothing without --hellaswag-every"),
+        (
+            dict(wandb_project="p"),
+            "--wandb-project p acts only with --log-to naming wandb; this run has --log-to jsonl",
+        ),
+        (dict(wandb_run_name="r"), "add wandb to --log-to, or drop --wandb-run-name"),
+        (dict(text_field="body"), "--text-field body acts only with --data a jsonl:/hf: stream"),
+        (dict(split="validation", data="jsonl:/d.jsonl"), "--split validation acts only with --data an hf: stream"),
+        (dict(hf_name="sample-10BT", data="jsonl:/d.jsonl"), "--hf-name sample-10BT acts only with --data an hf:"),
+        (dict(rope_theta=500.0), "--rope-theta 500.0 acts only with --pos-emb rope; this run has --pos-emb learned"),
+        (dict(muon_lr=0.05), "--muon-lr 0.05 acts only with --optimizer muon; this run has --optimizer adamw"),
+        (dict(muon_momentum=0.9), "--muon-momentum 0.9 acts only with --optimizer muon"),
+        (dict(muon_momentum_warmup=10), "--muon-momentum-warmup 10 acts only with --optimizer muon"),
+        (dict(eval_every=10, data="hf:x"), "--eval-every 10 acts only with --data a prepared folder"),
+        (dict(eval_tokens=4096, data="jsonl:/d.jsonl"), "--eval-tokens 4096 acts only with --data a prepared folder"),
+        (
+            dict(threads=8, device="cuda"),
+            "--threads 8 acts only with --device cpu (or auto on a machine without a GPU)",
+        ),
+    ],
+)
+def test_every_other_setting_that_would_do_nothing_is_refused(settings, message):
+    """The same class, looked for among every setting: one that acts only with another on, another value, or
+    when another does not replace it."""
+    refused(settings, message)
+
+
+def test_each_setting_that_needs_another_is_refused_without_it_by_its_declaration_alone():
+    """The rule comes from the declaration (``needs=``), not from a list: every setting declaring one, given
+    alone at another value, is refused naming both flags -- the next switch with a companion gets it by
+    declaring it."""
+    needing = {n: f for n, f in FIELDS.items() if f.metadata.get("needs")}
+    assert {"seq_len_start", "batch_start_tokens", "attn_window_start", "muon_momentum_start"} <= set(needing)
+    for name, f in needing.items():
+        default, kind = f.default, field_type(next(c for c in GROUPS.values() if f in dataclasses.fields(c)), name)
+        value = {bool: True, int: (default or 0) + 1, float: (default or 0.5) / 2}[kind]
+        extra = {"optimizer": "muon"} if name == "muon_momentum_start" else {}
+        extra |= {"eval_every": 0} if f.metadata["needs"] == "eval_every" else {}
+        refused({name: value, **extra}, setting_flag(name), setting_flag(f.metadata["needs"]))
+
+
+def test_every_preset_with_every_recipe_validates_and_keeps_its_own_settings():
+    """A preset's or a recipe's own values are theirs: never refused, only what the user gives that does
+    nothing. A recipe's setting the user's flags make inert is dropped back to the preset's (``--recipe modern
+    --lr-schedule cosine``: its --decay-ratio 0.4), so --print-config of it reads back as the same run."""
+    from gptspeed.config import PRESETS, RECIPES
+
+    for p in PRESETS:
+        for r in RECIPES:
+            cfg = build_train_config(p, {}, recipe_name=r)
+            assert all(cfg.optim.__dict__[k] == v for k, v in RECIPES[r].items() if k in cfg.optim.__dict__), (p, r)
+            cfg.validate(world_size=1, given=RECIPES[r])  # the recipe's settings, as if given: each acts here
+    cosine = build_train_config("pico", {"lr_schedule": "cosine"}, recipe_name="modern")
+    assert cosine.optim.decay_ratio == preset("pico").optim.decay_ratio and cosine.optim.optimizer == "muon"
+    refused({"lr_schedule": "cosine", "decay_ratio": 0.4}, "--decay-ratio 0.4 acts only with --lr-schedule wsd")
+    adamw = build_train_config("nano", {"optimizer": "adamw"}, recipe_name="speedrun")
+    assert adamw.optim.warmup_ratio == 0.02 and adamw.optim.embed_lr_ratio == 3.0
+
+
+def test_a_print_config_file_reads_back_and_a_config_files_own_inert_setting_is_refused(tmp_path):
+    """A --config file from --print-config names every setting, most at the values they had: only those it
+    changes are the user's (checked); a file that asks for random sampling of a stream is refused."""
+    from gptspeed.config import config_to_yaml
+
+    cosine = build_train_config("pico", {"lr_schedule": "cosine"}, recipe_name="modern")
+    (tmp_path / "printed.yaml").write_text(config_to_yaml(cosine))
+    assert build_train_config(None, {}, str(tmp_path / "printed.yaml")) == cosine
+    (tmp_path / "mine.yaml").write_text("data: jsonl:/d.jsonl\ntrain:\n  sampling: random\n")
+    with pytest.raises(GptspeedError, match="--sampling random acts only with --data a prepared folder"):
+        build_train_config("pico", {}, str(tmp_path / "mine.yaml"))
+
+
+def test_a_setting_made_inert_after_make_config_is_refused_by_train(tmp_path):
+    """The notebook habit: ``cfg.optim.decay_ratio = 0.3`` after make_config of a cosine run counts as the
+    user's and is refused by train() in one line, before anything is written; a preset's own value left
+    alone is not (pico's warm-up steps beside a ratio the user set)."""
+    cfg = api.make_config("pico", out=str(tmp_path / "run"), warmup_ratio=0.1)
+    cfg.optim.decay_ratio = 0.3
+    with pytest.raises(GptspeedError, match="--decay-ratio 0.3 acts only with --lr-schedule wsd"):
+        api.train(cfg, echo=False)
+    assert not (tmp_path / "run").exists()
+    cfg.optim.lr_schedule = "wsd"
+    cfg.validate_if_changed()
+    fresh = preset("pico")
+    fresh.train.sampling, fresh.train.data = "random", "jsonl:/d.jsonl"  # never validated: off the preset = given
+    with pytest.raises(GptspeedError, match="--sampling random acts only"):
+        fresh.validate()
+
+
+def test_the_value_in_effect_is_what_the_warm_ups_schedules_start_from():
+    """value_in_effect rounds a warm-up's start as gptspeed.schedules does at step 0 (the halvings of
+    --seq-len, the window's multiples of 128 tokens, whole micro-batches), so a start is refused exactly when
+    the warm-up would change nothing; and config's stream prefixes are data.sources'."""
+    from gptspeed import schedules
+    from gptspeed.config import STREAM_PREFIXES, value_in_effect
+    from gptspeed.data import sources
+
+    assert STREAM_PREFIXES == sources.STREAM_PREFIXES
+    for T in (16, 48, 63, 64):
+        for start in (1, 5, 8, 16, 17, 32, 40, 63, 64, 100):
+            cfg = preset("pico").override(dict(block_size=T, seq_len_start=start, seq_len_warmup_steps=10))
+            assert value_in_effect(cfg, "seq_len_start") == schedules.seq_len_at(0, cfg), (T, start)
+    for W in (16, 128, 200, 256, 1792):
+        for start in (1, 64, 128, 129, 200, 256, 2000):
+            cfg = preset("pico").override(dict(block_size=2048, attn_window=W, attn_window_start=start))
+            assert value_in_effect(cfg, "attn_window_start") == schedules.attn_window_at(0, cfg), (W, start)
+    for total in (None, 512, 2048, 4096):
+        for start in (None, 1, 511, 512, 1000, 1024, 5000):
+            cfg = preset("pico").override(
+                dict(total_batch_tokens=total, batch_start_tokens=start, batch_warmup_steps=9)
+            )
+            for world in (1, 2):
+                if (total or 512 * world) % (512 * world):
+                    continue
+                micro = 512 * world
+                assert (
+                    value_in_effect(cfg, "batch_start_tokens", world) == schedules.grad_accum_at(0, cfg, world) * micro
+                )
+                assert value_in_effect(cfg, "total_batch_tokens", world) == cfg.grad_accum_steps(world) * micro

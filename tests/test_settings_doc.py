@@ -87,3 +87,23 @@ def test_the_module_prints_the_page():
         [sys.executable, "-m", "gptspeed.settings_doc"], capture_output=True, text=True, env=child_env(), timeout=120
     )
     assert out.returncode == 0 and out.stdout == settings_markdown() and not out.stderr
+
+
+def test_what_a_setting_acts_with_is_its_own_column_from_the_declaration():
+    """A setting's companions (needs=, only_with=, replaced_by=, below=, starts=; config.check_companions refuses
+    it given without them) are shown in words in an "acts with" column, not as raw metadata in "also"; a
+    setting's ``off`` value is the one that asks for nothing."""
+
+    @dataclasses.dataclass
+    class Declared:
+        steps: int = _f(0, "warm-up steps", min=0, off=0, below=("lr", "too long"), starts="start")
+        start: int = _f(4, "the first value", min=1, needs="steps")
+        lr: float = _f(1.0, "a rate", min=0, only_with={"optimizer": ("muon", "adamw")}, replaced_by="steps")
+
+    table = rows(settings_table(Declared))
+    assert settings_table(Declared).splitlines()[0].endswith("| what it does | acts with |")
+    assert table["start"][-1] == "needs `--steps`"
+    assert table["steps"][-1] == "unless `0`: below `--lr` (else too long); warms up from `--start`"
+    assert table["lr"][-1] == "only with `--optimizer` muon | adamw; replaced by `--steps`"
+    optim = rows(settings_table(config.OptimConfig))
+    assert optim["decay_ratio"][-1] == "only with `--lr-schedule` wsd"

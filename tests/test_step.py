@@ -1437,7 +1437,7 @@ def test_a_compiled_step_makes_room_for_a_static_graph_per_length():
 
     from gptspeed.schedules import seq_lens
 
-    cfg = small(block_size=1024, seq_len_warmup_steps=1000, seq_len_start=1)
+    cfg = small(block_size=1024, seq_len_warmup_steps=1000, seq_len_start=1, max_steps=1001)
     assert seq_lens(cfg) == [2**k for k in range(11)]
     for limit, want in ((8, 13), (64, 64)):
         with dynamo_config.patch(recompile_limit=limit):

@@ -263,7 +263,15 @@ def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespea
     fit(
         build_train_config(
             "pico",
-            dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, warmup_ratio=0.5, lr=1e-3, eval_every=0),
+            dict(
+                {k: v for k, v in TINY.items() if k != "warmup_steps"},  # --warmup-ratio replaces it: both is refused
+                data=str(shakespeare_data),
+                out=str(run),
+                max_steps=4,
+                warmup_ratio=0.5,
+                lr=1e-3,
+                eval_every=0,
+            ),
         ),
         echo=False,
     )
@@ -271,6 +279,22 @@ def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespea
     lrs = [r["lr"] for r in records(run) if "lr" in r]
     assert lrs[:3] == pytest.approx([5e-4, 1e-3, 1e-3])  # a 2-step warm-up, then the cosine from its top
     assert lrs[3] < 1e-3
+
+
+def test_a_resume_of_a_run_that_reached_its_target_val_loss_trains_no_further(shakespeare_data, tmp_path, capsys):
+    """A run stopped at its --stop-at-val-loss, resumed, trained on to --max-steps (issue 56): now it says the run
+    reached its target and stops (exit 0, nothing written); a lower target goes on. (Only a stream has no val
+    split, refused with a target by the configuration: a data folder without one is refused by find_train_data.)"""
+    run = tmp_path / "run"
+    tiny = dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=6, eval_every=2, eval_tokens=256)
+    first = fit(build_train_config("pico", dict(tiny, stop_at_val_loss=100.0)), echo=False)
+    assert (first["step"], first["reached_target"]) == (2, 2)
+    kept = (records(run), list_checkpoints(run))
+    again = fit(build_train_config(None, dict(out=str(run), resume=True)), echo=True)
+    assert (again["step"], again["reached_target"]) == (2, 2) and (records(run), list_checkpoints(run)) == kept
+    assert "reached --stop-at-val-loss 100 at step 2 (val loss" in capsys.readouterr().out
+    lower = fit(build_train_config(None, dict(out=str(run), resume=True, stop_at_val_loss=1e-3)), echo=False)
+    assert lower["step"] == 6 and lower.get("reached_target") is None
 
 
 def test_a_new_run_that_fails_before_its_first_step_leaves_nothing(shakespeare_data, tmp_path):

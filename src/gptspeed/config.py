@@ -61,6 +61,7 @@ MAX_LOADER_WORKERS = 64
 MAX_GRAD_ACCUM = 1 << 16  # micro-batches per optimizer step: 65,536 (the gpt2 preset at B=1 needs 512)
 MAX_THREADS = 4096  # --threads: a bound, not this machine's count (a configuration stays valid on every machine)
 MAX_DIST_TIMEOUT_S = 30 * 86400.0  # --dist-timeout-s: 30 days (torch converts it to int64 milliseconds)
+ATTN_WINDOW_MULTIPLE = 128  # --attn-window's schedule moves in steps of 128 tokens: FlexAttention's block size
 
 # How a model setting meets GPT-2's weights, declared on each GPTConfig field (gptspeed.hf reads them). A field
 # declared neither way fails closed: off its default, --init-from and export-hf refuse it.
@@ -69,6 +70,61 @@ INIT_FROM_KINDS = ("source", "kept")
 # export=: "gpt2" (any value is still GPT-2's function: a GPT2LMHeadModel) | "switch" (off its default, the export
 # carries gptspeed's modeling code, gptspeed.hf_modeling, which computes it)
 EXPORT_KINDS = ("gpt2", "switch")
+
+
+# What a setting acts with, declared on it (:func:`_f`) and checked by :func:`check_companions` on the settings a
+# user gives (a flag, a --config file's changed value, a make_config keyword): no setting is accepted only to do
+# nothing (docs/reliability.md). needs: a setting that must be on (not 0, off, None or its declared ``off``);
+# only_with: settings that must hold the given values (a :class:`Where`); replaced_by: a setting that, when on,
+# replaces it; below: (setting, why) -- its value as the run uses it (:func:`value_in_effect`) below that one's;
+# starts: on a warm-up's steps, its start setting (whose ``below`` is then checked when the steps are given).
+COMPANION_KEYS = ("needs", "only_with", "replaced_by", "below", "starts")
+
+
+@dataclass(frozen=True)
+class Where:
+    """A condition on a setting's value, for ``only_with`` (:func:`_f`): ``text`` says it (the error line
+    and docs/settings.md: "--sampling random acts only with --data a prepared folder"), ``test(value)``
+    decides it, ``fix`` says how to meet it (default: give the setting such a value)."""
+
+    text: str
+    test: collections.abc.Callable[[Any], bool]
+    fix: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# --data's kinds (data.sources.STREAM_PREFIXES: jsonl:PATH / hf:NAME stream; anything else is a prepared folder;
+# config imports no data module, a test checks the prefixes agree)
+STREAM_PREFIXES = ("jsonl:", "hf:")
+PREPARED = Where(
+    "a prepared folder, not a jsonl:/hf: stream (read in order, without a val split)",
+    lambda d: not d.startswith(STREAM_PREFIXES),
+    "prepare it (gptspeed prepare) and give that folder",
+)
+STREAM = Where("a jsonl:/hf: stream", lambda d: d.startswith(STREAM_PREFIXES))
+HF_STREAM = Where("an hf: stream", lambda d: d.startswith("hf:"))
+WANDB = Where("naming wandb", lambda v: "wandb" in parse_log_to(v), "add wandb to --log-to")
+
+
+def _conditions(only_with: dict[str, Any] | None) -> dict[str, Where] | None:
+    """``only_with`` as declared (a value, a tuple of values, or a :class:`Where`, by setting) as
+    :class:`Where` conditions."""
+    if not only_with:
+        return None
+    out = {}
+    for name, want in only_with.items():
+        if not isinstance(want, Where):
+            values = want if isinstance(want, tuple) else (want,)
+            want = Where(" | ".join(map(_shown, values)), lambda v, values=values: v in values)
+        out[name] = want
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A value as a flag takes it: on / off for a switch."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _f(
@@ -83,6 +139,13 @@ def _f(
     finite: bool = False,
     text: str | None = None,
     max_note: str | None = None,
+    min_note: str | None = None,
+    off: Any = None,
+    needs: str | None = None,
+    only_with: dict[str, Any] | None = None,
+    replaced_by: str | None = None,
+    below: tuple[str, str] | None = None,
+    starts: str | None = None,
     run_defining: bool = False,
     cli: bool = True,
     init_from: str | None = None,
@@ -93,8 +156,11 @@ def _f(
     the flag (``flag``, default ``--`` + the name with dashes; ``cli=False``: none), the allowed
     ``choices``, the range (``min`` (exclusive with ``min_open``), ``max``; ``finite``: also no
     inf/nan below the range check; ``text``: what the error line says it must be, e.g. ``in [0,
-    1)``; ``max_note``: the reason shown after "at most N"), and whether it defines the run
-    (``run_defining``: a resume that changes it is refused, :func:`run_defining_diff`). A model
+    1)``; ``max_note``: the reason shown after "at most N"; ``min_note``: the reason shown when it
+    is below its minimum; ``off``: the value that turns it off, accepted outside the range), what it
+    acts with (:data:`COMPANION_KEYS`, checked on the settings a user gives by
+    :func:`check_companions`: ``needs``, ``only_with``, ``replaced_by``, ``below``, ``starts``), and whether it
+    defines the run (``run_defining``: a resume that changes it is refused, :func:`run_defining_diff`). A model
     setting also declares how it meets GPT-2's weights: ``init_from`` (:data:`INIT_FROM_KINDS`: what
     ``--init-from`` does with it) and ``export`` (:data:`EXPORT_KINDS`: how ``export-hf`` carries it);
     undeclared, only its default is accepted by either (:func:`settings_off_default`). Other
@@ -103,6 +169,8 @@ def _f(
     The CLI (gptspeed.cli), YAML and JSON files, :func:`gptspeed.api.make_config`, ``--print-config``,
     the resume check and the bench's rungs all read these; :meth:`RunConfig.validate` enforces them."""
     rules = dict(choices=choices, min=min, max=max, min_open=min_open, finite=finite, text=text, max_note=max_note)
+    rules.update(min_note=min_note, off=off, needs=needs, only_with=_conditions(only_with), replaced_by=replaced_by)
+    rules.update(below=below, starts=starts)
     assert init_from in (None, *INIT_FROM_KINDS) and export in (None, *EXPORT_KINDS), (init_from, export)
     gpt2 = {k: v for k, v in dict(init_from=init_from, export=export).items() if v is not None}
     return field(
@@ -210,10 +278,13 @@ class GPTConfig:
     rope_theta: float = _f(
         10000.0,
         "--pos-emb rope: the base of the rotary frequencies",
-        min=0,
+        min=1,
         min_open=True,
         finite=True,
-        text="a positive finite number",
+        text="a finite number above 1",
+        min_note="the frequencies base^(-2i/d) fall from 1 radian a token only for a base above 1 (Su et al. "
+        "2021, RoFormer): at 1 they are all 1, below it they grow",
+        only_with={"pos_emb": "rope"},
         run_defining=True,
         init_from="kept",  # inert without --pos-emb rope, which --init-from refuses
         export="gpt2",  # inert without --pos-emb rope, a switch: the export's config.json carries it
@@ -259,7 +330,11 @@ class GPTConfig:
         0.0,
         "tanh soft-capping of the logits at this value, cap * tanh(logits / cap) (Gemma 2; 0 = off); 15 is the "
         "modded-nanogpt speedrun's 30 * sigmoid(logits / 7.5), which equals 15 * tanh(logits / 15) + 15",
-        min=0,
+        min=1,
+        off=0.0,
+        text="0 (off) or at least 1",
+        min_note="a cap under 1 holds every logit within +-1, so no token is more than e^2 times as likely as "
+        "another: the model cannot predict",
         run_defining=True,
         init_from="kept",
         export="switch",
@@ -306,6 +381,8 @@ class GPTConfig:
         "--attn-window: the window at step 0 (taken as --attn-window where larger), growing linearly to "
         "--attn-window at --max-steps",
         min=1,
+        needs="attn_window",
+        below=("attn_window", "the window would not grow"),
         run_defining=True,
         init_from="kept",
     )
@@ -375,10 +452,20 @@ class GPTConfig:
         return mask + (8 * self.valid_vocab_size if self.softmax == "data" else 0) + window
 
 
-def _group_lr(help: str):
-    """A param group's own peak learning rate (``--embed-lr``, ``--head-lr``, ``--scalar-lr``): None
-    follows ``--lr``; else a positive finite number, run-defining."""
-    return _f(None, help, min=0, min_open=True, finite=True, text="a positive finite number", run_defining=True)
+def _group_lr(help: str, replaced_by: str | None = None):
+    """A param group's own peak learning rate (``--embed-lr``, ``--head-lr``, ``--scalar-lr``, replaced by
+    its ``--GROUP-lr-ratio`` when that is given), or that ratio: None follows ``--lr``; else a positive
+    finite number, run-defining."""
+    return _f(
+        None,
+        help,
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number",
+        replaced_by=replaced_by,
+        run_defining=True,
+    )
 
 
 @dataclass
@@ -402,7 +489,7 @@ class OptimConfig:
         text="in [0, 1]",
         run_defining=True,
     )
-    warmup_steps: int = _f(715, "linear warm-up steps", min=0, run_defining=True)
+    warmup_steps: int = _f(715, "linear warm-up steps", min=0, replaced_by="warmup_ratio", run_defining=True)
     warmup_ratio: float | None = _f(
         None,
         "linear warm-up as a fraction of --max-steps (e.g. 0.05); replaces --warmup-steps when given",
@@ -426,6 +513,7 @@ class OptimConfig:
         min=0,
         max=1,
         text="in [0, 1]",
+        only_with={"lr_schedule": "wsd"},
         run_defining=True,
     )
     weight_decay: float = _f(
@@ -452,28 +540,49 @@ class OptimConfig:
         min=0,
         min_open=True,
         text="positive",
+        only_with={"optimizer": "muon"},
         run_defining=True,
     )
-    muon_momentum: float = _f(0.95, "Muon (Nesterov) momentum", min=0, max=1, text="in [0, 1)", run_defining=True)
+    muon_momentum: float = _f(
+        0.95,
+        "Muon (Nesterov) momentum",
+        min=0,
+        max=1,
+        text="in [0, 1)",
+        only_with={"optimizer": "muon"},
+        run_defining=True,
+    )
     muon_momentum_warmup: int = _f(
         0,
         "steps over which Muon's momentum rises linearly from --muon-momentum-start to --muon-momentum (the "
         "modded-nanogpt speedrun: 0.85 to 0.95 over 300 steps); 0 = off",
         min=0,
+        off=0,
+        only_with={"optimizer": "muon"},
+        below=("max_steps", "the run would end inside the warm-up, never at --muon-momentum"),
         run_defining=True,
     )
     muon_momentum_start: float = _f(
-        0.85, "--muon-momentum-warmup's first momentum", min=0, max=1, text="in [0, 1)", run_defining=True
+        0.85,
+        "--muon-momentum-warmup's first momentum",
+        min=0,
+        max=1,
+        text="in [0, 1)",
+        needs="muon_momentum_warmup",
+        run_defining=True,
     )
     embed_lr: float | None = _group_lr(
         "AdamW peak learning rate of the token, position and value embeddings (default: --lr); with --head-lr and "
-        "--scalar-lr, the speedrun's per-group Adam rates"
+        "--scalar-lr, the speedrun's per-group Adam rates",
+        replaced_by="embed_lr_ratio",
     )
     head_lr: float | None = _group_lr(
-        "AdamW peak learning rate of the untied LM head (needs --no-tie-embeddings; default: --lr)"
+        "AdamW peak learning rate of the untied LM head (needs --no-tie-embeddings; default: --lr)",
+        replaced_by="head_lr_ratio",
     )
     scalar_lr: float | None = _group_lr(
-        "AdamW peak learning rate of the gains and biases (tensors of under 2 dims; default: --lr)"
+        "AdamW peak learning rate of the gains and biases (tensors of under 2 dims; default: --lr)",
+        replaced_by="scalar_lr_ratio",
     )
     embed_lr_ratio: float | None = _group_lr("--embed-lr as a multiple of --lr; replaces --embed-lr when given")
     head_lr_ratio: float | None = _group_lr("--head-lr as a multiple of --lr; replaces --head-lr when given")
@@ -498,10 +607,18 @@ class TrainConfig:
         path=True,
     )
     text_field: str = _f(
-        "text", "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text", run_defining=True
+        "text",
+        "jsonl:/hf: streams: the JSON field / column / dataset feature holding the text",
+        only_with={"data": STREAM},
+        run_defining=True,
     )
-    hf_name: str | None = _f(None, "hf: streams: the dataset configuration (e.g. sample-10BT)", run_defining=True)
-    split: str = _f("train", "hf: streams: the dataset split", run_defining=True)
+    hf_name: str | None = _f(
+        None,
+        "hf: streams: the dataset configuration (e.g. sample-10BT)",
+        only_with={"data": HF_STREAM},
+        run_defining=True,
+    )
+    split: str = _f("train", "hf: streams: the dataset split", only_with={"data": HF_STREAM}, run_defining=True)
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json", path=True)
     batch_size: int = _f(
         16,
@@ -525,6 +642,9 @@ class TrainConfig:
         "--total-batch-tokens over the first N steps, in whole micro-batches (GPT-3, Brown et al. 2020, "
         "appendix B; the modded-nanogpt speedrun's batch-size schedule); 0 = off",
         min=0,
+        off=0,
+        below=("max_steps", "the run would end inside the warm-up, never training at --total-batch-tokens"),
+        starts="batch_start_tokens",
         run_defining=True,
     )
     batch_start_tokens: int | None = _f(
@@ -533,6 +653,8 @@ class TrainConfig:
         "--total-batch-tokens where larger; default: one micro-batch per process)",
         min=1,
         text="positive",
+        needs="batch_warmup_steps",
+        below=("total_batch_tokens", "the batch warm-up would change nothing"),
         run_defining=True,
     )
     seq_len_warmup_steps: int = _f(
@@ -541,6 +663,9 @@ class TrainConfig:
         "length rising linearly from --seq-len-start to --seq-len over the first N steps, in halvings of "
         "--seq-len (each length compiles once) (Li, Zhang & He 2022, sequence length warm-up); 0 = off",
         min=0,
+        off=0,
+        below=("max_steps", "the run would end inside the warm-up, never training at --seq-len"),
+        starts="seq_len_start",
         run_defining=True,
     )
     seq_len_start: int = _f(
@@ -548,17 +673,26 @@ class TrainConfig:
         "--seq-len-warmup-steps: the sequence length of step 0 (taken as --seq-len where larger; rounded up "
         "to a halving of --seq-len)",
         min=1,
+        needs="seq_len_warmup_steps",
+        below=("block_size", "the sequence-length warm-up would change nothing"),
         run_defining=True,
     )
     max_steps: int = _f(19073, "optimizer steps to train for", min=1)
     log_every: int = _f(10, "log a record every N steps", min=1)
-    eval_every: int = _f(250, "evaluate val loss every N steps (0 = only at start and end)", min=0)
-    eval_tokens: int = _f(1 << 20, "val tokens per evaluation (0 = the whole val split)", min=0)
+    eval_every: int = _f(
+        250, "evaluate val loss every N steps (0 = only at start and end)", min=0, off=0, only_with={"data": PREPARED}
+    )
+    eval_tokens: int = _f(
+        1 << 20, "val tokens per evaluation (0 = the whole val split)", min=0, only_with={"data": PREPARED}
+    )
     save_every: int = _f(1000, "write a checkpoint every N steps (0 = only at the end and on interrupt)", min=0)
     keep_checkpoints: int = _f(2, "keep the newest K checkpoints", min=1)
     resume: bool = _f(False, "continue from the newest valid checkpoint in --out", kind="flag")
     force_resume: bool = _f(
-        False, "resume even if the configuration or data changed (the run is then no longer exact)", kind="flag"
+        False,
+        "resume even if the configuration or data changed (the run is then no longer exact)",
+        kind="flag",
+        needs="resume",
     )
     on_nan: str = _f(
         "stop",
@@ -575,7 +709,10 @@ class TrainConfig:
     )
     hellaswag_every: int = _f(0, "HellaSwag accuracy every N steps and at the end (0 = never)", min=0)
     hellaswag_examples: int = _f(
-        0, "HellaSwag validation examples per evaluation during training (0 = all 10,042)", min=0
+        0,
+        "HellaSwag validation examples per evaluation during training (0 = all 10,042)",
+        min=0,
+        needs="hellaswag_every",
     )
     eval_bpb: bool = _f(
         False,
@@ -587,17 +724,21 @@ class TrainConfig:
         None,
         "end the run at the first evaluation (every --eval-every steps) whose "
         "val loss is at or below this (nats/token): time to a target, as the "
-        "modded-nanogpt speedrun measures it",
+        "modded-nanogpt speedrun measures it; a --resume of a run that reached it trains no further",
         min=0,
         min_open=True,
         finite=True,
         text="a positive finite number",
+        needs="eval_every",
+        only_with={"data": PREPARED},
     )
     sampling: str = _f(
         "sequential",
         "order of the training windows: sequential (shard order) or random "
         "(a permutation per epoch, seeded by --seed; resumable)",
         choices=("sequential", "random"),
+        off="sequential",
+        only_with={"data": PREPARED},
         run_defining=True,
     )
     align_to_docs: bool = _f(
@@ -624,11 +765,12 @@ class TrainConfig:
         "tensorboard (RUN_DIR/tensorboard; pip install 'gptspeed[tensorboard]'), wandb (Weights & Biases; "
         "pip install 'gptspeed[wandb]'; WANDB_MODE=offline needs no account)",
     )
-    wandb_project: str = _f("gptspeed", "W&B project (with --log-to wandb)")
+    wandb_project: str = _f("gptspeed", "W&B project (with --log-to wandb)", only_with={"log_to": WANDB})
     wandb_run_name: str = _f(
         "",
         "W&B run name (default: the run folder's name); the W&B run id is kept in "
         "RUN_DIR/wandb_run_id, so --resume continues the same W&B run",
+        only_with={"log_to": WANDB},
     )
 
 
@@ -736,6 +878,7 @@ class RuntimeConfig:
         min=0,
         max=MAX_THREADS,
         max_note="more than any CPU has",
+        only_with={"device": Where("cpu (or auto on a machine without a GPU)", lambda d: d in ("auto", "cpu"))},
     )
     parallel: str = _f(
         "auto",
@@ -757,6 +900,16 @@ class RuntimeConfig:
 GROUPS = {"model": GPTConfig, "optim": OptimConfig, "train": TrainConfig, "runtime": RuntimeConfig}
 #: every setting by name -> its dataclass field (names are unique across the groups)
 FIELDS = {f.name: f for cls in GROUPS.values() for f in dataclasses.fields(cls)}
+_GROUP_OF = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
+# every companion a setting declares is a setting (a misspelt one would switch its rule off)
+assert all(
+    other in FIELDS
+    for f in FIELDS.values()
+    for other in [f.metadata.get(k) for k in ("needs", "replaced_by", "starts")]
+    + [*(f.metadata.get("only_with") or {})]
+    + [(f.metadata.get("below") or ("max_steps",))[0]]
+    if other is not None
+), "a companion names no setting"
 # Settings that name a file or folder (``path=True``): expand_path_setting expands their ``~``
 PATH_SETTINGS = frozenset(name for name, f in FIELDS.items() if f.metadata.get("path"))
 
@@ -854,10 +1007,12 @@ class RunConfig:
             )
         return total // per_step
 
-    def validate(self, world_size: int | None = None) -> None:
+    def validate(self, world_size: int | None = None, given: collections.abc.Collection[str] | None = None) -> None:
         """Check everything that can be checked before touching data or devices, for ``world_size``
         processes (None: as torchrun's environment says, :func:`world_from_env`): every field's
-        declared type, choices and range (:func:`check_fields`), then the rules between fields.
+        declared type, choices and range (:func:`check_fields`), then the rules between fields, then
+        that no setting the user gave does nothing (:func:`check_companions`; ``given``: their names,
+        default :meth:`user_settings`).
         Called once, where a configuration is resolved (:func:`gptspeed.configure.build_train_config`;
         :func:`gptspeed.api.train`, whose configuration a user may have changed since; the bench's
         rungs and tuned configurations; :func:`gptspeed.resume.resolve_run` after ``--batch-size
@@ -908,7 +1063,25 @@ class RunConfig:
                 )
         else:
             self.grad_accum_steps(world_size)
+        names = self.user_settings(given)
+        check_companions(self, names, world_size)
         self._validated_as = (world_size, self.to_dict())  # what validate_if_changed compares
+        self._given = names
+
+    def user_settings(self, given: collections.abc.Collection[str] | None = None) -> frozenset[str]:
+        """The settings the user gave, by name: ``given`` where the caller knows them
+        (:func:`gptspeed.configure.build_train_config`: the flags, a config file's changed values); else
+        those of the last :meth:`validate` and any changed since (``cfg.optim.decay_ratio = 0.3`` after
+        :func:`gptspeed.api.make_config`); else, for a configuration never validated, those differing
+        from its preset's (the defaults where its preset is none of :data:`PRESETS`)."""
+        if given is not None:
+            return frozenset(name for name in given if name in FIELDS)
+        before = getattr(self, "_validated_as", None)
+        if before is not None:
+            return getattr(self, "_given", frozenset()) | {
+                name for name in FIELDS if before[1][_GROUP_OF[name]][name] != _value(self, name)
+            }
+        return frozenset(changed_settings(PRESETS.get(self.preset) or RunConfig(), self))
 
     def validate_if_changed(self, world_size: int | None = None) -> None:
         """:meth:`validate`, unless it passed on this configuration as it is now (no setting changed
@@ -957,17 +1130,176 @@ def check_fields(group: Any) -> None:
 
 def _check_range(flag: str, value: float, meta: Any) -> None:
     """GptspeedError when ``value`` is outside the range a field declares (``min``, ``min_open``,
-    ``finite``, ``max``; ``text`` says what it must be, ``max_note`` why the maximum)."""
+    ``finite``, ``max``; ``text`` says what it must be, ``max_note`` why the maximum, ``min_note`` why the
+    minimum); its ``off`` value is accepted outside it."""
+    if "off" in meta and value == meta["off"]:
+        return
     lo, hi = meta.get("min"), meta.get("max")
     low = lo is not None and (value <= lo if meta.get("min_open") else value < lo)
     if low or (meta.get("finite") and not math.isfinite(value)):
         default = "at least 1" if lo == 1 else "0 or more" if lo == 0 else f"at least {lo}"
-        raise GptspeedError(f"{flag} must be {meta.get('text') or default}, got {show_value(value)}")
+        why = f": {meta['min_note']}" if low and meta.get("min_note") else ""
+        raise GptspeedError(f"{flag} must be {meta.get('text') or default}, got {show_value(value)}{why}")
     if hi is not None and (value >= hi if meta.get("text", "").endswith(")") else value > hi):
         if meta.get("max_note") or not meta.get("text"):
             note = f" ({meta['max_note']})" if meta.get("max_note") else ""
             raise GptspeedError(f"{flag} must be at most {hi:,.0f}{note}, got {show_value(value)}")
         raise GptspeedError(f"{flag} must be {meta['text']}, got {show_value(value)}")
+
+
+# how a warm-up's schedule rounds a start value (gptspeed.schedules), for value_in_effect's error lines
+_ROUNDED = {
+    "seq_len_start": "rounded up to a halving of --seq-len",
+    "attn_window_start": f"rounded up to a multiple of {ATTN_WINDOW_MULTIPLE} tokens, at most --attn-window",
+    "batch_start_tokens": "rounded down to whole micro-batches of --batch-size x --seq-len x processes",
+}
+
+
+def value_in_effect(cfg: RunConfig, name: str, world_size: int = 1) -> Any:
+    """The value setting ``name`` takes in the run ``cfg`` describes, where a warm-up's schedule rounds it
+    (:mod:`gptspeed.schedules` at step 0; ``tests/test_config.py`` checks they agree): ``--seq-len-start`` up
+    to a halving of ``--seq-len``; ``--attn-window-start`` up to a multiple of :data:`ATTN_WINDOW_MULTIPLE`
+    tokens, at most the window; ``--batch-start-tokens`` (default one micro-batch) in whole micro-batches of
+    ``world_size`` processes, at least one and at most the full batch; ``--total-batch-tokens``, default one
+    micro-batch a process -- both None while ``--batch-size auto`` leaves the micro-batch unknown. Any other
+    setting: its value."""
+    m, t = cfg.model, cfg.train
+    if name == "seq_len_start":
+        T, start = m.block_size, min(t.seq_len_start, m.block_size)
+        return min(T >> k for k in range(T.bit_length()) if (T >> k) << k == T and T >> k >= start)
+    if name == "attn_window_start":
+        W, step = m.attn_window, ATTN_WINDOW_MULTIPLE
+        return min(W, -(-min(m.attn_window_start, W) // step) * step)
+    if name in ("batch_start_tokens", "total_batch_tokens"):
+        micro = t.batch_size * m.block_size * world_size
+        if not micro:
+            return None
+        full = max(1, (t.total_batch_tokens or micro) // micro)
+        start = min(full, max(1, (t.batch_start_tokens or micro) // micro))
+        return (full if name == "total_batch_tokens" else start) * micro
+    return _value(cfg, name)
+
+
+def setting_on(cfg: RunConfig, name: str) -> bool:
+    """Whether setting ``name`` is on in ``cfg``: not None, off, 0 or empty, nor its declared ``off`` value
+    (``--sampling sequential``)."""
+    value, meta = _value(cfg, name), FIELDS[name].metadata
+    return value not in (None, False, 0, "") and not ("off" in meta and value == meta["off"])
+
+
+def _value(cfg: RunConfig, name: str) -> Any:
+    return getattr(getattr(cfg, _GROUP_OF[name]), name)
+
+
+def _as_flag(name: str, value: Any) -> str:
+    """Setting ``name`` at ``value`` as its flag says it: ``--seq-len-start 32``, ``--unet-skips``, ``--no-qk-norm``."""
+    flag = setting_flag(name)
+    if isinstance(value, bool):
+        off = "--no-" + flag[2:] if FIELDS[name].metadata.get("kind") == "bool" else f"no {flag}"
+        return flag if value else off
+    return f"{flag} unset" if value in (None, "") else f"{flag} {value}"
+
+
+def inert_reason(cfg: RunConfig, name: str) -> str | None:
+    """Why setting ``name`` does nothing in ``cfg`` by what it declares it acts with (``needs``,
+    ``only_with``, ``replaced_by``; :func:`_f`), as the one line :func:`check_companions` raises (what is
+    wrong, what to do); None when it acts."""
+    meta, this, flag = FIELDS[name].metadata, _as_flag(name, _value(cfg, name)), setting_flag(name)
+    needs = meta.get("needs")
+    if needs and not setting_on(cfg, needs):
+        nflag, nvalue = setting_flag(needs), _value(cfg, needs)
+        has = "" if isinstance(nvalue, bool) else f" (this run has {_as_flag(needs, nvalue)})"
+        return f"{this} does nothing without {nflag}{has}: {'add' if isinstance(nvalue, bool) else 'set'} {nflag}, or drop {flag}"
+    for other, where in (meta.get("only_with") or {}).items():
+        if not where.test(value := _value(cfg, other)):
+            oflag = setting_flag(other)
+            fix = where.fix or f"give {oflag} {where}"
+            return (
+                f"{this} acts only with {oflag} {where}; this run has {_as_flag(other, value)}: {fix}, or drop {flag}"
+            )
+    replaced_by = meta.get("replaced_by")
+    if replaced_by and setting_on(cfg, replaced_by):
+        return f"{this} does nothing: {_as_flag(replaced_by, _value(cfg, replaced_by))} replaces it; give one of them"
+    return None
+
+
+def _below_reason(cfg: RunConfig, name: str, world_size: int) -> str | None:
+    """The one line when setting ``name``'s value in effect is not below the setting its ``below`` names
+    (:func:`value_in_effect`), or None."""
+    target, why = FIELDS[name].metadata["below"]
+    x, y = value_in_effect(cfg, name, world_size), value_in_effect(cfg, target, world_size)
+    if x is None or y is None or x < y:
+        return None
+
+    def shown(n: str, effect: Any) -> str:
+        raw = _value(cfg, n)
+        if raw is None:
+            return f"{setting_flag(n)} unset ({effect:,} in effect)"
+        return _as_flag(n, raw) + (f" ({_ROUNDED[n]}: {effect:,})" if effect != raw else "")
+
+    flag, tflag = setting_flag(name), setting_flag(target)
+    least = copy.deepcopy(cfg)  # at its least value: does lowering it help at all?
+    setattr(getattr(least, _GROUP_OF[name]), name, FIELDS[name].metadata.get("min", 0))
+    fix = f"lower {flag} or raise {tflag}" if value_in_effect(least, name, world_size) < y else f"raise {tflag}"
+    return f"{shown(name, x)} is not below {shown(target, y)}: {why}; {fix}"
+
+
+def _given_on(cfg: RunConfig, name: str) -> bool:
+    """Whether a given setting asks for something: not None or False, nor its declared ``off`` value."""
+    value, meta = _value(cfg, name), FIELDS[name].metadata
+    return value is not None and value is not False and not ("off" in meta and value == meta["off"])
+
+
+def check_companions(cfg: RunConfig, given: collections.abc.Collection[str], world_size: int = 1) -> None:
+    """GptspeedError (one line: what is wrong, what to do) for a setting the user gave (``given``: the
+    names set by a flag, a ``--config`` file or a make_config keyword) that would do nothing in ``cfg``, as
+    each setting declares (:data:`COMPANION_KEYS`): without the setting it ``needs`` on, without the values
+    its ``only_with`` names, beside the setting it is ``replaced_by``, or -- given, or the warm-up whose
+    start it ``starts`` given -- not ``below`` the setting it warms up to. A setting given at its ``off``
+    value asks for nothing. What a preset or recipe set and the user did not give is not checked: it is
+    theirs (docs/reliability.md)."""
+    started_by = {f.metadata["starts"]: name for name, f in FIELDS.items() if f.metadata.get("starts")}
+    for name, f in FIELDS.items():
+        meta = f.metadata
+        own = name in given and _given_on(cfg, name)
+        if own and (why := inert_reason(cfg, name)):
+            raise GptspeedError(why)
+        needs, warm_up = meta.get("needs"), started_by.get(name)
+        acts = setting_on(cfg, needs) if needs else own
+        asked = own or (warm_up in given and setting_on(cfg, warm_up))
+        if meta.get("below") and acts and asked and (why := _below_reason(cfg, name, world_size)):
+            raise GptspeedError(why)
+
+
+def drop_inert(cfg: RunConfig, names: collections.abc.Collection[str], base: RunConfig) -> RunConfig:
+    """A copy of ``cfg`` with each setting of ``names`` that does nothing in it (:func:`inert_reason`) set
+    back to its value in ``base``: a recipe's setting the user's own made inert (``--recipe modern
+    --lr-schedule cosine``: the recipe's ``--decay-ratio``) is not kept, so the configuration holds nothing
+    that does nothing, and its ``--print-config`` reads back as the same run."""
+    out = copy.deepcopy(cfg)
+    for name in names:
+        if _given_on(out, name) and inert_reason(out, name):
+            setattr(getattr(out, _GROUP_OF[name]), name, _value(base, name))
+    return out
+
+
+def companions_text(meta: Any) -> str:
+    """What a setting's declaration (its field's ``meta``) says it acts with (:data:`COMPANION_KEYS`), in
+    words, for docs/settings.md: "only with --lr-schedule wsd", "needs --seq-len-warmup-steps", "replaced by
+    --warmup-ratio", "below --seq-len"; empty when it acts alone."""
+    parts = [f"needs `{setting_flag(meta['needs'])}`"] if meta.get("needs") else []
+    parts += [f"only with `{setting_flag(k)}` {w}" for k, w in (meta.get("only_with") or {}).items()]
+    parts += [f"replaced by `{setting_flag(meta['replaced_by'])}`"] if meta.get("replaced_by") else []
+    if meta.get("below"):
+        parts.append(f"below `{setting_flag(meta['below'][0])}` (else {meta['below'][1]})")
+    parts += [f"warms up from `{setting_flag(meta['starts'])}`"] if meta.get("starts") else []
+    unless = f"unless `{_shown(meta['off'])}`: " if parts and "off" in meta else ""  # its off value asks nothing
+    return unless + "; ".join(parts)
+
+
+def changed_settings(a: RunConfig, b: RunConfig) -> set[str]:
+    """The names of the settings whose values differ between ``a`` and ``b``."""
+    return {name for name in FIELDS if _value(a, name) != _value(b, name)}
 
 
 def settings_off_default(config: Any, key: str, accepted: tuple[str, ...]) -> list[str]:

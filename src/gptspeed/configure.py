@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from gptspeed.checkpoint import list_checkpoints, newest_run_config, started_run
-from gptspeed.config import PRESETS, RunConfig, did_you_mean, expand_path_setting, preset, read_config_file, recipe
+from gptspeed.config import (
+    PRESETS,
+    RunConfig,
+    changed_settings,
+    did_you_mean,
+    drop_inert,
+    expand_path_setting,
+    preset,
+    read_config_file,
+    recipe,
+)
 from gptspeed.errors import GptspeedError
 
 __all__ = [
@@ -71,18 +81,21 @@ def build_train_config(
         cfg = preset("gpt2" if preset_name in (None, "custom") else preset_name)
         if preset_name == "custom":
             cfg.preset = preset_name
+    base, from_recipe, given = cfg, {}, set(overrides)  # given: what the user set (config.check_companions)
     if recipe_name:  # less what the file and flags replace (config.RECIPE_YIELDS)
         named = read_config_file(config_file) if config_file else {}
         inner = {k for v in named.values() if isinstance(v, dict) for k in v}
-        cfg = cfg.override(recipe(recipe_name, set(overrides) | set(named) | inner))
+        from_recipe = recipe(recipe_name, set(overrides) | set(named) | inner)
+        cfg = cfg.override(from_recipe)
     if config_file:
-        cfg = cfg.apply_file(config_file)
-    cfg = cfg.override(overrides)
+        before, cfg = cfg, cfg.apply_file(config_file)
+        given |= changed_settings(before, cfg)  # a --print-config file's unchanged values are not the user's
+    cfg = drop_inert(cfg.override(overrides), set(from_recipe) - given, base)  # a recipe's setting made inert
     if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
         from gptspeed.hf.load import shape_for_init_from
 
         cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
-    cfg.validate()  # once, here, for the processes torchrun's environment names
+    cfg.validate(given=given)  # once, here, for the processes torchrun's environment names
     return cfg
 
 

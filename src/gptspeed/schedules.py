@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from gptspeed.config import OptimConfig
+from gptspeed.config import ATTN_WINDOW_MULTIPLE, OptimConfig
 
 
 def lr_at(
@@ -75,9 +75,6 @@ def muon_momentum_at(step: int, o: OptimConfig) -> float:
     step, as the learning rate is: a resume needs no state for it."""
     frac = min(step / o.muon_momentum_warmup, 1.0) if o.muon_momentum_warmup > 0 else 1.0
     return o.muon_momentum_start + frac * (o.muon_momentum - o.muon_momentum_start)
-
-
-ATTN_WINDOW_MULTIPLE = 128  # --attn-window's schedule moves in steps of 128 tokens: FlexAttention's block size
 
 
 def attn_window_at(step: int, cfg) -> int:

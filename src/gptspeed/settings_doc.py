@@ -27,7 +27,7 @@ COMMAND = "python -m gptspeed.settings_doc > docs/settings.md"
 # the metadata keys rendered in a column of their own; any other key goes to the "also" column
 _RENDERED = frozenset(
     {"help", "flag", "cli", "choices", "min", "max", "min_open", "finite", "text", "max_note", "run_defining", "kind"}
-    | {"parse", "path"}
+    | {"parse", "path", "min_note", "off", *config.COMPANION_KEYS}
 )
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "text", bool: "on or off"}
 
@@ -87,6 +87,8 @@ def _values(cls: type, f: dataclasses.Field) -> str:
     if meta.get("path"):
         return "a path (`~` is expanded)"
     lo, hi, note = meta.get("min"), meta.get("max"), meta.get("max_note")
+    if meta.get("min_note"):
+        return f"{meta.get('text') or _TYPE_WORDS[kind]} ({meta['min_note']})"
     if meta.get("text"):
         words = meta["text"] + (f"; at most {_number(hi)} ({note})" if hi is not None and note else "")
     elif lo is not None and hi is not None:
@@ -107,10 +109,14 @@ def _also(f: dataclasses.Field) -> str:
 def settings_table(cls: type) -> str:
     """The Markdown table of every field of configuration dataclass ``cls`` (any dataclass whose fields
     carry :func:`gptspeed.config._f` metadata): flag, key (its name in a config file and the Python
-    API), default, accepted values, whether it defines the run, help, and any other declared property."""
+    API), default, accepted values, whether it defines the run, help, what it acts with
+    (:func:`gptspeed.config.companions_text`: a setting given without it is refused), and any other
+    declared property."""
     fields = dataclasses.fields(cls)
-    also = any(_also(f) for f in fields)  # the column only where some field declares more
-    head = ["flag", "key", "default", "values", "defines the run", "what it does"] + ["also"] * also
+    acts = any(config.companions_text(f.metadata) for f in fields)  # the columns only where some field declares
+    also = any(_also(f) for f in fields)
+    head = ["flag", "key", "default", "values", "defines the run", "what it does"]
+    head += ["acts with"] * acts + ["also"] * also
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in fields:
         cells = [
@@ -120,7 +126,8 @@ def settings_table(cls: type) -> str:
             _values(cls, f),
             "yes" if f.metadata.get("run_defining") else "no",
             f.metadata.get("help", ""),
-        ] + [_also(f)] * also
+        ]
+        cells += [config.companions_text(f.metadata)] * acts + [_also(f)] * also
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(rows)
 
@@ -206,8 +213,11 @@ def settings_markdown() -> str:
         "order: the preset (`--preset`, default `gpt2`), the recipe (`--recipe`), the `--config` file, then "
         "the flags; with `--resume`, the run's own configuration comes first. The defaults below are the "
         "fields' own; a preset sets some of them (the [presets](#presets) table). *Defines the run*: a "
-        "`--resume` that changes it is refused unless `--force-resume`. `$GPTSPEED_CACHE` is "
-        "`~/.cache/gptspeed` unless set.",
+        "`--resume` that changes it is refused unless `--force-resume`. *Acts with*: what the setting does "
+        "nothing without (a setting it needs on, values another must have, a setting that replaces it, the end "
+        "value its warm-up's start must be below); given without it -- by a flag, a `--config` file or "
+        "`make_config` -- it is refused before the first step, while a preset's or recipe's own value is not. "
+        "`$GPTSPEED_CACHE` is `~/.cache/gptspeed` unless set.",
     ]
     for group, cls in config.GROUPS.items():
         parts += ["", f"## {group}", "", f"`{cls.__name__}`: {_docstring(cls)}", "", settings_table(cls)]

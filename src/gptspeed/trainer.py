@@ -100,20 +100,23 @@ def due_at(step: int, first_interval: bool, cfg: RunConfig, save: bool, hellaswa
 @dataclasses.dataclass
 class TrainState:
     """The trainer's own counters, a checkpoint part (``trainer``): optimizer steps done, steps
-    skipped as non-finite, and tokens trained on (a resume with another global batch goes on
-    counting from there)."""
+    skipped as non-finite, tokens trained on (a resume with another global batch goes on
+    counting from there), and ``reached`` -- ``[step, val loss]`` of the evaluation that reached
+    ``--stop-at-val-loss`` (a resume with that target, or a higher one, trains no further)."""
 
     step: int = 0
     skipped_steps: int = 0
     tokens: int = 0
     tokens_per_step: int = 0
+    reached: list | None = None
 
-    def state_dict(self) -> dict[str, int]:
-        return {"step": self.step, "skipped_steps": self.skipped_steps, "tokens": self.tokens}
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "skipped_steps": self.skipped_steps, "tokens": self.tokens, "reached": self.reached}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.skipped_steps = int(state["step"]), int(state.get("skipped_steps", 0))
         self.tokens = int(state.get("tokens", self.step * self.tokens_per_step))  # older checkpoints: one batch size
+        self.reached = state.get("reached")
 
 
 class Trainer:
@@ -301,11 +304,8 @@ class Trainer:
             "interrupted": None,
             "run_dir": str(self.run_dir),
         }
-        if self.step >= self.cfg.train.max_steps:
-            self.say(
-                f"{self.run_dir} is already at step {self.step} of {self.cfg.train.max_steps}: nothing to do "
-                "(raise --max-steps to go on)"
-            )
+        if (done := self._done_already(summary)) is not None:
+            self.say(done)
             self.close()
             return summary
         self.stop = stop = StopFlag(self.say, ranks=self.rt.distributed)
@@ -322,6 +322,20 @@ class Trainer:
                 stop.restore()
             self.close()
         return self._finish(summary, stopping, first_step)
+
+    def _done_already(self, summary: dict[str, Any]) -> str | None:
+        """Why a resumed run has nothing to do, or None: it is at ``--max-steps``, or an evaluation of it
+        reached its ``--stop-at-val-loss`` (then ``summary["reached_target"]`` is that step; a lower target goes on)."""
+        t, reached = self.cfg.train, self.state.reached
+        if self.step >= t.max_steps:
+            return f"{self.run_dir} is already at step {self.step} of {t.max_steps}: nothing to do (raise --max-steps to go on)"
+        if t.stop_at_val_loss is not None and reached and reached[1] <= t.stop_at_val_loss:
+            summary["reached_target"] = reached[0]
+            return (
+                f"{self.run_dir} reached --stop-at-val-loss {t.stop_at_val_loss:g} at step {reached[0]} (val loss "
+                f"{reached[1]:.4f}): nothing to do (a lower --stop-at-val-loss goes on)"
+            )
+        return None
 
     def _start(self, stop: StopFlag, summary: dict[str, Any]) -> int | None:
         """config.json, metrics.jsonl cut back to the checkpoint, the banner, and a new run's step-0
@@ -375,6 +389,7 @@ class Trainer:
                     summary["last_val_loss"] = fields["val_loss"]
                     if target is not None and fields["val_loss"] is not None and fields["val_loss"] <= target:
                         summary["reached_target"] = self.step
+                        self.state.reached = [self.step, fields["val_loss"]]  # saved: a resume stops here too
             self.checkpointer.save_if_due(self.step, stopping=stopping is not None or "reached_target" in summary)
         return stopping
 

@@ -422,12 +422,12 @@ def test_init_from_honours_the_attention_window(hf_model, tmp_path):
     ref, folder = hf_model
     data, out = write_data(tmp_path / "data"), tmp_path / "r"
     args = ["--preset", "pico", "--init-from", str(folder), "--data", str(data), "--out", str(out)]
-    args += ["--seq-len", "32", "--attn-window", "16", "--attn-window-start", "8", "--max-steps", "1"]
+    args += ["--seq-len", "32", "--attn-window", "16", "--max-steps", "1"]  # a fixed window: no start to grow from
     args += ["--batch-size", "2", "--lr", "1e-9", "--warmup-steps", "0", "--eval-tokens", "64"]
     res = run_main("train", *args, "--device", "cpu", "--dtype", "float32", "--no-compile")
     assert res.returncode == 0, res.stderr
     model = json.loads((out / "config.json").read_text())["model"]
-    assert (model["attn_window"], model["attn_window_start"], model["n_layer"]) == (16, 8, 2)
+    assert (model["attn_window"], model["n_layer"]) == (16, 2)
     loaded, _ = load_model(out, resolve_runtime("cpu", "float32"))
     assert loaded.config.attn_window == 16
     got = loaded.transformer.h[1].mlp.c_fc.weight

@@ -105,6 +105,24 @@ def test_nonsense_settings_are_one_line(tmp_path, flags, message):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "data, flags, message",
+    [
+        ("nodata", ["--seq-len-start", "32"], "--seq-len-start 32 does nothing without --seq-len-warmup-steps"),
+        ("jsonl:docs.jsonl", ["--sampling", "random"], "--sampling random acts only with --data a prepared folder"),
+        ("nodata", ["--decay-ratio", "0.3"], "--decay-ratio 0.3 acts only with --lr-schedule wsd"),
+    ],
+)
+def test_a_setting_that_would_do_nothing_is_one_line_before_the_first_step(tmp_path, data, flags, message):
+    """Accepted, then did nothing (issue 56): a warm-up's start without its steps, random sampling of a stream,
+    the WSD cooldown's share under the cosine schedule. Refused in one line, nothing written."""
+    proc = run_main(
+        *train_args(data if data == "nodata" else f"jsonl:{tmp_path / 'docs.jsonl'}", tmp_path / "r", *flags)
+    )
+    assert_user_error(proc, message, "or drop")
+    assert not (tmp_path / "r").exists()
+
+
 def test_sample_temperature_nan_and_eval_negative_tokens(tmp_path):
     assert_user_error(run_main("sample", "--run", str(tmp_path), "--temperature", "nan"), "--temperature finite")
     assert_user_error(

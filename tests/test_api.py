@@ -95,6 +95,19 @@ def test_readme_notebook_example_runs(notebook):
     assert f"3 {ns['summary']['last_val_loss']}\n" in printed and "\nROMEO:" + ns["text"] + "\n" in printed
 
 
+def test_generate_of_no_prompts_is_no_samples(notebook, monkeypatch):
+    """`Run.generate([])` returned one sample (of "\\n") for no prompts; as a list comprehension over no
+    prompts it is an empty list, without loading the model, after the arguments are checked."""
+    import gptspeed.sample
+
+    ns, _, where, _ = notebook
+    run = gptspeed.load_run(str(where / "runs/notebook"), device="cpu")
+    monkeypatch.setattr(gptspeed.sample, "load_model", lambda *a, **k: pytest.fail("no prompt needs no model"))
+    assert run.generate([]) == [] and run.generate((), num_samples=3) == []
+    with pytest.raises(GptspeedError, match="--num-samples >= 1"):
+        run.generate([], num_samples=0)
+
+
 def test_generate_is_what_gptspeed_sample_draws(notebook):
     """Run.generate is `gptspeed sample`'s code: the same seed draws the same text, several prompts
     give a list; a second call reuses the loaded model."""

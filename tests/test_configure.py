@@ -128,6 +128,55 @@ def test_a_setting_the_file_or_a_flag_gives_replaces_the_recipes_relative_one(tm
     assert plain.warmup_steps() == 1 and plain.optim.group_lr("embed") == pytest.approx(3e-3)  # 2% of 50; 3x 1e-3
 
 
+def _started_run(folder, cfg) -> None:
+    """A run killed before its first checkpoint: the config.json it wrote at its start."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**cfg.to_dict(), "derived": {"run_id": "r1"}}))
+
+
+def test_a_recipe_on_the_resume_of_a_run_not_trained_with_it_is_refused_unless_forced(tmp_path):
+    """`--recipe gpt2` on the resume of a modern run was ignored silently (the recipe was applied over the
+    run's own settings, and gpt2's sets none): a recipe on a resume must describe the run -- every setting a
+    recipe sets, as this one (or the preset) has it -- or it is one line naming what would change;
+    --force-resume applies it. The recipe the run was trained with, and a flag that replaces the setting,
+    are fine."""
+    modern = tmp_path / "modern"
+    _started_run(modern, build_train_config("pico", {}, recipe_name="modern"))
+    resume = {"out": str(modern), "resume": True}
+    with pytest.raises(GptspeedError) as e:
+        build_train_config(None, resume, recipe_name="gpt2")
+    assert str(e.value) == (
+        f"--recipe gpt2 with --resume: {modern} was not trained with it (decay_ratio, lr_schedule, mlp, norm, "
+        "optimizer, pos_emb, qk_norm would change): drop --recipe, or pass --force-resume to change the run"
+    )
+    assert build_train_config(None, resume, recipe_name="modern").model.pos_emb == "rope"
+    with pytest.raises(GptspeedError, match=r"--recipe speedrun with --resume: .* \(embed_lr_ratio, scalar_lr_ratio, "):
+        build_train_config(None, resume, recipe_name="speedrun")
+    forced = build_train_config(None, {**resume, "force_resume": True}, recipe_name="gpt2")
+    assert (forced.model.pos_emb, forced.optim.optimizer, forced.model.norm) == ("learned", "adamw", "layernorm")
+    plain = tmp_path / "plain"
+    _started_run(plain, build_train_config("pico", {}))
+    with pytest.raises(GptspeedError, match="--recipe modern with --resume: "):
+        build_train_config(None, {"out": str(plain), "resume": True}, recipe_name="modern")
+    assert build_train_config(None, {"out": str(plain), "resume": True}, recipe_name="gpt2").model.pos_emb == "learned"
+
+
+def test_a_config_files_preset_on_a_resume_must_be_the_runs(tmp_path):
+    """A config file's ``preset:`` on a resume was ignored silently (the run's own configuration is the
+    base), as --preset is refused when it names another preset: one line; the run's own preset is fine."""
+    run = tmp_path / "run"
+    _started_run(run, build_train_config("pico", {}))
+    file = tmp_path / "nano.yaml"
+    file.write_text("preset: nano\n")
+    with pytest.raises(GptspeedError) as e:
+        build_train_config(None, {"out": str(run), "resume": True}, str(file))
+    assert str(e.value) == (
+        f"config file {file}'s preset 'nano' with --resume: {run} is a pico run; drop the file's preset: line"
+    )
+    file.write_text("preset: pico\nmax_steps: 9\n")
+    assert build_train_config(None, {"out": str(run), "resume": True}, str(file)).train.max_steps == 9
+
+
 def test_any_dataclass_becomes_flags_from_its_fields_declarations():
     """add_dataclass_flags: a field's flag, type, choices and default come from its _f declaration; a
     field without a default is a required flag; kind off / append, positional and exclusive groups as

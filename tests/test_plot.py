@@ -189,3 +189,19 @@ def test_plot_of_extreme_values_and_odd_names_draws_without_a_traceback(tmp_path
     from gptspeed.plot import _series
 
     assert _series(read_metrics(run), "tokens", "train_loss") == ([4608.0], [5.0])
+
+
+def test_plot_out_through_a_missing_folder_is_checked_as_the_file_it_names(tmp_path, monkeypatch):
+    """`plot --out nothere/../loss.png` replaced ./loss.png without --force (checked as written, the path
+    did not exist; once plot made nothere, it named ./loss.png), and made the folder nothere: the path is
+    resolved first, the existing file needs --force, and no folder is made to climb out of."""
+    run = write_metrics(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loss.png").write_bytes(b"the user's picture")
+    with pytest.raises(GptspeedError, match=f"--out {tmp_path / 'loss.png'} already exists: pass --force"):
+        plot_runs([run], "nothere/../loss.png")
+    assert (tmp_path / "loss.png").read_bytes() == b"the user's picture" and not (tmp_path / "nothere").exists()
+    with pytest.raises(GptspeedError, match="is the name of a run's or a data folder's own file"):
+        plot_runs([run], "nothere/../run/metrics.jsonl", force=True)
+    assert plot_runs([run], "nothere/../loss.png", force=True) == tmp_path / "loss.png"
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "nothere").exists()

@@ -174,7 +174,8 @@ class Run:
             kv_cache: use the KV cache (False: recompute every position, equal-length prompts only).
 
         Returns the generated text without the prompt: a ``str`` for one prompt and one sample,
-        else a list (prompt by prompt, ``num_samples`` each).
+        else a list (prompt by prompt, ``num_samples`` each) -- an empty list for an empty list of
+        prompts (as ``[f(p) for p in []]``; the arguments are checked, no model is loaded).
 
         Raises:
             GptspeedError: bad numbers, an empty prompt, or no valid checkpoint to load.
@@ -193,6 +194,8 @@ class Run:
             num_samples=num_samples,
             kv_cache=kv_cache,
         )  # before the model loads
+        if not prompts:
+            return []  # no prompt, no sample (sample_text would continue "\n" as the CLI does without --prompt)
         if self._loaded is None:
             model, ckpt = load_model(self.run_dir, resolve_runtime(self.device, self.dtype, compile=False))
             self._loaded = (model, {"run": str(self.run_dir), "step": ckpt["step"]})

@@ -16,6 +16,7 @@ from typing import Any
 from gptspeed.checkpoint import list_checkpoints, newest_run_config, started_run
 from gptspeed.config import (
     PRESETS,
+    RECIPE_YIELDS,
     RunConfig,
     changed_settings,
     did_you_mean,
@@ -26,6 +27,7 @@ from gptspeed.config import (
     recipe,
 )
 from gptspeed.errors import GptspeedError
+from gptspeed.paths import real_path
 
 __all__ = [
     "build_train_config",
@@ -58,16 +60,12 @@ def build_train_config(
             that does not validate (:meth:`RunConfig.validate`).
     """
     out = expand_path_setting("out", overrides.get("out"))  # as cfg.override will set it
-    path, cfg = newest_run_config(Path(out)) if overrides.get("resume") and out else (None, None)
-    if path is None and overrides.get("resume") and out and not list_checkpoints(Path(out)):
-        # killed before its first checkpoint: the run restarts as itself, from the config.json it wrote
-        # at its start (a folder whose checkpoints all failed their check is refused by the resume)
-        started = started_run(Path(out))
-        cfg = started[0] if started is not None else None
-    if cfg is not None:
-        if preset_name is not None and preset_name != cfg.preset:
-            raise GptspeedError(f"--preset {preset_name} with --resume: {out} is a {cfg.preset} run; drop --preset")
-    else:
+    if out and ".." in Path(out).parts:  # new/../victim: the folder the system will write, checked as such
+        overrides = {**overrides, "out": str(real_path(out))}
+        out = overrides["out"]
+    path, cfg = _resume_base(out, overrides, preset_name, config_file)
+    resumed = out if cfg is not None else None  # a run's own configuration is the base
+    if cfg is None:
         if preset_name is None and config_file:
             named = read_config_file(config_file).get("preset")
             if named is not None and not isinstance(named, str):
@@ -85,18 +83,74 @@ def build_train_config(
     if recipe_name:  # less what the file and flags replace (config.RECIPE_YIELDS)
         named = read_config_file(config_file) if config_file else {}
         inner = {k for v in named.values() if isinstance(v, dict) for k in v}
-        from_recipe = recipe(recipe_name, set(overrides) | set(named) | inner)
-        cfg = cfg.override(from_recipe)
+        names = set(overrides) | set(named) | inner
+        from_recipe = recipe(recipe_name, names)
+        cfg = _apply_recipe(cfg, recipe_name, names, resumed, overrides)
     if config_file:
         before, cfg = cfg, cfg.apply_file(config_file)
         given |= changed_settings(before, cfg)  # a --print-config file's unchanged values are not the user's
     cfg = drop_inert(cfg.override(overrides), set(from_recipe) - given, base)  # a recipe's setting made inert
+    if cfg.train.out and ".." in Path(cfg.train.out).parts:  # from a config file
+        cfg.train.out = str(real_path(cfg.train.out))
     if cfg.train.init_from and path is None:  # the model shape is the pretrained model's
         from gptspeed.hf.load import shape_for_init_from
 
         cfg.model = shape_for_init_from(cfg.train.init_from, cfg.model, overrides)
     cfg.validate(given=given)  # once, here, for the processes torchrun's environment names
     return cfg
+
+
+def _resume_base(
+    out: str | None, overrides: dict[str, Any], preset_name: str | None, config_file: str | None
+) -> tuple[Path | None, RunConfig | None]:
+    """With ``resume``: the newest valid checkpoint of ``out`` and its configuration, or -- a run
+    killed before its first checkpoint -- ``(None, the configuration its config.json recorded)``;
+    ``(None, None)`` for a new run. GptspeedError when ``--preset`` or the config file's ``preset:``
+    names another preset than the run's (a run keeps its preset: it would be ignored)."""
+    path, cfg = newest_run_config(Path(out)) if overrides.get("resume") and out else (None, None)
+    if path is None and overrides.get("resume") and out and not list_checkpoints(Path(out)):
+        # killed before its first checkpoint: the run restarts as itself, from the config.json it wrote
+        # at its start (a folder whose checkpoints all failed their check is refused by the resume)
+        started = started_run(Path(out))
+        cfg = started[0] if started is not None else None
+    if cfg is not None:
+        named = read_config_file(config_file).get("preset") if config_file else None
+        for given, what, drop in (
+            (preset_name, f"--preset {preset_name}", "--preset"),
+            (named, f"config file {config_file}'s preset {named!r}", "the file's preset: line"),
+        ):
+            if given is not None and given != cfg.preset:
+                raise GptspeedError(f"{what} with --resume: {out} is a {cfg.preset} run; drop {drop}"[:400])
+    return path, cfg
+
+
+def _apply_recipe(
+    cfg: RunConfig, name: str, given: set[str], resumed: str | None, overrides: dict[str, Any]
+) -> RunConfig:
+    """``cfg`` with recipe ``name``'s settings applied, less those ``given`` replaces. A new run takes
+    them on top of its preset. A resumed run (``resumed``: its folder) keeps the settings it started
+    with, so a recipe there must describe it: every setting any recipe sets (:data:`RECIPES`) takes
+    this recipe's value, or the preset's where the recipe leaves it (``gpt2`` is the presets' own
+    architecture); one that differs from the run's is refused in one line naming the recipe and the
+    settings, unless ``--force-resume`` (then they are applied, and the resume says what changed)."""
+    from gptspeed.config import RECIPES
+
+    chosen = recipe(name, given)
+    if resumed is None:
+        return cfg.override(chosen)
+    base = preset(cfg.preset if cfg.preset in PRESETS else "gpt2").to_dict()
+    flat = {k: v for group in base.values() if isinstance(group, dict) for k, v in group.items()}
+    keys = sorted({k for r in RECIPES.values() for k in r} - given)
+    full = {k: chosen.get(k, flat[k]) for k in keys if k in chosen or k in flat}
+    full = {k: v for k, v in full.items() if k in chosen or RECIPE_YIELDS.get(k) not in given}
+    now = {k: v for group in cfg.to_dict().values() if isinstance(group, dict) for k, v in group.items()}
+    changed = [k for k, v in full.items() if now.get(k) != v]
+    if changed and not overrides.get("force_resume"):
+        raise GptspeedError(
+            f"--recipe {name} with --resume: {resumed} was not trained with it ({', '.join(changed)} would change): "
+            "drop --recipe, or pass --force-resume to change the run"
+        )
+    return cfg.override(full)
 
 
 # ------------------------------------------------------------------------------- train's arguments

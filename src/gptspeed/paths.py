@@ -38,6 +38,14 @@ def kind(path: str | os.PathLike) -> str:
     return "folder"
 
 
+def real_path(path: str | os.PathLike) -> Path:
+    """``path`` as the system will take it once its missing folders are made: a path with a ``..``
+    component resolved (:func:`os.path.realpath`: ``new/../victim`` is ``victim``, where a check of
+    the path as written would see nothing, since ``new`` does not exist yet); any other path as given."""
+    p = Path(path)
+    return Path(os.path.realpath(p)) if ".." in p.parts else p
+
+
 def describe(path: str | os.PathLike, want: str) -> str:
     """The end of an error line about ``path``, which should have been a ``want`` (``data`` or
     ``run``) folder: what it is instead, and the command that helps -- never one that would write

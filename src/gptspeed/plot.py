@@ -189,8 +189,9 @@ def check_plot_target(out: str | Path, force: bool = False) -> None:
     import stat
 
     from gptspeed.checkpoint.paths import OWN_NAMES, STALE_NAMES
+    from gptspeed.paths import real_path
 
-    out = Path(out)
+    out = real_path(out)  # new/../loss.png is ./loss.png: checked as the file the system will write
     if OWN_NAMES.match(out.name) or STALE_NAMES.match(out.name) or _DATA_NAMES.match(out.name):
         raise GptspeedError(
             f"--out {out}: {out.name!r} is the name of a run's or a data folder's own file; plot "
@@ -226,11 +227,13 @@ def plot_runs(
         GptspeedError: a run without metrics (see :func:`read_metrics`), an unknown panel,
             matplotlib missing, an ``out`` refused, or not writable.
     """
+    from gptspeed.paths import real_path
+
     check_plot_target(out, force)
     fig = draw_runs(run_dirs, panels, title=title)
     import matplotlib.pyplot as plt
 
-    out = Path(out)
+    out = real_path(out)  # as check_plot_target saw it: no folder made only to climb out of it
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, lambda f: fig.savefig(f, dpi=120, format="png"))

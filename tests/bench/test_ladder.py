@@ -390,6 +390,7 @@ def test_no_bench_mode_writes_into_a_run_or_data_folder_or_over_a_file(mode, tmp
         (data, "is a data folder"),
         (data / "sub", "would be created inside"),
         (a_file, "is a file"),
+        (tmp_path / "nothere" / ".." / "run", "is a run folder"),  # checked as the folder it names, not as missing
     ]:
         code = cli.main(["bench", *mode, "--out", str(out), "--preset", "pico", "--device", "cpu", *shape])
         err = capsys.readouterr().err

@@ -269,6 +269,7 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
     earlier = tmp_path / "race"  # an earlier race: refused without --force, replaced with it
     for name in ("old-seed0", "old-seed1"):
         (earlier / "runs" / name).mkdir(parents=True)
+        (earlier / "runs" / name / "config.json").write_text('{"model": {}, "train": {}, "derived": {"run_id": "r"}}')
         (earlier / "runs" / name / "metrics.jsonl").write_text('{"step": 0}\n')
         (earlier / "logs").mkdir(exist_ok=True)
         (earlier / "logs" / f"{name}.log").write_text("log")

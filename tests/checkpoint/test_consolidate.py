@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from gptspeed.checkpoint import (
@@ -58,3 +62,44 @@ def test_optimizer_state_is_split_by_a_layout_of_three_optimizers():
     assert [g["lr"] for g in out["a"]["param_groups"]] == [0]
     assert [g["lr"] for g in out["b"]["param_groups"]] == [1, 2]
     assert out["c"] == {"state": {0: {"m": 3}}, "param_groups": [{"lr": 3, "params": [0]}]}
+
+
+def test_consolidate_never_writes_into_another_runs_or_a_data_folder(run, tmp_path):
+    """The docs promise consolidate never writes into a run folder: a FILE.pt inside another run's folder
+    (its checkpoints, or the config.json of a run killed before its first) or inside a prepared data folder,
+    and a new folder inside either, were written; each is one line, nothing written."""
+    other, killed, data = tmp_path / "other", tmp_path / "killed", tmp_path / "data"
+    other.mkdir()
+    (other / "ckpt_00000005.pt").write_bytes(b"theirs")
+    killed.mkdir()
+    (killed / "config.json").write_text(json.dumps({"model": {}, "train": {}, "derived": {"run_id": "another"}}))
+    data.mkdir()
+    (data / "train_000000.bin").write_bytes(b"shard")
+    before = sorted(tmp_path.rglob("*"))
+    for out, holder, what in [
+        (other / "model.pt", other, "another run's folder"),
+        (other / "sub", other, "another run's folder"),
+        (killed / "model.pt", killed, "another run's folder"),
+        (data / "model.pt", data, "a prepared data folder"),
+        (data / "sub" / "deeper", data, "a prepared data folder"),
+    ]:
+        with pytest.raises(GptspeedError) as e:
+            consolidate(run, out, force=True)
+        assert str(e.value).startswith(f"--out {out} is inside {holder}, {what}: consolidate never writes"), e.value
+    with pytest.raises(GptspeedError, match=f"--out {data} is {data}, a prepared data folder"):
+        consolidate(run, data, force=True)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_an_upper_case_pt_is_a_file_and_a_path_through_a_missing_folder_is_the_one_it_names(run, tmp_path, monkeypatch):
+    """`--out H3B.PT` made a folder H3B.PT holding ckpt_N.pt: the suffix decides, whatever its case. `--out
+    nothere/../victim` wrote into victim, a folder of the user's files (checked as written, it did not exist)."""
+    monkeypatch.chdir(tmp_path)
+    out = consolidate(run, Path("H3B.PT"))
+    assert out.resolve() == tmp_path / "H3B.PT" and out.is_file() and (tmp_path / "H3B.json").is_file()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("mine")
+    with pytest.raises(GptspeedError, match=f"--out {victim} already holds files gptspeed did not write"):
+        consolidate(run, Path("nothere/../victim"))
+    assert os.listdir(victim) == ["notes.txt"] and not (tmp_path / "nothere").exists()

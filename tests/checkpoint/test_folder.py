@@ -43,18 +43,27 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 # ------------------------------------------------------------------ the run folder's small rules
+RUN_CONFIG = {"model": {}, "train": {}, "derived": {"run_id": "abc"}}
+
+
 @pytest.mark.parametrize(
     "name, content, foreign",
     [
-        ("config.json", {"model": {}, "train": {}}, False),
-        ("config.json", {"model": {}}, True),
-        ("config.json", {"train": {}}, True),
+        ("config.json", RUN_CONFIG, False),
+        ("config.json", {"model": {}, "train": {}, "source": {"hf_source": "gpt2"}}, False),
+        ("config.json", {"model": {}, "train": {}}, True),
+        ("config.json", {"model": {}, "train": {}, "derived": {}}, True),
+        ("config.json", {"model": {}, "derived": {"run_id": "abc"}}, True),
+        ("config.json", {"train": {}, "derived": {"run_id": "abc"}}, True),
         ("metrics.jsonl", {"step": 3, "train_loss": 1.0}, False),
         ("metrics.jsonl", {"epoch": 3}, True),
         ("metrics.jsonl", {"step": "3"}, True),
     ],
     ids=[
         "config-of-a-run",
+        "config-of-an-imported-model",
+        "config-with-model-and-train-only",
+        "config-without-a-run-id",
         "config-without-train",
         "config-without-model",
         "metrics-of-a-run",
@@ -63,8 +72,66 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     ],
 )
 def test_a_config_or_metrics_file_is_gptspeeds_only_in_gptspeeds_form(tmp_path, name, content, foreign):
+    """config.json is gptspeed's with a RunConfig's model and train groups and what only gptspeed adds (a
+    run id, an import's source); metrics.jsonl (beside a run's config.json) with a first record whose step
+    is an integer."""
+    if name == "metrics.jsonl":
+        (tmp_path / "config.json").write_text(json.dumps(RUN_CONFIG))
     (tmp_path / name).write_text(json.dumps(content) + "\n")
     assert foreign_entries(tmp_path) == ([name] if foreign else [])
+
+
+@pytest.mark.parametrize("names", [["metrics.jsonl"], ["metrics.jsonl", LOCK_NAME], ["wandb"], ["tensorboard"]])
+def test_a_metrics_log_or_a_trackers_folder_alone_is_the_users_and_never_written_over(tmp_path, names):
+    """A folder holding only the user's metrics.jsonl (records with an integer step: gptspeed's form) or a
+    W&B / TensorBoard folder is not a run's: gptspeed writes config.json before any of them, so alone they
+    are the user's. `train --out` refuses the folder naming the file, writes nothing (it overwrote the
+    log); beside a run's config.json or a checkpoint the same names are the run's."""
+    for name in names:
+        if name in ("wandb", "tensorboard"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "events").write_text("the user's")
+        else:
+            (tmp_path / name).write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.0}\n')
+    before = snapshot(tmp_path)
+    folder = RunFolder(tmp_path, is_main=True)
+    with pytest.raises(GptspeedError) as e:
+        folder.open()
+    assert str(e.value) == (
+        f"--out {tmp_path} already holds files gptspeed did not write ({names[0]}): a run folder must be new, "
+        "empty or a gptspeed run's; choose another --out"
+    )
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == sorted(names)
+    (tmp_path / "config.json").write_text(json.dumps(RUN_CONFIG))
+    assert foreign_entries(tmp_path) == []
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "ckpt_00000001.pt").write_bytes(b"")
+    assert foreign_entries(tmp_path) == []
+
+
+def test_an_out_through_a_missing_folder_and_back_is_checked_as_the_folder_it_names(tmp_path, monkeypatch):
+    """`train --out nothere/../victim` wrote into victim, a folder of the user's files: checked as written,
+    the path did not exist (nothere is missing), and once the run made nothere it named victim. The
+    configuration resolves it (checked and written as victim); a RunFolder given such a path refuses it."""
+    from gptspeed.configure import build_train_config
+
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.tex").write_text("\\chapter{One}")
+    cfg = build_train_config("pico", {"out": "nothere/../victim", "data": "x"})
+    assert cfg.train.out == str(victim)
+    with pytest.raises(
+        GptspeedError, match=r"--out .*victim already holds files gptspeed did not write \(thesis.tex\)"
+    ):
+        RunFolder(Path(cfg.train.out), is_main=True).open()
+    with pytest.raises(GptspeedError) as e:
+        RunFolder(Path("nothere/../victim"), is_main=True).open()
+    assert str(e.value) == (
+        f"--out nothere/../victim climbs out of nothere, which does not exist, with '..': give the run folder's "
+        f"own path ({victim})"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["victim"] and os.listdir(victim) == ["thesis.tex"]
 
 
 MiB, KiB = 1 << 20, 1 << 10
@@ -74,7 +141,7 @@ MiB, KiB = 1 << 20, 1 << 10
 def test_a_config_json_is_read_as_gptspeeds_up_to_one_mib(tmp_path, size, foreign):
     """A config.json is judged gptspeed's only up to 1 MiB (a run's is a few KiB; the read is bounded):
     one of gptspeed's form padded with JSON whitespace to 1 MiB is the run's own, one byte more is foreign."""
-    text = json.dumps({"model": {}, "train": {}}).encode()
+    text = json.dumps(RUN_CONFIG).encode()
     (tmp_path / "config.json").write_bytes(text[:-1] + b" " * (size - len(text)) + b"}")
     assert (tmp_path / "config.json").stat().st_size == size
     assert foreign_entries(tmp_path) == (["config.json"] if foreign else [])
@@ -98,6 +165,7 @@ def test_the_first_metrics_record_is_read_as_gptspeeds_up_to_64_kib_of_bytes(tmp
     of a byte more (cut short by the bounded read: not a JSON record) makes the file foreign."""
     record = _record_of(size, pad)
     assert len(record) == size
+    (tmp_path / "config.json").write_text(json.dumps(RUN_CONFIG))
     (tmp_path / "metrics.jsonl").write_bytes(record + b"\n" + b'{"step": 2}\n')
     assert foreign_entries(tmp_path) == (["metrics.jsonl"] if foreign else [])
 
@@ -376,7 +444,7 @@ def test_an_empty_folder_and_a_killed_runs_folder_are_accepted(tmp_path):
     refuse_foreign_folder(empty)
     killed = tmp_path / "killed"  # a run killed before its first checkpoint: config.json, metrics.jsonl, lock
     killed.mkdir()
-    (killed / "config.json").write_text(json.dumps({"model": {"n_layer": 1}, "train": {}, "derived": {}}))
+    (killed / "config.json").write_text(json.dumps({"model": {"n_layer": 1}, "train": {}, "derived": {"run_id": "r1"}}))
     (killed / "metrics.jsonl").write_text(json.dumps({"step": 0, "val_loss": 10.9}) + "\n")
     (killed / ".gptspeed.lock").write_text("pid 1 on host")
     (killed / ".config.json.0123abcd.tmp").write_text("{")  # left by a kill inside an atomic write

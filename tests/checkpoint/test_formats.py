@@ -236,6 +236,20 @@ def test_load_latest_reads_the_newest_checkpoint_onto_the_cpu_by_default(tmp_pat
     assert ck["step"] == 2 and ck["w"].device == torch.device("cpu") and torch.equal(ck["w"], torch.full((2,), 2.0))
 
 
+def test_load_latest_says_which_newer_checkpoint_it_skipped_and_why_and_which_it_uses(tmp_path, capsys):
+    """`sample` (and eval, export-hf) fell back to an older checkpoint without a word when the newest one's
+    seal was unreadable; now one line on stderr names the skipped one, its reason and the one used, as
+    --resume does. Nothing is said when the newest is valid."""
+    write_checkpoint_file(tmp_path / "ckpt_00000001.pt", {"step": 1, "w": torch.ones(2)})
+    assert load_latest(tmp_path)["step"] == 1 and capsys.readouterr().err == ""
+    write_checkpoint_file(tmp_path / "ckpt_00000002.pt", {"step": 2, "w": torch.full((2,), 2.0)})
+    (tmp_path / "ckpt_00000002.json").write_bytes(b"\xff\xfe not a seal")
+    assert load_latest(tmp_path)["step"] == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("skipping ckpt_00000002.pt (") and "seal" in err, err
+    assert err.endswith("): using ckpt_00000001.pt, the newest valid checkpoint\n"), err
+
+
 def test_load_latest_and_load_latest_run_put_the_tensors_where_map_location_says(tmp_path):
     from gptspeed.config import RunConfig
 

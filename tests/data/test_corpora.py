@@ -393,6 +393,7 @@ class FakeHub:
         self.sleeps: list[float] = []
         monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.download)
         monkeypatch.setattr(time, "sleep", self.sleeps.append)
+        monkeypatch.setattr(corpora, "hub_unreachable", lambda: None)  # the fake Hub answers
 
     def download(self, repo_id, filename, *, repo_type=None, **kwargs):
         assert (repo_id, repo_type) == ("kjj0/fineweb10B-gpt2", "dataset")
@@ -491,3 +492,95 @@ def test_without_huggingface_hub_a_fineweb10B_download_is_one_line(hub_cache, mo
         f"fineweb10B's {FINEWEB_VAL} comes from the Hugging Face Hub through huggingface_hub, which is not installed: "
         f"pip install 'gptspeed[hf]', or set GPTSPEED_DATA_MIRROR to a folder holding fineweb10B/{FINEWEB_VAL}"
     )
+
+
+def _not_a_file(path, kind: str) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.symlink_to(path.with_name("gone"))
+
+
+NOT_A_FILE = [
+    ("folder", "a folder"),
+    ("fifo", "a FIFO"),
+    ("dev-zero", "not a regular file"),
+    ("broken", "a broken link"),
+]
+
+
+@pytest.mark.parametrize("kind, what", NOT_A_FILE, ids=[k for k, _ in NOT_A_FILE])
+def test_a_mirror_entry_that_is_not_a_file_is_named_never_taken_for_absent(tmp_path, monkeypatch, kind, what):
+    """A mirror entry that is a folder, a FIFO, a link to /dev/zero or a broken link was taken for an absent
+    file (fineweb10B then went to the Hub, a named corpus to the cache): it is one line naming it, before
+    anything is read or downloaded."""
+    mirror = tmp_path / "mirror"
+    monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(mirror))
+    entry = mirror / "fineweb10B" / FINEWEB_VAL
+    _not_a_file(entry, kind)
+    hub = FakeHub(monkeypatch, tmp_path / "hub", {FINEWEB_VAL: [fake_shard_bytes(300, 0)]})
+    with pytest.raises(GptspeedError) as e:
+        corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    assert str(e.value).startswith(f"{entry} in the mirror (GPTSPEED_DATA_MIRROR) is {what}"), e.value
+    assert hub.calls == []
+    web = mirror / "web" / "input.txt"
+    _not_a_file(web, kind)
+    monkeypatch.setitem(
+        CORPORA, "web", Corpus(name="web", files={"web/input.txt": hashlib.sha256(TEXT).hexdigest()}, url=URL)
+    )
+    fake_web = FakeWeb(monkeypatch, {URL: [TEXT]})
+    with pytest.raises(GptspeedError, match=f"^{web} in the mirror \\(GPTSPEED_DATA_MIRROR\\) is {what}"):
+        corpora.corpus_files("web", progress=False)
+    assert fake_web.requests == []
+
+
+@pytest.mark.usefixtures("no_requests")
+@pytest.mark.parametrize("mirror", [True, False], ids=["a-mirror-without-the-file", "no-mirror"])
+def test_offline_a_shard_the_mirror_lacks_is_said_at_once(tmp_path, monkeypatch, mirror):
+    """`prepare fineweb10B` with a shard missing from the mirror spent ~110 s in nested download retries
+    before its line; offline (the Hub does not answer one request) it is said at once: no download attempt,
+    no wait, unless huggingface_hub's cache holds the file, which is then used."""
+    import time
+
+    import huggingface_hub
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    if mirror:
+        monkeypatch.setenv("GPTSPEED_DATA_MIRROR", str(tmp_path / "mirror"))
+        (tmp_path / "mirror" / "fineweb10B").mkdir(parents=True)
+    else:
+        monkeypatch.delenv("GPTSPEED_DATA_MIRROR", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls, cached = [], {}
+
+    def download(repo_id, filename, *, repo_type=None, local_files_only=False, **kwargs):
+        calls.append(local_files_only)
+        if not local_files_only:
+            pytest.fail("offline: no download may be attempted")
+        if filename not in cached:
+            raise LocalEntryNotFoundError("not in the cache")
+        return str(cached[filename])
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("offline: no wait"))
+    with pytest.raises(GptspeedError) as e:
+        corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    lacks = f"{tmp_path / 'mirror'} (the mirror) holds no fineweb10B/{FINEWEB_VAL}, and " if mirror else ""
+    assert str(e.value).startswith(
+        f"cannot get {FINEWEB_VAL}: {lacks}the Hugging Face Hub cannot be reached (https://huggingface.co: "
+    ), e.value
+    assert str(e.value).endswith(f"or set GPTSPEED_DATA_MIRROR to a folder holding fineweb10B/{FINEWEB_VAL}")
+    assert "\n" not in str(e.value) and calls == [True]
+    blob = tmp_path / "hub" / "snapshots" / COMMIT / FINEWEB_VAL
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(fake_shard_bytes(300, 0))
+    cached[FINEWEB_VAL] = blob
+    [f] = corpora.shard_corpus_files("fineweb10B", [FINEWEB_VAL], progress=False)
+    assert (f.path, f.origin, f.revision) == (blob, "hub", COMMIT)

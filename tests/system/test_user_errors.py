@@ -216,6 +216,20 @@ def test_sample_without_checkpoint(tmp_path):
     assert_user_error(run_main("sample", "--run", str(tmp_path / "none")), "does not exist")
 
 
+def test_train_out_on_a_folder_of_only_the_users_metrics_log_is_refused_untouched(shakespeare_data, tmp_path):
+    """A folder holding only the user's metrics.jsonl (records with an integer step) was taken for a run
+    and the log written over by `train --out`; `--out nothere/../victim` wrote into victim, a folder of the
+    user's files: one line naming the file each, nothing written."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "metrics.jsonl").write_text('{"step": 1, "acc": 0.5}\n')
+    for out in (logs, tmp_path / "nothere" / ".." / "logs"):
+        proc = run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(out), "--max-steps", "1")
+        assert_user_error(proc, f"--out {logs} already holds files gptspeed did not write (metrics.jsonl)")
+    assert os.listdir(logs) == ["metrics.jsonl"] and (logs / "metrics.jsonl").read_text() == '{"step": 1, "acc": 0.5}\n'
+    assert not (tmp_path / "nothere").exists()
+
+
 def test_corrupt_checkpoint_on_sample(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

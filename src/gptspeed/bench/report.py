@@ -84,9 +84,9 @@ def check_out_dir(out: str | Path) -> Path:
         GptspeedError: one line naming what ``out`` is.
     """
     from gptspeed.errors import GptspeedError
-    from gptspeed.paths import kind
+    from gptspeed.paths import kind, real_path
 
-    path = Path(out)
+    path = real_path(out)  # new/../RUN is RUN: checked (and written) as the folder the system will write
 
     def what(folder: Path) -> str | None:
         k = kind(folder)

@@ -7,12 +7,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gptspeed.checkpoint.folder import refuse_foreign_folder
+from gptspeed.checkpoint.folder import is_run_folder, refuse_foreign_folder
 from gptspeed.checkpoint.formats import load_checkpoint, write_checkpoint_file
 from gptspeed.checkpoint.paths import CKPT_RE, checkpoint_path, is_sharded, seal_path
 from gptspeed.checkpoint.seals import check_checkpoint, latest_valid_checkpoint, read_seal, refuse_checkpoints
 from gptspeed.errors import GptspeedError
 from gptspeed.fileio import write_atomic
+from gptspeed.paths import real_path
 
 
 def _optim_by_index(optim: dict[str, Any], groups: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -44,6 +45,30 @@ def split_optimizer_state(optim: dict[str, Any], layout: list[list] | None) -> d
     return out
 
 
+def _refuse_inside_a_run_or_data_folder(out: Path, where: Path) -> None:
+    """GptspeedError when ``where`` (``out`` resolved: the file to write, or the folder) would be
+    written inside another run's folder (:func:`~gptspeed.checkpoint.folder.is_run_folder`) or a data
+    folder (:func:`gptspeed.data.folder.is_data_folder`): the folder that holds it, or the nearest
+    one that exists when it is to be made."""
+    from gptspeed.data.folder import is_data_folder
+
+    holder = next((p for p in where.parents if p.exists()), None)
+    if where.is_dir():
+        holder = where  # an existing folder out: refused as itself (a data folder), or by the run-folder rules
+    if holder is None:
+        return
+    if holder != where and is_run_folder(holder):
+        raise GptspeedError(
+            f"--out {out} is inside {holder}, another run's folder: consolidate never writes into a run "
+            "folder; choose a path outside it"
+        )
+    if is_data_folder(holder):
+        raise GptspeedError(
+            f"--out {out} {'is' if holder == where else 'is inside'} {holder}, a prepared data folder: "
+            "consolidate never writes into one; choose a path outside it"
+        )
+
+
 def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Path:
     """The file :func:`consolidate` writes for ``--out out``, after refusing (one GptspeedError
     line each) every ``out`` that would overwrite what is not the user's to lose: a checkpoint's
@@ -52,23 +77,23 @@ def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Pat
     gptspeed did not write, or another run's config.json / metrics.jsonl."""
     import filecmp
 
-    if CKPT_RE.match(out.name):
+    if CKPT_RE.match(out.name.lower()):
         raise GptspeedError(
             f"--out {out} is a checkpoint's name: consolidate never writes over or beside a run's "
             f"checkpoints; name another file (e.g. {out.with_name('model.pt')}) or a new run folder"
         )
-    as_file = out.suffix == ".pt"
+    as_file = out.suffix.lower() == ".pt"  # model.PT is a file too, never a folder of that name
     where = (Path(os.path.realpath(out.parent)) / out.name) if as_file else Path(os.path.realpath(out))
     source = Path(os.path.realpath(run_dir))
     if where == source or source in where.parents:
         raise GptspeedError(f"--out {out} is inside {run_dir}, the run being consolidated: choose a path outside it")
+    _refuse_inside_a_run_or_data_folder(out, where)
     if not as_file:
         if out.exists() and not out.is_dir():
             raise GptspeedError(
                 f"--out {out} is a file: name a FILE.pt to write, or a folder to receive ckpt_{step:08d}.pt"
             )
         refuse_checkpoints(out, "choose a new or empty folder, or a FILE.pt")
-        refuse_foreign_folder(out)
         for name in ("config.json", "metrics.jsonl"):
             mine, theirs = run_dir / name, out / name
             if (theirs.exists() or theirs.is_symlink()) and not (
@@ -78,6 +103,7 @@ def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Pat
                     f"--out {out} already holds a {name} that is not {run_dir}'s: consolidate never "
                     "overwrites another run's files; choose a new or empty folder"
                 )
+        refuse_foreign_folder(out)
         return checkpoint_path(out, step)
     if out.is_dir():
         raise GptspeedError(
@@ -128,7 +154,7 @@ def consolidate(run: Path, out: Path, force: bool = False) -> Path:
     if not is_sharded(src):
         raise GptspeedError(f"{src} is already a single-file checkpoint: nothing to consolidate")
     meta = load_checkpoint(src, verify=False)
-    out = Path(out)
+    out = real_path(out)  # new/../victim is victim: checked as the folder the system will write
     target = _consolidate_target(out, run_dir, meta["step"], force)
     full = load_full(src)
     state = {k: v for k, v in meta.items() if k not in ("format", "format_version", "sharded")}

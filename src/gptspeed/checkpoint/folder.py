@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
-from gptspeed.checkpoint.paths import LOCK_NAME, OWN_NAMES, STALE_NAMES, list_checkpoints
+from gptspeed.checkpoint.paths import CKPT_RE, LOCK_NAME, OWN_NAMES, STALE_NAMES, list_checkpoints
 from gptspeed.errors import GptspeedError
 from gptspeed.locks import FolderLock
+from gptspeed.paths import real_path
 
 
 def estimate_checkpoint_bytes(model, optimizer_states: int = 2) -> int:
@@ -55,15 +57,21 @@ def run_lock(run_dir: str | os.PathLike) -> FolderLock:
 
 
 def _is_own_config(path: Path) -> bool:
-    """Whether ``path`` is a config.json gptspeed wrote (a run's, or an imported model's): a JSON
-    object with the ``model`` and ``train`` groups of a RunConfig."""
+    """Whether ``path`` is a config.json gptspeed wrote: a JSON object with the ``model`` and ``train``
+    groups of a RunConfig and what only gptspeed adds beside them -- a run's ``derived`` entries
+    naming its run id (:func:`gptspeed.runinfo.write_run_config`), or an imported model's ``source``
+    (``import-hf``). Another program's file with ``model`` and ``train`` keys is not taken for one."""
     from gptspeed.fileio import read_user_json
 
     try:
         doc = read_user_json(path, "config", max_bytes=1 << 20)
     except GptspeedError:
         return False
-    return isinstance(doc.get("model"), dict) and isinstance(doc.get("train"), dict)
+    if not (isinstance(doc.get("model"), dict) and isinstance(doc.get("train"), dict)):
+        return False
+    derived = doc.get("derived")
+    run_id = derived.get("run_id") if isinstance(derived, dict) else None
+    return (isinstance(run_id, str) and bool(run_id)) or isinstance(doc.get("source"), dict)
 
 
 def _is_own_metrics(path: Path) -> bool:
@@ -84,20 +92,58 @@ def _is_own_metrics(path: Path) -> bool:
     return isinstance(record, dict) and type(record.get("step")) is int
 
 
+# gptspeed's names that a user's folder may hold too (a JSON-lines log, TensorBoard's or W&B's folder): gptspeed's own
+# only in a run folder -- beside a checkpoint or a config.json of gptspeed's (written before any of them)
+_RUN_ONLY_NAMES = frozenset({"metrics.jsonl", "tensorboard", "wandb", "wandb_run_id"})
+
+
 def foreign_entries(folder: Path) -> list[str]:
-    """The entries of ``folder`` that gptspeed does not write in a run folder (:data:`OWN_NAMES`,
-    :data:`STALE_NAMES`, a ``config.json`` / ``metrics.jsonl`` of gptspeed's own form), sorted.
-    An unreadable folder counts as foreign."""
+    """The entries of ``folder`` that gptspeed does not write in a run folder, sorted: any name but
+    :data:`OWN_NAMES` and :data:`STALE_NAMES`; a ``config.json`` not of gptspeed's form
+    (:func:`_is_own_config`); and ``metrics.jsonl`` (unless of gptspeed's form: a first record with an
+    integer ``step``), ``tensorboard``, ``wandb`` and ``wandb_run_id`` unless beside a checkpoint or
+    gptspeed's ``config.json`` -- names a folder of the user's may hold, which alone never make it a
+    run's. An unreadable folder counts as foreign."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
         return [f"(unreadable: {e.strerror or e})"]
     out = [n for n in names if not (OWN_NAMES.match(n) or STALE_NAMES.match(n))]
-    if "config.json" in names and not _is_own_config(folder / "config.json"):
+    own_config = "config.json" in names and _is_own_config(folder / "config.json")
+    if "config.json" in names and not own_config:
         out.append("config.json")
-    if "metrics.jsonl" in names and not _is_own_metrics(folder / "metrics.jsonl"):
+    if not (own_config or any(CKPT_RE.match(n) for n in names)):
+        out += [n for n in names if n in _RUN_ONLY_NAMES and n not in out]
+    elif "metrics.jsonl" in names and not _is_own_metrics(folder / "metrics.jsonl"):
         out.append("metrics.jsonl")
     return sorted(out)
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a gptspeed run's: it holds a checkpoint, a checkpoint's seal, the run
+    folder's lock or a ``config.json`` of gptspeed's (:func:`_is_own_config`) -- what a user's files
+    cannot be mistaken for."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    if any(_RUN_MARKS.match(n) for n in names):
+        return True
+    return "config.json" in names and _is_own_config(Path(folder) / "config.json")
+
+
+_RUN_MARKS = re.compile(r"^(ckpt_\d{8}\.(pt|dcp|json)|\.gptspeed\.lock)$")
+
+
+def climbs_out_of_missing(path: Path) -> Path | None:
+    """The folder that a ``..`` of ``path`` climbs out of when it does not exist yet (``new`` in
+    ``new/../victim``: checked as written, such a path is missing, though once ``new`` is made it is
+    ``victim``), else None."""
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        if part == ".." and i and not os.path.lexists(Path(*parts[:i])):
+            return Path(*parts[:i])
+    return None
 
 
 def refuse_foreign_folder(folder: Path, what: str = "--out") -> None:
@@ -142,6 +188,12 @@ class RunFolder:
     def open(self) -> None:
         if not self.is_main:
             return
+        missing = climbs_out_of_missing(self.path)
+        if missing is not None:
+            raise GptspeedError(
+                f"--out {self.path} climbs out of {missing}, which does not exist, with '..': give the run "
+                f"folder's own path ({real_path(self.path)})"
+            )
         refuse_foreign_folder(self.path)  # before anything is written into it
         try:
             self.created = not self.path.exists()

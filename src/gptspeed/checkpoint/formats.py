@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -239,8 +240,14 @@ def load_latest_run(run_dir: Path, map_location: Any = "cpu") -> tuple[dict[str,
 
 
 def load_latest(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """The newest valid checkpoint in ``run_dir``; GptspeedError if the folder has none."""
+    """The newest valid checkpoint in ``run_dir``; GptspeedError if the folder has none. When newer
+    ones fail their check (unsealed, an unreadable or mismatched seal, damaged), one line on stderr
+    names them and why, and the one used (as ``--resume`` does): ``sample``, ``eval`` and
+    ``export-hf`` never fall back to an older model without a word."""
     path, skipped = latest_valid_checkpoint(run_dir)
+    if path is not None and skipped:
+        why = ", ".join(f"{p.name} ({reason})" for p, reason in skipped)
+        print(f"skipping {why}: using {path.name}, the newest valid checkpoint", file=sys.stderr, flush=True)
     if path is None:
         if not Path(run_dir).is_dir():
             raise GptspeedError(f"run folder {run_dir} does not exist")

@@ -297,6 +297,35 @@ def embedded_bytes(corpus: Corpus) -> bytes:
         ) from None
 
 
+def mirror_file(rel: str) -> Path | None:
+    """``$GPTSPEED_DATA_MIRROR/rel`` when the mirror is set and holds it as a regular file (a link to
+    one is followed); None when it is not set or holds nothing under that name. GptspeedError (one
+    line naming it) when something else stands there -- a folder, a FIFO (reading it would block), a
+    device such as ``/dev/zero`` (endless), a broken link: never taken for an absent file."""
+    import stat
+
+    mirror = os.environ.get(MIRROR_ENV)
+    if not mirror:
+        return None
+    path = Path(mirror).expanduser() / rel
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        what = "a broken link" if isinstance(e, FileNotFoundError) else f"unreadable ({e.strerror or e})"
+    else:
+        if stat.S_ISREG(mode):
+            return path
+        what = (
+            "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file (a device?)"
+        )
+    raise GptspeedError(
+        f"{path} in the mirror ({MIRROR_ENV}) is {what}, not the file {rel}: put the file there, or remove "
+        "the entry to fetch it"
+    )
+
+
 def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
     """Local, sha256-verified paths of the files of the named corpus ``name``, sorted.
 
@@ -312,7 +341,7 @@ def corpus_files(name: str, *, progress: bool = True) -> list[Path]:
     corpus = CORPORA[name]
     rels = sorted(corpus.files)
     mirror = os.environ.get(MIRROR_ENV)
-    if mirror and all((Path(mirror) / rel).is_file() for rel in rels):
+    if mirror and all([mirror_file(rel) is not None for rel in rels]):  # every entry checked: a FIFO is named
         for rel in rels:
             actual = sha256_file(Path(mirror) / rel)
             if actual != corpus.files[rel]:
@@ -436,15 +465,33 @@ def shard_corpus_files(name: str, files: list[str], *, progress: bool = True) ->
             'gptspeed[hf]'``), the repo or file does not exist, or every attempt failed.
     """
     corpus = SHARD_CORPORA[name]
-    mirror = os.environ.get(MIRROR_ENV)
-    found: list[ShardFile] = []
-    for file in files:
-        rel = f"{corpus.name}/{file}"
-        if mirror and (Path(mirror) / rel).is_file():
-            found.append(ShardFile(rel, Path(mirror) / rel, "mirror"))
-        else:
-            found.append(_hub_file(corpus, rel, progress))
-    return found
+    rels = [f"{corpus.name}/{file}" for file in files]
+    in_mirror = [mirror_file(rel) for rel in rels]  # every entry first: a FIFO or a folder is named at once
+    return [
+        ShardFile(rel, path, "mirror") if path is not None else _hub_file(corpus, rel, progress)
+        for rel, path in zip(rels, in_mirror)
+    ]
+
+
+HUB_PROBE_TIMEOUT_S = 5.0
+"""Seconds :func:`hub_unreachable` waits for the Hub to answer before calling it unreachable."""
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub (``$HF_ENDPOINT``, default https://huggingface.co) cannot be reached
+    from here -- one request, answered or refused within :data:`HUB_PROBE_TIMEOUT_S` (through the
+    proxies the environment names) -- or None when it answers (any HTTP status) or cannot be asked
+    (requests missing): offline, a shard the mirror lacks is said at once, not after every retry."""
+    try:
+        import requests
+    except ImportError:
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        requests.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S, allow_redirects=False).close()
+    except (requests.exceptions.RequestException, OSError, ValueError) as e:
+        return f"{endpoint}: {' '.join(str(e).split())}"[:300]
+    return None
 
 
 def _hub_error_kinds() -> tuple[tuple[type, ...], tuple[type, ...]]:
@@ -484,6 +531,18 @@ def _hub_file(corpus: ShardCorpus, rel: str, progress: bool) -> ShardFile:
             f"installed: pip install 'gptspeed[hf]', {where}"
         ) from None
     final, not_cached = _hub_error_kinds()
+    if not _hub_offline() and (unreachable := hub_unreachable()) is not None:
+        try:  # offline: a file huggingface_hub's cache holds is used as it is, else one line at once
+            path = huggingface_hub.hf_hub_download(
+                repo_id=corpus.repo, filename=file, repo_type="dataset", local_files_only=True
+            )
+            return _from_hub_cache(rel, Path(path))
+        except Exception:  # not in the cache (LocalEntryNotFoundError), or a cache that cannot be read
+            lacks = f"{os.environ[MIRROR_ENV]} (the mirror) holds no {rel}, and " if os.environ.get(MIRROR_ENV) else ""
+            raise GptspeedError(
+                f"cannot get {file}: {lacks}the Hugging Face Hub cannot be reached ({unreachable}): run again where "
+                f"it can, {where}"
+            ) from None
     quiet = not progress and not huggingface_hub.utils.are_progress_bars_disabled()
     if quiet:
         huggingface_hub.utils.disable_progress_bars()

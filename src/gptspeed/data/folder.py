@@ -135,6 +135,21 @@ def foreign_entries(folder: Path) -> list[str]:
     return [n for n in names if not (OWN_NAMES.fullmatch(n) or n in _IGNORED)]
 
 
+def is_data_folder(folder: Path) -> bool:
+    """Whether ``folder`` is one ``gptspeed prepare`` wrote (or is writing): it holds gptspeed's
+    manifest, or a shard or file under a name of prepare's own (:data:`OWN_NAMES`) -- not merely some
+    ``*.bin`` file of the user's."""
+    from gptspeed.data import MANIFEST_NAME
+
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    if MANIFEST_NAME in names and _own_manifest(Path(folder), names):
+        return True
+    return any(OWN_NAMES.fullmatch(n) for n in names)
+
+
 def check_prepare_target(out: Path) -> None:
     """GptspeedError (one line, before anything is written) when ``gptspeed prepare`` must not
     write into ``out``: the root folder, the home folder, or an existing folder holding files

@@ -429,3 +429,32 @@ def test_two_tunes_on_one_out_the_second_is_refused_naming_the_first(tmp_path):
             tune_mod.open_tune_folder(out, force=True)
     finally:
         held.release()
+
+
+def test_a_stop_signal_ends_the_running_row_and_keeps_the_rows_so_far_marked_interrupted(tmp_path, monkeypatch):
+    """Ctrl-C as a terminal sends it (SIGINT to the process group) did not stop `bench tune`: rows went on until
+    a SIGKILL. Now the running row's worker is ended, the rows so far are written marked interrupted, no
+    tuned.yaml, and the command exits 128 + the signal with one line."""
+    import os
+    import signal
+
+    worker = FakeWorker()
+
+    def stopped_in_the_second_row(spec, log_path, timeout=None, cache_dir=None, stop=None):
+        if len(worker.calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the terminal's Ctrl-C, during the row
+            assert stop()  # the flag run_worker polls
+            return {"status": "stopped", "reason": "stopped by a signal before it finished"}
+        return worker(spec, log_path, timeout, cache_dir)
+
+    stopped_in_the_second_row.clock = worker.clock
+    knobs = (knob("compile", [{"compile": True}]), knob("loss", [{"loss": "plain"}]))
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(tune_mod.TuneStopped, match="tune stopped by SIGINT; .*tune.json and tune.md hold the 2 rows"):
+        tune(tmp_path, monkeypatch, stopped_in_the_second_row, knobs)
+    assert signal.getsignal(signal.SIGINT) is handler  # the tune's handlers are gone again
+    out = tmp_path / "tune"
+    res = json.loads((out / "tune.json").read_text())
+    assert [(r["name"], r["verdict"]) for r in res["rows"]] == [("yours", "yours"), ("compile=True", "interrupted")]
+    assert res["interrupted"] == "SIGINT" and not res["complete"] and not (out / "tuned.yaml").exists()
+    assert "interrupted by SIGINT" in (out / "tune.md").read_text()

@@ -146,10 +146,14 @@ def _race(cls: type, values: dict, command: str) -> int:
 def _tune(cls: type, values: dict, command: str) -> int:
     """``bench tune``: your run of ``--preset``, ``--config``, the shape flags and ``--flags`` (parsed as
     ``gptspeed train`` parses them), then :func:`gptspeed.bench.tune.run_tune`."""
-    from gptspeed.bench.tune import run_tune, your_run
+    from gptspeed.bench.tune import TuneStopped, run_tune, your_run
 
     run, data, device = your_run(values)
-    result = run_tune(cls(**{**values, "data": data, "device": device}, run=run), command=command)
+    try:
+        result = run_tune(cls(**{**values, "data": data, "device": device}, run=run), command=command)
+    except TuneStopped as e:  # one line, and the signal's status, as gptspeed train exits
+        print(f"gptspeed bench: {e}", file=sys.stderr)
+        return 128 + e.signum
     print(f"tuned configuration: {result['best_flags']} -> {result['tuned_yaml']}\ntrain it: {result['train_command']}")
     return 0
 

@@ -43,6 +43,7 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +195,7 @@ class Tuner:
         self.resolved: dict[str, Any] = {}  # your run's auto settings as they ran here (after your row)
         self.best_row: dict[str, Any] | None = None
         self.tuned: dict[str, str] = {}  # tuned.yaml's path and the command that trains it, once written
+        self.stop, self.interrupted = (lambda: False), None  # the stop signals' flag while searching; its name
         b = user.train.batch_size
         self.spec0 = StageSpec(
             name=YOURS,
@@ -232,6 +234,9 @@ class Tuner:
             "kept": False,
         }
         self.rows.append(row)
+        if self.stop():
+            self.rows.pop()
+            raise TuneStopped(self.stop.signum or signal.SIGINT)
         refusal = rule_refusal(self.cfg.run, self.state.best, delta) if delta else None
         if refusal:
             return self._verdict(row, "not applicable", refusal)
@@ -250,8 +255,11 @@ class Tuner:
         )
         t = monotonic()
         timeout = self.left()
-        result = run_worker(spec, self.out / "logs" / f"{name}.log", timeout, cache_dir=cache)
+        result = run_worker(spec, self.out / "logs" / f"{name}.log", timeout, cache_dir=cache, stop=self.stop)
         row["wall_s"] = monotonic() - t
+        if result["status"] == "stopped" or self.stop():
+            self._verdict(row, "interrupted", f"stopped by {self.stop.name()} before it finished")
+            raise TuneStopped(self.stop.signum or signal.SIGINT)
         self._judge(row, result, cut=row["wall_s"] >= timeout - 1)
         report.say("    " + self._progress(row))
         self.save(complete=False)
@@ -335,6 +343,7 @@ class Tuner:
     # ------------------------------------------------------------------ the search
     def run(self) -> dict[str, Any]:
         cache = Path(tempfile.mkdtemp(prefix="gptspeed-tune-cache-"))
+        self.stop = tune_stop_flag()
         try:
             mine = self.measure(YOURS, "", {}, cache)
             if mine["verdict"] != YOURS:
@@ -349,7 +358,14 @@ class Tuner:
             self.resolved = {k: self.state.resolved(k) for k in RESOLVED}
             self.search(cache)
             return self.finish()
+        except TuneStopped as e:  # the rows so far kept, marked interrupted; no tuned.yaml (the search did not end)
+            self.interrupted = signal.Signals(e.signum).name
+            self.save(complete=False)
+            raise TuneStopped(
+                e.signum, f"{self.out}/tune.json and tune.md hold the {len(self.rows)} rows so far"
+            ) from None
         finally:
+            self.stop.restore()
             shutil.rmtree(cache, ignore_errors=True)
             self.lock.release()  # the report is written: another tune may take the folder
 
@@ -437,6 +453,7 @@ class Tuner:
             "best": self.state.best,
             "best_flags": describe(self.state.best),
             "rows": self.rows,
+            "interrupted": self.interrupted,
             **self.tuned,
         }
 
@@ -473,6 +490,30 @@ class Tuner:
         return f"{row['verdict']}: {row['tokens_per_s']:,.0f} tokens/s{vs}" + (
             f" ({row['reason']})" if row["reason"] else ""
         )
+
+
+class TuneStopped(GptspeedError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended ``bench tune``: the running row's worker was ended and the
+    rows finished so far written, marked interrupted. ``signum``: the signal; the command exits 128 + it."""
+
+    def __init__(self, signum: int, kept: str = ""):
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"tune stopped by {name}" + (f"; {kept} (no tuned.yaml: the search did not end)" if kept else "")
+        )
+        self.signum = signum
+
+
+def tune_stop_flag():
+    """The stop signals' flag of a search (:class:`gptspeed.signals.StopFlag`, its notice in the tune's words),
+    with ``name()``: the signal's name."""
+    from gptspeed.signals import StopFlag
+
+    flag = StopFlag(
+        say=lambda msg, **_: report.say(msg.strip()), doing="ending the running row and writing the rows so far"
+    )
+    flag.name = lambda: signal.Signals(flag.signum).name if flag.signum else "a signal"
+    return flag
 
 
 def _sha256(text: str) -> str:

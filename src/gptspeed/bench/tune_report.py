@@ -18,6 +18,7 @@ VERDICTS = (
     "failed",
     "cut by --budget-s",
     "not tried",
+    "interrupted",
 )
 
 
@@ -65,7 +66,13 @@ def tune_markdown(res: dict[str, Any]) -> str:
         f"sequences (the same for every row, regrouped into each row's micro-batch); {c['warmup']} warm-up + "
         f"{c['steps']} timed steps a row, each in a fresh process from the same weights on the same batches; "
         f"data: {data}. Budget {c['budget_s']:g} s ({res['elapsed_s']:.0f} s used"
-        + ("" if res["complete"] else ", still running or cut short")
+        + (
+            ""
+            if res["complete"]
+            else f", interrupted by {res['interrupted']}"
+            if res.get("interrupted")
+            else ", still running or cut short"
+        )
         + ").",
         "",
         f"Command: `{env['command']}`",

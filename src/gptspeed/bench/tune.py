@@ -422,27 +422,7 @@ class Tuner:
         for r in self.rows:
             if ref and r.get("ms_median"):
                 r["vs_yours"] = ref["ms_median"] / r["ms_median"]
-        u = self.cfg.run
-        config = {
-            "preset": u.preset,
-            "n_layer": u.model.n_layer,
-            "n_head": u.model.n_head,
-            "n_embd": u.model.n_embd,
-            "seq_len": u.model.block_size,
-            "batch_size": u.train.batch_size,
-            "grad_accum": u.grad_accum_steps(1),
-            "measured_sequences": self.state.sequences,
-            "steps": self.cfg.steps,
-            "warmup": self.cfg.warmup,
-            "data": self.cfg.data,
-            "budget_s": self.cfg.budget_s,
-            "min_gain": MIN_GAIN,
-            "knobs": [
-                {"name": k.name, "gain": list(k.gain), "cost": k.cost, "source": k.source}
-                for k in knobs_for(self.device)
-            ],
-            "resolved": self.resolved,
-        }
+        config = config_record(self)
         return {
             "format": "gptspeed-tune",
             "format_version": 1,
@@ -490,6 +470,31 @@ class Tuner:
         return f"{row['verdict']}: {row['tokens_per_s']:,.0f} tokens/s{vs}" + (
             f" ({row['reason']})" if row["reason"] else ""
         )
+
+
+def config_record(tuner: Tuner) -> dict[str, Any]:
+    """tune.json's ``config``: your run's shape and batch, the measured step, the search's settings, the knobs
+    tried on this device (priors and sources), and what your run's ``auto`` settings resolved to here."""
+    u = tuner.cfg.run
+    return {
+        "preset": u.preset,
+        "n_layer": u.model.n_layer,
+        "n_head": u.model.n_head,
+        "n_embd": u.model.n_embd,
+        "seq_len": u.model.block_size,
+        "batch_size": u.train.batch_size,
+        "grad_accum": u.grad_accum_steps(1),
+        "measured_sequences": tuner.state.sequences,
+        "steps": tuner.cfg.steps,
+        "warmup": tuner.cfg.warmup,
+        "data": tuner.cfg.data,
+        "budget_s": tuner.cfg.budget_s,
+        "min_gain": MIN_GAIN,
+        "knobs": [
+            {"name": k.name, "gain": list(k.gain), "cost": k.cost, "source": k.source} for k in knobs_for(tuner.device)
+        ],
+        "resolved": tuner.resolved,
+    }
 
 
 class TuneStopped(GptspeedError):

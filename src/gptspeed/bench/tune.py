@@ -33,8 +33,13 @@ again; the cache is removed at the end.
 ``--budget-s`` bounds the whole search: a candidate starts only while the budget holds at least
 half the time your row took, and runs with what is left as its timeout; the rest are listed as
 "not tried". ``tune.json`` and ``tune.md`` are written after every row, atomically; ``tuned.yaml``
-(your configuration with the kept deltas, as ``--print-config`` writes it) at the end, with the
-command that trains it.
+(your configuration with the kept deltas, as ``--print-config`` writes it, on the data and device the
+tune measured) at the end, with the command that trains it.
+
+Nothing of yours is written over: ``--out`` is locked for the search (one tune at a time), an earlier
+tune's files are replaced only with ``--force`` and a file of those names no tune wrote never
+(:func:`open_tune_folder`). A stop signal ends the running row and keeps the rows so far, marked
+interrupted (:class:`TuneStopped`: the command exits 128 + the signal).
 """
 
 from __future__ import annotations

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +151,94 @@ def test_a_stream_that_fails_or_ends_saves_the_last_finished_step(tmp_path):
     ):
         _stream_run(short, run2)
     assert len(list_checkpoints(run2)) == 1
+
+
+# ------------------------------------------------------------------------ stop signals
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """The handlers of the stop signals as they were, after a run a signal stopped in this process
+    (it leaves SIGTERM and SIGHUP ignored, and SIGINT its own, until the process exits)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def _killed_compiler(sig: int) -> Exception:
+    """What a compile raises when a signal sent to the whole process group (a terminal's Ctrl-C,
+    ``timeout``'s SIGTERM) reached this process and killed the C++ compiler inductor was running:
+    the signal is delivered here, and the compile fails with inductor's ``CppCompileError``."""
+    from torch._inductor.exc import CppCompileError
+
+    os.kill(os.getpid(), sig)
+    return CppCompileError(["g++", "kernel.cpp", "-o", "kernel.so"], "")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_step_that_raises_as_a_stop_signal_arrives_is_left_and_the_last_finished_step_saved(
+    shakespeare_data, tmp_path, monkeypatch, sig, code
+):
+    """Ctrl-C while torch.compile built a step's kernels also killed its compiler: the step raised
+    CppCompileError, a traceback, and the steps since the last checkpoint were lost. Now a step that
+    raises once a stop signal arrived is left as the stop leaves a step: the last finished step saved,
+    the signal's status and its resume line, the exception named in one line, no traceback."""
+    from gptspeed.step import TrainStep
+
+    real, calls = TrainStep.forward_backward, []
+
+    def compiler_killed_in_step_3(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise _killed_compiler(sig)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(TrainStep, "forward_backward", compiler_killed_in_step_3)
+    run = tmp_path / "run"
+    with _signal_handlers_kept():
+        res = run_main(
+            "train", *TINY_FLAGS, "--max-steps", "50", "--save-every", "0",
+            "--data", str(shakespeare_data), "--out", str(run),
+        )  # fmt: skip
+    assert res.returncode == code, res.stderr
+    assert "Traceback" not in res.stderr and "C++ compile error" not in res.stdout + res.stderr
+    assert "step 3 was left in its micro-batch 1 of 1, which raised CppCompileError as the stop arrived" in res.stdout
+    assert f"stopped at step 2; checkpoint saved in {run}. Resume with:" in res.stdout
+    (ck,) = list_checkpoints(run)
+    assert check_checkpoint(ck) is None and load_checkpoint(ck)["step"] == 2
+    assert load_checkpoint(ck)["loader"]["batches"] == 2  # rewound: a resume redoes step 3 from its batch
+
+
+def test_an_evaluation_that_raises_as_a_stop_signal_arrives_is_left_and_its_step_saved(
+    shakespeare_data, tmp_path, monkeypatch
+):
+    """The first val loss of a compiled run compiles its no-grad graph: a Ctrl-C then killed the compiler
+    and the evaluation's traceback lost the steps since the last checkpoint. Now the evaluation is left,
+    said in one line, and the step it followed saved."""
+    from gptspeed.eval.during import RunEvaluator
+
+    real, calls = RunEvaluator.val_loss, []
+
+    def compiler_killed_at_the_second_eval(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:  # the first is step 0's
+            raise _killed_compiler(signal.SIGINT)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(RunEvaluator, "val_loss", compiler_killed_at_the_second_eval)
+    run = tmp_path / "run"
+    with _signal_handlers_kept():
+        res = run_main(
+            "train", *TINY_FLAGS, "--max-steps", "50", "--save-every", "0", "--eval-every", "2",
+            "--data", str(shakespeare_data), "--out", str(run),
+        )  # fmt: skip
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "the val loss after step 2 was left: it raised CppCompileError as the stop arrived" in res.stdout
+    assert "stopped at step 2; checkpoint saved" in res.stdout
+    (ck,) = list_checkpoints(run)
+    assert check_checkpoint(ck) is None and load_checkpoint(ck)["step"] == 2
 
 
 # ----------------------------------------------------------------------------- folders

@@ -21,10 +21,10 @@ class StopFlag:
 
     SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
-    def __init__(self, say=print, *, ranks: bool = False):
+    def __init__(self, say=print, *, ranks: bool = False, doing: str | None = None):
         self.signum: int | None = None
         self.say = say
-        self.doing = (
+        self.doing = doing or (  # what the notice says is done now (another command than train: its own words)
             "finishing this step; the ranks stop together at the next log step and save"
             if ranks
             else "leaving this step at its next micro-batch and saving the last finished one"

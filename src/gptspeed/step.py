@@ -258,11 +258,14 @@ def check_step(cfg: RunConfig, rt: Runtime, accum: int) -> None:
 class StepAbandoned(Exception):
     """A step left unfinished on a stop signal (:meth:`TrainStep.__call__`): ``done`` of its
     ``accum`` micro-batches had run; their gradients were dropped and nothing was stepped, so the
-    weights and optimizer state are those of the last finished step."""
+    weights and optimizer state are those of the last finished step. ``failed``: the exception a
+    micro-batch raised after the stop was asked (e.g. inductor's ``CppCompileError`` when the
+    signal, sent to the whole process group, also killed the C++ compiler building its kernels),
+    or None when the step was left between micro-batches."""
 
-    def __init__(self, done: int, accum: int):
+    def __init__(self, done: int, accum: int, failed: BaseException | None = None):
         super().__init__(f"step abandoned after {done} of {accum} micro-batches")
-        self.done, self.accum = done, accum
+        self.done, self.accum, self.failed = done, accum, failed
 
 
 class TrainStep:
@@ -338,7 +341,11 @@ class TrainStep:
         ``stop`` (one process only: a rank that left the step alone would leave the others waiting
         in its gradient all-reduce) is asked before each micro-batch: when it says True the step is
         abandoned -- the gradients accumulated so far are dropped, nothing is stepped -- and
-        :class:`StepAbandoned` is raised, so a stop signal waits for one micro-batch, not a whole step."""
+        :class:`StepAbandoned` is raised, so a stop signal waits for one micro-batch, not a whole step.
+        A micro-batch that raises once ``stop`` says True (a terminal's Ctrl-C or ``timeout``'s SIGTERM
+        reach the whole process group, so the compiler children of a compile under way die with it)
+        is left the same way, the exception kept as ``StepAbandoned.failed``: the signal's stop, not a
+        crash. Running out of memory is never taken for the stop (it is its own one line)."""
         accum = self.accum if accum is None else accum
         loss = torch.zeros((), device=self.rt.device)
         for i in range(accum):
@@ -346,7 +353,13 @@ class TrainStep:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise StepAbandoned(i, accum)
             x, y = next_batch()
-            loss += self.forward_backward(x, y, last_micro_step=i == accum - 1, accum=accum, seq_len=seq_len)
+            try:
+                loss += self.forward_backward(x, y, last_micro_step=i == accum - 1, accum=accum, seq_len=seq_len)
+            except Exception as e:
+                if stop is None or not stop() or is_out_of_memory(e):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                raise StepAbandoned(i, accum, failed=e) from e
         grad_norm, bad = self.optimizer_step(loss)
         return loss, grad_norm, bad
 

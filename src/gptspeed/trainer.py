@@ -286,9 +286,19 @@ class Trainer:
         self.state.skipped_steps += self.divergence.check(self.state.skipped_steps, self.step, good, self.say)
 
     def evaluate(self, stop: Callable[[], bool] | None = None) -> float | None:
-        """The val loss now (:meth:`gptspeed.eval.during.RunEvaluator.val_loss`); out of memory is one line."""
-        with out_of_memory_as_one_line(self, f"the val loss after step {self.step}"):
-            return self.evals.val_loss(stop)
+        """The val loss now (:meth:`gptspeed.eval.during.RunEvaluator.val_loss`); out of memory is one line.
+        None when ``stop`` interrupted it -- also when it raised once a stop signal had arrived in one
+        process (its first compile's C++ compiler killed by the same signal): the step before it is
+        finished, and the loop saves it at the next step's start (:func:`save_after_leaving_a_step`)."""
+        where = f"the val loss after step {self.step}"
+        with out_of_memory_as_one_line(self, where):
+            try:
+                return self.evals.val_loss(stop)
+            except Exception as e:
+                if is_out_of_memory(e) or self.stop is None or self.stop.mid_step is None or not self.stop():
+                    raise
+                self.say(f"{where} was left: it raised {failure_name(e)} as the stop arrived")
+                return None
 
     # --------------------------------------------------------------------------------- run
     def train(self) -> dict[str, Any]:
@@ -446,13 +456,26 @@ def save_after_leaving_a_step(trainer: Trainer, left: StepAbandoned, at: Any) ->
     again), say so, and save the last finished step unless it is saved already (a resumed run that
     did no step) or there is none (step 0)."""
     trainer.loader.rewind(at)
-    if left.done:
+    if left.failed is not None:  # the signal also stopped work the process does not control (a compiler)
+        trainer.say(
+            f"step {trainer.step + 1} was left in its micro-batch {left.done + 1} of {left.accum}, which raised "
+            f"{failure_name(left.failed)} as the stop arrived: a resume redoes it from the same batches"
+        )
+    elif left.done:
         trainer.say(
             f"step {trainer.step + 1} was left after {left.done} of its {left.accum} micro-batches: "
             "a resume redoes it from the same batches"
         )
     if trainer.step > 0 and not checkpoint_path(trainer.run_dir, trainer.step).exists():
         trainer.checkpointer.save(trainer.step)
+
+
+def failure_name(e: BaseException) -> str:
+    """``e`` in a few words, for a line: its class, and the class it wraps when it is inductor's wrapper
+    (``InductorError: CppCompileError``), never the compiler's command line and output."""
+    name = type(e).__name__
+    inner = getattr(e, "inner_exception", None) or e.__cause__
+    return f"{name} ({type(inner).__name__})" if inner is not None and type(inner) is not type(e) else name
 
 
 @contextlib.contextmanager

@@ -23,7 +23,8 @@ ARM = "a=--max-steps 4 --dtype float32 --n-layer 1 --n-head 2 --n-embd 32 --seq-
 
 #: a stand-in for ``gptspeed train`` (python -c FAKE MODE RUN_DIR): ``finish`` writes a finished run's
 #: metrics; ``train`` waits for SIGTERM, then saves a checkpoint and exits 143, as train does; ``deaf``
-#: ignores SIGTERM
+#: ignores SIGTERM; ``crash`` crashes on it (its compile failing under the signal, in a train of before
+#: issue 56), printing a traceback, its run folder removed as a new run's that finished no step
 FAKE_TRAIN = """
 import json, os, signal, sys, time
 mode, run = sys.argv[1], sys.argv[2]
@@ -36,7 +37,14 @@ if mode == "finish":
 def save(signum, frame):
     open(os.path.join(run, "ckpt_00000003.pt"), "w").write("saved")
     sys.exit(128 + signum)
-signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "deaf" else save)
+def crash(signum, frame):
+    import shutil
+    shutil.rmtree(run)
+    print("Traceback (most recent call last):\\n  File 'train.py', line 1, in <module>\\n"
+          "torch._inductor.exc.InductorError: CppCompileError: C++ compile error\\n\\n"
+          "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace", flush=True)
+    sys.exit(1)
+signal.signal(signal.SIGTERM, {"deaf": signal.SIG_IGN, "crash": crash}.get(mode, save))
 print("training", os.getpid(), flush=True)
 time.sleep(120)
 """
@@ -192,6 +200,7 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
         (["--arm", "a=--lr 1", "--arm", "a=--lr 2"], "arm names must differ"),
         ([], "bench race needs arms"),
         (["--arms", "gpt2", "--seeds", "0"], "--seeds must be at least 1"),
+        (["--arm", 'a="--unclosed'], "No closing quotation"),  # an unbalanced quote: one line, no traceback
     ],
 )
 def test_bad_race_arguments_are_one_line(args, message, tmp_path):
@@ -349,14 +358,17 @@ def test_a_race_on_a_stream_without_a_val_split_is_refused(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("signum, mode", [("SIGTERM", "train"), ("SIGINT", "train"), ("SIGTERM", "deaf")])
+@pytest.mark.parametrize(
+    "signum, mode", [("SIGTERM", "train"), ("SIGINT", "train"), ("SIGTERM", "deaf"), ("SIGINT", "crash")]
+)
 def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(
     signum, mode, shakespeare_data, tmp_path, monkeypatch
 ):
     """Ctrl-C used to kill the training child 0.25 s after the signal, before its save; SIGTERM left
     it orphaned, training on. Now the running arm is sent SIGTERM (``gptspeed train`` saves its last
     finished step on it), the race waits for it -- at most STOP_WAIT_S, then kills it -- and ends
-    with one line and 128 + the signal."""
+    with one line and 128 + the signal. An arm that crashes as it stops is said to have crashed, with
+    its exception's line, its log kept and named (the race said "it saved and stopped")."""
     import os
     import signal
     import threading
@@ -386,6 +398,13 @@ def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(
     if mode == "train":
         assert "saved and stopped (exit 143), its last checkpoint is" in proc.stderr
         assert (out / "runs" / "a-seed0" / "ckpt_00000003.pt").read_text() == "saved"
+    elif mode == "crash":
+        assert "saved and stopped" not in proc.stderr and "Traceback" not in proc.stderr
+        assert (
+            "it crashed as it stopped (exit 1: torch._inductor.exc.InductorError: CppCompileError: C++ compile "
+            f"error), it had saved no checkpoint (log: {log})" in proc.stderr
+        )
+        assert "CppCompileError" in log.read_text()  # the traceback is kept, in the log
     else:
         assert "did not stop within 0.5 s and was killed" in proc.stderr
     assert "asked the running arm" in proc.stdout

@@ -130,7 +130,15 @@ def test_measured_step_divides_your_global_batch():
             ["--preset", "pico", "--synthetic", "--seed", "3", "--no-peers"],
             "unrecognized arguments: --seed 3 --no-peers",
         ),
-        (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be positive"),
+        (["--preset", "pico", "--synthetic", "--budget-s", "0"], "--budget-s must be a positive finite number"),
+        (["--preset", "pico", "--synthetic", "--budget-s", "inf"], "--budget-s must be a positive finite number"),
+        (["--preset", "pico", "--synthetic", "--budget-s", "nan"], "--budget-s must be a positive finite number"),
+        (["--preset", "pico", "--synthetic", "--budget-s=-5"], "--budget-s must be a positive finite number"),
+        (["--preset", "pico", "--synthetic", '--flags="--unclosed'], "--flags: No closing quotation"),
+        (["--preset", "pico", "--synthetic", "--flags=--resume"], "--flags: --resume is not a setting of the run"),
+        (["--preset", "pico", "--synthetic", "--flags=--print-config"], "--flags: --print-config"),
+        (["--preset", "pico", "--synthetic", "--flags=--out x"], "--flags: --out"),
+        (["--preset", "pico", "--device", "cpu", "--flags=--device cuda"], "--flags: --device cuda"),
     ],
 )
 def test_tune_bad_flags_are_one_line(tmp_path, args, fragment):
@@ -151,12 +159,15 @@ def test_tune_refuses_a_run_folder_and_the_ladder_refuses_tune_flags(tmp_path, c
 
 
 def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
+    """Every CPU knob's row in a real worker process, at a tiny shape (B=2 x T=16, one block of width 32:
+    the rows' time is their processes', not the model's), and the tuned.yaml it writes trains."""
     out = tmp_path / "tune"
     proc = run_cli(
         "bench",
         "tune",
         "--preset",
         "pico",
+        *("--n-layer", "1", "--n-embd", "32", "--seq-len", "16", "--batch-size", "2"),
         "--device",
         "cpu",
         "--synthetic",
@@ -185,7 +196,7 @@ def test_tune_on_the_cpu_end_to_end_and_its_tuned_yaml_trains(tmp_path):
     assert r["coordinate-descent"]["verdict"] == "not applicable" and "Triton" in r["coordinate-descent"]["reason"]
     assert res["config"]["resolved"]["sdpa_backend"] == "flash"  # auto resolved from your row's profile
     assert "Your run, resolved here:" in (out / "tune.md").read_text()
-    assert f"train it: gptspeed train --config {out}/tuned.yaml --out RUN_DIR" in proc.stdout
+    assert f"train it: gptspeed train --config {out}/tuned.yaml --data DATA_DIR --out RUN_DIR" in proc.stdout
     # the file trains as gptspeed train --config reads it (in this process: two more would each import torch)
     import torch
 
@@ -344,3 +355,106 @@ def test_every_row_compiles_into_one_shared_cache(tmp_path, monkeypatch):
     tune(tmp_path, monkeypatch, worker, knobs)
     assert len(worker.caches) == 3 and worker.caches[0] is not None and len(set(worker.caches)) == 1
     assert not worker.caches[0].exists()  # removed at the end
+
+
+def test_tuned_yaml_records_the_data_and_the_device_the_tune_measured(tmp_path, monkeypatch):
+    """tuned.yaml said ``data: ''`` (its train command trained on the shipped tiny Shakespeare) and the device
+    of your flags (``auto``, or a cuda it was not tuned on): now the data and device the rows ran on."""
+    from gptspeed.configure import config_from_flags
+
+    worker = FakeWorker()
+    monkeypatch.setattr(tune_mod, "run_worker", worker)
+    monkeypatch.setattr(tune_mod, "monotonic", worker.clock)
+    monkeypatch.setattr(tune_mod, "knobs_for", lambda device: ())
+    data = tmp_path / "data"
+    run = config_from_flags(["--preset", "pico"], "test")
+    cfg = tune_mod.TuneConfig(out=str(tmp_path / "t"), run=run, device="cpu", data=str(data), steps=3, warmup=1)
+    res = tune_mod.run_tune(cfg)
+    tuned = yaml.safe_load((tmp_path / "t" / "tuned.yaml").read_text())
+    assert tuned["train"]["data"] == str(data) and tuned["runtime"]["device"] == "cpu"
+    assert worker.calls[0].data == str(data)
+    assert res["train_command"] == f"gptspeed train --config {tmp_path / 't' / 'tuned.yaml'} --out RUN_DIR"
+
+
+def test_your_run_takes_the_device_and_data_of_your_flags_when_bench_names_none():
+    values = dict(flags="--device cpu --data /d", device="auto", data=None, synthetic=False, preset="pico")
+    run, data, device = tune_mod.your_run(values)
+    assert (data, device) == ("/d", "cpu")
+    with pytest.raises(GptspeedError, match="--flags: --data /d differs from bench's --data /e"):
+        tune_mod.your_run({**values, "data": "/e"})
+    with pytest.raises(GptspeedError, match="--synthetic measures random phrases"):
+        tune_mod.your_run({**values, "synthetic": True})
+
+
+def test_an_earlier_tune_is_replaced_only_with_force_and_files_it_did_not_write_never(tmp_path, monkeypatch):
+    """``bench tune --out`` wrote over an earlier tune's tune.md / tune.json / tuned.yaml and over a user's
+    files of those names, and refused --force. Now an earlier tune (recognised by tune.json's record of what it
+    wrote) is replaced only with --force; a file of those names it did not write is one line, untouched."""
+    knobs = (knob("compile", [{"compile": True}]),)
+    tune(tmp_path, monkeypatch, FakeWorker(), knobs)
+    out = tmp_path / "tune"
+    before = {n: (out / n).read_bytes() for n in ("tune.md", "tune.json", "tuned.yaml")}
+    with pytest.raises(
+        GptspeedError, match=r"holds an earlier tune \(tune\.md, tuned\.yaml, tune\.json\): pass --force"
+    ):
+        tune(tmp_path, monkeypatch, FakeWorker(), knobs)
+    assert {n: (out / n).read_bytes() for n in before} == before
+    monkeypatch.setattr(tune_mod, "run_worker", FakeWorker())
+    run = tune_mod.TuneConfig(
+        out=str(out), run=preset("pico"), device="cpu", steps=3, warmup=1, force=True, budget_s=1000.0
+    )
+    assert tune_mod.run_tune(run)["complete"]  # replaced
+    (out / "tuned.yaml").write_text("# my own edits\n" + (out / "tuned.yaml").read_text())
+    with pytest.raises(GptspeedError, match="holds tuned.yaml, which no earlier tune wrote .* even with --force"):
+        tune_mod.run_tune(run)
+    assert (out / "tuned.yaml").read_text().startswith("# my own edits")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "tune.md").write_text("my notes")
+    with pytest.raises(GptspeedError, match="holds tune.md, which no earlier tune wrote"):
+        tune_mod.run_tune(
+            tune_mod.TuneConfig(out=str(mine), run=preset("pico"), device="cpu", steps=3, warmup=1, force=True)
+        )
+    assert (mine / "tune.md").read_text() == "my notes"
+
+
+def test_two_tunes_on_one_out_the_second_is_refused_naming_the_first(tmp_path):
+    from gptspeed.checkpoint import run_lock
+
+    out = tmp_path / "t"
+    out.mkdir()
+    held = run_lock(out).acquire()  # as a first tune holds it
+    try:
+        with pytest.raises(GptspeedError, match=r"is in use by pid \d+ .*another `gptspeed bench tune`"):
+            tune_mod.open_tune_folder(out, force=True)
+    finally:
+        held.release()
+
+
+def test_a_stop_signal_ends_the_running_row_and_keeps_the_rows_so_far_marked_interrupted(tmp_path, monkeypatch):
+    """Ctrl-C as a terminal sends it (SIGINT to the process group) did not stop `bench tune`: rows went on until
+    a SIGKILL. Now the running row's worker is ended, the rows so far are written marked interrupted, no
+    tuned.yaml, and the command exits 128 + the signal with one line."""
+    import os
+    import signal
+
+    worker = FakeWorker()
+
+    def stopped_in_the_second_row(spec, log_path, timeout=None, cache_dir=None, stop=None):
+        if len(worker.calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the terminal's Ctrl-C, during the row
+            assert stop()  # the flag run_worker polls
+            return {"status": "stopped", "reason": "stopped by a signal before it finished"}
+        return worker(spec, log_path, timeout, cache_dir)
+
+    stopped_in_the_second_row.clock = worker.clock
+    knobs = (knob("compile", [{"compile": True}]), knob("loss", [{"loss": "plain"}]))
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(tune_mod.TuneStopped, match="tune stopped by SIGINT; .*tune.json and tune.md hold the 2 rows"):
+        tune(tmp_path, monkeypatch, stopped_in_the_second_row, knobs)
+    assert signal.getsignal(signal.SIGINT) is handler  # the tune's handlers are gone again
+    out = tmp_path / "tune"
+    res = json.loads((out / "tune.json").read_text())
+    assert [(r["name"], r["verdict"]) for r in res["rows"]] == [("yours", "yours"), ("compile=True", "interrupted")]
+    assert res["interrupted"] == "SIGINT" and not res["complete"] and not (out / "tuned.yaml").exists()
+    assert "interrupted by SIGINT" in (out / "tune.md").read_text()

@@ -24,7 +24,7 @@ class FakeWorker:
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, spec, log_path, timeout=None, cache_dir=None):
+    def __call__(self, spec, log_path, timeout=None, cache_dir=None, stop=None):
         self.calls.append(spec)
         self.caches.append(cache_dir)
         self.now += min(self.cost, timeout) if timeout is not None else self.cost

@@ -13,8 +13,6 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from gptspeed.errors import GptspeedError
-
 #: the old spelling's mode flags (``bench --race``), each the subcommand it now is
 OLD_MODE_FLAGS = {
     "--ladder": "ladder",
@@ -148,28 +146,14 @@ def _race(cls: type, values: dict, command: str) -> int:
 def _tune(cls: type, values: dict, command: str) -> int:
     """``bench tune``: your run of ``--preset``, ``--config``, the shape flags and ``--flags`` (parsed as
     ``gptspeed train`` parses them), then :func:`gptspeed.bench.tune.run_tune`."""
-    from gptspeed.bench.tune import run_tune
-    from gptspeed.configure import config_from_flags
+    from gptspeed.bench.tune import TuneStopped, run_tune, your_run
 
-    shape = {
-        "--n-layer": "n_layer",
-        "--n-head": "n_head",
-        "--n-embd": "n_embd",
-        "--seq-len": "seq_len",
-        "--batch-size": "batch_size",
-        "--preset": "preset",
-        "--config": "config_file",
-    }
-    base = [x for flag, name in shape.items() if values[name] is not None for x in (flag, str(values[name]))]
-    run = config_from_flags([*base, *shlex.split(values["flags"])], "bench tune", shown=shlex.split(values["flags"]))
-    data = values["data"] if values["data"] is not None else (run.train.data or None)
-    if values["synthetic"] or data is None:
-        if not values["synthetic"]:
-            raise GptspeedError(
-                "bench tune needs --data DIR (a folder from `gptspeed prepare`, or your run's) or --synthetic"
-            )
-        data = None
-    result = run_tune(cls(**{**values, "data": data}, run=run), command=command)
+    run, data, device = your_run(values)
+    try:
+        result = run_tune(cls(**{**values, "data": data, "device": device}, run=run), command=command)
+    except TuneStopped as e:  # one line, and the signal's status, as gptspeed train exits
+        print(f"gptspeed bench: {e}", file=sys.stderr)
+        return 128 + e.signum
     print(f"tuned configuration: {result['best_flags']} -> {result['tuned_yaml']}\ntrain it: {result['train_command']}")
     return 0
 

@@ -17,6 +17,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +156,11 @@ def _last_line(text: str) -> str:
 
 
 def run_worker(
-    spec: StageSpec, log_path: Path, timeout: float | None = None, cache_dir: Path | None = None
+    spec: StageSpec,
+    log_path: Path,
+    timeout: float | None = None,
+    cache_dir: Path | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Run one row in a fresh ``python -m gptspeed.bench`` process; its output goes to
     ``log_path``. Returns the worker's result (``status`` ok or skipped) or ``{"status":
@@ -170,25 +176,54 @@ def run_worker(
         spec_path, result_path = tmp / "spec.json", tmp / "result.json"
         spec_path.write_text(json.dumps(spec.to_dict()))
         with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gptspeed.bench", str(spec_path), str(result_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_worker_env(cache_dir or tmp),
+            )
             try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "gptspeed.bench", str(spec_path), str(result_path)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=_worker_env(cache_dir or tmp),
-                    timeout=timeout,
-                )
+                _wait_or_stop(proc, timeout, stop)
             except subprocess.TimeoutExpired:
                 return {
                     "status": "failed",
                     "reason": f"timed out after {timeout:g} s (--stage-timeout); log {log_path}",
                 }
+            finally:
+                if proc.poll() is None:  # a second Ctrl-C, any failure here: no worker outlives its row
+                    proc.kill()
+                    proc.wait()
+        if stop is not None and stop():
+            return {"status": "stopped", "reason": "stopped by a signal before it finished"}
         if proc.returncode != 0 or not result_path.exists():
             line = _last_line(log_path.read_text(errors="replace")).removeprefix("gptspeed bench: error: ")
             return {"status": "failed", "reason": f"{line} (exit {proc.returncode}; log {log_path})"}
         return json.loads(result_path.read_text())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_or_stop(proc: subprocess.Popen, timeout: float | None, stop: Callable[[], bool] | None) -> None:
+    """Wait for ``proc``; ``subprocess.TimeoutExpired`` past ``timeout`` s. Once ``stop()`` says True (a stop
+    signal: ``bench tune``'s Ctrl-C), the row is ended: SIGTERM, then SIGKILL after 5 s (a row has nothing
+    to save)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=0.1)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if stop is not None and stop():
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
 
 
 def spread_ms(row: dict[str, Any]) -> float:

@@ -605,19 +605,11 @@ def _one_run(
         except subprocess.TimeoutExpired:
             raise GptspeedError(f"race: {arm.name} seed {seed} ran past {timeout_s:g} s (log: {log})") from None
     if stop is not None and stop():
-        from gptspeed.checkpoint import list_checkpoints
-
-        ckpts = list_checkpoints(run_dir)
-        kept = f"its last checkpoint is {ckpts[-1]}" if ckpts else f"it had saved no checkpoint (log: {log})"
-        how = (
-            f"did not stop within {STOP_WAIT_S:g} s and was killed"
-            if code == -signal.SIGKILL
-            else f"saved and stopped (exit {code})"
+        raise _stopped(
+            stop.signum, f"while {arm.name} seed {seed} ran: {how_it_stopped(code, run_dir, log)}", out, arms or [arm]
         )
-        raise _stopped(stop.signum, f"while {arm.name} seed {seed} ran: it {how}, {kept}", out, arms or [arm])
     if code != 0:
-        last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
-        raise GptspeedError(f"race: {arm.name} seed {seed} failed (exit {code}): {last[0][:200]} (log: {log})")
+        raise GptspeedError(f"race: {arm.name} seed {seed} failed (exit {code}): {last_words(log)} (log: {log})")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = training_curve(records)
     say(
@@ -626,6 +618,39 @@ def _one_run(
         flush=True,
     )
     return {"seed": seed, "curve": curve, "run_dir": str(run_dir)}
+
+
+def how_it_stopped(code: int, run_dir: Path, log: Path) -> str:
+    """What the running arm did after the race passed a stop signal on, by its exit status ``code``: saved
+    and stopped (128 + a stop signal, as ``gptspeed train`` exits), killed after :data:`STOP_WAIT_S`, or
+    crashed (any other status: named as a crash, with its last words, :func:`last_words`); then its
+    newest checkpoint, or that it had none (its log kept, named)."""
+    from gptspeed.checkpoint import list_checkpoints
+    from gptspeed.signals import StopFlag
+
+    ckpts = list_checkpoints(run_dir)
+    kept = f"its last checkpoint is {ckpts[-1]}" if ckpts else f"it had saved no checkpoint (log: {log})"
+    if code == -signal.SIGKILL:
+        return f"it did not stop within {STOP_WAIT_S:g} s and was killed, {kept}"
+    if code in {128 + s for s in StopFlag.SIGNALS} | {-s for s in StopFlag.SIGNALS}:
+        return f"it {'saved and ' if ckpts else ''}stopped (exit {code}), {kept}"
+    return f"it crashed as it stopped (exit {code}: {last_words(log)}), {kept}"
+
+
+def last_words(log: Path) -> str:
+    """What a run said last, from its ``log``, for one line: the exception line of its last traceback
+    (not the traceback, nor the hint lines a library prints after it), else its last non-empty line;
+    at most 200 characters."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "?"
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if starts:
+        said = [line for line in lines[starts[-1] + 1 :] if not line.startswith((" ", "\t"))]
+        if said:
+            return said[0][:200]
+    return lines[-1][:200] if lines else "(it printed nothing)"
 
 
 def spawn(cmd: list[str], log, timeout_s: float | None, stop=None, say: Callable[..., None] = print) -> int:

@@ -33,8 +33,13 @@ again; the cache is removed at the end.
 ``--budget-s`` bounds the whole search: a candidate starts only while the budget holds at least
 half the time your row took, and runs with what is left as its timeout; the rest are listed as
 "not tried". ``tune.json`` and ``tune.md`` are written after every row, atomically; ``tuned.yaml``
-(your configuration with the kept deltas, as ``--print-config`` writes it) at the end, with the
-command that trains it.
+(your configuration with the kept deltas, as ``--print-config`` writes it, on the data and device the
+tune measured) at the end, with the command that trains it.
+
+Nothing of yours is written over: ``--out`` is locked for the search (one tune at a time), an earlier
+tune's files are replaced only with ``--force`` and a file of those names no tune wrote never
+(:func:`open_tune_folder`). A stop signal ends the running row and keeps the rows so far, marked
+interrupted (:class:`TuneStopped`: the command exits 128 + the signal).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,8 +97,21 @@ class TuneConfig(Workload):
         "(one flag alone: --flags=--no-compile)",
         metavar='"FLAGS"',
     )
-    budget_s: float = _f(300.0, "seconds the whole search may take; the candidates left are listed as not tried")
+    budget_s: float = _f(
+        300.0,
+        "seconds the whole search may take; the candidates left are listed as not tried",
+        min=0,
+        min_open=True,
+        finite=True,
+        text="a positive finite number of seconds",
+    )
     steps: int = _f(8, "timed steps per candidate")
+    force: bool = _f(
+        False,
+        "replace an earlier tune's tune.md, tune.json and tuned.yaml in --out (never files of those names it did "
+        "not write)",
+        kind="flag",
+    )
 
 
 def run_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -173,12 +192,15 @@ class Tuner:
             self.device, user, {}, measured_sequences(user, self.device.type), auto_settings(user, self.device)
         )
         self.out = report.make_out_dir(cfg.out)
+        self.lock = open_tune_folder(self.out, cfg.force)
+        self.files: dict[str, str] = {}  # what this tune wrote, name -> sha256 (tune.json's record: --force's marker)
         self.env = report.environment(self.device, command)
         self.rows: list[dict[str, Any]] = []
         self.ref: dict[str, Any] | None = None  # your row's result
         self.resolved: dict[str, Any] = {}  # your run's auto settings as they ran here (after your row)
         self.best_row: dict[str, Any] | None = None
         self.tuned: dict[str, str] = {}  # tuned.yaml's path and the command that trains it, once written
+        self.stop, self.interrupted = (lambda: False), None  # the stop signals' flag while searching; its name
         b = user.train.batch_size
         self.spec0 = StageSpec(
             name=YOURS,
@@ -217,6 +239,9 @@ class Tuner:
             "kept": False,
         }
         self.rows.append(row)
+        if self.stop():
+            self.rows.pop()
+            raise TuneStopped(self.stop.signum or signal.SIGINT)
         refusal = rule_refusal(self.cfg.run, self.state.best, delta) if delta else None
         if refusal:
             return self._verdict(row, "not applicable", refusal)
@@ -235,8 +260,11 @@ class Tuner:
         )
         t = monotonic()
         timeout = self.left()
-        result = run_worker(spec, self.out / "logs" / f"{name}.log", timeout, cache_dir=cache)
+        result = run_worker(spec, self.out / "logs" / f"{name}.log", timeout, cache_dir=cache, stop=self.stop)
         row["wall_s"] = monotonic() - t
+        if result["status"] == "stopped" or self.stop():
+            self._verdict(row, "interrupted", f"stopped by {self.stop.name()} before it finished")
+            raise TuneStopped(self.stop.signum or signal.SIGINT)
         self._judge(row, result, cut=row["wall_s"] >= timeout - 1)
         report.say("    " + self._progress(row))
         self.save(complete=False)
@@ -320,6 +348,7 @@ class Tuner:
     # ------------------------------------------------------------------ the search
     def run(self) -> dict[str, Any]:
         cache = Path(tempfile.mkdtemp(prefix="gptspeed-tune-cache-"))
+        self.stop = tune_stop_flag()
         try:
             mine = self.measure(YOURS, "", {}, cache)
             if mine["verdict"] != YOURS:
@@ -333,9 +362,17 @@ class Tuner:
             self._ran(mine)  # auto resolved to what ran, before any knob
             self.resolved = {k: self.state.resolved(k) for k in RESOLVED}
             self.search(cache)
+            return self.finish()
+        except TuneStopped as e:  # the rows so far kept, marked interrupted; no tuned.yaml (the search did not end)
+            self.interrupted = signal.Signals(e.signum).name
+            self.save(complete=False)
+            raise TuneStopped(
+                e.signum, f"{self.out}/tune.json and tune.md hold the {len(self.rows)} rows so far"
+            ) from None
         finally:
+            self.stop.restore()
             shutil.rmtree(cache, ignore_errors=True)
-        return self.finish()
+            self.lock.release()  # the report is written: another tune may take the folder
 
     def search(self, cache: Path) -> None:
         """Every knob of the device in order, then the micro-batch once more after a later saving."""
@@ -390,27 +427,7 @@ class Tuner:
         for r in self.rows:
             if ref and r.get("ms_median"):
                 r["vs_yours"] = ref["ms_median"] / r["ms_median"]
-        u = self.cfg.run
-        config = {
-            "preset": u.preset,
-            "n_layer": u.model.n_layer,
-            "n_head": u.model.n_head,
-            "n_embd": u.model.n_embd,
-            "seq_len": u.model.block_size,
-            "batch_size": u.train.batch_size,
-            "grad_accum": u.grad_accum_steps(1),
-            "measured_sequences": self.state.sequences,
-            "steps": self.cfg.steps,
-            "warmup": self.cfg.warmup,
-            "data": self.cfg.data,
-            "budget_s": self.cfg.budget_s,
-            "min_gain": MIN_GAIN,
-            "knobs": [
-                {"name": k.name, "gain": list(k.gain), "cost": k.cost, "source": k.source}
-                for k in knobs_for(self.device)
-            ],
-            "resolved": self.resolved,
-        }
+        config = config_record(self)
         return {
             "format": "gptspeed-tune",
             "format_version": 1,
@@ -421,6 +438,7 @@ class Tuner:
             "best": self.state.best,
             "best_flags": describe(self.state.best),
             "rows": self.rows,
+            "interrupted": self.interrupted,
             **self.tuned,
         }
 
@@ -428,15 +446,26 @@ class Tuner:
         res = self.result(complete)
         from gptspeed.bench.tune_report import tune_markdown
 
-        report.write_text_atomic(self.out / "tune.md", tune_markdown(res))
+        md = tune_markdown(res)
+        report.write_text_atomic(self.out / "tune.md", md)
+        self.files["tune.md"] = _sha256(md)
+        res["files"] = dict(self.files)
         report.write_text_atomic(self.out / "tune.json", json.dumps(res, indent=2, default=_json_value) + "\n")
         return res
 
     def finish(self) -> dict[str, Any]:
-        """Write ``tuned.yaml`` (your configuration with the kept deltas) and the final report."""
+        """Write ``tuned.yaml`` -- your configuration with the kept deltas, on the device and data the tune
+        measured (synthetic phrases: your run's data is left as it was, and the command names ``--data``) --
+        and the final report."""
         path = self.out / "tuned.yaml"
-        report.write_text_atomic(path, config_to_yaml(applied(self.cfg.run, self.state.best, {})))
-        self.tuned = {"tuned_yaml": str(path), "train_command": f"gptspeed train --config {path} --out RUN_DIR"}
+        measured = {"device": self.device.type}
+        if self.cfg.data is not None:
+            measured["data"] = str(Path(self.cfg.data).expanduser().absolute())
+        text = config_to_yaml(applied(self.cfg.run, self.state.best, {}).override(measured))
+        report.write_text_atomic(path, text)
+        self.files["tuned.yaml"] = _sha256(text)
+        data = "" if self.cfg.data is not None or self.cfg.run.train.data else " --data DATA_DIR"
+        self.tuned = {"tuned_yaml": str(path), "train_command": f"gptspeed train --config {path}{data} --out RUN_DIR"}
         return self.save(complete=True)
 
     def _progress(self, row: dict[str, Any]) -> str:
@@ -448,8 +477,205 @@ class Tuner:
         )
 
 
+def config_record(tuner: Tuner) -> dict[str, Any]:
+    """tune.json's ``config``: your run's shape and batch, the measured step, the search's settings, the knobs
+    tried on this device (priors and sources), and what your run's ``auto`` settings resolved to here."""
+    u = tuner.cfg.run
+    return {
+        "preset": u.preset,
+        "n_layer": u.model.n_layer,
+        "n_head": u.model.n_head,
+        "n_embd": u.model.n_embd,
+        "seq_len": u.model.block_size,
+        "batch_size": u.train.batch_size,
+        "grad_accum": u.grad_accum_steps(1),
+        "measured_sequences": tuner.state.sequences,
+        "steps": tuner.cfg.steps,
+        "warmup": tuner.cfg.warmup,
+        "data": tuner.cfg.data,
+        "budget_s": tuner.cfg.budget_s,
+        "min_gain": MIN_GAIN,
+        "knobs": [
+            {"name": k.name, "gain": list(k.gain), "cost": k.cost, "source": k.source} for k in knobs_for(tuner.device)
+        ],
+        "resolved": tuner.resolved,
+    }
+
+
+class TuneStopped(GptspeedError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended ``bench tune``: the running row's worker was ended and the
+    rows finished so far written, marked interrupted. ``signum``: the signal; the command exits 128 + it."""
+
+    def __init__(self, signum: int, kept: str = ""):
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"tune stopped by {name}" + (f"; {kept} (no tuned.yaml: the search did not end)" if kept else "")
+        )
+        self.signum = signum
+
+
+def tune_stop_flag():
+    """The stop signals' flag of a search (:class:`gptspeed.signals.StopFlag`, its notice in the tune's words),
+    with ``name()``: the signal's name."""
+    from gptspeed.signals import StopFlag
+
+    flag = StopFlag(
+        say=lambda msg, **_: report.say(msg.strip()), doing="ending the running row and writing the rows so far"
+    )
+    flag.name = lambda: signal.Signals(flag.signum).name if flag.signum else "a signal"
+    return flag
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: what a tune writes into its --out, beside its row logs (logs/ROW.log)
+TUNE_FILES = ("tune.md", "tuned.yaml", "tune.json")
+
+
+def earlier_tune(out: Path) -> list[str]:
+    """The files of :data:`TUNE_FILES` in ``out`` that an earlier tune wrote, recognised by its marker:
+    ``tune.json`` a tune's record (``"format": "gptspeed-tune"``), the others the very files it recorded
+    (their sha256 in its ``files``). GptspeedError (one line, naming it) for a file of those names that no
+    tune wrote -- yours, or an earlier tune's edited since -- which is never written over, even with ``--force``."""
+    from gptspeed.fileio import read_user_json
+
+    record: dict[str, Any] = {}
+    if (out / "tune.json").exists():
+        try:
+            record = read_user_json(out / "tune.json", "tune record", max_bytes=1 << 26)
+        except GptspeedError:
+            record = {}
+    ours = record.get("format") == "gptspeed-tune" if isinstance(record, dict) else False
+    recorded = (record.get("files") if ours else None) or {}
+    found = []
+    for name in TUNE_FILES:
+        path = out / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if name == "tune.json":
+            mine = ours and path.is_file() and not path.is_symlink()
+        else:
+            mine = path.is_file() and not path.is_symlink() and recorded.get(name) == _file_sha256(path)
+        if not mine:
+            raise GptspeedError(
+                f"--out {out} holds {name}, which no earlier tune wrote (or it was changed since): a tune never "
+                "writes over it, even with --force; move it away or choose another --out"
+            )
+        found.append(name)
+    return found
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        return _sha256(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def open_tune_folder(out: Path, force: bool):
+    """Lock ``out`` for one tune (a :class:`gptspeed.locks.FolderLock` on its ``.gptspeed.lock``, the run
+    folder's lock: a second tune, or a train, on it is refused naming the holder), then clear an earlier
+    tune's files (:func:`earlier_tune`): refused without ``force``, removed with it (tune.json last).
+    Returns the lock (``release()`` it). GptspeedError, one line, for each refusal."""
+    from gptspeed.checkpoint import LOCK_NAME
+    from gptspeed.locks import FolderLock
+
+    lock = FolderLock(
+        out,
+        file=LOCK_NAME,
+        busy=lambda holder: (
+            f"--out {out} is in use by {holder} (another `gptspeed bench tune`): wait for it to end or stop "
+            "it, or choose another --out"
+        ),
+    ).acquire()
+    try:
+        found = earlier_tune(out)  # under the lock
+        if found and not force:
+            raise GptspeedError(
+                f"--out {out} holds an earlier tune ({', '.join(found)}): pass --force to replace it, or choose "
+                "another --out"
+            )
+        for name in found:
+            (out / name).unlink()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def _json_value(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else str(v)
+
+
+#: ``gptspeed train`` flags that are no setting of the run a tune measures (tuned.yaml is trained with its own
+#: ``--out``): refused in ``--flags`` or your ``--config``, never written into tuned.yaml
+NOT_RUN_SETTINGS = {
+    "print_config": "it prints a configuration instead of training",
+    "resume": "tuned.yaml starts a new run",
+    "force_resume": "tuned.yaml starts a new run",
+    "out": "the run folder is given when tuned.yaml is trained (--out RUN_DIR)",
+}
+
+
+def your_run(values: dict[str, Any]) -> tuple[RunConfig, str | None, str]:
+    """Your run of ``bench tune``'s parsed flags ``values`` (``--preset``, ``--config``, the shape flags and
+    ``--flags``, parsed as ``gptspeed train`` parses them), the data the tune measures (None: synthetic
+    phrases) and its device: bench's ``--data`` / ``--device``, else your run's. GptspeedError, one line, for
+    ``--flags`` that do not split (an unbalanced quote), a flag that is no setting of the run
+    (:data:`NOT_RUN_SETTINGS`), your run's data or device differing from bench's, or ``--synthetic`` with
+    your run's data: tuned.yaml describes the run the tune measured."""
+    import shlex
+
+    from gptspeed.bench.race import Arm, given_settings
+    from gptspeed.configure import config_from_flags
+
+    try:
+        flags = shlex.split(values["flags"])
+    except ValueError as e:
+        raise GptspeedError(
+            f"--flags: {e} in {values['flags']!r}: give your run's flags as one quoted argument"
+        ) from None
+    shape = {"n_layer": "--n-layer", "n_head": "--n-head", "n_embd": "--n-embd", "seq_len": "--seq-len"}
+    shape.update(batch_size="--batch-size", preset="--preset", config_file="--config")
+    base = [x for name, flag in shape.items() if values.get(name) is not None for x in (flag, str(values[name]))]
+    run = config_from_flags([*base, *flags], "bench tune", shown=flags)
+    for name, how in given_settings(Arm("run", [*base, *flags])).items():
+        if name in NOT_RUN_SETTINGS and (name == "print_config" or getattr(run.train, name)):  # a file's default: fine
+            raise GptspeedError(
+                f"--flags: {how} is not a setting of the run a tune measures ({NOT_RUN_SETTINGS[name]}): drop it"
+            )
+    device, mine = values.get("device", "auto"), run.runtime.device
+    if mine != "auto" and device not in ("auto", mine):
+        raise GptspeedError(
+            f"--flags: --device {mine} differs from bench's --device {device}, the device tuned on: give one"
+        )
+    data, own = values.get("data"), run.train.data or None
+    if own and values.get("synthetic"):
+        raise GptspeedError(f"--synthetic measures random phrases, but your run trains on --data {own}: drop one")
+    if own and data is not None and Path(own).expanduser().resolve() != Path(data).expanduser().resolve():
+        raise GptspeedError(f"--flags: --data {own} differs from bench's --data {data}, the data measured: give one")
+    if data is None and not values.get("synthetic"):
+        if own is None:
+            raise GptspeedError(
+                "bench tune needs --data DIR (a folder from `gptspeed prepare`, or your run's) or --synthetic"
+            )
+        data = own
+    return run, data, mine if device == "auto" else device
+
+
+def check_declared(cfg: TuneConfig) -> None:
+    """The ranges ``TuneConfig``'s numeric fields declare (:func:`gptspeed.config._f`: ``--budget-s`` positive
+    and finite, so ``inf`` or ``nan`` is no budget), checked as ``train``'s settings are. GptspeedError, one line."""
+    from gptspeed.config import _check_range
+
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if "min" in f.metadata and isinstance(value, (int, float)) and not isinstance(value, bool):
+            _check_range(f.metadata.get("flag") or "--" + f.name.replace("_", "-"), value, f.metadata)
 
 
 def run_tune(cfg: TuneConfig, command: str = "") -> dict[str, Any]:
@@ -457,8 +683,7 @@ def run_tune(cfg: TuneConfig, command: str = "") -> dict[str, Any]:
     ``tuned_yaml`` and ``train_command``. GptspeedError (one line) for bad flags, an ``--out`` that
     is a run or data folder or a file (:func:`gptspeed.bench.report.check_out_dir`), or your own
     configuration failing to run here."""
-    if not cfg.budget_s > 0:
-        raise GptspeedError(f"--budget-s must be positive, got {cfg.budget_s}")
+    check_declared(cfg)
     if cfg.steps < 2 or cfg.warmup < 1:
         raise GptspeedError(f"--tune needs --steps 2 or more and --warmup 1 or more (got {cfg.steps}, {cfg.warmup})")
     report.check_out_dir(cfg.out)  # a run folder, a data folder, a file: refused before any work

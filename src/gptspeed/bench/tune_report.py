@@ -18,6 +18,7 @@ VERDICTS = (
     "failed",
     "cut by --budget-s",
     "not tried",
+    "interrupted",
 )
 
 
@@ -51,6 +52,13 @@ def _resolved(resolved: dict[str, Any]) -> list[str]:
     return [f"Your run, resolved here: {', '.join(parts)}.", ""]
 
 
+def _state(res: dict[str, Any]) -> str:
+    """How far the search got, for the report's first paragraph: nothing when complete."""
+    if res["complete"]:
+        return ""
+    return f", interrupted by {res['interrupted']}" if res.get("interrupted") else ", still running or cut short"
+
+
 def tune_markdown(res: dict[str, Any]) -> str:
     """The report (:func:`gptspeed.bench.tune.Tuner.result`) as Markdown."""
     env, c, rows = res["environment"], res["config"], res["rows"]
@@ -64,9 +72,7 @@ def tune_markdown(res: dict[str, Any]) -> str:
         f"B={c['batch_size']} x {c['grad_accum']} micro-batches a step. Measured step: {c['measured_sequences']} "
         f"sequences (the same for every row, regrouped into each row's micro-batch); {c['warmup']} warm-up + "
         f"{c['steps']} timed steps a row, each in a fresh process from the same weights on the same batches; "
-        f"data: {data}. Budget {c['budget_s']:g} s ({res['elapsed_s']:.0f} s used"
-        + ("" if res["complete"] else ", still running or cut short")
-        + ").",
+        f"data: {data}. Budget {c['budget_s']:g} s ({res['elapsed_s']:.0f} s used" + _state(res) + ").",
         "",
         f"Command: `{env['command']}`",
         "",

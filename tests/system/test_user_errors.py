@@ -15,7 +15,8 @@ from gptspeed.errors import GptspeedError
 from gptspeed.trainer import fit
 
 from support.cli import assert_user_error, run_cli, run_main, run_python
-from support.runs import TINY, train_args
+from support.runs import train_args
+from support.shapes import TEXT_RUN_FLAGS
 from support.training import records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -467,7 +468,7 @@ def test_full_or_unwritable_run_folder_reported_before_training(shakespeare_data
     afile = tmp_path / "file"
     afile.write_text("x")
     assert_user_error(
-        run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(afile / "run")),
+        run_cli("train", *TEXT_RUN_FLAGS, "--data", str(shakespeare_data), "--out", str(afile / "run")),
         "cannot write to run folder",
     )
     import shutil as sh

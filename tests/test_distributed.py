@@ -21,6 +21,8 @@ from support.paths import SRC
 from support.shapes import DIST_RUN, DIST_RUNS_FIXTURE
 from support.torchrun import assert_same, collect, launch, losses
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 # --------------------------------------------------------------- the GPU paths on 2 ranks
 def _single_muon(dist_runs, tmp_path, **extra):

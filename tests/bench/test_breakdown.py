@@ -15,6 +15,8 @@ from gptspeed.bench.breakdown import CATEGORIES, H100_ESTIMATE, RULES, attribute
 from support.ladder_rows import in_process_worker
 from support.shapes import LADDER_FLAGS
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ELLIPSIS = "(...)"
 
 

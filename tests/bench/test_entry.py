@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gptspeed.bench.stages import (
@@ -11,6 +12,8 @@ from gptspeed.bench.stages import (
 
 from support.ladder_rows import in_process_worker
 from support.shapes import SMALLEST_ROW
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):

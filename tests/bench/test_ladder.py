@@ -19,6 +19,8 @@ from gptspeed.bench.stages import baseline_with, plan_ladder, record
 
 from support.shapes import LADDER_FLAGS
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 

@@ -32,6 +32,8 @@ from support.ladder_rows import in_process_worker
 from support.packages import fake_packages
 from support.shapes import LADDER_FLAGS
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FAULTS = """
 import os
 if os.environ.get("GPTSPEED_TEST_FAULTS"):  # written by tests/test_verify.py: make named rungs fail

@@ -17,6 +17,8 @@ from gptspeed.bench.verify import compare_losses, plan_verify, rung_problems
 from support.ladder_rows import in_process_worker
 from support.shapes import LADDER_FLAGS, SMALLEST_ROW
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 # ------------------------------------------------------------------------------------ the parent's verdicts
 def _fake(spec, losses, **kw):

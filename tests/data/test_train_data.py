@@ -16,6 +16,8 @@ from gptspeed.trainer import build_train_config, fit
 from support.cli import assert_user_error, run_cli
 from support.shapes import TEXT_RUN, TEXT_RUN_FLAGS
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path):
     data = tmp_path / "data"

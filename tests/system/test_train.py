@@ -13,6 +13,8 @@ from support.cli import run_cli, run_main
 from support.shapes import TEXT_RUN
 from support.training import records
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):
     cfg = build_train_config(

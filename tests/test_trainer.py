@@ -526,6 +526,7 @@ def test_a_compiled_training_forward_computes_with_the_window_set_last_and_reads
     assert mode.reads == []
 
 
+@pytest.mark.usefixtures("eager_compile")  # dynamo traces and counts the graphs; no inductor code generation
 def test_the_batch_and_length_warm_ups_give_each_step_its_micro_batches_tokens_and_length(shakespeare_data, tmp_path):
     """--batch-warmup-steps 3 from one micro-batch to 4, --seq-len-warmup-steps 3 from 16 tokens to 64, compiled:
     the loop gives steps 1-5 1, 2, 3, 4, 4 micro-batches (``grad_accum_at``) at lengths 16, 32, 32, 64, 64

@@ -66,11 +66,14 @@ TEXT_MODEL = dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)
 #: 1024 val tokens, the preset's evaluation interval.
 TEXT_RUN = dict(TEXT_MODEL, warmup_steps=2, lr=3e-3, eval_tokens=1024, log_every=1, device="cpu")
 
-#: ``gptspeed train`` flags of a run on real text: ``--preset pico`` at :data:`TEXT_MODEL`, no periodic evaluation.
+#: ``gptspeed train`` flags of a run on real text: ``--preset pico`` at :data:`TEXT_MODEL`, no periodic evaluation,
+#: eager (a 500-step run on a CPU with native bf16 would otherwise compile with inductor before its first step:
+#: minutes on a busy machine, in tests of signals and locks that compiling proves nothing about).
 TEXT_RUN_FLAGS = [
     "--preset",
     "pico",
     *flags(dict(TEXT_MODEL, log_every=1, eval_every=0, eval_tokens=1024, device="cpu")),
+    "--no-compile",
 ]
 
 #: A run streaming a jsonl file (``--data jsonl:FILE``: no val split, so no evaluation): one block 16 wide,

@@ -16,23 +16,13 @@ from gptspeed.errors import GptspeedError
 
 from support.cli import run_python
 from support.paths import ROOT
-from support.training import TINY_MODEL
+from support.shapes import QUICK_RUN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # what the README example's settings are overridden with: a one-block, 32-wide model, 3 steps
-TINY = dict(
-    TINY_MODEL,
-    batch_size=4,
-    warmup_steps=2,
-    max_steps=3,
-    log_every=1,
-    eval_every=0,
-    eval_tokens=512,
-    save_every=0,
-    device="cpu",
-)
+OVERRIDES = dict(QUICK_RUN, max_steps=3, save_every=0)
 
 
 def readme_example() -> str:
@@ -45,7 +35,7 @@ def readme_example() -> str:
 @pytest.fixture(scope="module")
 def notebook(shakespeare_data, tmp_path_factory):
     """The README example executed as written, in a folder where ``data/tinyshakespeare`` is the
-    prepared test corpus; ``make_config`` adds :data:`TINY` to what the example asks for. Returns
+    prepared test corpus; ``make_config`` adds :data:`OVERRIDES` to what the example asks for. Returns
     the example's variables, what it printed and its folder."""
     where = tmp_path_factory.mktemp("notebook")
     (where / "data").mkdir()
@@ -55,7 +45,7 @@ def notebook(shakespeare_data, tmp_path_factory):
 
     def tiny_make_config(preset=None, **settings):
         asked.update(settings, preset=preset)
-        return real(preset, **{**settings, **TINY})
+        return real(preset, **{**settings, **OVERRIDES})
 
     out = io.StringIO()
     namespace: dict = {}

@@ -18,7 +18,10 @@ from gptspeed.trainer import build_train_config, fit
 
 from support.cli import child_env
 from support.paths import SRC
-from support.torchrun import TINY, assert_same, collect, launch, losses
+from support.shapes import DIST_RUN, DIST_RUNS_FIXTURE
+from support.torchrun import assert_same, collect, launch, losses
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------- the GPU paths on 2 ranks
@@ -31,7 +34,7 @@ def _single_muon(dist_runs, tmp_path, **extra):
         cfg = build_train_config(
             "pico",
             dict(
-                TINY,
+                DIST_RUNS_FIXTURE,
                 data=str(dist_runs["data"]),
                 out=str(tmp_path / "single_muon"),
                 optimizer="muon",
@@ -174,12 +177,11 @@ def test_the_modern_switches_under_fsdp_match_one_process(dist_runs, tmp_path):
     """Rotary positions, QK-norm, ReLU², RMSNorm, an untied zero-initialised head, the soft
     cap, the document mask and WSD, sharded over 2 ranks: the same losses as one process."""
     from support.dist_scenarios import MODERN
-    from support.dist_scenarios import TINY as SCENARIO
 
     single = tmp_path / "modern_single"
     fit(
         build_train_config(
-            "pico", dict(SCENARIO, **MODERN, data=str(dist_runs["data"]), out=str(single), save_every=0, max_steps=2)
+            "pico", dict(DIST_RUN, **MODERN, data=str(dist_runs["data"]), out=str(single), save_every=0, max_steps=2)
         ),
         echo=False,
     )

@@ -11,6 +11,8 @@ from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_divergence_stops_or_skips(shakespeare_data, tmp_path):
     base = dict(

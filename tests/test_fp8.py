@@ -28,6 +28,7 @@ from support.cli import assert_user_error, run_main
 from support.cuda_rules import CudaRuleError, check_scaled_mm, cuda_scaled_mm_rules
 from support.padded_model import _batch
 from support.runs import train_args
+from support.shapes import FP8_HEAD_MODEL, FP8_MODEL
 
 pytestmark = pytest.mark.usefixtures("one_thread", "emulated_fp8_matmul")
 
@@ -66,15 +67,12 @@ def _torchao(request):
         pytest.importorskip("torchao", reason="torchao is not installed (pip install 'gptspeed[fp8]')")
 
 
-SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=64)
-
-
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def _model(seed=0):
     torch.manual_seed(seed)
-    return GPT(GPTConfig(**SHAPE))
+    return GPT(GPTConfig(**FP8_MODEL))
 
 
 def _loss_and_grads(model, x, y):
@@ -91,14 +89,11 @@ def _fp8(shape, dtype=E4M3):
     return torch.randn(shape).to(dtype)
 
 
-SHAPE_LM_HEAD = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=64, loss="plain")
-
-
 def _pair(**kw):
     """The same weights twice: a plain model and one with its head converted (only the head)."""
     torch.manual_seed(0)
-    ref = GPT(GPTConfig(**{**SHAPE_LM_HEAD, **kw}))
-    model = GPT(GPTConfig(**{**SHAPE_LM_HEAD, **kw}))
+    ref = GPT(GPTConfig(**{**FP8_HEAD_MODEL, **kw}))
+    model = GPT(GPTConfig(**{**FP8_HEAD_MODEL, **kw}))
     model.load_state_dict(ref.state_dict())
     assert convert_to_float8(model, blocks=False, lm_head=True) == 1
     return ref, model
@@ -302,7 +297,7 @@ def test_the_converted_head_stays_tied_and_checkpoints_load_either_way():
     assert torch.equal(wte(x), ref.transformer.wte(x))  # the embedding lookup is untouched, fp32
     # --fp8 and --fp8-lm-head: one pass converts the blocks' layers and the head
     torch.manual_seed(0)
-    both = GPT(GPTConfig(**SHAPE_LM_HEAD))
+    both = GPT(GPTConfig(**FP8_HEAD_MODEL))
     assert convert_to_float8(both, lm_head=True, skip_small=False) == 4 * 2 + 1
     assert both.lm_head.weight is both.transformer.wte.weight
 
@@ -459,7 +454,7 @@ def test_what_the_rules_let_through():
     _cfg(logit_softcap=15.0, tie_embeddings=False, fp8=False).validate()
     _cfg(loss="auto").validate()  # auto: checked where the device is known
     _cfg(batch_size=AUTO_BATCH_SIZE, total_batch_tokens=4 * 64).validate()  # B not known yet: the rest is checked
-    check_fp8_lm_head(0, 37, GPTConfig(**SHAPE_LM_HEAD))
+    check_fp8_lm_head(0, 37, GPTConfig(**FP8_HEAD_MODEL))
     check_fp8_lm_head_loss("plain", resolve_loss("plain", "cpu"), "cpu")
     check_fp8_lm_head_loss("auto", resolve_loss("auto", "cuda"), "cuda")  # plain there
     with pytest.raises(GptspeedError) as e:
@@ -505,7 +500,7 @@ def test_parallelize_refuses_it_off_hopper():
     from gptspeed.parallelize import parallelize
 
     with pytest.raises(GptspeedError, match="^--fp8-lm-head needs an NVIDIA GPU"):
-        parallelize(GPT(GPTConfig(**SHAPE_LM_HEAD)), resolve_runtime("cpu", "float32", False), fp8_lm_head=True)
+        parallelize(GPT(GPTConfig(**FP8_HEAD_MODEL)), resolve_runtime("cpu", "float32", False), fp8_lm_head=True)
 
 
 # ---------------------------------------------------------------- the flag, files and banner

@@ -21,6 +21,7 @@ from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
 from support.runs import train_args
+from support.shapes import RESIDUAL_DTYPE_MODEL
 from support.training import TINY_MODEL, train_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,15 +88,12 @@ def reference_doc_mask(idx, start=0, seg_before=None, pad_mask=None):
     return m if pad_mask is None else m & pad_mask
 
 
-SHAPE = dict(block_size=32, n_layer=2, n_head=2, n_embd=64)
-
-
 BF16 = resolve_runtime("cpu", "bfloat16", False)  # forced: on a CPU without native bf16, emulated
 
 
 def _model(seed=0, **kw) -> GPT:
     torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**SHAPE, **kw}))
+    return GPT(GPTConfig(**{**RESIDUAL_DTYPE_MODEL, **kw}))
 
 
 def _stream_dtypes(model: GPT, idx: torch.Tensor, autocast) -> set:
@@ -117,7 +115,7 @@ def _losses(residual: str, compile_backend: str | None, steps: int = 5) -> list[
     on the same batches, with the residual stream in ``residual``."""
     cfg = preset("pico").override(
         dict(
-            **SHAPE,
+            **RESIDUAL_DTYPE_MODEL,
             residual_dtype=residual,
             batch_size=4,
             total_batch_tokens=None,

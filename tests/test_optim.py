@@ -18,6 +18,7 @@ from gptspeed.runtime import Runtime
 from gptspeed.trainer import build_train_config, fit
 
 from support.padded_model import _batch, _model
+from support.shapes import PADDED_VOCAB_MODEL, PLAIN_LOSS_MODEL
 from support.training import TINY_MODEL, make_step, one_step, train_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,12 +89,6 @@ def toy(monkeypatch):
     spec = optim.register_optimizer(optim.OptimizerSpec("toy-sgd", build_sgd, grad_scaler=False, doc="SGD"))
     yield spec
     CHOICES[:] = before
-
-
-SHAPE = dict(TINY_MODEL, loss="plain")
-
-
-SHAPE_PADDED = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
 
 
 def test_muon_with_adamw_steps_like_torchs_optimizers_built_from_its_settings():
@@ -352,7 +347,7 @@ def test_an_unregistered_name_is_one_line():
 def test_weight_decay_goes_to_matrices_only(optimizer):
     """Muon's AdamW group decayed biases and LayerNorm gains; only the Muon / AdamW split was checked."""
     wd = 0.123
-    step = make_step(SHAPE, dict(optimizer=optimizer, weight_decay=wd))
+    step = make_step(PLAIN_LOSS_MODEL, dict(optimizer=optimizer, weight_decay=wd))
     seen = []
     for group in step.optimizer.param_groups:
         for p in group["params"]:
@@ -380,7 +375,7 @@ def test_muon_splits_hidden_matrices_from_the_rest():
 
 
 def test_muon_steps_lower_the_loss_and_never_update_on_a_nonfinite_step():
-    trainer = make_step(SHAPE_PADDED, dict(optimizer="muon", lr=1e-3, muon_lr=0.02, fused_adamw=False), seed=0)
+    trainer = make_step(PADDED_VOCAB_MODEL, dict(optimizer="muon", lr=1e-3, muon_lr=0.02, fused_adamw=False), seed=0)
     model, opt = trainer.model, trainer.optimizer
     x, y = _batch()
     losses = [one_step(trainer, x, y)[0].item() for _ in range(5)]

@@ -24,8 +24,7 @@ from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
 from support.run_folders import BASE, train
-from support.runs import TINY
-from support.settings import TINY as TINY_SETTINGS
+from support.shapes import TEXT_RUN, TEXT_RUN_FLAGS
 from support.training import flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,7 +165,14 @@ def test_a_cpu_run_resumed_with_another_thread_count_says_so(shakespeare_data, t
     reductions split by it); a scheduler that gives the resumed job other CPUs changes PyTorch's
     default count silently. The resume says so, and how to keep it."""
     run = tmp_path / "run"
-    tiny = (*TINY, "--eval-tokens", "512", "--dtype", "float32", "--no-compile")  # the shared run's, 512 val tokens
+    tiny = (
+        *TEXT_RUN_FLAGS,
+        "--eval-tokens",
+        "512",
+        "--dtype",
+        "float32",
+        "--no-compile",
+    )  # the shared run's, 512 val tokens
     assert (
         run_main("train", *tiny, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1").returncode == 0
     )
@@ -287,10 +293,10 @@ def test_resume_refuses_a_changed_run(shakespeare_data, tmp_path):
 
     run = tmp_path / "run"
     fit(
-        build_train_config("pico", dict(TINY_SETTINGS, data=str(shakespeare_data), out=str(run), max_steps=2)),
+        build_train_config("pico", dict(TEXT_RUN, data=str(shakespeare_data), out=str(run), max_steps=2)),
         echo=False,
     )
     with pytest.raises(GptspeedError, match="n_embd"):
         fit(build_train_config(None, dict(out=str(run), resume=True, n_embd=64, max_steps=4)), echo=False)
     with pytest.raises(GptspeedError, match="already holds checkpoints"):
-        fit(build_train_config("pico", dict(TINY_SETTINGS, data=str(shakespeare_data), out=str(run))), echo=False)
+        fit(build_train_config("pico", dict(TEXT_RUN, data=str(shakespeare_data), out=str(run))), echo=False)

@@ -20,8 +20,9 @@ from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 
 from support.cli import run_main
-from support.host_reads import ACCUM2, RUNGS, SHAPE, Batches, HostReads, _step
+from support.host_reads import ACCUM2, RUNGS, Batches, HostReads, _step
 from support.packages import fake_packages
+from support.shapes import HOST_READS_MODEL, PLAIN_LOSS_MODEL
 from support.training import TINY_MODEL, make_step, one_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -186,9 +187,6 @@ def shape_words(cfg, params: int) -> str:
     )
 
 
-SHAPE_PLAIN = dict(TINY_MODEL, loss="plain")
-
-
 T = TINY_MODEL["block_size"]
 
 
@@ -245,7 +243,7 @@ def test_no_host_reads_inside_a_training_step(rung):
 def test_float16_grad_scaler_step_reads_nothing_with_fused_adamw():
     """float16 + GradScaler (GPUs without bf16): the scaler's skip goes to fused AdamW's found_inf."""
     rt = Runtime(device=torch.device("cpu"), dtype="float16", autocast_dtype=torch.float16, compile=False)
-    t = make_step({**SHAPE, "loss": "plain"}, dict(fused_adamw=True), rt=rt, train_kw=ACCUM2)
+    t = make_step({**HOST_READS_MODEL, "loss": "plain"}, dict(fused_adamw=True), rt=rt, train_kw=ACCUM2)
     assert t.scaler.is_enabled() and t.accum == 2
     batches = Batches("cpu")
     t(batches.next_batch)
@@ -264,7 +262,7 @@ def test_no_tensor_on_the_wrong_device(model, shakespeare_data):
     from gptspeed.data.loader import TokenLoader
 
     rt = Runtime(device=torch.device("meta"), dtype="float32", autocast_dtype=None, compile=False)
-    t = make_step({**SHAPE, **model}, dict(fused_adamw=False), rt=rt, train_kw=ACCUM2)
+    t = make_step({**HOST_READS_MODEL, **model}, dict(fused_adamw=False), rt=rt, train_kw=ACCUM2)
     t.skips_on_device = True  # fused AdamW's path (found_inf on the device); no fused kernel exists for meta
     t.optimizer.step = lambda: None
     loader = TokenLoader(find_shards(shakespeare_data, "train"), 2, 16, device=rt.device)
@@ -278,7 +276,7 @@ def test_no_tensor_on_the_wrong_device(model, shakespeare_data):
 def test_a_stray_cpu_tensor_is_caught_on_meta():
     """The check above has teeth: a step that adds a CPU tensor to the loss fails on meta."""
     rt = Runtime(device=torch.device("meta"), dtype="float32", autocast_dtype=None, compile=False)
-    t = make_step({**SHAPE, "loss": "plain"}, dict(fused_adamw=False), rt=rt)
+    t = make_step({**HOST_READS_MODEL, "loss": "plain"}, dict(fused_adamw=False), rt=rt)
     x = torch.zeros(2, 16, dtype=torch.long, device="meta")
     with pytest.raises(RuntimeError, match="device"):
         (t.train_model(x, x)[1] + torch.ones(1)).backward()
@@ -1032,11 +1030,11 @@ def test_under_fsdp_the_gradient_norm_is_made_whole(group_of_one):
 def test_clipping_scales_the_gradient_by_clip_over_norm():
     """--grad-clip ignored, or applied to the wrong tensor, changes what AdamW is handed."""
     x, y = batch(4)
-    free = make_step(SHAPE_PLAIN, dict(grad_clip=0.0))
+    free = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=0.0))
     _, norm, _ = one_step(free, x, y)
     norm = float(norm)
     clip = norm / 4  # certainly clips
-    clipped = make_step(SHAPE_PLAIN, dict(grad_clip=clip))
+    clipped = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=clip))
     _, norm_clipped, _ = one_step(clipped, x, y)
     assert float(norm_clipped) == pytest.approx(norm, rel=1e-6)  # the logged norm is the one before clipping
     beta1 = clipped.optimizer.param_groups[0]["betas"][0]
@@ -1044,7 +1042,7 @@ def test_clipping_scales_the_gradient_by_clip_over_norm():
         torch.testing.assert_close(a, b * (clip / norm), rtol=1e-5, atol=1e-9)
     assert total_norm(first_moments(clipped)) == pytest.approx((1 - beta1) * clip, rel=1e-5)
     # a clip above the norm changes nothing
-    loose = make_step(SHAPE_PLAIN, dict(grad_clip=norm * 2))
+    loose = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=norm * 2))
     one_step(loose, x, y)
     for a, b in zip(first_moments(loose), first_moments(free)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -1054,13 +1052,13 @@ def test_float16_clips_the_unscaled_gradient_like_float32():
     """Clipping before GradScaler.unscale_ sees the gradient times the loss scale: the logged norm
     read 144,565 instead of 2.21 and the threshold became grad_clip / scale."""
     x, y = batch(4)
-    ref = make_step(SHAPE_PLAIN, dict(grad_clip=0.0))
+    ref = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=0.0))
     _, norm32, _ = one_step(ref, x, y)
     clip = float(norm32) / 3
-    s32 = make_step(SHAPE_PLAIN, dict(grad_clip=clip))
+    s32 = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=clip))
     loss32, n32, _ = one_step(s32, x, y)
     rt16 = Runtime(device=torch.device("cpu"), dtype="float16", autocast_dtype=torch.float16, compile=False)
-    s16 = make_step(SHAPE_PLAIN, dict(grad_clip=clip), rt=rt16)
+    s16 = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=clip), rt=rt16)
     s16.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # no overflow at this scale; unscale_ must divide it
     assert s16.scaler.is_enabled()
     loss16, n16, bad16 = one_step(s16, x, y)
@@ -1083,8 +1081,8 @@ def test_accumulated_gradient_equals_the_one_batch_gradient():
     """Backward before dividing by the micro-steps doubled the gradient; only a DDP test caught it,
     by 3.5e-4 against a 1e-5 tolerance."""
     x, y = batch(4, seed=1)
-    whole = make_step(SHAPE_PLAIN, dict(grad_clip=0.0), train_kw=dict(batch_size=4, total_batch_tokens=4 * T))
-    split = make_step(SHAPE_PLAIN, dict(grad_clip=0.0), train_kw=dict(batch_size=2, total_batch_tokens=4 * T))
+    whole = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=0.0), train_kw=dict(batch_size=4, total_batch_tokens=4 * T))
+    split = make_step(PLAIN_LOSS_MODEL, dict(grad_clip=0.0), train_kw=dict(batch_size=2, total_batch_tokens=4 * T))
     assert (whole.accum, split.accum) == (1, 2)
     loss_whole, norm_whole, _ = one_step(whole, x, y)
     halves = iter([(x[:2], y[:2]), (x[2:], y[2:])])

@@ -8,7 +8,6 @@ import lzma
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,14 +17,8 @@ from gptspeed.data.prepare import prepare
 from gptspeed.errors import GptspeedError
 from gptspeed.tokenizer import EOT_TOKEN, N_VOCAB, decode, encode, get_encoding
 
-from support.paths import SRC
+from support.paths import SHAKESPEARE_TEXT, SHAKESPEARE_TOKENS, SRC
 from support.records import DOCS, all_tokens, expected_stream
-
-SHARED = Path(__file__).parents[1].parent / "shared" / "data"
-
-
-TINY = SHARED / "tinyshakespeare" / "input.txt"
-
 
 PARAGRAPH = """\
 First Citizen:
@@ -104,9 +97,9 @@ def test_decode_accepts_numpy():
     assert decode(np.array([15496, 995], dtype=np.uint16)) == "Hello world"
 
 
-@pytest.mark.skipif(not TINY.is_file(), reason="shared/data not beside the checkout")
+@pytest.mark.skipif(not SHAKESPEARE_TEXT.is_file(), reason="shared/data not beside the checkout")
 def test_tinyshakespeare_token_count():
-    assert len(encode(TINY.read_text(encoding="utf-8"))) == 338_025
+    assert len(encode(SHAKESPEARE_TEXT.read_text(encoding="utf-8"))) == SHAKESPEARE_TOKENS
 
 
 # ------------------------------------------------------------------------------ the shipped files

@@ -13,12 +13,10 @@ import pytest
 from gptspeed.trainer import build_train_config, fit
 
 from support.cli import child_env
-from support.training import TINY_MODEL, records
+from support.shapes import QUICK_RUN
+from support.training import records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-TINY = dict(TINY_MODEL, batch_size=4, warmup_steps=2, eval_tokens=512, eval_every=0, log_every=1, device="cpu")
 
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
@@ -62,7 +60,7 @@ def tracked_run(shakespeare_data, tmp_path_factory):
         mp.setenv("WANDB_CACHE_DIR", str(home))
         mp.setenv("WANDB_DATA_DIR", str(home))
         base = dict(
-            TINY,
+            QUICK_RUN,
             data=str(shakespeare_data),
             out=str(run),
             max_steps=4,
@@ -226,7 +224,7 @@ def test_a_tracker_failing_mid_run_is_dropped_with_one_line(shakespeare_data, tm
     run = tmp_path / "run"
     summary = fit(
         build_train_config(
-            "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, log_to="tensorboard")
+            "pico", dict(QUICK_RUN, data=str(shakespeare_data), out=str(run), max_steps=4, log_to="tensorboard")
         ),
         echo=False,
     )
@@ -260,7 +258,9 @@ def test_trackers_are_closed_at_the_end(shakespeare_data, tmp_path, monkeypatch)
     monkeypatch.setitem(trackers.TRACKERS, "wandb", Recorder)
     run = tmp_path / "run"
     fit(
-        build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=2, log_to="wandb")),
+        build_train_config(
+            "pico", dict(QUICK_RUN, data=str(shakespeare_data), out=str(run), max_steps=2, log_to="wandb")
+        ),
         echo=False,
     )
     fit(build_train_config(None, dict(out=str(run), resume=True, max_steps=3)), echo=False)

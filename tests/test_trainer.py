@@ -26,37 +26,21 @@ from gptspeed.runtime import resolve_runtime
 from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_main
-from support.host_reads import SHAPE, HostReads
+from support.host_reads import HostReads
 from support.padded_model import _batch, _model
 from support.records import lines_of
 from support.run_folders import train
-from support.settings import STREAM_TINY, TINY
-from support.training import TINY_MODEL, flags, records
+from support.shapes import FP32_EAGER_FLAGS, HOST_READS_MODEL, STREAM_SETTINGS, TEXT_RUN
+from support.training import TINY_MODEL, records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _stream_run(path: Path, run: Path, **over):
-    tiny = dict(STREAM_TINY, data=f"jsonl:{path}", out=str(run), max_steps=10_000, save_every=100_000, compile=False)
+    tiny = dict(
+        STREAM_SETTINGS, data=f"jsonl:{path}", out=str(run), max_steps=10_000, save_every=100_000, compile=False
+    )
     return fit(build_train_config("pico", {**tiny, **over}), echo=False)
-
-
-TINY_FLAGS = [
-    "--preset",
-    "pico",
-    *flags(dict(TINY_MODEL, n_layer=1, block_size=32, batch_size=4)),
-    "--log-every",
-    "1",
-    "--eval-every",
-    "0",
-    "--eval-tokens",
-    "128",
-    "--device",
-    "cpu",
-    "--dtype",
-    "float32",
-    "--no-compile",
-]
 
 
 @pytest.mark.usefixtures("eager_compile")
@@ -70,7 +54,7 @@ def test_the_training_loop_reads_the_device_only_at_log_eval_and_save_steps(shak
     cfg = build_train_config(
         "pico",
         dict(
-            **SHAPE,
+            **HOST_READS_MODEL,
             data=str(shakespeare_data),
             out=str(tmp_path / "run"),
             batch_size=2,
@@ -198,7 +182,7 @@ def test_a_step_that_raises_as_a_stop_signal_arrives_is_left_and_the_last_finish
     run = tmp_path / "run"
     with _signal_handlers_kept():
         res = run_main(
-            "train", *TINY_FLAGS, "--max-steps", "50", "--save-every", "0",
+            "train", *FP32_EAGER_FLAGS, "--max-steps", "50", "--save-every", "0",
             "--data", str(shakespeare_data), "--out", str(run),
         )  # fmt: skip
     assert res.returncode == code, res.stderr
@@ -230,7 +214,7 @@ def test_an_evaluation_that_raises_as_a_stop_signal_arrives_is_left_and_its_step
     run = tmp_path / "run"
     with _signal_handlers_kept():
         res = run_main(
-            "train", *TINY_FLAGS, "--max-steps", "50", "--save-every", "0", "--eval-every", "2",
+            "train", *FP32_EAGER_FLAGS, "--max-steps", "50", "--save-every", "0", "--eval-every", "2",
             "--data", str(shakespeare_data), "--out", str(run),
         )  # fmt: skip
     assert res.returncode == 130, res.stderr
@@ -302,7 +286,8 @@ def test_eval_after_training_does_not_recompile():
 def test_metrics_config_and_checkpoint_contents(shakespeare_data, tmp_path):
     run = tmp_path / "run"
     cfg = build_train_config(
-        "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=4, total_batch_tokens=1024, eval_every=0)
+        "pico",
+        dict(TEXT_RUN, data=str(shakespeare_data), out=str(run), max_steps=4, total_batch_tokens=1024, eval_every=0),
     )
     fit(cfg, echo=False)
     rec = records(run)[-1]
@@ -340,7 +325,7 @@ def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespea
     run = tmp_path / "a"
     fit(
         build_train_config(
-            "pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3, warmup_steps=5, eval_every=0)
+            "pico", dict(TEXT_RUN, data=str(shakespeare_data), out=str(run), max_steps=3, warmup_steps=5, eval_every=0)
         )
     )
     out = capsys.readouterr().out
@@ -355,7 +340,9 @@ def test_start_line_says_why_and_warns_of_a_warmup_longer_than_the_run(shakespea
         build_train_config(
             "pico",
             dict(
-                {k: v for k, v in TINY.items() if k != "warmup_steps"},  # --warmup-ratio replaces it: both is refused
+                {
+                    k: v for k, v in TEXT_RUN.items() if k != "warmup_steps"
+                },  # --warmup-ratio replaces it: both is refused
                 data=str(shakespeare_data),
                 out=str(run),
                 max_steps=4,
@@ -377,7 +364,7 @@ def test_a_resume_of_a_run_that_reached_its_target_val_loss_trains_no_further(sh
     reached its target and stops (exit 0, nothing written); a lower target goes on. (Only a stream has no val
     split, refused with a target by the configuration: a data folder without one is refused by find_train_data.)"""
     run = tmp_path / "run"
-    tiny = dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=6, eval_every=2, eval_tokens=256)
+    tiny = dict(TEXT_RUN, data=str(shakespeare_data), out=str(run), max_steps=6, eval_every=2, eval_tokens=256)
     first = fit(build_train_config("pico", dict(tiny, stop_at_val_loss=100.0)), echo=False)
     assert (first["step"], first["reached_target"]) == (2, 2)
     kept = (records(run), list_checkpoints(run))
@@ -398,7 +385,7 @@ def test_a_new_run_that_fails_before_its_first_step_leaves_nothing(shakespeare_d
     write_shard(data / "val_000000.bin", np.full(500, 60000, dtype=np.uint16))  # ids beyond the vocabulary
     run = tmp_path / "run"
     with pytest.raises(GptspeedError, match="is not below the vocabulary size"):
-        fit(build_train_config("pico", dict(TINY, data=str(data), out=str(run), max_steps=2)), echo=False)
+        fit(build_train_config("pico", dict(TEXT_RUN, data=str(data), out=str(run), max_steps=2)), echo=False)
     assert not run.exists()  # not even an empty folder, config.json or lock
 
 
@@ -410,7 +397,7 @@ def test_fit_with_compile_on_matches_eager(shakespeare_data, tmp_path, monkeypat
 
     real = parallelize.parallelize
     monkeypatch.setattr(step, "parallelize", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
-    base = dict(TINY, data=str(shakespeare_data), max_steps=3, eval_every=0)
+    base = dict(TEXT_RUN, data=str(shakespeare_data), max_steps=3, eval_every=0)
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "e"), compile=False)), echo=False)
     fit(build_train_config("pico", dict(base, out=str(tmp_path / "c"), compile=True)), echo=False)
     assert json.loads((tmp_path / "c" / "config.json").read_text())["derived"]["compile"] is True
@@ -441,7 +428,9 @@ def test_the_step_0_eval_of_a_compiled_run_compiles_nothing(shakespeare_data, tm
     fit(
         build_train_config(
             "pico",
-            dict(TINY, data=str(shakespeare_data), out=str(tmp_path / "c"), compile=True, max_steps=2, eval_every=0),
+            dict(
+                TEXT_RUN, data=str(shakespeare_data), out=str(tmp_path / "c"), compile=True, max_steps=2, eval_every=0
+            ),
         )
     )
     assert "step 0: evaluating the val loss on 1024 val tokens (eagerly" in capsys.readouterr().out
@@ -479,7 +468,7 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_micro_batch(
     run = tmp_path / "run"
     res = run_main(
         "train",
-        *TINY_FLAGS,
+        *FP32_EAGER_FLAGS,
         "--data",
         str(shakespeare_data),
         "--out",
@@ -508,7 +497,7 @@ def test_the_runs_own_files_replaced_by_folders_are_one_line(shakespeare_data, t
     """A folder under the lock's name (os.open: IsADirectoryError) or config.json's (its atomic
     rename onto a folder) was a traceback, on a new run and on --resume."""
     run = tmp_path / "run"
-    args = ["train", *TINY_FLAGS, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1"]
+    args = ["train", *FP32_EAGER_FLAGS, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "1"]
     assert run_main(*args).returncode == 0
     (run / name).unlink()
     (run / name).mkdir()
@@ -652,6 +641,7 @@ def test_a_compiled_training_forward_computes_with_the_window_set_last_and_reads
     assert mode.reads == []
 
 
+@pytest.mark.usefixtures("eager_compile")  # dynamo traces and counts the graphs; no inductor code generation
 def test_the_batch_and_length_warm_ups_give_each_step_its_micro_batches_tokens_and_length(shakespeare_data, tmp_path):
     """--batch-warmup-steps 3 from one micro-batch to 4, --seq-len-warmup-steps 3 from 16 tokens to 64, compiled:
     the loop gives steps 1-5 1, 2, 3, 4, 4 micro-batches (``grad_accum_at``) at lengths 16, 32, 32, 64, 64

@@ -15,6 +15,8 @@ from gptspeed.trainlog import TrainLog
 
 from support.run_folders import BASE
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_durations_come_from_a_monotonic_clock(shakespeare_data, tmp_path, monkeypatch, capsys):
     """A wall clock set back by a day mid-run made time_s negative and the end line say 87600h."""

@@ -12,7 +12,10 @@ from gptspeed import cli
 from gptspeed.bench import ladder as ladder_mod
 from gptspeed.bench.breakdown import CATEGORIES, H100_ESTIMATE, RULES, attribute, breakdown_events, classify, markdown
 
-from support.ladder_rows import TINY, in_process_worker
+from support.ladder_rows import in_process_worker
+from support.shapes import LADDER_FLAGS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ELLIPSIS = "(...)"
 
@@ -234,7 +237,7 @@ def test_the_table_carries_the_estimate_only_when_given_and_lists_the_unclassifi
 
 def test_bench_profile_writes_the_breakdown(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ladder_mod, "run_worker", in_process_worker)
-    assert cli.main(["bench", "profile", "fused-adamw", "--out", str(tmp_path), *TINY]) == 0
+    assert cli.main(["bench", "profile", "fused-adamw", "--out", str(tmp_path), *LADDER_FLAGS]) == 0
     out = capsys.readouterr().out
     bd = json.loads((tmp_path / "profile-fused-adamw-breakdown.json").read_text())
     md = (tmp_path / "profile-fused-adamw-breakdown.md").read_text()

@@ -11,6 +11,8 @@ import torch
 
 from gptspeed.bench.checks import SYNC_MESSAGE, CompileWatch, SyncCounter, sdpa_backend
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 # ------------------------------------------------------------------------------------ the worker's watchers
 def test_sync_counter_counts_warnings_raised_in_python_and_printed_by_cpp():

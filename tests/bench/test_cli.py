@@ -12,9 +12,9 @@ from gptspeed import cli
 from gptspeed.bench import cli as bench_cli
 
 from support.cli import run_cli, run_main
+from support.shapes import BENCH_MODEL_FLAGS
 
 MODES = ("ladder", "verify", "profile", "race", "tune")
-SHAPE = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32", "--synthetic"]
 
 
 def _help_flags(text: str) -> set[str]:
@@ -58,9 +58,9 @@ def test_each_subcommands_help_shows_its_dataclasss_flags_and_no_other(mode):
     [
         (["race", "--arms", "gpt2", "--n-layer", "4"], "--n-layer 4"),
         (["race", "--arms", "gpt2", "--stages", "all"], "--stages all"),
-        (["tune", *SHAPE, "--no-peers"], "--no-peers"),
-        (["profile", "baseline", *SHAPE, "--stages", "baseline"], "--stages baseline"),
-        (["verify", *SHAPE, "--seeds", "2"], "--seeds 2"),
+        (["tune", *BENCH_MODEL_FLAGS, "--no-peers"], "--no-peers"),
+        (["profile", "baseline", *BENCH_MODEL_FLAGS, "--stages", "baseline"], "--stages baseline"),
+        (["verify", *BENCH_MODEL_FLAGS, "--seeds", "2"], "--seeds 2"),
     ],
 )
 def test_a_flag_of_another_subcommand_is_refused_by_argparse_in_one_line(args, refused, tmp_path):

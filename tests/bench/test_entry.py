@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gptspeed.bench.stages import (
@@ -9,7 +10,10 @@ from gptspeed.bench.stages import (
     baseline_with,
 )
 
-from support.ladder_rows import TINY_ROW, in_process_worker
+from support.ladder_rows import in_process_worker
+from support.shapes import SMALLEST_ROW
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypatch):
@@ -21,7 +25,7 @@ def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypa
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 GiB")
 
     monkeypatch.setattr(entry, "run_stage", oom)
-    spec = StageSpec(name="baseline", settings=dict(BASELINE), **dict(TINY_ROW, seq_len=1024, batch_size=64))
+    spec = StageSpec(name="baseline", settings=dict(BASELINE), **dict(SMALLEST_ROW, seq_len=1024, batch_size=64))
     result = in_process_worker(spec, tmp_path / "baseline.log")
     assert result["status"] == "failed" and result["oom"] is True
     assert result["reason"] == (
@@ -32,7 +36,7 @@ def test_a_row_out_of_memory_is_a_failed_row_naming_the_batch(tmp_path, monkeypa
 def test_a_combination_gptspeed_refuses_is_a_skipped_rung_with_the_refusal(tmp_path):
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(name="fp16", settings=baseline_with(dtype="float16"), **TINY_ROW, mode="verify")
+    spec = StageSpec(name="fp16", settings=baseline_with(dtype="float16"), **SMALLEST_ROW, mode="verify")
     result = in_process_worker(spec, tmp_path / "fp16.log")
     assert result == {
         "status": "skipped",

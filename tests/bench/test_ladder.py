@@ -17,7 +17,9 @@ from gptspeed.bench.ladder import PEER_NAME, check_rows
 from gptspeed.bench.report import markdown
 from gptspeed.bench.stages import baseline_with, plan_ladder, record
 
-from support.ladder_rows import TINY
+from support.shapes import LADDER_FLAGS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -134,7 +136,7 @@ def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ladder_mod, "run_worker", worker)
     out = tmp_path / "ladder"
-    code = cli.main(["bench", "ladder", "--out", str(out), "--stages", "baseline", *TINY])
+    code = cli.main(["bench", "ladder", "--out", str(out), "--stages", "baseline", *LADDER_FLAGS])
     assert code == 0, capsys.readouterr().err
     result = json.loads((out / "ladder.json").read_text())
     peer = result["rows"][-1]
@@ -144,7 +146,7 @@ def test_peer_row_skipped_without_transformers(tmp_path, monkeypatch, capsys):
 
 
 def test_profile_one_stage(tmp_path, capsys):
-    assert cli.main(["bench", "profile", "baseline", "--out", str(tmp_path), *TINY]) == 0
+    assert cli.main(["bench", "profile", "baseline", "--out", str(tmp_path), *LADDER_FLAGS]) == 0
     out = capsys.readouterr().out
     trace = tmp_path / "trace-baseline.json"
     assert json.loads(trace.read_text())["traceEvents"]
@@ -347,7 +349,7 @@ def test_a_bench_killed_mid_row_leaves_valid_json_with_its_finished_rows(tmp_pat
         str(out),
         "--stages",
         "baseline,compile,flash",
-        *TINY,
+        *LADDER_FLAGS,
         *(["--no-peers"] if mode == "ladder" else []),
     ]
     # killed once the sleeping row has started (its worker's output goes to its log)

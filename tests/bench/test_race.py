@@ -14,6 +14,8 @@ from gptspeed.errors import GptspeedError
 from support.cli import assert_user_error, run_main
 from support.training import TINY_MODEL, flags
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # ------------------------------------------------------------------ the race keeps the user's files
 BASE = ["--preset", "pico", "--device", "cpu", "--seeds", "1", "--eval-every", "2", "--eval-tokens", "256"]
 

@@ -28,8 +28,11 @@ from gptspeed.bench.verify import plan_verify
 from gptspeed.config import AUTO_BATCH_SIZE
 from gptspeed.errors import GptspeedError
 
-from support.ladder_rows import TINY, in_process_worker
+from support.ladder_rows import in_process_worker
 from support.packages import fake_packages
+from support.shapes import LADDER_FLAGS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAULTS = """
 import os
@@ -55,7 +58,7 @@ def test_ladder_tiny_cpu(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ladder_mod, "run_worker", in_process_worker)
     out = tmp_path / "ladder"
-    argv = ["bench", "ladder", "--out", str(out), "--stages", "baseline,fused-ce,muon", *TINY]
+    argv = ["bench", "ladder", "--out", str(out), "--stages", "baseline,fused-ce,muon", *LADDER_FLAGS]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
     assert cli.main(argv) == 0, capsys.readouterr().err
     stdout, stderr = capsys.readouterr()
@@ -261,7 +264,7 @@ def test_verify_end_to_end_records_failures_and_goes_on(tmp_path, monkeypatch, c
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(faults), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("GPTSPEED_TEST_FAULTS", json.dumps({"compile": "oom", "flash": "crash"}))
     out = tmp_path / "verify"
-    argv = ["bench", "verify", "--out", str(out), "--stages", "compile,flash,fused-ce", *TINY]
+    argv = ["bench", "verify", "--out", str(out), "--stages", "compile,flash,fused-ce", *LADDER_FLAGS]
     monkeypatch.setattr(sys, "argv", ["gptspeed", *argv])
 
     code = cli.main(argv)

@@ -14,7 +14,10 @@ from gptspeed.bench import verify as verify_mod
 from gptspeed.bench.stages import baseline_with
 from gptspeed.bench.verify import compare_losses, plan_verify, rung_problems
 
-from support.ladder_rows import TINY, TINY_ROW, in_process_worker
+from support.ladder_rows import in_process_worker
+from support.shapes import LADDER_FLAGS, SMALLEST_ROW
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------ the parent's verdicts
@@ -91,7 +94,7 @@ def test_a_rung_with_a_wrong_loss_is_flagged_and_the_exit_is_nonzero(tmp_path, m
 
     monkeypatch.setattr(verify_mod, "run_worker", fake_worker)
     out = tmp_path / "v"
-    assert cli.main(["bench", "verify", "--out", str(out), "--stages", "compile,fused-ce", *TINY]) == code
+    assert cli.main(["bench", "verify", "--out", str(out), "--stages", "compile,fused-ce", *LADDER_FLAGS]) == code
     stdout, stderr = capsys.readouterr()
     rungs = {r["name"]: r for r in json.loads((out / "verify.json").read_text())["rungs"]}
     assert rungs["compile"]["problems"] == []
@@ -116,7 +119,7 @@ def test_on_an_h100_the_default_rungs_run_and_the_verdict_is_verified(tmp_path, 
     ran = []
     monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
     out = tmp_path / "v"
-    assert cli.main(["bench", "verify", "--out", str(out), *TINY]) == 0
+    assert cli.main(["bench", "verify", "--out", str(out), *LADDER_FLAGS]) == 0
     assert [name for name, _, _ in ran] == list(verify_mod.DEFAULT_RUNGS)
     result = json.loads((out / "verify.json").read_text())
     assert result["verdict"] == "verified" and result["ok"] and result["complete"]
@@ -144,7 +147,10 @@ def test_on_an_h100_every_rung_runs_refusals_are_not_failures_and_batch_auto_is_
     monkeypatch.setattr(verify_mod, "run_worker", _fake_h100_worker(ran))
     out = tmp_path / "v"
     assert (
-        cli.main(["bench", "verify", "--out", str(out), "--stages", "all", *TINY, "--compile-backend", "inductor"]) == 0
+        cli.main(
+            ["bench", "verify", "--out", str(out), "--stages", "all", *LADDER_FLAGS, "--compile-backend", "inductor"]
+        )
+        == 0
     )
     result = json.loads((out / "verify.json").read_text())
     assert result["verdict"] == "verified" and result["not_verified"] == []
@@ -271,7 +277,7 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     as "verified"; it is refused by the configuration's own rule: "refused", not "verified"."""
     from gptspeed.bench.worker import StageSpec
 
-    spec = StageSpec(name="fp8", settings=baseline_with(fp8=True), **dict(TINY_ROW, batch_size=2), mode="verify")
+    spec = StageSpec(name="fp8", settings=baseline_with(fp8=True), **dict(SMALLEST_ROW, batch_size=2), mode="verify")
     result = in_process_worker(spec, tmp_path / "fp8.log")
     assert result["status"] == "skipped" and result["reason"].startswith("refused: --fp8 would convert no layer")
     row = {"name": "fp8", "problems": [], "applies_here": True, **result}
@@ -287,7 +293,7 @@ def test_an_fp8_rung_that_would_convert_no_layer_is_refused_not_passed(tmp_path)
     ],
 )
 def test_verify_bad_flags_one_line(tmp_path, capsys, args, message):
-    code = cli.main(["bench", "verify", "--out", str(tmp_path / "o"), *TINY, *args])
+    code = cli.main(["bench", "verify", "--out", str(tmp_path / "o"), *LADDER_FLAGS, *args])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and message in err and err.startswith("gptspeed bench: error:")
 

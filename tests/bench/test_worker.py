@@ -14,7 +14,7 @@ from gptspeed.bench.stages import (
 )
 from gptspeed.bench.worker import init_gpt
 
-from support.ladder_rows import TINY_ROW
+from support.shapes import SMALLEST_ROW
 from support.verify_rows import TINY_RUNG
 
 
@@ -118,7 +118,7 @@ def test_bench_step_reports_a_step_it_did_not_apply():
     from gptspeed.bench.worker import StageSpec, bench_step, build_row
     from gptspeed.runtime import resolve_runtime
 
-    spec = StageSpec(name="t", settings=dict(BASELINE), **TINY_ROW, grad_accum=2)
+    spec = StageSpec(name="t", settings=dict(BASELINE), **SMALLEST_ROW, grad_accum=2)
     rt = resolve_runtime("cpu", "float32", False)
     step, _ = build_row(spec, rt)
     assert step.accum == 2

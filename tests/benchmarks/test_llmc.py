@@ -37,7 +37,9 @@ from support.paths import ROOT
 LLMC_DIR = Path(os.environ.get("GPTSPEED_LLMC_DIR", ROOT.parent / "shared" / "peers" / "llm.c"))
 
 
-SHAPE = dict(n_layer=2, n_head=2, n_embd=16, block_size=LLMC_T)
+#: The model both gptspeed and llm.c's train_gpt2 train: two blocks 16 wide at llm.c's sequence length (this
+#: file's alone: it needs benchmarks/llmc.py on the path).
+LLMC_MODEL = dict(n_layer=2, n_head=2, n_embd=16, block_size=LLMC_T)
 
 
 SEED = 1337
@@ -153,7 +155,7 @@ def test_losses_agree_with_llmc_over_20_steps(tmp_path, llmc_binary, monkeypatch
     train, val = ids[:n], ids[n:]
     # gptspeed train builds its model as torch.manual_seed(seed); GPT(config): the same weights here
     torch.manual_seed(SEED)
-    model = GPT(GPTConfig(**SHAPE))
+    model = GPT(GPTConfig(**LLMC_MODEL))
     prepare_llmc_dir(tmp_path / "llmc", model, train, val)
     result: dict = {}
 
@@ -179,11 +181,11 @@ def test_losses_agree_with_llmc_over_20_steps(tmp_path, llmc_binary, monkeypatch
         "--preset",
         "pico",
         "--n-layer",
-        str(SHAPE["n_layer"]),
+        str(LLMC_MODEL["n_layer"]),
         "--n-head",
-        str(SHAPE["n_head"]),
+        str(LLMC_MODEL["n_head"]),
         "--n-embd",
-        str(SHAPE["n_embd"]),
+        str(LLMC_MODEL["n_embd"]),
         "--seq-len",
         str(LLMC_T),
         "--batch-size",

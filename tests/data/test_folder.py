@@ -22,6 +22,8 @@ from support.records import DOCS as DOCS_RECORDS
 from support.records import lines_of
 from support.runs import train_args
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 DOCS = [
     f"Document {i}: " + "the quick brown fox jumps over the lazy dog, again and again. " * (4 + i % 5)
     for i in range(60)

@@ -21,6 +21,7 @@ from gptspeed.tokenizer import EOT_TOKEN, encode
 
 from support.cli import assert_user_error, run_main
 from support.documents import DOCS, all_tokens, expected_stream, shard_bytes, write_jsonl
+from support.paths import SHAKESPEARE_TOKENS
 from support.paths import SHARED_DATA as SHARED
 from support.records import DOCS as DOCS_RECORDS
 from support.records import lines_of
@@ -33,9 +34,6 @@ def shard_bytes_records(out):
 
 
 needs_shared = pytest.mark.skipif(not (SHARED / "SHA256SUMS").is_file(), reason="shared/data not beside the checkout")
-
-
-TINY_TOKENS = 338_025
 
 
 def all_tokens_three(out, split):
@@ -239,9 +237,9 @@ def test_tinyshakespeare(tmp_path):
     out = tmp_path / "tiny"
     m = prepare("tinyshakespeare", out, progress=False)
     train, val = all_tokens_three(out, "train"), all_tokens_three(out, "val")
-    assert len(train) + len(val) == TINY_TOKENS + 1
+    assert len(train) + len(val) == SHAKESPEARE_TOKENS + 1
     assert train[0] == EOT_TOKEN and np.count_nonzero(train == EOT_TOKEN) == 1
-    assert len(val) == TINY_TOKENS + 1 - round((TINY_TOKENS + 1) * 0.9)  # one document: no move
+    assert len(val) == SHAKESPEARE_TOKENS + 1 - round((SHAKESPEARE_TOKENS + 1) * 0.9)  # one document: no move
     assert m == load_manifest(out) == json.loads((out / "manifest.json").read_text())
     assert m["format"] == "gptspeed-shards" and m["format_version"] == 1
     assert (m["tokenizer"], m["eot_token"], m["n_vocab"]) == ("gpt2", 50256, 50257)

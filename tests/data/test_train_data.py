@@ -14,8 +14,9 @@ from gptspeed.errors import GptspeedError
 from gptspeed.trainer import build_train_config, fit
 
 from support.cli import assert_user_error, run_cli
-from support.runs import TINY
-from support.settings import TINY as TINY_SETTINGS
+from support.shapes import TEXT_RUN, TEXT_RUN_FLAGS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path):
@@ -24,7 +25,7 @@ def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path
     toks = np.array(read_shard(data / "train_000000.bin"))
     toks[100] = 60000
     write_shard(data / "train_000000.bin", toks)
-    proc = run_cli("train", *TINY, "--data", str(data), "--out", str(tmp_path / "r"), "--max-steps", "2")
+    proc = run_cli("train", *TEXT_RUN_FLAGS, "--data", str(data), "--out", str(tmp_path / "r"), "--max-steps", "2")
     assert_user_error(proc, "train_000000.bin", "token id 60000 at token 100")
 
 
@@ -38,7 +39,7 @@ def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_pat
         build_train_config(
             "pico",
             dict(
-                TINY_SETTINGS,
+                TEXT_RUN,
                 data=f"hf:{path}",
                 text_field="body",
                 split="train",
@@ -63,7 +64,7 @@ def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_pat
             build_train_config(
                 "pico",
                 dict(
-                    TINY_SETTINGS,
+                    TEXT_RUN,
                     data=f"hf:{path}",
                     text_field="body2",
                     out=str(tmp_path / "x"),

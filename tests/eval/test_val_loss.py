@@ -19,6 +19,7 @@ from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import Runtime, resolve_runtime
 
 from support.host_reads import Batches, _step
+from support.shapes import PLAIN_LOSS_MODEL
 from support.training import TINY_MODEL, make_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,9 +97,6 @@ def run_ranks(model, split, monkeypatch, parallel, seq_len=T, batch_size=B):
         results[rank] = evaluate(model, rt, split, batch_size, seq_len)
     monkeypatch.setattr(model, "forward", real_forward)
     return results[0], devices
-
-
-SHAPE = dict(TINY_MODEL, loss="plain")
 
 
 T_PLAIN = TINY_MODEL["block_size"]
@@ -304,7 +302,7 @@ def test_val_loss_weighs_a_partial_last_batch_by_its_tokens(tmp_path):
     tokens = rng.integers(0, 50257, windows * T_PLAIN + 1 + 7, dtype=np.uint16)  # 7 tokens too few for a 7th window
     shard = tmp_path / "val_000000.bin"
     write_shard(shard, tokens)
-    step = make_step(SHAPE, {})
+    step = make_step(PLAIN_LOSS_MODEL, {})
     model = step.model.eval()
     # make the two batches' losses differ a lot, so the weighting shows
     with torch.no_grad():

@@ -24,14 +24,14 @@ from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.step import TrainStep
 from gptspeed.trainer import Trainer
 
-from support.torchrun import DIST_TINY as TINY  # noqa: E402
+from support.shapes import DIST_RUN  # noqa: E402
 
 
 def muon_fsdp(data: str, out: Path) -> dict:
     """FSDP2 + Muon: steps, HellaSwag during training, sharded checkpoints, then a resume."""
     run = out / "muon_fsdp"
     base = dict(
-        TINY,
+        DIST_RUN,
         data=data,
         out=str(run),
         optimizer="muon",
@@ -51,7 +51,7 @@ def muon_fsdp(data: str, out: Path) -> dict:
 
 def eval_uneven(data: str, rt: Runtime) -> dict:
     """FSDP2 val loss over 3 batches on 2 ranks (one rank runs a dummy forward)."""
-    cfg = build_train_config("pico", dict(TINY, data=data, parallel="fsdp"))
+    cfg = build_train_config("pico", dict(DIST_RUN, data=data, parallel="fsdp"))
     trainer = TrainStep(cfg, dataclasses.replace(rt, parallel="fsdp"))
     loss, n = evaluate(trainer.train_model, trainer.rt, find_shards(data, "val"), 4, 32, max_tokens=3 * 4 * 32)
     return {"val_loss": loss, "tokens": n}
@@ -60,7 +60,7 @@ def eval_uneven(data: str, rt: Runtime) -> dict:
 def fp16_fsdp(data: str, rt: Runtime) -> dict:
     """float16 + FSDP2: an overflow in one rank's gradient shard makes every rank skip the step."""
     fp16 = dataclasses.replace(rt, dtype="float16", autocast_dtype=torch.float16, parallel="fsdp")
-    trainer = TrainStep(build_train_config("pico", dict(TINY, data=data)), fp16)
+    trainer = TrainStep(build_train_config("pico", dict(DIST_RUN, data=data)), fp16)
     x = torch.randint(0, 50257, (4, 32), generator=torch.Generator().manual_seed(0))
     seen = {}
     for step in range(2):
@@ -113,7 +113,7 @@ def modern_fsdp(data: str, out: Path) -> dict:
     one process."""
     cfg = build_train_config(
         "pico",
-        dict(TINY, **MODERN, data=data, out=str(out / "modern_fsdp"), parallel="fsdp", save_every=0, max_steps=2),
+        dict(DIST_RUN, **MODERN, data=data, out=str(out / "modern_fsdp"), parallel="fsdp", save_every=0, max_steps=2),
     )
     return Trainer(cfg, resolve_runtime("cpu", "float32", False, "fsdp"), echo=False).train()
 
@@ -122,7 +122,7 @@ def muon_ddp(data: str, out: Path) -> dict:
     """DDP + Muon: a checkpoint every step, compared with one process by the test."""
     run = out / "muon_ddp"
     cfg = build_train_config(
-        "pico", dict(TINY, data=data, out=str(run), optimizer="muon", parallel="ddp", save_every=1, max_steps=2)
+        "pico", dict(DIST_RUN, data=data, out=str(run), optimizer="muon", parallel="ddp", save_every=1, max_steps=2)
     )
     return Trainer(cfg, resolve_runtime("cpu", "float32", False, "ddp"), echo=False).train()
 

@@ -7,10 +7,8 @@ from torch.overrides import TorchFunctionMode
 
 from gptspeed.runtime import resolve_runtime
 
+from support.shapes import HOST_READS_MODEL
 from support.training import make_step
-
-SHAPE = dict(block_size=16, n_layer=2, n_head=2, n_embd=32)
-
 
 HOST_READS = {"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy", "nonzero"}
 
@@ -59,7 +57,7 @@ RUNGS = {  # the ladder's rungs that run on a CPU: model and optimizer settings,
 }
 
 
-ACCUM2 = dict(batch_size=2, total_batch_tokens=2 * 2 * SHAPE["block_size"])  # two micro-batches per step
+ACCUM2 = dict(batch_size=2, total_batch_tokens=2 * 2 * HOST_READS_MODEL["block_size"])  # two micro-batches per step
 
 
 def _step(rung: str):
@@ -69,4 +67,4 @@ def _step(rung: str):
     dtype = run.get("dtype", "float32")
     rt = resolve_runtime("cpu", dtype, run.get("compile", False))
     runtime = {k: v for k, v in run.items() if k in ("compile_mode", "activation_checkpointing")}
-    return make_step({**SHAPE, **model}, optim, rt=rt, train_kw=ACCUM2, **runtime)
+    return make_step({**HOST_READS_MODEL, **model}, optim, rt=rt, train_kw=ACCUM2, **runtime)

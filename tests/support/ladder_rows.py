@@ -1,6 +1,5 @@
-"""The tiny shape of the bench's tests (``gptspeed bench`` flags: the ladder's and ``--verify``'s), the smallest row as
-:class:`gptspeed.bench.worker.StageSpec` fields, and a ladder row run in this process (the worker's own entry point,
-without a fresh interpreter)."""
+"""A ladder row run in this process (the worker's own entry point, without a fresh interpreter); the bench's flags
+and smallest row are in tests/support/shapes.py."""
 
 from __future__ import annotations
 
@@ -8,25 +7,6 @@ import contextlib
 import json
 
 import torch
-
-from support.training import TINY_MODEL, flags
-
-TINY = [
-    *flags(dict(TINY_MODEL, batch_size=2)),
-    "--steps",
-    "2",
-    "--warmup",
-    "1",
-    "--synthetic",
-    "--device",
-    "cpu",
-    "--compile-backend",
-    "eager",
-]
-
-#: The smallest row on the CPU (StageSpec fields): one step of 1 x 8 tokens of a 1-block model; each test adds its
-#: name and settings (and what it changes).
-TINY_ROW = dict(n_layer=1, n_head=2, n_embd=16, seq_len=8, batch_size=1, steps=1, warmup=1, device="cpu")
 
 
 # ------------------------------------------------------------------------------------ end to end

@@ -7,15 +7,14 @@ import torch
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import resolve_runtime
 
-SHAPE = dict(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
-
+from support.shapes import PADDED_VOCAB_MODEL
 
 CPU = resolve_runtime("cpu", "float32", False)
 
 
 def _model(seed=0, **kw):
     torch.manual_seed(seed)
-    return GPT(GPTConfig(**{**SHAPE, **kw}))
+    return GPT(GPTConfig(**{**PADDED_VOCAB_MODEL, **kw}))
 
 
 def _batch(B=2, T=32, seed=1):

@@ -1,28 +1,14 @@
-"""The flags of a tiny ``gptspeed train`` run on real text, a run started in the background, and the arguments of a
-``train --preset pico`` on the CPU."""
+"""A tiny ``gptspeed train`` run on real text started in the background (its flags: tests/support/shapes.py), and
+the arguments of a ``train --preset pico`` on the CPU."""
 
 from __future__ import annotations
 
 from support.cli import start_cli
-from support.training import TINY_MODEL, flags
-
-TINY = [
-    "--preset",
-    "pico",
-    *flags(dict(TINY_MODEL, n_layer=2, block_size=64, batch_size=8)),
-    "--log-every",
-    "1",
-    "--eval-every",
-    "0",
-    "--eval-tokens",
-    "1024",
-    "--device",
-    "cpu",
-]
+from support.shapes import TEXT_RUN_FLAGS
 
 
 def start(data, run, *extra):
-    return start_cli("train", *TINY, "--data", str(data), "--out", str(run), *extra)
+    return start_cli("train", *TEXT_RUN_FLAGS, "--data", str(data), "--out", str(run), *extra)
 
 
 def train_args(data, out, *extra: str, max_steps: int | None = 2) -> tuple[str, ...]:

@@ -1,22 +1,11 @@
-"""The settings of the tiny real-text trainings (``gptspeed.make_config`` field names)."""
+"""The settings of the runs shared through the ``reference_run`` fixture (``gptspeed.make_config`` field names); the
+other runs' shapes are in tests/support/shapes.py."""
 
 from __future__ import annotations
 
 from support.references import SHAKESPEARE, STREAM, THREADS
+from support.shapes import STREAM_SETTINGS
 from support.training import TINY_MODEL
-
-TINY = dict(
-    TINY_MODEL,
-    n_layer=2,
-    block_size=64,
-    batch_size=8,
-    warmup_steps=2,
-    lr=3e-3,
-    eval_tokens=1024,
-    log_every=1,
-    device="cpu",
-)
-
 
 # ----------------------------------------------------- the runs shared through the ``reference`` fixture
 #: A host branch's run (tests/system/test_host_branches.py): 3 steps, evaluated at 0, 2 and 3, a checkpoint at
@@ -59,24 +48,9 @@ def branch_run(dtype: str, softmax: str, loss: str, compile: bool) -> tuple[dict
     )
 
 
-#: The tiny run streaming a jsonl file (``--data jsonl:FILE``: no val split, so no evaluation): each test adds its
-#: data, steps and checkpoints.
-STREAM_TINY = dict(
-    n_layer=1,
-    n_head=2,
-    n_embd=16,
-    block_size=32,
-    batch_size=4,
-    warmup_steps=1,
-    lr=3e-3,
-    log_every=1,
-    device="cpu",
-    eval_every=0,
-)
-
 #: A run streaming a jsonl file: 6 steps, a checkpoint at step 3.
 STREAM_RUN = dict(
-    STREAM_TINY,
+    STREAM_SETTINGS,
     max_steps=6,
     save_every=3,
     keep_checkpoints=5,

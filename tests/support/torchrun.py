@@ -14,26 +14,8 @@ import pytest
 
 from support.cli import child_env
 from support.paths import SRC
-from support.training import TINY_MODEL, flags
-
-#: The 2-rank runs' tiny settings (tests/support/dist_scenarios.py's too): global batch 4 x 32 x 2 = 256 tokens,
-#: 2 ranks x 1 micro-step, or 1 rank x 2 micro-steps.
-DIST_TINY = dict(
-    TINY_MODEL,
-    n_layer=2,
-    batch_size=4,
-    total_batch_tokens=256,
-    eval_every=0,
-    eval_tokens=512,
-    log_every=1,
-    warmup_steps=2,
-    lr=3e-3,
-    device="cpu",
-    dtype="float32",
-)
-
-#: The ``dist_runs`` fixture's runs: 4 steps, a checkpoint every 2.
-TINY = dict(DIST_TINY, max_steps=4, save_every=2, keep_checkpoints=5)
+from support.shapes import DIST_RUNS_FIXTURE
+from support.training import flags
 
 
 def torchrun_cmd(args, nproc):
@@ -109,7 +91,7 @@ def make_dist_runs(shakespeare_data: Path, root: Path) -> dict:
     from gptspeed.trainer import build_train_config, fit
 
     root.mkdir()
-    base = dict(TINY, data=str(shakespeare_data))
+    base = dict(DIST_RUNS_FIXTURE, data=str(shakespeare_data))
     procs = {}
     hellaswag = root / "hellaswag.jsonl"
     hellaswag.write_text("".join(json.dumps(r) + "\n" for r in HELLASWAG))

@@ -30,14 +30,12 @@ from support.cli import assert_user_error, finish, run_main, start_cli, wait_for
 from support.dist_scenarios import MODERN
 from support.references import SETUPS, SHAKESPEARE, THREADS, train_flags
 from support.settings import BRANCH_IDS, BRANCHES, STREAM_RUN, branch_run
-from support.training import TINY_MODEL, records
+from support.shapes import DIST_RUNS_FIXTURE, TEXT_MODEL
+from support.training import records
 
 #: The cases' runs on tinyshakespeare (``gptspeed.make_config`` names; the data by name, the threads pinned).
-TINY = dict(
-    TINY_MODEL,
-    n_layer=2,
-    block_size=64,
-    batch_size=8,
+CASE_RUN = dict(
+    TEXT_MODEL,
     log_every=1,
     eval_every=0,
     eval_tokens=1024,
@@ -46,10 +44,10 @@ TINY = dict(
     data=SHAKESPEARE,
 )
 #: 10 steps, evaluated every 4, checkpointed every 3: long enough to stop 3 times and still run.
-LONG = dict(TINY, max_steps=10, eval_every=4, save_every=3, keep_checkpoints=5)
+LONG = dict(CASE_RUN, max_steps=10, eval_every=4, save_every=3, keep_checkpoints=5)
 #: 3 steps of 4 micro-batches, float32 and eager on every host, checkpointed only at the end.
 STEPPED = dict(
-    TINY, eval_tokens=512, dtype="float32", compile=False, total_batch_tokens=4 * 8 * 64, max_steps=3, save_every=0
+    CASE_RUN, eval_tokens=512, dtype="float32", compile=False, total_batch_tokens=4 * 8 * 64, max_steps=3, save_every=0
 )
 #: STEPPED under both warm-ups (steps of 1, 2, 3, 4, 4 micro-batches at lengths 16, 32, 32, 64, 64) and with rows
 #: aligned to documents, a checkpoint every 2.
@@ -64,7 +62,7 @@ WARMED = dict(
     keep_checkpoints=5,
 )
 #: 16 steps of a global batch of 2 ranks x 1 micro-step (the ``dist_runs`` fixture's), a checkpoint every step.
-RANKS = dict(torchrun.TINY, data=SHAKESPEARE, max_steps=16, save_every=1)  # one thread per rank (torchrun_cmd)
+RANKS = dict(DIST_RUNS_FIXTURE, data=SHAKESPEARE, max_steps=16, save_every=1)  # one thread per rank (torchrun_cmd)
 #: What each case compares, step by step, unless it says otherwise.
 LOGGED = ("train_loss", "val_loss", "tokens", "documents")
 
@@ -261,21 +259,23 @@ CASES = [
     pytest.param(
         Case(
             at_checkpoint(2, refused=(["--max-steps", "6", "--optimizer", "adamw"], "optimizer")),
-            dict(TINY, optimizer="muon", muon_lr=0.02, max_steps=5, save_every=2, keep_checkpoints=5),
+            dict(CASE_RUN, optimizer="muon", muon_lr=0.02, max_steps=5, save_every=2, keep_checkpoints=5),
         ),
         id="checkpoint-pt-muon-1",
     ),
     pytest.param(
         Case(
             at_checkpoint(2, "config"),
-            dict(TINY, **MODERN, dtype="float32", max_steps=4, save_every=2, keep_checkpoints=5, warmup_steps=1),
+            dict(CASE_RUN, **MODERN, dtype="float32", max_steps=4, save_every=2, keep_checkpoints=5, warmup_steps=1),
         ),
         id="checkpoint-pt-adamw-modern-1",
     ),
     pytest.param(  # SGD's momentum buffers come back with the checkpoint
         Case(
             at_checkpoint(2, "config"),
-            dict(TINY, optimizer="toy-sgd", lr=0.05, dtype="float32", max_steps=4, save_every=2, keep_checkpoints=5),
+            dict(
+                CASE_RUN, optimizer="toy-sgd", lr=0.05, dtype="float32", max_steps=4, save_every=2, keep_checkpoints=5
+            ),
             setup="toy-sgd",
         ),
         id="checkpoint-pt-registered-1",

@@ -12,7 +12,8 @@ import pytest
 from gptspeed.checkpoint import check_checkpoint, list_checkpoints, load_checkpoint, seal_path
 
 from support.cli import assert_user_error, finish, run_cli, run_main, start_cli, wait_for_line
-from support.runs import TINY, start
+from support.runs import start
+from support.shapes import TEXT_RUN_FLAGS
 from support.training import train_losses
 
 
@@ -67,7 +68,7 @@ def test_one_writer_per_run_folder_and_a_killed_writer_never_blocks_resume(shake
     first = start(shakespeare_data, run, "--max-steps", "500", "--save-every", "1")
     wait_for_line(first, "step   1/500")
     second = run_cli(
-        "train", *TINY, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "500", "--resume"
+        "train", *TEXT_RUN_FLAGS, "--data", str(shakespeare_data), "--out", str(run), "--max-steps", "500", "--resume"
     )  # e.g. a job scheduler that requeues a job still running
     assert_user_error(second, "is being written by pid", "another `gptspeed train`")
     assert f"pid {first.pid}" in second.stderr

@@ -14,6 +14,8 @@ from gptspeed.data.corpora import CORPORA, DEFAULT_CORPUS, EMBEDDED_DIR
 from support.cli import run_main
 from support.paths import SHARED_DATA
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture
 def offline_cache(tmp_path, monkeypatch):

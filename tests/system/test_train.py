@@ -10,15 +10,17 @@ import pytest
 from gptspeed.trainer import build_train_config, fit
 
 from support.cli import run_cli, run_main
-from support.settings import TINY
+from support.shapes import TEXT_RUN
 from support.training import records
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):
     cfg = build_train_config(
         "pico",
         dict(
-            TINY,
+            TEXT_RUN,
             data=str(shakespeare_data),
             out=str(tmp_path / "run"),
             lr=1.5e-2,
@@ -37,7 +39,7 @@ def test_val_loss_falls_well_below_its_start(shakespeare_data, tmp_path):
 
 def test_eval_and_sample_commands(shakespeare_data, tmp_path):
     run = tmp_path / "run"
-    fit(build_train_config("pico", dict(TINY, data=str(shakespeare_data), out=str(run), max_steps=3)), echo=False)
+    fit(build_train_config("pico", dict(TEXT_RUN, data=str(shakespeare_data), out=str(run), max_steps=3)), echo=False)
     res = run_main("eval", "--run", str(run), "--data", str(shakespeare_data), "--max-tokens", "2048")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)

@@ -15,7 +15,8 @@ from gptspeed.errors import GptspeedError
 from gptspeed.trainer import fit
 
 from support.cli import assert_user_error, run_cli, run_main, run_python
-from support.runs import TINY, train_args
+from support.runs import train_args
+from support.shapes import TEXT_RUN_FLAGS
 from support.training import records
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -224,7 +225,9 @@ def test_train_out_on_a_folder_of_only_the_users_metrics_log_is_refused_untouche
     logs.mkdir()
     (logs / "metrics.jsonl").write_text('{"step": 1, "acc": 0.5}\n')
     for out in (logs, tmp_path / "nothere" / ".." / "logs"):
-        proc = run_main("train", *TINY, "--data", str(shakespeare_data), "--out", str(out), "--max-steps", "1")
+        proc = run_main(
+            "train", *TEXT_RUN_FLAGS, "--data", str(shakespeare_data), "--out", str(out), "--max-steps", "1"
+        )
         assert_user_error(proc, f"--out {logs} already holds files gptspeed did not write (metrics.jsonl)")
     assert os.listdir(logs) == ["metrics.jsonl"] and (logs / "metrics.jsonl").read_text() == '{"step": 1, "acc": 0.5}\n'
     assert not (tmp_path / "nothere").exists()
@@ -499,7 +502,7 @@ def test_full_or_unwritable_run_folder_reported_before_training(shakespeare_data
     afile = tmp_path / "file"
     afile.write_text("x")
     assert_user_error(
-        run_cli("train", *TINY, "--data", str(shakespeare_data), "--out", str(afile / "run")),
+        run_cli("train", *TEXT_RUN_FLAGS, "--data", str(shakespeare_data), "--out", str(afile / "run")),
         "cannot write to run folder",
     )
     import shutil as sh

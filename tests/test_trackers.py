@@ -41,7 +41,8 @@ def tracked_run(shakespeare_data, tmp_path_factory):
     """A run logged to every tracker installed: 4 steps with checkpoints at 2 and 4, then the step-4
     checkpoint removed and the run resumed from step 2, so steps 3 and 4 are logged twice (W&B in
     offline mode, writing nothing outside the run folder). The folder starts with a stale
-    TensorBoard event file, as an earlier attempt that failed before its first step leaves."""
+    TensorBoard event file beside the config.json an earlier attempt wrote at its start, as one that
+    failed before its first checkpoint leaves (TensorBoard events alone are the user's: refused)."""
     run = tmp_path_factory.mktemp("tracked") / "run"
     home = tmp_path_factory.mktemp("wandb-home")
     if HAS_TENSORBOARD:  # left by an attempt that failed before its first checkpoint: hidden by the new run
@@ -69,7 +70,10 @@ def tracked_run(shakespeare_data, tmp_path_factory):
             log_to="tensorboard,wandb",
             wandb_project="gptspeed-tests",
         )
-        fit(build_train_config("pico", base), echo=False)
+        cfg = build_train_config("pico", base)
+        if HAS_TENSORBOARD:
+            (run / "config.json").write_text(json.dumps({**cfg.to_dict(), "derived": {"run_id": "an-earlier-attempt"}}))
+        fit(cfg, echo=False)
         first = records(run)
         for path in run.glob("ckpt_00000004.*"):
             path.unlink()

@@ -18,6 +18,9 @@ from support.shapes import TEXT_RUN, TEXT_RUN_FLAGS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+#: a real-text run read from a stream: no --eval-tokens (a stream has no val split: refused there)
+STREAM_RUN = {k: v for k, v in TEXT_RUN.items() if k != "eval_tokens"}
+
 
 def test_token_ids_beyond_the_vocabulary_are_reported(shakespeare_data, tmp_path):
     data = tmp_path / "data"
@@ -39,7 +42,7 @@ def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_pat
         build_train_config(
             "pico",
             dict(
-                TEXT_RUN,
+                STREAM_RUN,
                 data=f"hf:{path}",
                 text_field="body",
                 split="train",
@@ -64,7 +67,7 @@ def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_pat
             build_train_config(
                 "pico",
                 dict(
-                    TEXT_RUN,
+                    STREAM_RUN,
                     data=f"hf:{path}",
                     text_field="body2",
                     out=str(tmp_path / "x"),

@@ -182,6 +182,9 @@ def test_import_never_writes_into_the_source_or_a_users_folder(hf_folder, tmp_pa
         "train_000000.bin",
         "val_000000.bin",
     ]
+    through = tmp_path / "nothere" / ".." / "model"  # a missing folder and back: the HF folder itself
+    assert_user_error(run_main("import-hf", str(src), "--out", str(through)), "did not write", "model.safetensors")
+    assert snapshot(src) == before and not (tmp_path / "nothere").exists()
     assert run_main("import-hf", str(src), "--out", str(tmp_path / "run")).returncode == 0
 
 

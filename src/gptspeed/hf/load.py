@@ -700,8 +700,9 @@ def import_hf(source: str, out: str | Path) -> Path:
             source folder itself) or is not writable.
     """
     from gptspeed.checkpoint import refuse_checkpoints, refuse_foreign_folder
+    from gptspeed.paths import real_path
 
-    out = Path(out)
+    out = real_path(out)  # nothere/../victim is victim: checked as the folder it names
     refuse_checkpoints(out, "choose another --out")
     refuse_foreign_folder(out)  # the source folder itself, a data folder, the user's files: never written into
     model, info = load_hf_model(source)

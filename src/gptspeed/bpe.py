@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptspeed.data.tokenize import document_pieces as cut_pieces
 from gptspeed.errors import GptspeedError
 
 EOT = "<|endoftext|>"
@@ -117,14 +118,9 @@ class Tokenizer:
 def document_pieces(text: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
     """``text`` in consecutive pieces of at most ``piece_chars`` characters, each cut at the last
     letter-or-digit-then-space in its window (:data:`_LAST_CUT`: the pieces' tokens are the whole
-    text's), a window without one cut at its end; ``"".join`` of them is ``text``."""
-    pos, n = 0, len(text)
-    while n - pos > piece_chars:
-        m = _LAST_CUT.match(text, pos, pos + piece_chars)
-        cut = m.end() if m is not None and m.end() > pos else pos + piece_chars
-        yield text[pos:cut]
-        pos = cut
-    yield text[pos:]
+    text's), a window without one cut at its end; ``"".join`` of them is ``text``
+    (:func:`gptspeed.data.tokenize.document_pieces` with this cut)."""
+    return cut_pieces(text, piece_chars, _LAST_CUT)
 
 
 def _no_surrogates(text: str) -> str:

@@ -83,16 +83,17 @@ def thread_encoding() -> tiktoken.Encoding:
     return enc
 
 
-def document_pieces(text: str, piece_chars: int | None = None) -> Iterator[str]:
+def document_pieces(text: str, piece_chars: int | None = None, last_cut: re.Pattern = _LAST_CUT) -> Iterator[str]:
     """``text`` in consecutive pieces of at most ``piece_chars`` characters (default
     :data:`PIECE_CHARS`) whose encodings, laid end to end, are the encoding of ``text``: each cut
     is the last place in the window between a non-whitespace character and an ASCII whitespace
-    one (see the module docstring); a window holding none is cut at its end. ``"".join`` of the
-    pieces is ``text``. A text no longer than ``piece_chars`` is one piece."""
+    one (see the module docstring; ``last_cut``: another tokenizer's safe cut, the window's last match's
+    end); a window holding none is cut at its end. ``"".join`` of the pieces is ``text``. A text no
+    longer than ``piece_chars`` is one piece."""
     limit = PIECE_CHARS if piece_chars is None else piece_chars
     pos, n = 0, len(text)
     while n - pos > limit:
-        m = _LAST_CUT.match(text, pos, pos + limit)
+        m = last_cut.match(text, pos, pos + limit)
         cut = m.end() if m is not None and m.end() > pos else pos + limit
         yield text[pos:cut]
         pos = cut

@@ -36,18 +36,7 @@ class RunEvaluator:
             return None
         from gptspeed.eval.val_loss import evaluate
 
-        t, m = self.cfg.train, self.cfg.model
-        with self.stepper.attention():
-            return evaluate(
-                self.stepper.train_model,
-                self.rt,
-                self.data.val_shards,
-                t.batch_size,
-                m.block_size,
-                t.eval_tokens,
-                m.valid_vocab_size,
-                stop=stop,
-            )[0]
+        return self._over_val(evaluate, self.stepper.train_model, stop)[0]
 
     def bpb(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """``{"val_bpb": bits per byte}`` over ``--eval-tokens`` with ``--eval-bpb``
@@ -58,10 +47,16 @@ class RunEvaluator:
         from gptspeed.eval.bpb import evaluate_bpb
         from gptspeed.parallelize import unwrap
 
+        bpb = self._over_val(evaluate_bpb, unwrap(self.stepper.model), stop)
+        return {} if bpb is None else {"val_bpb": bpb}
+
+    def _over_val(self, fn: Callable[..., Any], model: Any, stop: Callable[[], bool] | None) -> Any:
+        """``fn`` (an evaluation of :mod:`gptspeed.eval`) of ``model`` over the val shards' first
+        ``--eval-tokens``, in micro-batches of the run's shape, under the step's attention settings."""
         t, m = self.cfg.train, self.cfg.model
         with self.stepper.attention():
-            bpb = evaluate_bpb(
-                unwrap(self.stepper.model),
+            return fn(
+                model,
                 self.rt,
                 self.data.val_shards,
                 t.batch_size,
@@ -70,7 +65,6 @@ class RunEvaluator:
                 m.valid_vocab_size,
                 stop=stop,
             )
-        return {} if bpb is None else {"val_bpb": bpb}
 
     def hellaswag(self) -> dict[str, Any]:
         """``hellaswag_acc_norm``, ``hellaswag_acc``, ``hellaswag_examples`` of the model now."""

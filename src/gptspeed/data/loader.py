@@ -272,6 +272,12 @@ class TokenLoader:
         check_token_ids(buf, self.max_token_id, self.shards[s], starts[mine])
         return host_tensor(buf, self.device), docs
 
+    def batch_at(self, g: int) -> tuple[torch.Tensor, int]:
+        """Micro-batch ``g`` (0-based, all epochs) as a host tensor and its document count, as
+        :meth:`next_batch` would make it, without consuming it: for a caller that orders batches
+        itself (:class:`gptspeed.data.mixture.MixtureLoader`, whose one-row batches are its rows)."""
+        return self._make(g)
+
     # -------------------------------------------------------------- background threads
     def _start(self) -> None:
         """Thread ``k`` makes batches ``first + k``, ``first + k + workers``, ... (round-robin)."""

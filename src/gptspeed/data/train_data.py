@@ -246,14 +246,18 @@ def find_train_data(
     data: str, *, text_field: str = "text", hf_name: str | None = None, split: str = "train"
 ) -> TrainData:
     """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
-    ``hf_name`` and ``split``) or a prepared folder: locked shared
-    (:func:`~gptspeed.data.folder.data_folder_lock`, kept by the result), then its train
+    ``hf_name`` and ``split``), a mixture (``A=0.7,B=0.3`` or ``mix.yaml``: a
+    :class:`~gptspeed.data.mixture.MixtureData`, :func:`~gptspeed.data.mixture.find_mixture`) or a
+    prepared folder: locked shared (:func:`~gptspeed.data.folder.data_folder_lock`, kept by the result), then its train
     and val shards listed, checked to exist and to be what the manifest says (:func:`check_consistent`).
     GptspeedError (one line, saying what the path is) when there is nothing to train on, the
     folder is inconsistent, or a ``gptspeed prepare`` is writing it."""
     from gptspeed.data import find_shards, load_manifest
     from gptspeed.data.folder import data_folder_lock
+    from gptspeed.data.mixture import is_mixture
 
+    if is_mixture(data):  # A=0.7,B=0.3 or mix.yaml: several prepared folders (gptspeed.data.mixture)
+        return find_mixture(data)
     if is_stream_source(data):
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
         return TrainData(data, stream_options=options)
@@ -271,3 +275,106 @@ def find_train_data(
     if manifest:
         documents = (manifest.get("splits", {}).get("train", {}) or {}).get("documents")
     return TrainData(data, train, val, documents, manifest=manifest, lock=lock)
+
+
+# ------------------------------------------------------------- mixtures (gptspeed.data.mixture)
+@dataclass(frozen=True)
+class Source:
+    """A mixture's source, found: its :class:`~gptspeed.data.mixture.SourceSpec` fields and its :class:`TrainData`."""
+
+    name: str
+    weight: float
+    data: TrainData
+
+
+@dataclass
+class MixtureData(TrainData):
+    """``--data`` naming a mixture, resolved: a :class:`TrainData` (what the trainer asks of its
+    data) whose ``sources`` are each a prepared folder, locked and checked as one is
+    (:func:`find_mixture`). ``train_shards`` / ``val_shards`` are every source's, in order (what
+    ``--softmax data`` counts); the val loss is taken per source (:mod:`gptspeed.eval.during`);
+    ``manifest`` is the first source's (the sources share its tokenizer); ``documents`` the sum of
+    the sources' train documents where each manifest says."""
+
+    sources: list[Source] = field(default_factory=list)
+
+    @functools.cached_property
+    def identity(self) -> dict[str, Any]:
+        """Each source's name, weight and :attr:`TrainData.identity`: a resume finds them unchanged."""
+        return {"mixture": [{"name": s.name, "weight": s.weight, **s.data.identity} for s in self.sources]}
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.data.close()
+
+    def check_val(self, seq_len: int) -> None:
+        """GptspeedError, naming the source, when a source's val split holds less than one sequence."""
+        for s in self.sources:
+            _as_source(s.name, s.data.check_val, seq_len)
+
+    def loader(  # type: ignore[override]
+        self,
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: Any = "cpu",
+        workers: int = 0,
+        **row_options: Any,
+    ) -> Any:
+        """A :class:`~gptspeed.data.mixture.MixtureLoader` over one-row
+        :class:`~gptspeed.data.loader.TokenLoader` s of the sources (``row_options``:
+        ``max_token_id``, ``sampling``, ``seed``, ``align_to_docs``, as :meth:`TrainData.loader`
+        takes them); ``workers`` background threads make its batches."""
+        from gptspeed.data.mixture import MixtureLoader
+
+        rows = [_as_source(s.name, s.data.loader, 1, seq_len, **row_options) for s in self.sources]
+        weights = [s.weight for s in self.sources]
+        names = [s.name for s in self.sources]
+        return MixtureLoader(
+            names, weights, rows, batch_size, seq_len, rank=rank, world_size=world_size, device=device, workers=workers
+        )
+
+
+def _as_source(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, its GptspeedError's line prefixed with the mixture source it is about."""
+    try:
+        return fn(*args, **kwargs)
+    except GptspeedError as e:
+        raise GptspeedError(f"mixture source {name}: {e}") from None
+
+
+def find_mixture(spec: str) -> MixtureData:
+    """Resolve mixture ``spec`` (:func:`gptspeed.data.mixture.parse_mixture`): each source a prepared
+    folder found as :func:`find_train_data` finds one (locked shared, checked, with a val split: it
+    refuses a folder without), all of one tokenizer (:func:`~gptspeed.data.mixture.tokenizer_of`).
+    GptspeedError (one line, naming the source, or both sources for different tokenizers)
+    otherwise; the folders locked so far are released."""
+    from gptspeed.data.mixture import parse_mixture, tokenizer_of, tokenizer_said
+
+    sources: list[Source] = []
+    try:
+        for s in parse_mixture(spec):
+            data = _as_source(s.name, find_train_data, s.path)
+            sources.append(Source(s.name, s.weight, data))
+            first = sources[0]
+            if tokenizer_of(data.manifest) != tokenizer_of(first.data.manifest):
+                raise GptspeedError(
+                    f"mixture sources {first.name} and {s.name} have different tokenizers ({first.name}: "
+                    f"{tokenizer_said(first.data.manifest)}; {s.name}: {tokenizer_said(data.manifest)}): "
+                    "prepare them with one --tokenizer"
+                )
+    except BaseException:
+        for s in sources:
+            s.data.close()
+        raise
+    docs = [s.data.documents for s in sources]
+    return MixtureData(
+        spec,
+        [p for s in sources for p in s.data.train_shards],
+        [p for s in sources for p in s.data.val_shards],
+        None if None in docs else sum(docs),
+        manifest=sources[0].data.manifest,
+        sources=sources,
+    )

@@ -156,6 +156,14 @@ def test_tilde_is_expanded_in_every_path_setting_from_yaml_flags_and_the_api(tmp
     assert preset("pico").override({"wandb_run_name": "~x"}).train.wandb_run_name == "~x"  # not a path
 
 
+def test_tilde_is_expanded_in_each_folder_of_an_inline_mixture(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = preset("pico").override({"data": "~/web=0.7, ~/code=0.3"})
+    assert cfg.train.data == f"{tmp_path}/web=0.7,{tmp_path}/code=0.3"
+    (tmp_path / "lr=3").mkdir()  # a folder whose name holds "=" stays one path
+    assert preset("pico").override({"data": "~/lr=3"}).train.data == f"{tmp_path}/lr=3"
+
+
 def test_num_params_matches_the_model():
     from gptspeed.config import GPTConfig
     from gptspeed.model import GPT

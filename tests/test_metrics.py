@@ -199,6 +199,14 @@ def test_console_line_shows_epoch_eta_and_documents_only_when_they_inform():
     assert "(epoch ends in 30s)" in line and "docs 12" in line
 
 
+def test_console_line_shows_a_mixtures_figures_per_source_after_the_mixed_one():
+    rec = {"step": 4, "max_steps": 4, "val_loss": 3.5, "val_loss/web": 3.25, "val_loss/code": 4.25, "tokens": 10}
+    rec.update({"val_bpb": 1.5, "val_bpb/web": 1.25, "val_bpb/code": 2.25, "documents": 12, "documents/web": 9})
+    line = format_record(dict(rec, **{"documents/code": 3}))
+    assert "val 3.5000 (web 3.2500, code 4.2500) | bpb 1.5000 (web 1.2500, code 2.2500)" in line
+    assert "docs 12 (web 9, code 3)" in line
+
+
 @pytest.mark.parametrize(
     "name,dtype,tflops",
     [

@@ -602,7 +602,9 @@ class TrainConfig:
     data: str = _f(
         "",
         "prepared data folder (from `gptspeed prepare`), or jsonl:PATH / hf:NAME to train straight "
-        "from a document stream (tokenized while training; no val split); default: tiny Shakespeare, "
+        "from a document stream (tokenized while training; no val split), or a weighted mixture of "
+        "prepared folders of one tokenizer, DIR=WEIGHT,DIR=WEIGHT or a mixture file (mix.yaml: "
+        "docs/data.md), with a val loss per folder; default: tiny Shakespeare, "
         "shipped with gptspeed and prepared into the cache on first use",
         path=True,
     )
@@ -1336,7 +1338,8 @@ def check_seed(seed: Any, flag: str = "--seed") -> int:
 def expand_path_setting(name: str, value: Any) -> Any:
     """``value`` of setting ``name`` with a leading ``~`` expanded (``os.path.expanduser``) when the
     setting is a path (``path=True`` in its field: ``out``, ``data``, ``init_from``); for
-    ``data``, the path after ``jsonl:`` too (``hf:NAME`` is a dataset name, left alone). Other
+    ``data``, the path after ``jsonl:`` too (``hf:NAME`` is a dataset name, left alone), and each
+    folder of an inline mixture (``~/a=0.7,~/b=0.3``: :mod:`gptspeed.data.mixture`). Other
     settings and non-strings are returned unchanged."""
     if not isinstance(value, str) or name not in PATH_SETTINGS:
         return value
@@ -1344,6 +1347,8 @@ def expand_path_setting(name: str, value: Any) -> Any:
         return "jsonl:" + os.path.expanduser(value[len("jsonl:") :])
     if name == "data" and value.startswith("hf:"):
         return value
+    if name == "data" and "=" in value and not os.path.isdir(os.path.expanduser(value)):  # a mixture: each folder's
+        return ",".join(os.path.expanduser(part.strip()) for part in value.split(","))
     return os.path.expanduser(value)
 
 

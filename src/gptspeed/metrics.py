@@ -311,9 +311,9 @@ def format_record(r: dict[str, Any], show_documents: bool = True) -> str:
     if r.get("train_loss") is not None:
         parts.append(f"loss {r['train_loss']:.4f}")
     if r.get("val_loss") is not None:
-        parts.append(f"val {r['val_loss']:.4f}")
+        parts.append(f"val {r['val_loss']:.4f}" + _by_source(r, "val_loss", ".4f"))
     if r.get("val_bpb") is not None:
-        parts.append(f"bpb {r['val_bpb']:.4f}")
+        parts.append(f"bpb {r['val_bpb']:.4f}" + _by_source(r, "val_bpb", ".4f"))
     if r.get("hellaswag_acc_norm") is not None:
         parts.append(f"hellaswag {100 * r['hellaswag_acc_norm']:.2f}%")
     if r.get("lr") is not None:
@@ -332,13 +332,20 @@ def format_record(r: dict[str, Any], show_documents: bool = True) -> str:
         parts.append(mem)
     parts.append(f"tokens {_si(r['tokens'])}")
     if show_documents and r.get("documents") is not None:
-        parts.append(f"docs {r['documents']:,}")
+        parts.append(f"docs {r['documents']:,}" + _by_source(r, "documents", ","))
     if r.get("eta_s") is not None:
         eta = f"ETA {format_duration(r['eta_s'])}"
         if r.get("epoch_eta_s") is not None:  # only when the epoch ends before the run does
             eta += f" (epoch ends in {format_duration(r['epoch_eta_s'])})"
         parts.append(eta)
     return " | ".join(parts)
+
+
+def _by_source(r: dict[str, Any], key: str, spec: str) -> str:
+    """`` (A 3.1000, B 3.4500)``: a mixture's ``KEY/NAME`` fields of record ``r``
+    (:mod:`gptspeed.data.mixture`), or "" for one folder."""
+    each = [f"{k[len(key) + 1 :]} {v:{spec}}" for k, v in r.items() if k.startswith(key + "/") and v is not None]
+    return f" ({', '.join(each)})" if each else ""
 
 
 class Throughput:

@@ -66,12 +66,15 @@ class TrainLog:
         if self.metrics is None:
             return
         tr = self.trainer
+        if fields.get("val_loss") is not None:  # a mixture's val loss per source (gptspeed.eval.during)
+            fields = {**fields, **tr.evals.val_by_source}
         self.metrics.write(
             {
                 "step": step,
                 "max_steps": tr.cfg.train.max_steps,
                 "tokens": tr.tokens,
                 "documents": tr.loader.documents,
+                **{f"documents/{k}": n for k, n in getattr(tr.loader, "documents_by_source", {}).items()},
                 "epoch": tr.loader.epoch + tr.loader.epoch_progress(),
                 "time_s": time.monotonic() - self.wall_start,
                 "skipped_steps": tr.skipped_steps,

@@ -238,3 +238,60 @@ def test_a_bad_mixture_file_is_one_line(tmp_path):
     mix.write_text("weights: [1]\n")
     with pytest.raises(GptspeedError, match="must hold only 'sources'"):
         parse_mixture(str(mix))
+
+
+# ------------------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Two small folders prepared by ``gptspeed prepare`` (GPT-2's BPE): tiny Shakespeare's first and second
+    30,000 characters, one document per paragraph."""
+    import lzma
+
+    from gptspeed.data.corpora import EMBEDDED_DIR
+    from gptspeed.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("mixture")
+    text = lzma.decompress((EMBEDDED_DIR / "tinyshakespeare.txt.xz").read_bytes()).decode()
+    for name, part in (("first", text[:30_000]), ("second", text[30_000:60_000])):
+        docs = root / f"{name}.jsonl"
+        docs.write_text("".join(json.dumps({"text": p}) + "\n" for p in part.split("\n\n") if p.strip()))
+        prepare(str(docs), root / name, progress=False)
+    return root
+
+
+RUN = (
+    *("--preset", "pico", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32"),
+    *("--batch-size", "4", "--max-steps", "4", "--eval-every", "2", "--eval-tokens", "128", "--eval-bpb"),
+    *("--log-every", "1", "--save-every", "2", "--keep-checkpoints", "5", "--device", "cpu", "--threads", "1"),
+)
+
+
+def test_a_mixture_run_logs_each_sources_val_loss_and_documents_and_resumes_exactly(prepared, tmp_path):
+    from support.training import records
+
+    data = f"{prepared / 'first'}=0.75,{prepared / 'second'}=0.25"
+    proc = run_main("train", *RUN, "--data", data, "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    logged = records(tmp_path / "run")
+    evaluated = [r for r in logged if r.get("val_loss") is not None]
+    assert [r["step"] for r in evaluated] == [0, 2, 4]
+    for r in evaluated:
+        assert r["val_loss"] == pytest.approx(0.75 * r["val_loss/first"] + 0.25 * r["val_loss/second"])
+        assert r["val_loss/first"] != r["val_loss/second"]
+    for r in evaluated[1:]:  # --eval-bpb: at the evaluations after the first step
+        assert r["val_bpb"] == pytest.approx(0.75 * r["val_bpb/first"] + 0.25 * r["val_bpb/second"])
+    last = logged[-1]
+    assert last["documents/first"] + last["documents/second"] == last["documents"] > 0
+    assert f"val {last['val_loss']:.4f} (first {last['val_loss/first']:.4f}, second " in proc.stdout
+
+    run = tmp_path / "resumed"  # stopped right after its checkpoint of step 2, resumed
+    run.mkdir()
+    for name in ("ckpt_00000002.pt", "ckpt_00000002.json"):
+        (run / name).write_bytes((tmp_path / "run" / name).read_bytes())
+    proc = run_main("train", "--out", str(run), "--resume")
+    assert proc.returncode == 0 and "resumed from step 2" in proc.stdout, proc.stderr
+    again = {r["step"]: r for r in records(run)}
+    for r in logged[-2:]:  # steps 3 and 4, to the bit
+        assert {k: v for k, v in again[r["step"]].items() if k.startswith(("train_loss", "val_", "documents"))} == {
+            k: v for k, v in r.items() if k.startswith(("train_loss", "val_", "documents"))
+        }

@@ -24,6 +24,7 @@ class RunEvaluator:
                 "--eval-bpb is not computed under --parallel fsdp yet: leave it out, or run `gptspeed eval` on a checkpoint"
             )
         self._hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every
+        self.val_by_source: dict[str, float] = {}  # a mixture's last val loss per source, by "val_loss/NAME"
 
     @property
     def hellaswag_on(self) -> bool:
@@ -31,15 +32,21 @@ class RunEvaluator:
 
     def val_loss(self, stop: Callable[[], bool] | None = None) -> float | None:
         """Val loss (nats/token) over ``--eval-tokens``; None without a val split (a stream) or when
-        ``stop`` interrupted it (:func:`gptspeed.eval.val_loss.evaluate`)."""
+        ``stop`` interrupted it (:func:`gptspeed.eval.val_loss.evaluate`). For a mixture: the mean of
+        its sources' (each over ``--eval-tokens`` of its own val split) under its weights, each kept
+        in :attr:`val_by_source`."""
         if not self.data.has_val:
             return None
         from gptspeed.eval.val_loss import evaluate
 
-        return self._over_val(evaluate, self.stepper.train_model, stop)[0]
+        loss, self.val_by_source = self._per_source(
+            lambda shards: self._over_val(evaluate, self.stepper.train_model, stop, shards)[0], "val_loss"
+        )
+        return loss
 
     def bpb(self, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """``{"val_bpb": bits per byte}`` over ``--eval-tokens`` with ``--eval-bpb``
+        """``{"val_bpb": bits per byte}`` (a mixture's: the weighted mean, and ``"val_bpb/NAME"`` each
+        source's) over ``--eval-tokens`` with ``--eval-bpb``
         (:func:`gptspeed.eval.bpb.evaluate_bpb`, on the eager model: one row at a time); ``{}``
         without it, without a val split, or when ``stop`` interrupted it."""
         if not (self.cfg.train.eval_bpb and self.data.has_val):
@@ -47,18 +54,35 @@ class RunEvaluator:
         from gptspeed.eval.bpb import evaluate_bpb
         from gptspeed.parallelize import unwrap
 
-        bpb = self._over_val(evaluate_bpb, unwrap(self.stepper.model), stop)
-        return {} if bpb is None else {"val_bpb": bpb}
+        model = unwrap(self.stepper.model)
+        bpb, each = self._per_source(lambda shards: self._over_val(evaluate_bpb, model, stop, shards), "val_bpb")
+        return {} if bpb is None else {"val_bpb": bpb, **each}
 
-    def _over_val(self, fn: Callable[..., Any], model: Any, stop: Callable[[], bool] | None) -> Any:
-        """``fn`` (an evaluation of :mod:`gptspeed.eval`) of ``model`` over the val shards' first
-        ``--eval-tokens``, in micro-batches of the run's shape, under the step's attention settings."""
+    def _per_source(self, figure: Callable[[list], float | None], key: str) -> tuple[float | None, dict[str, float]]:
+        """``(figure(val shards), {})``; for a mixture (:class:`gptspeed.data.train_data.MixtureData`)
+        each source's figure and their mean under the mixture's weights: ``(mean, {"KEY/NAME": figure})``.
+        ``(None, {})`` when ``figure`` was interrupted (None)."""
+        from gptspeed.data.train_data import MixtureData
+
+        if not isinstance(self.data, MixtureData):
+            return figure(self.data.val_shards), {}
+        each = {}
+        for s in self.data.sources:
+            each[s.name] = figure(s.data.val_shards)
+            if each[s.name] is None:
+                return None, {}
+        mean = sum(s.weight * each[s.name] for s in self.data.sources) / sum(s.weight for s in self.data.sources)
+        return mean, {f"{key}/{name}": v for name, v in each.items()}
+
+    def _over_val(self, fn: Callable[..., Any], model: Any, stop: Callable[[], bool] | None, shards: list) -> Any:
+        """``fn`` (an evaluation of :mod:`gptspeed.eval`) of ``model`` over the first ``--eval-tokens``
+        of the val ``shards``, in micro-batches of the run's shape, under the step's attention settings."""
         t, m = self.cfg.train, self.cfg.model
         with self.stepper.attention():
             return fn(
                 model,
                 self.rt,
-                self.data.val_shards,
+                shards,
                 t.batch_size,
                 m.block_size,
                 t.eval_tokens,

@@ -238,6 +238,12 @@ def test_a_bad_mixture_file_is_one_line(tmp_path):
     mix.write_text("weights: [1]\n")
     with pytest.raises(GptspeedError, match="must hold only 'sources'"):
         parse_mixture(str(mix))
+    (tmp_path / "web").mkdir()
+    mix.write_text("sources:\n  - {path: web, weight: 1, name: a b}\n")
+    with pytest.raises(GptspeedError, match="its name 'a b' is not 1-64 letters"):
+        parse_mixture(str(mix))
+    with pytest.raises(GptspeedError, match="mixture file .*nothere.yaml does not exist"):
+        parse_mixture(str(tmp_path / "nothere.yaml"))
 
 
 # ------------------------------------------------------------------------------------------- end to end

@@ -121,6 +121,10 @@ def _weight(value: Any, path: str) -> float:
 def _read_file(path: Path) -> list[SourceSpec]:
     from gptspeed.configio import read_config_file
 
+    if not path.exists():
+        raise GptspeedError(
+            f"mixture file {path} does not exist: give --data a prepared folder, a mixture file or A=0.7,B=0.3"
+        )
     doc = read_config_file(path)  # one line for a file that cannot be read or parsed, or is not a mapping
     items = doc.get("sources")
     if set(doc) != {"sources"} or not isinstance(items, list) or not items:
@@ -166,7 +170,7 @@ def _checked(sources: list[SourceSpec]) -> list[SourceSpec]:
         if not _NAME.fullmatch(s.name):
             raise GptspeedError(
                 f"mixture source {s.path}: its name {s.name!r} is not 1-64 letters, digits, '_', '.' or '-': "
-                "name it in a mixture file (name: ...)"[:300]
+                "give it such a name (name: ... in a mixture file)"[:300]
             )
         seen[real], names[s.name] = s, s
     return sources

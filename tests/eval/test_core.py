@@ -266,7 +266,8 @@ def test_gptspeed_eval_core_on_a_tiny_run_scores_each_example_as_alone(bundle, t
         ("not a bundle", ["--core-bundle", "has no core.yaml", "eval_meta_data.csv"]),
         ("bad line", ["schema.jsonl:2 is not a schema example", "context_options"]),
         ("bad type", ["icl_tasks entry 3 (lm_task) has icl_task_type 'generation'"]),
-        ("no baseline", ["CORE task schema_task has no row in the bundle's eval_meta_data.csv"]),
+        ("no baseline", ["CORE task schema_task has no random baseline in the bundle's eval_meta_data.csv"]),
+        ("bad baseline", ["CORE task mc_task has no random baseline", "a percentage below 100"]),
         ("too few", ["CORE task mc_task takes 1 few-shot examples", "(--max-examples): it needs 2"]),
         ("path out", ["has dataset_uri '../x.jsonl', not a path inside eval_data/"]),
     ],
@@ -283,6 +284,11 @@ def test_bad_core_input_is_a_one_line_error(bundle, tmp_path, case, fragments):
         (bundle / "core.yaml").write_text(CORE_YAML.replace("language_modeling", "generation"))
     elif case == "no baseline":
         (bundle / "eval_meta_data.csv").write_text(META.replace("schema_task,", "other,"))
+    elif case == "bad baseline":  # a bad value of a task not scored is no error
+        (bundle / "eval_meta_data.csv").write_text(
+            "\ufeff" + META.replace("mc_task,reasoning,25", "mc_task,r,100") + "x,y,n/a\n"
+        )
+        assert [t.label for t, _ in load_core(str(bundle), "schema_task,lm_task")] == ["schema_task", "lm_task"]
     elif case == "too few":
         args += ["--max-examples", "1"]
     elif case == "path out":

@@ -218,7 +218,10 @@ def load_core(bundle: str | None, names: str | None, max_examples: int = 0) -> l
     out = []
     for task in tasks:
         if task.baseline is None:
-            raise GptspeedError(f"CORE task {task.label} has no row in the bundle's eval_meta_data.csv (its baseline)")
+            raise GptspeedError(
+                f"CORE task {task.label} has no random baseline in the bundle's eval_meta_data.csv (a row whose "
+                "'Random baseline' is a percentage below 100)"
+            )
         data = read_examples(task)
         random.Random(SHUFFLE_SEED).shuffle(data)
         data = data[:max_examples] if max_examples else data

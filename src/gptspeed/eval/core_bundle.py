@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import shutil
 import stat
@@ -54,7 +53,7 @@ class CoreTask:
     """One task of ``core.yaml``: its ``label``, ``kind`` (one of :data:`TASK_TYPES`), the jsonl
     ``path`` of its examples, ``shots`` (few-shot examples per prompt), the ``delimiter`` between a
     prompt's context and continuation, and its random ``baseline`` accuracy in percent (None when
-    ``eval_meta_data.csv`` has no row for it)."""
+    ``eval_meta_data.csv`` has no row for it, or no number in [0, 100))."""
 
     label: str
     kind: str
@@ -215,7 +214,7 @@ def read_tasks(folder: str | Path) -> list[CoreTask]:
     return tasks
 
 
-def _task(config: Path, i: int, entry: Any, root: Path, baselines: dict[str, float]) -> CoreTask:
+def _task(config: Path, i: int, entry: Any, root: Path, baselines: dict[str, float | None]) -> CoreTask:
     def bad(what: str) -> GptspeedError:
         return GptspeedError(f"{config}: icl_tasks entry {i} {what}"[:300])
 
@@ -238,27 +237,24 @@ def _task(config: Path, i: int, entry: Any, root: Path, baselines: dict[str, flo
     return CoreTask(label, kind, root / "eval_data" / rel, shots, delimiter, baselines.get(label))
 
 
-def read_baselines(path: Path) -> dict[str, float]:
-    """Each task's random baseline (percent, in [0, 100)) from ``eval_meta_data.csv``'s ``Eval Task``
-    and ``Random baseline`` columns. GptspeedError (one line) for a file that cannot be read, lacks
-    the columns, or has a baseline that is not such a number."""
+def read_baselines(path: Path) -> dict[str, float | None]:
+    """Each task's random baseline (percent) from ``eval_meta_data.csv``'s ``Eval Task`` and ``Random
+    baseline`` columns; None for a value that is not a number in [0, 100) (refused only when that
+    task is scored: :func:`gptspeed.eval.core.load_core`). GptspeedError (one line) for a file that
+    cannot be read or lacks the columns."""
     from gptspeed.fileio import read_user_text
 
-    rows = csv.DictReader(io.StringIO(read_user_text(path, "CORE baselines")))
+    text = read_user_text(path, "CORE baselines").removeprefix("\ufeff")  # a spreadsheet's byte-order mark
+    rows = csv.DictReader(io.StringIO(text))
     if not rows.fieldnames or not {"Eval Task", "Random baseline"} <= set(rows.fieldnames):
         raise GptspeedError(f"{path} has no columns 'Eval Task' and 'Random baseline': it is not a CORE bundle's")
-    out = {}
-    for n, row in enumerate(rows, 2):
+    out: dict[str, float | None] = {}
+    for row in rows:
         try:
-            value = float(row["Random baseline"])
+            value: float | None = float(row["Random baseline"])
         except (TypeError, ValueError):
-            value = math.nan
-        if not 0 <= value < 100:
-            raise GptspeedError(
-                f"{path}:{n}: the random baseline {show_value(row['Random baseline'])} of "
-                f"{show_value(row['Eval Task'])} is not a percentage below 100"
-            )
-        out[row["Eval Task"]] = value
+            value = None
+        out[row["Eval Task"]] = value if value is not None and 0 <= value < 100 else None
     return out
 
 

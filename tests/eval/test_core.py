@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,17 @@ from torch.nn import functional as F
 import gptspeed.data.corpora as corpora
 from gptspeed.errors import GptspeedError
 from gptspeed.eval import core_bundle as cb
-from gptspeed.eval.core import centered, crop, evaluate_core, example_rows, load_core, render, score_rows, token_rows
+from gptspeed.eval.core import (
+    centered,
+    crop,
+    evaluate_core,
+    example_rows,
+    fewshot,
+    load_core,
+    render,
+    score_rows,
+    token_rows,
+)
 
 from support.cli import assert_user_error, run_main
 
@@ -152,6 +163,16 @@ def test_examples_are_shuffled_and_shots_drawn_as_nanochat_does(bundle):
     rows = example_rows(lm, lm_data, 0, chars, BOS, 256)  # example "dog", its shot " hit "
     assert rows == [([BOS, *chars("hit a\n\ndog aaa")], 1 + len("hit a\n\ndog"), 1 + len("hit a\n\ndog aaa"))]
     assert load_core(str(bundle), "lm_task", max_examples=2)[0][1] == [LM[1], LM[0]]  # shuffled, then cut
+
+
+def test_shots_are_nanochats_sample_of_the_other_examples_never_the_example_itself():
+    """nanochat draws example i's shots as random.Random(1234 + i).sample of the list of the other indices."""
+    for n, k in [(2, 1), (5, 3), (11, 10), (300, 10)]:
+        data = list(range(n))
+        for i in {0, 1, n // 2, n - 1}:
+            shots = fewshot(data, i, k)
+            assert shots == random.Random(1234 + i).sample([j for j in data if j != i], k) and i not in shots
+    assert fewshot(data, 3, 0) == []
 
 
 def test_continuations_are_the_choices_common_prefix_and_the_options_common_suffix():

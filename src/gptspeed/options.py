@@ -114,3 +114,18 @@ class EvalOptions:
     max_examples: int = _f(0, "HellaSwag: the first N examples only (0 = all)")
     batch_size: int = _f(8, "sequences (val loss) or examples (HellaSwag) per batch")
     max_tokens: int = _f(0, "evaluate at most this many tokens (0 = all)")
+    core: bool = _f(
+        False,
+        "the CORE score (DCLM's in-context tasks, centred against chance, as nanochat computes it): the official "
+        "bundle, fetched once; --max-examples N: N per task, --batch-size: examples per forward pass",
+        kind="flag",
+    )
+    core_tasks: str | None = _f(
+        None, "CORE: only these tasks (labels of the bundle's core.yaml; implies --core)", metavar="NAME,NAME"
+    )
+    core_bundle: str | None = _f(
+        None,
+        "CORE: a local bundle folder (core.yaml, eval_meta_data.csv, eval_data/) instead of the official one "
+        "(not hash-checked; implies --core)",
+        metavar="DIR",
+    )

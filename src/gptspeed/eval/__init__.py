@@ -1,5 +1,5 @@
-"""Evaluation: the val loss (:mod:`.val_loss`), bits per byte (:mod:`.bpb`) and HellaSwag (:mod:`.hellaswag`), and the
-``gptspeed eval`` command that runs them on a checkpoint or a Hugging Face GPT-2."""
+"""Evaluation: the val loss (:mod:`.val_loss`), bits per byte (:mod:`.bpb`), HellaSwag (:mod:`.hellaswag`) and
+CORE (:mod:`.core`), and the ``gptspeed eval`` command that runs them on a checkpoint or a Hugging Face GPT-2."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def evaluate_run(
     max_examples: int = EvalOptions.max_examples,
     batch_size: int = EvalOptions.batch_size,
     max_tokens: int = EvalOptions.max_tokens,
+    core: bool = EvalOptions.core,
+    core_tasks: str | None = EvalOptions.core_tasks,
+    core_bundle: str | None = EvalOptions.core_bundle,
     device: str = DeviceOptions.device,
     dtype: str = DeviceOptions.dtype,
 ) -> dict:
@@ -28,7 +31,11 @@ def evaluate_run(
     ``val_bpb`` -- bits per byte over the same tokens, :mod:`gptspeed.eval.bpb` --, ``tokens``,
     ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
     ``"hellaswag"`` (see :func:`gptspeed.eval.hellaswag.evaluate_hellaswag`; ``max_examples`` 0 = all;
-    ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``).
+    ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``);
+    with ``core``, the CORE score under ``"core"`` (:func:`gptspeed.eval.core.evaluate_core`: ``centered``
+    and each task's ``accuracy``, ``centered``, ``examples``; ``core_tasks`` comma-separated task labels,
+    ``core_bundle`` a local bundle folder instead of the official bundle, each implying ``core``;
+    ``max_examples`` per task), its prompts tokenized by GPT-2's BPE after ``<|endoftext|>``.
 
     Raises:
         GptspeedError: nothing to evaluate, bad sizes, missing data or model.
@@ -36,8 +43,9 @@ def evaluate_run(
     from gptspeed.data import find_shards
 
     hellaswag = hellaswag or hellaswag_file is not None
-    if data_dir is None and not hellaswag:
-        raise GptspeedError("nothing to evaluate: give --data DIR (val loss) and/or --hellaswag")
+    core = core or core_tasks is not None or core_bundle is not None
+    if data_dir is None and not hellaswag and not core:
+        raise GptspeedError("nothing to evaluate: give --data DIR (val loss), --hellaswag and/or --core")
     if batch_size < 1:
         raise GptspeedError(f"--batch-size must be at least 1, got {batch_size}")
     if max_examples < 0:
@@ -55,6 +63,7 @@ def evaluate_run(
     items = None
     if hellaswag:
         items = load_hellaswag(hellaswag_file, max_examples=max_examples)
+    core_data = _load_core(core_bundle, core_tasks, max_examples) if core else None
     model, info = load_any_model(rt, run_dir, init_from)
     result: dict = {**info}
     if shards is not None:
@@ -66,7 +75,32 @@ def evaluate_run(
         result["hellaswag"] = evaluate_hellaswag(
             model, items, device=rt.device, autocast=rt.autocast(), batch_examples=batch_size
         )
+    if core_data is not None:
+        result["core"] = _score_core(model, rt, core_data, batch_size)
     return json_safe(result)
+
+
+def _load_core(bundle: str | None, tasks: str | None, max_examples: int):
+    """CORE's tasks and examples, read before the model is loaded (a bad bundle fails first)."""
+    from gptspeed.eval.core import load_core
+
+    return load_core(bundle, tasks, max_examples)
+
+
+def _score_core(model, rt, core_data, batch_size: int) -> dict:
+    """The CORE result of ``model``, its prompts tokenized by GPT-2's BPE after ``<|endoftext|>``."""
+    from gptspeed.eval.core import evaluate_core
+    from gptspeed.tokenizer import EOT_TOKEN, encode
+
+    return evaluate_core(
+        model,
+        core_data,
+        encode=encode,
+        bos=EOT_TOKEN,
+        device=rt.device,
+        autocast=rt.autocast(),
+        batch_examples=batch_size,
+    )
 
 
 _MAX_EXP = math.log(1.7976931348623157e308)  # math.exp raises OverflowError above this

@@ -114,3 +114,12 @@ class EvalOptions:
     max_examples: int = _f(0, "HellaSwag: the first N examples only (0 = all)")
     batch_size: int = _f(8, "sequences (val loss) or examples (HellaSwag) per batch")
     max_tokens: int = _f(0, "evaluate at most this many tokens (0 = all)")
+    lm_eval: str | None = _f(
+        None,
+        "lm-evaluation-harness tasks, comma-separated (e.g. hellaswag,arc_easy): the run exported to a temporary "
+        "folder and scored by the harness's own API (pip install -e '.[eval]')",
+        metavar="TASKS",
+    )
+    lm_eval_include: str | None = _f(
+        None, "--lm-eval: a folder of your own task YAMLs, found beside the harness's", metavar="DIR"
+    )

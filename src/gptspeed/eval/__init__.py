@@ -20,6 +20,8 @@ def evaluate_run(
     max_examples: int = EvalOptions.max_examples,
     batch_size: int = EvalOptions.batch_size,
     max_tokens: int = EvalOptions.max_tokens,
+    lm_eval: str | None = EvalOptions.lm_eval,
+    lm_eval_include: str | None = EvalOptions.lm_eval_include,
     device: str = DeviceOptions.device,
     dtype: str = DeviceOptions.dtype,
 ) -> dict:
@@ -28,7 +30,9 @@ def evaluate_run(
     ``val_bpb`` -- bits per byte over the same tokens, :mod:`gptspeed.eval.bpb` --, ``tokens``,
     ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
     ``"hellaswag"`` (see :func:`gptspeed.eval.hellaswag.evaluate_hellaswag`; ``max_examples`` 0 = all;
-    ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``).
+    ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``)
+    and/or, with ``lm_eval`` (tasks, comma-separated), lm-evaluation-harness's metrics of the run's
+    export under ``"lm_eval"`` (:mod:`gptspeed.eval.harness`; ``lm_eval_include`` a folder of task YAMLs).
 
     Raises:
         GptspeedError: nothing to evaluate, bad sizes, missing data or model.
@@ -36,8 +40,8 @@ def evaluate_run(
     from gptspeed.data import find_shards
 
     hellaswag = hellaswag or hellaswag_file is not None
-    if data_dir is None and not hellaswag:
-        raise GptspeedError("nothing to evaluate: give --data DIR (val loss) and/or --hellaswag")
+    if data_dir is None and not hellaswag and lm_eval is None:
+        raise GptspeedError("nothing to evaluate: give --data DIR (val loss), --hellaswag and/or --lm-eval TASKS")
     if batch_size < 1:
         raise GptspeedError(f"--batch-size must be at least 1, got {batch_size}")
     if max_examples < 0:
@@ -45,6 +49,9 @@ def evaluate_run(
     if max_tokens < 0:
         raise GptspeedError(f"--max-tokens must be 0 (all) or more, got {max_tokens}")
     shards = find_shards(data_dir, "val") if data_dir is not None else None  # before importing torch
+    from gptspeed.eval.harness import plan_lm_eval, run_lm_eval
+
+    harness = plan_lm_eval(lm_eval, lm_eval_include, run_dir, init_from)  # None without --lm-eval; before any model
     from gptspeed.eval.bpb import evaluate_bpb
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
     from gptspeed.eval.val_loss import evaluate
@@ -55,7 +62,11 @@ def evaluate_run(
     items = None
     if hellaswag:
         items = load_hellaswag(hellaswag_file, max_examples=max_examples)
-    model, info = load_any_model(rt, run_dir, init_from)
+    model, info = (
+        load_any_model(rt, run_dir, init_from)
+        if shards is not None or items is not None
+        else (None, {"run": str(run_dir)})
+    )
     result: dict = {**info}
     if shards is not None:
         loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
@@ -66,6 +77,9 @@ def evaluate_run(
         result["hellaswag"] = evaluate_hellaswag(
             model, items, device=rt.device, autocast=rt.autocast(), batch_examples=batch_size
         )
+    if harness is not None:  # the harness loads the run's export itself
+        lm = run_lm_eval(harness, run_dir, device=rt.device.type, dtype=rt.dtype, batch_size=batch_size)
+        result.update(step=lm.pop("step"), lm_eval=lm)
     return json_safe(result)
 
 

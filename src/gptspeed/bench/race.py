@@ -16,7 +16,11 @@ not reached. The target is ``--target-val-loss``, else the first arm's mean fina
 runs then train to their own ``--max-steps`` and the target is applied afterwards): the first arm
 then *defines* the target, and its time to it is its whole training time -- the speedrun's
 baseline is the quality its full run reaches, in the time that run takes (about half its runs end
-above their own mean, which would otherwise leave the baseline with no time at all).
+above their own mean, which would otherwise leave the baseline with no time at all). With
+``--target-bpb`` the target is a val bits per byte instead (nanochat's measure, which compares
+tokenizers): every run also evaluates it (``train --eval-bpb``, outside the clock, like the loss)
+and trains its own ``--max-steps`` -- the trainer stops at a val loss only -- and its time is to
+its first evaluation at or below the target.
 
 Nothing of the user's is lost to a race. Every arm is checked whole before the first run
 (:func:`check_arms`: its flags, the data, the device rules; settings the race sets itself --
@@ -41,6 +45,7 @@ training time, every run).
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import signal
 import statistics
@@ -133,6 +138,12 @@ class RaceConfig(BenchBase):
         choices=("sequential", "random"),
     )
     target_val_loss: float | None = _f(None, "the val loss to reach (default: the first arm's mean final val loss)")
+    target_bpb: float | None = _f(
+        None,
+        "race to this val bits per byte instead of a val loss: every run also evaluates it (train --eval-bpb, "
+        "not timed) and trains its --max-steps; its time is to its first evaluation at or below it",
+        metavar="BPB",
+    )
     eval_every: int | None = _f(None, "steps between evaluations (default: the first arm's steps / 15)")
     eval_tokens: int | None = _f(None, "val tokens per evaluation (default: the preset's)")
     timeout_s: float | None = _f(
@@ -149,6 +160,12 @@ class RaceConfig(BenchBase):
         super().__post_init__()
         if self.seeds < 1:
             raise GptspeedError(f"--seeds must be at least 1, got {self.seeds}")
+        if self.target_bpb is not None and self.target_val_loss is not None:
+            raise GptspeedError("give one target: --target-val-loss (nats per token) or --target-bpb (bits per byte)")
+        if self.target_bpb is not None and not (math.isfinite(self.target_bpb) and self.target_bpb > 0):
+            raise GptspeedError(
+                f"--target-bpb must be a positive finite number of bits per byte, got {self.target_bpb}"
+            )
         if not self.arms:
             self.arms = parse_arms(self.recipes, self.arm)
 
@@ -193,6 +210,8 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
 
         data = str(default_train_data(say=say))
     base = ["--preset", cfg.preset, "--device", cfg.device, "--data", data, "--sampling", cfg.sampling]
+    if cfg.target_bpb is not None:  # every evaluation also gives val_bpb (checked with the arms)
+        base.append("--eval-bpb")
     configs = check_arms(cfg.arms, base, data)  # every arm checked before anything runs
     cap = 2 * configs[0].train.max_steps
     eval_every = cfg.eval_every or max(1, configs[0].train.max_steps // 15)
@@ -206,7 +225,9 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
         "eval_every": eval_every,
         "eval_tokens": eval_tokens,
         "steps_cap": cap,
+        "metric": _metric(cfg),
         "target_val_loss": cfg.target_val_loss,
+        "target_val_bpb": cfg.target_bpb,
         "complete": False,
         "arms": [],
     }
@@ -384,18 +405,27 @@ def spawn(cmd: list[str], log, timeout_s: float | None, stop=None, say: Callable
             proc.wait()
 
 
+def _metric(cfg: RaceConfig) -> str:
+    """What the race's target is of: ``val_bpb`` with ``--target-bpb``, else ``val_loss``."""
+    return "val_bpb" if cfg.target_bpb is not None else "val_loss"
+
+
 def _write(out: Path, race: dict[str, Any], cfg: RaceConfig) -> None:
     """race.json (and, once a first-arm run exists, race.md and race.png), each written atomically."""
+    metric = _metric(cfg)
+    given = cfg.target_bpb if metric == "val_bpb" else cfg.target_val_loss
     firsts = [r["curve"][-1]["val_loss"] for r in cfg.arms[0].runs if r["curve"]]
-    target = cfg.target_val_loss if cfg.target_val_loss is not None else (statistics.fmean(firsts) if firsts else None)
-    race["target_val_loss"] = target
-    defines = cfg.target_val_loss is None
+    target = given if given is not None else (statistics.fmean(firsts) if firsts else None)
+    race[f"target_{metric}"] = target
+    defines = given is None
     race["target_from"] = (
-        "--target-val-loss"
+        ("--target-bpb" if metric == "val_bpb" else "--target-val-loss")
         if not defines
         else f"{cfg.arms[0].name}'s mean final val loss; its time is its whole training"
     )
-    race["arms"] = summarize(cfg.arms, target, first_defines_target=defines) if target is not None else []
+    race["arms"] = (
+        summarize(cfg.arms, target, first_defines_target=defines, metric=metric) if target is not None else []
+    )
     for arm, row in zip(cfg.arms, race["arms"]):
         for run, curve_run in zip(row["runs"], arm.runs):
             run["curve"] = curve_run["curve"]

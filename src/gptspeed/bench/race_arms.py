@@ -71,6 +71,7 @@ RACE_SETTINGS = {
     "eval_every": "every arm is evaluated at the same steps: give it to bench",
     "eval_tokens": "every arm is evaluated on the same val tokens: give it to bench",
     "stop_at_val_loss": "the race stops each run at its target: give bench --target-val-loss",
+    "eval_bpb": "every arm is evaluated alike: give bench --target-bpb to race to bits per byte",
     "data": "every arm trains on bench's --data",
     "sampling": "every arm reads the data in the same order: give bench --sampling",
     "out": "the race names each run's folder under its own --out",

@@ -74,8 +74,9 @@ def write_tasks(folder: Path) -> Path:
 @pytest.fixture
 def local_tasks_only(monkeypatch):
     """The harness's TaskManager without its own registry (thousands of YAMLs, seconds to index on every
-    call): the tests' tasks are local, under ``include_path``."""
+    call): the tests' tasks are local, under ``include_path``; Hugging Face's datasets offline."""
     tasks = pytest.importorskip("lm_eval.tasks", reason=f"lm-evaluation-harness is not installed ({INSTALL})")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the tasks' data are local files: nothing to fetch
     monkeypatch.setattr(tasks, "TaskManager", functools.partial(tasks.TaskManager, include_defaults=False))
 
 

@@ -129,3 +129,12 @@ class EvalOptions:
         "(not hash-checked; implies --core)",
         metavar="DIR",
     )
+    lm_eval: str | None = _f(
+        None,
+        "lm-evaluation-harness tasks, comma-separated (e.g. hellaswag,arc_easy): the run exported to a temporary "
+        "folder and scored by the harness's own API (pip install -e '.[eval]')",
+        metavar="TASKS",
+    )
+    lm_eval_include: str | None = _f(
+        None, "--lm-eval: a folder of your own task YAMLs, found beside the harness's", metavar="DIR"
+    )

@@ -92,6 +92,32 @@ def test_the_curve_counts_training_steps_only_and_the_warm_up_at_the_next_speed(
     assert race.time_to_target(curve, 7.0)["reached"] is False
 
 
+def test_a_bpb_target_is_reached_at_the_first_evaluation_whose_val_bpb_is_at_or_below_it():
+    records = [
+        {"step": 0, "val_loss": 10.9},  # the step-0 evaluation gives no bits per byte
+        {"step": 2, "step_ms": 100.0, "val_loss": 9.0, "val_bpb": 4.0},
+        {"step": 4, "step_ms": 100.0, "val_loss": 8.5, "val_bpb": 3.0},  # the loss is never at 8.0
+        {"step": 6, "step_ms": 100.0, "val_loss": 8.6, "val_bpb": 3.1},
+    ]
+    curve = race.training_curve(records)
+    assert [p.get("val_bpb") for p in curve] == [None, 4.0, 3.0, 3.1]
+    hit = race.time_to_target(curve, 3.05, "val_bpb")
+    assert hit == {
+        "reached": True,
+        "time_to_target_s": pytest.approx(0.4),
+        "tokens_to_target": 0,
+        "steps_to_target": 4,
+        "final_val_loss": 8.6,
+        "final_val_bpb": 3.1,
+    }
+    assert race.time_to_target(curve, 3.05)["reached"] is False  # the same number read as a val loss
+    assert race.time_to_target(curve, 2.9, "val_bpb")["reached"] is False
+    a = race.Arm("a", [])
+    a.runs = [{"seed": 0, "curve": curve}, {"seed": 1, "curve": curve}]
+    row = race.summarize([a], 3.05, metric="val_bpb")[0]
+    assert row["reached"] == 2 and row["steps_to_target_mean"] == 4 and row["final_val_bpb_mean"] == 3.1
+
+
 def test_the_summary_gives_means_ratios_and_a_one_sided_welch_p_value():
     def arm(name, times):
         a = race.Arm(name, [])
@@ -193,9 +219,38 @@ def test_a_race_end_to_end_writes_its_files(shakespeare_data, tmp_path, monkeypa
     assert order == ["plain seed 0", "modern seed 0", "plain seed 1", "modern seed 1"]  # interleaved
 
 
+def test_a_race_to_a_bpb_target_evaluates_every_run_in_bits_per_byte(shakespeare_data, tmp_path, monkeypatch):
+    from gptspeed import cli
+
+    def in_process(cmd, log, timeout_s, stop=None, say=print):
+        import contextlib
+
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            return cli.main(cmd[3:])  # [python, -m, gptspeed, train, ...]
+
+    monkeypatch.setattr(race, "spawn", in_process)
+    out = tmp_path / "race"
+    proc = run_main(
+        "bench", "race", "--arm", ARM, *BASE, "--data", str(shakespeare_data), "--out", str(out), "--target-bpb", "100"
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "race.json").read_text())
+    assert result["metric"] == "val_bpb" and result["target_val_bpb"] == 100 and result["target_from"] == "--target-bpb"
+    assert json.loads((out / "runs" / "a-seed0" / "config.json").read_text())["train"]["eval_bpb"] is True
+    (run,) = result["arms"][0]["runs"]
+    assert [p["step"] for p in run["curve"]] == [0, 2, 4]  # not stopped at the target: its --max-steps
+    assert all(0 < p["val_bpb"] < 100 for p in run["curve"][1:])
+    assert run["reached"] and run["steps_to_target"] == 2  # the first evaluation after step 0
+    assert run["final_val_bpb"] == run["curve"][-1]["val_bpb"]
+    assert "Target val bpb **100.0000** (--target-bpb)" in (out / "race.md").read_text()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--arms", "gpt2", "--target-bpb", "0"], "--target-bpb must be a positive finite number"),
+        (["--arms", "gpt2", "--target-bpb", "nan"], "--target-bpb must be a positive finite number"),
+        (["--arms", "gpt2", "--target-bpb", "1", "--target-val-loss", "3"], "give one target"),
         (["--arms", "gpt3"], "--arms: unknown recipe 'gpt3'"),
         (["--arm", "nameless"], 'give NAME="FLAGS"'),
         (["--arm", "a=--no-such-flag"], "arm a: '--no-such-flag' are not gptspeed train flags"),
@@ -309,6 +364,7 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
         ("--eval-every 3", "--eval-every is the race's to set"),
         ("--eval-tokens 128", "--eval-tokens is the race's to set"),
         ("--stop-at-val-loss 3", "--stop-at-val-loss is the race's to set"),
+        ("--eval-bpb", "--eval-bpb is the race's to set (every arm is evaluated alike: give bench --target-bpb"),
         ("--data /elsewhere", "--data is the race's to set"),
         ("--sampling random", "--sampling is the race's to set"),
         ("--device cpu", "--device is the race's to set"),

@@ -23,6 +23,8 @@ def evaluate_run(
     core: bool = EvalOptions.core,
     core_tasks: str | None = EvalOptions.core_tasks,
     core_bundle: str | None = EvalOptions.core_bundle,
+    lm_eval: str | None = EvalOptions.lm_eval,
+    lm_eval_include: str | None = EvalOptions.lm_eval_include,
     device: str = DeviceOptions.device,
     dtype: str = DeviceOptions.dtype,
 ) -> dict:
@@ -35,7 +37,9 @@ def evaluate_run(
     with ``core``, the CORE score under ``"core"`` (:func:`gptspeed.eval.core.evaluate_core`: ``centered``
     and each task's ``accuracy``, ``centered``, ``examples``; ``core_tasks`` comma-separated task labels,
     ``core_bundle`` a local bundle folder instead of the official bundle, each implying ``core``;
-    ``max_examples`` per task), its prompts tokenized by GPT-2's BPE after ``<|endoftext|>``.
+    ``max_examples`` per task), its prompts tokenized by GPT-2's BPE after ``<|endoftext|>``;
+    and/or, with ``lm_eval`` (tasks, comma-separated), lm-evaluation-harness's metrics of the run's
+    export under ``"lm_eval"`` (:mod:`gptspeed.eval.harness`; ``lm_eval_include`` a folder of task YAMLs).
 
     Raises:
         GptspeedError: nothing to evaluate, bad sizes, missing data or model.
@@ -44,8 +48,10 @@ def evaluate_run(
 
     hellaswag = hellaswag or hellaswag_file is not None
     core = core or core_tasks is not None or core_bundle is not None
-    if data_dir is None and not hellaswag and not core:
-        raise GptspeedError("nothing to evaluate: give --data DIR (val loss), --hellaswag and/or --core")
+    if data_dir is None and not hellaswag and not core and lm_eval is None:
+        raise GptspeedError(
+            "nothing to evaluate: give --data DIR (val loss), --hellaswag, --core and/or --lm-eval TASKS"
+        )
     if batch_size < 1:
         raise GptspeedError(f"--batch-size must be at least 1, got {batch_size}")
     if max_examples < 0:
@@ -53,6 +59,9 @@ def evaluate_run(
     if max_tokens < 0:
         raise GptspeedError(f"--max-tokens must be 0 (all) or more, got {max_tokens}")
     shards = find_shards(data_dir, "val") if data_dir is not None else None  # before importing torch
+    from gptspeed.eval.harness import plan_lm_eval, run_lm_eval
+
+    harness = plan_lm_eval(lm_eval, lm_eval_include, run_dir, init_from)  # None without --lm-eval; before any model
     from gptspeed.eval.bpb import evaluate_bpb
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
     from gptspeed.eval.val_loss import evaluate
@@ -64,7 +73,11 @@ def evaluate_run(
     if hellaswag:
         items = load_hellaswag(hellaswag_file, max_examples=max_examples)
     core_data = _load_core(core_bundle, core_tasks, max_examples) if core else None
-    model, info = load_any_model(rt, run_dir, init_from)
+    model, info = (
+        load_any_model(rt, run_dir, init_from)
+        if shards is not None or items is not None or core_data is not None
+        else (None, {"run": str(run_dir)})
+    )
     result: dict = {**info}
     if shards is not None:
         loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
@@ -77,6 +90,9 @@ def evaluate_run(
         )
     if core_data is not None:
         result["core"] = _score_core(model, rt, core_data, batch_size)
+    if harness is not None:  # the harness loads the run's export itself
+        lm = run_lm_eval(harness, run_dir, device=rt.device.type, dtype=rt.dtype, batch_size=batch_size)
+        result.update(step=lm.pop("step"), lm_eval=lm)
     return json_safe(result)
 
 

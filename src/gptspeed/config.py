@@ -223,6 +223,23 @@ class GPTConfig:
         init_from="source",
         export="gpt2",
     )
+    eot_token: int = _f(
+        GPT2_VOCAB_SIZE - 1,
+        "the id of <|endoftext|>, which starts each document (GPT-2's 50256; else the data's, from its manifest)",
+        min=0,
+        run_defining=True,
+        cli=False,
+        init_from="source",
+        export="gpt2",
+    )
+    tokenizer: str = _f(
+        "gpt2",
+        "the data's tokenizer: gpt2, a tiktoken encoding, or sha256:HEX of a tokenizer.json (copied into the run)",
+        run_defining=True,
+        cli=False,
+        init_from="source",
+        export="gpt2",
+    )
     n_layer: int = _f(12, "transformer blocks L", min=1, run_defining=True, init_from="source", export="gpt2")
     n_head: int = _f(12, "attention heads H", min=1, run_defining=True, init_from="source", export="gpt2")
     n_embd: int = _f(
@@ -416,6 +433,11 @@ class GPTConfig:
             raise GptspeedError(
                 f"--attn-window {self.attn_window} is the final attention window in tokens: at most the "
                 f"sequence length --seq-len {self.block_size} (--attn-window {self.block_size} is full causal attention)"
+            )
+        if not 0 <= self.eot_token < self.valid_vocab_size:
+            raise GptspeedError(
+                f"eot_token ({self.eot_token}) is not one of the tokenizer's {self.valid_vocab_size} ids: "
+                "leave it to the data (its manifest's eot_token)"
             )
         if self.vocab_size < self.valid_vocab_size:
             raise GptspeedError(

@@ -98,11 +98,14 @@ def _prepare_holder(folder: Path) -> str:
 
 # ------------------------------------------------------------------ what prepare may write into
 OWN_NAMES = re.compile(
-    r"(?:train|val)_\d{6,}\.bin|\.stream_\d{6,}\.bin|\.prepare\.lock|\.prepare-progress\.json"
-    r"|\.\.?(?:(?:train|val)_\d{6,}\.bin|stream_\d{6,}\.bin|manifest\.json|prepare-progress\.json)\.[0-9a-f]{8}\.tmp"
+    r"(?:train|val)_\d{6,}\.bin|\.stream_\d{6,}\.bin|\.prepare\.lock|\.prepare-progress\.json|tokenizer\.json"
+    r"|\.\.?(?:(?:train|val)_\d{6,}\.bin|stream_\d{6,}\.bin|manifest\.json|prepare-progress\.json|tokenizer\.json)"
+    r"\.[0-9a-f]{8}\.tmp"
 )
 """The names ``gptspeed prepare`` writes in a data folder besides ``manifest.json``: shards,
-staging chunks, its lock and progress files, and their temporary names (``.NAME.XXXXXXXX.tmp``)."""
+staging chunks, its lock and progress files, the ``tokenizer.json`` of a tokenizer folder it
+tokenized with (:func:`gptspeed.data.prepare_tokenizer.save_data_tokenizer`), and their temporary
+names (``.NAME.XXXXXXXX.tmp``)."""
 _IGNORED = {".DS_Store"}  # what macOS's Finder leaves in any folder it showed
 
 

@@ -48,19 +48,21 @@ def evaluate_run(
     from gptspeed.eval.bpb import evaluate_bpb
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
     from gptspeed.eval.val_loss import evaluate
+    from gptspeed.run_tokenizer import eval_tokenizer
     from gptspeed.runtime import resolve_runtime
     from gptspeed.sample import load_any_model
 
     rt = resolve_runtime(device, dtype, compile=False)
+    tok = eval_tokenizer(run_dir, data_dir)  # the run's (None: GPT-2's); refused unless the data's
     items = None
     if hellaswag:
-        items = load_hellaswag(hellaswag_file, max_examples=max_examples)
+        items = load_hellaswag(hellaswag_file, max_examples=max_examples, tokenizer=tok)
     model, info = load_any_model(rt, run_dir, init_from)
     result: dict = {**info}
     if shards is not None:
         loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
         perplexity = math.exp(loss) if loss < _MAX_EXP else math.inf  # NaN stays NaN
-        bpb = evaluate_bpb(model, rt, shards, batch_size, model.config.block_size, max_tokens)
+        bpb = evaluate_bpb(model, rt, shards, batch_size, model.config.block_size, max_tokens, tokenizer=tok)
         result.update(val_loss=loss, perplexity=perplexity, val_bpb=bpb, tokens=n, data=str(data_dir))
     if items is not None:
         result["hellaswag"] = evaluate_hellaswag(

@@ -4,6 +4,7 @@ forwards are collectives)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ class RunEvaluator:
 
     def __init__(self, cfg, rt, data, stepper):
         from gptspeed.eval.hellaswag import hellaswag_hook
+        from gptspeed.run_tokenizer import training_tokenizer
 
         self.cfg, self.rt, self.data, self.stepper = cfg, rt, data, stepper
         if cfg.train.eval_bpb and rt.parallel == "fsdp":
@@ -23,7 +25,8 @@ class RunEvaluator:
             raise GptspeedError(
                 "--eval-bpb is not computed under --parallel fsdp yet: leave it out, or run `gptspeed eval` on a checkpoint"
             )
-        self._hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every
+        self.tokenizer = training_tokenizer(cfg.model, data)  # None: GPT-2's
+        self._hellaswag = hellaswag_hook(cfg, rt, self.tokenizer)  # None unless --hellaswag-every
 
     @property
     def hellaswag_on(self) -> bool:
@@ -47,7 +50,9 @@ class RunEvaluator:
         from gptspeed.eval.bpb import evaluate_bpb
         from gptspeed.parallelize import unwrap
 
-        bpb = self._over_val(evaluate_bpb, unwrap(self.stepper.model), stop)
+        bpb = self._over_val(
+            functools.partial(evaluate_bpb, tokenizer=self.tokenizer), unwrap(self.stepper.model), stop
+        )
         return {} if bpb is None else {"val_bpb": bpb}
 
     def _over_val(self, fn: Callable[..., Any], model: Any, stop: Callable[[], bool] | None) -> Any:

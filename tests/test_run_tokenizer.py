@@ -1,0 +1,98 @@
+"""A run takes its tokenizer from its data (gptspeed.run_tokenizer): the vocabulary (padded to a multiple
+of 64), the <|endoftext|> id, a copy of the tokenizer in the run folder; sample and eval encode and decode
+with it; a resume, an --init-from or a training on data of another tokenizer is one line naming both."""
+
+from __future__ import annotations
+
+import pytest
+
+import gptspeed
+from gptspeed.bpe import load_tokenizer_dir
+from gptspeed.errors import GptspeedError
+from gptspeed.run_tokenizer import RUN_TOKENIZER_FILE, padded_vocab, run_tokenizer
+
+from support.shapes import QUICK_RUN
+from support.tokdata import TOK_VOCAB as VOCAB
+from support.tokdata import make_tokenizer_data, train_tokenizer_run
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A tokenizer of 300 ids trained on tiny Shakespeare, that text prepared with it and with GPT-2's."""
+    return make_tokenizer_data(tmp_path_factory.mktemp("tokdata"))
+
+
+@pytest.fixture(scope="module")
+def run(folders):
+    """Two steps of the tiny model on the tokenizer's data."""
+    return train_tokenizer_run(folders)
+
+
+def test_a_new_run_takes_the_vocabulary_and_eot_of_its_data(folders):
+    tok = load_tokenizer_dir(folders / "tok")
+    cfg = gptspeed.make_config("pico", data=str(folders / "data"), out=str(folders / "unused"), **QUICK_RUN)
+    m = cfg.model
+    assert (m.valid_vocab_size, m.vocab_size, m.eot_token) == (VOCAB, 320, tok.eot)
+    assert m.tokenizer == "sha256:" + tok.sha256
+    assert padded_vocab(50257) == 50304 and padded_vocab(4096) == 4096
+    given = gptspeed.make_config("pico", data=str(folders / "data"), vocab_size=384, **QUICK_RUN).model
+    assert (given.vocab_size, given.valid_vocab_size) == (384, VOCAB)
+
+
+def test_a_gpt2_run_is_configured_as_before(folders):
+    cfg = gptspeed.make_config("pico", data=str(folders / "gpt2"), **QUICK_RUN)
+    plain = gptspeed.make_config("pico", **QUICK_RUN)
+    assert cfg.model == plain.model
+    assert (cfg.model.vocab_size, cfg.model.valid_vocab_size, cfg.model.eot_token) == (50304, 50257, 50256)
+    assert cfg.model.tokenizer == "gpt2"
+
+
+def test_a_vocab_size_below_the_datas_tokenizer_is_refused(folders):
+    with pytest.raises(GptspeedError, match=r"--vocab-size 256 is smaller than the 300 ids"):
+        gptspeed.make_config("pico", data=str(folders / "data"), vocab_size=256, **QUICK_RUN)
+
+
+def test_the_run_folder_keeps_the_tokenizer_and_decodes_with_it(folders, run):
+    tok = load_tokenizer_dir(folders / "tok")
+    assert (run / RUN_TOKENIZER_FILE).read_text() == (folders / "tok" / "tokenizer.json").read_text()
+    kept = run_tokenizer(run)
+    assert (kept.sha256, kept.eot, kept.n_vocab) == (tok.sha256, tok.eot, VOCAB)
+    text = "ROMEO: Wherefore art thou?\nJULIET: Ça va, 東京 — done."
+    assert kept.decode(kept.encode(text)) == text
+    ids = kept.encode("ROMEO:")
+    assert ids != gptspeed.tokenizer.encode("ROMEO:")  # not GPT-2's
+    sample = gptspeed.load_run(run, device="cpu").generate("ROMEO:", max_new_tokens=8, temperature=0)
+    assert isinstance(sample, str) and sample
+
+
+def test_eval_measures_the_run_on_its_data_with_its_tokenizer(folders, run):
+    from gptspeed.eval import evaluate_run
+
+    result = evaluate_run(run, folders / "data", max_tokens=256, batch_size=2, device="cpu")
+    assert result["val_loss"] < 6.5  # ln(300) = 5.7: the model's, not a 50,257-way guess
+    assert 0 < result["val_bpb"] < 20
+    with pytest.raises(GptspeedError, match=r"tokenized with GPT-2's BPE"):
+        evaluate_run(run, folders / "gpt2", max_tokens=256, device="cpu")
+
+
+def test_a_resume_on_data_of_another_tokenizer_is_refused(folders, run):
+    with pytest.raises(GptspeedError, match=r"--resume: the run .* takes the tokenizer.json of sha256 .* GPT-2's BPE"):
+        gptspeed.make_config("pico", data=str(folders / "gpt2"), out=str(run), resume=True, max_steps=4)
+
+
+def test_training_a_run_on_data_of_another_tokenizer_is_refused(folders, tmp_path):
+    cfg = gptspeed.make_config("pico", data=str(folders / "data"), out=str(tmp_path / "r"), max_steps=1, **QUICK_RUN)
+    cfg.train.data = str(folders / "gpt2")
+    with pytest.raises(GptspeedError, match=r"the run's model takes the tokenizer.json .* GPT-2's BPE"):
+        gptspeed.train(cfg, echo=False)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_without_its_tokenizer_file_is_refused(folders, run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / RUN_TOKENIZER_FILE).unlink()
+    with pytest.raises(GptspeedError, match=r"lacks the tokenizer.json its model was trained with"):
+        run_tokenizer(copy)

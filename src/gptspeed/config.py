@@ -434,11 +434,6 @@ class GPTConfig:
                 f"--attn-window {self.attn_window} is the final attention window in tokens: at most the "
                 f"sequence length --seq-len {self.block_size} (--attn-window {self.block_size} is full causal attention)"
             )
-        if not 0 <= self.eot_token < self.valid_vocab_size:
-            raise GptspeedError(
-                f"eot_token ({self.eot_token}) is not one of the tokenizer's {self.valid_vocab_size} ids: "
-                "leave it to the data (its manifest's eot_token)"
-            )
         if self.vocab_size < self.valid_vocab_size:
             raise GptspeedError(
                 f"vocab_size ({self.vocab_size}) is smaller than the tokenizer's "

@@ -245,10 +245,22 @@ def run_tokenizer(run: str | os.PathLike, model_cfg=None):
         GptspeedError: the run has no configuration, or its ``tokenizer.json`` is missing or changed.
     """
     if model_cfg is None:
-        from gptspeed.api import Run
-
-        model_cfg = Run(run).config.model
+        model_cfg = run_model_config(run)
     return tokenizer_of(model_cfg.tokenizer, run)
+
+
+def run_model_config(run: str | os.PathLike):
+    """The :class:`~gptspeed.config.GPTConfig` of the run folder ``run``: its newest valid checkpoint's
+    (from the seal, no torch), else the ``config.json`` it wrote at its start. GptspeedError: neither."""
+    from gptspeed.checkpoint import newest_run_config, started_run
+
+    cfg = newest_run_config(Path(run))[1] if Path(run).is_dir() else None
+    if cfg is None:
+        started = started_run(Path(run)) if Path(run).is_dir() else None
+        if started is None:
+            raise GptspeedError(f"{run} holds neither a checkpoint nor a config.json: not a run folder")
+        cfg = started[0]
+    return cfg.model
 
 
 def training_tokenizer(model_cfg, data):
@@ -283,10 +295,8 @@ def eval_tokenizer(run: str | os.PathLike | None, data: str | os.PathLike | None
     """
     identity = GPT2
     if run is not None:
-        from gptspeed.api import Run
-
         try:
-            identity = Run(run).config.model.tokenizer
+            identity = run_model_config(run).tokenizer
         except GptspeedError:
             pass  # no run there: loading its model says so, as it always did
     if data is not None:

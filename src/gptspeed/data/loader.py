@@ -188,8 +188,7 @@ class TokenLoader:
         self._first_window = np.cumsum([0] + self.batches_per_shard)  # window index of each shard's first
         self._perms: dict[int, np.ndarray] = {}
         self.batches = 0  # micro-batches consumed, all epochs
-        self.documents = 0
-        self.wait_s = 0.0
+        self.documents, self.wait_s = 0, 0.0
         self._prefetcher: Prefetcher | None = None
 
     def _scan_rows(self, s: int) -> np.ndarray:

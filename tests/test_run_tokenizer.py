@@ -61,8 +61,21 @@ def test_the_run_folder_keeps_the_tokenizer_and_decodes_with_it(folders, run):
     assert kept.decode(kept.encode(text)) == text
     ids = kept.encode("ROMEO:")
     assert ids != gptspeed.tokenizer.encode("ROMEO:")  # not GPT-2's
+    assert (folders / "data" / RUN_TOKENIZER_FILE).read_text() == kept.json_text  # the prepared folder carries it
+
+
+def test_sample_encodes_the_prompt_and_decodes_the_samples_with_the_runs_tokenizer(run):
+    import torch
+
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.sample import generate, load_model
+
+    tok = run_tokenizer(run)
     sample = gptspeed.load_run(run, device="cpu").generate("ROMEO:", max_new_tokens=8, temperature=0)
-    assert isinstance(sample, str) and sample
+    model, _ = load_model(run, resolve_runtime("cpu", "float32", compile=False))
+    with torch.no_grad():
+        new = [int(t[0]) for t in generate(model, torch.tensor([tok.encode("ROMEO:")]), 8, temperature=0)]
+    assert sample == tok.decode(new) and new != gptspeed.tokenizer.encode(sample)
 
 
 def test_eval_measures_the_run_on_its_data_with_its_tokenizer(folders, run):
@@ -73,6 +86,23 @@ def test_eval_measures_the_run_on_its_data_with_its_tokenizer(folders, run):
     assert 0 < result["val_bpb"] < 20
     with pytest.raises(GptspeedError, match=r"tokenized with GPT-2's BPE"):
         evaluate_run(run, folders / "gpt2", max_tokens=256, device="cpu")
+
+
+def test_hellaswag_scores_the_run_with_its_tokenizer(run, tmp_path):
+    """HellaSwag's contexts and endings are the run's ids (GPT-2's would index past its 320 embedding rows)."""
+    import json
+
+    from gptspeed.eval import evaluate_run
+    from gptspeed.eval.hellaswag import render
+
+    example = {"ctx": "ROMEO: Wherefore art thou", "endings": ["Romeo?", "the moon", "a pie", "12"], "label": 0}
+    path = tmp_path / "hs.jsonl"
+    path.write_text(json.dumps(example) + "\n")
+    tok = run_tokenizer(run)
+    item = render(example, tok)
+    assert item.ctx == tuple(tok.encode(example["ctx"])) and item.endings[1] == tuple(tok.encode(" the moon"))
+    result = evaluate_run(run, None, hellaswag_file=str(path), device="cpu")["hellaswag"]
+    assert result["examples"] == 1
 
 
 def test_a_resume_on_data_of_another_tokenizer_is_refused(folders, run):

@@ -129,6 +129,11 @@ def fit_model_to_data(cfg, given: set[str], resumed: bool):
         source = source_tokenizer(cfg.train.init_from)
         if source != tok.identity:
             raise _mismatch(f"--init-from {cfg.train.init_from}", source, data, tok)
+        if source != GPT2:
+            raise GptspeedError(
+                f"--init-from {cfg.train.init_from}: a model of {describe(source)} cannot be trained further yet "
+                "(--init-from reads GPT-2's vocabulary); --resume its run instead"
+            )
     if tok is GPT2_DATA and m.tokenizer == GPT2:
         return cfg  # GPT-2's run, as it always was
     if "vocab_size" in given and m.vocab_size < tok.n_vocab:

@@ -507,3 +507,5 @@ def test_a_run_on_its_own_tokenizer_exports_it_for_auto_tokenizer_and_init_from_
     assert model.get_output_embeddings().weight.shape[0] == TOK_VOCAB
     with pytest.raises(GptspeedError, match=r"--init-from .* takes the tokenizer.json of sha256 .* GPT-2's BPE"):
         gptspeed.make_config("pico", data=str(root / "gpt2"), init_from=str(out), out=str(tmp_path / "again"))
+    with pytest.raises(GptspeedError, match=r"cannot be trained further yet"):  # its own data: not yet
+        gptspeed.make_config("pico", data=str(root / "data"), init_from=str(out), out=str(tmp_path / "again"))

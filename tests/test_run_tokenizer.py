@@ -4,6 +4,8 @@ with it; a resume, an --init-from or a training on data of another tokenizer is 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import gptspeed
@@ -11,6 +13,7 @@ from gptspeed.bpe import load_tokenizer_dir
 from gptspeed.errors import GptspeedError
 from gptspeed.run_tokenizer import RUN_TOKENIZER_FILE, padded_vocab, run_tokenizer
 
+from support.cli import assert_user_error, run_main
 from support.shapes import QUICK_RUN
 from support.tokdata import TOK_VOCAB as VOCAB
 from support.tokdata import make_tokenizer_data, train_tokenizer_run
@@ -108,6 +111,10 @@ def test_hellaswag_scores_the_run_with_its_tokenizer(run, tmp_path):
 def test_a_resume_on_data_of_another_tokenizer_is_refused(folders, run):
     with pytest.raises(GptspeedError, match=r"--resume: the run .* takes the tokenizer.json of sha256 .* GPT-2's BPE"):
         gptspeed.make_config("pico", data=str(folders / "gpt2"), out=str(run), resume=True, max_steps=4)
+    proc = run_main("train", "--data", str(folders / "gpt2"), "--out", str(run), "--resume", "--max-steps", "4")
+    assert_user_error(proc, "--resume: the run", "the tokenizer.json of sha256", "GPT-2's BPE (gpt2)")
+    proc = run_main("sample", "--run", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "2")
+    assert proc.returncode == 0 and proc.stdout.startswith("ROMEO:"), proc.stderr
 
 
 def test_training_a_run_on_data_of_another_tokenizer_is_refused(folders, tmp_path):
@@ -126,3 +133,29 @@ def test_a_run_without_its_tokenizer_file_is_refused(folders, run, tmp_path):
     (copy / RUN_TOKENIZER_FILE).unlink()
     with pytest.raises(GptspeedError, match=r"lacks the tokenizer.json its model was trained with"):
         run_tokenizer(copy)
+
+
+def test_a_vocabulary_beyond_65536_trains_from_uint32_shards(folders, tmp_path):
+    """A folder of llm.c's uint32 shards whose manifest names a 70,000-id vocabulary (GPT-2's ids moved up by
+    19,743, its <|endoftext|> made 69,999) trains: 70,016 embedding rows, every id below 70,000 accepted."""
+    import shutil
+
+    import numpy as np
+
+    from gptspeed.data.shards import read_header, read_shard, write_shard
+
+    data = tmp_path / "wide"
+    shutil.copytree(folders / "gpt2", data)
+    for shard in sorted(data.glob("*.bin")):
+        ids = np.asarray(read_shard(shard)).astype(np.uint32)
+        moved = np.where(ids == 50256, 69_999, ids + 19_743).astype(np.uint32)
+        write_shard(shard, moved)
+        assert read_header(shard)[0] == 7 and int(read_shard(shard).max()) == 69_999
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest.update(tokenizer="cl100k_base", tokenizer_kind="tiktoken", tokenizer_sha256="0" * 64)
+    manifest.update(n_vocab=70_000, eot_token=69_999)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    cfg = gptspeed.make_config("pico", data=str(data), out=str(tmp_path / "run"), max_steps=2, **QUICK_RUN)
+    assert (cfg.model.vocab_size, cfg.model.valid_vocab_size, cfg.model.eot_token) == (70_016, 70_000, 69_999)
+    summary = gptspeed.train(cfg, echo=False)
+    assert summary["step"] == 2 and summary["last_val_loss"] < 12

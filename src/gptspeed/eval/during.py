@@ -25,7 +25,8 @@ class RunEvaluator:
             raise GptspeedError(
                 "--eval-bpb is not computed under --parallel fsdp yet: leave it out, or run `gptspeed eval` on a checkpoint"
             )
-        self.tokenizer = training_tokenizer(cfg.model, data)  # None: GPT-2's
+        needed = cfg.train.eval_bpb or cfg.train.hellaswag_every  # what encodes or decodes text
+        self.tokenizer = training_tokenizer(cfg.model, data) if needed else None  # None: GPT-2's
         self._hellaswag = hellaswag_hook(cfg, rt, self.tokenizer)  # None unless --hellaswag-every
 
     @property

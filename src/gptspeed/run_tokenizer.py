@@ -162,11 +162,12 @@ def source_tokenizer(source: str) -> str:
 def check_data_tokenizer(model_cfg, data) -> None:
     """GptspeedError (one line naming both) unless the model of ``model_cfg`` (a
     :class:`~gptspeed.config.GPTConfig`) takes the tokenizer of ``data`` (a
-    :class:`~gptspeed.data.train_data.TrainData`) with its vocabulary and ``<|endoftext|>`` id."""
+    :class:`~gptspeed.data.train_data.TrainData`) with its vocabulary and ``<|endoftext|>`` id (GPT-2's
+    runs as before: a smaller ``valid_vocab_size`` is the loader's to check)."""
     tok = GPT2_DATA if data.is_stream else manifest_tokenizer(data.manifest, data.spec)
     if model_cfg.tokenizer != tok.identity:
         raise _mismatch("the run's model", model_cfg.tokenizer, data.spec, tok)
-    if model_cfg.valid_vocab_size != tok.n_vocab or model_cfg.eot_token != tok.eot:
+    if tok is not GPT2_DATA and (model_cfg.valid_vocab_size != tok.n_vocab or model_cfg.eot_token != tok.eot):
         raise GptspeedError(
             f"the run's model has {model_cfg.valid_vocab_size:,} token ids and <|endoftext|> {model_cfg.eot_token}, "
             f"but --data {data.spec} has {tok.n_vocab:,} and {tok.eot}: leave valid_vocab_size and eot_token "

@@ -1682,3 +1682,22 @@ def test_an_eager_forward_with_a_block_mask_runs_masked_sdpa_not_flexattentions_
     torch.testing.assert_close(eval_loss, train_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(eval_loss, cpu_loss, rtol=1e-6, atol=1e-6)
     assert model.attention_mask(idx).seq_lengths == (32, 32)  # the block mask, as on CUDA
+
+
+def test_the_document_mask_starts_documents_at_the_configured_eot_token():
+    """A model of another tokenizer separates documents at its own <|endoftext|> (GPTConfig.eot_token), in a
+    forward and with the KV cache: what follows it does not see what came before; GPT-2's 50256 is an ordinary id."""
+    from gptspeed.model import KVCache
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64, valid_vocab_size=60, eot_token=7)
+    cfg.doc_mask = True
+    model = GPT(cfg).eval()
+    a = torch.tensor([[1, 2, 3, 7, 4, 5]])
+    b = torch.tensor([[9, 9, 9, 7, 4, 5]])
+    with torch.no_grad():
+        la, lb = model(a)[0], model(b)[0]
+    assert torch.allclose(la[:, 3:], lb[:, 3:], atol=1e-6) and not torch.allclose(la[:, :3], lb[:, :3])
+    assert document_ids(a, 7).tolist() == [[0, 0, 0, 1, 1, 1]] and document_ids(a).tolist() == [[0] * 6]
+    kv = KVCache(1, 8)
+    assert kv.segments(b, 7)[0].tolist() == [[0, 0, 0, 1, 1, 1]]

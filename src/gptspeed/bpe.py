@@ -235,6 +235,7 @@ def load_tokenizer_dir(folder: str | Path) -> HFTokenizer:
     except Exception as e:
         raise GptspeedError(f"{path} is not a tokenizer the tokenizers library reads: {str(e)[:200]}") from None
     result = HFTokenizer(str(folder), tok, hashlib.sha256(text.encode()).hexdigest())
+    result.json_text = text  # what a prepared folder, a run folder and an export copy
     if result.n_vocab > MAX_VOCAB:
         raise GptspeedError(f"{path} has {result.n_vocab:,} ids, more than the {MAX_VOCAB:,} a uint32 shard holds")
     return result

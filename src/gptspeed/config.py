@@ -223,6 +223,23 @@ class GPTConfig:
         init_from="source",
         export="gpt2",
     )
+    eot_token: int = _f(
+        GPT2_VOCAB_SIZE - 1,
+        "the id of <|endoftext|>, which starts each document (GPT-2's 50256; else the data's, from its manifest)",
+        min=0,
+        run_defining=True,
+        cli=False,
+        init_from="source",
+        export="gpt2",
+    )
+    tokenizer: str = _f(
+        "gpt2",
+        "the data's tokenizer: gpt2, a tiktoken encoding, or sha256:HEX of a tokenizer.json (copied into the run)",
+        run_defining=True,
+        cli=False,
+        init_from="source",
+        export="gpt2",
+    )
     n_layer: int = _f(12, "transformer blocks L", min=1, run_defining=True, init_from="source", export="gpt2")
     n_head: int = _f(12, "attention heads H", min=1, run_defining=True, init_from="source", export="gpt2")
     n_embd: int = _f(

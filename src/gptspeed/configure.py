@@ -28,6 +28,7 @@ from gptspeed.config import (
 )
 from gptspeed.errors import GptspeedError
 from gptspeed.paths import real_path
+from gptspeed.run_tokenizer import fit_model_to_data
 
 __all__ = [
     "build_train_config",
@@ -90,6 +91,7 @@ def build_train_config(
         before, cfg = cfg, cfg.apply_file(config_file)
         given |= changed_settings(before, cfg)  # a --print-config file's unchanged values are not the user's
     cfg = drop_inert(cfg.override(overrides), set(from_recipe) - given, base)  # a recipe's setting made inert
+    cfg = fit_model_to_data(cfg, given, resumed is not None)  # the vocabulary and <|endoftext|> of the data
     if cfg.train.out and ".." in Path(cfg.train.out).parts:  # from a config file
         cfg.train.out = str(real_path(cfg.train.out))
     if cfg.train.init_from and path is None:  # the model shape is the pretrained model's

@@ -76,15 +76,15 @@ class KVCache:
         self.v: list[torch.Tensor | None] = [None] * n_layer
         self.seg: torch.Tensor | None = None  # (B, size) document ids of the filled columns (doc_mask only)
 
-    def segments(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def segments(self, idx: torch.Tensor, eot: int = EOT_TOKEN) -> tuple[torch.Tensor, torch.Tensor]:
         """``doc_mask``: the document ids of the new tokens ``idx`` ``(B, T)`` (continuing those of
-        the filled columns: :func:`document_ids`) stored at ``start .. start+T-1``; returns them and
-        the ids of columns ``0 .. start+T-1``."""
+        the filled columns: :func:`document_ids` with separator id ``eot``) stored at ``start ..
+        start+T-1``; returns them and the ids of columns ``0 .. start+T-1``."""
         B, T = idx.shape
         if self.seg is None:
             self.seg = torch.zeros(B, self.size, dtype=torch.long, device=idx.device)
         before = self.seg[:, self.start - 1 : self.start] if self.start else 0
-        new = before + document_ids(idx)
+        new = before + document_ids(idx, eot)
         self.seg[:, self.start : self.start + T] = new
         return new, self.seg[:, : self.start + T]
 
@@ -101,11 +101,12 @@ class KVCache:
         return self.k[i][:, :, :end], self.v[i][:, :, :end]
 
 
-def document_ids(idx: torch.Tensor) -> torch.Tensor:
+def document_ids(idx: torch.Tensor, eot: int = EOT_TOKEN) -> torch.Tensor:
     """``(B, T)`` int64: which document of its row each token belongs to, counting from 0. A
-    document starts at its ``<|endoftext|>`` (gptspeed writes each as ``[EOT, *text]``); tokens
-    before a row's first EOT are the tail of an earlier document (id 0)."""
-    return (idx == EOT_TOKEN).long().cumsum(dim=1)
+    document starts at its ``<|endoftext|>`` (id ``eot``: GPT-2's 50256, or the data's tokenizer's,
+    ``GPTConfig.eot_token``; gptspeed writes each as ``[EOT, *text]``); tokens before a row's first
+    EOT are the tail of an earlier document (id 0)."""
+    return (idx == eot).long().cumsum(dim=1)
 
 
 def document_mask(idx: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
@@ -116,12 +117,17 @@ def document_mask(idx: torch.Tensor, kv: KVCache | None = None) -> torch.Tensor:
 
 
 def attention_allowed(
-    idx: torch.Tensor, kv: KVCache | None = None, *, documents: bool = False, window: int | torch.Tensor | None = None
+    idx: torch.Tensor,
+    kv: KVCache | None = None,
+    *,
+    documents: bool = False,
+    window: int | torch.Tensor | None = None,
+    eot: int = EOT_TOKEN,
 ) -> torch.Tensor:
     """The bool attention mask of masked SDPA (and of ``--attention manual``) for token ids ``idx``
     ``(B, T)`` at columns ``start .. start+T-1`` (``kv.start``, else 0): ``(B | 1, 1, T, S)``, ``S =
     start + T``, True where query column ``q`` may attend key column ``k``: ``k <= q`` (causal); with
-    ``documents``, in the same document (:func:`document_ids`; ``doc_mask``); with ``window`` ``W`` (an
+    ``documents``, in the same document (:func:`document_ids`, separator id ``eot``; ``doc_mask``); with ``window`` ``W`` (an
     int or a 0-dim int tensor: ``attn_window``), ``q - k < W``: at most the last ``W`` tokens, itself
     included (sliding-window attention, Beltagy et al. 2020, "Longformer"); with a :class:`KVCache`,
     among the columns its ``mask`` allows. Batch-independent rules give a ``(1, 1, T, S)`` mask."""
@@ -134,7 +140,7 @@ def attention_allowed(
         allowed = allowed & (q - k < window)
     allowed = allowed[None, None]  # (1, 1, T, S)
     if documents:
-        seg_q, seg_k = kv.segments(idx) if kv is not None else (document_ids(idx),) * 2
+        seg_q, seg_k = kv.segments(idx, eot) if kv is not None else (document_ids(idx, eot),) * 2
         allowed = allowed & (seg_q[:, :, None] == seg_k[:, None, :])[:, None]  # (B, 1, T, S)
     if kv is not None and kv.mask is not None:
         allowed = allowed & kv.mask
@@ -484,7 +490,7 @@ class GPT(nn.Module):
             return None
         if kv is None and self._flex_device(idx):
             return self._block_mask(idx, window)
-        return attention_allowed(idx, kv, documents=c.doc_mask, window=window)
+        return attention_allowed(idx, kv, documents=c.doc_mask, window=window, eot=c.eot_token)
 
     @staticmethod
     def _flex_device(idx: torch.Tensor) -> bool:
@@ -498,7 +504,7 @@ class GPT(nn.Module):
         window is whole 128-token blocks of keys; here a window of ``W`` tokens is ``q - k < W``."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        seg = document_ids(idx) if self.config.doc_mask else None
+        seg = document_ids(idx, self.config.eot_token) if self.config.doc_mask else None
 
         def allowed(b, h, q, k):
             ok = k <= q

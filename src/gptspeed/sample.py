@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -295,10 +295,14 @@ def sample_text(
     time; several rows are printed one after another when the batch is done, each under a
     ``--- sample i ---`` header. Returns the generated texts (prompts excluded), row by row.
 
+    Prompts are encoded and samples decoded with the run's tokenizer
+    (:func:`gptspeed.run_tokenizer.run_tokenizer`; GPT-2's for ``init_from``).
+
     Raises:
-        GptspeedError: bad numbers, an empty prompt, or the model cannot be loaded.
+        GptspeedError: bad numbers, an empty prompt, or the model or its tokenizer cannot be loaded.
     """
-    from gptspeed.tokenizer import encode
+    from gptspeed.run_tokenizer import eval_tokenizer
+    from gptspeed.tokenizer import decode, encode
 
     out = out or sys.stdout
     prompts = ["\n"] if prompts is None or (isinstance(prompts, list) and not prompts) else prompts
@@ -311,6 +315,8 @@ def sample_text(
         kv_cache=kv_cache,
     )
     check_seed(seed, "--seed")  # before the model loads: torch.Generator.manual_seed takes 64 bits
+    tok = eval_tokenizer(run)
+    encode, decode = (encode, decode) if tok is None else (tok.encode, tok.decode)
     encoded = [encode(p) for p in prompts]
     if not all(encoded):
         raise GptspeedError("a --prompt encodes to no tokens: give some text")
@@ -325,9 +331,9 @@ def sample_text(
     sampling = dict(temperature=temperature, top_k=top_k, seed=seed, kv_cache=kv_cache)
     tokens = _generate_rows(model, rt, [e for _, e in rows], max_new_tokens, **sampling)
     if len(rows) == 1:
-        return [_stream_row(tokens, rows[0][0], out)]
+        return [_stream_row(tokens, rows[0][0], out, decode)]
     where = f"step {info['step']}" if info["step"] is not None else info.get("init_from", "")
-    return _print_rows(tokens, [p for p, _ in rows], where, out)
+    return _print_rows(tokens, [p for p, _ in rows], where, out, decode)
 
 
 def _generate_rows(
@@ -337,7 +343,7 @@ def _generate_rows(
     (:func:`left_pad`) and continued by :func:`generate_cached` (``kv_cache``) or :func:`generate`
     on ``rt``, drawn from a generator seeded with ``seed``; yields each step's new tokens, ``(rows,)``
     int64. GptspeedError: without the KV cache, prompts of different token lengths."""
-    idx, pad = left_pad(rows, device=rt.device)
+    idx, pad = left_pad(rows, pad_id=unwrap(model).config.eot_token, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(seed)
     kw = dict(temperature=temperature, top_k=top_k or None, generator=gen, autocast=rt.autocast())
     if not kv_cache and bool((pad > 0).any()):
@@ -347,12 +353,10 @@ def _generate_rows(
     return generate(model, idx, max_new_tokens, **kw)
 
 
-def _stream_row(tokens: Iterator[torch.Tensor], prompt: str, out: TextIO) -> str:
+def _stream_row(tokens: Iterator[torch.Tensor], prompt: str, out: TextIO, decode: Callable[[list[int]], str]) -> str:
     """Write ``prompt``, then one row's text to ``out`` as ``tokens`` (``(1,)`` a step) come, whole
     characters at a time (a token that ends inside a UTF-8 character waits for the next), then a
-    newline. Returns the generated text."""
-    from gptspeed.tokenizer import decode
-
+    newline. Returns the generated text (``decode``: the run tokenizer's)."""
     new: list[int] = []
     shown = 0
     out.write(prompt)
@@ -368,11 +372,11 @@ def _stream_row(tokens: Iterator[torch.Tensor], prompt: str, out: TextIO) -> str
     return decode(new)
 
 
-def _print_rows(tokens: Iterator[torch.Tensor], prompts: list[str], where: str, out: TextIO) -> list[str]:
+def _print_rows(
+    tokens: Iterator[torch.Tensor], prompts: list[str], where: str, out: TextIO, decode: Callable[[list[int]], str]
+) -> list[str]:
     """Collect every row of ``tokens`` (``(rows,)`` a step), then write each row to ``out`` under a
     ``--- sample i (where) ---`` header, its prompt before its text. Returns the texts, row by row."""
-    from gptspeed.tokenizer import decode
-
     new: list[list[int]] = [[] for _ in prompts]
     for tok in tokens:
         for r, t in enumerate(tok.tolist()):

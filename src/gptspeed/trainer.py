@@ -61,6 +61,7 @@ from gptspeed.metrics import (
 )
 from gptspeed.parallelize import eager
 from gptspeed.resume import resolve_run
+from gptspeed.run_tokenizer import RUN_TOKENIZER_FILE, check_data_tokenizer, save_run_tokenizer
 from gptspeed.runinfo import resume_command
 from gptspeed.runtime import Runtime, resolve_runtime
 from gptspeed.schedules import attn_window_at, grad_accum_at, seq_len_at, set_lr, tokens_between
@@ -144,7 +145,10 @@ class Trainer:
         self.folder.open()  # the lock first: no other writer reads or writes the folder from here on
         self.barrier()
         try:
+            check_data_tokenizer(cfg.model, self.data)  # the model's vocabulary and <|endoftext|> are the data's
             self.cfg, self.resume = resolve_run(cfg, rt, self.data.identity, say=self.say)  # final from here on
+            if rt.is_main and save_run_tokenizer(self.run_dir, self.cfg.model, self.data):
+                self.folder.written.add(RUN_TOKENIZER_FILE)
             self._build()
         except BaseException:
             self.close()

@@ -103,3 +103,15 @@ def test_an_upper_case_pt_is_a_file_and_a_path_through_a_missing_folder_is_the_o
     with pytest.raises(GptspeedError, match=f"--out {victim} already holds files gptspeed did not write"):
         consolidate(run, Path("nothere/../victim"))
     assert os.listdir(victim) == ["notes.txt"] and not (tmp_path / "nothere").exists()
+
+
+def test_consolidate_into_a_folder_takes_the_runs_tokenizer_json(run, tmp_path):
+    """A run of its data's own tokenizer keeps it in its folder (gptspeed.run_tokenizer); the consolidated
+    run folder has it too, so sample and eval decode there as in the run."""
+    (run / "tokenizer.json").write_text('{"model": "the run\'s"}')
+    out = consolidate(run, tmp_path / "new")
+    assert (out.parent / "tokenizer.json").read_bytes() == (run / "tokenizer.json").read_bytes()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "tokenizer.json").write_text('{"model": "another"}')
+    with pytest.raises(GptspeedError, match="already holds a tokenizer.json that is not"):
+        consolidate(run, tmp_path / "other")

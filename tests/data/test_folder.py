@@ -335,3 +335,19 @@ def test_a_huge_document_reaches_the_bpe_in_bounded_pieces_with_the_same_tokens(
     second = int(np.flatnonzero(stream == EOT_TOKEN)[1])
     assert stream[1:second].tolist() == enc.encode_ordinary(prose)
     assert enc.decode(stream[second + 1 :].tolist()) == bomb
+
+
+def test_a_prepared_folders_tokenizer_json_is_its_own_but_never_makes_a_folder_a_data_folder(tmp_path):
+    """prepare --tokenizer TOK_DIR copies tokenizer.json into the folder before its manifest: a prepare killed
+    between the two leaves nothing foreign for the next; a folder holding only a tokenizer.json (a tokenizer's
+    or a run's) is no data folder."""
+    from gptspeed.data.folder import foreign_entries, is_data_folder
+
+    (tmp_path / "train_000000.bin").write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / ".tokenizer.json.0123abcd.tmp").write_text("{}")
+    assert foreign_entries(tmp_path) == []
+    alone = tmp_path / "tok"
+    alone.mkdir()
+    (alone / "tokenizer.json").write_text("{}")
+    assert not is_data_folder(alone) and foreign_entries(alone) == []

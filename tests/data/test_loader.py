@@ -814,3 +814,21 @@ def test_an_aligned_batch_with_a_token_id_past_the_vocabulary_names_that_rows_to
     )
     ok = TokenLoader([path], B, T, rank=0, world_size=2, align_to_docs=True, max_token_id=50257)
     assert ok.next_batch()[0].shape == (B, T)  # rank 0's rows hold no bad id
+
+
+def test_a_vocabulary_beyond_65536_loads_from_uint32_shards_exactly_and_counts_its_own_eot(tmp_path):
+    """llm.c's uint32 shards (a tokenizer of more than 65,536 ids) reach the model id for id, and the
+    documents counted are those of the data's <|endoftext|> (here 69,999), not GPT-2's 50256."""
+    eot = 69_999
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 70_000, size=4 * 8 + 1).astype(np.uint32)
+    tokens[[0, 5, 20]] = eot
+    tokens[[3, 9]] = EOT_TOKEN  # an ordinary id of this vocabulary
+    write_shard(tmp_path / "train_000000.bin", tokens)
+    loader = TokenLoader([tmp_path / "train_000000.bin"], 4, 8, max_token_id=70_000, eot=eot)
+    x, y = loader.next_batch()
+    assert x.flatten().tolist() == tokens[:32].tolist() and y.flatten().tolist() == tokens[1:33].tolist()
+    assert loader.documents == 3
+    swapped = np.where(tokens == eot, EOT_TOKEN, np.where(tokens == EOT_TOKEN, 1, tokens))  # GPT-2's ids
+    rows = loader_mod.doc_aligned_rows(tokens, 4, eot).tolist()
+    assert rows[:2] == [0, 5] and rows == loader_mod.doc_aligned_rows(swapped, 4).tolist()

@@ -77,3 +77,16 @@ def test_train_from_a_hugging_face_dataset_file_with_its_field_and_split(tmp_pat
             ),
             echo=False,
         )
+
+
+def test_softmax_data_counts_the_token_ids_of_uint32_shards_beyond_65536(tmp_path):
+    """--softmax data's ids of a vocabulary above 65,536 (llm.c's uint32 shards): every id, the large ones too."""
+    from gptspeed.data.train_data import TrainData
+
+    write_shard(tmp_path / "train_000000.bin", np.array([5, 70_000, 65_536, 5], dtype=np.uint32))
+    write_shard(tmp_path / "val_000000.bin", np.array([99_999, 1], dtype=np.uint32))
+    data = TrainData(str(tmp_path), [tmp_path / "train_000000.bin"], [tmp_path / "val_000000.bin"])
+    assert data.token_ids().tolist() == [1, 5, 65_536, 70_000, 99_999]
+    gpt2 = TrainData(str(tmp_path), [tmp_path / "g.bin"])
+    write_shard(tmp_path / "g.bin", np.array([3, 50256], dtype=np.uint16))
+    assert gpt2.token_ids().tolist() == [3, 50256]

@@ -562,7 +562,7 @@ def test_the_training_hook_scores_under_the_runs_autocast(model, monkeypatch):
     from gptspeed.config import preset
 
     seen = []
-    monkeypatch.setattr(hs, "load_hellaswag", lambda max_examples: random_items(2, 10))
+    monkeypatch.setattr(hs, "load_hellaswag", lambda max_examples, tokenizer=None: random_items(2, 10))
     monkeypatch.setattr(
         hs,
         "evaluate_hellaswag",

@@ -481,3 +481,31 @@ def test_a_speedrun_export_resizes_its_embeddings_checkpoints_gradients_and_take
     assert grads[0].keys() == grads[1].keys() and "transformer.ve.0.weight" in grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_run_on_its_own_tokenizer_exports_it_for_auto_tokenizer_and_init_from_refuses_other_data(tmp_path):
+    """A run trained on data of its own tokenizer ships that tokenizer.json (a PreTrainedTokenizerFast whose
+    bos/eos is the data's <|endoftext|>) and config.json's vocabulary and eos ids from it: AutoTokenizer loads
+    it offline and round-trips text to gptspeed's ids; --init-from the export on GPT-2's data is one line."""
+    import gptspeed
+    from gptspeed.run_tokenizer import run_tokenizer
+
+    from support.tokdata import TOK_VOCAB, make_tokenizer_data, train_tokenizer_run
+
+    root = make_tokenizer_data(tmp_path)
+    run = train_tokenizer_run(root)
+    tok = run_tokenizer(run)
+    out = export_hf(run, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["vocab_size"], config["eos_token_id"], config["bos_token_id"]) == (TOK_VOCAB, tok.eot, tok.eot)
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.is_fast and auto.eos_token_id == tok.eot and len(auto) == TOK_VOCAB
+    for text in TEXTS:
+        ids = auto(text)["input_ids"]
+        assert ids == tok.encode(text) and auto.decode(ids) == text, text
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.get_output_embeddings().weight.shape[0] == TOK_VOCAB
+    with pytest.raises(GptspeedError, match=r"--init-from .* takes the tokenizer.json of sha256 .* GPT-2's BPE"):
+        gptspeed.make_config("pico", data=str(root / "gpt2"), init_from=str(out), out=str(tmp_path / "again"))
+    with pytest.raises(GptspeedError, match=r"cannot be trained further yet"):  # its own data: not yet
+        gptspeed.make_config("pico", data=str(root / "data"), init_from=str(out), out=str(tmp_path / "again"))

@@ -94,7 +94,7 @@ def _consolidate_target(out: Path, run_dir: Path, step: int, force: bool) -> Pat
                 f"--out {out} is a file: name a FILE.pt to write, or a folder to receive ckpt_{step:08d}.pt"
             )
         refuse_checkpoints(out, "choose a new or empty folder, or a FILE.pt")
-        for name in ("config.json", "metrics.jsonl"):
+        for name in ("config.json", "metrics.jsonl", "tokenizer.json"):  # tokenizer.json: a run of its own tokenizer's
             mine, theirs = run_dir / name, out / name
             if (theirs.exists() or theirs.is_symlink()) and not (
                 mine.is_file() and theirs.is_file() and filecmp.cmp(mine, theirs, shallow=False)
@@ -165,7 +165,7 @@ def consolidate(run: Path, out: Path, force: bool = False) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target != out:  # a run folder: the run's config.json and metrics.jsonl, then the checkpoint
-            for name in ("config.json", "metrics.jsonl"):
+            for name in ("config.json", "metrics.jsonl", "tokenizer.json"):
                 if (run_dir / name).is_file() and not (out / name).exists():
                     with open(run_dir / name, "rb") as src_file:
                         write_atomic(out / name, lambda f, s=src_file: shutil.copyfileobj(s, f))

@@ -11,13 +11,13 @@ CKPT_RE = re.compile(r"^ckpt_(\d{8})\.(pt|dcp)$")
 # What gptspeed itself writes into a run folder: checkpoints, seals, config.json, metrics.jsonl, the lock,
 # the trackers' files (TensorBoard's folder, W&B's folder and run id) and the write probe.
 OWN_NAMES = re.compile(
-    r"^(ckpt_\d{8}\.(pt|dcp|json)|config\.json|metrics\.jsonl|\.gptspeed\.lock|\.write-test|"
+    r"^(ckpt_\d{8}\.(pt|dcp|json)|config\.json|metrics\.jsonl|tokenizer\.json|\.gptspeed\.lock|\.write-test|"
     r"tensorboard|wandb|wandb_run_id)$"
 )
 # Temporary names gptspeed's own writes leave when killed (fileio.create_temp: ``.NAME.XXXXXXXX.tmp``; a
 # sharded save: ``.ckpt_N.dcp.tmp``): the only hidden entries a start removes.
 STALE_NAMES = re.compile(
-    r"^\.((ckpt_\d{8}\.(pt|json)|config\.json|wandb_run_id)\.[0-9a-f]{8}\.tmp|"
+    r"^\.((ckpt_\d{8}\.(pt|json)|config\.json|tokenizer\.json|wandb_run_id)\.[0-9a-f]{8}\.tmp|"
     r"ckpt_\d{8}\.dcp\.tmp)$"
 )
 SHARDED_META = "meta.pt"  # inside a sharded checkpoint folder: every part but model and optimizer

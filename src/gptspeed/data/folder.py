@@ -103,6 +103,10 @@ OWN_NAMES = re.compile(
 )
 """The names ``gptspeed prepare`` writes in a data folder besides ``manifest.json``: shards,
 staging chunks, its lock and progress files, and their temporary names (``.NAME.XXXXXXXX.tmp``)."""
+CARRIED_NAMES = re.compile(r"tokenizer\.json|\.tokenizer\.json\.[0-9a-f]{8}\.tmp")
+"""What else ``prepare`` writes there: the ``tokenizer.json`` of the tokenizer folder it tokenized with
+(:func:`gptspeed.data.prepare_tokenizer.save_data_tokenizer`) and its temporary name. Allowed in a data
+folder like :data:`OWN_NAMES`, but never what makes a folder one (a tokenizer or run folder holds one too)."""
 _IGNORED = {".DS_Store"}  # what macOS's Finder leaves in any folder it showed
 
 
@@ -132,7 +136,7 @@ def foreign_entries(folder: Path) -> list[str]:
         return [f"(unreadable: {e.strerror or e})"]
     if MANIFEST_NAME in names and _own_manifest(folder, names):
         return []
-    return [n for n in names if not (OWN_NAMES.fullmatch(n) or n in _IGNORED)]
+    return [n for n in names if not (OWN_NAMES.fullmatch(n) or CARRIED_NAMES.fullmatch(n) or n in _IGNORED)]
 
 
 def is_data_folder(folder: Path) -> bool:

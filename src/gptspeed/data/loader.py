@@ -44,10 +44,10 @@ def check_token_ids(buf: np.ndarray, max_token_id: int | None, path: Path, offse
         )
 
 
-def doc_aligned_rows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+def doc_aligned_rows(tokens: np.ndarray, seq_len: int, eot: int = EOT_TOKEN) -> np.ndarray:
     """Where the rows of ``seq_len + 1`` tokens (inputs and shifted targets) of a shard holding
     ``tokens`` start when batches are aligned to document starts (``--align-to-docs``): int64 token
-    offsets, ascending. The first row starts at the shard's first ``<|endoftext|>`` (a document
+    offsets, ascending. The first row starts at the shard's first ``<|endoftext|>`` (id ``eot``: a document
     start: gptspeed's shards put one before each document). After a row ``[p, p + T]``, with ``e = p
     + T`` and ``d`` the first document start at or after ``e`` (the shard's end if none): the next row
     starts at ``d`` when the gap ``d - e`` is shorter than a row -- the tail of a document that began
@@ -55,7 +55,7 @@ def doc_aligned_rows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     document longer than a row goes on in whole rows, nothing of it skipped. Rows that would run past
     the shard's end are left out. The modded-nanogpt speedrun's batches aligned to BOS tokens, for
     fixed-shape rows: no row begins inside a document it has not read from its start."""
-    starts = np.flatnonzero(tokens == EOT_TOKEN)
+    starts = np.flatnonzero(tokens == eot)
     n, rows = len(tokens), []
     pos = int(starts[0]) if len(starts) else n
     while pos + seq_len + 1 <= n:
@@ -125,7 +125,7 @@ class TokenLoader:
     token count than its header said then, or -- with ``expect``, ``(tokens, fingerprint)`` per
     shard (:func:`gptspeed.data.shards.shard_fingerprint`) -- other tokens (re-prepared or
     replaced under the run).
-    Attributes: ``documents`` counts the ``<|endoftext|>`` tokens (document starts) in every
+    Attributes: ``documents`` counts the ``<|endoftext|>`` tokens (id ``eot``, the data's: document starts) in every
     rank's windows so far, i.e. documents seen by the whole job; ``epoch`` completed passes;
     ``wait_s`` seconds :meth:`next_batch` spent waiting for (or, without workers, making) batches.
     """
@@ -146,6 +146,7 @@ class TokenLoader:
         prefetch: int = 4,
         expect: list[tuple[int, str]] | None = None,
         align_to_docs: bool = False,
+        eot: int = EOT_TOKEN,
     ):
         if sampling not in SAMPLING:
             raise GptspeedError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
@@ -161,7 +162,7 @@ class TokenLoader:
         self.global_tokens = batch_size * seq_len * world_size  # tokens per micro-step, all ranks
         self.lengths = [read_header(p)[1] for p in self.shards]
         self.expect = expect
-        self.align_to_docs = align_to_docs
+        self.align_to_docs, self.eot = align_to_docs, eot
         self._maps: dict[int, MappedShard] = {}
         self._lock = threading.Lock()
         if align_to_docs:  # every shard's aligned rows' starts, found once per data folder and kept there
@@ -187,13 +188,12 @@ class TokenLoader:
         self._first_window = np.cumsum([0] + self.batches_per_shard)  # window index of each shard's first
         self._perms: dict[int, np.ndarray] = {}
         self.batches = 0  # micro-batches consumed, all epochs
-        self.documents = 0
-        self.wait_s = 0.0
+        self.documents, self.wait_s = 0, 0.0
         self._prefetcher: Prefetcher | None = None
 
     def _scan_rows(self, s: int) -> np.ndarray:
         """Shard ``s``'s aligned rows' starts, from one scan of its tokens (:func:`doc_aligned_rows`)."""
-        return doc_aligned_rows(self._shard(s).window(0, self.lengths[s]), self.T)
+        return doc_aligned_rows(self._shard(s).window(0, self.lengths[s]), self.T, self.eot)
 
     # -------------------------------------------------------------- where a batch comes from
     @property
@@ -255,7 +255,7 @@ class TokenLoader:
             return self._make_aligned(g)
         s, pos = self._window(g)
         window = self._shard(s).window(pos, pos + self.global_tokens + 1)
-        docs = int(np.count_nonzero(window[: self.global_tokens] == EOT_TOKEN))
+        docs = int(np.count_nonzero(window[: self.global_tokens] == self.eot))
         start = self.rank * self.B * self.T
         buf = window[start : start + self.B * self.T + 1]
         check_token_ids(buf, self.max_token_id, self.shards[s], pos + start)
@@ -266,7 +266,7 @@ class TokenLoader:
         shard, B, T = self._shard(s), self.B, self.T
         starts = self._rows[s][i * B * self.world_size : (i + 1) * B * self.world_size]
         rows = [shard.window(p, p + T + 1) for p in starts]  # every rank's, for the job's document count
-        docs = sum(int(np.count_nonzero(r[:T] == EOT_TOKEN)) for r in rows)
+        docs = sum(int(np.count_nonzero(r[:T] == self.eot)) for r in rows)
         mine = slice(self.rank * B, (self.rank + 1) * B)
         buf = np.stack(rows[mine])
         check_token_ids(buf, self.max_token_id, self.shards[s], starts[mine])

@@ -62,10 +62,10 @@ from tqdm import tqdm
 
 import gptspeed
 from gptspeed.data import MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION, MANIFEST_NAME
+from gptspeed.data import prepare_tokenizer as ptok
 from gptspeed.data.corpora import CORPORA, HF_CORPORA, SHARD_CORPORA, resolve_source
 from gptspeed.data.fineweb import prepare_shard_corpus
 from gptspeed.data.folder import check_prepare_target, prepare_lock
-from gptspeed.data.prepare_tokenizer import check_gpt2_only, load_prepare_tokenizer, tokenizer_manifest
 from gptspeed.data.prepared_state import (
     PROGRESS_NAME,
     STAGE_NAME,
@@ -542,7 +542,7 @@ def _manifest(
         "tiktoken_version": importlib.metadata.version("tiktoken"),
         "numpy_version": np.__version__,
     }
-    return manifest if inp.tokenizer is None else tokenizer_manifest(manifest, inp.tokenizer)
+    return manifest if inp.tokenizer is None else ptok.tokenizer_manifest(manifest, inp.tokenizer)
 
 
 def prepare(
@@ -621,7 +621,7 @@ def prepare(
     args = dict(val_fraction=val_fraction, shard_tokens=shard_tokens, text_field=text_field, shuffle_seed=shuffle_seed)
     args.update(skip_bad=skip_bad, max_tokens=max_tokens, hf_name=hf_name, split=split)
     if source in SHARD_CORPORA or max_shards is not None:
-        check_gpt2_only(source, tokenizer)
+        ptok.check_gpt2_only(source, tokenizer)
         manifest = prepare_shard_corpus(source, out, force=force, progress=progress, max_shards=max_shards, given=args)
     else:
         args["tokenizer"] = tokenizer
@@ -651,7 +651,7 @@ def _prepare_text(
 ) -> dict:
     """:func:`prepare` of a source it tokenizes."""
     workers = _check_arguments(val_fraction, shard_tokens, workers, max_tokens, out, shuffle_seed)
-    tok = load_prepare_tokenizer(tokenizer)
+    tok = ptok.load_prepare_tokenizer(tokenizer)
     check_prepare_target(out)  # never /, the home folder, or a folder of other files
     inp = dataclasses.replace(_resolve_input(source, hf_name, split, progress), tokenizer=tok)
     settings = {
@@ -735,6 +735,7 @@ def _prepare_locked(
             out, state, source, val_fraction, shard_tokens, shuffle_seed, progress, settings.get("val_tokens"), eot
         )
         manifest = _manifest(source, inp, val_fraction, shard_tokens, splits, settings, state)
+        ptok.save_data_tokenizer(out, inp.tokenizer)  # before the manifest: a listed folder holds it
         write_text_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
         (out / PROGRESS_NAME).unlink(missing_ok=True)  # after the manifest: the folder never looks finished before
     except OSError as e:

@@ -35,6 +35,19 @@ def check_gpt2_only(source: str, spec: str) -> None:
         )
 
 
+def save_data_tokenizer(out, tok: Tokenizer | None) -> None:
+    """Copy an HF tokenizer's ``tokenizer.json`` into the prepared folder ``out`` (atomically), so the
+    folder carries what a run on it needs (:mod:`gptspeed.run_tokenizer`); nothing for GPT-2's or a
+    tiktoken encoding (its name is the tokenizer). OSError as the write raises it."""
+    text = getattr(tok, "json_text", None)
+    if text is not None:
+        from pathlib import Path
+
+        from gptspeed.fileio import write_text_atomic
+
+        write_text_atomic(Path(out) / "tokenizer.json", text)
+
+
 def tokenizer_manifest(manifest: dict, tok: Tokenizer) -> dict:
     """``manifest`` with the fields of ``tok``: ``tokenizer`` (its name: a tiktoken encoding, or the
     TOK_DIR as given), ``tokenizer_kind`` (``tiktoken`` | ``hf``), ``tokenizer_sha256``

@@ -100,6 +100,15 @@ class TrainData:
         return {"shards": shards}
 
     @property
+    def eot(self) -> int:
+        """The id of ``<|endoftext|>`` in these tokens: the manifest's ``eot_token`` (GPT-2's 50256
+        for a stream, or a folder whose manifest does not say)."""
+        from gptspeed.tokenizer import EOT_TOKEN
+
+        value = (self.manifest or {}).get("eot_token", EOT_TOKEN)
+        return value if type(value) is int else EOT_TOKEN
+
+    @property
     def is_stream(self) -> bool:
         return self.stream_options is not None
 
@@ -157,6 +166,7 @@ class TrainData:
             workers=workers,
             expect=expect,
             align_to_docs=align_to_docs,
+            eot=self.eot,
         )
 
     def token_ids(self, max_tokens: int = 2_000_000_000) -> Any:
@@ -183,7 +193,8 @@ class TrainData:
         counts = np.zeros(1 << 16, dtype=np.int64)
         for p in shards:
             tokens = read_shard(p)
-            counts += np.bincount(tokens, minlength=1 << 16)
+            found = np.bincount(tokens, minlength=len(counts))  # longer than counts: a uint32 shard's larger ids
+            counts = np.pad(counts, (0, len(found) - len(counts))) + found
         return np.flatnonzero(counts).astype(np.int64)
 
     def check_val(self, seq_len: int) -> None:

@@ -37,7 +37,7 @@ def evaluate_run(
     with ``core``, the CORE score under ``"core"`` (:func:`gptspeed.eval.core.evaluate_core`: ``centered``
     and each task's ``accuracy``, ``centered``, ``examples``; ``core_tasks`` comma-separated task labels,
     ``core_bundle`` a local bundle folder instead of the official bundle, each implying ``core``;
-    ``max_examples`` per task), its prompts tokenized by GPT-2's BPE after ``<|endoftext|>``;
+    ``max_examples`` per task), its prompts tokenized by the run's tokenizer after its ``<|endoftext|>``;
     and/or, with ``lm_eval`` (tasks, comma-separated), lm-evaluation-harness's metrics of the run's
     export under ``"lm_eval"`` (:mod:`gptspeed.eval.harness`; ``lm_eval_include`` a folder of task YAMLs).
 
@@ -65,13 +65,15 @@ def evaluate_run(
     from gptspeed.eval.bpb import evaluate_bpb
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
     from gptspeed.eval.val_loss import evaluate
+    from gptspeed.run_tokenizer import eval_tokenizer
     from gptspeed.runtime import resolve_runtime
     from gptspeed.sample import load_any_model
 
     rt = resolve_runtime(device, dtype, compile=False)
+    tok = eval_tokenizer(run_dir, data_dir)  # the run's (None: GPT-2's); refused unless the data's
     items = None
     if hellaswag:
-        items = load_hellaswag(hellaswag_file, max_examples=max_examples)
+        items = load_hellaswag(hellaswag_file, max_examples=max_examples, tokenizer=tok)
     core_data = _load_core(core_bundle, core_tasks, max_examples) if core else None
     model, info = (
         load_any_model(rt, run_dir, init_from)
@@ -82,14 +84,14 @@ def evaluate_run(
     if shards is not None:
         loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
         perplexity = math.exp(loss) if loss < _MAX_EXP else math.inf  # NaN stays NaN
-        bpb = evaluate_bpb(model, rt, shards, batch_size, model.config.block_size, max_tokens)
+        bpb = evaluate_bpb(model, rt, shards, batch_size, model.config.block_size, max_tokens, tokenizer=tok)
         result.update(val_loss=loss, perplexity=perplexity, val_bpb=bpb, tokens=n, data=str(data_dir))
     if items is not None:
         result["hellaswag"] = evaluate_hellaswag(
             model, items, device=rt.device, autocast=rt.autocast(), batch_examples=batch_size
         )
     if core_data is not None:
-        result["core"] = _score_core(model, rt, core_data, batch_size)
+        result["core"] = _score_core(model, rt, core_data, batch_size, tok)
     if harness is not None:  # the harness loads the run's export itself
         lm = run_lm_eval(harness, run_dir, device=rt.device.type, dtype=rt.dtype, batch_size=batch_size)
         result.update(step=lm.pop("step"), lm_eval=lm)
@@ -103,16 +105,17 @@ def _load_core(bundle: str | None, tasks: str | None, max_examples: int):
     return load_core(bundle, tasks, max_examples)
 
 
-def _score_core(model, rt, core_data, batch_size: int) -> dict:
-    """The CORE result of ``model``, its prompts tokenized by GPT-2's BPE after ``<|endoftext|>``."""
+def _score_core(model, rt, core_data, batch_size: int, tok) -> dict:
+    """The CORE result of ``model``, its prompts tokenized by the run's tokenizer ``tok`` (None:
+    GPT-2's BPE) after its ``<|endoftext|>``."""
     from gptspeed.eval.core import evaluate_core
     from gptspeed.tokenizer import EOT_TOKEN, encode
 
     return evaluate_core(
         model,
         core_data,
-        encode=encode,
-        bos=EOT_TOKEN,
+        encode=encode if tok is None else tok.encode,
+        bos=EOT_TOKEN if tok is None else tok.eot,
         device=rt.device,
         autocast=rt.autocast(),
         batch_examples=batch_size,

@@ -28,15 +28,17 @@ from gptspeed.runtime import Runtime
 
 
 @functools.lru_cache(maxsize=4)
-def token_bytes(vocab_size: int) -> torch.Tensor:
+def token_bytes(vocab_size: int, tokenizer=None) -> torch.Tensor:
     """``(vocab_size,)`` int64: the UTF-8 bytes of each token's text (nanochat's count: the token
-    decoded alone, then encoded); 0 for ``<|endoftext|>`` and for the ids past GPT-2's 50,257 (the
-    padding rows)."""
+    decoded alone, then encoded); 0 for ``<|endoftext|>`` and for the ids past the tokenizer's (the
+    padding rows). ``tokenizer``: a :class:`gptspeed.bpe.Tokenizer` (the run's,
+    :mod:`gptspeed.run_tokenizer`), None for GPT-2's 50,257 ids."""
     from gptspeed.tokenizer import EOT_TOKEN, get_encoding
 
-    enc = get_encoding()
+    enc = get_encoding() if tokenizer is None else tokenizer
+    eot = EOT_TOKEN if tokenizer is None else tokenizer.eot
     valid = min(vocab_size, enc.n_vocab)
-    counts = [len(enc.decode([i]).encode("utf-8")) if i != EOT_TOKEN else 0 for i in range(valid)]
+    counts = [len(enc.decode([i]).encode("utf-8")) if i != eot else 0 for i in range(valid)]
     return torch.tensor(counts + [0] * (vocab_size - valid), dtype=torch.long)
 
 
@@ -61,16 +63,18 @@ def evaluate_bpb(
     max_tokens: int = 0,
     max_token_id: int | None = None,
     stop: Callable[[], bool] | None = None,
+    tokenizer=None,
 ) -> float | None:
     """Bits per byte over the first ``max_tokens`` tokens of the val ``shards`` (0 = all), the
     windows of :func:`gptspeed.eval.val_loss.evaluate` (``batch_size`` windows of ``seq_len``),
     each window's logits ``(T, V)`` computed a row at a time (no ``(B, T, V)`` tensor). One process
     (with several ranks each counts its share, summed by an all-reduce; under FSDP2 the caller
     evaluates on one model). Returns None when ``stop`` interrupted it, NaN when no token had bytes.
+    ``tokenizer``: the one the tokens are of (:func:`token_bytes`; None: GPT-2's).
     """
     was_training = model.training
     model.eval()
-    nbytes = token_bytes(model.config.vocab_size).to(rt.device)
+    nbytes = token_bytes(model.config.vocab_size, tokenizer).to(rt.device)
     nats = torch.zeros((), dtype=torch.float64, device=rt.device)
     count = torch.zeros((), dtype=torch.long, device=rt.device)
     batches = iter_eval_batches(

@@ -4,6 +4,7 @@ forwards are collectives)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ class RunEvaluator:
 
     def __init__(self, cfg, rt, data, stepper):
         from gptspeed.eval.hellaswag import hellaswag_hook
+        from gptspeed.run_tokenizer import training_tokenizer
 
         self.cfg, self.rt, self.data, self.stepper = cfg, rt, data, stepper
         if cfg.train.eval_bpb and rt.parallel == "fsdp":
@@ -23,7 +25,9 @@ class RunEvaluator:
             raise GptspeedError(
                 "--eval-bpb is not computed under --parallel fsdp yet: leave it out, or run `gptspeed eval` on a checkpoint"
             )
-        self._hellaswag = hellaswag_hook(cfg, rt)  # None unless --hellaswag-every
+        needed = cfg.train.eval_bpb or cfg.train.hellaswag_every  # what encodes or decodes text
+        self.tokenizer = training_tokenizer(cfg.model, data) if needed else None  # None: GPT-2's
+        self._hellaswag = hellaswag_hook(cfg, rt, self.tokenizer)  # None unless --hellaswag-every
         self.val_by_source: dict[str, float] = {}  # a mixture's last val loss per source, by "val_loss/NAME"
 
     @property
@@ -55,7 +59,8 @@ class RunEvaluator:
         from gptspeed.parallelize import unwrap
 
         model = unwrap(self.stepper.model)
-        bpb, each = self._per_source(lambda shards: self._over_val(evaluate_bpb, model, stop, shards), "val_bpb")
+        bpb_fn = functools.partial(evaluate_bpb, tokenizer=self.tokenizer)
+        bpb, each = self._per_source(lambda shards: self._over_val(bpb_fn, model, stop, shards), "val_bpb")
         return {} if bpb is None else {"val_bpb": bpb, **each}
 
     def _per_source(self, figure: Callable[[list], float | None], key: str) -> tuple[float | None, dict[str, float]]:

@@ -111,11 +111,13 @@ def read_examples(path: str | Path, max_examples: int = 0) -> list[dict[str, Any
     return examples
 
 
-def render(example: dict[str, Any]) -> HellaSwagItem:
+def render(example: dict[str, Any], tokenizer=None) -> HellaSwagItem:
     """Tokenize one example as build-nanogpt's ``render_example``: ``encode(ctx)`` and
-    ``encode(" " + ending)`` for each ending (GPT-2 BPE, :func:`gptspeed.tokenizer.encode`)."""
+    ``encode(" " + ending)`` for each ending (GPT-2 BPE, :func:`gptspeed.tokenizer.encode`; or
+    ``tokenizer``'s, a :class:`gptspeed.bpe.Tokenizer`: the run's, :mod:`gptspeed.run_tokenizer`)."""
     from gptspeed.tokenizer import encode
 
+    encode = encode if tokenizer is None else tokenizer.encode
     return HellaSwagItem(
         ctx=tuple(encode(example["ctx"])),
         endings=tuple(tuple(encode(" " + e)) for e in example["endings"]),
@@ -123,11 +125,14 @@ def render(example: dict[str, Any]) -> HellaSwagItem:
     )
 
 
-def load_hellaswag(path: str | Path | None = None, max_examples: int = 0, progress: bool = True) -> list[HellaSwagItem]:
-    """Tokenized HellaSwag examples: from ``path`` as given (not checked against a hash: for other
-    files in the same format), or from the official validation file (:func:`hellaswag_file`)."""
+def load_hellaswag(
+    path: str | Path | None = None, max_examples: int = 0, progress: bool = True, tokenizer=None
+) -> list[HellaSwagItem]:
+    """Tokenized HellaSwag examples (:func:`render`, with ``tokenizer``: None for GPT-2's): from
+    ``path`` as given (not checked against a hash: for other files in the same format), or from the
+    official validation file (:func:`hellaswag_file`)."""
     examples = read_examples(path if path is not None else hellaswag_file(progress), max_examples)
-    return [render(ex) for ex in examples]
+    return [render(ex, tokenizer) for ex in examples]
 
 
 @torch.no_grad()
@@ -237,14 +242,15 @@ def evaluate_hellaswag(
     }
 
 
-def hellaswag_hook(cfg, rt) -> Callable[[torch.nn.Module], dict[str, Any]] | None:
+def hellaswag_hook(cfg, rt, tokenizer=None) -> Callable[[torch.nn.Module], dict[str, Any]] | None:
     """For the training loop: None when ``cfg.train.hellaswag_every`` is 0; else a function of the
     model returning the metrics fields ``hellaswag_acc_norm``, ``hellaswag_acc``,
     ``hellaswag_examples``. The data is loaded and tokenized here, once, so a missing file fails
-    before the first step (GptspeedError, as :func:`hellaswag_file`)."""
+    before the first step (GptspeedError, as :func:`hellaswag_file`), with ``tokenizer`` (the run's;
+    None: GPT-2's)."""
     if not cfg.train.hellaswag_every:
         return None
-    items = load_hellaswag(max_examples=cfg.train.hellaswag_examples)
+    items = load_hellaswag(max_examples=cfg.train.hellaswag_examples, tokenizer=tokenizer)
 
     def run(model: torch.nn.Module) -> dict[str, Any]:
         r = evaluate_hellaswag(model, items, device=rt.device, autocast=rt.autocast())

@@ -34,7 +34,7 @@ from gptspeed.config import GPTConfig
 from gptspeed.errors import GptspeedError
 from gptspeed.hf.load import CONV1D, _listed, _one_line
 from gptspeed.hf.reload import gptspeed_hf_names
-from gptspeed.tokenizer import EOT_TOKEN
+from gptspeed.run_tokenizer import export_tokenizer, write_hf_tokenizer
 
 # ------------------------------------------------------------------------------------- export-hf
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -69,8 +69,8 @@ def hf_config_dict(config: GPTConfig, dtype: str = "float32") -> dict[str, Any]:
         "reorder_and_upcast_attn": False,
         "tie_word_embeddings": True,
         "use_cache": True,
-        "bos_token_id": EOT_TOKEN,
-        "eos_token_id": EOT_TOKEN,
+        "bos_token_id": config.eot_token,
+        "eos_token_id": config.eot_token,
         "dtype": dtype,
         "torch_dtype": dtype,
     }
@@ -108,11 +108,11 @@ def gptspeed_config_dict(
         "unet_skips": config.unet_skips,
         "softmax_ids": softmax_ids,
         "softmax_vocab": config.valid_vocab_size,
-        "eot_token_id": EOT_TOKEN,
+        "eot_token_id": config.eot_token,
         "tie_word_embeddings": False,
         "use_cache": True,
-        "bos_token_id": EOT_TOKEN,
-        "eos_token_id": EOT_TOKEN,
+        "bos_token_id": config.eot_token,
+        "eos_token_id": config.eot_token,
         "dtype": dtype,
         "torch_dtype": dtype,
     }
@@ -176,7 +176,7 @@ def _export_contents(config: GPTConfig, sd: dict[str, torch.Tensor], dtype: str)
     """What an export of a model of ``config`` with weights ``sd`` holds, stored in ``dtype``:
     ``(tensors, config.json, generation_config.json, code files to copy)`` -- GPT-2's layout, or with
     architecture switches gptspeed's own (:func:`gptspeed_config_dict`, :data:`MODELING_FILES`)."""
-    generation = {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}
+    generation = {"bos_token_id": config.eot_token, "eos_token_id": config.eot_token}
     if not config.non_gpt2_switches() and config.softmax == "full":
         return gpt_to_hf_state_dict(sd, config, EXPORT_DTYPES[dtype]), hf_config_dict(config, dtype), generation, []
     code = [Path(__file__).parent.parent / "hf_modeling" / name for name in MODELING_FILES]
@@ -421,7 +421,10 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
     ckpt, run_config = load_latest_run(run)
     config = run_config.model
     check_exportable(config, str(run))
+    tok = export_tokenizer(run, config)  # None: GPT-2's files, as before
     tensors, config_json, generation, code = _export_contents(config, ckpt["model"], dtype)
+    if tok is not None:  # what --init-from compares with its data's (gptspeed.run_tokenizer.source_tokenizer)
+        config_json["gptspeed_tokenizer"] = config.tokenizer
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -433,7 +436,10 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         for path in code:
             shutil.copyfile(path, tmp / path.name)
-        write_tokenizer_files(tmp, config.block_size)
+        if tok is None:
+            write_tokenizer_files(tmp, config.block_size)
+        else:
+            write_hf_tokenizer(tmp, tok, config.block_size)
         _write_marker(tmp, run, ckpt.get("step"))
         _apply_umask(tmp)
         _move_into_place(tmp, out)

@@ -38,9 +38,9 @@ def scans(monkeypatch):
     """The shards :func:`doc_aligned_rows` scanned (by token count), counted through the loader."""
     seen, real = [], loader_mod.doc_aligned_rows
 
-    def counted(tokens, seq_len):
+    def counted(tokens, seq_len, *eot):
         seen.append(len(tokens))
-        return real(tokens, seq_len)
+        return real(tokens, seq_len, *eot)
 
     monkeypatch.setattr(loader_mod, "doc_aligned_rows", counted)
     return seen

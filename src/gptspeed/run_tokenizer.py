@@ -14,6 +14,11 @@ A prepared folder's manifest names the tokenizer its shards were made with
   ``tokenizer.json``, which the run copies into its folder (:func:`save_run_tokenizer`, atomically:
   the folder is self-contained). A GPT-2 run is unchanged: it stores nothing more.
 
+An ``export-hf`` of such a run ships the tokenizer (:func:`export_tokenizer`: its ``tokenizer.json``,
+or a tiktoken encoding converted to one, :func:`tiktoken_tokenizer_json`) and names it in config.json
+(``gptspeed_tokenizer``); ``import-hf``, ``--init-from`` and ``sample``/``eval --init-from`` take it
+back (:func:`source_tokenizer`, :func:`eval_tokenizer`, :mod:`gptspeed.hf.reload`).
+
 A run whose identity is not its data's is refused in one line naming both: ``--resume`` on other
 data, ``--init-from`` a model of another tokenizer, a configuration changed after it was made
 (:func:`check_data_tokenizer`). :func:`run_tokenizer` gives any command the run's
@@ -233,13 +238,17 @@ def save_run_tokenizer(run_dir: Path, model_cfg, data) -> bool:
 
 
 def tokenizer_of(identity: str, folder: str | os.PathLike | None = None):
-    """The :class:`~gptspeed.bpe.Tokenizer` of an identity (``GPTConfig.tokenizer``): GPT-2's, a
-    tiktoken encoding, or ``folder``'s ``tokenizer.json`` of that sha256. GptspeedError when the file
-    is missing or changed."""
+    """The :class:`~gptspeed.bpe.Tokenizer` of an identity (``GPTConfig.tokenizer``, or an export's
+    config.json's ``gptspeed_tokenizer``): GPT-2's, a tiktoken encoding (by name: never a folder), or
+    ``folder``'s ``tokenizer.json`` of that sha256. GptspeedError when the file is missing or changed,
+    or the name is no encoding's."""
     from gptspeed.bpe import load_tokenizer_dir, resolve_tokenizer
 
     if not identity.startswith(SHA_PREFIX):
-        return resolve_tokenizer(identity)
+        tok = resolve_tokenizer(identity)
+        if tok.kind not in (GPT2, "tiktoken"):  # a name from a config.json: an encoding, never a folder
+            raise GptspeedError(f"the tokenizer {identity!r} is not a tiktoken encoding's name")
+        return tok
     tok = load_tokenizer_dir(folder) if folder is not None and (Path(folder) / RUN_TOKENIZER_FILE).is_file() else None
     if tok is None or SHA_PREFIX + tok.sha256 != identity:
         raise GptspeedError(

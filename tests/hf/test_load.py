@@ -569,7 +569,8 @@ def test_an_export_of_a_run_on_its_own_tokenizer_comes_back_with_it_and_the_same
 
 
 def test_an_export_whose_tokenizer_is_not_the_one_its_config_names_is_refused(tokdata, tmp_path):
-    """The tokenizer.json an export ships is checked against config.json's gptspeed_tokenizer (its sha256)."""
+    """The tokenizer.json an export ships is checked against config.json's gptspeed_tokenizer (its sha256; a
+    name is a tiktoken encoding's, never a folder); import-hf of an export without it writes nothing."""
     import shutil
 
     import gptspeed
@@ -586,7 +587,14 @@ def test_an_export_whose_tokenizer_is_not_the_one_its_config_names_is_refused(to
         GptspeedError, match=r"lacks the tokenizer.json its model was trained with \(.*\) \(it holds another\)"
     ):
         load_hf_model(str(tmp_path / "changed"))
+    config = json.loads((tmp_path / "changed" / "config.json").read_text())
+    config["gptspeed_tokenizer"] = str(tokdata / "tok")  # a folder by name: never read as a tokenizer
+    (tmp_path / "changed" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GptspeedError, match=r"is not a tiktoken encoding's name"):
+        load_hf_model(str(tmp_path / "changed"))
     (tmp_path / "changed" / "tokenizer.json").unlink()
+    config["gptspeed_tokenizer"] = "sha256:" + "0" * 64
+    (tmp_path / "changed" / "config.json").write_text(json.dumps(config))
     res = gptspeed_cli("import-hf", tmp_path / "changed", "--out", tmp_path / "back")
     assert_one_line_error(res)
     assert "lacks the tokenizer.json" in res.stderr

@@ -18,7 +18,9 @@ our ``vocab_size`` (those logits are -inf, see :class:`gptspeed.model.GPT`); ``a
 the token embedding, unless config.json says ``tie_word_embeddings: false`` (a GPT-2 trained with a
 head of its own: the run gets ``--no-tie-embeddings`` and that head). A folder gptspeed's own
 ``export-hf`` wrote with its modeling code (``model_type`` ``gptspeed_gpt``) comes back with its
-switches (:mod:`gptspeed.hf.reload`). Loading never unpickles code: safetensors, or
+switches (:mod:`gptspeed.hf.reload`), and an export of a run on its own tokenizer with it (config.json's
+``gptspeed_tokenizer``: its vocabulary, ``<|endoftext|>`` and ``tokenizer.json``, which ``import-hf``
+keeps in the run folder). Loading never unpickles code: safetensors, or
 ``torch.load(weights_only=True)``.
 """
 

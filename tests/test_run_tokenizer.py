@@ -4,6 +4,7 @@ with it; a resume, an --init-from or a training on data of another tokenizer is 
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -191,3 +192,28 @@ def test_core_scores_the_run_with_its_tokenizer(run, monkeypatch):
     evaluate_run(run, core=True, device="cpu")
     tok = run_tokenizer(run)
     assert seen == {"ids": tok.encode("ROMEO: so"), "bos": tok.eot} and tok.eot != 50256
+
+
+def test_sample_and_eval_init_from_an_export_encode_with_the_tokenizer_it_ships(folders, run, tmp_path):
+    """sample and eval --init-from an export of a run on its own tokenizer encoded with GPT-2's BPE (ids past its
+    320 rows). They now encode and decode with the export's tokenizer.json: the run's samples and val loss."""
+    from gptspeed.eval import evaluate_run
+    from gptspeed.hf.export import export_hf
+    from gptspeed.run_tokenizer import eval_tokenizer
+    from gptspeed.sample import sample_text
+
+    pytest.importorskip("safetensors")
+    out = export_hf(run, tmp_path / "hf")
+    assert eval_tokenizer(None, folders / "data", init_from=str(out)).sha256 == run_tokenizer(run).sha256
+    greedy = dict(prompts=["ROMEO:"], max_new_tokens=6, temperature=0.0, device="cpu", dtype="float32")
+    ours = sample_text(run=str(run), out=io.StringIO(), **greedy)
+    assert sample_text(init_from=str(out), out=io.StringIO(), **greedy) == ours
+    kw = dict(max_tokens=256, batch_size=2, device="cpu", dtype="float32")
+    via_export = evaluate_run(None, folders / "data", init_from=str(out), **kw)
+    assert via_export["val_loss"] == pytest.approx(evaluate_run(run, folders / "data", **kw)["val_loss"], abs=1e-5)
+    with pytest.raises(GptspeedError, match=r"the model of .* takes the tokenizer.json .* GPT-2's BPE"):
+        evaluate_run(None, folders / "gpt2", init_from=str(out), **kw)
+    proc = run_main(
+        "sample", "--init-from", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "6", "--temperature", "0"
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("ROMEO:" + ours[0]), proc.stderr

@@ -14,6 +14,11 @@ A prepared folder's manifest names the tokenizer its shards were made with
   ``tokenizer.json``, which the run copies into its folder (:func:`save_run_tokenizer`, atomically:
   the folder is self-contained). A GPT-2 run is unchanged: it stores nothing more.
 
+An ``export-hf`` of such a run ships the tokenizer (:func:`export_tokenizer`: its ``tokenizer.json``,
+or a tiktoken encoding converted to one, :func:`tiktoken_tokenizer_json`) and names it in config.json
+(``gptspeed_tokenizer``); ``import-hf``, ``--init-from`` and ``sample``/``eval --init-from`` take it
+back (:func:`source_tokenizer`, :func:`eval_tokenizer`, :mod:`gptspeed.hf.reload`).
+
 A run whose identity is not its data's is refused in one line naming both: ``--resume`` on other
 data, ``--init-from`` a model of another tokenizer, a configuration changed after it was made
 (:func:`check_data_tokenizer`). :func:`run_tokenizer` gives any command the run's
@@ -133,11 +138,6 @@ def fit_model_to_data(cfg, given: set[str], resumed: bool):
         source = source_tokenizer(cfg.train.init_from)
         if source != tok.identity:
             raise _mismatch(f"--init-from {cfg.train.init_from}", source, data, tok)
-        if source != GPT2:
-            raise GptspeedError(
-                f"--init-from {cfg.train.init_from}: a model of {describe(source)} cannot be trained further yet "
-                "(--init-from reads GPT-2's vocabulary); --resume its run instead"
-            )
     if tok is GPT2_DATA and m.tokenizer == GPT2:
         return cfg  # GPT-2's run, as it always was
     if "vocab_size" in given and m.vocab_size < tok.n_vocab:
@@ -238,13 +238,17 @@ def save_run_tokenizer(run_dir: Path, model_cfg, data) -> bool:
 
 
 def tokenizer_of(identity: str, folder: str | os.PathLike | None = None):
-    """The :class:`~gptspeed.bpe.Tokenizer` of an identity (``GPTConfig.tokenizer``): GPT-2's, a
-    tiktoken encoding, or ``folder``'s ``tokenizer.json`` of that sha256. GptspeedError when the file
-    is missing or changed."""
+    """The :class:`~gptspeed.bpe.Tokenizer` of an identity (``GPTConfig.tokenizer``, or an export's
+    config.json's ``gptspeed_tokenizer``): GPT-2's, a tiktoken encoding (by name: never a folder), or
+    ``folder``'s ``tokenizer.json`` of that sha256. GptspeedError when the file is missing or changed,
+    or the name is no encoding's."""
     from gptspeed.bpe import load_tokenizer_dir, resolve_tokenizer
 
     if not identity.startswith(SHA_PREFIX):
-        return resolve_tokenizer(identity)
+        tok = resolve_tokenizer(identity)
+        if tok.kind not in (GPT2, "tiktoken"):  # a name from a config.json: an encoding, never a folder
+            raise GptspeedError(f"the tokenizer {identity!r} is not a tiktoken encoding's name")
+        return tok
     tok = load_tokenizer_dir(folder) if folder is not None and (Path(folder) / RUN_TOKENIZER_FILE).is_file() else None
     if tok is None or SHA_PREFIX + tok.sha256 != identity:
         raise GptspeedError(
@@ -305,16 +309,21 @@ def training_tokenizer(model_cfg, data):
     return tok
 
 
-def eval_tokenizer(run: str | os.PathLike | None, data: str | os.PathLike | None = None):
-    """What ``sample`` and ``eval`` encode and decode with: None for GPT-2's (no ``run``: an
-    ``--init-from`` GPT-2; or a GPT-2 run -- their own path, unchanged), else :func:`run_tokenizer`.
+def eval_tokenizer(run: str | os.PathLike | None, data: str | os.PathLike | None = None, init_from: str | None = None):
+    """What ``sample`` and ``eval`` encode and decode with: None for GPT-2's (an ``--init-from`` GPT-2,
+    or a GPT-2 run -- their own path, unchanged), else :func:`run_tokenizer`; for ``init_from``
+    (without ``run``), gptspeed's export of a run on its own tokenizer, the tokenizer it ships
+    (:func:`source_tokenizer`: config.json's ``gptspeed_tokenizer``; its ``tokenizer.json`` of that
+    sha256, or the tiktoken encoding of that name).
 
     Raises:
         GptspeedError: as :func:`run_tokenizer`; ``data`` (a prepared folder to evaluate on) tokenized
             with another tokenizer than the run's (one line naming both).
     """
     identity = GPT2
-    if run is not None:
+    if run is None and init_from is not None:
+        identity, run = source_tokenizer(init_from), Path(init_from).expanduser()
+    elif run is not None:
         try:
             identity = run_model_config(run).tokenizer
         except GptspeedError:
@@ -329,16 +338,65 @@ def eval_tokenizer(run: str | os.PathLike | None, data: str | os.PathLike | None
 def export_tokenizer(run: str | os.PathLike, model_cfg):
     """The tokenizer ``export-hf`` ships for the run ``run`` whose model is ``model_cfg``: None for
     GPT-2's (its own files, :func:`gptspeed.hf.export.write_tokenizer_files`), else the run's
-    ``tokenizer.json`` (:func:`run_tokenizer`). GptspeedError for a tiktoken encoding (no
-    ``tokenizer.json`` of its own to ship) or a missing or changed file."""
+    ``tokenizer.json`` (:func:`run_tokenizer`), or a tiktoken encoding's converted to one
+    (:func:`tiktoken_tokenizer_json`), as ``.json_text``. GptspeedError for a missing or changed
+    file, or an encoding that cannot be loaded or converted exactly."""
     if model_cfg.tokenizer == GPT2:
         return None
+    tok = run_tokenizer(run, model_cfg)
     if not model_cfg.tokenizer.startswith(SHA_PREFIX):
+        tok.json_text = tiktoken_tokenizer_json(tok.encoding, tok.name)
+    return tok
+
+
+_PROBE = "Hello, world! It's 12345 o'clock\n\n\tça va, 東京 — 🙂  done.<|endoftext|>x"
+"""Text a converted tiktoken encoding must encode to tiktoken's ids (:func:`tiktoken_tokenizer_json`)."""
+
+
+def tiktoken_tokenizer_json(encoding, name: str) -> str:
+    """The ``tokenizer.json`` text of the tiktoken ``encoding`` (a ``tiktoken.Encoding`` called
+    ``name``), converted by transformers' own ``TikTokenConverter`` (what
+    ``transformers.integrations.tiktoken.convert_tiktoken_to_fast`` uses, here fed the encoding's merge
+    ranks directly, no file): a byte-level BPE of those ranks with ``ignore_merges`` (a piece in the
+    vocabulary is one token, as in tiktoken) after the encoding's own split pattern. Its special
+    tokens get tiktoken's ids: the converter numbers them on from the ranks, wrong where the ids
+    have a gap (cl100k_base's ``<|endoftext|>`` is 100257, 100256 unused), so they are put in the
+    BPE's vocabulary at their ids first. The result is checked to encode a probe text to tiktoken's
+    ids and decode it back.
+
+    Raises:
+        GptspeedError: transformers is not installed; the conversion is not exact (the line says to
+            sample and eval the run with gptspeed)."""
+    import json
+
+    try:
+        from tokenizers import AddedToken, Tokenizer
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError:
         raise GptspeedError(
-            f"export-hf ships a run's tokenizer as a tokenizer.json; {run} was trained with {describe(model_cfg.tokenizer)}, "
-            "which has none: sample and eval it with gptspeed"
+            f"export-hf converts the tiktoken encoding {name} to a tokenizer.json with transformers: "
+            "`pip install -e '.[hf]'`"
+        ) from None
+
+    class _FromEncoding(TikTokenConverter):
+        def load_tiktoken_bpe(self, tiktoken_url):  # the encoding's ranks, not a downloaded file
+            return encoding._mergeable_ranks
+
+    spec = json.loads(_FromEncoding(pattern=encoding._pat_str).converted().to_str())
+    special = sorted(encoding._special_tokens.items(), key=lambda kv: kv[1])
+    spec["model"]["vocab"].update(special)  # so the added tokens below take tiktoken's ids
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, _ in special])
+    text = tok.to_str()
+    ids = encoding.encode(_PROBE, allowed_special="all")
+    got = tok.encode(_PROBE, add_special_tokens=False).ids
+    ok = got == ids and all(tok.token_to_id(t) == i for t, i in special)
+    if not ok or tok.decode(got, skip_special_tokens=False) != _PROBE:
+        raise GptspeedError(
+            f"export-hf cannot convert the tiktoken encoding {name} to a tokenizer.json that encodes as tiktoken "
+            "does: sample and eval the run with gptspeed, which uses tiktoken itself"
         )
-    return run_tokenizer(run, model_cfg)
+    return text
 
 
 def write_hf_tokenizer(folder: Path, tok, model_max_length: int) -> None:

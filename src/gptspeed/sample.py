@@ -296,7 +296,7 @@ def sample_text(
     ``--- sample i ---`` header. Returns the generated texts (prompts excluded), row by row.
 
     Prompts are encoded and samples decoded with the run's tokenizer
-    (:func:`gptspeed.run_tokenizer.run_tokenizer`; GPT-2's for ``init_from``).
+    (:func:`gptspeed.run_tokenizer.eval_tokenizer`: for ``init_from``, the export's own, else GPT-2's).
 
     Raises:
         GptspeedError: bad numbers, an empty prompt, or the model or its tokenizer cannot be loaded.
@@ -315,7 +315,7 @@ def sample_text(
         kv_cache=kv_cache,
     )
     check_seed(seed, "--seed")  # before the model loads: torch.Generator.manual_seed takes 64 bits
-    tok = eval_tokenizer(run)
+    tok = eval_tokenizer(run, init_from=init_from)
     encode, decode = (encode, decode) if tok is None else (tok.encode, tok.decode)
     encoded = [encode(p) for p in prompts]
     if not all(encoded):

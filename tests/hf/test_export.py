@@ -507,5 +507,44 @@ def test_a_run_on_its_own_tokenizer_exports_it_for_auto_tokenizer_and_init_from_
     assert model.get_output_embeddings().weight.shape[0] == TOK_VOCAB
     with pytest.raises(GptspeedError, match=r"--init-from .* takes the tokenizer.json of sha256 .* GPT-2's BPE"):
         gptspeed.make_config("pico", data=str(root / "gpt2"), init_from=str(out), out=str(tmp_path / "again"))
-    with pytest.raises(GptspeedError, match=r"cannot be trained further yet"):  # its own data: not yet
-        gptspeed.make_config("pico", data=str(root / "data"), init_from=str(out), out=str(tmp_path / "again"))
+    cfg = gptspeed.make_config("pico", data=str(root / "data"), init_from=str(out), out=str(tmp_path / "again"))
+    assert (cfg.model.valid_vocab_size, cfg.model.tokenizer) == (TOK_VOCAB, "sha256:" + tok.sha256)  # its own data
+
+
+def test_a_tiktoken_run_exports_a_tokenizer_json_that_encodes_as_tiktoken_and_comes_back(tmp_path, monkeypatch):
+    """A run on data prepared with a tiktoken encoding could not be exported (no tokenizer.json). Its export now
+    carries the encoding converted by transformers' TikTokenConverter: AutoTokenizer encodes every text to tiktoken's
+    ids (<|endoftext|> at tiktoken's 301, past a gap) and decodes it back exactly; import-hf brings back the
+    run's logits and the encoding by name."""
+    import gptspeed
+    from gptspeed.data.prepare import prepare
+    from gptspeed.hf.load import import_hf
+    from gptspeed.run_tokenizer import run_tokenizer
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.sample import load_model
+
+    from support.hf_models import our_logits
+    from support.shapes import QUICK_RUN
+    from support.tokdata import TIKTOKEN_EOT, TIKTOKEN_NAME, offer_tiny_tiktoken
+
+    tok = offer_tiny_tiktoken(monkeypatch)
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"{t} {i}"}) + "\n" for i in range(60) for t in TEXTS))
+    prepare(str(src), tmp_path / "data", shard_tokens=8192, progress=False, tokenizer=TIKTOKEN_NAME)
+    settings = dict(QUICK_RUN, data=str(tmp_path / "data"), out=str(tmp_path / "run"), max_steps=2, dtype="float32")
+    gptspeed.train(gptspeed.make_config("pico", **settings), echo=False)
+    out = export_hf(tmp_path / "run", tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["gptspeed_tokenizer"], config["vocab_size"], config["eos_token_id"]) == (TIKTOKEN_NAME, 302, 301)
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    assert auto.eos_token_id == TIKTOKEN_EOT
+    for text in [*TEXTS, "ROMEO: 東京 x\r\n  y 12345678"]:
+        ids = auto(text)["input_ids"]
+        assert ids == tok.encode(text) and auto.decode(ids) == text, text
+    import_hf(str(out), tmp_path / "back")
+    trained, _ = load_model(tmp_path / "run", resolve_runtime("cpu", "float32"))
+    back, _ = load_model(tmp_path / "back", resolve_runtime("cpu", "float32"))
+    assert (back.config.tokenizer, back.config.valid_vocab_size, back.config.eot_token) == (TIKTOKEN_NAME, 302, 301)
+    idx = torch.tensor([tok.encode("Hello world, it's 2026")])
+    torch.testing.assert_close(our_logits(back, idx), our_logits(trained, idx), atol=1e-5, rtol=0)
+    assert run_tokenizer(tmp_path / "back") is tok

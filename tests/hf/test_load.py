@@ -523,3 +523,79 @@ def test_import_hf_never_writes_into_a_folder_a_live_train_holds(hf_folder, tmp_
     finally:
         lock.release()
     assert gptspeed_cli("import-hf", hf_folder, "--out", out).returncode == 0  # once it is free
+
+
+@pytest.fixture(scope="module")
+def tokdata(tmp_path_factory):
+    """A 300-id tokenizer trained on tiny Shakespeare and that text prepared with it (tests/support/tokdata.py)."""
+    from support.tokdata import make_tokenizer_data
+
+    return make_tokenizer_data(tmp_path_factory.mktemp("tokdata"))
+
+
+@pytest.mark.parametrize("switches", [{}, {"pos_emb": "rope", "tie_embeddings": False}], ids=["gpt2", "switches"])
+def test_an_export_of_a_run_on_its_own_tokenizer_comes_back_with_it_and_the_same_logits(tokdata, switches, tmp_path):
+    """import-hf refused an export of a run on its own 300-id tokenizer (vocab_size below GPT-2's 50,257) and
+    --init-from it was "not yet". Now import-hf gives the run's logits, vocabulary and <|endoftext|>, its
+    tokenizer.json kept in the run folder (sample decodes with it); --init-from it on data of that tokenizer trains."""
+    import gptspeed
+    from gptspeed.run_tokenizer import RUN_TOKENIZER_FILE, run_tokenizer
+
+    from support.shapes import QUICK_RUN
+
+    settings = {**QUICK_RUN, **switches, "data": str(tokdata / "data"), "max_steps": 2, "dtype": "float32"}
+    gptspeed.train(gptspeed.make_config("pico", out=str(tmp_path / "run"), **settings), echo=False)
+    trained, _ = load_model(tmp_path / "run", resolve_runtime("cpu", "float32"))
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    res = gptspeed_cli("import-hf", tmp_path / "hf", "--out", tmp_path / "back")
+    assert res.returncode == 0, res.stderr
+    back, _ = load_model(tmp_path / "back", resolve_runtime("cpu", "float32"))
+    fields = ("vocab_size", "valid_vocab_size", "eot_token", "tokenizer", "pos_emb", "tie_embeddings")
+    assert [getattr(back.config, f) for f in fields] == [getattr(trained.config, f) for f in fields]
+    assert (back.config.valid_vocab_size, back.config.vocab_size) == (300, 320)
+    idx = IDX[:, :32] % 300
+    torch.testing.assert_close(our_logits(back, idx), our_logits(trained, idx), atol=1e-5, rtol=0)
+    kept = (tmp_path / "run" / RUN_TOKENIZER_FILE).read_text()
+    assert (tmp_path / "back" / RUN_TOKENIZER_FILE).read_text() == kept
+    assert run_tokenizer(tmp_path / "back").encode("ROMEO:") == run_tokenizer(tmp_path / "run").encode("ROMEO:")
+    sample = gptspeed.load_run(tmp_path / "back", device="cpu").generate("ROMEO:", max_new_tokens=4, temperature=0)
+    assert sample == gptspeed.load_run(tmp_path / "run", device="cpu").generate(
+        "ROMEO:", max_new_tokens=4, temperature=0
+    )
+    cfg = gptspeed.make_config("pico", init_from=str(tmp_path / "hf"), out=str(tmp_path / "again"), **settings)
+    assert [getattr(cfg.model, f) for f in fields] == [getattr(trained.config, f) for f in fields]
+    assert gptspeed.train(cfg, echo=False)["step"] == 2
+    assert (tmp_path / "again" / RUN_TOKENIZER_FILE).read_text() == kept
+
+
+def test_an_export_whose_tokenizer_is_not_the_one_its_config_names_is_refused(tokdata, tmp_path):
+    """The tokenizer.json an export ships is checked against config.json's gptspeed_tokenizer (its sha256; a
+    name is a tiktoken encoding's, never a folder); import-hf of an export without it writes nothing."""
+    import shutil
+
+    import gptspeed
+
+    from support.shapes import QUICK_RUN
+
+    settings = {**QUICK_RUN, "data": str(tokdata / "data"), "max_steps": 1, "dtype": "float32"}
+    gptspeed.train(gptspeed.make_config("pico", out=str(tmp_path / "run"), **settings), echo=False)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    shutil.copytree(tmp_path / "hf", tmp_path / "changed")
+    spec = json.loads((tmp_path / "changed" / "tokenizer.json").read_text())
+    (tmp_path / "changed" / "tokenizer.json").write_text(json.dumps(spec, indent=1))  # same tokenizer, other bytes
+    with pytest.raises(
+        GptspeedError, match=r"lacks the tokenizer.json its model was trained with \(.*\) \(it holds another\)"
+    ):
+        load_hf_model(str(tmp_path / "changed"))
+    config = json.loads((tmp_path / "changed" / "config.json").read_text())
+    config["gptspeed_tokenizer"] = str(tokdata / "tok")  # a folder by name: never read as a tokenizer
+    (tmp_path / "changed" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GptspeedError, match=r"is not a tiktoken encoding's name"):
+        load_hf_model(str(tmp_path / "changed"))
+    (tmp_path / "changed" / "tokenizer.json").unlink()
+    config["gptspeed_tokenizer"] = "sha256:" + "0" * 64
+    (tmp_path / "changed" / "config.json").write_text(json.dumps(config))
+    res = gptspeed_cli("import-hf", tmp_path / "changed", "--out", tmp_path / "back")
+    assert_one_line_error(res)
+    assert "lacks the tokenizer.json" in res.stderr
+    assert not (tmp_path / "back").exists()

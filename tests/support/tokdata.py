@@ -38,3 +38,39 @@ def train_tokenizer_run(root: Path, **settings) -> Path:
     cfg = gptspeed.make_config("pico", data=str(root / "data"), out=str(out), max_steps=2, **{**QUICK_RUN, **settings})
     gptspeed.train(cfg, echo=False)
     return out
+
+
+TIKTOKEN_NAME = "tiny_tiktoken"
+TIKTOKEN_EOT = 301  # after a gap at 300, as cl100k_base's <|endoftext|> is 100257 after its 100256 merge ranks
+
+
+def tiny_tiktoken():
+    """A tiktoken encoding of the tests' own, loadable offline (tiktoken's named encodings are downloaded): GPT-2's
+    first 300 merge ranks (every one a merge of two lower ones), GPT-4's split pattern, ``<|endoftext|>`` 301 -- as a
+    :class:`gptspeed.bpe.TiktokenTokenizer` named :data:`TIKTOKEN_NAME`."""
+    import tiktoken
+
+    from gptspeed.bpe import PATTERNS, TiktokenTokenizer, _tiktoken_sha256
+    from gptspeed.tokenizer import get_encoding
+
+    ranks = {t: r for t, r in get_encoding()._mergeable_ranks.items() if r < 300}
+    enc = tiktoken.Encoding(
+        TIKTOKEN_NAME, pat_str=PATTERNS["gpt4"], mergeable_ranks=ranks, special_tokens={"<|endoftext|>": TIKTOKEN_EOT}
+    )
+    return TiktokenTokenizer(TIKTOKEN_NAME, enc, "tiktoken", _tiktoken_sha256(enc))
+
+
+def offer_tiny_tiktoken(monkeypatch):
+    """Make :func:`tiny_tiktoken` resolvable by its name, as a named tiktoken encoding is
+    (:func:`gptspeed.bpe.resolve_tokenizer`). Returns it."""
+    import gptspeed.bpe
+    import gptspeed.data.prepare_tokenizer
+
+    tok, resolve = tiny_tiktoken(), gptspeed.bpe.resolve_tokenizer
+
+    def resolved(spec):
+        return tok if spec == TIKTOKEN_NAME else resolve(spec)
+
+    monkeypatch.setattr(gptspeed.bpe, "resolve_tokenizer", resolved)
+    monkeypatch.setattr(gptspeed.data.prepare_tokenizer, "resolve_tokenizer", resolved)
+    return tok

@@ -70,7 +70,7 @@ def evaluate_run(
     from gptspeed.sample import load_any_model
 
     rt = resolve_runtime(device, dtype, compile=False)
-    tok = eval_tokenizer(run_dir, data_dir)  # the run's (None: GPT-2's); refused unless the data's
+    tok = eval_tokenizer(run_dir, data_dir, init_from)  # the run's (None: GPT-2's); refused unless the data's
     items = None
     if hellaswag:
         items = load_hellaswag(hellaswag_file, max_examples=max_examples, tokenizer=tok)

@@ -1,7 +1,9 @@
 """A run out to Hugging Face format: ``gptspeed export-hf --run RUN --out DIR`` (:func:`export_hf`).
 
 It writes ``config.json``, ``model.safetensors``, GPT-2's tokenizer files (``vocab.json``,
-``merges.txt``, ``tokenizer.json``, ``tokenizer_config.json``) and a marker (:data:`EXPORT_MARKER`: what it wrote, so
+``merges.txt``, ``tokenizer.json``, ``tokenizer_config.json``; a run on its own tokenizer: its
+``tokenizer.json``, a tiktoken encoding's converted to one, named in config.json's ``gptspeed_tokenizer``,
+:func:`gptspeed.run_tokenizer.export_tokenizer`) and a marker (:data:`EXPORT_MARKER`: what it wrote, so
 ``--force`` replaces an earlier export and nothing else), so
 ``AutoModelForCausalLM.from_pretrained(DIR)`` and ``AutoTokenizer.from_pretrained(DIR)`` load it
 offline with the same logits (the vocabulary padding rows are removed). A GPT-2 run is a

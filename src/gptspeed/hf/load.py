@@ -18,7 +18,9 @@ our ``vocab_size`` (those logits are -inf, see :class:`gptspeed.model.GPT`); ``a
 the token embedding, unless config.json says ``tie_word_embeddings: false`` (a GPT-2 trained with a
 head of its own: the run gets ``--no-tie-embeddings`` and that head). A folder gptspeed's own
 ``export-hf`` wrote with its modeling code (``model_type`` ``gptspeed_gpt``) comes back with its
-switches (:mod:`gptspeed.hf.reload`). Loading never unpickles code: safetensors, or
+switches (:mod:`gptspeed.hf.reload`), and an export of a run on its own tokenizer with it (config.json's
+``gptspeed_tokenizer``: its vocabulary, ``<|endoftext|>`` and ``tokenizer.json``, which ``import-hf``
+keeps in the run folder). Loading never unpickles code: safetensors, or
 ``torch.load(weights_only=True)``.
 """
 
@@ -144,7 +146,9 @@ def _is_number(x: Any) -> bool:
 def read_hf_config(folder: str | Path) -> dict[str, Any]:
     """``folder/config.json`` with GPT2Config's defaults filled in, checked to describe a model this
     package computes exactly: ``model_type`` gpt2, GELU (tanh), 4x MLP, LayerNorm eps 1e-5,
-    attention scaled by 1/sqrt(head size), a GPT-2-tokenizer vocabulary (>= 50,257 rows).
+    attention scaled by 1/sqrt(head size), a GPT-2-tokenizer vocabulary (>= 50,257 rows) -- or,
+    exported by gptspeed from a run on its own tokenizer, that tokenizer's
+    (:func:`gptspeed.hf.reload.export_vocab`, the ``tokenizer.json`` it ships checked).
 
     The file is read with :func:`gptspeed.fileio.read_user_json` (a folder, a FIFO, non-UTF-8
     bytes, a JSON list, NaN constants: one line each), and every field used is type-checked
@@ -184,7 +188,12 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
     for ok, name, want in checks:
         if not ok:
             raise GptspeedError(f"{path}: {name} = {_shown(cfg[name])} is not supported (gptspeed's GPT needs {want})")
-    if cfg["vocab_size"] < GPT2_VOCAB_SIZE:
+    from gptspeed.hf.reload import check_export_tokenizer, export_vocab
+
+    identity, n_vocab, eot = export_vocab(cfg, str(path))  # gptspeed's export of a run on its own tokenizer
+    if identity != "gpt2":
+        check_export_tokenizer(Path(folder), identity, n_vocab, eot)
+    elif cfg["vocab_size"] < GPT2_VOCAB_SIZE:
         raise GptspeedError(
             f"{path}: vocab_size {cfg['vocab_size']} is smaller than GPT-2's {GPT2_VOCAB_SIZE}: "
             "gptspeed uses the GPT-2 tokenizer"
@@ -207,19 +216,26 @@ def gpt_config_from_hf(
 
     ``block_size`` defaults to ``n_positions`` (a smaller one keeps the first rows of ``wpe``);
     ``vocab_size`` defaults to 50,304 (HF's 50,257 padded to a multiple of 64), or HF's own
-    vocab_size rounded up to a multiple of 64 when that is larger. ``tie_word_embeddings`` false
+    vocab_size rounded up to a multiple of 64 when that is larger (for gptspeed's export of a run on
+    its own tokenizer, that rounding is the default, and the tokenizer's identity, ids and
+    ``<|endoftext|>`` are config.json's). ``tie_word_embeddings`` false
     (a GPT-2 trained with its own head) is an untied head, ``--no-tie-embeddings``.
     """
     n_positions = hf["n_positions"]
     block_size = block_size or n_positions
     if block_size > n_positions:
         raise GptspeedError(f"sequence length {block_size} is longer than the model's {n_positions} positions")
+    from gptspeed.hf.reload import export_vocab
+
+    identity, n_vocab, eot = export_vocab(hf, "config.json")
     padded = -(-hf["vocab_size"] // 64) * 64
-    vocab_size = max(vocab_size or PADDED_VOCAB_SIZE, padded)
+    vocab_size = max(vocab_size or (PADDED_VOCAB_SIZE if identity == "gpt2" else padded), padded)
     return GPTConfig(
         block_size=block_size,
         vocab_size=vocab_size,
-        valid_vocab_size=GPT2_VOCAB_SIZE,
+        valid_vocab_size=n_vocab,
+        eot_token=eot,
+        tokenizer=identity,
         n_layer=hf["n_layer"],
         n_head=hf["n_head"],
         n_embd=hf["n_embd"],
@@ -692,7 +708,8 @@ def import_hf(source: str, out: str | Path) -> Path:
     """``gptspeed import-hf``: write the run folder ``out`` holding a step-0 checkpoint of the HF
     GPT-2 ``source`` (folder or name), and its ``config.json``. ``sample``/``eval --run out`` use it;
     ``train --out out --resume --data D`` trains it (fresh optimizer; the model shape is fixed).
-    Returns the checkpoint path.
+    gptspeed's export of a run on its own tokenizer brings it along (its ``tokenizer.json`` copied
+    into ``out``, :func:`_keep_tokenizer`). Returns the checkpoint path.
 
     Raises:
         GptspeedError: as :func:`load_hf_model`; ``out`` already holds checkpoints, holds files
@@ -741,4 +758,16 @@ def _write_import(model: GPT, info: dict, source: str, out: Path) -> Path:
         out, {"step": 0, "model": model.state_dict(), "config": cfg.to_dict(), "source": source_info}, keep=1
     )
     write_text_atomic(out / "config.json", json.dumps({**cfg.to_dict(), "source": source_info}, indent=2) + "\n")
+    _keep_tokenizer(model.config, Path(info["folder"]), out)
     return path
+
+
+def _keep_tokenizer(config: GPTConfig, folder: Path, out: Path) -> None:
+    """The export's ``tokenizer.json`` (``folder``'s, sha256-checked against ``config.tokenizer``) copied
+    into the run folder ``out`` as the trainer keeps its data's
+    (:data:`gptspeed.run_tokenizer.RUN_TOKENIZER_FILE`), when the model's tokenizer is one: the
+    imported run samples and evaluates with it. GPT-2's and a tiktoken encoding need no file."""
+    from gptspeed.run_tokenizer import RUN_TOKENIZER_FILE, SHA_PREFIX, tokenizer_of
+
+    if config.tokenizer.startswith(SHA_PREFIX):
+        write_text_atomic(out / RUN_TOKENIZER_FILE, tokenizer_of(config.tokenizer, folder).json_text)

@@ -10,11 +10,17 @@ every tensor under gptspeed's own name; the token embedding, the value embedding
 head padded with zero rows to the run's ``vocab_size`` (those logits are -inf); a tied head read
 from the token embedding; ``softmax_ids`` from config.json into the model's buffer. The switches
 come back from config.json: the run computes what the export computed.
+
+An export of a run on its own tokenizer (config.json's ``gptspeed_tokenizer``, the run's
+``GPTConfig.tokenizer``) comes back with it: the vocabulary (``vocab_size`` ids, padded to a multiple
+of 64) and ``<|endoftext|>`` (``eos_token_id``) from config.json, checked against the tokenizer the
+export ships (:func:`export_vocab`, :func:`check_export_tokenizer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +59,57 @@ def model_type(folder: Path) -> Any:
         return None
 
 
+def export_vocab(hf: dict[str, Any], where: str) -> tuple[str, int, int]:
+    """``(tokenizer identity, token ids, <|endoftext|> id)`` of the export whose config.json is ``hf``:
+    GPT-2's (``gpt2``, 50,257, 50,256) without ``gptspeed_tokenizer`` (or with ``gpt2``), else
+    ``gptspeed_tokenizer`` (``sha256:HEX`` of its ``tokenizer.json``, or a tiktoken encoding's name),
+    ``vocab_size`` and ``eos_token_id``.
+
+    Raises:
+        GptspeedError: one of those fields of the wrong type or out of range."""
+    from gptspeed.run_tokenizer import GPT2, SHA_PREFIX
+
+    identity = hf.get("gptspeed_tokenizer", GPT2)
+    if identity == GPT2:
+        return GPT2, GPT2_VOCAB_SIZE, GPT2_VOCAB_SIZE - 1
+    n, eot = hf.get("vocab_size"), hf.get("eos_token_id")
+    sha = isinstance(identity, str) and identity.startswith(SHA_PREFIX)
+    ok = isinstance(identity, str) and (not sha or re.fullmatch(r"[0-9a-f]{64}", identity[len(SHA_PREFIX) :]))
+    if not (ok and type(n) is int and n >= 1 and type(eot) is int and 0 <= eot < n):
+        raise GptspeedError(
+            f"{where}: gptspeed_tokenizer, vocab_size and eos_token_id are not a tokenizer's identity, its ids "
+            "and its <|endoftext|> id: not a config.json gptspeed export-hf wrote"
+        )
+    return identity, n, eot
+
+
+def check_export_tokenizer(folder: Path, identity: str, n_vocab: int, eot: int) -> None:
+    """GptspeedError unless the export in ``folder`` ships the tokenizer its config.json names
+    (:func:`export_vocab`): its ``tokenizer.json`` of that sha256 (a tiktoken encoding: the encoding
+    itself), with ``n_vocab`` ids and ``<|endoftext|>`` ``eot``. GPT-2's is not checked (as before)."""
+    from gptspeed.run_tokenizer import GPT2, tokenizer_of
+
+    if identity == GPT2:
+        return
+    tok = tokenizer_of(identity, folder)
+    if (tok.n_vocab, tok.eot) != (n_vocab, eot):
+        raise GptspeedError(
+            f"{folder}: its tokenizer has {tok.n_vocab:,} ids and <|endoftext|> {tok.eot}, its config.json "
+            f"{n_vocab:,} and {eot}: not a folder gptspeed export-hf wrote"
+        )
+
+
 def gpt_config_from_export(folder: Path, block_size: int | None = None) -> tuple[GPTConfig, list[int] | None]:
     """The :class:`GPTConfig` of the gptspeed export in ``folder`` (its switches, ``softmax data``
     when it has ``softmax_ids``; ``block_size`` default ``n_positions``, at most that) and its
     ``softmax_ids`` (sorted ints, or None).
 
     Raises:
-        GptspeedError: a field missing or of the wrong type, a vocabulary other than GPT-2's
-            tokenizer's (e.g. resized by ``resize_token_embeddings``), or a shape gptspeed refuses."""
+        GptspeedError: a field missing or of the wrong type, a vocabulary other than its tokenizer's
+            (e.g. resized by ``resize_token_embeddings``), the tokenizer missing or changed
+            (:func:`check_export_tokenizer`), or a shape gptspeed refuses."""
     from gptspeed.fileio import read_user_json
+    from gptspeed.run_tokenizer import GPT2, padded_vocab
 
     path = folder / "config.json"
     hf = read_user_json(path, "Hugging Face config", max_bytes=1 << 24)
@@ -69,11 +117,13 @@ def gpt_config_from_export(folder: Path, block_size: int | None = None) -> tuple
     missing = [k for k, v in fields.items() if v is None]
     if missing:
         raise GptspeedError(f"{path} lacks {', '.join(missing)}: not a config.json gptspeed export-hf wrote")
-    if hf.get("vocab_size") != GPT2_VOCAB_SIZE:
+    identity, n_vocab, eot = export_vocab(hf, str(path))
+    if hf.get("vocab_size") != n_vocab:
         raise GptspeedError(
             f"{path}: vocab_size {hf.get('vocab_size')!r} is not GPT-2's tokenizer's {GPT2_VOCAB_SIZE} "
             "(resized after the export?): gptspeed uses the GPT-2 tokenizer"
         )
+    check_export_tokenizer(folder, identity, n_vocab, eot)
     ids = hf.get("softmax_ids")
     if ids is not None and not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
         raise GptspeedError(f"{path}: softmax_ids is not a list of token ids")
@@ -86,8 +136,10 @@ def gpt_config_from_export(folder: Path, block_size: int | None = None) -> tuple
     try:
         config = GPTConfig(
             **fields,
-            vocab_size=PADDED_VOCAB_SIZE,
-            valid_vocab_size=GPT2_VOCAB_SIZE,
+            vocab_size=PADDED_VOCAB_SIZE if identity == GPT2 else padded_vocab(n_vocab),
+            valid_vocab_size=n_vocab,
+            eot_token=eot,
+            tokenizer=identity,
             softmax="data" if ids is not None else "full",
         )
         config.validate()
@@ -172,6 +224,7 @@ def shape_from_export(
                 f"{getattr(config, name)}: leave it out (the switches come from the export)"
             )
     state_dict_from_export(tensors, config, str(folder))  # the weights fit, before the run builds its model
+    carried += ("valid_vocab_size", "eot_token", "tokenizer")  # the data's already (run_tokenizer.fit_model_to_data)
     return dataclasses.replace(model, block_size=config.block_size, **{n: getattr(config, n) for n in carried})
 
 

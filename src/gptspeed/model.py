@@ -286,8 +286,8 @@ class GPT(nn.Module):
     - With ``targets`` ``(B, T)`` int64 it returns ``(None, loss)``: the mean cross-entropy over
       all positions as a 0-dim fp32 tensor; with ``reduction="none"``, each position's ``(B, T)``
       fp32 (nats; +inf for a ``softmax="data"`` target outside its ids), by the same loss path --
-      the fused path's without gradients (evaluation; ``--loss liger``'s runs it too). The training forward returns no logits, so under
-      ``torch.compile`` AOTAutograd never materialises a zero gradient for a ``(B, T, V)`` output
+      the fused path's without gradients (evaluation; ``--loss liger``'s runs it too). The
+      training forward returns no logits, so under ``torch.compile`` AOTAutograd never materialises a zero gradient for a ``(B, T, V)`` output
       nobody uses (1.65 GB at GPT-2 124M, B=16, in bf16). ``return_logits=True`` returns them
       too, ``(B, T, vocab_size)``, where the loss path computes them: with ``config.loss``
       resolving to ``"fused"`` (:func:`gptspeed.loss.resolve_loss`) or ``softmax="data"`` they

@@ -112,7 +112,9 @@ def test_one_pass_gives_the_two_passes_val_loss_and_bits_per_byte(tmp_path, loss
     """The val loss and bits per byte of one pass (each batch's forward giving every target's nats)
     equal, to float rounding, those of the two passes they replaced, on every loss path: 3 windows
     in batches of 2 (the last one partial), an <|endoftext|> among the targets (0 bytes, no nats)."""
-    ids = (encode(TEXT) + [EOT_TOKEN] + encode(" ok then, bye now, said the naïve café owner to the 東京 visitors at noon"))[:25]
+    ids = (
+        encode(TEXT) + [EOT_TOKEN] + encode(" ok then, bye now, said the naïve café owner to the 東京 visitors at noon")
+    )[:25]
     assert len(ids) == 25 and EOT_TOKEN in ids[1:]
     data = tiny_val(tmp_path / "data", ids)
     torch.manual_seed(0)

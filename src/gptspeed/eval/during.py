@@ -64,17 +64,18 @@ class RunEvaluator:
         under the mixture's weights. ``{}`` when ``figures`` was interrupted (its loss None)."""
         from gptspeed.data.train_data import MixtureData
 
-        sources = self.data.sources if isinstance(self.data, MixtureData) else [None]
-        each: dict[str, dict[str, float]] = {}
+        def of(shards: list) -> dict[str, float] | None:
+            f = figures(shards)
+            return None if f.loss is None else {"val_loss": f.loss, **({} if f.bpb is None else {"val_bpb": f.bpb})}
+
+        if not isinstance(self.data, MixtureData):
+            return of(self.data.val_shards) or {}
+        sources, each = self.data.sources, {}
         for s in sources:
-            f = figures(self.data.val_shards if s is None else s.data.val_shards)
-            if f.loss is None:
+            each[s.name] = of(s.data.val_shards)
+            if each[s.name] is None:
                 return {}
-            each[None if s is None else s.name] = {"val_loss": f.loss, **({} if f.bpb is None else {"val_bpb": f.bpb})}
-        if sources == [None]:
-            return each[None]
-        weight = sum(s.weight for s in sources)
-        out = {}
+        weight, out = sum(s.weight for s in sources), {}
         for key in each[sources[0].name]:
             out[key] = sum(s.weight * each[s.name][key] for s in sources) / weight
             out.update({f"{key}/{s.name}": each[s.name][key] for s in sources})

@@ -243,6 +243,21 @@ def test_the_ranks_bits_per_byte_is_the_one_process_figure(model, split, monkeyp
     assert got.loss == pytest.approx(one.loss, rel=1e-12) and one.loss == evaluate(model, CPU, split, B, T)[0]
 
 
+@pytest.mark.parametrize("loss", ["fused", "plain"])
+def test_the_one_pass_reads_the_device_once_however_many_batches(split, loss):
+    """The val loss and bits per byte over 5 batches (one partial) with one host read: the float64
+    sums stay on the device until the end (on a GPU, no sync per batch)."""
+    from support.host_reads import HostReads
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=T, loss=loss))
+    nbytes = torch.arange(model.config.vocab_size) % 4
+    with HostReads() as mode:
+        got = evaluate_val(model, CPU, split, B, T, nbytes=nbytes)
+    assert np.isfinite(got.loss) and np.isfinite(got.bpb) and got.tokens == 11 * T
+    assert mode.reads == ["tolist"], mode.reads
+
+
 def test_reshard_reshards_every_fsdp_module_and_nothing_else(monkeypatch):
     import torch.distributed.fsdp as fsdp
 

@@ -548,9 +548,7 @@ def test_the_loss_of_a_model_whose_config_asks_for_it_goes_through_the_fused_op(
 
     calls = []
     real = loss_mod.fused_linear_cross_entropy
-    import gptspeed.model as model_mod
-
-    monkeypatch.setattr(model_mod, "fused_linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(loss_mod, "fused_linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
     idx = torch.randint(0, 50257, (2, 8))
     for loss, softmax, fused in (
         ("fused", "full", True),
@@ -739,3 +737,43 @@ def test_an_unknown_loss_is_refused_listing_the_losses_word_for_word():
         loss_mod.resolve_loss("chunked", "cpu")
     want = "--loss must be one of auto, fused, plain, liger, got 'chunked'"
     assert str(e.value) == want, f"the --loss refusal is worded wrong: {str(e.value)!r}, want {want!r}"
+
+
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
+def test_each_rows_loss_is_that_rows_cross_entropy_over_every_chunk(softcap):
+    """``reduction="none"``: ``(N,)`` fp32, each row's cross-entropy (padding columns left out, the
+    soft cap applied) across chunks of 2 rows; their mean is the fused mean."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(7, 8), torch.randn(11, 8), torch.randint(0, 9, (7,))
+    with torch.no_grad():
+        rows = fused_linear_cross_entropy(x, w, t, 9, chunk_rows=2, softcap=softcap, reduction="none")
+        mean = fused_linear_cross_entropy(x, w, t, 9, chunk_rows=2, softcap=softcap)
+    logits = (x @ w.t())[:, :9]
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    assert rows.shape == (7,) and rows.dtype == torch.float32
+    torch.testing.assert_close(rows, F.cross_entropy(logits, t, reduction="none"))
+    torch.testing.assert_close(rows.mean(), mean)
+
+
+def test_each_rows_loss_refuses_to_run_where_a_gradient_is_wanted():
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="has no gradient"):
+        fused_linear_cross_entropy(x, torch.randn(5, 8), torch.zeros(4, dtype=torch.long), reduction="none")
+
+
+def test_the_compiled_per_position_loss_is_the_eager_one_without_a_graph_break():
+    """The eval forward (``reduction="none"``) through dynamo and AOTAutograd: the rows op's fake
+    implementation gives the ``(B, T)`` shape; one graph, the eager figures."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(tiny(loss="fused")).eval()
+    idx = torch.randint(0, 50257, (2, 16))
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(idx, idx, reduction="none")
+        got = torch.compile(model, backend="aot_eager")(idx, idx, reduction="none")[1]
+        want = model(idx, idx, reduction="none")[1]
+    torch._dynamo.reset()
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert got.shape == (2, 16)
+    torch.testing.assert_close(got, want)

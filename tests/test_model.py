@@ -297,6 +297,30 @@ def test_data_softmax_is_the_full_softmax_with_every_other_token_at_probability_
     assert model.flops_per_token(32) < ref.flops_per_token(32)  # the head multiplies by 11 rows, not 50304
 
 
+@pytest.mark.parametrize(
+    ("loss", "softmax"), [("plain", "full"), ("fused", "full"), ("plain", "data"), ("fused", "data")]
+)
+def test_the_per_position_loss_is_each_targets_cross_entropy_on_every_loss_path(loss, softmax):
+    """``reduction="none"`` (the evaluation's forward): ``(B, T)`` fp32, each target's nats from the
+    model's logits (-log softmax at the target); their mean is the training forward's loss; under
+    ``--softmax data`` a target outside its ids is +inf at that position only."""
+    torch.manual_seed(0)
+    model = data_softmax_model(loss) if softmax == "data" else GPT(small(loss=loss))
+    x = IDS[torch.randint(0, len(IDS), (2, 32), generator=torch.Generator().manual_seed(1))]
+    y = x.roll(1, dims=1)
+    if softmax == "data":
+        y[0, 5] = 4  # not among the ids: probability 0
+    with torch.no_grad():
+        got = model(x, y, reduction="none")[1]
+        want = F.cross_entropy(model(x)[0].view(-1, 50304).float(), y.view(-1), reduction="none").view(2, 32)
+        inside, mean = model(x, x, reduction="none")[1], model(x, x)[1]
+    assert got.shape == (2, 32) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if softmax == "data":
+        assert torch.isinf(got[0, 5]) and torch.isfinite(got.view(-1)[torch.arange(64) != 5]).all()
+    torch.testing.assert_close(inside.mean(), mean, rtol=1e-6, atol=1e-6)
+
+
 def test_data_softmax_ids_travel_with_the_weights_and_are_checked():
     model = data_softmax_model()
     fresh = GPT(small(softmax="data"))  # covers every token until loaded

@@ -736,7 +736,7 @@ class TrainConfig:
     eval_bpb: bool = _f(
         False,
         "each evaluation also gives the val bits per byte (val_bpb in metrics.jsonl: nats over ln 2 times the "
-        "UTF-8 bytes of the same val tokens, as nanochat reports it; a second pass over --eval-tokens)",
+        "UTF-8 bytes of the same val tokens, as nanochat reports it; from the val loss's own forwards)",
         kind="bool",
     )
     stop_at_val_loss: float | None = _f(

@@ -32,6 +32,9 @@ Models", arXiv:2411.09009), written here in plain PyTorch; custom ops as in PyTo
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -139,6 +142,20 @@ def _accumulate_fp32(acc: Tensor, a: Tensor, b: Tensor, scratch: Tensor) -> None
         acc.addmm_(scratch.copy_(a), b.float())
 
 
+def _chunk_logits(xc: Tensor, w: Tensor, valid_vocab_size: int, softcap: float) -> tuple[Tensor, Tensor | None]:
+    """One chunk's logits ``(n, V)`` fp32 from ``xc`` ``(n, C)`` and ``w`` ``(V, C)`` (the compute
+    dtype), soft-capped, the padding columns -inf; and, with ``softcap``, ``tanh(u / c)`` (the
+    gradient's factor), else None."""
+    logits = (xc @ w.t()).float()  # (n, V) fp32 (a fresh buffer: the matmul's own in fp32)
+    capped = None
+    if softcap > 0:
+        capped = logits.div_(softcap).tanh_()  # in place: tanh(u / c), kept for the gradient
+        logits = capped * softcap
+    if w.shape[0] > valid_vocab_size:
+        logits[:, valid_vocab_size:] = float("-inf")  # padding: never predicted
+    return logits, capped
+
+
 @torch.library.custom_op("gptspeed::fused_linear_cross_entropy", mutates_args=())
 def _fused_lce(
     x: Tensor,
@@ -155,7 +172,7 @@ def _fused_lce(
     fp32; without ``need_grad`` the two gradients are empty and no gradient matmul runs. With
     ``softcap`` c > 0 the logits are ``c * tanh(x @ w.T / c)`` (Gemma 2), and the chain rule's
     ``1 - tanh^2`` multiplies the logits' gradient."""
-    N, V = x.shape[0], weight.shape[0]
+    N = x.shape[0]
     with torch.autocast(x.device.type, enabled=False):
         xs = x.to(compute_dtype)
         w = weight.to(compute_dtype)  # one cast for all chunks (a no-op in fp32)
@@ -165,12 +182,7 @@ def _fused_lce(
         for start in range(0, N, chunk_rows):
             xc = xs[start : start + chunk_rows]  # (n, C)
             tc = targets[start : start + chunk_rows]  # (n,)
-            logits = (xc @ w.t()).float()  # (n, V) fp32 (a fresh buffer: the matmul's own in fp32)
-            if softcap > 0:
-                capped = logits.div_(softcap).tanh_()  # in place: tanh(u / c), kept for the gradient
-                logits = capped * softcap
-            if V > valid_vocab_size:
-                logits[:, valid_vocab_size:] = float("-inf")  # padding: never predicted
+            logits, capped = _chunk_logits(xc, w, valid_vocab_size, softcap)  # (n, V) fp32
             target_logit = logits.gather(1, tc.unsqueeze(1)).squeeze(1)  # (n,)
             if not need_grad:
                 loss += (torch.logsumexp(logits, dim=1) - target_logit).sum()
@@ -227,6 +239,33 @@ def _backward(ctx, grad_loss, _grad_grad_x, _grad_grad_w):
 _fused_lce.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("gptspeed::linear_cross_entropy_rows", mutates_args=())
+def _lce_rows(
+    x: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    valid_vocab_size: int,
+    chunk_rows: int,
+    compute_dtype: torch.dtype,
+    softcap: float = 0.0,
+) -> Tensor:
+    """Each row's ``logsumexp(logits) - logits[target]``, ``(N,)`` fp32: the rows :func:`_fused_lce`
+    sums, chunked the same way, without gradients (evaluation: no autograd formula is registered)."""
+    out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    with torch.autocast(x.device.type, enabled=False):
+        xs, w = x.to(compute_dtype), weight.to(compute_dtype)
+        for start in range(0, x.shape[0], chunk_rows):
+            logits, _ = _chunk_logits(xs[start : start + chunk_rows], w, valid_vocab_size, softcap)  # (n, V)
+            tc = targets[start : start + chunk_rows].unsqueeze(1)  # (n, 1)
+            out[start : start + chunk_rows] = torch.logsumexp(logits, dim=1) - logits.gather(1, tc).squeeze(1)
+    return out
+
+
+@_lce_rows.register_fake
+def _(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype, softcap=0.0):
+    return x.new_empty(x.shape[0], dtype=torch.float32)
+
+
 def compute_dtype_for(x: Tensor) -> torch.dtype:
     """The dtype the LM-head matmuls run in: the autocast dtype when autocast is on for
     ``x``'s device, else ``x.dtype`` (also on devices autocast does not know, e.g. ``meta``)."""
@@ -242,6 +281,7 @@ def fused_linear_cross_entropy(
     valid_vocab_size: int | None = None,
     chunk_rows: int | None = None,
     softcap: float = 0.0,
+    reduction: str = "mean",
 ) -> Tensor:
     """Mean cross-entropy of ``softmax(x @ weight.T)`` against ``targets``, computed in chunks.
 
@@ -256,10 +296,12 @@ def fused_linear_cross_entropy(
         chunk_rows: rows per chunk (default: :func:`default_chunk_rows`, a multiple of 128).
         softcap: tanh soft-capping of the logits at this value (``c * tanh(logits / c)``; Gemma 2,
             Team et al. 2024); 0 = off.
+        reduction: ``"mean"``, or ``"none"``: each row's loss, for evaluation (no gradient flows
+            through it: ``RuntimeError`` where one would be needed).
 
     Returns:
-        0-dim fp32 tensor, the mean loss in nats/token. Gradients for ``x`` and ``weight`` equal
-        those of ``F.cross_entropy(x @ weight.T, targets)`` up to float rounding; they are
+        0-dim fp32 tensor, the mean loss in nats/token (``"none"``: ``(N,)`` fp32). Gradients for
+        ``x`` and ``weight`` equal those of ``F.cross_entropy(x @ weight.T, targets)`` up to float rounding; they are
         computed in forward when grad mode is on and ``x`` or ``weight`` requires grad, so a
         following backward costs only a scaling, and under ``torch.no_grad()`` only the loss is
         computed (one matmul instead of three).
@@ -270,7 +312,23 @@ def fused_linear_cross_entropy(
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(V, x.device.type)
     need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if reduction == "none":
+        if need_grad:
+            raise RuntimeError("fused_linear_cross_entropy(reduction='none') has no gradient: call it under no_grad")
+        return _lce_rows(x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype_for(x), float(softcap))
     loss_sum, _, _ = _fused_lce(
         x, weight, targets, valid_vocab_size, chunk_rows, compute_dtype_for(x), need_grad, float(softcap)
     )
     return loss_sum / N
+
+
+def chunked_loss(name: str, device_type: str, reduction: str = "mean") -> Callable[..., Tensor] | None:
+    """The chunked loss function that ``--loss name`` runs on ``device_type`` (:func:`resolve_loss`):
+    :func:`fused_linear_cross_entropy` (with ``reduction``) or :func:`liger_linear_cross_entropy`; None
+    for the plain path. Per position (``reduction="none"``) it is the fused one: Liger's returns the mean."""
+    path = resolve_loss(name, device_type)
+    if path == "plain":
+        return None
+    if path == "fused" or reduction == "none":
+        return functools.partial(fused_linear_cross_entropy, reduction=reduction)
+    return liger_linear_cross_entropy

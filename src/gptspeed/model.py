@@ -30,7 +30,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptspeed.config import GPTConfig  # noqa: F401  (GPTConfig is part of this module's API)
-from gptspeed.loss import fused_linear_cross_entropy, liger_linear_cross_entropy, resolve_loss
+from gptspeed.loss import chunked_loss
 from gptspeed.tokenizer import EOT_TOKEN
 
 
@@ -280,12 +280,14 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 language model.
 
-    ``forward(idx, targets=None, *, pos=None, kv=None, logits_at=None, return_logits=False)``:
-    ``idx`` is ``(B, T)`` int64 token ids with ``T <= block_size``.
+    ``forward(idx, targets=None, *, pos=None, kv=None, logits_at=None, return_logits=False,
+    reduction="mean")``: ``idx`` is ``(B, T)`` int64 token ids with ``T <= block_size``.
 
     - With ``targets`` ``(B, T)`` int64 it returns ``(None, loss)``: the mean cross-entropy over
-      all positions as a 0-dim fp32 tensor. The training forward returns no logits, so under
-      ``torch.compile`` AOTAutograd never materialises a zero gradient for a ``(B, T, V)`` output
+      all positions as a 0-dim fp32 tensor; with ``reduction="none"``, each position's ``(B, T)``
+      fp32 (nats; +inf for a ``softmax="data"`` target outside its ids), by the same loss path --
+      the fused path's without gradients (evaluation; ``--loss liger``'s runs it too). The
+      training forward returns no logits, so under ``torch.compile`` AOTAutograd never materialises a zero gradient for a ``(B, T, V)`` output
       nobody uses (1.65 GB at GPT-2 124M, B=16, in bf16). ``return_logits=True`` returns them
       too, ``(B, T, vocab_size)``, where the loss path computes them: with ``config.loss``
       resolving to ``"fused"`` (:func:`gptspeed.loss.resolve_loss`) or ``softmax="data"`` they
@@ -556,15 +558,17 @@ class GPT(nn.Module):
         kv: KVCache | None = None,
         logits_at=None,
         return_logits: bool = False,
+        reduction: str = "mean",
     ):
         h = self.hidden_states(idx, pos, kv)  # (B, T, C)
         if targets is None:
             return self.logits(h if logits_at is None else h[logits_at]), None
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         if self.config.softmax == "data":
-            return None, self.data_softmax_loss(h, targets)
-        path = resolve_loss(self.config.loss, h.device.type)
-        if path in ("fused", "liger"):
-            lce = fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy
+            return None, self.data_softmax_loss(h, targets, reduction)
+        lce = chunked_loss(self.config.loss, h.device.type, reduction)
+        if lce is not None:
             loss = lce(
                 h.view(-1, h.size(-1)),
                 self.lm_head.weight,
@@ -572,28 +576,30 @@ class GPT(nn.Module):
                 self.config.valid_vocab_size,
                 softcap=self.config.logit_softcap,
             )
-            return None, loss
+            return None, loss.view(targets.shape) if reduction == "none" else loss
         logits = self.logits(h)  # (B, T, V)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
-        return (logits if return_logits else None), loss
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), reduction=reduction)
+        return (logits if return_logits else None), loss.view(targets.shape) if reduction == "none" else loss
 
-    def data_softmax_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def data_softmax_loss(self, h: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """Mean cross-entropy over the ``K`` ids of ``softmax_ids`` only: the LM head's rows of those
         ids (a gather; their gradient scatters back into the tied embedding), targets mapped to their
         position among them (``searchsorted``). A target outside them has probability 0, so the loss
-        is then +inf -- on the device, without a sync. ``h`` ``(B, T, C)``; ``targets`` ``(B, T)``."""
+        is then +inf -- on the device, without a sync. ``h`` ``(B, T, C)``; ``targets`` ``(B, T)``;
+        ``reduction="none"``: each position's ``(B, T)`` instead, +inf where the target is outside."""
         ids = self.softmax_ids
         t = targets.reshape(-1)
         where = torch.searchsorted(ids, t).clamp_(max=ids.numel() - 1)  # (N,) position among the K ids
-        outside = (ids[where] != t).any()
+        outside = ids[where] != t  # (N,)
         weight = self.lm_head.weight[ids]  # (K, C)
         x = h.reshape(-1, h.size(-1))
-        path = resolve_loss(self.config.loss, h.device.type)
         cap = self.config.logit_softcap
-        if path in ("fused", "liger"):
-            lce = fused_linear_cross_entropy if path == "fused" else liger_linear_cross_entropy
+        lce = chunked_loss(self.config.loss, h.device.type, reduction)
+        if lce is not None:
             loss = lce(x, weight, where, softcap=cap)
         else:
             logits = F.linear(x, weight).float()
-            loss = F.cross_entropy(cap * torch.tanh(logits / cap) if cap else logits, where)
-        return torch.where(outside, torch.full_like(loss, float("inf")), loss)
+            loss = F.cross_entropy(cap * torch.tanh(logits / cap) if cap else logits, where, reduction=reduction)
+        if reduction == "none":
+            return torch.where(outside, torch.full_like(loss, float("inf")), loss).view(targets.shape)
+        return torch.where(outside.any(), torch.full_like(loss, float("inf")), loss)

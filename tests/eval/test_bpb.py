@@ -8,11 +8,14 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gptspeed.checkpoint import save_checkpoint
 from gptspeed.config import preset
+from gptspeed.data.loader import iter_eval_batches
 from gptspeed.data.shards import write_shard
-from gptspeed.eval.bpb import evaluate_bpb, token_bytes
+from gptspeed.eval.bpb import bytes_table, evaluate_bpb, token_bytes
+from gptspeed.eval.val_loss import evaluate_val
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import resolve_runtime
 from gptspeed.tokenizer import EOT_TOKEN, encode, get_encoding
@@ -74,3 +77,56 @@ def test_gptspeed_eval_reports_bits_per_byte_equal_to_a_hand_computation(tmp_pat
     out = json.loads(res.stdout)
     assert out["tokens"] == 16 and out["val_bpb"] == pytest.approx(want, rel=1e-6)
     assert out["val_bpb"] != pytest.approx(out["val_loss"] / math.log(2), rel=1e-3)  # per byte, not per token
+
+
+def two_passes(model, shards, batch_size, seq_len):
+    """The figures as two passes gave them before one pass did (the reference, as the code was): the
+    val loss, the token-weighted mean of each batch's mean loss; then bits per byte, each window's
+    logits ``(T, V)`` computed alone and its targets' nats counted where they have bytes."""
+    nbytes = token_bytes(model.config.vocab_size)
+    total = tokens = nats = count = 0.0
+    with torch.no_grad():
+        for x, y in iter_eval_batches(shards, batch_size, seq_len, 0):
+            total += float(model(x, y)[1].double()) * y.numel()
+            tokens += y.numel()
+        for x, y in iter_eval_batches(shards, batch_size, seq_len, 0):
+            for row in range(x.size(0)):
+                ce = F.cross_entropy(model(x[row : row + 1])[0][0].float(), y[row], reduction="none")
+                b = nbytes[y[row]]
+                nats += float(torch.where(b > 0, ce, torch.zeros_like(ce)).double().sum())
+                count += int(b.sum())
+    return total / tokens, nats / (math.log(2) * count)
+
+
+@pytest.mark.parametrize(
+    ("loss", "softmax", "softcap"),
+    [
+        ("plain", "full", 0.0),
+        ("fused", "full", 0.0),
+        ("fused", "full", 5.0),
+        ("plain", "data", 0.0),
+        ("fused", "data", 0.0),
+    ],
+)
+def test_one_pass_gives_the_two_passes_val_loss_and_bits_per_byte(tmp_path, loss, softmax, softcap):
+    """The val loss and bits per byte of one pass (each batch's forward giving every target's nats)
+    equal, to float rounding, those of the two passes they replaced, on every loss path: 3 windows
+    in batches of 2 (the last one partial), an <|endoftext|> among the targets (0 bytes, no nats)."""
+    ids = (
+        encode(TEXT) + [EOT_TOKEN] + encode(" ok then, bye now, said the naïve café owner to the 東京 visitors at noon")
+    )[:25]
+    assert len(ids) == 25 and EOT_TOKEN in ids[1:]
+    data = tiny_val(tmp_path / "data", ids)
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=32, loss=loss, softmax=softmax, logit_softcap=softcap)
+    )
+    if softmax == "data":
+        model.set_softmax_ids(torch.tensor(sorted(set(ids))))
+    model.eval()
+    want_loss, want_bpb = two_passes(model, [data / "val_000000.bin"], 2, 8)
+    rt = resolve_runtime("cpu", "float32")
+    got = evaluate_val(model, rt, [data / "val_000000.bin"], 2, 8, nbytes=bytes_table(model, rt.device))
+    assert got.tokens == 24
+    assert got.loss == pytest.approx(want_loss, rel=1e-6) and got.bpb == pytest.approx(want_bpb, rel=1e-6)
+    assert got.loss != pytest.approx(got.bpb * math.log(2), rel=1e-3)  # the two sums differ: bytes, and the EOT's nats

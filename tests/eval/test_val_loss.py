@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import gptspeed.eval.val_loss as val_loss
 from gptspeed.data.loader import iter_eval_batches
 from gptspeed.data.shards import write_shard
 from gptspeed.errors import GptspeedError
-from gptspeed.eval.val_loss import evaluate
+from gptspeed.eval.val_loss import evaluate, evaluate_val
 from gptspeed.model import GPT, GPTConfig
 from gptspeed.runtime import Runtime, resolve_runtime
 
@@ -23,9 +24,6 @@ from support.shapes import PLAIN_LOSS_MODEL
 from support.training import TINY_MODEL, make_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-B, T = 3, 16
 
 
 B, T = 3, 16
@@ -55,11 +53,12 @@ def model():
 
 
 def batch_losses(model, shards, rank=0, world=1, max_tokens=0):
-    """Each of this rank's batches' (mean loss, tokens), from the model called on the batches."""
+    """Each of this rank's batches' (sum of its targets' nats in float64, tokens), from the model
+    called on the batches for each position's loss."""
     out = []
     with torch.no_grad():
         for x, y in iter_eval_batches(shards, B, T, max_tokens, rank=rank, world_size=world):
-            out.append((model(x, y)[1], y.numel()))
+            out.append((float(model(x, y, reduction="none")[1].double().sum()), y.numel()))
     return out
 
 
@@ -104,41 +103,47 @@ T_PLAIN = TINY_MODEL["block_size"]
 
 @pytest.mark.usefixtures("eager_compile")
 def test_at_most_one_recompile_across_train_eval_train_with_a_partial_eval_batch(shakespeare_data):
-    """Train, then evaluate 2.5 batches (the partial last one runs eagerly), train, evaluate again:
-    one graph for training, one for the grad-free forward, nothing more."""
+    """Train, then evaluate 2.5 batches (the partial last one runs eagerly) -- the val loss and, in the
+    same pass, bits per byte --, train, evaluate again: one graph for training, one for the
+    grad-free forward, nothing more."""
     from torch._dynamo.utils import counters
 
     from gptspeed.data import find_shards
-    from gptspeed.eval.val_loss import evaluate
+    from gptspeed.eval.bpb import bytes_table
 
     counters.clear()
     t = _step("compile")
     batches = Batches("cpu")
     val = find_shards(shakespeare_data, "val")
+    nbytes = bytes_table(t.train_model, t.rt.device)
     for _ in range(2):
         t(batches.next_batch)
-        loss, n = evaluate(t.train_model, t.rt, val, 2, 16, max_tokens=5 * 16)
-        assert n == 5 * 16 and np.isfinite(loss)
+        got = evaluate_val(t.train_model, t.rt, val, 2, 16, max_tokens=5 * 16, nbytes=nbytes)
+        assert got.tokens == 5 * 16 and np.isfinite(got.loss) and np.isfinite(got.bpb)
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert max(counters["recompiles"].values(), default=0) <= 1
 
 
 def test_the_mean_is_token_weighted_and_summed_in_float64(model, split):
-    """Exactly sum(loss_b * tokens_b) / tokens in float64 over the batches, in order."""
+    """Exactly the sum of every target's nats in float64, over the batches in order, over the tokens;
+    and, to float rounding, the token-weighted mean of the batches' mean losses (the model's own)."""
     ref = batch_losses(model, split)
     total = 0.0
-    for loss, n in ref:
-        total += float(loss.double()) * n
+    for nats, _ in ref:
+        total += nats
     tokens = sum(n for _, n in ref)
     got, n = evaluate(model, CPU, split, B, T)
     assert n == tokens == 11 * T
     assert got == total / tokens
+    with torch.no_grad():
+        means = [(float(model(x, y)[1]), y.numel()) for x, y in iter_eval_batches(split, B, T, 0)]
+    assert got == pytest.approx(sum(m * k for m, k in means) / tokens, rel=1e-6)
 
 
 def test_max_tokens_and_max_token_id_reach_the_batches(model, split):
     got, n = evaluate(model, CPU, split, B, T, max_tokens=4 * T)
     ref = batch_losses(model, split, max_tokens=4 * T)
-    assert n == 4 * T and got == pytest.approx(sum(float(l) * k for l, k in ref) / n, rel=1e-12)
+    assert n == 4 * T and got == pytest.approx(sum(nats for nats, _ in ref) / n, rel=1e-12)
     with pytest.raises(GptspeedError, match="is not below the vocabulary size 500"):
         evaluate(model, CPU, split, B, T, max_token_id=500)
 
@@ -186,7 +191,9 @@ def test_the_ranks_sums_and_token_counts_add_up_to_the_one_process_mean(model, s
             model,
             "forward",
             lambda x, y=None, _r=rank, **k: (
-                shapes[_r].append((tuple(x.shape), x.dtype, bool(x.any()), y is not None and tuple(y.shape)))
+                shapes[_r].append(
+                    (tuple(x.shape), x.dtype, bool(x.any()), y is not None and tuple(y.shape), k.get("reduction"))
+                )
                 or real_forward(x, y, **k)
             ),
         )
@@ -195,20 +202,60 @@ def test_the_ranks_sums_and_token_counts_add_up_to_the_one_process_mean(model, s
     monkeypatch.setattr(model, "forward", real_forward)
     one, n = evaluate(model, CPU, split, B, T)
     assert results[0][1] == n and results[0][0] == pytest.approx(one, rel=1e-12)
-    # what each rank handed in: its own (sum of loss x tokens, tokens) in float64
+    # what each rank handed in: its own (nats, counted nats, bytes, tokens) in float64 (no bytes table: 0 bytes)
     for rank, handed in zip((1, 0), fake.seen):
         mine = batch_losses(model, split, rank=rank, world=2)
-        assert handed.dtype == torch.float64 and handed.shape == (2,)
-        assert float(handed[1]) == sum(k for _, k in mine)
-        assert float(handed[0]) == pytest.approx(sum(float(l) * k for l, k in mine), rel=1e-12)
+        assert handed.dtype == torch.float64 and handed.shape == (4,)
+        assert float(handed[3]) == sum(k for _, k in mine) and handed[1:3].tolist() == [0.0, 0.0]
+        assert float(handed[0]) == pytest.approx(sum(nats for nats, _ in mine), rel=1e-12)
     # 5 batches dealt round-robin: rank 0 gets 3, rank 1 gets 2; under FSDP rank 1 joins rank 0's
-    # third forward with a full-size dummy batch of zeros
+    # third forward with a full-size dummy batch of zeros, called as the others are (the same graph)
     real = {r: [s for s in shapes[r] if s[2]] for r in (0, 1)}
     assert [s[0][0] for s in real[0]] == [3, 1, 1] and [s[0][0] for s in real[1]] == [3, 3]
+    assert {s[4] for r in (0, 1) for s in real[r]} == {"none"}
     dummies = [s for s in shapes[1] if not s[2]]
-    assert dummies == ([((B, T), torch.int64, False, (B, T))] if parallel == "fsdp" else [])
+    assert dummies == ([((B, T), torch.int64, False, (B, T), "none")] if parallel == "fsdp" else [])
     assert not [s for s in shapes[0] if not s[2]]
     assert resharded == ([model, model] if parallel == "fsdp" else []), "FSDP's reshard was not handed the model"
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_ranks_bits_per_byte_is_the_one_process_figure(model, split, monkeypatch, parallel):
+    """Bits per byte over 2 ranks (each hands its nats, nats of the targets with bytes, bytes and
+    tokens to the all-reduce) is the one process's, under DDP and FSDP2 alike; by hand, from each
+    target's nats and bytes over the one process's batches."""
+    nbytes = torch.arange(1000) % 4  # ids 0, 4, 8, ... have no bytes
+    monkeypatch.setattr(torch.distributed, "all_reduce", FakeAllReduce())
+    monkeypatch.setattr(val_loss, "reshard", lambda m: None)
+    for rank in (1, 0):  # rank 0 last: it gets the sum of both
+        rt = dataclasses.replace(CPU, rank=rank, world_size=2, parallel=parallel)
+        got = evaluate_val(model, rt, split, B, T, nbytes=nbytes)
+    one = evaluate_val(model, CPU, split, B, T, nbytes=nbytes)
+    nats = count = 0.0
+    with torch.no_grad():
+        for x, y in iter_eval_batches(split, B, T, 0):
+            per = model(x, y, reduction="none")[1].double()
+            nats += float(per[nbytes[y] > 0].sum())
+            count += int(nbytes[y].sum())
+    assert 0 < count < 3 * 11 * T
+    assert one.bpb == pytest.approx(nats / (math.log(2) * count), rel=1e-12)
+    assert got.tokens == one.tokens and got.bpb == pytest.approx(one.bpb, rel=1e-12)
+    assert got.loss == pytest.approx(one.loss, rel=1e-12) and one.loss == evaluate(model, CPU, split, B, T)[0]
+
+
+@pytest.mark.parametrize("loss", ["fused", "plain"])
+def test_the_one_pass_reads_the_device_once_however_many_batches(split, loss):
+    """The val loss and bits per byte over 5 batches (one partial) with one host read: the float64
+    sums stay on the device until the end (on a GPU, no sync per batch)."""
+    from support.host_reads import HostReads
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=T, loss=loss))
+    nbytes = torch.arange(model.config.vocab_size) % 4
+    with HostReads() as mode:
+        got = evaluate_val(model, CPU, split, B, T, nbytes=nbytes)
+    assert np.isfinite(got.loss) and np.isfinite(got.bpb) and got.tokens == 11 * T
+    assert mode.reads == ["tolist"], mode.reads
 
 
 def test_reshard_reshards_every_fsdp_module_and_nothing_else(monkeypatch):
@@ -250,7 +297,7 @@ def test_the_batches_are_made_on_the_runtimes_device(split):
     devices = []
 
     class Recorder(torch.nn.Module):
-        def forward(self, x, y):
+        def forward(self, x, y, reduction="mean"):
             devices.append((x.device.type, y.device.type))
             raise Seen
 

@@ -30,7 +30,7 @@ def evaluate_run(
 ) -> dict:
     """``gptspeed eval``: for the newest checkpoint of ``run_dir`` (or the HF model ``init_from``),
     the val loss on the val split of ``data_dir`` (``step``, ``val_loss``, ``perplexity``,
-    ``val_bpb`` -- bits per byte over the same tokens, :mod:`gptspeed.eval.bpb` --, ``tokens``,
+    ``val_bpb`` -- bits per byte over the same tokens, in the same pass, :mod:`gptspeed.eval.bpb` --, ``tokens``,
     ``run``, ``data``) and/or, with ``hellaswag``, HellaSwag accuracy under
     ``"hellaswag"`` (see :func:`gptspeed.eval.hellaswag.evaluate_hellaswag`; ``max_examples`` 0 = all;
     ``hellaswag_file`` a jsonl in the same format instead of the official file, implies ``hellaswag``);
@@ -62,9 +62,9 @@ def evaluate_run(
     from gptspeed.eval.harness import plan_lm_eval, run_lm_eval
 
     harness = plan_lm_eval(lm_eval, lm_eval_include, run_dir, init_from)  # None without --lm-eval; before any model
-    from gptspeed.eval.bpb import evaluate_bpb
+    from gptspeed.eval.bpb import bytes_table
     from gptspeed.eval.hellaswag import evaluate_hellaswag, load_hellaswag
-    from gptspeed.eval.val_loss import evaluate
+    from gptspeed.eval.val_loss import evaluate_val
     from gptspeed.run_tokenizer import eval_tokenizer
     from gptspeed.runtime import resolve_runtime
     from gptspeed.sample import load_any_model
@@ -82,9 +82,9 @@ def evaluate_run(
     )
     result: dict = {**info}
     if shards is not None:
-        loss, n = evaluate(model, rt, shards, batch_size, model.config.block_size, max_tokens)
+        nbytes = bytes_table(model, rt.device, tok)  # one pass gives both the loss and bits per byte
+        loss, n, bpb = evaluate_val(model, rt, shards, batch_size, model.config.block_size, max_tokens, nbytes=nbytes)
         perplexity = math.exp(loss) if loss < _MAX_EXP else math.inf  # NaN stays NaN
-        bpb = evaluate_bpb(model, rt, shards, batch_size, model.config.block_size, max_tokens, tokenizer=tok)
         result.update(val_loss=loss, perplexity=perplexity, val_bpb=bpb, tokens=n, data=str(data_dir))
     if items is not None:
         result["hellaswag"] = evaluate_hellaswag(

@@ -9,21 +9,21 @@ target of 0 bytes counts no nats either. Over the evaluated tokens::
     bits per byte = sum of nats / (ln 2 * sum of bytes)
 
 A run's val loss is nats per *token*; bits per byte divides the same prediction cost by the text
-it covers, so runs with different tokenizers (or none yet: a byte model) compare.
+it covers, so runs with different tokenizers (or none yet: a byte model) compare. Both come from one
+pass over the val tokens (:func:`gptspeed.eval.val_loss.evaluate_val`): each batch's forward gives
+every target's nats, summed once for the loss and once, over the targets with bytes, for this.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
-from gptspeed.data.loader import iter_eval_batches
-from gptspeed.parallelize import eager
+from gptspeed.eval.val_loss import evaluate_val
+from gptspeed.parallelize import unwrap
 from gptspeed.runtime import Runtime
 
 
@@ -42,18 +42,12 @@ def token_bytes(vocab_size: int, tokenizer=None) -> torch.Tensor:
     return torch.tensor(counts + [0] * (vocab_size - valid), dtype=torch.long)
 
 
-def nats_and_bytes(
-    logits: torch.Tensor, targets: torch.Tensor, nbytes: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The summed cross-entropy (nats, fp64) of the targets that have bytes, and their bytes
-    (int64): ``logits`` ``(N, V)``, ``targets`` ``(N,)`` int64, ``nbytes`` :func:`token_bytes`."""
-    b = nbytes[targets]
-    nats = F.cross_entropy(logits.float(), targets, reduction="none")
-    counted = b > 0
-    return torch.where(counted, nats, torch.zeros_like(nats)).double().sum(), b.sum()
+def bytes_table(model: torch.nn.Module, device: torch.device, tokenizer=None) -> torch.Tensor:
+    """:func:`token_bytes` for ``model``'s vocabulary (``config.vocab_size``, under any compile or
+    data-parallel wrapper), on ``device``: the ``nbytes`` of :func:`gptspeed.eval.val_loss.evaluate_val`."""
+    return token_bytes(unwrap(model).config.vocab_size, tokenizer).to(device)
 
 
-@torch.no_grad()
 def evaluate_bpb(
     model: torch.nn.Module,
     rt: Runtime,
@@ -65,44 +59,11 @@ def evaluate_bpb(
     stop: Callable[[], bool] | None = None,
     tokenizer=None,
 ) -> float | None:
-    """Bits per byte over the first ``max_tokens`` tokens of the val ``shards`` (0 = all), the
-    windows of :func:`gptspeed.eval.val_loss.evaluate` (``batch_size`` windows of ``seq_len``),
-    each window's logits ``(T, V)`` computed a row at a time (no ``(B, T, V)`` tensor). One process
-    (with several ranks each counts its share, summed by an all-reduce; under FSDP2 the caller
-    evaluates on one model). Returns None when ``stop`` interrupted it, NaN when no token had bytes.
-    ``tokenizer``: the one the tokens are of (:func:`token_bytes`; None: GPT-2's).
+    """Bits per byte over the first ``max_tokens`` tokens of the val ``shards`` (0 = all): the
+    ``bpb`` of :func:`gptspeed.eval.val_loss.evaluate_val` (``batch_size`` windows of ``seq_len`` a
+    forward, summed over the ranks; under FSDP2 too), which gives the val loss in the same pass.
+    Returns None when ``stop`` interrupted it, NaN when no token had bytes. ``tokenizer``: the one the
+    tokens are of (:func:`token_bytes`; None: GPT-2's).
     """
-    was_training = model.training
-    model.eval()
-    nbytes = token_bytes(model.config.vocab_size, tokenizer).to(rt.device)
-    nats = torch.zeros((), dtype=torch.float64, device=rt.device)
-    count = torch.zeros((), dtype=torch.long, device=rt.device)
-    batches = iter_eval_batches(
-        shards,
-        batch_size,
-        seq_len,
-        max_tokens,
-        rank=rt.rank,
-        world_size=rt.world_size,
-        device=rt.device,
-        max_token_id=max_token_id,
-    )
-    for x, y in batches:
-        if stop is not None and not rt.distributed and stop():
-            model.train(was_training)
-            return None
-        for row in range(x.size(0)):
-            with rt.autocast(), eager():  # a (1, T) forward: never a compiled graph of its own
-                logits, _ = model(x[row : row + 1])
-            n, b = nats_and_bytes(logits[0], y[row], nbytes)
-            nats += n
-            count += b
-    if rt.distributed:
-        import torch.distributed as dist
-
-        both = torch.stack([nats, count.double()])
-        dist.all_reduce(both)
-        nats, count = both[0], both[1]
-    model.train(was_training)
-    total = float(count.item())
-    return nats.item() / (math.log(2) * total) if total else math.nan
+    nbytes = bytes_table(model, rt.device, tokenizer)
+    return evaluate_val(model, rt, shards, batch_size, seq_len, max_tokens, max_token_id, stop, nbytes).bpb

@@ -9,8 +9,10 @@ ranks that have fewer batches join the others' collectives with full-size dummy 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -31,7 +33,16 @@ def reshard(model: torch.nn.Module) -> None:
             m.reshard()
 
 
-@torch.no_grad()
+class ValFigures(NamedTuple):
+    """What one pass over the val tokens gives (:func:`evaluate_val`): ``loss`` (mean nats per token;
+    None when stopped), ``tokens`` (the targets evaluated), ``bpb`` (bits per byte,
+    :mod:`gptspeed.eval.bpb`; None without a bytes table or when stopped, NaN when no target had bytes)."""
+
+    loss: float | None
+    tokens: int
+    bpb: float | None = None
+
+
 def evaluate(
     model: torch.nn.Module,
     rt: Runtime,
@@ -42,20 +53,44 @@ def evaluate(
     max_token_id: int | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> tuple[float | None, int]:
-    """Mean cross-entropy (nats/token) over the first ``max_tokens`` tokens of ``shards`` (0 =
-    all), in batches of ``batch_size`` windows of ``seq_len``. Returns ``(loss, tokens)``; one
-    host-device sync at the end.
+    """``(loss, tokens)`` of :func:`evaluate_val`: mean cross-entropy (nats/token) over the first
+    ``max_tokens`` tokens of ``shards`` (0 = all); ``(None, tokens so far)`` when ``stop`` interrupted it."""
+    figures = evaluate_val(model, rt, shards, batch_size, seq_len, max_tokens, max_token_id, stop)
+    return figures.loss, figures.tokens
 
-    With several ranks the batches are dealt round-robin (``iter_eval_batches``) and ``(sum,
-    count)`` all-reduced, so every rank returns the same figure. Under FSDP2 every forward is a
-    collective: a rank with fewer batches (it knows how many the others have without asking,
-    :func:`~gptspeed.data.loader.eval_batches_per_rank`) runs dummy forwards of the full shape
-    until it has run as many. ``stop`` (one process only): checked before each batch; when it returns True the
-    evaluation is abandoned and ``(None, tokens so far)`` returned, so a Ctrl-C never waits for it.
+
+@torch.no_grad()
+def evaluate_val(
+    model: torch.nn.Module,
+    rt: Runtime,
+    shards: list[Path],
+    batch_size: int,
+    seq_len: int,
+    max_tokens: int = 0,
+    max_token_id: int | None = None,
+    stop: Callable[[], bool] | None = None,
+    nbytes: torch.Tensor | None = None,
+) -> ValFigures:
+    """The val loss -- and, given ``nbytes``, bits per byte -- over the first ``max_tokens`` tokens of
+    ``shards`` (0 = all), in batches of ``batch_size`` windows of ``seq_len``: one pass, one forward
+    per batch giving each target's nats (``model(x, y, reduction="none")``, ``(B, T)`` fp32, by the
+    model's loss path), summed in float64 on the device; one host-device sync at the end.
+
+    ``nbytes``: ``(vocab_size,)`` int64 on ``rt.device``, each token's UTF-8 bytes
+    (:func:`gptspeed.eval.bpb.token_bytes`). Then ``bpb`` = the nats of the targets that have bytes
+    over ``ln 2`` times their bytes (a target of 0 bytes, ``<|endoftext|>``, counts no nats).
+
+    With several ranks the batches are dealt round-robin (``iter_eval_batches``) and the sums (nats,
+    tokens, counted nats, bytes) all-reduced, so every rank returns the same figures. Under FSDP2
+    every forward is a collective: a rank with fewer batches (it knows how many the others have
+    without asking, :func:`~gptspeed.data.loader.eval_batches_per_rank`) runs dummy forwards of the
+    full shape until it has run as many. ``stop`` (one process only): checked before each batch;
+    when it returns True the evaluation is abandoned and ``ValFigures(None, tokens so far)``
+    returned, so a Ctrl-C never waits for it.
     """
     was_training = model.training
     model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=rt.device)
+    sums = torch.zeros(3, dtype=torch.float64, device=rt.device)  # nats, counted nats (with bytes), bytes
     n = batches = 0
     for x, y in iter_eval_batches(
         shards,
@@ -69,25 +104,36 @@ def evaluate(
     ):
         if stop is not None and not rt.distributed and stop():
             model.train(was_training)
-            return None, n
+            return ValFigures(None, n)
         with rt.autocast(), eager() if x.size(0) != batch_size else contextlib.nullcontext():
-            _, loss = model(x, y)
-        total += loss.double() * y.numel()
+            _, nats = model(x, y, reduction="none")  # (b, T) fp32
+        sums += _batch_sums(nats, y, nbytes)
         n += y.numel()
         batches += 1
+    if rt.distributed and rt.parallel == "fsdp":  # every forward all-gathers: join the others' last ones
+        most = eval_batches_per_rank(shards, batch_size, seq_len, max_tokens, rt.world_size)
+        dummy = torch.zeros((batch_size, seq_len), dtype=torch.long, device=rt.device)
+        for _ in range(most - batches):
+            with rt.autocast():
+                model(dummy, dummy, reduction="none")
+    sums = torch.cat([sums, torch.tensor([float(n)], dtype=torch.float64, device=rt.device)])  # float64: exact
     if rt.distributed:
         import torch.distributed as dist
 
-        if rt.parallel == "fsdp":  # every forward all-gathers: join the others' last ones
-            most = eval_batches_per_rank(shards, batch_size, seq_len, max_tokens, rt.world_size)
-            dummy = torch.zeros((batch_size, seq_len), dtype=torch.long, device=rt.device)
-            for _ in range(most - batches):
-                with rt.autocast():
-                    model(dummy, dummy)
-        both = torch.stack([total, torch.tensor(float(n), dtype=torch.float64, device=rt.device)])
-        dist.all_reduce(both)
-        total, n = both[0], int(both[1].item())
+        dist.all_reduce(sums)  # every rank's nats, counted nats, bytes and tokens, summed
     if rt.parallel == "fsdp":
         reshard(model)
     model.train(was_training)
-    return (total / n).item(), n
+    nats, counted, total_bytes, tokens = sums.tolist()
+    bpb = None if nbytes is None else counted / (math.log(2) * total_bytes) if total_bytes else math.nan
+    return ValFigures(nats / tokens if tokens else math.nan, int(tokens), bpb)
+
+
+def _batch_sums(nats: torch.Tensor, y: torch.Tensor, nbytes: torch.Tensor | None) -> torch.Tensor:
+    """``(3,)`` float64 on the device: a batch's nats ``(b, T)`` summed, and -- with ``nbytes`` -- the
+    nats of its targets ``y`` ``(b, T)`` that have bytes and their bytes (zeros without)."""
+    nats = nats.double()
+    if nbytes is None:
+        return torch.stack([nats.sum(), nats.new_zeros(()), nats.new_zeros(())])
+    b = nbytes[y]
+    return torch.stack([nats.sum(), torch.where(b > 0, nats, torch.zeros_like(nats)).sum(), b.sum().double()])

@@ -13,14 +13,12 @@ from typing import Any
 GPT2_VOCAB_SIZE = 50257  # ids the GPT-2 tokenizer emits; 50256 is <|endoftext|>
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 64 (tensor-core friendly; build-nanogpt)
 AUTO_BATCH_SIZE = 0  # how --batch-size auto is stored in the configuration
-ATTENTIONS = ("sdpa", "manual")
+ATTENTIONS = ("sdpa", "manual")  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
 POS_EMBS = ("learned", "rope")  # --pos-emb: GPT-2's learned position embeddings, or rotary (Su et al. 2021)
 MLPS = ("gelu", "relu2")  # --mlp: GPT-2's GELU (tanh approximation), or ReLU squared (So et al. 2021)
 NORMS = ("layernorm", "rmsnorm")  # --norm: GPT-2's LayerNorm, or RMSNorm (Zhang & Sennrich 2019)
-LR_SCHEDULES = (
-    "cosine",
-    "wsd",
-)  # --lr-schedule: warm-up then cosine; or warm-up, stable, decay (Hagele et al. 2024)  # --attention: F.scaled_dot_product_attention, or a masked softmax written out
+# --lr-schedule: warm-up then cosine; or warm-up, stable, decay (Hagele et al. 2024)
+LR_SCHEDULES = ("cosine", "wsd")
 SOFTMAXES = ("full", "data")  # --softmax: over the whole vocabulary, or the token ids of the training data
 # --loss: auto = gptspeed.loss.resolve_loss (fused on a CPU, plain elsewhere); liger = Liger-Kernel's fused
 # linear + cross-entropy (CUDA only)

@@ -205,7 +205,7 @@ def settings_markdown() -> str:
     parts = [
         "# Settings",
         "",
-        f"Generated from the declarations in `src/gptspeed/config.py` by `{COMMAND}`; do not edit it by hand "
+        f"Generated from the declarations in `src/gptspeed/config/` by `{COMMAND}`; do not edit it by hand "
         "(`tests/test_settings_doc.py` fails while it differs from them).",
         "",
         "Every setting is a `gptspeed train` flag, a key of a `--config` YAML or JSON file (flat, or under its "

@@ -1,0 +1,180 @@
+"""Run configuration: dataclasses, presets and validation.
+
+A run is described by :class:`RunConfig` = model shape (:class:`GPTConfig`) +
+:class:`OptimConfig` + :class:`TrainConfig` + :class:`RuntimeConfig`. Every field is a command-line
+flag (``n_layer`` -> ``--n-layer``; the help text is the field's ``help`` metadata). A preset fills
+all of them; flags given on the command line override the preset; :meth:`RunConfig.validate`
+checks the result before anything runs and raises :class:`GptspeedError` with one line.
+
+``gptspeed.config`` is the one import path of all of it; its modules, each importing only those above it:
+:mod:`~gptspeed.config.declare` (how a setting is declared: :func:`_f`, :class:`Where`, the choices and
+bounds), :mod:`~gptspeed.config.checks` (a value checked against its declaration, a setting's flag),
+:mod:`~gptspeed.config.model`, :mod:`~gptspeed.config.optim`, :mod:`~gptspeed.config.train`,
+:mod:`~gptspeed.config.runtime` (the four groups of settings, one a module), and :mod:`~gptspeed.config.run`
+(:class:`RunConfig`, the rules between settings, the presets and the recipes). None imports torch, nor anything
+of gptspeed's but its errors and :mod:`gptspeed.configio` (``--fp8``'s shape check aside, imported when asked for).
+"""
+
+from __future__ import annotations
+
+from gptspeed.config.checks import (
+    FIELDS,
+    GROUPS,
+    _check_range,
+    check_fields,
+    check_seed,
+    did_you_mean,
+    field_type,
+    parse_batch_size,
+    parse_log_to,
+    parse_seed,
+    setting_flag,
+    settings_off_default,
+)
+from gptspeed.config.declare import (
+    ATTENTIONS,
+    ATTN_WINDOW_MULTIPLE,
+    AUTO_BATCH_SIZE,
+    CHECKPOINTING,
+    COMPANION_KEYS,
+    COMPILE_MODES,
+    COMPILE_TUNINGS,
+    DEVICES,
+    DTYPES,
+    EXPORT_KINDS,
+    GPT2_VOCAB_SIZE,
+    INIT_FROM_KINDS,
+    LOSSES,
+    LR_SCHEDULES,
+    MAX_COUNT,
+    MAX_DIST_TIMEOUT_S,
+    MAX_GRAD_ACCUM,
+    MAX_LOADER_WORKERS,
+    MAX_SEED,
+    MAX_THREADS,
+    MLPS,
+    NORMS,
+    OPTIMIZERS,
+    PADDED_VOCAB_SIZE,
+    POS_EMBS,
+    RESIDUAL_DTYPES,
+    SDPA_BACKENDS,
+    SOFTMAXES,
+    TRACKERS,
+    Where,
+    _f,
+)
+from gptspeed.config.model import (
+    GPTConfig,
+)
+from gptspeed.config.optim import (
+    OptimConfig,
+)
+from gptspeed.config.run import (
+    PATH_SETTINGS,
+    PRESETS,
+    RECIPE_YIELDS,
+    RECIPES,
+    RunConfig,
+    changed_settings,
+    check_companions,
+    check_settings,
+    companions_text,
+    config_to_yaml,
+    drop_inert,
+    expand_path_setting,
+    inert_reason,
+    preset,
+    recipe,
+    run_defining_diff,
+    setting_on,
+    value_in_effect,
+    world_from_env,
+)
+from gptspeed.config.runtime import (
+    RuntimeConfig,
+)
+from gptspeed.config.train import (
+    HF_STREAM,
+    PREPARED,
+    STREAM,
+    STREAM_PREFIXES,
+    WANDB,
+    TrainConfig,
+)
+from gptspeed.configio import read_config_file
+
+__all__ = [
+    "GPT2_VOCAB_SIZE",
+    "PADDED_VOCAB_SIZE",
+    "AUTO_BATCH_SIZE",
+    "ATTENTIONS",
+    "POS_EMBS",
+    "MLPS",
+    "NORMS",
+    "LR_SCHEDULES",
+    "SOFTMAXES",
+    "LOSSES",
+    "RESIDUAL_DTYPES",
+    "OPTIMIZERS",
+    "DTYPES",
+    "DEVICES",
+    "COMPILE_MODES",
+    "COMPILE_TUNINGS",
+    "CHECKPOINTING",
+    "SDPA_BACKENDS",
+    "TRACKERS",
+    "MAX_SEED",
+    "MAX_COUNT",
+    "MAX_LOADER_WORKERS",
+    "MAX_GRAD_ACCUM",
+    "MAX_THREADS",
+    "MAX_DIST_TIMEOUT_S",
+    "ATTN_WINDOW_MULTIPLE",
+    "INIT_FROM_KINDS",
+    "EXPORT_KINDS",
+    "COMPANION_KEYS",
+    "Where",
+    "_f",
+    "GROUPS",
+    "FIELDS",
+    "check_fields",
+    "_check_range",
+    "settings_off_default",
+    "setting_flag",
+    "check_seed",
+    "field_type",
+    "did_you_mean",
+    "parse_log_to",
+    "parse_batch_size",
+    "parse_seed",
+    "GPTConfig",
+    "OptimConfig",
+    "STREAM_PREFIXES",
+    "PREPARED",
+    "STREAM",
+    "HF_STREAM",
+    "WANDB",
+    "TrainConfig",
+    "RuntimeConfig",
+    "PATH_SETTINGS",
+    "RunConfig",
+    "value_in_effect",
+    "setting_on",
+    "inert_reason",
+    "check_companions",
+    "drop_inert",
+    "companions_text",
+    "changed_settings",
+    "expand_path_setting",
+    "check_settings",
+    "config_to_yaml",
+    "run_defining_diff",
+    "world_from_env",
+    "PRESETS",
+    "RECIPES",
+    "RECIPE_YIELDS",
+    "recipe",
+    "preset",
+    "read_config_file",
+]

@@ -732,6 +732,40 @@ class TrainConfig:
         needs="eval_every",
         only_with={"data": PREPARED},
     )
+    ema_tail_ratio: float = _f(
+        0.0,
+        "tail weight averaging: over the last share of --max-steps keep an exponential moving average of the "
+        "weights (fp32, on the device) and evaluate, save for eval / sample / export-hf the blend "
+        "(1 - --ema-blend) x weights + --ema-blend x average; the raw weights still train and resume "
+        "(modded-nanogpt's tail EMA readout, track 3 record #45); 0 = off",
+        min=0,
+        max=1,
+        off=0,
+        text="in [0, 1]",
+        run_defining=True,
+    )
+    ema_horizon: float | None = _f(
+        None,
+        "--ema-tail-ratio: the average's time constant in steps (each step moves it 1/N of the way to the "
+        "weights; default: a fifth of the tail, so the weights it starts from weigh under 1% at the end)",
+        min=1,
+        min_open=True,
+        finite=True,
+        text="a finite number above 1",
+        needs="ema_tail_ratio",
+        run_defining=True,
+    )
+    ema_blend: float = _f(
+        0.6,
+        "--ema-tail-ratio: the average's share of the weights evaluated and exported (1 = the average alone; "
+        "modded-nanogpt: 0.6)",
+        min=0,
+        min_open=True,
+        max=1,
+        text="in (0, 1]",
+        needs="ema_tail_ratio",
+        run_defining=True,
+    )
     sampling: str = _f(
         "sequential",
         "order of the training windows: sequential (shard order) or random "
@@ -1048,6 +1082,7 @@ class RunConfig:
                 "embedding: add --no-tie-embeddings, or use --embed-lr for the tied weight"
             )
         parse_log_to(t.log_to)
+        check_tail_average(t)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(
                 f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
@@ -1178,6 +1213,17 @@ def value_in_effect(cfg: RunConfig, name: str, world_size: int = 1) -> Any:
         start = min(full, max(1, (t.batch_start_tokens or micro) // micro))
         return (full if name == "total_batch_tokens" else start) * micro
     return _value(cfg, name)
+
+
+def check_tail_average(t: TrainConfig) -> None:
+    """GptspeedError when ``--ema-tail-ratio`` is on but its tail holds fewer than 2 of ``--max-steps``: the
+    average would be the last weights, so the setting would do nothing."""
+    if t.ema_tail_ratio and round(t.ema_tail_ratio * t.max_steps) < 2:
+        raise GptspeedError(
+            f"--ema-tail-ratio {t.ema_tail_ratio:g} of --max-steps {t.max_steps} averages "
+            f"{round(t.ema_tail_ratio * t.max_steps)} step(s), so it would change nothing: "
+            f"give at least {2 / t.max_steps:.3g}, or drop it"
+        )
 
 
 def setting_on(cfg: RunConfig, name: str) -> bool:

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from gptspeed.averaging import PART as TAIL_AVERAGE
+from gptspeed.averaging import build_tail_average
 from gptspeed.checkpoint import (
     Checkpointer,
     ModelState,
@@ -226,6 +228,7 @@ class Trainer:
 
             self.say(f"initialised from {load_hf_weights(model, cfg.train.init_from)}")
         self.stepper = TrainStep(cfg, self.rt, model=model)
+        self.tail_average = build_tail_average(model, cfg)  # --ema-tail-ratio (gptspeed.averaging), else None
 
     # the step's parts, for the checkpointer, evaluation and the log
     model = property(lambda self: self.stepper.model)
@@ -251,6 +254,10 @@ class Trainer:
         c.register("loader", self.loader)
         c.register("rng", RNGState(self.rt.device))
         c.register("trainer", self.state)
+        if self.tail_average is not None:
+            c.register(TAIL_AVERAGE, self.tail_average, sharded=True)
+            if self.resume.continues:
+                self.tail_average.expect(step_of(self.resume.path))
 
     # ----------------------------------------------------------------------------- stepping
     def barrier(self) -> None:
@@ -276,6 +283,11 @@ class Trainer:
             return save_after_leaving_a_step(self, e, at)
         except ShardError as e:
             raise GptspeedError(f"{e}. {save_before_data_error(self, at)}") from None
+
+    def evaluated_weights(self) -> contextlib.AbstractContextManager:
+        """Context manager: the weights evaluations see -- the tail average's blend once the tail has started
+        (:meth:`gptspeed.averaging.TailAverage.applied`), else the weights as they are."""
+        return self.tail_average.applied() if self.tail_average is not None else contextlib.nullcontext()
 
     def check_divergence(self) -> None:
         """The ``--on-nan`` policy at a log step (:class:`gptspeed.divergence.DivergencePolicy`)."""
@@ -383,6 +395,8 @@ class Trainer:
                 return stop.signum
             loss, grad_norm, bad = done
             self.state.step += 1
+            if self.tail_average is not None:
+                self.tail_average.update(self.step)  # on the device, no sync
             self.state.tokens += (tokens := self.tokens_per_step // self.accum * accum)  # --batch-warmup-steps
             full = seq_len == self.cfg.model.block_size  # MFU counts a shorter step's own (smaller) attention term
             self.throughput.step_done(tokens, self.flops_per_token if full else self.model.flops_per_token(seq_len))

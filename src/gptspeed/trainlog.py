@@ -107,11 +107,12 @@ class TrainLog:
             mem_total_bytes=mem_total,
             mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
         )
-        if due.eval:
-            fields["val_loss"] = tr.evaluate(stop)
-            fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb
-        if due.hellaswag:
-            fields.update(tr.evals.hellaswag())
+        with tr.evaluated_weights():  # --ema-tail-ratio: the tail average's blend, in the tail
+            if due.eval:
+                fields["val_loss"] = tr.evaluate(stop)
+                fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb
+            if due.hellaswag:
+                fields.update(tr.evals.hellaswag())
         self.record(tr.step, **fields)
         tr.throughput.restart(tr.loader.wait_s)
         return fields

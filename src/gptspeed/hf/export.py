@@ -421,7 +421,9 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
     ckpt, run_config = load_latest_run(run)
     config = run_config.model
     check_exportable(config, str(run))
-    tensors, config_json, generation, code = _export_contents(config, ckpt["model"], dtype)
+    from gptspeed.averaging import readout_state  # --ema-tail-ratio: the tail average's blend, once it started
+
+    tensors, config_json, generation, code = _export_contents(config, readout_state(ckpt), dtype)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

@@ -79,10 +79,11 @@ class TailAverage:
 
     @torch.no_grad()
     def update(self, step: int) -> None:
-        """After optimizer step ``step`` (steps done, counted from 1): nothing before the tail; at its start
+        """After optimizer step ``step`` (steps done, counted from 1): none before the tail; at its start
         the average becomes an fp32 copy of the weights; after it, ``avg += (w - avg) / horizon`` (one
         ``_foreach_lerp_``, on the device, no sync)."""
         if step < self.start:
+            self.avg = None  # none before the tail (a resume with a higher --max-steps moves the tail later)
             return
         if step == self.start or self.avg is None:
             self.avg = [p.detach().float().clone() for p in self.params]
@@ -137,6 +138,24 @@ def blend_into(weights: list[torch.Tensor], avg: list[torch.Tensor], blend: floa
 def build_tail_average(model: torch.nn.Module, cfg: RunConfig) -> TailAverage | None:
     """A :class:`TailAverage` of ``model`` when ``--ema-tail-ratio`` is on, else None."""
     return TailAverage(model, cfg) if cfg.train.ema_tail_ratio else None
+
+
+def register_tail_average(checkpointer: Any, avg: TailAverage | None, resume_step: int | None) -> None:
+    """Register ``avg`` (None: off, nothing to do) with the run's
+    :class:`~gptspeed.checkpoint.Checkpointer` as part :data:`PART`, sharded like the model; a sharded
+    checkpoint of ``resume_step`` (None: a new run) is read into the tensors the part holds, so they are made
+    first (:meth:`TailAverage.expect`)."""
+    if avg is None:
+        return
+    checkpointer.register(PART, avg, sharded=True)
+    if checkpointer.sharded and resume_step is not None:
+        avg.expect(resume_step)
+
+
+def evaluated_weights(avg: TailAverage | None) -> contextlib.AbstractContextManager:
+    """Context manager: the weights an evaluation sees -- ``avg``'s blend once its tail has started
+    (:meth:`TailAverage.applied`), else (and with ``avg`` None, off) the weights as they are."""
+    return avg.applied() if avg is not None else contextlib.nullcontext()
 
 
 def readout_state(ckpt: dict[str, Any]) -> dict[str, Any]:

@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-from gptspeed.averaging import PART as TAIL_AVERAGE
-from gptspeed.averaging import build_tail_average
+from gptspeed.averaging import build_tail_average, register_tail_average
 from gptspeed.checkpoint import (
     Checkpointer,
     ModelState,
@@ -254,10 +253,7 @@ class Trainer:
         c.register("loader", self.loader)
         c.register("rng", RNGState(self.rt.device))
         c.register("trainer", self.state)
-        if self.tail_average is not None:
-            c.register(TAIL_AVERAGE, self.tail_average, sharded=True)
-            if self.resume.continues:
-                self.tail_average.expect(step_of(self.resume.path))
+        register_tail_average(c, self.tail_average, step_of(self.resume.path) if self.resume.continues else None)
 
     # ----------------------------------------------------------------------------- stepping
     def barrier(self) -> None:
@@ -283,11 +279,6 @@ class Trainer:
             return save_after_leaving_a_step(self, e, at)
         except ShardError as e:
             raise GptspeedError(f"{e}. {save_before_data_error(self, at)}") from None
-
-    def evaluated_weights(self) -> contextlib.AbstractContextManager:
-        """Context manager: the weights evaluations see -- the tail average's blend once the tail has started
-        (:meth:`gptspeed.averaging.TailAverage.applied`), else the weights as they are."""
-        return self.tail_average.applied() if self.tail_average is not None else contextlib.nullcontext()
 
     def check_divergence(self) -> None:
         """The ``--on-nan`` policy at a log step (:class:`gptspeed.divergence.DivergencePolicy`)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gptspeed.averaging import evaluated_weights
 from gptspeed.metrics import RunLog, format_duration, memory_stats
 from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
 
@@ -107,7 +108,7 @@ class TrainLog:
             mem_total_bytes=mem_total,
             mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
         )
-        with tr.evaluated_weights():  # --ema-tail-ratio: the tail average's blend, in the tail
+        with evaluated_weights(tr.tail_average):  # --ema-tail-ratio: the tail average's blend, in the tail
             if due.eval:
                 fields["val_loss"] = tr.evaluate(stop)
                 fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb

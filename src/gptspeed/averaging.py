@@ -88,7 +88,7 @@ class TailAverage:
         if step == self.start or self.avg is None:
             self.avg = [p.detach().float().clone() for p in self.params]
         else:
-            torch._foreach_lerp_(self.avg, [p.detach().float() for p in self.params], self.weight)
+            torch._foreach_lerp_(local(self.avg), [p.float() for p in local(self.params)], self.weight)
 
     def expect(self, step: int) -> None:
         """Before loading a checkpoint of step ``step``: hold an average to load into when that step is in the
@@ -121,13 +121,19 @@ class TailAverage:
             yield
             return
         with torch.no_grad():
-            kept = [p.detach().clone() for p in self.params]
-            blend_into([p.detach() for p in self.params], self.avg, self.blend)
+            kept = [p.clone() for p in local(self.params)]
+            blend_into(local(self.params), local(self.avg), self.blend)
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_([p.detach() for p in self.params], kept)
+                torch._foreach_copy_(local(self.params), kept)
+
+
+def local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor detached, and under FSDP2 its DTensor's local shard (the same storage: an in-place change is
+    the DTensor's), so the foreach kernels run on plain tensors, each rank on its own shards."""
+    return [t.to_local() if hasattr(t, "to_local") else t.detach() for t in tensors]
 
 
 def blend_into(weights: list[torch.Tensor], avg: list[torch.Tensor], blend: float) -> None:

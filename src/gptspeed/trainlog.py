@@ -108,7 +108,8 @@ class TrainLog:
             mem_total_bytes=mem_total,
             mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
         )
-        with evaluated_weights(tr.tail_average):  # --ema-tail-ratio: the tail average's blend, in the tail
+        # --ema-tail-ratio: the tail average's blend, in the tail
+        with evaluated_weights(tr.tail_average if due.eval or due.hellaswag else None):
             if due.eval:
                 fields["val_loss"] = tr.evaluate(stop)
                 fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb

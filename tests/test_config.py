@@ -559,6 +559,7 @@ def test_each_setting_that_needs_another_is_refused_without_it_by_its_declaratio
     for name, f in needing.items():
         default, kind = f.default, field_type(next(c for c in GROUPS.values() if f in dataclasses.fields(c)), name)
         value = {bool: True, int: (default or 0) + 1, float: (default or 0.5) / 2}[kind]
+        value = 20.0 if name == "ema_horizon" else value  # a time constant of more than one step
         extra = {"optimizer": "muon"} if name == "muon_momentum_start" else {}
         extra |= {"eval_every": 0} if f.metadata["needs"] == "eval_every" else {}
         refused({name: value, **extra}, setting_flag(name), setting_flag(f.metadata["needs"]))

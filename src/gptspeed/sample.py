@@ -33,15 +33,18 @@ from gptspeed.tokenizer import EOT_TOKEN
 
 
 def load_model(run_dir: str | Path, rt: Runtime) -> tuple[GPT, dict]:
-    """The model of the newest checkpoint in ``run_dir``, on ``rt.device``, in eval mode.
-    Returns ``(model, checkpoint)``; GptspeedError if there is none."""
+    """The model of the newest checkpoint in ``run_dir``, on ``rt.device``, in eval mode: its tail average's
+    blend when it holds one (``--ema-tail-ratio``, :func:`gptspeed.averaging.readout_state`; then
+    ``checkpoint["readout"]`` is ``"tail average"``). Returns ``(model, checkpoint)``; GptspeedError if there is none."""
     ckpt, cfg = load_latest_run(Path(run_dir))
     from gptspeed.checkpoint import checkpoint_path, load_part
     from gptspeed.step import check_model_fits
 
     check_model_fits(cfg)  # a checkpoint's configuration is input too: a shape that cannot fit is one line
     model = GPT(cfg.model)
-    load_part(checkpoint_path(Path(run_dir), int(ckpt["step"])), "model", model, ckpt["model"])
+    from gptspeed.averaging import readout_state  # --ema-tail-ratio: the tail average's blend, once it started
+
+    load_part(checkpoint_path(Path(run_dir), int(ckpt["step"])), "model", model, readout_state(ckpt))
     model.to(rt.device).eval()
     return model, ckpt
 
@@ -50,7 +53,7 @@ def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | 
     """The model of a run folder (``run``: newest checkpoint) or of a Hugging Face GPT-2
     (``init_from``: folder or name, see :func:`gptspeed.hf.load.resolve_source`), on ``rt.device`` in
     eval mode. Returns ``(model, info)`` with ``info`` = ``{"run" | "init_from", "step"}``
-    (``step`` None for HF weights).
+    (``step`` None for HF weights), and ``"weights": "tail average"`` for a run's tail average's blend.
 
     Raises:
         GptspeedError: neither or both given; the run or model cannot be loaded.
@@ -59,7 +62,8 @@ def load_any_model(rt: Runtime, run: str | Path | None = None, init_from: str | 
         raise GptspeedError("give either --run RUN_DIR or --init-from MODEL (a folder or gpt2, gpt2-medium, ...)")
     if run is not None:
         model, ckpt = load_model(run, rt)
-        return model, {"run": str(run), "step": ckpt["step"]}
+        averaged = {"weights": "tail average"} if ckpt["readout"] == "tail average" else {}  # --ema-tail-ratio
+        return model, {"run": str(run), "step": ckpt["step"], **averaged}
     from gptspeed.hf.load import load_hf_model
 
     model, _ = load_hf_model(init_from)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gptspeed.averaging import build_tail_average, register_tail_average
 from gptspeed.checkpoint import (
     Checkpointer,
     ModelState,
@@ -230,6 +231,7 @@ class Trainer:
 
             self.say(f"initialised from {load_hf_weights(model, cfg.train.init_from)}")
         self.stepper = TrainStep(cfg, self.rt, model=model)
+        self.tail_average = build_tail_average(model, cfg)  # --ema-tail-ratio (gptspeed.averaging), else None
 
     # the step's parts, for the checkpointer, evaluation and the log
     model = property(lambda self: self.stepper.model)
@@ -255,6 +257,7 @@ class Trainer:
         c.register("loader", self.loader)
         c.register("rng", RNGState(self.rt.device))
         c.register("trainer", self.state)
+        register_tail_average(c, self.tail_average, step_of(self.resume.path) if self.resume.continues else None)
 
     # ----------------------------------------------------------------------------- stepping
     def barrier(self) -> None:
@@ -387,6 +390,8 @@ class Trainer:
                 return stop.signum
             loss, grad_norm, bad = done
             self.state.step += 1
+            if self.tail_average is not None:
+                self.tail_average.update(self.step)  # on the device, no sync
             self.state.tokens += (tokens := self.tokens_per_step // self.accum * accum)  # --batch-warmup-steps
             full = seq_len == self.cfg.model.block_size  # MFU counts a shorter step's own (smaller) attention term
             self.throughput.step_done(tokens, self.flops_per_token if full else self.model.flops_per_token(seq_len))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gptspeed.averaging import evaluated_weights
 from gptspeed.metrics import RunLog, format_duration, memory_stats
 from gptspeed.runinfo import banner, resume_command, run_derived, write_run_config
 
@@ -110,11 +111,13 @@ class TrainLog:
             mem_total_bytes=mem_total,
             mem_frac=mem_peak / mem_total if mem_peak and mem_total else None,
         )
-        if due.eval:
-            fields["val_loss"] = tr.evaluate(stop)
-            fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb
-        if due.hellaswag:
-            fields.update(tr.evals.hellaswag())
+        # --ema-tail-ratio: the tail average's blend, in the tail
+        with evaluated_weights(tr.tail_average if due.eval or due.hellaswag else None):
+            if due.eval:
+                fields["val_loss"] = tr.evaluate(stop)
+                fields.update(tr.evals.bpb(stop))  # {} without --eval-bpb
+            if due.hellaswag:
+                fields.update(tr.evals.hellaswag())
         self.record(tr.step, **fields)
         tr.throughput.restart(tr.loader.wait_s)
         return fields

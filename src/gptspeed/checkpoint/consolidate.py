@@ -159,6 +159,8 @@ def consolidate(run: Path, out: Path, force: bool = False) -> Path:
     full = load_full(src)
     state = {k: v for k, v in meta.items() if k not in ("format", "format_version", "sharded")}
     state["model"] = full["model"]
+    if full.get("tail_average"):  # --ema-tail-ratio's average (gptspeed.averaging.PART), sharded like the model
+        state["tail_average"] = full["tail_average"]
     state["optimizer"] = split_optimizer_state(full["optimizer"], meta.get("optimizer_layout"))
     state["consolidated_from"] = str(src)
     state["config"] = {**state["config"], "runtime": {**state["config"].get("runtime", {}), "parallel": "auto"}}

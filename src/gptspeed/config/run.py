@@ -180,6 +180,7 @@ class RunConfig:
                 "embedding: add --no-tie-embeddings, or use --embed-lr for the tied weight"
             )
         parse_log_to(t.log_to)
+        check_tail_average(t)
         if r.sdpa_backend != "auto" and self.model.attention != "sdpa":
             raise GptspeedError(
                 f"--sdpa-backend {r.sdpa_backend} chooses the kernel of --attention sdpa; this run "
@@ -267,6 +268,17 @@ def value_in_effect(cfg: RunConfig, name: str, world_size: int = 1) -> Any:
         start = min(full, max(1, (t.batch_start_tokens or micro) // micro))
         return (full if name == "total_batch_tokens" else start) * micro
     return _value(cfg, name)
+
+
+def check_tail_average(t: TrainConfig) -> None:
+    """GptspeedError when ``--ema-tail-ratio`` is on but its tail holds fewer than 2 of ``--max-steps``: the
+    average would be the last weights, so the setting would do nothing."""
+    if t.ema_tail_ratio and round(t.ema_tail_ratio * t.max_steps) < 2:
+        raise GptspeedError(
+            f"--ema-tail-ratio {t.ema_tail_ratio:g} of --max-steps {t.max_steps} averages "
+            f"{round(t.ema_tail_ratio * t.max_steps)} step(s), so it would change nothing: "
+            f"give at least {2 / t.max_steps:.3g}, or drop it"
+        )
 
 
 def setting_on(cfg: RunConfig, name: str) -> bool:

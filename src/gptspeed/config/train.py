@@ -160,6 +160,40 @@ class TrainConfig:
         needs="eval_every",
         only_with={"data": PREPARED},
     )
+    ema_tail_ratio: float = _f(
+        0.0,
+        "tail weight averaging: over the last share of --max-steps keep an exponential moving average of the "
+        "weights (fp32, on the device) and evaluate, save for eval / sample / export-hf the blend "
+        "(1 - --ema-blend) x weights + --ema-blend x average; the raw weights still train and resume "
+        "(modded-nanogpt's tail EMA readout, track 3 record #45); 0 = off",
+        min=0,
+        max=1,
+        off=0,
+        text="in [0, 1]",
+        run_defining=True,
+    )
+    ema_horizon: float | None = _f(
+        None,
+        "--ema-tail-ratio: the average's time constant in steps (each step moves it 1/N of the way to the "
+        "weights; default: a fifth of the tail, so the weights it starts from weigh under 1% at the end)",
+        min=1,
+        min_open=True,
+        finite=True,
+        text="a finite number above 1",
+        needs="ema_tail_ratio",
+        run_defining=True,
+    )
+    ema_blend: float = _f(
+        0.6,
+        "--ema-tail-ratio: the average's share of the weights evaluated and exported (1 = the average alone; "
+        "modded-nanogpt: 0.6)",
+        min=0,
+        min_open=True,
+        max=1,
+        text="in (0, 1]",
+        needs="ema_tail_ratio",
+        run_defining=True,
+    )
     sampling: str = _f(
         "sequential",
         "order of the training windows: sequential (shard order) or random "

@@ -423,8 +423,10 @@ def export_hf(run: str | Path, out: str | Path, *, force: bool = False, dtype: s
     ckpt, run_config = load_latest_run(run)
     config = run_config.model
     check_exportable(config, str(run))
+    from gptspeed.averaging import readout_state  # --ema-tail-ratio: the tail average's blend, once it started
+
     tok = export_tokenizer(run, config)  # None: GPT-2's files, as before
-    tensors, config_json, generation, code = _export_contents(config, ckpt["model"], dtype)
+    tensors, config_json, generation, code = _export_contents(config, readout_state(ckpt), dtype)
     if tok is not None:  # what --init-from compares with its data's (gptspeed.run_tokenizer.source_tokenizer)
         config_json["gptspeed_tokenizer"] = config.tokenizer
     try:

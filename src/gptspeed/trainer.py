@@ -121,6 +121,24 @@ class TrainState:
         self.reached = state.get("reached")
 
 
+def make_loader(data: TrainData, cfg: RunConfig, rt: Runtime):
+    """The run's training loader over ``data``: this rank's micro-batches of the run's shape, its
+    sampling, seed and workers (``--loader-workers`` -1: one thread on CUDA, none elsewhere)."""
+    t = cfg.train
+    return data.loader(
+        t.batch_size,
+        cfg.model.block_size,
+        rank=rt.rank,
+        world_size=rt.world_size,
+        device=rt.device,
+        max_token_id=cfg.model.valid_vocab_size,
+        sampling=t.sampling,
+        seed=cfg.runtime.seed,
+        workers=t.loader_workers if t.loader_workers >= 0 else int(rt.device_type == "cuda"),
+        align_to_docs=t.align_to_docs,
+    )
+
+
 class Trainer:
     """One training run. Build it with a configuration validated where it was built
     (:func:`gptspeed.configure.build_train_config`) and a resolved runtime (every rank under
@@ -164,19 +182,7 @@ class Trainer:
         self.state.tokens_per_step = (
             t.batch_size * cfg.model.block_size * cfg.grad_accum_steps(rt.world_size) * rt.world_size
         )
-        workers = t.loader_workers if t.loader_workers >= 0 else int(rt.device_type == "cuda")
-        self.loader = self.data.loader(
-            t.batch_size,
-            cfg.model.block_size,
-            rank=rt.rank,
-            world_size=rt.world_size,
-            device=rt.device,
-            max_token_id=cfg.model.valid_vocab_size,
-            sampling=t.sampling,
-            seed=cfg.runtime.seed,
-            workers=workers,
-            align_to_docs=t.align_to_docs,
-        )
+        self.loader = make_loader(self.data, cfg, rt)
         self.data.check_val(cfg.model.block_size)
         keep = cfg.runtime.keep_freed_memory
         self.malloc_reason = (

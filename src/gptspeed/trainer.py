@@ -377,7 +377,7 @@ class Trainer:
             if stop():
                 stopping = agree_on_stop(stop, self.rt)
             else:
-                self.log.record(0, val_loss=summary["last_val_loss"])
+                self.log.record(0, val_loss=summary["last_val_loss"], **self.evals.bpb())  # bpb: {} without --eval-bpb
         self.throughput.restart(self.loader.wait_s)
         self.pace = first_step_pace(self.say, self.cfg, self.step, self.accum, self.rt.device.type == "cpu")
         return stopping

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_eval_bpb_puts_the_val_bits_per_byte_in_the_training_log(tmp_path):
-    """--eval-bpb: each evaluation's record holds val_bpb, the figure `gptspeed eval` gives for the
+    """--eval-bpb: each evaluation's record (step 0's too) holds val_bpb, the figure `gptspeed eval` gives for the
     checkpoint of that step; without it the log has none (off by default)."""
     data = write_data_pico(tmp_path / "data", manifest=False)
     common = dict(
@@ -45,6 +45,8 @@ def test_eval_bpb_puts_the_val_bits_per_byte_in_the_training_log(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r.get("val_loss") is not None and r["step"] == 2]
     assert evals and all("val_bpb" in r for r in evals)
+    first = [r for r in records if r["step"] == 0]  # the step-0 evaluation too (the untrained model: ~ ln(V) nats)
+    assert len(first) == 1 and first[0]["val_bpb"] > evals[-1]["val_bpb"] > 0
     model, _ = load_model(tmp_path / "run", resolve_runtime("cpu", "float32"))
     want = evaluate_bpb(model, resolve_runtime("cpu", "float32"), [data / "val_000000.bin"], 2, 32, 128)
     assert evals[-1]["val_bpb"] == pytest.approx(want, rel=1e-5)

@@ -62,7 +62,7 @@ def test_eval_perplexity_overflow_is_null_not_a_traceback(tmp_path, monkeypatch)
     """A loss above ~709 nats: math.exp raised OverflowError."""
     import gptspeed.eval.val_loss as vl
 
-    monkeypatch.setattr(vl, "evaluate", lambda *a, **k: (750.0, 64))
+    monkeypatch.setattr(vl, "evaluate_val", lambda *a, **k: vl.ValFigures(750.0, 64, 3.0))
     run = write_run_pico(tmp_path / "run")
     data = write_data_pico(tmp_path / "data", manifest=False)
     res = run_main("eval", "--run", str(run), "--data", str(data), "--device", "cpu", "--dtype", "float32")

@@ -365,7 +365,7 @@ def test_an_out_that_is_not_a_race_of_its_own_is_refused_untouched(shakespeare_d
         ("--eval-tokens 128", "--eval-tokens is the race's to set"),
         ("--stop-at-val-loss 3", "--stop-at-val-loss is the race's to set"),
         ("--eval-bpb", "--eval-bpb is the race's to set (every arm is evaluated alike: give bench --target-bpb"),
-        ("--data /elsewhere", "--data is the race's to set"),
+        ("--data /elsewhere", "arm b: "),
         ("--sampling random", "--sampling is the race's to set"),
         ("--device cpu", "--device is the race's to set"),
         ("--print-config", "--print-config prints a configuration"),
@@ -467,3 +467,121 @@ def test_a_stop_signal_reaches_the_running_arm_which_saves_and_the_race_says_so(
         assert "did not stop within 0.5 s and was killed" in proc.stderr
     assert "asked the running arm" in proc.stdout
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the race's handlers are gone again
+
+
+# ------------------------------------------------------------------ a race of tokenizers: each arm its own --data
+TOK_ARM = "--max-steps 2 --dtype float32 --n-layer 1 --n-head 2 --n-embd 32 --seq-len 32 --batch-size 4"
+TOK_BASE = ["--preset", "pico", "--device", "cpu", "--seeds", "1", "--eval-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def tokdata(tmp_path_factory):
+    """tests/support/tokdata.py's tokenizer (300 ids, ``tok``) and folders (``data``: its text prepared with
+    it, ``gpt2``: with GPT-2's -- their val cuts, at 90% of the tokens moved to a document start, fall at
+    different paragraphs), and the same text as 10 documents of 4,000 characters prepared with each
+    (``tok10``, ``gpt10``: the cut falls at the 10th document in both, so their val text is the same)."""
+    import lzma
+
+    from gptspeed.data.corpora import EMBEDDED_DIR
+    from gptspeed.data.prepare import prepare
+
+    from support.tokdata import make_tokenizer_data
+
+    root = make_tokenizer_data(tmp_path_factory.mktemp("tokrace"))
+    text = lzma.decompress((EMBEDDED_DIR / "tinyshakespeare.txt.xz").read_bytes()).decode()[:40_000]
+    src = root / "ten.jsonl"
+    src.write_text("".join(json.dumps({"text": text[i : i + 4000]}) + "\n" for i in range(0, 40_000, 4000)))
+    prepare(str(src), root / "tok10", shard_tokens=8192, progress=False, tokenizer=str(root / "tok"))
+    prepare(str(src), root / "gpt10", shard_tokens=8192, progress=False)
+    return root
+
+
+def tok_race(root, out, *extra, a="gpt10", b="tok10"):
+    """``bench race`` of arm a on ``root/A`` against arm b on ``root/B``, bench's --data the first."""
+    return run_main(
+        "bench",
+        "race",
+        "--arm",
+        f"a={TOK_ARM} --data {root / a}",
+        "--arm",
+        f"b={TOK_ARM} --data {root / b}",
+        *TOK_BASE,
+        "--data",
+        str(root / a),
+        "--out",
+        str(out),
+        *extra,
+    )
+
+
+def no_run(*a, **k):
+    raise AssertionError("a run started")
+
+
+@pytest.mark.parametrize("target", [["--target-val-loss", "3"], []])
+def test_arms_of_different_tokenizers_cannot_race_to_a_val_loss(target, tokdata, tmp_path, monkeypatch):
+    monkeypatch.setattr(race, "spawn", no_run)
+    out = tmp_path / "r"
+    assert_user_error(
+        tok_race(tokdata, out, *target), "a loss per token, which does not compare across tokenizers: give --target-bpb"
+    )
+    assert not out.exists()
+
+
+def test_arms_whose_val_text_differs_are_refused_by_name(tokdata, tmp_path, monkeypatch):
+    monkeypatch.setattr(race, "spawn", no_run)
+    out = tmp_path / "r"
+    proc = tok_race(tokdata, out, "--target-bpb", "3", a="gpt2", b="data")
+    assert_user_error(proc, "the val text of arm(s) b (", "differs from arm a's")
+    # one tokenizer: a val-loss target is allowed, and the val text is checked all the same
+    proc = tok_race(tokdata, out, "--target-val-loss", "3", a="gpt10", b="gpt2")
+    assert_user_error(proc, "the val text of arm(s) b (", "differs from arm a's")
+    assert not out.exists()
+
+
+def test_the_same_val_text_decodes_alike_from_either_tokenizer_and_other_text_does_not(tokdata):
+    from gptspeed.bench.race_data import val_text_sha256
+
+    same = val_text_sha256(str(tokdata / "gpt10"))
+    assert val_text_sha256(str(tokdata / "tok10")) == same != val_text_sha256(str(tokdata / "data"))
+
+
+def test_arms_of_different_tokenizers_each_evaluate_their_whole_val_split():
+    """The rule: one tokenizer, the race's --eval-tokens; different ones, 0 (the whole val split, the same text)
+    for every arm, and a nonzero --eval-tokens given is refused, as it would be different text in each."""
+    from gptspeed.bench import race_data
+
+    tokenizers = {"g1": "gpt2", "g2": "gpt2", "t": "sha256:" + "0" * 64}
+    real = race_data.data_tokenizer_identity
+    try:
+        race_data.data_tokenizer_identity = tokenizers.__getitem__
+        assert race_data.arm_eval_tokens(["g1", "g2"], 256, given=True) == [256, 256]
+        assert race_data.arm_eval_tokens(["g1", "t"], 32768, given=False) == [0, 0]
+        assert race_data.arm_eval_tokens(["g1", "t"], 0, given=True) == [0, 0]
+        with pytest.raises(GptspeedError, match="--eval-tokens 256 counts tokens"):
+            race_data.arm_eval_tokens(["g1", "t"], 256, given=True)
+    finally:
+        race_data.data_tokenizer_identity = real
+
+
+def test_a_race_of_tokenizers_trains_each_arm_on_its_data_and_records_it(tokdata, tmp_path, monkeypatch):
+    from gptspeed import cli
+
+    def in_process(cmd, log, timeout_s, stop=None, say=print):
+        import contextlib
+
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            return cli.main(cmd[3:])  # [python, -m, gptspeed, train, ...]
+
+    monkeypatch.setattr(race, "spawn", in_process)
+    out = tmp_path / "r"
+    proc = tok_race(tokdata, out, "--target-bpb", "100")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "race.json").read_text())
+    recorded = {name: (d["data"], d["eval_tokens"]) for name, d in result["arm_data"].items()}
+    assert recorded == {"a": (str(tokdata / "gpt10"), 0), "b": (str(tokdata / "tok10"), 0)}
+    assert [(a["data"], a["eval_tokens"]) for a in result["arms"]] == [recorded["a"], recorded["b"]]
+    for name, folder in (("a", "gpt10"), ("b", "tok10")):
+        train = json.loads((out / "runs" / f"{name}-seed0" / "config.json").read_text())["train"]
+        assert (train["data"], train["eval_tokens"], train["eval_bpb"]) == (str(tokdata / folder), 0, True)
+    assert all(a["runs"][0]["reached"] for a in result["arms"])

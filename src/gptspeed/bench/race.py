@@ -66,6 +66,7 @@ from gptspeed.bench.race_arms import (
     given_settings,
     parse_arms,
 )
+from gptspeed.bench.race_data import arm_eval_tokens, check_race_data
 from gptspeed.bench.race_folder import RACE_NAMES, _refuse_earlier_race, open_race_folder, race_entries
 from gptspeed.bench.race_report import (
     plot_race,
@@ -213,9 +214,12 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
     if cfg.target_bpb is not None:  # every evaluation also gives val_bpb (checked with the arms)
         base.append("--eval-bpb")
     configs = check_arms(cfg.arms, base, data)  # every arm checked before anything runs
+    datas = [c.train.data for c in configs]  # bench's --data, or an arm's own (a race of tokenizers)
+    check_race_data([a.name for a in cfg.arms], datas, cfg.target_bpb, cfg.target_val_loss)
     cap = 2 * configs[0].train.max_steps
     eval_every = cfg.eval_every or max(1, configs[0].train.max_steps // 15)
     eval_tokens = cfg.eval_tokens if cfg.eval_tokens is not None else configs[0].train.eval_tokens
+    arm_tokens = arm_eval_tokens(datas, eval_tokens, given=cfg.eval_tokens is not None)
     race = {
         "command": command,
         "preset": cfg.preset,
@@ -228,6 +232,7 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
         "metric": _metric(cfg),
         "target_val_loss": cfg.target_val_loss,
         "target_val_bpb": cfg.target_bpb,
+        "arm_data": {a.name: {"data": d, "eval_tokens": n} for a, d, n in zip(cfg.arms, datas, arm_tokens)},
         "complete": False,
         "arms": [],
     }
@@ -237,7 +242,7 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
     try:
         _write(out, race, cfg)  # the folder is a race's from its first moment
         for seed in range(cfg.seeds):
-            for arm, arm_cfg in zip(cfg.arms, configs):
+            for arm, arm_cfg, arm_eval in zip(cfg.arms, configs, arm_tokens):
                 if stop():
                     raise _stopped(stop.signum, f"before {arm.name} seed {seed} started", out, cfg.arms)
                 flags = [
@@ -245,7 +250,7 @@ def run_race(cfg: RaceConfig, *, command: str = "", say: Callable[..., None] = p
                     "--save-every",
                     "0",
                     *arm.flags,
-                    *_run_flags(cfg, seed, eval_every, eval_tokens, arm_cfg),
+                    *_run_flags(cfg, seed, eval_every, arm_eval, arm_cfg),
                 ]
                 arm.runs.append(_one_run(out, arm, seed, flags, cfg.timeout_s, say, stop, cfg.arms))
                 _write(out, race, cfg)
@@ -427,6 +432,7 @@ def _write(out: Path, race: dict[str, Any], cfg: RaceConfig) -> None:
         summarize(cfg.arms, target, first_defines_target=defines, metric=metric) if target is not None else []
     )
     for arm, row in zip(cfg.arms, race["arms"]):
+        row.update(race["arm_data"][arm.name])  # the arm's data and val tokens per evaluation
         for run, curve_run in zip(row["runs"], arm.runs):
             run["curve"] = curve_run["curve"]
     write_text_atomic(out / "race.json", json.dumps(race, indent=2) + "\n")

@@ -72,7 +72,6 @@ RACE_SETTINGS = {
     "eval_tokens": "every arm is evaluated on the same val tokens: give it to bench",
     "stop_at_val_loss": "the race stops each run at its target: give bench --target-val-loss",
     "eval_bpb": "every arm is evaluated alike: give bench --target-bpb to race to bits per byte",
-    "data": "every arm trains on bench's --data",
     "sampling": "every arm reads the data in the same order: give bench --sampling",
     "out": "the race names each run's folder under its own --out",
     "resume": "every race run is a new run",
@@ -109,14 +108,41 @@ def check_arms(arms: list[Arm], base: list[str], data: str) -> list:
     """Every arm's configuration (:func:`arm_config`), each checked whole before the first run, as
     its own ``gptspeed train`` would check it before its first step: its flags, the settings the
     race sets itself (:data:`RACE_SETTINGS`, ``--print-config``; ``--max-steps`` at most twice the
-    first arm's), the data (a prepared folder with a val split that holds a sequence of the arm's
-    length), the device rules (:func:`gptspeed.runtime.resolve_runtime`, then
-    :func:`gptspeed.step.check_step`: SDPA backend, loss path, FP8, compile toolchain, residual
-    dtype; the model's size against memory, from its shape). No model is built. GptspeedError
-    (one line, naming the arm) for the first arm that could not run."""
+    first arm's), the data (bench's ``data``, or the arm's own ``--data``: a prepared folder with a val
+    split that holds a sequence of the arm's length; whether arms of different data can be raced is
+    :func:`gptspeed.bench.race_data.check_race_data`'s), the device rules
+    (:func:`gptspeed.runtime.resolve_runtime`, then :func:`gptspeed.step.check_step`: SDPA backend,
+    loss path, FP8, compile toolchain, residual dtype; the model's size against memory, from its
+    shape). No model is built. GptspeedError (one line, naming the arm) for the first arm that could
+    not run."""
+    found = {data: _val_data(data)}
+    configs = []
+    for arm in arms:
+        try:
+            cfg = arm_config(arm, base)
+        except GptspeedError as e:  # the configuration's own rules: name the arm too
+            raise GptspeedError(str(e) if str(e).startswith(f"arm {arm.name}:") else f"arm {arm.name}: {e}") from None
+        _refuse_race_settings(arm)
+        cap = 2 * (configs[0] if configs else cfg).train.max_steps
+        if cfg.train.max_steps > cap:
+            raise GptspeedError(
+                f"arm {arm.name}: --max-steps {cfg.train.max_steps} is beyond the race's cap of "
+                f"{cap} (twice the first arm's steps): lower it, or raise the first arm's"
+            )
+        try:
+            if cfg.train.data not in found:  # the arm's own --data
+                found[cfg.train.data] = _val_data(cfg.train.data)
+            _check_device(cfg)
+            found[cfg.train.data].check_val(cfg.model.block_size)
+        except GptspeedError as e:
+            raise GptspeedError(f"arm {arm.name}: {e}") from None
+        configs.append(cfg)
+    return configs
+
+
+def _val_data(data: str):
+    """``data`` found (:func:`gptspeed.data.train_data.find_train_data`), which must have a val split."""
     from gptspeed.data.train_data import find_train_data
-    from gptspeed.runtime import resolve_runtime
-    from gptspeed.step import check_model_fits, check_step
 
     train_data = find_train_data(data)
     if not train_data.has_val:
@@ -125,35 +151,30 @@ def check_arms(arms: list[Arm], base: list[str], data: str) -> list:
             f"--data {data}: the race measures the val loss, and {what} has no val split: give "
             "a folder from `gptspeed prepare` (it has one)"
         )
-    configs = []
-    for arm in arms:
-        try:
-            cfg = arm_config(arm, base)
-        except GptspeedError as e:  # the configuration's own rules: name the arm too
-            raise GptspeedError(str(e) if str(e).startswith(f"arm {arm.name}:") else f"arm {arm.name}: {e}") from None
-        for name, how in given_settings(arm).items():
-            if name == "print_config":
-                raise GptspeedError(
-                    f"arm {arm.name}: --print-config prints a configuration instead of training; drop "
-                    "it from the arm (`gptspeed train --print-config FLAGS` shows an arm's)"
-                )
-            if name in RACE_SETTINGS:
-                raise GptspeedError(
-                    f"arm {arm.name}: {how} is the race's to set ({RACE_SETTINGS[name]}); drop it from the arm"
-                )
-        cap = 2 * (configs[0] if configs else cfg).train.max_steps
-        if cfg.train.max_steps > cap:
+    return train_data
+
+
+def _refuse_race_settings(arm: Arm) -> None:
+    """GptspeedError when ``arm`` sets what the race sets (:data:`RACE_SETTINGS`) or ``--print-config``."""
+    for name, how in given_settings(arm).items():
+        if name == "print_config":
             raise GptspeedError(
-                f"arm {arm.name}: --max-steps {cfg.train.max_steps} is beyond the race's cap of "
-                f"{cap} (twice the first arm's steps): lower it, or raise the first arm's"
+                f"arm {arm.name}: --print-config prints a configuration instead of training; drop "
+                "it from the arm (`gptspeed train --print-config FLAGS` shows an arm's)"
             )
-        try:
-            r = cfg.runtime
-            rt = resolve_runtime(r.device, r.dtype, r.compile, r.parallel, planned_steps=cfg.train.max_steps)
-            check_step(cfg, rt, cfg.grad_accum_steps(rt.world_size))
-            check_model_fits(cfg, rt)
-            train_data.check_val(cfg.model.block_size)
-        except GptspeedError as e:
-            raise GptspeedError(f"arm {arm.name}: {e}") from None
-        configs.append(cfg)
-    return configs
+        if name in RACE_SETTINGS:
+            raise GptspeedError(
+                f"arm {arm.name}: {how} is the race's to set ({RACE_SETTINGS[name]}); drop it from the arm"
+            )
+
+
+def _check_device(cfg) -> None:
+    """The device rules for ``cfg`` (:func:`gptspeed.runtime.resolve_runtime`, :func:`gptspeed.step.check_step`,
+    :func:`gptspeed.step.check_model_fits`)."""
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.step import check_model_fits, check_step
+
+    r = cfg.runtime
+    rt = resolve_runtime(r.device, r.dtype, r.compile, r.parallel, planned_steps=cfg.train.max_steps)
+    check_step(cfg, rt, cfg.grad_accum_steps(rt.world_size))
+    check_model_fits(cfg, rt)

@@ -56,6 +56,14 @@ class DataTokenizer:
     name: str = GPT2
     kind: str = GPT2
 
+    @property
+    def said(self) -> str:
+        """For an error line: ``GPT-2's BPE (gpt2), <|endoftext|> 50256, 50,257 ids``; a trained one
+        by the name prepare was given and the start of its sha256."""
+        sha = self.identity[len(SHA_PREFIX) :][:12]
+        who = f"{self.name} (sha256 {sha})" if self.kind == "hf" else describe(self.identity)
+        return f"{who}, <|endoftext|> {self.eot}, {self.n_vocab:,} ids"
+
 
 GPT2_DATA = DataTokenizer(GPT2, 50257, 50256)
 
@@ -163,20 +171,12 @@ def source_tokenizer(source: str) -> str:
     return value if isinstance(value, str) else GPT2
 
 
-def _first_folder(data):
-    """``data`` (a :class:`~gptspeed.data.train_data.TrainData`), or a mixture's first source's: the
-    sources of a mixture share one tokenizer (:mod:`gptspeed.data.mixture` refuses others)."""
-    sources = getattr(data, "sources", None)
-    return sources[0].data if sources else data
-
-
 def check_data_tokenizer(model_cfg, data) -> None:
     """GptspeedError (one line naming both) unless the model of ``model_cfg`` (a
     :class:`~gptspeed.config.GPTConfig`) takes the tokenizer of ``data`` (a
     :class:`~gptspeed.data.train_data.TrainData`) with its vocabulary and ``<|endoftext|>`` id (GPT-2's
     runs as before: a smaller ``valid_vocab_size`` is the loader's to check)."""
-    data = _first_folder(data)
-    tok = GPT2_DATA if data.is_stream else manifest_tokenizer(data.manifest, data.spec)
+    tok = data.tokenizer
     if model_cfg.tokenizer != tok.identity:
         raise _mismatch("the run's model", model_cfg.tokenizer, data.spec, tok)
     if tok is not GPT2_DATA and (model_cfg.valid_vocab_size != tok.n_vocab or model_cfg.eot_token != tok.eot):
@@ -232,7 +232,7 @@ def save_run_tokenizer(run_dir: Path, model_cfg, data) -> bool:
         return False
     from gptspeed.fileio import write_text_atomic
 
-    folder = _first_folder(data)
+    folder = data.tokenizer_folder
     write_text_atomic(Path(run_dir) / RUN_TOKENIZER_FILE, data_tokenizer_json(folder.spec, folder.manifest))
     return True
 
@@ -302,7 +302,7 @@ def training_tokenizer(model_cfg, data):
 
     from gptspeed.bpe import HFTokenizer
 
-    folder = _first_folder(data)
+    folder = data.tokenizer_folder
     text = data_tokenizer_json(folder.spec, folder.manifest)
     tok = HFTokenizer(str(folder.spec), HFTok.from_str(text), identity[len(SHA_PREFIX) :])
     tok.json_text = text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -211,7 +212,7 @@ def bad_folders(folders, tmp_path):
     text.write_text("".join(json.dumps({"text": f"Document {i}: to be or not to be."}) + "\n" for i in range(200)))
     prepare(str(text), tmp_path / "tok", progress=False)
     manifest = json.loads((tmp_path / "tok" / "manifest.json").read_text())
-    manifest.update(tokenizer="mytok", tokenizer_sha256="ab" * 32, eot_token=0, n_vocab=4096)
+    manifest.update(tokenizer="mytok", tokenizer_kind="hf", tokenizer_sha256="ab" * 32, eot_token=0, n_vocab=4096)
     (tmp_path / "tok" / "manifest.json").write_text(json.dumps(manifest))
     return {**folders, "other": tmp_path / "tok", "noval": _folder(tmp_path, "noval", 1, 500, val=False)}
 
@@ -227,7 +228,27 @@ def test_bad_mixtures_are_one_line_before_training(bad_folders, tmp_path, spec, 
 def test_different_tokenizers_are_named_both(bad_folders):
     with pytest.raises(GptspeedError) as e:
         find_mixture(f"{bad_folders['web']}=1,{bad_folders['other']}=1")
-    assert "web: gpt2, <|endoftext|> 50256, 50,257 ids; tok: mytok (sha256 abababababab)" in str(e.value)
+    said = "web: GPT-2's BPE (gpt2), <|endoftext|> 50256, 50,257 ids; tok: mytok (sha256 abababababab), <|endoftext|> 0, 4,096 ids"
+    assert said in str(e.value)
+
+
+def test_sources_of_one_tokenizer_prepared_from_two_places_mix(bad_folders, tmp_path):
+    """A tokenizer is its sha256, vocabulary and <|endoftext|>: the TOK_DIR prepare was given may differ."""
+    moved = tmp_path / "moved"
+    shutil.copytree(bad_folders["other"], moved)
+    manifest = json.loads((moved / "manifest.json").read_text())
+    (moved / "manifest.json").write_text(json.dumps({**manifest, "tokenizer": "/elsewhere/mytok"}))
+    mix = find_mixture(f"{bad_folders['other']}=1,{moved}=1")
+    try:
+        assert mix.tokenizer.identity == "sha256:" + "ab" * 32 and mix.eot == 0
+        assert mix.tokenizer_folder is mix.sources[0].data
+    finally:
+        mix.close()
+    (moved / "manifest.json").write_text(json.dumps({**manifest, "eot_token": 1}))
+    with pytest.raises(
+        GptspeedError, match=r"<\|endoftext\|> 0, 4,096 ids; moved: mytok \(sha256 abababababab\), <\|endoftext\|> 1"
+    ):
+        find_mixture(f"{bad_folders['other']}=1,{moved}=1")
 
 
 def test_a_bad_mixture_file_is_one_line(tmp_path):

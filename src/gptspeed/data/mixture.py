@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptspeed.config import GPT2_VOCAB_SIZE
 from gptspeed.data.sources import is_stream_source
 from gptspeed.errors import GptspeedError, show_value
 
@@ -175,29 +174,6 @@ def _checked(sources: list[SourceSpec]) -> list[SourceSpec]:
             )
         seen[real], names[s.name] = s, s
     return sources
-
-
-# ------------------------------------------------------------------------- the sources' tokenizer
-#: GPT-2's ``<|endoftext|>`` id (gptspeed.tokenizer's EOT_TOKEN, whose module imports tiktoken)
-GPT2_EOT = 50256
-
-
-def tokenizer_of(manifest: dict[str, Any] | None) -> tuple[str, int, int]:
-    """``(tokenizer, eot_token, n_vocab)`` a prepared folder's manifest records -- the tokenizer as
-    its ``tokenizer_sha256`` where it has one, else its name; GPT-2's BPE (50256, 50257) for a
-    folder prepared before the manifest named its tokenizer, or without a manifest."""
-    m = manifest or {}
-    name = str(m.get("tokenizer_sha256") or m.get("tokenizer") or "gpt2")
-    return name, int(m.get("eot_token", GPT2_EOT)), int(m.get("n_vocab", GPT2_VOCAB_SIZE))
-
-
-def tokenizer_said(manifest: dict[str, Any] | None) -> str:
-    """The tokenizer a manifest records, for an error line: ``gpt2, <|endoftext|> 50256, 50,257 ids``
-    (a trained one's name with the start of its sha256)."""
-    m = manifest or {}
-    name, eot, n_vocab = tokenizer_of(m)
-    shown = str(m.get("tokenizer") or "gpt2") + (f" (sha256 {name[:12]})" if m.get("tokenizer_sha256") else "")
-    return f"{shown}, <|endoftext|> {eot}, {n_vocab:,} ids"
 
 
 # ---------------------------------------------------------------------------------- the loader

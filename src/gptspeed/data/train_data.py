@@ -99,14 +99,27 @@ class TrainData:
             }
         return {"shards": shards}
 
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The :class:`~gptspeed.run_tokenizer.DataTokenizer` these tokens were made with: the
+        manifest's (:func:`~gptspeed.run_tokenizer.manifest_tokenizer`; GPT-2's for a stream, or a folder
+        prepared before manifests named their tokenizer). GptspeedError when the manifest names it in a
+        form prepare does not write."""
+        from gptspeed.run_tokenizer import GPT2_DATA, manifest_tokenizer
+
+        return GPT2_DATA if self.is_stream else manifest_tokenizer(self.manifest, self.spec)
+
+    @property
+    def tokenizer_folder(self) -> TrainData:
+        """The prepared folder whose manifest and ``tokenizer.json`` are the data's tokenizer: this
+        one (a mixture's: its first source, :class:`MixtureData`)."""
+        return self
+
     @property
     def eot(self) -> int:
-        """The id of ``<|endoftext|>`` in these tokens: the manifest's ``eot_token`` (GPT-2's 50256
-        for a stream, or a folder whose manifest does not say)."""
-        from gptspeed.tokenizer import EOT_TOKEN
-
-        value = (self.manifest or {}).get("eot_token", EOT_TOKEN)
-        return value if type(value) is int else EOT_TOKEN
+        """The id of ``<|endoftext|>`` in these tokens (:attr:`tokenizer`'s: GPT-2's 50256 for a
+        stream, or a folder whose manifest does not name a tokenizer)."""
+        return self.tokenizer.eot
 
     @property
     def is_stream(self) -> bool:
@@ -314,6 +327,11 @@ class MixtureData(TrainData):
         """Each source's name, weight and :attr:`TrainData.identity`: a resume finds them unchanged."""
         return {"mixture": [{"name": s.name, "weight": s.weight, **s.data.identity} for s in self.sources]}
 
+    @property
+    def tokenizer_folder(self) -> TrainData:
+        """The first source's folder: the sources share its tokenizer (:func:`find_mixture` refuses others)."""
+        return self.sources[0].data
+
     def close(self) -> None:
         for s in self.sources:
             s.data.close()
@@ -359,10 +377,11 @@ def _as_source(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 def find_mixture(spec: str) -> MixtureData:
     """Resolve mixture ``spec`` (:func:`gptspeed.data.mixture.parse_mixture`): each source a prepared
     folder found as :func:`find_train_data` finds one (locked shared, checked, with a val split: it
-    refuses a folder without), all of one tokenizer (:func:`~gptspeed.data.mixture.tokenizer_of`).
+    refuses a folder without), all of one tokenizer (:attr:`TrainData.tokenizer`: one identity,
+    vocabulary and ``<|endoftext|>`` id).
     GptspeedError (one line, naming the source, or both sources for different tokenizers)
     otherwise; the folders locked so far are released."""
-    from gptspeed.data.mixture import parse_mixture, tokenizer_of, tokenizer_said
+    from gptspeed.data.mixture import parse_mixture
 
     sources: list[Source] = []
     try:
@@ -370,11 +389,11 @@ def find_mixture(spec: str) -> MixtureData:
             data = _as_source(s.name, find_train_data, s.path)
             sources.append(Source(s.name, s.weight, data))
             first = sources[0]
-            if tokenizer_of(data.manifest) != tokenizer_of(first.data.manifest):
+            mine, theirs = first.data.tokenizer, data.tokenizer
+            if (mine.identity, mine.n_vocab, mine.eot) != (theirs.identity, theirs.n_vocab, theirs.eot):
                 raise GptspeedError(
                     f"mixture sources {first.name} and {s.name} have different tokenizers ({first.name}: "
-                    f"{tokenizer_said(first.data.manifest)}; {s.name}: {tokenizer_said(data.manifest)}): "
-                    "prepare them with one --tokenizer"
+                    f"{mine.said}; {s.name}: {theirs.said}): prepare them with one --tokenizer"
                 )
     except BaseException:
         for s in sources:

@@ -546,6 +546,44 @@ def test_the_same_val_text_decodes_alike_from_either_tokenizer_and_other_text_do
     assert val_text_sha256(str(tokdata / "tok10")) == same != val_text_sha256(str(tokdata / "data"))
 
 
+@pytest.fixture(scope="module")
+def multibyte(tmp_path_factory):
+    """A folder of GPT-2 tokens whose characters take several byte-level tokens (accents, CJK, emoji)."""
+    from gptspeed.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("multibyte")
+    words = ["naïve café", "日本語のテキスト", "🙂🚀 emoji", "Ελληνικά", "plain"]
+    docs = [" ".join(words[(i + k) % len(words)] for k in range(3 + i % 4)) for i in range(40)]
+    (root / "t.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prepare(str(root / "t.jsonl"), root / "mb", val_fraction=0.5, shard_tokens=256, progress=False)
+    return root / "mb"
+
+
+@pytest.mark.parametrize("folder", ["multibyte", "tok"])
+def test_the_val_text_read_in_small_chunks_hashes_as_the_whole_split_decoded_at_once(tokdata, multibyte, folder):
+    """Chunks cut only where a document starts: no character is split, whatever the chunk size."""
+    import hashlib
+
+    import numpy as np
+
+    from gptspeed.bench.race_data import val_text_sha256
+    from gptspeed.bpe import load_tokenizer_dir, resolve_tokenizer
+    from gptspeed.data.shards import read_shard
+    from gptspeed.data.train_data import find_train_data
+
+    path = multibyte if folder == "multibyte" else tokdata / "data"
+    data = find_train_data(str(path))
+    data.close()
+    ids = np.concatenate([np.asarray(read_shard(p), dtype=np.int64) for p in data.val_shards])
+    tok = resolve_tokenizer("gpt2") if folder == "multibyte" else load_tokenizer_dir(tokdata / "tok")
+    text = tok.decode(ids.tolist())
+    assert np.count_nonzero(ids == tok.eot) > 3 and "\ufffd" not in text
+    assert len(data.val_shards) > 1 or folder == "tok"  # documents carried across shards
+    whole = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    for chunk in (1, 7, 64, len(ids) + 1):
+        assert val_text_sha256(str(path), chunk=chunk) == whole
+
+
 def test_arms_of_different_tokenizers_each_evaluate_their_whole_val_split():
     """The rule: one tokenizer, the race's --eval-tokens; different ones, 0 (the whole val split, the same text)
     for every arm, and a nonzero --eval-tokens given is refused, as it would be different text in each."""

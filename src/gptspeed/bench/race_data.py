@@ -27,14 +27,17 @@ def data_tokenizer_identity(data: str) -> str:
     return data_tokenizer(data).identity
 
 
-def val_text_sha256(data: str) -> str:
-    """The sha256 (hex) of ``data``'s val split decoded to text: its val shards' ids, in order, decoded
-    with the data's own tokenizer (GPT-2's for a GPT-2 folder) and encoded as UTF-8. GptspeedError when
-    ``data`` has no val split or its tokenizer cannot be loaded."""
-    import numpy as np
+VAL_TEXT_CHUNK = 1 << 20
+"""Tokens read at a time by :func:`val_text_sha256` (a decoded piece ends at a document's start)."""
 
+
+def val_text_sha256(data: str, chunk: int = VAL_TEXT_CHUNK) -> str:
+    """The sha256 (hex) of ``data``'s val split decoded to text: its val shards' ids, in order, decoded
+    with the data's own tokenizer (GPT-2's for a GPT-2 folder) and encoded as UTF-8. Read ``chunk``
+    tokens at a time and decoded in pieces that end where a document starts (its ``<|endoftext|>``),
+    so no character is cut and memory holds about one chunk (or one document, if longer), not the
+    split. GptspeedError when ``data`` has no val split or its tokenizer cannot be loaded."""
     from gptspeed.bpe import resolve_tokenizer
-    from gptspeed.data.shards import read_shard
     from gptspeed.data.train_data import find_train_data
     from gptspeed.run_tokenizer import training_tokenizer
 
@@ -42,13 +45,35 @@ def val_text_sha256(data: str) -> str:
     try:
         if not train_data.has_val:
             raise GptspeedError(f"--data {data} has no val split: give a folder from `gptspeed prepare`")
-        ids = np.concatenate([np.asarray(read_shard(p), dtype=np.int64) for p in train_data.val_shards])
-        tok = training_tokenizer(SimpleNamespace(tokenizer=data_tokenizer_identity(data)), train_data)
+        tok = training_tokenizer(SimpleNamespace(tokenizer=train_data.tokenizer.identity), train_data)
         tok = tok if tok is not None else resolve_tokenizer("gpt2")
-        text = tok.decode(ids.tolist())
+        digest = hashlib.sha256()
+        for piece in _document_pieces(train_data.val_shards, tok.eot, chunk):
+            digest.update(tok.decode(piece.tolist()).encode("utf-8", "surrogatepass"))
     finally:
         train_data.close()
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return digest.hexdigest()
+
+
+def _document_pieces(shards: list, eot: int, chunk: int):
+    """The ids of ``shards``, in order, as int64 arrays that each end just before an ``eot`` (the last one
+    where the shards end): read ``chunk`` ids at a time, a document cut by a read carried into the next."""
+    import numpy as np
+
+    from gptspeed.data.shards import read_shard
+
+    carry = np.zeros(0, dtype=np.int64)
+    for path in shards:
+        ids = read_shard(path)
+        for a in range(0, len(ids), chunk):
+            piece = np.concatenate([carry, np.asarray(ids[a : a + chunk], dtype=np.int64)])
+            starts = np.flatnonzero(piece == eot)
+            cut = int(starts[-1]) if len(starts) else 0
+            if cut:
+                yield piece[:cut]
+            carry = piece[cut:]
+    if len(carry):
+        yield carry
 
 
 def check_race_data(

@@ -40,23 +40,31 @@ checks the orchestration, not the GPU.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-from harness import read_lines  # beside this file: reads a pipe line by line up to a deadline
+from gpu_phase import CARRY, ROOT, Session  # beside this file: a phase's parts, budget and packing
+from gpu_plan import (  # beside this file: the window's commands, their estimates and its total
+    BUDGET_S,
+    LLMC_BUILD_TIMEOUT,
+    LLMC_FLAGS,
+    LLMC_RECORD,
+    ROUND_ROWS,
+    ROUND_STEPS,
+    TUNE_MARGIN_S,
+    WINDOW,
+    estimate,
+    plan_lines,
+    tune_budget,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".carry"
 # bench verify's rungs in groups that each fit one command (each group also runs its fp32 references):
 # (--stages, extra flags, seconds one rung may take). None: verify's own default set (the seeds' rungs).
 VERIFY_GROUPS = {
@@ -79,7 +87,6 @@ BEYOND_GROUPS = {
     "beyond4": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1", "liger: --loss liger"],
 }
 PEER_ROUNDS = 2
-WINDOW = ("window1", "window2")
 PHASES = (
     *WINDOW,
     "peers",
@@ -91,354 +98,6 @@ PHASES = (
     *list(VERIFY_GROUPS)[1:],
     *BEYOND_GROUPS,
 )
-# The documented device commands of one 15-minute window, in order: each one `gpu_session.py PHASE` command,
-# typed as COMMAND_LINE says, with the run tool's carry [".carry"] and timeout_s RUN_TIMEOUT_S
-COMMANDS = (("window1",), ("window2",))
-COMMAND_LINE = "source .carry/setup.sh && python3 benchmarks/gpu_session.py {}"
-# The window: WINDOW_S of device time for the session, the machine's start included (MACHINE_START s, 1-2 minutes),
-# the second command issued within GAP s of the first returning (the machine goes back after 30 s idle), and one
-# command's rerun to spare: MACHINE_START[1] + 3 x RUN_TIMEOUT_S + 2 x GAP + GIVE_BACK <= WINDOW_S
-WINDOW_S = 900
-MACHINE_START = (60, 120)
-GAP = 10
-GIVE_BACK = 5
-RUN_TIMEOUT_S = 250  # the run tool's timeout_s for each command (its limit: 600)
-SETUP = 15  # source .carry/setup.sh: pip installs the carried wheels into /tmp/site, prints the GPU (estimate)
-BUDGET_S = float(RUN_TIMEOUT_S - SETUP - 5)  # the phases' budget (its clock starts after setup.sh): 230 s
-COMMAND_TARGET_S = RUN_TIMEOUT_S  # each command's upper estimate, setup.sh included, stays below this
-# llm.c's rows run with its own flags: no GELU recompute, as its record (llm.c's GPT-2 124M run: -b 64 -t 1024
-# -d 524288 -r 0, 140 ms a step on 8xH100, ~468k tokens/s per GPU); the record alone: B, micro-steps
-# (-d = 64 x 1024 x 8 = 524,288), warm-up and timed steps
-LLMC_FLAGS = "-r 0"
-LLMC_RECORD = (64, 8, 2, 5)
-# window1's interleaved rounds, at the record's 524,288 tokens a step: gptspeed's default (B=16 x 32), its B=64 form
-# (x 8) and llm.c (-b 64 -r 0); 2 warm-up + 5 timed steps a process, as many of 2 rounds as the budget leaves
-ROUND_ROWS = "gptspeed,llmc,B64"
-ROUND_STEPS = (2, 5)
-TUNE_BUDGET_S = 300.0  # window2: bench tune's --budget-s, cut to what the command has left ...
-TUNE_MARGIN_S = 20.0  # ... less this, for its start and tuned.yaml before the part's timeout
-
-# ------------------------------------------------------------------ the estimates the plan rests on
-# For one H100 at GPT-2 124M, T=1024, B=16. "measured" figures come from the first GPU session
-# (2026-11-27, H100 80GB HBM3, torch 2.11.0+cu130: benchmarks/runs/2026-11-27-h100/, its summary.json
-# and verify.json); the others are still estimates, and say what they rest on.
-START = 10  # a fresh Python process: import torch, initialise CUDA, build the model (estimate)
-COLD = (30, 45)  # a cold torch.compile of train's graph: measured 19-28 s as verify's first step (compile 27.5,
-#                  flash 19.2, vocab-pad 21.6) and ~35 s in the peers' first round; 45 at the upper end
-WARM = 5  # the same graph from the FX-graph cache: measured 3.4 s (verify's fused-adamw first step)
-PREPARE = 5  # gptspeed prepare shakespeare-gutenberg: 1.1-2.6 s on a 2-core CPU (measured); 0 when carried prepared
-LLMC_BUILD = (130, 170)  # make train_gpt2cu USE_CUDNN=1 for sm_90: cudnn_att.cpp alone took 96 CPU-s (nvcc 13.0,
-#   frontend 1.32.0, on this project's 2-core CPU machine: benchmarks/llmc_cudnn_att.nm-u.txt), then train_gpt2.cu
-#   (~30-50 s, llm.c PRs #322 and #386: not compiled here, no cuBLAS headers); it runs beside the profile
-LLMC_BUILD_TIMEOUT = 170  # each make's timeout: the cuDNN build, then (~40 s) one without cuDNN if it fails
-LLMC_START = 10  # train_gpt2cu's start to its first step: 124M random weights on the host, allocations (estimate)
-TRACE = 30  # bench profile: exporting the Chrome trace of 3 steps, the breakdown, gzip (estimate)
-# ms per micro-batch of 16,384 tokens, measured (verify's median steps / 2): bf16 compiled with SDPA, vocab 50304 and
-# fused AdamW 36.2 (llm.c's record: 35 ms per 16k tokens per GPU on 8xH100)
-MS = {"bf16": 37}
-
-
-def _steps(n: int, micro: int, kind: str = "bf16") -> float:
-    return n * micro * MS[kind] / 1000
-
-
-def tune_budget(left_s: float) -> float:
-    """window2's ``bench tune --budget-s`` with ``left_s`` seconds left of the command's budget: at most
-    :data:`TUNE_BUDGET_S`, leaving 15 s for the packing and :data:`TUNE_MARGIN_S` for its start and end."""
-    return min(TUNE_BUDGET_S, left_s - 15 - TUNE_MARGIN_S)
-
-
-def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float, str]]:
-    """The parts of a window phase in run order: ``(part, seconds on one H100, what they rest on)`` with a
-    cold compile of ``cold`` s and llm.c's build of ``build`` s (run beside the profile: 0 s of its own)."""
-    prepare = ("prepare", PREPARE, "shakespeare-gutenberg tokenized (0 when carried in .carry/prepared)")
-    if phase == "window2":
-        budget = tune_budget(BUDGET_S - PREPARE)
-        why = (
-            f"bench tune's own --budget-s {budget:.0f} (at most {TUNE_BUDGET_S:.0f}, cut to what the command "
-            f"has left; each row a fresh process, ~{START + cold + 1:.0f} s with a cold compile), its start and tuned.yaml"
-        )
-        return [prepare, ("tune", budget + 10, why)]
-    b, accum, warm, steps = LLMC_RECORD
-    profile = START + cold + _steps(11, 1) + TRACE
-    llmc = LLMC_START + _steps(warm + steps, b * accum // 16)
-    row = START + cold + _steps(sum(ROUND_STEPS), 32)
-    row_warm = START + WARM + _steps(sum(ROUND_STEPS), 32)
-    wait = max(0.0, build - profile - row)
-    return [
-        prepare,
-        (
-            "llmc-build",
-            0,
-            f"llm.c's make with cuDNN, ~{build:.0f} s beside the next parts (its timeout {LLMC_BUILD_TIMEOUT})",
-        ),
-        (
-            "profile",
-            profile,
-            "bench profile fused-adamw: a fresh process, a cold compile, 8 + 3 steps at B=16, the trace",
-        ),
-        (
-            "default",
-            row,
-            f"gptspeed train's default at 524,288 tokens a step, {ROUND_STEPS[0]} + {ROUND_STEPS[1]} steps, cold",
-        ),
-        (
-            "llmc-record",
-            wait + llmc,
-            f"waits {wait:.0f} s for the build; train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0, "
-            f"{warm} + {steps} steps at gptspeed's measured 36.2 ms per 16k tokens",
-        ),
-        (
-            "rounds",
-            row_warm + llmc + row + 2 * row_warm + llmc,
-            f"{ROUND_ROWS} at 524,288 tokens a step, {ROUND_STEPS[0]} + {ROUND_STEPS[1]} steps a process: round 1 "
-            f"~{row_warm + llmc + row:.0f} s (the default from the compile cache, B=64 cold), round 2 "
-            f"~{2 * row_warm + llmc:.0f} s",
-        ),
-    ]
-
-
-def estimate(phase: str) -> tuple[float, float, str] | None:
-    """``(seconds planned, seconds at the upper end, what they rest on)`` for a window ``phase`` on one H100
-    (the upper end: a cold compile of ``COLD[1]`` s, llm.c's build ``LLMC_BUILD[1]`` s), each at most the
-    budget (its last part is cut there: :func:`cut_at_budget`); None for the older phases."""
-    if phase not in WINDOW:
-        return None
-    mid, high = (window_parts(phase, c, b) for c, b in zip(COLD, LLMC_BUILD))
-    why = "; ".join(f"{p} ~{s:.0f} s: {w}" for p, s, w in mid) + cut_at_budget(mid)
-    return round(min(BUDGET_S, sum(s for _, s, _ in mid))), round(min(BUDGET_S, sum(s for _, s, _ in high))), why
-
-
-def cut_at_budget(parts: list[tuple[str, float, str]]) -> str:
-    """What the budget leaves the last part, said when it is less than the part's estimate ('' else)."""
-    before, (name, sec, _) = sum(s for _, s, _ in parts[:-1]), parts[-1]
-    left = BUDGET_S - 15 - before
-    return "" if left >= sec else f" -- the budget leaves {name} ~{max(0.0, left):.0f} s of its ~{sec:.0f}: what fits"
-
-
-def command_estimate(cmd: tuple[str, ...]) -> tuple[float, float]:
-    """A documented command's ``(seconds planned, upper end)``: setup.sh, then its phases."""
-    return SETUP + sum(estimate(p)[0] for p in cmd), SETUP + sum(estimate(p)[1] for p in cmd)
-
-
-def window_total() -> tuple[float, float]:
-    """The whole window's device time, ``(planned, at most)``: the machine's start, the two commands and the
-    gaps between them (planned: their estimates, give-back included; at most: the start's upper end, each
-    command its full ``timeout_s``, and a rerun of one of them)."""
-    planned = MACHINE_START[0] + sum(command_estimate(c)[0] for c in COMMANDS) + GAP + GIVE_BACK
-    return planned, MACHINE_START[1] + 3 * RUN_TIMEOUT_S + 2 * GAP + GIVE_BACK
-
-
-def plan_lines() -> list[str]:
-    """The window's commands as typed on the device, with their estimates and what they rest on, and the
-    window's total (``--plan``)."""
-    out = []
-    for cmd in COMMANDS:
-        mid, high = command_estimate(cmd)
-        out.append(
-            f"{COMMAND_LINE.format(' '.join(cmd))}\n    ~{mid / 60:.1f} min (up to {high / 60:.1f}; run tool: "
-            f'carry [".carry"], timeout_s {RUN_TIMEOUT_S}) -- setup.sh ~{SETUP} s; '
-            + "; ".join(estimate(p)[2] for p in cmd)
-        )
-    planned, most = window_total()
-    out.append(
-        f"window total: ~{planned / 60:.1f} min planned; at most {most / 60:.1f} min of {WINDOW_S / 60:.0f} -- the "
-        f"machine's start {MACHINE_START[1]} s, each command its timeout_s {RUN_TIMEOUT_S} s, {GAP} s between calls, "
-        f"give_back, and one command's rerun to spare"
-    )
-    out.append(
-        f"estimates for one H100 (an H200 should be no slower), not measurements: cold compile {COLD[0]}-{COLD[1]} s "
-        f"(measured 19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
-        f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (cudnn_att.cpp measured at 96 CPU-s on the CPU machine); "
-        f"the budget stops each command {BUDGET_S:.0f} s after setup.sh, packing what finished"
-    )
-    return out
-
-
-class Session:
-    """One phase: its results folder, its budget, the log of what ran, and the packing."""
-
-    in_archive_max = 4 << 20  # a file over this stays out of <phase>.tgz (packed after every part): a trace ...
-    return_max = 15 << 20  # ... and comes back beside it, gzipped, when that is at most this (the device: 16 MiB)
-    out_files_max = 8  # the device returns at most 8 files from $OUT
-    min_part_s = 10  # a part with less time than this left is recorded as not run
-
-    def __init__(self, phase: str, out: Path, budget_s: float, smoke: bool):
-        self.phase, self.smoke = phase, smoke
-        self.t0 = time.monotonic()
-        self.budget_s = budget_s
-        self.out = out  # <phase>.tgz (and a file too big for it, gzipped): what is under $OUT comes back (8 files,
-        #                 16 MiB each)
-        self.work = Path(os.environ.get("GPTSPEED_SESSION_WORK", "/tmp/gptspeed-session"))
-        self.dir = self.work / f"{phase}-results"
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
-        out.mkdir(parents=True, exist_ok=True)
-        self.summary: list[dict] = []
-        self.large: dict[str, dict] = {}  # files over in_archive_max: how each came back, or why not
-
-    def left(self) -> float:
-        return self.budget_s - (time.monotonic() - self.t0)
-
-    def env(self) -> dict:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-        if (CARRY / "data").exists():
-            env.setdefault("GPTSPEED_DATA_MIRROR", str(CARRY / "data"))
-        if (CARRY / "peers").exists():
-            env.setdefault("GPTSPEED_PEERS_DIR", str(CARRY / "peers"))
-        return env
-
-    def run(self, name: str, cmd: list[str], cap_s: float, on_line=None, expect: int = 0) -> int | None:
-        """Run ``cmd`` with its output in ``<name>.log``, for at most ``cap_s`` seconds or what is
-        left of the budget (less 15 s for packing). ``on_line(line, proc)`` sees every output line;
-        ``expect`` is the exit status that means it went as planned. Returns the exit status, or
-        None when it timed out or there was no time left to start it."""
-        timeout = min(cap_s, self.left() - 15)
-        entry = {"part": name, "command": shlex.join(cmd)}
-        if timeout < self.min_part_s:
-            entry.update(status="not run: out of time")
-            self.summary.append(entry)
-            print(f"== {name}: not run, {self.left():.0f} s left", flush=True)
-            self.pack()
-            return None
-        print(f"== {name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
-        t = time.monotonic()
-        log = (self.dir / f"{name}.log").open("w")
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-        def seen(line: str) -> bool:
-            log.write(line + "\n")
-            log.flush()
-            if on_line is not None:
-                on_line(line, proc)
-            return False
-
-        deadline = time.perf_counter() + timeout
-        timed_out = False
-        try:
-            read_lines(proc.stdout.fileno(), seen, deadline)
-            try:  # the output ended: the process is exiting, or it closed its output and runs on
-                proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            proc.stdout.close()
-            log.close()
-        code = proc.returncode
-        entry.update(
-            status="timed out" if timed_out else "ok" if code == expect else f"exit {code}",
-            exit=code,
-            seconds=round(time.monotonic() - t, 1),
-        )
-        self.summary.append(entry)
-        tail = (self.dir / f"{name}.log").read_text().splitlines()[-3:]
-        print(f"== {name}: {entry['status']} in {entry['seconds']} s | " + " | ".join(tail)[-600:], flush=True)
-        self.pack()
-        return None if timed_out else code
-
-    def start(self, name: str, cmd: list[str], cap_s: float) -> subprocess.Popen:
-        """Start ``cmd`` in the background (its own process group) with its output in ``<name>.log``:
-        :meth:`wait` records it. Its time limit, ``cap_s`` or the budget less 15 s, is kept with it."""
-        print(
-            f"== {name} (in the background, at most {min(cap_s, self.left() - 15):.0f} s): {shlex.join(cmd)}",
-            flush=True,
-        )
-        with (self.dir / f"{name}.log").open("w") as log:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        proc.gptspeed = (name, shlex.join(cmd), time.monotonic(), min(cap_s, self.left() - 15))
-        return proc
-
-    def wait(self, proc: subprocess.Popen) -> int | None:
-        """Wait for a part :meth:`start` began, up to its limit (then it is killed), and record it as
-        :meth:`run` records a part. Returns its exit status, or None when it was killed at its limit."""
-        name, line, t, cap = proc.gptspeed
-        try:
-            code = proc.wait(timeout=max(0.0, t + cap - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
-        status = "timed out" if code is None else "ok" if code == 0 else f"exit {code}"
-        self.summary.append(
-            {
-                "part": name,
-                "command": line,
-                "status": status,
-                "exit": proc.returncode,
-                "seconds": round(time.monotonic() - t, 1),
-            }
-        )
-        print(f"== {name}: {status} in {self.summary[-1]['seconds']} s", flush=True)
-        self.pack()
-        return code
-
-    def note(self, **fields) -> None:
-        self.summary.append(fields)
-        print("== note: " + json.dumps(fields), flush=True)
-        self.pack()
-
-    def pack(self) -> None:
-        """``$OUT/<phase>.tgz``: the results folder, less any file over :attr:`in_archive_max` (a
-        profiler trace), written to a temporary name first; each such file comes back beside it,
-        gzipped (:meth:`return_large`). ``summary.json`` says which came back and how."""
-        big = sorted(p for p in self.dir.rglob("*") if p.is_file() and p.stat().st_size > self.in_archive_max)
-        for path in big:
-            self.return_large(path)
-        (self.dir / "summary.json").write_text(
-            json.dumps({"phase": self.phase, "parts": self.summary, "large_files": self.large}, indent=1) + "\n"
-        )
-        tmp = self.out / f".{self.phase}.tgz.tmp"
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(
-                self.dir,
-                arcname=self.dir.name,
-                filter=lambda info: None if info.isfile() and info.size > self.in_archive_max else info,
-            )
-        tmp.replace(self.out / f"{self.phase}.tgz")
-
-    def return_large(self, path: Path) -> None:
-        """``$OUT/<phase>-<path, / as ->.gz``: ``path`` gzipped, kept when at most :attr:`return_max`
-        bytes and when $OUT then holds at most :attr:`out_files_max` files (its archive counted);
-        else left out, and said so in :attr:`large`. Compressing stops at the limit: a trace of
-        hundreds of MB costs seconds, not minutes. Once per file and size."""
-        rel, size = path.relative_to(self.dir).as_posix(), path.stat().st_size
-        if self.large.get(rel, {}).get("bytes") == size:
-            return
-        name = f"{self.phase}-{rel.replace('/', '-')}.gz"
-        rec = self.large[rel] = {"bytes": size}
-        files = {p.name for p in self.out.iterdir() if p.is_file() and not p.name.startswith(".")} | {
-            f"{self.phase}.tgz",
-            name,
-        }
-        if len(files) > self.out_files_max:
-            rec["left_out"] = f"$OUT would hold more than {self.out_files_max} files"
-            return
-        tmp, read = self.out / f".{name}.tmp", 0
-        with path.open("rb") as src, tmp.open("wb") as raw:
-            with gzip.GzipFile(filename=path.name, mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
-                while chunk := src.read(1 << 20):
-                    gz.write(chunk)
-                    read += len(chunk)
-                    if raw.tell() > self.return_max:
-                        break
-        if tmp.stat().st_size > self.return_max:
-            tmp.unlink()
-            (self.out / name).unlink(missing_ok=True)
-            rec["left_out"] = (
-                f"over {self.return_max / 2**20:.1f} MiB gzipped (after {read / 2**20:.1f} of {size / 2**20:.1f} MiB)"
-            )
-            return
-        tmp.replace(self.out / name)
-        rec["returned_as"] = name
-        rec["gzipped_bytes"] = (self.out / name).stat().st_size
 
 
 def gptspeed(*args: str) -> list[str]:

@@ -13,7 +13,8 @@ import sys
 import tarfile
 import time
 
-import gpu_session  # noqa: E402
+import gpu_plan
+import gpu_session
 
 from support.cli import child_env
 from support.packages import fake_packages
@@ -151,7 +152,7 @@ def test_the_window_fits_15_minutes_with_a_rerun_and_the_plan_says_so():
     stays within its timeout and the budget, and every part but the last (the rounds, which take what is
     left) fits the budget at the upper end; ``--plan`` prints exactly these commands, as typed on the
     device, and the window's total; docs/gpus.md gives each with the run tool's carry and timeout."""
-    g = gpu_session
+    g = gpu_plan
     assert g.COMMANDS == (("window1",), ("window2",))
     assert g.MACHINE_START[1] + 3 * g.RUN_TIMEOUT_S + 2 * g.GAP + g.GIVE_BACK <= g.WINDOW_S == 900
     assert g.window_total()[1] <= g.WINDOW_S and g.GAP <= 30
@@ -198,8 +199,8 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     (tmp_path / "data" / "shakespeare-gutenberg").mkdir(parents=True)
     (tmp_path / "data" / "shakespeare-gutenberg" / "manifest.json").write_text("{}")
     ran = {}
-    for phase in gpu_session.WINDOW:
-        s = gpu_session.Session(phase, tmp_path / "OUT", budget_s=gpu_session.BUDGET_S, smoke=False)
+    for phase in gpu_plan.WINDOW:
+        s = gpu_session.Session(phase, tmp_path / "OUT", budget_s=gpu_plan.BUDGET_S, smoke=False)
         monkeypatch.setattr(s, "run", lambda name, cmd, cap_s, **kw: ran.update({name: (cmd, cap_s)}))
         monkeypatch.setattr(s, "start", lambda name, cmd, cap_s: ran.update({name: (cmd, cap_s)}) or "proc")
         monkeypatch.setattr(s, "wait", lambda proc: 0)
@@ -212,7 +213,7 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
 
     build = ran["llmc-build"][0]
     assert build[1].endswith("vs_peers_gpu.py") and "--build-llmc" in build
-    assert flags("llmc-build")["--timeout"] == str(gpu_session.LLMC_BUILD_TIMEOUT)
+    assert flags("llmc-build")["--timeout"] == str(gpu_plan.LLMC_BUILD_TIMEOUT)
     assert ran["profile"][0][3:8] == ["bench", "profile", "fused-adamw", "--preset", "gpt2"]
     assert flags("profile")["--device"] == "cuda" and flags("profile")["--batch-size"] == "16"
     default, record, rounds = flags("default"), flags("llmc-record"), flags("rounds")
@@ -223,13 +224,13 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     assert rounds["--variant"] == "B64: --batch-size 64 --total-batch-tokens 524288"
     assert int(rounds["--batch-size"]) * int(rounds["--accum"]) * 1024 == 524288
     assert "--llmc-flags=-r 0 -b 64" in ran["rounds"][0]
-    assert check_llmc_flags(shlex.split(gpu_session.LLMC_FLAGS + " -b 64")) == ["-r", "0", "-b", "64"]
+    assert check_llmc_flags(shlex.split(gpu_plan.LLMC_FLAGS + " -b 64")) == ["-r", "0", "-b", "64"]
     work = {flags(p)["--work"] for p in ("default", "llmc-record", "rounds")} | {flags("llmc-build")["--work"]}
     assert len(work) == 1  # llm.c built once, ahead, for every llm.c row
     tune = flags("tune")
     assert ran["tune"][0][3:5] == ["bench", "tune"] and tune["--preset"] == "gpt2" and tune["--device"] == "cuda"
-    assert float(tune["--budget-s"]) == gpu_session.tune_budget(gpu_session.BUDGET_S) > 150
-    assert ran["tune"][1] <= gpu_session.BUDGET_S - 15  # the part's timeout leaves the packing its time
+    assert float(tune["--budget-s"]) == gpu_plan.tune_budget(gpu_plan.BUDGET_S) > 150
+    assert ran["tune"][1] <= gpu_plan.BUDGET_S - 15  # the part's timeout leaves the packing its time
     variant = rounds["--variant"].split(":", 1)[1].split()  # after the peers' shape flags, as vs_peers_gpu.py adds it
     assert peers_variant_config(variant) == 0
 
@@ -271,7 +272,7 @@ def test_the_windows_commands_run_on_the_cpu_within_their_budget(tmp_path, shake
     skipped on a CPU, the wide form); window2 the tune's report and tuned.yaml. The two run side by side (the CPU machine has two cores)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    phases = [p for cmd in gpu_session.COMMANDS for p in cmd]
+    phases = [p for cmd in gpu_plan.COMMANDS for p in cmd]
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip(phases, pool.map(lambda phase: _smoke(phase, tmp_path, shakespeare_data), phases)))
     for phase, (proc, _seconds, out) in runs.items():

@@ -1,35 +1,45 @@
-"""A lent GPU's 15-minute window: everything it should measure, in two prepared device commands.
+"""A lent GPU's 15-minute window: everything it should measure, in three prepared device commands.
 
 GPU time comes in windows of 15 minutes of device time a session (the machine's start, 1-2 minutes,
 included; at most 10 minutes a command; the machine goes back after 30 s idle), and only some sessions
-get one. So the window runs two commands back to back, each under a ``timeout_s`` of :data:`RUN_TIMEOUT_S`,
-so that the start, both commands and a rerun of either fit the 15 minutes (:func:`window_total`);
-``--plan`` prints them with their estimates (the constants below, each saying what it rests on) and the total:
+get one. So the window runs three commands back to back, each under a ``timeout_s`` of
+``gpu_plan.RUN_TIMEOUT_S`` (250 s): the start at its upper end, the three commands, the gaps and the
+give-back come to 14.9 minutes (``gpu_plan.window_total``), so there is no room for a fourth -- window3
+runs in the slot a rerun would take: when window1 or window2 must be rerun, rerun it instead and leave
+window3 to the next window. ``--plan`` prints the commands with their estimates (``benchmarks/gpu_plan.py``,
+each figure saying what it rests on) and the total:
 
 ==========  ==============================================================================================
 command     what it runs, in this order (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg)
 ==========  ==============================================================================================
 window1     llm.c's build with cuDNN attention (``vs_peers_gpu.py --build-llmc``), started first, in the
-            background, under :data:`LLMC_BUILD_TIMEOUT` a make; ``gptspeed bench profile fused-adamw``
+            background, under ``LLMC_BUILD_TIMEOUT`` a make; ``gptspeed bench profile fused-adamw``
             (the default step, B=16: its time by category); ``gptspeed train``'s default at 524,288 tokens a
             step; the build waited for and its result noted; llm.c alone at its record's settings (``-b 64
             -t 1024 -d 524288 -r 0``); then the default, llm.c and the default at B=64 interleaved at 524,288
             tokens a step, as many of 2 rounds as the budget leaves
 window2     ``gptspeed bench tune --preset gpt2``: the fastest configuration of the default run that trains
             the same, found on this GPU, one change at a time (``--budget-s`` cut to what is left)
+window3     what has never run on CUDA: ``gptspeed train`` with ``RESUME_RUN``'s flags (the speedrun recipe,
+            ``--align-to-docs --doc-mask``, ``--attn-window 512``, the batch-size warm-up, ``--eval-bpb``, the
+            tail average), 40 steps, uninterrupted in the background beside the same run stopped by SIGTERM
+            after step 22 and ``--resume``'d, the losses compared step by step (``resume-check``); then
+            ``pytest -m cuda`` (the NCCL test, then the rest but the verify and tune tests) with what is left,
+            each part stopped by SIGINT before its end so that its junit file is written
 ==========  ==============================================================================================
 
-Each phase runs its parts one after another, each part under a timeout cut to what is left of the
-command's budget (``--budget-s``, default :data:`BUDGET_S`, shared by the phases named in one
-command), and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz``
-(``--out``); the benches and the peers write their JSON and Markdown after every row, so a command
-stopped at its limit -- or a part stopped at its timeout -- still brings back every finished row;
-``summary.json`` in each archive lists the parts, their commands, status and seconds. A file too big
-for the archive (a profiler trace, over :attr:`Session.in_archive_max`) comes back beside it,
-gzipped, when that fits the device's limit on a returned file, and is listed as left out when not.
-Run from the project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5 pooch==1.9.0 platformdirs==4.14.8
+Each phase runs its parts one after another (one may run in the background: ``Session.start``), each
+part under a timeout cut to what is left of the command's budget (``--budget-s``, default
+``gpu_plan.BUDGET_S``, shared by the phases named in one command), and after every part packs
+everything the phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``; ``benchmarks/gpu_phase.py``);
+the benches and the peers write their JSON and Markdown after every row, so a command stopped at its
+limit -- or a part stopped at its timeout -- still brings back every finished row; ``summary.json`` in
+each archive lists the parts, their commands, status and seconds. A file too big for the archive (a
+profiler trace, over ``Session.in_archive_max``) comes back beside it, gzipped, when that fits the
+device's limit on a returned file, and is listed as left out when not. Run from the project root, after
+``bash ../shared/device/carry.sh liger-kernel==0.8.5 pooch==1.9.0 platformdirs==4.14.8
 nvidia-cudnn-frontend==1.32.0`` here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py
-window1`` (then ``window2``): :data:`COMMANDS`, docs/gpus.md.
+window1`` (then ``window2``, then ``window3``): ``gpu_plan.COMMANDS``, docs/gpus.md.
 
 The older phases (``peers verify first ladder cudatests profile verify2..6 beyond..beyond4``, each
 planned for ~8 minutes of a 30-minute lease) stay available with ``--budget-s`` up to 565; the
@@ -56,8 +66,10 @@ from gpu_plan import (  # beside this file: the window's commands, their estimat
     LLMC_BUILD_TIMEOUT,
     LLMC_FLAGS,
     LLMC_RECORD,
+    RESUME_RUN,
     ROUND_ROWS,
     ROUND_STEPS,
+    STOP_AFTER,
     TUNE_MARGIN_S,
     WINDOW,
     estimate,
@@ -166,26 +178,16 @@ def phase_first(s: Session) -> None:
     ref, resumed = runs / "run-ref", runs / "run-resumed"
     s.run("train", gptspeed("train", *shape(s), *steps, "--out", str(ref)), 300)
     stopped = {}
-
-    def stop_after_30(line: str, proc: subprocess.Popen) -> None:
-        m = re.match(r"^step\s+(\d+)/", line)
-        if m and int(m.group(1)) >= 30 and "sent" not in stopped:
-            proc.send_signal(signal.SIGINT)
-            stopped["sent"] = int(m.group(1))
-
     s.run(
         "train-interrupted",
         gptspeed("train", *shape(s), *steps, "--out", str(resumed)),
         300,
-        on_line=stop_after_30,
+        on_line=stop_after(30, signal.SIGINT, stopped),
         expect=128 + signal.SIGINT,
     )
     s.run("train-resume", gptspeed("train", "--out", str(resumed), "--resume"), 240)
     s.note(part="resume-check", **compare_losses(ref, resumed), sigint_after_step=stopped.get("sent"))
-    for run in (ref, resumed):
-        for name in ("metrics.jsonl", "config.json"):
-            if (run / name).exists():
-                shutil.copy(run / name, s.dir / f"{run.name}-{name}")
+    copy_run_records(s, ref, resumed)
     sample_device = ["--device", "cpu"] if s.smoke else ["--device", "cuda"]
     s.run(
         "sample",
@@ -216,25 +218,65 @@ def cuda_tests(s: Session) -> None:
             s.run(name, [*cmd, "-rs", "--durations=0", "--junitxml", str(s.dir / f"{name}.xml")], cap)
 
 
-def compare_losses(ref: Path, resumed: Path) -> dict:
-    """The resumed run's train losses against the uninterrupted run's, step by step."""
+def stop_after(step: int, sig: signal.Signals, seen: dict):
+    """An ``on_line`` for :meth:`Session.run`: sends ``sig`` to ``gptspeed train`` once it logs step ``step``
+    or a later one, once, and keeps that step in ``seen["sent"]``."""
 
-    def losses(run: Path) -> dict[int, float]:
-        path = run / "metrics.jsonl"
-        if not path.exists():
-            return {}
-        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return {r["step"]: r["train_loss"] for r in recs if "train_loss" in r}
+    def on_line(line: str, proc: subprocess.Popen) -> None:
+        m = re.match(r"^step\s+(\d+)/", line)
+        if m and int(m.group(1)) >= step and "sent" not in seen:
+            proc.send_signal(sig)
+            seen["sent"] = int(m.group(1))
 
-    a, b = losses(ref), losses(resumed)
-    common = sorted(set(a) & set(b))
-    diffs = [abs(a[k] - b[k]) / abs(a[k]) for k in common]
-    return {
-        "steps_compared": len(common),
-        "last_step_ref": max(a, default=None),
-        "last_step_resumed": max(b, default=None),
-        "max_rel_diff": max(diffs, default=None),
+    return on_line
+
+
+def copy_run_records(s: Session, *runs: Path) -> None:
+    """Each run's ``metrics.jsonl`` and ``config.json`` into the results, as ``<run>-<file>`` (the
+    checkpoints stay on the machine: 1.5 GB and more at 124M)."""
+    for run in runs:
+        for name in ("metrics.jsonl", "config.json"):
+            if (run / name).exists():
+                shutil.copy(run / name, s.dir / f"{run.name}-{name}")
+
+
+def read_metrics(run: Path) -> dict[int, dict]:
+    """A run's ``metrics.jsonl`` by step (a later record of a step replaces an earlier one); {} without one."""
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in recs}
+
+
+def compare_losses(ref: Path, resumed: Path, stop_step: int | None = None) -> dict:
+    """The resumed run's logged losses against the uninterrupted run's, step by step: the train losses'
+    largest relative and absolute differences (with ``stop_step``: apart for the steps up to it, which no
+    resume touched -- on a GPU, the size of its run-to-run differences -- and those after it), and where both
+    runs evaluated, the val loss's and the val bits per byte's (``val_bpb``, from ``--eval-bpb``)."""
+    a, b = read_metrics(ref), read_metrics(resumed)
+
+    def diffs(key: str, keep=lambda step: True) -> list[tuple[float, float]]:
+        common = [k for k in sorted(set(a) & set(b)) if key in a[k] and key in b[k] and keep(k)]
+        return [(abs(a[k][key] - b[k][key]), abs(a[k][key] - b[k][key]) / abs(a[k][key])) for k in common]
+
+    train, val, bpb = diffs("train_loss"), diffs("val_loss"), diffs("val_bpb")
+    out = {
+        "steps_compared": len(train),
+        "last_step_ref": max((k for k in a if "train_loss" in a[k]), default=None),
+        "last_step_resumed": max((k for k in b if "train_loss" in b[k]), default=None),
+        "max_rel_diff": max((r for _, r in train), default=None),
+        "max_abs_diff": max((d for d, _ in train), default=None),
     }
+    if stop_step is not None:
+        before, after = diffs("train_loss", lambda k: k <= stop_step), diffs("train_loss", lambda k: k > stop_step)
+        out["max_abs_diff_up_to_the_stop"] = max((d for d, _ in before), default=None)
+        out["max_abs_diff_after_the_stop"] = max((d for d, _ in after), default=None)
+        out["val_steps_compared"] = len(val)
+        out["val_loss_max_abs_diff"] = max((d for d, _ in val), default=None)
+        out["val_bpb_max_abs_diff"] = max((d for d, _ in bpb), default=None)
+        out["bit_identical"] = bool(train) and not any(d for d, _ in train + val + bpb)
+    return out
 
 
 def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> None:
@@ -459,11 +501,124 @@ def phase_window2(s: Session) -> None:
     s.run("tune", tune, budget + TUNE_MARGIN_S)
 
 
+CUDA_TUNE_TEST = (
+    "tests/bench/test_tune_report.py::test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict"
+)
+# window3's pytest -m cuda: the NCCL check first (12.5 s on the H100), then every other CUDA test but the two that take
+# minutes and have a GPU run of their own: bench verify's (140.6 s, passed on the H100 on 2026-11-27) and bench tune's
+# (a 240 s budget; window2 runs bench tune itself at GPT-2 124M): (part, what it selects, seconds it may take)
+WINDOW3_TEST_PARTS = (
+    ("pytest-nccl", [NCCL_TEST], 60),
+    (
+        "pytest-cuda",
+        ["tests", *(a for t in (NCCL_TEST, CUDA_VERIFY_TEST, CUDA_TUNE_TEST) for a in ("--deselect", t))],
+        300,
+    ),
+)
+PYTEST_STOP_S = 10  # a pytest cut by the budget gets SIGINT this long before its part's end: it writes its junit file
+SMOKE_TESTS = "tests/bench/test_checks.py"  # --smoke collects this file's CUDA test for "tests" (the whole suite's
+#                                            collection alone takes ~15 s on the CPU machine)
+# --smoke's form of window3's run: pico with 2 layers (value embeddings need n_layer >= 2) at T=256 (the window grows
+# from 128), 256-token micro-batches, 16 steps, stopped after step 10 (inside the tail average, from step 8)
+SMOKE_RESUME_SHAPE = ("--preset", "pico", "--device", "cpu", "--n-layer", "2", "--n-embd", "32", "--seq-len", "256")
+SMOKE_RESUME = {
+    **{"--batch-size": "1", "--total-batch-tokens": "512", "--batch-start-tokens": "256", "--batch-warmup-steps": "4"},
+    **{"--attn-window": "256", "--max-steps": "16", "--eval-every": "8", "--save-every": "8", "--eval-tokens": "1024"},
+}
+SMOKE_STOP_AFTER = 10
+# what docs/reliability.md promises of a resume, recorded beside the comparison
+RESUME_PROMISE = (
+    "bit-identical on a CPU (docs/reliability.md, under MKL_CBWR=AUTO MKL_DYNAMIC=FALSE and the same thread count); "
+    "not promised on a GPU (cuBLAS and attention kernels are not bit-deterministic run to run): the H100's stopped "
+    "and resumed default run differed by 4.5e-5 at most, and by 1.9e-6 already at step 5, before the stop (2026-11-27)"
+)
+
+
+def resume_run(s: Session) -> tuple[list[str], int]:
+    """window3's ``gptspeed train`` flags (:data:`RESUME_RUN` at GPT-2 124M on CUDA; ``--smoke``: at
+    :data:`SMOKE_RESUME_SHAPE` with :data:`SMOKE_RESUME`'s values) and the step after which SIGTERM is sent."""
+    if not s.smoke:
+        return [*shape(s), *RESUME_RUN], STOP_AFTER
+    flags = list(RESUME_RUN)
+    for i, flag in enumerate(flags[:-1]):
+        flags[i + 1] = SMOKE_RESUME.get(flag, flags[i + 1])
+    return [*SMOKE_RESUME_SHAPE, *flags], SMOKE_STOP_AFTER
+
+
+def phase_window3(s: Session) -> None:
+    """What has never run on CUDA (issue 52, item 4): window3's run uninterrupted, in the background, beside
+    the same run stopped by SIGTERM and resumed; their losses compared step by step; then ``pytest -m cuda``."""
+    data = data_dir(s)
+    runs = s.work / "runs-window3"  # checkpoints stay here (GBs at 124M); their metrics are copied into the results
+    shutil.rmtree(runs, ignore_errors=True)
+    ref, resumed = runs / "run-ref", runs / "run-resumed"
+    flags, stop_step = resume_run(s)
+    train = [*flags, "--data", str(data)]
+    background = s.start("train-ref", gptspeed("train", *train, "--out", str(ref)), 200)
+    seen: dict = {}
+    stop = stop_after(stop_step, signal.SIGTERM, seen)
+    s.run(
+        "train-stopped",
+        gptspeed("train", *train, "--out", str(resumed)),
+        170,
+        on_line=stop,
+        expect=128 + signal.SIGTERM,
+    )
+
+    def resumed_from(line: str, proc: subprocess.Popen) -> None:
+        if m := re.match(r"^resumed from step (\d+)", line):
+            seen["resumed_from"] = int(m.group(1))
+
+    s.run("train-resume", gptspeed("train", "--out", str(resumed), "--resume"), 100, on_line=resumed_from)
+    s.wait(background)
+    check = compare_losses(ref, resumed, seen.get("sent"))
+    facts = {"sigterm_after_step": seen.get("sent"), "resumed_from_step": seen.get("resumed_from")}
+    s.note(part="resume-check", **check, **facts, **run_facts(ref), promise=RESUME_PROMISE)
+    copy_run_records(s, ref, resumed)
+    window3_tests(s)
+
+
+def run_facts(run: Path) -> dict:
+    """What the uninterrupted run's records show its switches did: the tokens of its first and last steps
+    (the batch-size warm-up) and the val bits per byte of each evaluation (``--eval-bpb``)."""
+    recs = read_metrics(run)
+    tokens = {k: r["tokens"] for k, r in recs.items() if "train_loss" in r}
+    steps = sorted(tokens)
+    first = tokens[steps[0]] - recs.get(steps[0] - 1, {"tokens": 0})["tokens"] if steps else None
+    last = tokens[steps[-1]] - tokens[steps[-2]] if len(steps) > 1 else None
+    return {
+        "tokens_first_step": first,
+        "tokens_last_step": last,
+        "val_bpb": {k: r["val_bpb"] for k, r in recs.items() if "val_bpb" in r},
+    }
+
+
+def window3_tests(s: Session) -> None:
+    """``pytest -m cuda`` in :data:`WINDOW3_TEST_PARTS`, each under a timeout cut to what is left, sent SIGINT
+    :data:`PYTEST_STOP_S` before its end (``timeout -s INT``) so that a part cut short still writes its junit file
+    of the tests that ran (``-v``: each test's result in its log as it ends); ``--smoke``: each selection collected
+    (:data:`SMOKE_TESTS` for the whole suite)."""
+    for name, select, cap in WINDOW3_TEST_PARTS:
+        select = [SMOKE_TESTS if s.smoke and a == "tests" else a for a in select]
+        soft = min(cap, s.left() - 15) - PYTEST_STOP_S
+        if soft < s.min_part_s:
+            s.note(part=name, status="not run: out of time", seconds_left=round(s.left()))
+            continue
+        pytest = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", *select]
+        pytest += ["--collect-only", "-q"] if s.smoke else ["-v", "-rs", "--durations=0"]
+        pytest += ["--junitxml", str(s.dir / f"{name}.xml")]
+        code = s.run(name, ["timeout", "-s", "INT", "-k", "5", str(int(soft)), *pytest], soft + PYTEST_STOP_S)
+        if code == 124:  # timeout's own status: stopped at its time
+            s.note(part=f"{name}-cut", why=f"stopped by SIGINT after {soft:.0f} s: {name}.xml has the tests that ended")
+
+
 def run_phase(s: Session) -> None:
     if s.phase == "window1":
         phase_window1(s)
     elif s.phase == "window2":
         phase_window2(s)
+    elif s.phase == "window3":
+        phase_window3(s)
     elif s.phase == "first":
         phase_first(s)
     elif s.phase == "cudatests":
@@ -492,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds all the phases together may take (one device command: at most 600)",
     )
     ap.add_argument("--smoke", action="store_true", help="run the phase on the CPU at the pico shape (tests)")
-    ap.add_argument("--plan", action="store_true", help="print the window's two commands and their estimates")
+    ap.add_argument("--plan", action="store_true", help="print the window's three commands and their estimates")
     args = ap.parse_args(argv)
     if args.plan:
         print("\n".join(plan_lines()))

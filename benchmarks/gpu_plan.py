@@ -91,7 +91,7 @@ FLEX_COLD = (20, 40)  # FlexAttention's kernels for the doc mask and window and 
 #                       compiled cold, beyond COLD (estimate); two runs compiling side by side on 16 cores
 SIDE_BY_SIDE = 10  # ... each taken as this much slower than alone (estimate)
 PYTEST_NCCL = 12.5  # pytest of the one-GPU NCCL DDP step: measured 12.5 s (cudatests, 2026-11-27)
-PYTEST_CUDA = 80  # window3's pytest -m cuda (15 tests): 8 of them took 41.7 s (cudatests, 2026-11-27), the 7 added
+PYTEST_CUDA = 80  # window3's pytest -m cuda (15 tests): 9 of them took 41.7 s (cudatests, 2026-11-27), the 6 added
 #                   since taken at the same rate (estimate)
 
 

@@ -1,35 +1,45 @@
-"""A lent GPU's 15-minute window: everything it should measure, in two prepared device commands.
+"""A lent GPU's 15-minute window: everything it should measure, in three prepared device commands.
 
 GPU time comes in windows of 15 minutes of device time a session (the machine's start, 1-2 minutes,
 included; at most 10 minutes a command; the machine goes back after 30 s idle), and only some sessions
-get one. So the window runs two commands back to back, each under a ``timeout_s`` of :data:`RUN_TIMEOUT_S`,
-so that the start, both commands and a rerun of either fit the 15 minutes (:func:`window_total`);
-``--plan`` prints them with their estimates (the constants below, each saying what it rests on) and the total:
+get one. So the window runs three commands back to back, each under a ``timeout_s`` of
+``gpu_plan.RUN_TIMEOUT_S`` (250 s): the start at its upper end, the three commands, the gaps and the
+give-back come to 14.9 minutes (``gpu_plan.window_total``), so there is no room for a fourth -- window3
+runs in the slot a rerun would take: when window1 or window2 must be rerun, rerun it instead and leave
+window3 to the next window. ``--plan`` prints the commands with their estimates (``benchmarks/gpu_plan.py``,
+each figure saying what it rests on) and the total:
 
 ==========  ==============================================================================================
 command     what it runs, in this order (GPT-2 124M, T=1024, on tokens of shakespeare-gutenberg)
 ==========  ==============================================================================================
 window1     llm.c's build with cuDNN attention (``vs_peers_gpu.py --build-llmc``), started first, in the
-            background, under :data:`LLMC_BUILD_TIMEOUT` a make; ``gptspeed bench profile fused-adamw``
+            background, under ``LLMC_BUILD_TIMEOUT`` a make; ``gptspeed bench profile fused-adamw``
             (the default step, B=16: its time by category); ``gptspeed train``'s default at 524,288 tokens a
             step; the build waited for and its result noted; llm.c alone at its record's settings (``-b 64
             -t 1024 -d 524288 -r 0``); then the default, llm.c and the default at B=64 interleaved at 524,288
             tokens a step, as many of 2 rounds as the budget leaves
 window2     ``gptspeed bench tune --preset gpt2``: the fastest configuration of the default run that trains
             the same, found on this GPU, one change at a time (``--budget-s`` cut to what is left)
+window3     what has never run on CUDA: ``gptspeed train`` with ``RESUME_RUN``'s flags (the speedrun recipe,
+            ``--align-to-docs --doc-mask``, ``--attn-window 512``, the batch-size warm-up, ``--eval-bpb``, the
+            tail average), 40 steps, uninterrupted in the background beside the same run stopped by SIGTERM
+            after step 22 and ``--resume``'d, the losses compared step by step (``resume-check``); then
+            ``pytest -m cuda`` (the NCCL test, then the rest but the verify and tune tests) with what is left,
+            each part stopped by SIGINT before its end so that its junit file is written
 ==========  ==============================================================================================
 
-Each phase runs its parts one after another, each part under a timeout cut to what is left of the
-command's budget (``--budget-s``, default :data:`BUDGET_S`, shared by the phases named in one
-command), and after every part packs everything the phase wrote into one file, ``$OUT/<phase>.tgz``
-(``--out``); the benches and the peers write their JSON and Markdown after every row, so a command
-stopped at its limit -- or a part stopped at its timeout -- still brings back every finished row;
-``summary.json`` in each archive lists the parts, their commands, status and seconds. A file too big
-for the archive (a profiler trace, over :attr:`Session.in_archive_max`) comes back beside it,
-gzipped, when that fits the device's limit on a returned file, and is listed as left out when not.
-Run from the project root, after ``bash ../shared/device/carry.sh liger-kernel==0.8.5 pooch==1.9.0 platformdirs==4.14.8
+Each phase runs its parts one after another (one may run in the background: ``Session.start``), each
+part under a timeout cut to what is left of the command's budget (``--budget-s``, default
+``gpu_plan.BUDGET_S``, shared by the phases named in one command), and after every part packs
+everything the phase wrote into one file, ``$OUT/<phase>.tgz`` (``--out``; ``benchmarks/gpu_phase.py``);
+the benches and the peers write their JSON and Markdown after every row, so a command stopped at its
+limit -- or a part stopped at its timeout -- still brings back every finished row; ``summary.json`` in
+each archive lists the parts, their commands, status and seconds. A file too big for the archive (a
+profiler trace, over ``Session.in_archive_max``) comes back beside it, gzipped, when that fits the
+device's limit on a returned file, and is listed as left out when not. Run from the project root, after
+``bash ../shared/device/carry.sh liger-kernel==0.8.5 pooch==1.9.0 platformdirs==4.14.8
 nvidia-cudnn-frontend==1.32.0`` here, as ``source .carry/setup.sh && python3 benchmarks/gpu_session.py
-window1`` (then ``window2``): :data:`COMMANDS`, docs/gpus.md.
+window1`` (then ``window2``, then ``window3``): ``gpu_plan.COMMANDS``, docs/gpus.md.
 
 The older phases (``peers verify first ladder cudatests profile verify2..6 beyond..beyond4``, each
 planned for ~8 minutes of a 30-minute lease) stay available with ``--budget-s`` up to 565; the
@@ -40,23 +50,33 @@ checks the orchestration, not the GPU.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-from harness import read_lines  # beside this file: reads a pipe line by line up to a deadline
+from gpu_phase import CARRY, ROOT, Session  # beside this file: a phase's parts, budget and packing
+from gpu_plan import (  # beside this file: the window's commands, their estimates and its total
+    BUDGET_S,
+    LLMC_BUILD_TIMEOUT,
+    LLMC_FLAGS,
+    LLMC_RECORD,
+    RESUME_RUN,
+    ROUND_ROWS,
+    ROUND_STEPS,
+    STOP_AFTER,
+    TUNE_MARGIN_S,
+    WINDOW,
+    estimate,
+    plan_lines,
+    tune_budget,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".carry"
 # bench verify's rungs in groups that each fit one command (each group also runs its fp32 references):
 # (--stages, extra flags, seconds one rung may take). None: verify's own default set (the seeds' rungs).
 VERIFY_GROUPS = {
@@ -79,7 +99,6 @@ BEYOND_GROUPS = {
     "beyond4": ["coord-descent: TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1", "liger: --loss liger"],
 }
 PEER_ROUNDS = 2
-WINDOW = ("window1", "window2")
 PHASES = (
     *WINDOW,
     "peers",
@@ -91,354 +110,6 @@ PHASES = (
     *list(VERIFY_GROUPS)[1:],
     *BEYOND_GROUPS,
 )
-# The documented device commands of one 15-minute window, in order: each one `gpu_session.py PHASE` command,
-# typed as COMMAND_LINE says, with the run tool's carry [".carry"] and timeout_s RUN_TIMEOUT_S
-COMMANDS = (("window1",), ("window2",))
-COMMAND_LINE = "source .carry/setup.sh && python3 benchmarks/gpu_session.py {}"
-# The window: WINDOW_S of device time for the session, the machine's start included (MACHINE_START s, 1-2 minutes),
-# the second command issued within GAP s of the first returning (the machine goes back after 30 s idle), and one
-# command's rerun to spare: MACHINE_START[1] + 3 x RUN_TIMEOUT_S + 2 x GAP + GIVE_BACK <= WINDOW_S
-WINDOW_S = 900
-MACHINE_START = (60, 120)
-GAP = 10
-GIVE_BACK = 5
-RUN_TIMEOUT_S = 250  # the run tool's timeout_s for each command (its limit: 600)
-SETUP = 15  # source .carry/setup.sh: pip installs the carried wheels into /tmp/site, prints the GPU (estimate)
-BUDGET_S = float(RUN_TIMEOUT_S - SETUP - 5)  # the phases' budget (its clock starts after setup.sh): 230 s
-COMMAND_TARGET_S = RUN_TIMEOUT_S  # each command's upper estimate, setup.sh included, stays below this
-# llm.c's rows run with its own flags: no GELU recompute, as its record (llm.c's GPT-2 124M run: -b 64 -t 1024
-# -d 524288 -r 0, 140 ms a step on 8xH100, ~468k tokens/s per GPU); the record alone: B, micro-steps
-# (-d = 64 x 1024 x 8 = 524,288), warm-up and timed steps
-LLMC_FLAGS = "-r 0"
-LLMC_RECORD = (64, 8, 2, 5)
-# window1's interleaved rounds, at the record's 524,288 tokens a step: gptspeed's default (B=16 x 32), its B=64 form
-# (x 8) and llm.c (-b 64 -r 0); 2 warm-up + 5 timed steps a process, as many of 2 rounds as the budget leaves
-ROUND_ROWS = "gptspeed,llmc,B64"
-ROUND_STEPS = (2, 5)
-TUNE_BUDGET_S = 300.0  # window2: bench tune's --budget-s, cut to what the command has left ...
-TUNE_MARGIN_S = 20.0  # ... less this, for its start and tuned.yaml before the part's timeout
-
-# ------------------------------------------------------------------ the estimates the plan rests on
-# For one H100 at GPT-2 124M, T=1024, B=16. "measured" figures come from the first GPU session
-# (2026-11-27, H100 80GB HBM3, torch 2.11.0+cu130: benchmarks/runs/2026-11-27-h100/, its summary.json
-# and verify.json); the others are still estimates, and say what they rest on.
-START = 10  # a fresh Python process: import torch, initialise CUDA, build the model (estimate)
-COLD = (30, 45)  # a cold torch.compile of train's graph: measured 19-28 s as verify's first step (compile 27.5,
-#                  flash 19.2, vocab-pad 21.6) and ~35 s in the peers' first round; 45 at the upper end
-WARM = 5  # the same graph from the FX-graph cache: measured 3.4 s (verify's fused-adamw first step)
-PREPARE = 5  # gptspeed prepare shakespeare-gutenberg: 1.1-2.6 s on a 2-core CPU (measured); 0 when carried prepared
-LLMC_BUILD = (130, 170)  # make train_gpt2cu USE_CUDNN=1 for sm_90: cudnn_att.cpp alone took 96 CPU-s (nvcc 13.0,
-#   frontend 1.32.0, on this project's 2-core CPU machine: benchmarks/llmc_cudnn_att.nm-u.txt), then train_gpt2.cu
-#   (~30-50 s, llm.c PRs #322 and #386: not compiled here, no cuBLAS headers); it runs beside the profile
-LLMC_BUILD_TIMEOUT = 170  # each make's timeout: the cuDNN build, then (~40 s) one without cuDNN if it fails
-LLMC_START = 10  # train_gpt2cu's start to its first step: 124M random weights on the host, allocations (estimate)
-TRACE = 30  # bench profile: exporting the Chrome trace of 3 steps, the breakdown, gzip (estimate)
-# ms per micro-batch of 16,384 tokens, measured (verify's median steps / 2): bf16 compiled with SDPA, vocab 50304 and
-# fused AdamW 36.2 (llm.c's record: 35 ms per 16k tokens per GPU on 8xH100)
-MS = {"bf16": 37}
-
-
-def _steps(n: int, micro: int, kind: str = "bf16") -> float:
-    return n * micro * MS[kind] / 1000
-
-
-def tune_budget(left_s: float) -> float:
-    """window2's ``bench tune --budget-s`` with ``left_s`` seconds left of the command's budget: at most
-    :data:`TUNE_BUDGET_S`, leaving 15 s for the packing and :data:`TUNE_MARGIN_S` for its start and end."""
-    return min(TUNE_BUDGET_S, left_s - 15 - TUNE_MARGIN_S)
-
-
-def window_parts(phase: str, cold: float, build: float) -> list[tuple[str, float, str]]:
-    """The parts of a window phase in run order: ``(part, seconds on one H100, what they rest on)`` with a
-    cold compile of ``cold`` s and llm.c's build of ``build`` s (run beside the profile: 0 s of its own)."""
-    prepare = ("prepare", PREPARE, "shakespeare-gutenberg tokenized (0 when carried in .carry/prepared)")
-    if phase == "window2":
-        budget = tune_budget(BUDGET_S - PREPARE)
-        why = (
-            f"bench tune's own --budget-s {budget:.0f} (at most {TUNE_BUDGET_S:.0f}, cut to what the command "
-            f"has left; each row a fresh process, ~{START + cold + 1:.0f} s with a cold compile), its start and tuned.yaml"
-        )
-        return [prepare, ("tune", budget + 10, why)]
-    b, accum, warm, steps = LLMC_RECORD
-    profile = START + cold + _steps(11, 1) + TRACE
-    llmc = LLMC_START + _steps(warm + steps, b * accum // 16)
-    row = START + cold + _steps(sum(ROUND_STEPS), 32)
-    row_warm = START + WARM + _steps(sum(ROUND_STEPS), 32)
-    wait = max(0.0, build - profile - row)
-    return [
-        prepare,
-        (
-            "llmc-build",
-            0,
-            f"llm.c's make with cuDNN, ~{build:.0f} s beside the next parts (its timeout {LLMC_BUILD_TIMEOUT})",
-        ),
-        (
-            "profile",
-            profile,
-            "bench profile fused-adamw: a fresh process, a cold compile, 8 + 3 steps at B=16, the trace",
-        ),
-        (
-            "default",
-            row,
-            f"gptspeed train's default at 524,288 tokens a step, {ROUND_STEPS[0]} + {ROUND_STEPS[1]} steps, cold",
-        ),
-        (
-            "llmc-record",
-            wait + llmc,
-            f"waits {wait:.0f} s for the build; train_gpt2cu -b {b} -d {b * 1024 * accum} -r 0, "
-            f"{warm} + {steps} steps at gptspeed's measured 36.2 ms per 16k tokens",
-        ),
-        (
-            "rounds",
-            row_warm + llmc + row + 2 * row_warm + llmc,
-            f"{ROUND_ROWS} at 524,288 tokens a step, {ROUND_STEPS[0]} + {ROUND_STEPS[1]} steps a process: round 1 "
-            f"~{row_warm + llmc + row:.0f} s (the default from the compile cache, B=64 cold), round 2 "
-            f"~{2 * row_warm + llmc:.0f} s",
-        ),
-    ]
-
-
-def estimate(phase: str) -> tuple[float, float, str] | None:
-    """``(seconds planned, seconds at the upper end, what they rest on)`` for a window ``phase`` on one H100
-    (the upper end: a cold compile of ``COLD[1]`` s, llm.c's build ``LLMC_BUILD[1]`` s), each at most the
-    budget (its last part is cut there: :func:`cut_at_budget`); None for the older phases."""
-    if phase not in WINDOW:
-        return None
-    mid, high = (window_parts(phase, c, b) for c, b in zip(COLD, LLMC_BUILD))
-    why = "; ".join(f"{p} ~{s:.0f} s: {w}" for p, s, w in mid) + cut_at_budget(mid)
-    return round(min(BUDGET_S, sum(s for _, s, _ in mid))), round(min(BUDGET_S, sum(s for _, s, _ in high))), why
-
-
-def cut_at_budget(parts: list[tuple[str, float, str]]) -> str:
-    """What the budget leaves the last part, said when it is less than the part's estimate ('' else)."""
-    before, (name, sec, _) = sum(s for _, s, _ in parts[:-1]), parts[-1]
-    left = BUDGET_S - 15 - before
-    return "" if left >= sec else f" -- the budget leaves {name} ~{max(0.0, left):.0f} s of its ~{sec:.0f}: what fits"
-
-
-def command_estimate(cmd: tuple[str, ...]) -> tuple[float, float]:
-    """A documented command's ``(seconds planned, upper end)``: setup.sh, then its phases."""
-    return SETUP + sum(estimate(p)[0] for p in cmd), SETUP + sum(estimate(p)[1] for p in cmd)
-
-
-def window_total() -> tuple[float, float]:
-    """The whole window's device time, ``(planned, at most)``: the machine's start, the two commands and the
-    gaps between them (planned: their estimates, give-back included; at most: the start's upper end, each
-    command its full ``timeout_s``, and a rerun of one of them)."""
-    planned = MACHINE_START[0] + sum(command_estimate(c)[0] for c in COMMANDS) + GAP + GIVE_BACK
-    return planned, MACHINE_START[1] + 3 * RUN_TIMEOUT_S + 2 * GAP + GIVE_BACK
-
-
-def plan_lines() -> list[str]:
-    """The window's commands as typed on the device, with their estimates and what they rest on, and the
-    window's total (``--plan``)."""
-    out = []
-    for cmd in COMMANDS:
-        mid, high = command_estimate(cmd)
-        out.append(
-            f"{COMMAND_LINE.format(' '.join(cmd))}\n    ~{mid / 60:.1f} min (up to {high / 60:.1f}; run tool: "
-            f'carry [".carry"], timeout_s {RUN_TIMEOUT_S}) -- setup.sh ~{SETUP} s; '
-            + "; ".join(estimate(p)[2] for p in cmd)
-        )
-    planned, most = window_total()
-    out.append(
-        f"window total: ~{planned / 60:.1f} min planned; at most {most / 60:.1f} min of {WINDOW_S / 60:.0f} -- the "
-        f"machine's start {MACHINE_START[1]} s, each command its timeout_s {RUN_TIMEOUT_S} s, {GAP} s between calls, "
-        f"give_back, and one command's rerun to spare"
-    )
-    out.append(
-        f"estimates for one H100 (an H200 should be no slower), not measurements: cold compile {COLD[0]}-{COLD[1]} s "
-        f"(measured 19-35), {MS['bf16']} ms per 16k-token micro-batch (measured 36.2), a process's start ~{START} s, "
-        f"llm.c's build {LLMC_BUILD[0]}-{LLMC_BUILD[1]} s (cudnn_att.cpp measured at 96 CPU-s on the CPU machine); "
-        f"the budget stops each command {BUDGET_S:.0f} s after setup.sh, packing what finished"
-    )
-    return out
-
-
-class Session:
-    """One phase: its results folder, its budget, the log of what ran, and the packing."""
-
-    in_archive_max = 4 << 20  # a file over this stays out of <phase>.tgz (packed after every part): a trace ...
-    return_max = 15 << 20  # ... and comes back beside it, gzipped, when that is at most this (the device: 16 MiB)
-    out_files_max = 8  # the device returns at most 8 files from $OUT
-    min_part_s = 10  # a part with less time than this left is recorded as not run
-
-    def __init__(self, phase: str, out: Path, budget_s: float, smoke: bool):
-        self.phase, self.smoke = phase, smoke
-        self.t0 = time.monotonic()
-        self.budget_s = budget_s
-        self.out = out  # <phase>.tgz (and a file too big for it, gzipped): what is under $OUT comes back (8 files,
-        #                 16 MiB each)
-        self.work = Path(os.environ.get("GPTSPEED_SESSION_WORK", "/tmp/gptspeed-session"))
-        self.dir = self.work / f"{phase}-results"
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
-        out.mkdir(parents=True, exist_ok=True)
-        self.summary: list[dict] = []
-        self.large: dict[str, dict] = {}  # files over in_archive_max: how each came back, or why not
-
-    def left(self) -> float:
-        return self.budget_s - (time.monotonic() - self.t0)
-
-    def env(self) -> dict:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-        if (CARRY / "data").exists():
-            env.setdefault("GPTSPEED_DATA_MIRROR", str(CARRY / "data"))
-        if (CARRY / "peers").exists():
-            env.setdefault("GPTSPEED_PEERS_DIR", str(CARRY / "peers"))
-        return env
-
-    def run(self, name: str, cmd: list[str], cap_s: float, on_line=None, expect: int = 0) -> int | None:
-        """Run ``cmd`` with its output in ``<name>.log``, for at most ``cap_s`` seconds or what is
-        left of the budget (less 15 s for packing). ``on_line(line, proc)`` sees every output line;
-        ``expect`` is the exit status that means it went as planned. Returns the exit status, or
-        None when it timed out or there was no time left to start it."""
-        timeout = min(cap_s, self.left() - 15)
-        entry = {"part": name, "command": shlex.join(cmd)}
-        if timeout < self.min_part_s:
-            entry.update(status="not run: out of time")
-            self.summary.append(entry)
-            print(f"== {name}: not run, {self.left():.0f} s left", flush=True)
-            self.pack()
-            return None
-        print(f"== {name} (at most {timeout:.0f} s): {shlex.join(cmd)}", flush=True)
-        t = time.monotonic()
-        log = (self.dir / f"{name}.log").open("w")
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-        def seen(line: str) -> bool:
-            log.write(line + "\n")
-            log.flush()
-            if on_line is not None:
-                on_line(line, proc)
-            return False
-
-        deadline = time.perf_counter() + timeout
-        timed_out = False
-        try:
-            read_lines(proc.stdout.fileno(), seen, deadline)
-            try:  # the output ended: the process is exiting, or it closed its output and runs on
-                proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            proc.stdout.close()
-            log.close()
-        code = proc.returncode
-        entry.update(
-            status="timed out" if timed_out else "ok" if code == expect else f"exit {code}",
-            exit=code,
-            seconds=round(time.monotonic() - t, 1),
-        )
-        self.summary.append(entry)
-        tail = (self.dir / f"{name}.log").read_text().splitlines()[-3:]
-        print(f"== {name}: {entry['status']} in {entry['seconds']} s | " + " | ".join(tail)[-600:], flush=True)
-        self.pack()
-        return None if timed_out else code
-
-    def start(self, name: str, cmd: list[str], cap_s: float) -> subprocess.Popen:
-        """Start ``cmd`` in the background (its own process group) with its output in ``<name>.log``:
-        :meth:`wait` records it. Its time limit, ``cap_s`` or the budget less 15 s, is kept with it."""
-        print(
-            f"== {name} (in the background, at most {min(cap_s, self.left() - 15):.0f} s): {shlex.join(cmd)}",
-            flush=True,
-        )
-        with (self.dir / f"{name}.log").open("w") as log:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        proc.gptspeed = (name, shlex.join(cmd), time.monotonic(), min(cap_s, self.left() - 15))
-        return proc
-
-    def wait(self, proc: subprocess.Popen) -> int | None:
-        """Wait for a part :meth:`start` began, up to its limit (then it is killed), and record it as
-        :meth:`run` records a part. Returns its exit status, or None when it was killed at its limit."""
-        name, line, t, cap = proc.gptspeed
-        try:
-            code = proc.wait(timeout=max(0.0, t + cap - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
-        status = "timed out" if code is None else "ok" if code == 0 else f"exit {code}"
-        self.summary.append(
-            {
-                "part": name,
-                "command": line,
-                "status": status,
-                "exit": proc.returncode,
-                "seconds": round(time.monotonic() - t, 1),
-            }
-        )
-        print(f"== {name}: {status} in {self.summary[-1]['seconds']} s", flush=True)
-        self.pack()
-        return code
-
-    def note(self, **fields) -> None:
-        self.summary.append(fields)
-        print("== note: " + json.dumps(fields), flush=True)
-        self.pack()
-
-    def pack(self) -> None:
-        """``$OUT/<phase>.tgz``: the results folder, less any file over :attr:`in_archive_max` (a
-        profiler trace), written to a temporary name first; each such file comes back beside it,
-        gzipped (:meth:`return_large`). ``summary.json`` says which came back and how."""
-        big = sorted(p for p in self.dir.rglob("*") if p.is_file() and p.stat().st_size > self.in_archive_max)
-        for path in big:
-            self.return_large(path)
-        (self.dir / "summary.json").write_text(
-            json.dumps({"phase": self.phase, "parts": self.summary, "large_files": self.large}, indent=1) + "\n"
-        )
-        tmp = self.out / f".{self.phase}.tgz.tmp"
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(
-                self.dir,
-                arcname=self.dir.name,
-                filter=lambda info: None if info.isfile() and info.size > self.in_archive_max else info,
-            )
-        tmp.replace(self.out / f"{self.phase}.tgz")
-
-    def return_large(self, path: Path) -> None:
-        """``$OUT/<phase>-<path, / as ->.gz``: ``path`` gzipped, kept when at most :attr:`return_max`
-        bytes and when $OUT then holds at most :attr:`out_files_max` files (its archive counted);
-        else left out, and said so in :attr:`large`. Compressing stops at the limit: a trace of
-        hundreds of MB costs seconds, not minutes. Once per file and size."""
-        rel, size = path.relative_to(self.dir).as_posix(), path.stat().st_size
-        if self.large.get(rel, {}).get("bytes") == size:
-            return
-        name = f"{self.phase}-{rel.replace('/', '-')}.gz"
-        rec = self.large[rel] = {"bytes": size}
-        files = {p.name for p in self.out.iterdir() if p.is_file() and not p.name.startswith(".")} | {
-            f"{self.phase}.tgz",
-            name,
-        }
-        if len(files) > self.out_files_max:
-            rec["left_out"] = f"$OUT would hold more than {self.out_files_max} files"
-            return
-        tmp, read = self.out / f".{name}.tmp", 0
-        with path.open("rb") as src, tmp.open("wb") as raw:
-            with gzip.GzipFile(filename=path.name, mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
-                while chunk := src.read(1 << 20):
-                    gz.write(chunk)
-                    read += len(chunk)
-                    if raw.tell() > self.return_max:
-                        break
-        if tmp.stat().st_size > self.return_max:
-            tmp.unlink()
-            (self.out / name).unlink(missing_ok=True)
-            rec["left_out"] = (
-                f"over {self.return_max / 2**20:.1f} MiB gzipped (after {read / 2**20:.1f} of {size / 2**20:.1f} MiB)"
-            )
-            return
-        tmp.replace(self.out / name)
-        rec["returned_as"] = name
-        rec["gzipped_bytes"] = (self.out / name).stat().st_size
 
 
 def gptspeed(*args: str) -> list[str]:
@@ -507,26 +178,16 @@ def phase_first(s: Session) -> None:
     ref, resumed = runs / "run-ref", runs / "run-resumed"
     s.run("train", gptspeed("train", *shape(s), *steps, "--out", str(ref)), 300)
     stopped = {}
-
-    def stop_after_30(line: str, proc: subprocess.Popen) -> None:
-        m = re.match(r"^step\s+(\d+)/", line)
-        if m and int(m.group(1)) >= 30 and "sent" not in stopped:
-            proc.send_signal(signal.SIGINT)
-            stopped["sent"] = int(m.group(1))
-
     s.run(
         "train-interrupted",
         gptspeed("train", *shape(s), *steps, "--out", str(resumed)),
         300,
-        on_line=stop_after_30,
+        on_line=stop_after(30, signal.SIGINT, stopped),
         expect=128 + signal.SIGINT,
     )
     s.run("train-resume", gptspeed("train", "--out", str(resumed), "--resume"), 240)
     s.note(part="resume-check", **compare_losses(ref, resumed), sigint_after_step=stopped.get("sent"))
-    for run in (ref, resumed):
-        for name in ("metrics.jsonl", "config.json"):
-            if (run / name).exists():
-                shutil.copy(run / name, s.dir / f"{run.name}-{name}")
+    copy_run_records(s, ref, resumed)
     sample_device = ["--device", "cpu"] if s.smoke else ["--device", "cuda"]
     s.run(
         "sample",
@@ -557,25 +218,65 @@ def cuda_tests(s: Session) -> None:
             s.run(name, [*cmd, "-rs", "--durations=0", "--junitxml", str(s.dir / f"{name}.xml")], cap)
 
 
-def compare_losses(ref: Path, resumed: Path) -> dict:
-    """The resumed run's train losses against the uninterrupted run's, step by step."""
+def stop_after(step: int, sig: signal.Signals, seen: dict):
+    """An ``on_line`` for :meth:`Session.run`: sends ``sig`` to ``gptspeed train`` once it logs step ``step``
+    or a later one, once, and keeps that step in ``seen["sent"]``."""
 
-    def losses(run: Path) -> dict[int, float]:
-        path = run / "metrics.jsonl"
-        if not path.exists():
-            return {}
-        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return {r["step"]: r["train_loss"] for r in recs if "train_loss" in r}
+    def on_line(line: str, proc: subprocess.Popen) -> None:
+        m = re.match(r"^step\s+(\d+)/", line)
+        if m and int(m.group(1)) >= step and "sent" not in seen:
+            proc.send_signal(sig)
+            seen["sent"] = int(m.group(1))
 
-    a, b = losses(ref), losses(resumed)
-    common = sorted(set(a) & set(b))
-    diffs = [abs(a[k] - b[k]) / abs(a[k]) for k in common]
-    return {
-        "steps_compared": len(common),
-        "last_step_ref": max(a, default=None),
-        "last_step_resumed": max(b, default=None),
-        "max_rel_diff": max(diffs, default=None),
+    return on_line
+
+
+def copy_run_records(s: Session, *runs: Path) -> None:
+    """Each run's ``metrics.jsonl`` and ``config.json`` into the results, as ``<run>-<file>`` (the
+    checkpoints stay on the machine: 1.5 GB and more at 124M)."""
+    for run in runs:
+        for name in ("metrics.jsonl", "config.json"):
+            if (run / name).exists():
+                shutil.copy(run / name, s.dir / f"{run.name}-{name}")
+
+
+def read_metrics(run: Path) -> dict[int, dict]:
+    """A run's ``metrics.jsonl`` by step (a later record of a step replaces an earlier one); {} without one."""
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in recs}
+
+
+def compare_losses(ref: Path, resumed: Path, stop_step: int | None = None) -> dict:
+    """The resumed run's logged losses against the uninterrupted run's, step by step: the train losses'
+    largest relative and absolute differences (with ``stop_step``: apart for the steps up to it, which no
+    resume touched -- on a GPU, the size of its run-to-run differences -- and those after it), and where both
+    runs evaluated, the val loss's and the val bits per byte's (``val_bpb``, from ``--eval-bpb``)."""
+    a, b = read_metrics(ref), read_metrics(resumed)
+
+    def diffs(key: str, keep=lambda step: True) -> list[tuple[float, float]]:
+        common = [k for k in sorted(set(a) & set(b)) if key in a[k] and key in b[k] and keep(k)]
+        return [(abs(a[k][key] - b[k][key]), abs(a[k][key] - b[k][key]) / abs(a[k][key])) for k in common]
+
+    train, val, bpb = diffs("train_loss"), diffs("val_loss"), diffs("val_bpb")
+    out = {
+        "steps_compared": len(train),
+        "last_step_ref": max((k for k in a if "train_loss" in a[k]), default=None),
+        "last_step_resumed": max((k for k in b if "train_loss" in b[k]), default=None),
+        "max_rel_diff": max((r for _, r in train), default=None),
+        "max_abs_diff": max((d for d, _ in train), default=None),
     }
+    if stop_step is not None:
+        before, after = diffs("train_loss", lambda k: k <= stop_step), diffs("train_loss", lambda k: k > stop_step)
+        out["max_abs_diff_up_to_the_stop"] = max((d for d, _ in before), default=None)
+        out["max_abs_diff_after_the_stop"] = max((d for d, _ in after), default=None)
+        out["val_steps_compared"] = len(val)
+        out["val_loss_max_abs_diff"] = max((d for d, _ in val), default=None)
+        out["val_bpb_max_abs_diff"] = max((d for d, _ in bpb), default=None)
+        out["bit_identical"] = bool(train) and not any(d for d, _ in train + val + bpb)
+    return out
 
 
 def bench(s: Session, name: str, what: list[str], cap_s: float, *extra: str) -> None:
@@ -800,11 +501,124 @@ def phase_window2(s: Session) -> None:
     s.run("tune", tune, budget + TUNE_MARGIN_S)
 
 
+CUDA_TUNE_TEST = (
+    "tests/bench/test_tune_report.py::test_tune_on_a_gpu_tries_the_cuda_knobs_and_every_row_ends_with_a_verdict"
+)
+# window3's pytest -m cuda: the NCCL check first (12.5 s on the H100), then every other CUDA test but the two that take
+# minutes and have a GPU run of their own: bench verify's (140.6 s, passed on the H100 on 2026-11-27) and bench tune's
+# (a 240 s budget; window2 runs bench tune itself at GPT-2 124M): (part, what it selects, seconds it may take)
+WINDOW3_TEST_PARTS = (
+    ("pytest-nccl", [NCCL_TEST], 60),
+    (
+        "pytest-cuda",
+        ["tests", *(a for t in (NCCL_TEST, CUDA_VERIFY_TEST, CUDA_TUNE_TEST) for a in ("--deselect", t))],
+        300,
+    ),
+)
+PYTEST_STOP_S = 10  # a pytest cut by the budget gets SIGINT this long before its part's end: it writes its junit file
+SMOKE_TESTS = "tests/bench/test_checks.py"  # --smoke collects this file's CUDA test for "tests" (the whole suite's
+#                                            collection alone takes ~15 s on the CPU machine)
+# --smoke's form of window3's run: pico with 2 layers (value embeddings need n_layer >= 2) at T=256 (the window grows
+# from 128), 256-token micro-batches, 16 steps, stopped after step 10 (inside the tail average, from step 8)
+SMOKE_RESUME_SHAPE = ("--preset", "pico", "--device", "cpu", "--n-layer", "2", "--n-embd", "32", "--seq-len", "256")
+SMOKE_RESUME = {
+    **{"--batch-size": "1", "--total-batch-tokens": "512", "--batch-start-tokens": "256", "--batch-warmup-steps": "4"},
+    **{"--attn-window": "256", "--max-steps": "16", "--eval-every": "8", "--save-every": "8", "--eval-tokens": "1024"},
+}
+SMOKE_STOP_AFTER = 10
+# what docs/reliability.md promises of a resume, recorded beside the comparison
+RESUME_PROMISE = (
+    "bit-identical on a CPU (docs/reliability.md, under MKL_CBWR=AUTO MKL_DYNAMIC=FALSE and the same thread count); "
+    "not promised on a GPU (cuBLAS and attention kernels are not bit-deterministic run to run): the H100's stopped "
+    "and resumed default run differed by 4.5e-5 at most, and by 1.9e-6 already at step 5, before the stop (2026-11-27)"
+)
+
+
+def resume_run(s: Session) -> tuple[list[str], int]:
+    """window3's ``gptspeed train`` flags (:data:`RESUME_RUN` at GPT-2 124M on CUDA; ``--smoke``: at
+    :data:`SMOKE_RESUME_SHAPE` with :data:`SMOKE_RESUME`'s values) and the step after which SIGTERM is sent."""
+    if not s.smoke:
+        return [*shape(s), *RESUME_RUN], STOP_AFTER
+    flags = list(RESUME_RUN)
+    for i, flag in enumerate(flags[:-1]):
+        flags[i + 1] = SMOKE_RESUME.get(flag, flags[i + 1])
+    return [*SMOKE_RESUME_SHAPE, *flags], SMOKE_STOP_AFTER
+
+
+def phase_window3(s: Session) -> None:
+    """What has never run on CUDA (issue 52, item 4): window3's run uninterrupted, in the background, beside
+    the same run stopped by SIGTERM and resumed; their losses compared step by step; then ``pytest -m cuda``."""
+    data = data_dir(s)
+    runs = s.work / "runs-window3"  # checkpoints stay here (GBs at 124M); their metrics are copied into the results
+    shutil.rmtree(runs, ignore_errors=True)
+    ref, resumed = runs / "run-ref", runs / "run-resumed"
+    flags, stop_step = resume_run(s)
+    train = [*flags, "--data", str(data)]
+    background = s.start("train-ref", gptspeed("train", *train, "--out", str(ref)), 200)
+    seen: dict = {}
+    stop = stop_after(stop_step, signal.SIGTERM, seen)
+    s.run(
+        "train-stopped",
+        gptspeed("train", *train, "--out", str(resumed)),
+        170,
+        on_line=stop,
+        expect=128 + signal.SIGTERM,
+    )
+
+    def resumed_from(line: str, proc: subprocess.Popen) -> None:
+        if m := re.match(r"^resumed from step (\d+)", line):
+            seen["resumed_from"] = int(m.group(1))
+
+    s.run("train-resume", gptspeed("train", "--out", str(resumed), "--resume"), 100, on_line=resumed_from)
+    s.wait(background)
+    check = compare_losses(ref, resumed, seen.get("sent"))
+    facts = {"sigterm_after_step": seen.get("sent"), "resumed_from_step": seen.get("resumed_from")}
+    s.note(part="resume-check", **check, **facts, **run_facts(ref), promise=RESUME_PROMISE)
+    copy_run_records(s, ref, resumed)
+    window3_tests(s)
+
+
+def run_facts(run: Path) -> dict:
+    """What the uninterrupted run's records show its switches did: the tokens of its first and last steps
+    (the batch-size warm-up) and the val bits per byte of each evaluation (``--eval-bpb``)."""
+    recs = read_metrics(run)
+    tokens = {k: r["tokens"] for k, r in recs.items() if "train_loss" in r}
+    steps = sorted(tokens)
+    first = tokens[steps[0]] - recs.get(steps[0] - 1, {"tokens": 0})["tokens"] if steps else None
+    last = tokens[steps[-1]] - tokens[steps[-2]] if len(steps) > 1 else None
+    return {
+        "tokens_first_step": first,
+        "tokens_last_step": last,
+        "val_bpb": {k: r["val_bpb"] for k, r in recs.items() if "val_bpb" in r},
+    }
+
+
+def window3_tests(s: Session) -> None:
+    """``pytest -m cuda`` in :data:`WINDOW3_TEST_PARTS`, each under a timeout cut to what is left, sent SIGINT
+    :data:`PYTEST_STOP_S` before its end (``timeout -s INT``) so that a part cut short still writes its junit file
+    of the tests that ran (``-v``: each test's result in its log as it ends); ``--smoke``: each selection collected
+    (:data:`SMOKE_TESTS` for the whole suite)."""
+    for name, select, cap in WINDOW3_TEST_PARTS:
+        select = [SMOKE_TESTS if s.smoke and a == "tests" else a for a in select]
+        soft = min(cap, s.left() - 15) - PYTEST_STOP_S
+        if soft < s.min_part_s:
+            s.note(part=name, status="not run: out of time", seconds_left=round(s.left()))
+            continue
+        pytest = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", *select]
+        pytest += ["--collect-only", "-q"] if s.smoke else ["-v", "-rs", "--durations=0"]
+        pytest += ["--junitxml", str(s.dir / f"{name}.xml")]
+        code = s.run(name, ["timeout", "-s", "INT", "-k", "5", str(int(soft)), *pytest], soft + PYTEST_STOP_S)
+        if code == 124:  # timeout's own status: stopped at its time
+            s.note(part=f"{name}-cut", why=f"stopped by SIGINT after {soft:.0f} s: {name}.xml has the tests that ended")
+
+
 def run_phase(s: Session) -> None:
     if s.phase == "window1":
         phase_window1(s)
     elif s.phase == "window2":
         phase_window2(s)
+    elif s.phase == "window3":
+        phase_window3(s)
     elif s.phase == "first":
         phase_first(s)
     elif s.phase == "cudatests":
@@ -833,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds all the phases together may take (one device command: at most 600)",
     )
     ap.add_argument("--smoke", action="store_true", help="run the phase on the CPU at the pico shape (tests)")
-    ap.add_argument("--plan", action="store_true", help="print the window's two commands and their estimates")
+    ap.add_argument("--plan", action="store_true", help="print the window's three commands and their estimates")
     args = ap.parse_args(argv)
     if args.plan:
         print("\n".join(plan_lines()))

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_session.py: a lent GPU's 15-minute window as two prepared device commands (checked on the CPU)."""
+"""benchmarks/gpu_session.py: a lent GPU's 15-minute window as three prepared device commands (checked on the CPU)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import sys
 import tarfile
 import time
 
-import gpu_session  # noqa: E402
+import gpu_plan
+import gpu_session
 
 from support.cli import child_env
 from support.packages import fake_packages
@@ -145,16 +146,18 @@ def test_a_background_part_runs_beside_the_next_and_is_recorded_when_waited_for(
         assert [p["part"] for p in json.load(tar.extractfile("window1-results/summary.json"))["parts"]][-1] == "slow"
 
 
-def test_the_window_fits_15_minutes_with_a_rerun_and_the_plan_says_so():
-    """The 15-minute window: the machine's start (2 minutes at most), two commands each at most its run
-    timeout, the gaps between calls and a rerun of either fit 15 minutes; each command's upper estimate
-    stays within its timeout and the budget, and every part but the last (the rounds, which take what is
-    left) fits the budget at the upper end; ``--plan`` prints exactly these commands, as typed on the
-    device, and the window's total; docs/gpus.md gives each with the run tool's carry and timeout."""
-    g = gpu_session
-    assert g.COMMANDS == (("window1",), ("window2",))
-    assert g.MACHINE_START[1] + 3 * g.RUN_TIMEOUT_S + 2 * g.GAP + g.GIVE_BACK <= g.WINDOW_S == 900
-    assert g.window_total()[1] <= g.WINDOW_S and g.GAP <= 30
+def test_the_window_fits_15_minutes_with_window3_in_the_reruns_slot_and_the_plan_says_so():
+    """The 15-minute window: the machine's start (2 minutes at most), three commands each at most its run
+    timeout and the gaps between calls fit 15 minutes, and a fourth would not: window3 runs in the slot a
+    rerun of window1 or window2 would take, and ``--plan`` says so; each command's upper estimate stays
+    within its timeout and the budget, and every part but the last (which takes what is left) fits the
+    budget at the upper end -- window3's pytest -m cuda keeping 30 s; ``--plan`` prints exactly these
+    commands, as typed on the device, and the window's total; docs/gpus.md gives each with the run tool's
+    carry and timeout."""
+    g = gpu_plan
+    assert g.COMMANDS == (("window1",), ("window2",), ("window3",)) and g.RERUN == g.COMMANDS[-1][0]
+    assert g.window_total()[1] == g.MACHINE_START[1] + 3 * g.RUN_TIMEOUT_S + 2 * g.GAP + g.GIVE_BACK <= g.WINDOW_S
+    assert g.MACHINE_START[1] + 4 * g.RUN_TIMEOUT_S + 3 * g.GAP + g.GIVE_BACK > g.WINDOW_S == 900 and g.GAP <= 30
     docs = (ROOT / "docs" / "gpus.md").read_text()
     for cmd in g.COMMANDS:
         planned, upper = g.command_estimate(cmd)
@@ -163,9 +166,14 @@ def test_the_window_fits_15_minutes_with_a_rerun_and_the_plan_says_so():
         assert all(g.estimate(p)[2] for p in cmd)  # says what it rests on
         line = g.COMMAND_LINE.format(" ".join(cmd))
         assert f'"{line}"' in docs, line  # the run tool's command string, exactly
-    high = g.window_parts("window1", g.COLD[1], g.LLMC_BUILD[1])
+    high = g.window_parts("window1", 1)
     assert [p for p, _, _ in high] == ["prepare", "llmc-build", "profile", "default", "llmc-record", "rounds"]
     assert sum(sec for _, sec, _ in high[:-1]) <= g.BUDGET_S - 15
+    high = g.window_parts("window3", 1)
+    assert [p for p, _, _ in high][1:] == [
+        *("train-ref", "train-stopped", "train-resume", "train-ref-wait", "pytest-nccl", "pytest-cuda")
+    ]
+    assert sum(sec for _, sec, _ in high[:-1]) <= g.BUDGET_S - 15 - 30
     assert g.LLMC_BUILD[1] <= g.LLMC_BUILD_TIMEOUT < g.BUDGET_S - 15 - 40  # and a build without cuDNN after it
     assert '"carry": [".carry"]' in docs and f'"timeout_s": {g.RUN_TIMEOUT_S}' in docs
     assert "nvidia-cudnn-frontend==1.32.0" in docs
@@ -178,9 +186,10 @@ def test_the_window_fits_15_minutes_with_a_rerun_and_the_plan_says_so():
     )
     assert plan.returncode == 0 and plan.stdout.count("gpu_session.py ") == len(g.COMMANDS)
     minutes = [float(m) for m in re.findall(r"up to (\d+\.\d)", plan.stdout)]
-    assert len(minutes) == 2 and max(minutes) * 60 < g.RUN_TIMEOUT_S, plan.stdout
+    assert len(minutes) == 3 and max(minutes) * 60 < g.RUN_TIMEOUT_S, plan.stdout
     total = re.search(r"window total: ~(\d+\.\d) min planned; at most (\d+\.\d) min of 15", plan.stdout)
     assert total and float(total.group(1)) < float(total.group(2)) <= 15, plan.stdout
+    assert "window3 runs in the slot of a rerun" in plan.stdout
 
 
 def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
@@ -198,8 +207,8 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     (tmp_path / "data" / "shakespeare-gutenberg").mkdir(parents=True)
     (tmp_path / "data" / "shakespeare-gutenberg" / "manifest.json").write_text("{}")
     ran = {}
-    for phase in gpu_session.WINDOW:
-        s = gpu_session.Session(phase, tmp_path / "OUT", budget_s=gpu_session.BUDGET_S, smoke=False)
+    for phase in ("window1", "window2"):
+        s = gpu_session.Session(phase, tmp_path / "OUT", budget_s=gpu_plan.BUDGET_S, smoke=False)
         monkeypatch.setattr(s, "run", lambda name, cmd, cap_s, **kw: ran.update({name: (cmd, cap_s)}))
         monkeypatch.setattr(s, "start", lambda name, cmd, cap_s: ran.update({name: (cmd, cap_s)}) or "proc")
         monkeypatch.setattr(s, "wait", lambda proc: 0)
@@ -212,7 +221,7 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
 
     build = ran["llmc-build"][0]
     assert build[1].endswith("vs_peers_gpu.py") and "--build-llmc" in build
-    assert flags("llmc-build")["--timeout"] == str(gpu_session.LLMC_BUILD_TIMEOUT)
+    assert flags("llmc-build")["--timeout"] == str(gpu_plan.LLMC_BUILD_TIMEOUT)
     assert ran["profile"][0][3:8] == ["bench", "profile", "fused-adamw", "--preset", "gpt2"]
     assert flags("profile")["--device"] == "cuda" and flags("profile")["--batch-size"] == "16"
     default, record, rounds = flags("default"), flags("llmc-record"), flags("rounds")
@@ -223,13 +232,13 @@ def test_on_a_gpu_the_window_runs_the_rows_the_docs_name(tmp_path, monkeypatch):
     assert rounds["--variant"] == "B64: --batch-size 64 --total-batch-tokens 524288"
     assert int(rounds["--batch-size"]) * int(rounds["--accum"]) * 1024 == 524288
     assert "--llmc-flags=-r 0 -b 64" in ran["rounds"][0]
-    assert check_llmc_flags(shlex.split(gpu_session.LLMC_FLAGS + " -b 64")) == ["-r", "0", "-b", "64"]
+    assert check_llmc_flags(shlex.split(gpu_plan.LLMC_FLAGS + " -b 64")) == ["-r", "0", "-b", "64"]
     work = {flags(p)["--work"] for p in ("default", "llmc-record", "rounds")} | {flags("llmc-build")["--work"]}
     assert len(work) == 1  # llm.c built once, ahead, for every llm.c row
     tune = flags("tune")
     assert ran["tune"][0][3:5] == ["bench", "tune"] and tune["--preset"] == "gpt2" and tune["--device"] == "cuda"
-    assert float(tune["--budget-s"]) == gpu_session.tune_budget(gpu_session.BUDGET_S) > 150
-    assert ran["tune"][1] <= gpu_session.BUDGET_S - 15  # the part's timeout leaves the packing its time
+    assert float(tune["--budget-s"]) == gpu_plan.tune_budget(gpu_plan.BUDGET_S) > 150
+    assert ran["tune"][1] <= gpu_plan.BUDGET_S - 15  # the part's timeout leaves the packing its time
     variant = rounds["--variant"].split(":", 1)[1].split()  # after the peers' shape flags, as vs_peers_gpu.py adds it
     assert peers_variant_config(variant) == 0
 
@@ -264,14 +273,14 @@ def test_a_file_too_big_for_the_archive_comes_back_gzipped_beside_it_or_is_liste
 
 
 def test_the_windows_commands_run_on_the_cpu_within_their_budget(tmp_path, shakespeare_data):
-    """``--smoke``: both commands of the window run on the CPU at the pico shape, every part as planned,
+    """``--smoke``: the first two commands of the window run on the CPU at the pico shape, every part as planned,
     none cut by the command's budget (every part "ok": the script, not the test, times them), each bringing
     back its one archive: window1 llm.c's build (skipped on a CPU), the
     profile's breakdown, the default's row, llm.c's record row, the interleaved rounds (the default, llm.c
     skipped on a CPU, the wide form); window2 the tune's report and tuned.yaml. The two run side by side (the CPU machine has two cores)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    phases = [p for cmd in gpu_session.COMMANDS for p in cmd]
+    phases = ["window1", "window2"]  # window3: its own test
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = dict(zip(phases, pool.map(lambda phase: _smoke(phase, tmp_path, shakespeare_data), phases)))
     for phase, (proc, _seconds, out) in runs.items():
@@ -306,6 +315,83 @@ def test_the_windows_commands_run_on_the_cpu_within_their_budget(tmp_path, shake
         tune = json.load(tar.extractfile("window2-results/tune/tune.json"))
         assert tar.extractfile("window2-results/tune/tuned.yaml").read()
     assert tune["complete"] and tune["rows"][0]["name"] == "yours" and tune["config"]["budget_s"] <= 45
+
+
+def test_window3_on_the_cpu_stops_a_run_by_sigterm_and_resumes_it_to_the_same_losses(tmp_path, shakespeare_data):
+    """``--smoke``: window3 runs on the CPU at the pico shape (2 layers, T=256) with every switch it brings
+    to CUDA: the run uninterrupted in the background, the same run stopped by SIGTERM (exit 143) after step
+    10 and resumed from the step it saved, every logged train loss, val loss and val bits per byte equal to
+    the uninterrupted run's (a CPU resume is bit-identical: docs/reliability.md), the batch-size warm-up's
+    first and last steps and the bits per byte recorded; then each pytest part collected, its junit file
+    packed; one archive back."""
+    proc, _seconds, out = _smoke("window3", tmp_path, shakespeare_data)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert [p.name for p in out.iterdir()] == ["window3.tgz"]
+    with tarfile.open(out / "window3.tgz") as tar:
+        summary = json.load(tar.extractfile("window3-results/summary.json"))
+        names = tar.getnames()
+    parts = {p["part"]: p for p in summary["parts"]}
+    assert list(parts) == [
+        *("train-stopped", "train-resume", "train-ref", "resume-check", "pytest-nccl", "pytest-cuda")
+    ]  # the reference recorded when waited for, after the resume; the corpus prepared once per test session
+    assert all(p["status"] == "ok" for p in summary["parts"] if "status" in p), summary
+    assert parts["train-stopped"]["exit"] == 143 and parts["train-ref"]["exit"] == 0
+    check = parts["resume-check"]
+    assert check["bit_identical"] and check["max_abs_diff"] == check["max_rel_diff"] == 0.0
+    assert check["steps_compared"] == check["last_step_ref"] == check["last_step_resumed"] == 16
+    assert 10 <= check["sigterm_after_step"] <= check["resumed_from_step"] < 16
+    assert check["val_steps_compared"] == 3 and check["val_loss_max_abs_diff"] == check["val_bpb_max_abs_diff"] == 0.0
+    assert check["tokens_first_step"] == 256 and check["tokens_last_step"] == 512  # the batch-size warm-up
+    assert sorted(check["val_bpb"], key=int) == ["0", "8", "16"] and "not promised on a GPU" in check["promise"]
+    for name in ("run-ref-metrics.jsonl", "run-resumed-config.json", "pytest-nccl.xml", "pytest-cuda.xml"):
+        assert f"window3-results/{name}" in names, name
+
+
+def test_on_a_gpu_window3_trains_what_never_ran_on_cuda_and_stops_it_by_sigterm(tmp_path, monkeypatch):
+    """What the CPU smoke cannot run, read off the commands window3 would start on a GPU: GPT-2 124M at
+    T=1024 with every switch never run on CUDA -- the speedrun recipe, batches aligned to documents, the
+    document mask, the sliding window, the batch-size warm-up, val bits per byte, the tail average -- flags
+    ``gptspeed train`` accepts; uninterrupted in the background, the same run sent SIGTERM once (after step
+    22, exit 143 planned), its resume; then pytest -m cuda under ``timeout``'s SIGINT within each part's
+    timeout, every test it leaves out one that exists and is marked cuda."""
+    from gptspeed import cli
+
+    monkeypatch.setenv("GPTSPEED_SESSION_WORK", str(tmp_path / "work"))
+    monkeypatch.setenv("GPTSPEED_SESSION_DATA", str(tmp_path / "data"))
+    (tmp_path / "data" / "shakespeare-gutenberg").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare-gutenberg" / "manifest.json").write_text("{}")
+    s = gpu_session.Session("window3", tmp_path / "OUT", budget_s=gpu_plan.BUDGET_S, smoke=False)
+    ran = {}
+    monkeypatch.setattr(s, "run", lambda name, cmd, cap_s, **kw: ran.update({name: (cmd, cap_s, kw)}))
+    monkeypatch.setattr(s, "start", lambda name, cmd, cap_s: ran.update({name: (cmd, cap_s, {})}) or "proc")
+    monkeypatch.setattr(s, "wait", lambda proc: 0)
+    gpu_session.run_phase(s)
+    assert list(ran) == ["train-ref", "train-stopped", "train-resume", "pytest-nccl", "pytest-cuda"]
+    (ref, _, _), (stopped, _, kw), (resume, _, _) = ran["train-ref"], ran["train-stopped"], ran["train-resume"]
+    flags = ref[ref.index("train") + 1 : ref.index("--data")]
+    assert flags == stopped[stopped.index("train") + 1 : stopped.index("--data")] and ref[-1] != stopped[-1]
+    assert flags[:4] == ["--preset", "gpt2", "--device", "cuda"] and "--seq-len" not in flags  # gpt2's T=1024
+    for switch in ("--recipe", "--align-to-docs", "--doc-mask", "--attn-window", "--batch-warmup-steps", "--eval-bpb"):
+        assert switch in flags, switch
+    assert {"--ema-tail-ratio", "--ema-horizon", "--ema-blend", "--save-every", "--eval-every"} <= set(flags)
+    assert cli.main(["train", *flags, "--data", "d", "--out", "o", "--print-config"]) == 0
+    assert resume[resume.index("train") :] == ["train", "--out", stopped[-1], "--resume"]
+    sent = []
+    proc = type("Proc", (), {"send_signal": lambda self, sig: sent.append(sig)})()
+    for line in ("step  0/40 | val 10.9", "step 21/40 | loss 7.1", "step 22/40 | loss 7.0", "step 23/40 | loss 6.9"):
+        kw["on_line"](line, proc)
+    assert sent == [signal.SIGTERM] and kw["expect"] == 128 + signal.SIGTERM
+    for name in ("pytest-nccl", "pytest-cuda"):
+        cmd, cap, _ = ran[name]
+        assert cmd[:4] == ["timeout", "-s", "INT", "-k"] and float(cmd[5]) + gpu_session.PYTEST_STOP_S <= cap
+        assert cmd[cmd.index("pytest") + 1 : cmd.index("pytest") + 3] == ["-m", "cuda"] and "--junitxml" in cmd
+    cuda = ran["pytest-cuda"][0]
+    left_out = [cuda[i + 1] for i, a in enumerate(cuda) if a == "--deselect"]
+    assert "tests" in cuda and len(left_out) == 3
+    for test in left_out:
+        path, func = test.split("::")
+        before = (ROOT / path).read_text().split(f"def {func.split('[')[0]}(")[0]
+        assert "pytest.mark.cuda" in before[-400:], test
 
 
 def test_every_verify_group_and_beyond_variant_runs_what_it_names(monkeypatch, capsys):

@@ -217,3 +217,127 @@ def test_sample_and_eval_init_from_an_export_encode_with_the_tokenizer_it_ships(
         "sample", "--init-from", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "6", "--temperature", "0"
     )
     assert proc.returncode == 0 and proc.stdout.startswith("ROMEO:" + ours[0]), proc.stderr
+
+
+# ------------------------------------------------------------- a stream tokenized with the user's tokenizer
+#: the quick run without a val split's settings: a stream has none (they are refused there)
+STREAM_QUICK = {k: v for k, v in QUICK_RUN.items() if k not in ("eval_tokens", "eval_every")}
+
+
+def _stream(folders) -> str:
+    return f"jsonl:{folders / 'docs.jsonl'}"
+
+
+def test_a_stream_run_takes_the_vocabulary_eot_and_batches_of_its_tokenizer_and_keeps_it(folders, tmp_path):
+    """`train --data jsonl:docs.jsonl --tokenizer TOK_DIR`: the model's vocabulary, <|endoftext|> and identity are
+    the tokenizer's (as from a manifest), the batches its encoding of each document after its <|endoftext|>, the
+    run folder keeps its tokenizer.json, and `sample --run` encodes and decodes with it."""
+    import numpy as np
+    import torch
+
+    from gptspeed.data.train_data import train_data_for
+    from gptspeed.runtime import resolve_runtime
+    from gptspeed.sample import generate, load_model
+
+    tok = load_tokenizer_dir(folders / "tok")
+    out = tmp_path / "run"
+    cfg = gptspeed.make_config(
+        "pico", data=_stream(folders), data_tokenizer=str(folders / "tok"), out=str(out), max_steps=2, **STREAM_QUICK
+    )
+    m = cfg.model
+    assert (m.valid_vocab_size, m.vocab_size, m.eot_token, m.tokenizer) == (VOCAB, 320, tok.eot, "sha256:" + tok.sha256)
+    docs = [json.loads(line)["text"] for line in (folders / "docs.jsonl").read_text().splitlines()]
+    expected = np.concatenate([[tok.eot, *tok.encode(d)] for d in docs])
+    loader = train_data_for(cfg.train).loader(4, 32)
+    x, y = loader.next_batch()
+    loader.close()
+    np.testing.assert_array_equal(x.flatten().numpy(), expected[:128])
+    np.testing.assert_array_equal(y.flatten().numpy(), expected[1:129])
+    gptspeed.train(cfg, echo=False)
+    assert (out / RUN_TOKENIZER_FILE).read_text() == (folders / "tok" / "tokenizer.json").read_text()
+    model, _ = load_model(out, resolve_runtime("cpu", "float32", compile=False))
+    with torch.no_grad():
+        new = [int(t[0]) for t in generate(model, torch.tensor([tok.encode("ROMEO:")]), 6, temperature=0)]
+    proc = run_main("sample", "--run", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "6", "--temperature", "0")
+    assert proc.returncode == 0 and proc.stdout.startswith("ROMEO:" + tok.decode(new)), proc.stderr
+
+
+def test_a_stream_run_on_a_tiktoken_encoding_by_name(folders, tmp_path, monkeypatch):
+    """`--tokenizer ENCODING` (here the tests' own, offline; cl100k_base is the same path, downloaded once): the
+    model's vocabulary and eot are the encoding's, its name the run's tokenizer (no file to keep)."""
+    from support.tokdata import TIKTOKEN_EOT, TIKTOKEN_NAME, offer_tiny_tiktoken
+
+    tok = offer_tiny_tiktoken(monkeypatch)
+    out = tmp_path / "run"
+    cfg = gptspeed.make_config(
+        "pico", data=_stream(folders), data_tokenizer=TIKTOKEN_NAME, out=str(out), max_steps=1, **STREAM_QUICK
+    )
+    m = cfg.model
+    assert (m.valid_vocab_size, m.vocab_size, m.eot_token, m.tokenizer) == (302, 320, TIKTOKEN_EOT, TIKTOKEN_NAME)
+    assert gptspeed.train(cfg, echo=False)["step"] == 1
+    assert not (out / RUN_TOKENIZER_FILE).exists() and run_tokenizer(out) is tok
+
+
+def test_a_stream_run_on_a_vocabulary_beyond_65536_trains(folders, tmp_path, monkeypatch):
+    """70,000 ids (<|endoftext|> 69,999): 70,016 embedding rows, the ids reach the model whole."""
+    from support.tokdata import offer_tiny_tiktoken
+
+    offer_tiny_tiktoken(monkeypatch, eot=69_999, name="wide_tiktoken")
+    cfg = gptspeed.make_config(
+        "pico",
+        data=_stream(folders),
+        data_tokenizer="wide_tiktoken",
+        out=str(tmp_path / "r"),
+        max_steps=2,
+        **STREAM_QUICK,
+    )
+    assert (cfg.model.vocab_size, cfg.model.valid_vocab_size, cfg.model.eot_token) == (70_016, 70_000, 69_999)
+    summary = gptspeed.train(cfg, echo=False)
+    assert summary["step"] == 2 and summary["last_train_loss"] < 12  # ln(70,000) = 11.2
+
+
+def test_a_tokenizer_that_cannot_apply_is_one_line_before_training(folders, tmp_path):
+    """With a prepared folder --tokenizer is the folder's (another is refused naming both; the same one does nothing,
+    refused as such); a TOK_DIR without a valid tokenizer.json or a name of nothing known: one line, no run folder."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text("{not json")
+    train = ("train", "--preset", "pico", "--device", "cpu", "--max-steps", "1", "--out", str(tmp_path / "r"))
+    tok, stream = str(folders / "tok"), _stream(folders)
+    cases = [
+        (str(folders / "gpt2"), tok, ["--tokenizer", "is the tokenizer.json of sha256", "prepared with GPT-2's BPE"]),
+        (str(folders / "data"), "gpt2", ["--tokenizer gpt2 is GPT-2's BPE (gpt2), but --data", f"{tok} (sha256"]),
+        (str(folders / "data"), tok, ["acts only with --data a jsonl:/hf: stream", "keeps the tokenizer it was"]),
+        (stream, str(tmp_path / "empty"), ["is not a tokenizer folder (no tokenizer.json)"]),
+        (stream, str(tmp_path / "bad"), [str(tmp_path / "bad" / "tokenizer.json")]),
+        (stream, "cl200k_base", ["--tokenizer 'cl200k_base' names nothing known"]),
+    ]
+    for data, given, fragments in cases:
+        assert_user_error(run_main(*train, "--data", data, "--tokenizer", given), *fragments)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_stream_run_on_its_tokenizer_resumes_exactly_and_refuses_another(folders, tmp_path):
+    """A run stopped after its step-2 checkpoint and resumed (its --tokenizer from its configuration) gives steps 3
+    and 4 the losses of the run never stopped, to the bit; a --resume streaming with another tokenizer is one line
+    naming both."""
+    import shutil
+
+    from support.training import train_losses
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    cfg = gptspeed.make_config(
+        "pico", data=_stream(folders), data_tokenizer=str(folders / "tok"), out=str(ref), max_steps=4, **STREAM_QUICK
+    )
+    cfg.train.save_every = 2
+    gptspeed.train(cfg, echo=False)
+    run.mkdir()
+    for name in ("ckpt_00000002.pt", "ckpt_00000002.json"):
+        shutil.copy(ref / name, run / name)
+    proc = run_main("train", "--out", str(run), "--resume")
+    assert proc.returncode == 0 and "resumed from step 2" in proc.stdout, proc.stderr
+    assert [train_losses(run)[s] for s in (3, 4)] == [train_losses(ref)[s] for s in (3, 4)]
+    proc = run_main("train", "--out", str(run), "--resume", "--max-steps", "6", "--tokenizer", "gpt2")
+    assert_user_error(
+        proc, "--resume: the run", "takes the tokenizer.json of sha256", "tokenized with GPT-2's BPE (gpt2)"
+    )

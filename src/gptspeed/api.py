@@ -55,7 +55,7 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
         GptspeedError: anything the user can fix (no ``data`` / ``out``, bad data, a run folder
             that holds another run, ...) and training that diverges with ``on_nan="stop"``.
     """
-    from gptspeed.data.train_data import find_train_data
+    from gptspeed.data.train_data import train_data_for
 
     if not isinstance(config, RunConfig):
         raise GptspeedError(f"train() takes a RunConfig (gptspeed.make_config(...)), got {type(config).__name__}")
@@ -63,7 +63,7 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
     config.validate_if_changed()  # a setting changed since make_config; the data is checked before importing torch
     t = config.train
     if t.data:
-        find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
+        train_data_for(t)
     from gptspeed.trainer import fit
 
     return fit(config, echo=echo)

@@ -14,15 +14,21 @@ A prepared folder's manifest names the tokenizer its shards were made with
   ``tokenizer.json``, which the run copies into its folder (:func:`save_run_tokenizer`, atomically:
   the folder is self-contained). A GPT-2 run is unchanged: it stores nothing more.
 
+A stream (``--data jsonl:PATH`` / ``hf:NAME``) has no manifest: its tokenizer is the one its ``--tokenizer``
+names (the ``data_tokenizer`` setting, :func:`load_data_tokenizer`; ``gpt2`` by default), and the run takes
+the same from it as from a manifest that said so (:func:`tokenizer_fields`: a TOK_DIR's ``tokenizer.json``
+is found there, sha256-checked, when the run copies it). With prepared data ``--tokenizer`` can only name
+the data's own (:func:`check_given_tokenizer`).
+
 An ``export-hf`` of such a run ships the tokenizer (:func:`export_tokenizer`: its ``tokenizer.json``,
 or a tiktoken encoding converted to one, :func:`tiktoken_tokenizer_json`) and names it in config.json
 (``gptspeed_tokenizer``); ``import-hf``, ``--init-from`` and ``sample``/``eval --init-from`` take it
 back (:func:`source_tokenizer`, :func:`eval_tokenizer`, :mod:`gptspeed.hf.reload`).
 
 A run whose identity is not its data's is refused in one line naming both: ``--resume`` on other
-data, ``--init-from`` a model of another tokenizer, a configuration changed after it was made
-(:func:`check_data_tokenizer`). :func:`run_tokenizer` gives any command the run's
-:class:`~gptspeed.bpe.Tokenizer` (``encode``, ``decode``, ``eot``, ``n_vocab``).
+data (or a stream with another ``--tokenizer``), ``--init-from`` a model of another tokenizer, a
+configuration changed after it was made (:func:`check_data_tokenizer`). :func:`run_tokenizer` gives any
+command the run's :class:`~gptspeed.bpe.Tokenizer` (``encode``, ``decode``, ``eot``, ``n_vocab``).
 """
 
 from __future__ import annotations
@@ -102,42 +108,112 @@ def manifest_tokenizer(manifest: dict[str, Any] | None, where: str = "the data")
     return DataTokenizer(identity, n, eot, name, kind)
 
 
-def data_tokenizer(data: str | None) -> DataTokenizer:
+def load_data_tokenizer(spec: str):
+    """The :class:`~gptspeed.bpe.Tokenizer` that ``--tokenizer`` ``spec`` (the ``data_tokenizer`` setting)
+    names: a tiktoken encoding or a TOK_DIR (:func:`gptspeed.bpe.resolve_tokenizer`); None for ``gpt2``
+    (a stream's own GPT-2 path, :func:`gptspeed.data.tokenize.encode_document`). GptspeedError (one
+    line): ``spec`` names nothing known, a TOK_DIR without a valid ``tokenizer.json``, an encoding
+    tiktoken cannot load."""
+    if spec == GPT2:
+        return None
+    from gptspeed.bpe import resolve_tokenizer
+
+    tok = resolve_tokenizer(spec)
+    return None if tok.kind == GPT2 else tok
+
+
+def tokenizer_fields(tok) -> dict[str, Any]:
+    """What a manifest says of the :class:`~gptspeed.bpe.Tokenizer` ``tok``, as ``prepare --tokenizer``
+    writes it and :func:`manifest_tokenizer` reads it: ``tokenizer`` (its name: the encoding's, or the
+    TOK_DIR, where its ``tokenizer.json`` is), ``tokenizer_kind``, ``tokenizer_sha256``, ``eot_token``,
+    ``n_vocab``. A stream's :class:`~gptspeed.data.train_data.TrainData` carries them as its manifest."""
+    return {
+        "tokenizer": tok.name,
+        "tokenizer_kind": tok.kind,
+        "tokenizer_sha256": tok.sha256,
+        "eot_token": tok.eot,
+        "n_vocab": tok.n_vocab,
+    }
+
+
+def data_tokenizer(data: str | None, tokenizer: str | None = None) -> DataTokenizer:
     """The tokenizer of ``--data``: a prepared folder's (:func:`manifest_tokenizer`), a mixture's first
-    source's (:mod:`gptspeed.data.mixture`: its sources share one); GPT-2's for a
-    stream (tokenized while training with GPT-2's BPE), no ``--data`` (tiny Shakespeare) or a path
-    that is not a folder (the data check names it)."""
+    source's (:mod:`gptspeed.data.mixture`: its sources share one); for a stream, the one ``tokenizer``
+    names (``--tokenizer``, :func:`load_data_tokenizer`; GPT-2's when None); GPT-2's for no ``--data``
+    (tiny Shakespeare) or a path that is not a folder (the data check names it). ``tokenizer`` given
+    with data that is not a stream must name the data's own (:func:`check_given_tokenizer`).
+    GptspeedError: as those two and :func:`manifest_tokenizer`."""
     from gptspeed.data.mixture import is_mixture, parse_mixture
     from gptspeed.data.sources import is_stream_source
 
-    if data and is_mixture(data):  # its sources share one tokenizer (the mixture checks it): the first's
-        data = parse_mixture(data)[0].path
-    if not data or is_stream_source(data) or not Path(data).expanduser().is_dir():
-        return GPT2_DATA
-    from gptspeed.data import load_manifest
+    if data and is_stream_source(data):
+        tok = load_data_tokenizer(tokenizer or GPT2)
+        return manifest_tokenizer(tokenizer_fields(tok) if tok is not None else None, data)
+    folder = parse_mixture(data)[0].path if data and is_mixture(data) else data  # the sources share one
+    found = GPT2_DATA
+    if folder and Path(folder).expanduser().is_dir():
+        from gptspeed.data import load_manifest
 
-    return manifest_tokenizer(load_manifest(Path(data).expanduser()), str(data))
+        found = manifest_tokenizer(load_manifest(Path(folder).expanduser()), str(folder))
+    if tokenizer is not None:
+        check_given_tokenizer(tokenizer, found, data)
+    return found
+
+
+def _identity_of(spec: str) -> str:
+    """The identity (``GPTConfig.tokenizer``) of the tokenizer ``spec`` names: a tiktoken encoding's name
+    is it (nothing loaded); a TOK_DIR's is ``sha256:`` of its ``tokenizer.json``."""
+    import tiktoken
+
+    if spec == GPT2 or spec in tiktoken.list_encoding_names():
+        return spec
+    tok = load_data_tokenizer(spec)
+    return SHA_PREFIX + tok.sha256 if tok.kind == "hf" else tok.name
+
+
+def check_given_tokenizer(spec: str, tok: DataTokenizer, data: str | None) -> None:
+    """GptspeedError (one line naming both) when ``--tokenizer`` ``spec``, given with ``data`` that is
+    not a stream (a prepared folder, a mixture, tiny Shakespeare), is not ``tok``, the one the data was
+    prepared with: a prepared folder keeps its tokenizer. (The same one is then refused as a setting that
+    does nothing, :func:`gptspeed.config.check_companions`.)"""
+    mine = _identity_of(spec)
+    if mine != tok.identity:
+        raise GptspeedError(
+            f"--tokenizer {spec} is {describe(mine)}, but --data {data or '(tiny Shakespeare)'} was prepared with "
+            f"{tok.said}: a prepared folder keeps the tokenizer it was prepared with; drop --tokenizer, or prepare "
+            f"the text again with --tokenizer {spec} (or stream it: --data jsonl:PATH --tokenizer {spec})"
+        )
 
 
 def _mismatch(what: str, theirs: str, data: str | None, tok: DataTokenizer) -> GptspeedError:
+    from gptspeed.data.sources import is_stream_source
+
+    stream = bool(data) and is_stream_source(data)
+    fix = "stream it with that --tokenizer" if stream else "use data prepared with the same tokenizer"
     return GptspeedError(
         f"{what} takes {describe(theirs)}, but --data {data or '(tiny Shakespeare)'} is tokenized with "
-        f"{describe(tok.identity)}: use data prepared with the same tokenizer (gptspeed prepare --tokenizer), "
-        "or start a new run"
+        f"{describe(tok.identity)}: {fix}{'' if stream else ' (gptspeed prepare --tokenizer)'}, or start a new run"
     )
 
 
 def fit_model_to_data(cfg, given: set[str], resumed: bool):
     """``cfg`` (a :class:`~gptspeed.config.RunConfig`, changed in place and returned) fitted to its
-    data's tokenizer (the module docstring): a new run takes ``valid_vocab_size``, ``eot_token``,
-    ``tokenizer`` and (unless in ``given``) a padded ``vocab_size`` from it; a ``resumed`` run, or one
-    ``--init-from`` a model, must already have it.
+    data's tokenizer (the module docstring; a stream's is its ``--tokenizer``, the ``data_tokenizer``
+    setting): a new run takes ``valid_vocab_size``, ``eot_token``, ``tokenizer`` and (unless in
+    ``given``) a padded ``vocab_size`` from it; a ``resumed`` run, or one ``--init-from`` a model, must
+    already have it.
 
     Raises:
-        GptspeedError: the data's manifest is unreadable; ``vocab_size`` given smaller than the data's
-            ``n_vocab``; a resumed run's or the ``--init-from`` model's tokenizer is not the data's.
+        GptspeedError: the data's manifest is unreadable; a stream's ``--tokenizer`` names nothing
+            loadable, or one given with prepared data is not the data's (:func:`check_given_tokenizer`);
+            ``vocab_size`` given smaller than the data's ``n_vocab``; a resumed run's or the
+            ``--init-from`` model's tokenizer is not the data's.
     """
-    tok, m, data = data_tokenizer(cfg.train.data), cfg.model, cfg.train.data
+    from gptspeed.data.sources import is_stream_source
+
+    m, data = cfg.model, cfg.train.data
+    given_tok = "data_tokenizer" in given or (bool(data) and is_stream_source(data))
+    tok = data_tokenizer(data, cfg.train.data_tokenizer if given_tok else None)  # a stream's --tokenizer
     if resumed:
         if m.tokenizer != tok.identity:
             raise _mismatch(f"--resume: the run {cfg.train.out}", m.tokenizer, data, tok)
@@ -208,12 +284,20 @@ def _read_tokenizer_json(folder: Path) -> str | None:
 def data_tokenizer_json(data_dir: str | os.PathLike, manifest: dict[str, Any] | None) -> str:
     """The ``tokenizer.json`` text an HF-tokenized prepared folder was made with: the folder's own copy
     (prepare writes one), else the TOK_DIR its manifest names -- either only if its sha256 is the
-    manifest's. GptspeedError when neither is found unchanged."""
+    manifest's. For a stream (``data_dir`` ``jsonl:``/``hf:``; ``manifest``: :func:`tokenizer_fields` of its
+    ``--tokenizer``) the TOK_DIR's. GptspeedError when neither is found unchanged."""
+    from gptspeed.data.sources import is_stream_source
+
     sha = (manifest or {}).get("tokenizer_sha256")
     for folder in (Path(data_dir), Path(str((manifest or {}).get("tokenizer", ""))).expanduser()):
         text = _read_tokenizer_json(folder)
         if text is not None and _sha256(text) == sha:
             return text
+    if is_stream_source(str(data_dir)):  # no folder of its own: the TOK_DIR its --tokenizer named
+        raise GptspeedError(
+            f"the stream {data_dir} is tokenized with {manifest.get('tokenizer')} (sha256 {str(sha)[:12]}), whose "
+            f"{RUN_TOKENIZER_FILE} is gone or changed since: put it back, or start a new run"
+        )
     raise GptspeedError(
         f"the data {data_dir} was prepared with the tokenizer {manifest.get('tokenizer')} (sha256 {str(sha)[:12]}), "
         f"which is neither in the folder nor unchanged there: put its {RUN_TOKENIZER_FILE} back, or prepare again"

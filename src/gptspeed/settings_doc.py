@@ -24,10 +24,11 @@ from gptspeed import config
 #: The command that rewrites docs/settings.md (quoted by the test that checks the page).
 COMMAND = "python -m gptspeed.settings_doc > docs/settings.md"
 
-# the metadata keys rendered in a column of their own; any other key goes to the "also" column
+# the metadata keys rendered in a column of their own (or only --help's: metavar); any other key goes to the "also"
+# column
 _RENDERED = frozenset(
     {"help", "flag", "cli", "choices", "min", "max", "min_open", "finite", "text", "max_note", "run_defining", "kind"}
-    | {"parse", "path", "min_note", "off", *config.COMPANION_KEYS}
+    | {"parse", "path", "min_note", "off", "metavar", *config.COMPANION_KEYS}
 )
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "text", bool: "on or off"}
 

@@ -48,7 +48,7 @@ from gptspeed.config import RunConfig, world_from_env
 from gptspeed.configure import build_train_config  # noqa: F401 -- re-exported beside fit
 from gptspeed.cpu import keep_freed_memory
 from gptspeed.data.shards import ShardError
-from gptspeed.data.train_data import TrainData, find_train_data
+from gptspeed.data.train_data import TrainData, train_data_for
 from gptspeed.distributed import init_distributed, lost_peer_error, peer_lost, shutdown_distributed
 from gptspeed.divergence import DivergencePolicy
 from gptspeed.errors import GptspeedError
@@ -157,7 +157,7 @@ class Trainer:
         t = cfg.train
         self.run_dir = Path(t.out)
         self.state = TrainState()
-        self.data: TrainData = find_train_data(t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split)
+        self.data: TrainData = train_data_for(t)
         self.loader = self.log = self.stop = None  # self.stop: the stop signals' flag, while training
         self.pace = FirstPace(self.say, 0, None, 0.0)  # the first step's: set when training starts
         self.folder = RunFolder(self.run_dir, rt.is_main)

@@ -44,10 +44,10 @@ TIKTOKEN_NAME = "tiny_tiktoken"
 TIKTOKEN_EOT = 301  # after a gap at 300, as cl100k_base's <|endoftext|> is 100257 after its 100256 merge ranks
 
 
-def tiny_tiktoken():
+def tiny_tiktoken(eot: int = TIKTOKEN_EOT, name: str = TIKTOKEN_NAME):
     """A tiktoken encoding of the tests' own, loadable offline (tiktoken's named encodings are downloaded): GPT-2's
-    first 300 merge ranks (every one a merge of two lower ones), GPT-4's split pattern, ``<|endoftext|>`` 301 -- as a
-    :class:`gptspeed.bpe.TiktokenTokenizer` named :data:`TIKTOKEN_NAME`."""
+    first 300 merge ranks (every one a merge of two lower ones), GPT-4's split pattern, ``<|endoftext|>`` ``eot``
+    (301; 69,999 makes a vocabulary beyond 65,536 ids) -- as a :class:`gptspeed.bpe.TiktokenTokenizer` ``name``."""
     import tiktoken
 
     from gptspeed.bpe import PATTERNS, TiktokenTokenizer, _tiktoken_sha256
@@ -55,21 +55,21 @@ def tiny_tiktoken():
 
     ranks = {t: r for t, r in get_encoding()._mergeable_ranks.items() if r < 300}
     enc = tiktoken.Encoding(
-        TIKTOKEN_NAME, pat_str=PATTERNS["gpt4"], mergeable_ranks=ranks, special_tokens={"<|endoftext|>": TIKTOKEN_EOT}
+        name, pat_str=PATTERNS["gpt4"], mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eot}
     )
-    return TiktokenTokenizer(TIKTOKEN_NAME, enc, "tiktoken", _tiktoken_sha256(enc))
+    return TiktokenTokenizer(name, enc, "tiktoken", _tiktoken_sha256(enc))
 
 
-def offer_tiny_tiktoken(monkeypatch):
-    """Make :func:`tiny_tiktoken` resolvable by its name, as a named tiktoken encoding is
-    (:func:`gptspeed.bpe.resolve_tokenizer`). Returns it."""
+def offer_tiny_tiktoken(monkeypatch, eot: int = TIKTOKEN_EOT, name: str = TIKTOKEN_NAME):
+    """Make :func:`tiny_tiktoken` (of ``eot``, named ``name``) resolvable by its name, as a named tiktoken encoding
+    is (:func:`gptspeed.bpe.resolve_tokenizer`). Returns it."""
     import gptspeed.bpe
     import gptspeed.data.prepare_tokenizer
 
-    tok, resolve = tiny_tiktoken(), gptspeed.bpe.resolve_tokenizer
+    tok, resolve = tiny_tiktoken(eot, name), gptspeed.bpe.resolve_tokenizer
 
     def resolved(spec):
-        return tok if spec == TIKTOKEN_NAME else resolve(spec)
+        return tok if spec == name else resolve(spec)
 
     monkeypatch.setattr(gptspeed.bpe, "resolve_tokenizer", resolved)
     monkeypatch.setattr(gptspeed.data.prepare_tokenizer, "resolve_tokenizer", resolved)

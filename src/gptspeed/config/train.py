@@ -18,6 +18,11 @@ PREPARED = Where(
 )
 STREAM = Where("a jsonl:/hf: stream", lambda d: d.startswith(STREAM_PREFIXES))
 HF_STREAM = Where("an hf: stream", lambda d: d.startswith("hf:"))
+TOKENIZED_STREAM = Where(
+    "a jsonl:/hf: stream",
+    lambda d: d.startswith(STREAM_PREFIXES),
+    "a prepared folder keeps the tokenizer it was prepared with (gptspeed prepare --tokenizer)",
+)
 WANDB = Where("naming wandb", lambda v: "wandb" in parse_log_to(v), "add wandb to --log-to")
 
 
@@ -47,6 +52,16 @@ class TrainConfig:
         run_defining=True,
     )
     split: str = _f("train", "hf: streams: the dataset split", only_with={"data": HF_STREAM}, run_defining=True)
+    data_tokenizer: str = _f(
+        "gpt2",
+        "jsonl:/hf: streams: the tokenizer the documents are encoded with, each after its <|endoftext|>: gpt2 "
+        "(GPT-2's BPE), a tiktoken encoding (cl100k_base, o200k_base, ...) or a folder written by `gptspeed "
+        "tokenizer train`; the model takes its vocabulary and <|endoftext|>, the run folder keeps its "
+        "tokenizer.json, a --resume must stream with the same one",
+        flag="--tokenizer",
+        metavar="TOK_DIR|gpt2|ENCODING",
+        only_with={"data": TOKENIZED_STREAM},
+    )
     out: str = _f("", "run folder: checkpoints, metrics.jsonl, config.json", path=True)
     batch_size: int = _f(
         16,

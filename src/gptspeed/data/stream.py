@@ -1,14 +1,17 @@
 """Training straight from a ``.jsonl`` file or a Hugging Face dataset, without token shards.
 
 For users without disk for pre-tokenized shards: documents are read as a stream, tokenized in
-worker threads (:func:`gptspeed.data.tokenize.tokenize_stream`), each preceded by
-``<|endoftext|>``, and packed into consecutive windows of ``B*T*world_size`` (+1) tokens, exactly
+worker threads (:func:`gptspeed.data.tokenize.tokenize_stream`) with GPT-2's BPE or the
+:class:`gptspeed.bpe.Tokenizer` given (``gptspeed train --tokenizer``: a tiktoken encoding, a
+``tokenizer train`` folder; ids of a vocabulary over 65,536 kept as uint32), each preceded by that
+tokenizer's ``<|endoftext|>``, and packed into consecutive windows of ``B*T*world_size`` (+1) tokens, exactly
 as :class:`gptspeed.data.loader.TokenLoader` cuts shards: :class:`StreamWindows`, a PyTorch
 ``IterableDataset``. :class:`StreamLoader` (what ``gptspeed train --data jsonl:/hf:`` uses) runs it
 in a background thread that keeps batches ready.
 
 Resume limits (honest): the state is the number of documents fully consumed and the token offset
-into the next one, so a resume is exact for a source that yields the same documents in the same
+into the next one (an offset in that tokenizer's tokens: the state names the tokenizer, and a loader
+of another refuses it), so a resume is exact for a source that yields the same documents in the same
 order (a local file; a hub dataset whose revision did not change) — but it re-reads (without
 tokenizing) every document consumed so far, which takes time proportional to the position. There
 are no epochs: when the stream ends, :meth:`StreamLoader.next_batch` raises :class:`StreamError`.
@@ -78,13 +81,15 @@ class StreamWindows(torch.utils.data.IterableDataset):
     """Consecutive windows of ``global_tokens + 1`` tokens packed from a document stream, as a
     PyTorch ``IterableDataset`` (the tokens a global batch and its shifted targets need).
 
-    Each item is ``(window, documents, doc_index, doc_offset)``: ``window`` a uint16 array of
-    shape ``(global_tokens + 1,)`` (its last token is the next window's first), ``documents`` the
-    documents started in its first ``global_tokens`` tokens, and ``(doc_index, doc_offset)`` the
-    position of the next window's first token (the resume position). Documents are tokenized in
-    ``workers`` threads (:func:`gptspeed.data.tokenize.tokenize_stream`), each preceded by
-    ``<|endoftext|>``, and packed with no padding, exactly as shards would be. The stream starts at
-    document ``doc_index``, token ``doc_offset``; documents before it are read, not tokenized.
+    Each item is ``(window, documents, doc_index, doc_offset)``: ``window`` an array of shape
+    ``(global_tokens + 1,)`` (its last token is the next window's first), uint16 for GPT-2's BPE, else
+    ``tokenizer.dtype`` (uint32 for a vocabulary over 65,536 ids), ``documents`` the documents started
+    in its first ``global_tokens`` tokens, and ``(doc_index, doc_offset)`` the position of the next
+    window's first token (the resume position). Documents are tokenized in ``workers`` threads
+    (:func:`gptspeed.data.tokenize.tokenize_stream`; ``tokenizer``: a :class:`gptspeed.bpe.Tokenizer`,
+    None for GPT-2's), each preceded by that tokenizer's ``<|endoftext|>``, and packed with no padding,
+    exactly as shards would be. The stream starts at document ``doc_index``, token ``doc_offset``;
+    documents before it are read, not tokenized.
 
     It is one ordered stream: iterate it directly or through ``DataLoader(dataset,
     batch_size=None, num_workers=0 or 1)``; more DataLoader workers would each read the whole
@@ -102,11 +107,14 @@ class StreamWindows(torch.utils.data.IterableDataset):
         workers: int = 1,
         doc_index: int = 0,
         doc_offset: int = 0,
+        tokenizer=None,
     ):
         super().__init__()
         self.data, self.global_tokens, self.workers = data, global_tokens, workers
         self.text_field, self.split, self.hf_name = text_field, split, hf_name
         self.doc_index, self.doc_offset = doc_index, doc_offset
+        self.tokenizer = tokenizer
+        self.eot = EOT_TOKEN if tokenizer is None else tokenizer.eot
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, int, int, int]]:
         info = torch.utils.data.get_worker_info()
@@ -125,7 +133,7 @@ class StreamWindows(torch.utils.data.IterableDataset):
         # positions: (doc index, offset) of each buffered token's document, kept as run-lengths
         runs: list[list[int]] = []  # [doc_index, first offset in buf's doc, count]
         first = True
-        for i, doc in enumerate(tokenize_stream(docs, self.workers), start=self.doc_index):
+        for i, doc in enumerate(tokenize_stream(docs, self.workers, self.tokenizer), start=self.doc_index):
             if first:
                 doc = doc[self.doc_offset :] if len(doc) else doc
                 off0, first = self.doc_offset, False
@@ -141,7 +149,7 @@ class StreamWindows(torch.utils.data.IterableDataset):
             buf = np.concatenate(pending)
             while len(buf) >= G + 1:
                 window = buf[: G + 1]
-                docs_in = int(np.count_nonzero(window[:G] == EOT_TOKEN))
+                docs_in = int(np.count_nonzero(window[:G] == self.eot))
                 buf = buf[G:]
                 left = G  # drop G tokens from the runs
                 while left:
@@ -167,6 +175,7 @@ class StreamLoader:
         device: where batches go (non-blocking copies from pinned memory on CUDA).
         workers: tokenizing threads (the batches do not depend on it).
         prefetch: batches kept ready by the background thread.
+        tokenizer: a :class:`gptspeed.bpe.Tokenizer` to encode the documents with (None: GPT-2's BPE).
 
     Attributes: ``documents`` (documents started in consumed windows), ``wait_s`` (seconds
     :meth:`next_batch` waited). State: :meth:`state_dict` (consumed position only).
@@ -186,8 +195,10 @@ class StreamLoader:
         hf_name: str | None = None,
         workers: int = 1,
         prefetch: int = 8,
+        tokenizer=None,
     ):
         self.data, self.text_field, self.split, self.hf_name = data, text_field, split, hf_name
+        self.tokenizer = tokenizer
         self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
         self.device = torch.device(device)
         self.workers, self.prefetch = workers, prefetch
@@ -210,6 +221,7 @@ class StreamLoader:
             workers=self.workers,
             doc_index=self.doc_index,
             doc_offset=self.doc_offset,
+            tokenizer=self.tokenizer,
         )
         start = self.rank * self.B * self.T
         try:
@@ -269,8 +281,13 @@ class StreamLoader:
         """Always 0.0: a stream has no known length."""
         return 0.0
 
+    def _tokenizer_sha256(self) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.sha256
+
     def state_dict(self) -> dict:
-        """Consumed position: documents fully consumed and the token offset into the next one."""
+        """Consumed position: documents fully consumed and the token offset into the next one; with a
+        ``tokenizer``, its sha256 (``tokenizer_sha256``: the offset counts its tokens)."""
+        tokenizer = {} if self.tokenizer is None else {"tokenizer_sha256": self._tokenizer_sha256()}
         return {
             "stream": self.data,
             "doc_index": self.doc_index,
@@ -278,14 +295,20 @@ class StreamLoader:
             "documents": self.documents,
             "batches": self.batches,
             "global_tokens": self.global_tokens,
+            **tokenizer,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after the last consumed batch (re-reads the consumed documents, see module doc).
 
-        Raises GptspeedError if the state is from another stream or batch shape."""
+        Raises GptspeedError if the state is from another stream, batch shape or tokenizer."""
         if state.get("stream") != self.data or state.get("global_tokens") != self.global_tokens:
             raise GptspeedError("the checkpoint's data position does not fit this stream or batch shape")
+        if state.get("tokenizer_sha256") != self._tokenizer_sha256():
+            raise GptspeedError(
+                "the checkpoint's data position counts the tokens of another tokenizer than this stream's: "
+                "resume with the run's --tokenizer"
+            )
         self.close()
         self.doc_index, self.doc_offset = state["doc_index"], state["doc_offset"]
         self.documents, self.batches = state["documents"], state["batches"]

@@ -3,7 +3,9 @@
 Used by ``gptspeed prepare`` (:mod:`gptspeed.data.prepare`) and by streaming training
 (:mod:`gptspeed.data.stream`). Each document becomes ``[EOT, *encode_ordinary(text)]`` as uint16
 (``<|endoftext|>`` = 50256 *before* each document, as in nanoGPT / llm.c / modded-nanogpt data
-scripts).
+scripts). Another tokenizer (``prepare --tokenizer``, ``train --data jsonl:/hf: --tokenizer``: a
+:class:`gptspeed.bpe.Tokenizer`) goes through the same threads (:func:`tokenize_stream`), each document
+``[its EOT, *its ids]`` in its ``dtype`` (uint32 above 65,536 ids).
 
 Parallelism is threads, as in tiktoken's own ``encode_ordinary_batch``: tiktoken's Rust core
 releases the GIL while it splits and merges, and :meth:`tiktoken.Encoding.encode_to_numpy` hands
@@ -187,7 +189,8 @@ def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
 def tokenize_stream(docs: Iterable[str], workers: int = 1, tokenizer=None) -> Iterator[np.ndarray]:
     """The tokens of each document of ``docs`` (:func:`encode_document`), in document order.
     ``tokenizer``: a :class:`gptspeed.bpe.Tokenizer` other than GPT-2's (its
-    :meth:`~gptspeed.bpe.Tokenizer.encode_documents` then encodes each batch); None for GPT-2's.
+    :meth:`~gptspeed.bpe.Tokenizer.encode_documents` then encodes each batch, in the worker threads:
+    ``[tokenizer.eot, *ids]`` arrays of ``tokenizer.dtype``); None for GPT-2's.
 
     ``workers`` > 1 encodes batches of documents (up to :data:`BATCH_DOCS` documents /
     :data:`BATCH_CHARS` characters) in that many threads while the caller reads the next

@@ -61,10 +61,13 @@ class TrainData:
     """``--data`` resolved: ``spec`` as given, ``train_shards`` / ``val_shards`` (empty for a
     stream, which has no val split), ``identity`` (what a resume must find unchanged: the
     manifest's input hash and settings and each train shard's name, token count and
-    :func:`~gptspeed.data.shards.shard_fingerprint`, or the stream and its options) and
+    :func:`~gptspeed.data.shards.shard_fingerprint`, or the stream, its options and its tokenizer) and
     ``documents`` (documents in the train split when the manifest says, else None). ``lock``:
     the folder's shared lock (:func:`~gptspeed.data.folder.data_folder_lock`; None for a stream; holding
-    nothing where the folder cannot be locked), held while this object lives or until :meth:`close`."""
+    nothing where the folder cannot be locked), held while this object lives or until :meth:`close`.
+    A stream's ``manifest`` is None for GPT-2's BPE, else the fields a manifest has of its
+    ``--tokenizer`` (:func:`~gptspeed.run_tokenizer.tokenizer_fields`: where its ``tokenizer.json`` is, its
+    sha256), and ``stream_tokenizer`` that :class:`~gptspeed.bpe.Tokenizer`, which the loader encodes with."""
 
     spec: str
     train_shards: list[Path] = field(default_factory=list)
@@ -73,6 +76,7 @@ class TrainData:
     stream_options: dict[str, Any] | None = None
     manifest: dict[str, Any] | None = None
     lock: Any = field(default=None, repr=False, compare=False)
+    stream_tokenizer: Any = field(default=None, repr=False, compare=False)
 
     def close(self) -> None:
         """Release the data folder (a ``prepare`` may write it again)."""
@@ -84,8 +88,9 @@ class TrainData:
     def identity(self) -> dict[str, Any]:
         """Computed when first asked (by the trainer's checkpointer): reading every train shard's
         fingerprint is work the early data check of :func:`gptspeed.api.train` does not need."""
-        if self.is_stream:
-            return {"stream": self.spec, **(self.stream_options or {})}
+        if self.is_stream:  # the tokenizer only when not GPT-2's: a GPT-2 stream's checkpoints resume as before
+            tokenizer = {"tokenizer": self.tokenizer.identity} if self.manifest else {}
+            return {"stream": self.spec, **(self.stream_options or {}), **tokenizer}
         from gptspeed.data.shards import read_header, shard_fingerprint
 
         shards = [[p.name, read_header(p)[1], shard_fingerprint(p)] for p in self.train_shards]
@@ -102,23 +107,25 @@ class TrainData:
     @functools.cached_property
     def tokenizer(self) -> Any:
         """The :class:`~gptspeed.run_tokenizer.DataTokenizer` these tokens were made with: the
-        manifest's (:func:`~gptspeed.run_tokenizer.manifest_tokenizer`; GPT-2's for a stream, or a folder
-        prepared before manifests named their tokenizer). GptspeedError when the manifest names it in a
-        form prepare does not write."""
-        from gptspeed.run_tokenizer import GPT2_DATA, manifest_tokenizer
+        manifest's (:func:`~gptspeed.run_tokenizer.manifest_tokenizer`; a stream's ``--tokenizer``; GPT-2's for
+        a stream without one, or a folder prepared before manifests named their tokenizer). GptspeedError
+        when the manifest names it in a form prepare does not write."""
+        from gptspeed.run_tokenizer import manifest_tokenizer
 
-        return GPT2_DATA if self.is_stream else manifest_tokenizer(self.manifest, self.spec)
+        return manifest_tokenizer(self.manifest, self.spec)
 
     @property
     def tokenizer_folder(self) -> TrainData:
-        """The prepared folder whose manifest and ``tokenizer.json`` are the data's tokenizer: this
-        one (a mixture's: its first source, :class:`MixtureData`)."""
+        """The data whose ``spec`` and ``manifest`` lead to its tokenizer's ``tokenizer.json``
+        (:func:`~gptspeed.run_tokenizer.data_tokenizer_json`, sha256-checked): this one -- a prepared
+        folder holds a copy, a stream's manifest names its TOK_DIR -- or a mixture's first source
+        (:class:`MixtureData`)."""
         return self
 
     @property
     def eot(self) -> int:
         """The id of ``<|endoftext|>`` in these tokens (:attr:`tokenizer`'s: GPT-2's 50256 for a
-        stream, or a folder whose manifest does not name a tokenizer)."""
+        stream without ``--tokenizer``, or a folder whose manifest does not name a tokenizer)."""
         return self.tokenizer.eot
 
     @property
@@ -161,7 +168,13 @@ class TrainData:
                     "packs documents as they come: prepare it (gptspeed prepare), or train without --align-to-docs"
                 )
             return StreamLoader(
-                self.spec, batch_size, seq_len, device=device, workers=max(1, workers), **self.stream_options
+                self.spec,
+                batch_size,
+                seq_len,
+                device=device,
+                workers=max(1, workers),
+                tokenizer=self.stream_tokenizer,
+                **self.stream_options,
             )
         from gptspeed.data.loader import TokenLoader
 
@@ -267,24 +280,60 @@ def check_consistent(data_dir: Path, train: list[Path], val: list[Path], manifes
 
 
 def find_train_data(
-    data: str, *, text_field: str = "text", hf_name: str | None = None, split: str = "train"
+    data: str,
+    *,
+    text_field: str = "text",
+    hf_name: str | None = None,
+    split: str = "train",
+    tokenizer: str = "gpt2",
 ) -> TrainData:
     """Resolve ``--data``: ``jsonl:PATH`` / ``hf:NAME`` (a stream, with its ``text_field``,
-    ``hf_name`` and ``split``), a mixture (``A=0.7,B=0.3`` or ``mix.yaml``: a
-    :class:`~gptspeed.data.mixture.MixtureData`, :func:`~gptspeed.data.mixture.find_mixture`) or a
-    prepared folder: locked shared (:func:`~gptspeed.data.folder.data_folder_lock`, kept by the result), then its train
-    and val shards listed, checked to exist and to be what the manifest says (:func:`check_consistent`).
+    ``hf_name``, ``split`` and ``tokenizer``, :func:`~gptspeed.run_tokenizer.load_data_tokenizer`), a
+    mixture (``A=0.7,B=0.3`` or ``mix.yaml``: a :class:`~gptspeed.data.mixture.MixtureData`,
+    :func:`~gptspeed.data.mixture.find_mixture`) or a prepared folder: locked shared
+    (:func:`~gptspeed.data.folder.data_folder_lock`, kept by the result), then its train and val shards
+    listed, checked to exist and to be what the manifest says (:func:`check_consistent`). A
+    ``tokenizer`` other than ``gpt2`` with prepared data must be the data's own
+    (:func:`~gptspeed.run_tokenizer.check_given_tokenizer`).
     GptspeedError (one line, saying what the path is) when there is nothing to train on, the
-    folder is inconsistent, or a ``gptspeed prepare`` is writing it."""
+    folder is inconsistent, a ``gptspeed prepare`` is writing it, or the tokenizer is not loadable or
+    not the data's."""
+    if is_stream_source(data):
+        from gptspeed.run_tokenizer import load_data_tokenizer, tokenizer_fields
+
+        options = {"text_field": text_field, "hf_name": hf_name, "split": split}
+        tok = load_data_tokenizer(tokenizer)
+        manifest = tokenizer_fields(tok) if tok is not None else None
+        return TrainData(data, stream_options=options, manifest=manifest, stream_tokenizer=tok)
+    found = _find_prepared(data)
+    if tokenizer != "gpt2":
+        from gptspeed.run_tokenizer import check_given_tokenizer
+
+        try:
+            check_given_tokenizer(tokenizer, found.tokenizer, data)
+        except BaseException:
+            found.close()
+            raise
+    return found
+
+
+def train_data_for(train: Any) -> TrainData:
+    """:func:`find_train_data` of the settings of ``train`` (a :class:`~gptspeed.config.TrainConfig`)
+    that say what the data is: ``data``, ``text_field``, ``hf_name``, ``split``, ``data_tokenizer``."""
+    t = train
+    return find_train_data(
+        t.data, text_field=t.text_field, hf_name=t.hf_name, split=t.split, tokenizer=t.data_tokenizer
+    )
+
+
+def _find_prepared(data: str) -> TrainData:
+    """A mixture (:func:`find_mixture`) or a prepared folder (:func:`find_train_data`), found, locked and checked."""
     from gptspeed.data import find_shards, load_manifest
     from gptspeed.data.folder import data_folder_lock
     from gptspeed.data.mixture import is_mixture
 
     if is_mixture(data):  # A=0.7,B=0.3 or mix.yaml: several prepared folders (gptspeed.data.mixture)
         return find_mixture(data)
-    if is_stream_source(data):
-        options = {"text_field": text_field, "hf_name": hf_name, "split": split}
-        return TrainData(data, stream_options=options)
     lock = data_folder_lock(data).acquire() if Path(data).is_dir() else None
     try:
         train = find_shards(data, "train")

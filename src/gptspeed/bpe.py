@@ -104,14 +104,17 @@ class Tokenizer:
             out.append(np.array([self.eot, *ids], dtype=self.dtype) if ids else np.zeros(0, dtype=self.dtype))
         return out
 
-    def describe(self) -> dict:
-        """What a manifest records: name, kind, n_vocab, eot_token, sha256."""
+    def manifest_fields(self) -> dict:
+        """What a manifest says of this tokenizer, as ``prepare --tokenizer`` writes it and
+        :func:`gptspeed.run_tokenizer.manifest_tokenizer` reads it: ``tokenizer`` (its name: the
+        encoding's, or the TOK_DIR, where its ``tokenizer.json`` is), ``tokenizer_kind``,
+        ``tokenizer_sha256``, ``eot_token``, ``n_vocab``."""
         return {
-            "name": self.name,
-            "kind": self.kind,
-            "n_vocab": self.n_vocab,
+            "tokenizer": self.name,
+            "tokenizer_kind": self.kind,
+            "tokenizer_sha256": self.sha256,
             "eot_token": self.eot,
-            "sha256": self.sha256,
+            "n_vocab": self.n_vocab,
         }
 
 

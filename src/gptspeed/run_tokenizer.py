@@ -16,7 +16,7 @@ A prepared folder's manifest names the tokenizer its shards were made with
 
 A stream (``--data jsonl:PATH`` / ``hf:NAME``) has no manifest: its tokenizer is the one its ``--tokenizer``
 names (the ``data_tokenizer`` setting, :func:`load_data_tokenizer`; ``gpt2`` by default), and the run takes
-the same from it as from a manifest that said so (:func:`tokenizer_fields`: a TOK_DIR's ``tokenizer.json``
+the same from it as from a manifest that said so (:meth:`~gptspeed.bpe.Tokenizer.manifest_fields`: a TOK_DIR's ``tokenizer.json``
 is found there, sha256-checked, when the run copies it). With prepared data ``--tokenizer`` can only name
 the data's own (:func:`check_given_tokenizer`).
 
@@ -122,20 +122,6 @@ def load_data_tokenizer(spec: str):
     return None if tok.kind == GPT2 else tok
 
 
-def tokenizer_fields(tok) -> dict[str, Any]:
-    """What a manifest says of the :class:`~gptspeed.bpe.Tokenizer` ``tok``, as ``prepare --tokenizer``
-    writes it and :func:`manifest_tokenizer` reads it: ``tokenizer`` (its name: the encoding's, or the
-    TOK_DIR, where its ``tokenizer.json`` is), ``tokenizer_kind``, ``tokenizer_sha256``, ``eot_token``,
-    ``n_vocab``. A stream's :class:`~gptspeed.data.train_data.TrainData` carries them as its manifest."""
-    return {
-        "tokenizer": tok.name,
-        "tokenizer_kind": tok.kind,
-        "tokenizer_sha256": tok.sha256,
-        "eot_token": tok.eot,
-        "n_vocab": tok.n_vocab,
-    }
-
-
 def data_tokenizer(data: str | None, tokenizer: str | None = None) -> DataTokenizer:
     """The tokenizer of ``--data``: a prepared folder's (:func:`manifest_tokenizer`), a mixture's first
     source's (:mod:`gptspeed.data.mixture`: its sources share one); for a stream, the one ``tokenizer``
@@ -148,7 +134,7 @@ def data_tokenizer(data: str | None, tokenizer: str | None = None) -> DataTokeni
 
     if data and is_stream_source(data):
         tok = load_data_tokenizer(tokenizer or GPT2)
-        return manifest_tokenizer(tokenizer_fields(tok) if tok is not None else None, data)
+        return manifest_tokenizer(tok.manifest_fields() if tok is not None else None, data)
     folder = parse_mixture(data)[0].path if data and is_mixture(data) else data  # the sources share one
     found = GPT2_DATA
     if folder and Path(folder).expanduser().is_dir():
@@ -284,7 +270,7 @@ def _read_tokenizer_json(folder: Path) -> str | None:
 def data_tokenizer_json(data_dir: str | os.PathLike, manifest: dict[str, Any] | None) -> str:
     """The ``tokenizer.json`` text an HF-tokenized prepared folder was made with: the folder's own copy
     (prepare writes one), else the TOK_DIR its manifest names -- either only if its sha256 is the
-    manifest's. For a stream (``data_dir`` ``jsonl:``/``hf:``; ``manifest``: :func:`tokenizer_fields` of its
+    manifest's. For a stream (``data_dir`` ``jsonl:``/``hf:``; ``manifest``: :meth:`~gptspeed.bpe.Tokenizer.manifest_fields` of its
     ``--tokenizer``) the TOK_DIR's. GptspeedError when neither is found unchanged."""
     from gptspeed.data.sources import is_stream_source
 

@@ -57,10 +57,6 @@ def tokenizer_manifest(manifest: dict, tok: Tokenizer) -> dict:
     magic, dtype = FORMATS[version]
     return {
         **manifest,
-        "tokenizer": tok.name,
-        "tokenizer_kind": tok.kind,
-        "tokenizer_sha256": tok.sha256,
-        "eot_token": tok.eot,
-        "n_vocab": tok.n_vocab,
+        **tok.manifest_fields(),
         "shard_format": {"magic": magic, "version": version, "token_bytes": dtype.itemsize},
     }

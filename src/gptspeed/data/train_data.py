@@ -66,7 +66,7 @@ class TrainData:
     the folder's shared lock (:func:`~gptspeed.data.folder.data_folder_lock`; None for a stream; holding
     nothing where the folder cannot be locked), held while this object lives or until :meth:`close`.
     A stream's ``manifest`` is None for GPT-2's BPE, else the fields a manifest has of its
-    ``--tokenizer`` (:func:`~gptspeed.run_tokenizer.tokenizer_fields`: where its ``tokenizer.json`` is, its
+    ``--tokenizer`` (:meth:`~gptspeed.bpe.Tokenizer.manifest_fields`: where its ``tokenizer.json`` is, its
     sha256), and ``stream_tokenizer`` that :class:`~gptspeed.bpe.Tokenizer`, which the loader encodes with."""
 
     spec: str
@@ -299,11 +299,11 @@ def find_train_data(
     folder is inconsistent, a ``gptspeed prepare`` is writing it, or the tokenizer is not loadable or
     not the data's."""
     if is_stream_source(data):
-        from gptspeed.run_tokenizer import load_data_tokenizer, tokenizer_fields
+        from gptspeed.run_tokenizer import load_data_tokenizer
 
         options = {"text_field": text_field, "hf_name": hf_name, "split": split}
         tok = load_data_tokenizer(tokenizer)
-        manifest = tokenizer_fields(tok) if tok is not None else None
+        manifest = tok.manifest_fields() if tok is not None else None
         return TrainData(data, stream_options=options, manifest=manifest, stream_tokenizer=tok)
     found = _find_prepared(data)
     if tokenizer != "gpt2":

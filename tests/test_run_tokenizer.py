@@ -56,6 +56,33 @@ def test_a_vocab_size_below_the_datas_tokenizer_is_refused(folders):
         gptspeed.make_config("pico", data=str(folders / "data"), vocab_size=256, **QUICK_RUN)
 
 
+@pytest.mark.parametrize(
+    "setting, value",
+    [("tokenizer", "cl100k_base"), ("eot_token", 0), ("valid_vocab_size", 290), ("tokenizer", "gpt2")],
+)
+def test_a_derived_setting_other_than_the_datas_is_refused_not_replaced(folders, setting, value):
+    """tokenizer, eot_token and valid_vocab_size are the data's: set otherwise (a config file's key, a
+    make_config keyword) they would be replaced silently -- a stream would train on GPT-2's BPE with
+    ``tokenizer: TOK`` in its YAML. The data's own value (a --print-config file) is accepted."""
+    data = str(folders / "data")
+    with pytest.raises(
+        GptspeedError, match=rf"^{setting} .* is not the data's: a new run takes {setting} from its data"
+    ):
+        gptspeed.make_config("pico", data=data, **{setting: value}, **QUICK_RUN)
+    same = gptspeed.make_config("pico", data=data, **QUICK_RUN).model
+    assert gptspeed.make_config("pico", data=data, **{setting: getattr(same, setting)}, **QUICK_RUN).model == same
+
+
+def test_a_config_files_tokenizer_key_is_one_line_naming_the_streams_setting(folders, tmp_path):
+    (tmp_path / "c.yaml").write_text("tokenizer: cl100k_base\n")
+    out = tmp_path / "run"
+    proc = run_main(
+        "train", "--config", str(tmp_path / "c.yaml"), "--preset", "pico", "--out", str(out), "--device", "cpu"
+    )
+    assert_user_error(proc, "tokenizer 'cl100k_base' is not the data's", "data_tokenizer (--tokenizer)")
+    assert not out.exists()
+
+
 def test_the_run_folder_keeps_the_tokenizer_and_decodes_with_it(folders, run):
     tok = load_tokenizer_dir(folders / "tok")
     assert (run / RUN_TOKENIZER_FILE).read_text() == (folders / "tok" / "tokenizer.json").read_text()

@@ -63,7 +63,7 @@ def train(config: RunConfig, *, echo: bool = True) -> dict[str, Any]:
     config.validate_if_changed()  # a setting changed since make_config; the data is checked before importing torch
     t = config.train
     if t.data:
-        train_data_for(t)
+        train_data_for(t).close()  # checked before importing torch; the trainer finds (and locks) it again
     from gptspeed.trainer import fit
 
     return fit(config, echo=echo)

@@ -208,6 +208,7 @@ def fit_model_to_data(cfg, given: set[str], resumed: bool):
         source = source_tokenizer(cfg.train.init_from)
         if source != tok.identity:
             raise _mismatch(f"--init-from {cfg.train.init_from}", source, data, tok)
+    _check_derived(m, given, data, tok)
     if tok is GPT2_DATA and m.tokenizer == GPT2:
         return cfg  # GPT-2's run, as it always was
     if "vocab_size" in given and m.vocab_size < tok.n_vocab:
@@ -219,6 +220,24 @@ def fit_model_to_data(cfg, given: set[str], resumed: bool):
         m.vocab_size = padded_vocab(tok.n_vocab)
     m.valid_vocab_size, m.eot_token, m.tokenizer = tok.n_vocab, tok.eot, tok.identity
     return cfg
+
+
+#: the model settings a new run takes from its data's tokenizer (:func:`fit_model_to_data`)
+DERIVED = ("tokenizer", "eot_token", "valid_vocab_size")
+
+
+def _check_derived(m, given: set[str], data: str | None, tok: DataTokenizer) -> None:
+    """GptspeedError (one line) when the user set one of :data:`DERIVED` (a config file's key, a
+    ``make_config`` keyword) to other than the data's: it would be replaced without a word. The data's
+    own value -- a ``--print-config`` file of a run on that data -- is accepted."""
+    theirs = {"tokenizer": tok.identity, "eot_token": tok.eot, "valid_vocab_size": tok.n_vocab}
+    for name in DERIVED:
+        if name in given and getattr(m, name) != theirs[name]:
+            hint = "; a stream's tokenizer is data_tokenizer (--tokenizer)" if name == "tokenizer" else ""
+            raise GptspeedError(
+                f"{name} {getattr(m, name)!r} is not the data's: a new run takes {name} from its data (--data "
+                f"{data or '(tiny Shakespeare)'}: {tok.said}); leave {name} out{hint}"
+            )
 
 
 def source_tokenizer(source: str) -> str:

@@ -1725,3 +1725,16 @@ def test_the_document_mask_starts_documents_at_the_configured_eot_token():
     assert document_ids(a, 7).tolist() == [[0, 0, 0, 1, 1, 1]] and document_ids(a).tolist() == [[0] * 6]
     kv = KVCache(1, 8)
     assert kv.segments(b, 7)[0].tolist() == [[0, 0, 0, 1, 1, 1]]
+
+
+def test_data_softmax_loss_called_alone_gives_the_mean_of_its_per_position_losses():
+    """``GPT.data_softmax_loss(h, targets)`` without a reduction (its documented default, the mean) is the 0-dim
+    mean of the ``(B, T)`` per-position losses of ``reduction="none"``, and the training forward's loss."""
+    model = data_softmax_model("plain")
+    idx = IDS[torch.randint(0, len(IDS), (2, 8), generator=torch.Generator().manual_seed(0))]
+    with torch.no_grad():
+        h = model.hidden_states(idx)
+        mean, each = model.data_softmax_loss(h, idx), model.data_softmax_loss(h, idx, "none")
+        assert mean.shape == () and each.shape == (2, 8)
+        torch.testing.assert_close(mean, each.mean())
+        torch.testing.assert_close(mean, model(idx, idx)[1])

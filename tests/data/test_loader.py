@@ -849,3 +849,18 @@ def test_an_aligned_loader_starts_its_rows_at_the_datas_own_eot(tmp_path):
     loader = TokenLoader([path], B, T, align_to_docs=True, eot=eot)
     x, _ = loader.next_batch()
     assert x.tolist() == [tokens[p : p + T].tolist() for p in rows[:B]]
+
+
+def test_by_default_a_loader_makes_each_batch_in_the_calling_thread_and_none_ahead(shards, monkeypatch):
+    """``workers`` defaults to 0: no background thread, each batch made by ``next_batch`` itself in the caller's
+    thread, only the batches consumed (nothing made ahead)."""
+    made = []
+    real = TokenLoader._make
+    monkeypatch.setattr(
+        TokenLoader, "_make", lambda self, g: made.append((g, threading.current_thread())) or real(self, g)
+    )
+    loader = TokenLoader(shards, B, T)
+    loader.next_batch()
+    loader.next_batch()
+    loader.close()
+    assert made == [(0, threading.current_thread()), (1, threading.current_thread())]

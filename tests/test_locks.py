@@ -113,3 +113,40 @@ def test_a_lock_no_longer_referenced_is_released_at_once(tmp_path):
         FolderLock(tmp_path, file=".lock", folder_mode="exclusive").acquire().release()
     finally:
         gc.enable()
+
+
+def test_reader_pids_are_the_shared_flock_holders_of_that_folder_read_from_the_first_mib_of_proc_locks(
+    tmp_path, monkeypatch
+):
+    """``/proc/locks`` (proc(5): id, class, mode, access, pid, major:minor:inode in hex, start, end): the pids of the
+    FLOCK READ locks on the folder's inode, each once, sorted; a writer's lock, a POSIX lock, a lock on another
+    inode, a blocked waiter's ``->`` line are not readers; the file is read up to 1 MiB (a line beyond is not
+    seen); no ``/proc/locks``, no readers."""
+    import io
+
+    import gptspeed.locks as locks
+
+    st = os.stat(tmp_path)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    here, there = f"{dev}:{st.st_ino}", f"{dev}:{st.st_ino + 1}"
+    lines = [
+        f"1: FLOCK  ADVISORY  READ 4242 {here} 0 EOF",
+        f"2: FLOCK  ADVISORY  WRITE 11 {here} 0 EOF",
+        f"3: POSIX  ADVISORY  READ 12 {here} 0 EOF",
+        f"4: FLOCK  ADVISORY  READ 13 {there} 0 EOF",
+        f"4: -> FLOCK  ADVISORY  READ 14 {here} 0 EOF",
+        f"5: FLOCK  ADVISORY  READ 77 {here} 0 EOF",
+        f"6: FLOCK  ADVISORY  READ 4242 {here} 0 EOF",
+    ]
+    text = "\n".join(lines) + "\n"
+    text += "x" * ((1 << 20) - len(text) + 10) + f"\n7: FLOCK  ADVISORY  READ 99 {here} 0 EOF\n"
+    real_open = open
+    monkeypatch.setattr(
+        locks,
+        "open",
+        lambda p, *a, **k: io.StringIO(text) if p == "/proc/locks" else real_open(p, *a, **k),
+        raising=False,
+    )
+    assert reader_pids(tmp_path) == [77, 4242]
+    monkeypatch.setattr(locks, "open", lambda p, *a, **k: real_open(tmp_path / "no-proc-locks"), raising=False)
+    assert reader_pids(tmp_path) == []

@@ -1725,3 +1725,38 @@ def test_the_document_mask_starts_documents_at_the_configured_eot_token():
     assert document_ids(a, 7).tolist() == [[0, 0, 0, 1, 1, 1]] and document_ids(a).tolist() == [[0] * 6]
     kv = KVCache(1, 8)
     assert kv.segments(b, 7)[0].tolist() == [[0, 0, 0, 1, 1, 1]]
+
+
+def test_data_softmax_loss_called_alone_gives_the_mean_of_its_per_position_losses():
+    """``GPT.data_softmax_loss(h, targets)`` without a reduction (its documented default, the mean) is the 0-dim
+    mean of the ``(B, T)`` per-position losses of ``reduction="none"``, and the training forward's loss."""
+    model = data_softmax_model("plain")
+    idx = IDS[torch.randint(0, len(IDS), (2, 8), generator=torch.Generator().manual_seed(0))]
+    with torch.no_grad():
+        h = model.hidden_states(idx)
+        mean, each = model.data_softmax_loss(h, idx), model.data_softmax_loss(h, idx, "none")
+        assert mean.shape == () and each.shape == (2, 8)
+        torch.testing.assert_close(mean, each.mean())
+        torch.testing.assert_close(mean, model(idx, idx)[1])
+
+
+def test_a_model_of_another_tokenizer_masks_documents_at_its_eot_with_the_kv_cache_and_the_block_mask(monkeypatch):
+    """GPTConfig.eot_token (here 7) separates documents on every mask path of a forward: a prefill through the KV
+    cache and FlexAttention's block mask (built where it would be on CUDA, forced here; run eagerly, through its
+    dense mask ``(B, 1, T, S)``, the bool mask's rule) give the logits of the plain forward's bool mask."""
+    from gptspeed.model import KVCache, attention_allowed, dense_mask
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64, valid_vocab_size=60, eot_token=7)
+    cfg.doc_mask = True
+    model = GPT(cfg).eval()
+    idx = torch.tensor([[1, 2, 3, 7, 4, 5], [7, 9, 9, 7, 4, 7]])
+    with torch.no_grad():
+        want = model(idx)[0]
+        cached = model(idx, kv=KVCache(1, 8))[0]
+        monkeypatch.setattr(GPT, "_flex_device", staticmethod(lambda idx: True))
+        flex = model(idx)[0]
+        dense = dense_mask(model.attention_mask(idx))  # the block mask's rule, token-exact: (B, 1, T, S)
+    torch.testing.assert_close(cached, want)
+    torch.testing.assert_close(flex, want)
+    assert torch.equal(dense, attention_allowed(idx, documents=True, eot=7))

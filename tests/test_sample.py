@@ -791,3 +791,19 @@ def test_run_generate_takes_sample_texts_defaults():
     shared = set(generate) & set(sample)
     assert shared >= {"max_new_tokens", "temperature", "top_k", "num_samples", "seed", "kv_cache"}
     assert {n: generate[n] for n in shared} == {n: sample[n] for n in shared}
+
+
+def test_prompts_of_several_lengths_are_left_padded_with_the_models_own_eot():
+    """A model of a small vocabulary of its own (64 ids, <|endoftext|> 7) samples prompts of different token
+    lengths in one batch: the padding is its own <|endoftext|>, an id of its vocabulary (GPT-2's 50256 is not)."""
+    from gptspeed.runtime import resolve_runtime
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, valid_vocab_size=60, eot_token=7)
+    model = GPT(cfg).eval()
+    rows = [[1, 2, 3, 4], [5]]
+    tokens = sample_mod._generate_rows(
+        model, resolve_runtime("cpu", "float32", False), rows, 3, temperature=1.0, top_k=0, seed=1, kv_cache=True
+    )
+    new = torch.stack(list(tokens), dim=1)  # (rows, 3)
+    assert new.shape == (2, 3) and bool((new < 60).all())

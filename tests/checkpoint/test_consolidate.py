@@ -115,3 +115,10 @@ def test_consolidate_into_a_folder_takes_the_runs_tokenizer_json(run, tmp_path):
     (tmp_path / "other" / "tokenizer.json").write_text('{"model": "another"}')
     with pytest.raises(GptspeedError, match="already holds a tokenizer.json that is not"):
         consolidate(run, tmp_path / "other")
+
+
+def test_the_filesystem_root_as_out_is_one_line_refused_as_the_folder_it_is(run):
+    """``--out /`` (a folder with no parent to search for a run or data folder) is checked as itself: one line,
+    the folder of files gptspeed did not write, never an exception of the search."""
+    with pytest.raises(GptspeedError, match="^--out / already holds files gptspeed did not write"):
+        consolidate(run, Path("/"), force=True)

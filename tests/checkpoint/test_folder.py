@@ -469,3 +469,11 @@ def test_a_start_deletes_only_the_temporary_names_gptspeed_makes(shakespeare_dat
     assert (thesis / "ch1.tex").read_text() == "\\chapter{One}" and (run / ".notes.tmp").read_text() == "mine"
     assert (run / "loss.png").exists()
     assert not any(p.exists() for p in stale) and not (run / ".ckpt_00000009.dcp.tmp").exists()
+
+
+@pytest.mark.parametrize("run_id", ["", 7, ["abc"]], ids=["empty", "a-number", "a-list"])
+def test_a_config_whose_run_id_is_not_a_named_string_is_not_gptspeeds(tmp_path, run_id):
+    """gptspeed's run id is a non-empty string: a config.json with model and train groups whose derived run id
+    is empty or not a string (another program's file) is foreign."""
+    (tmp_path / "config.json").write_text(json.dumps({"model": {}, "train": {}, "derived": {"run_id": run_id}}))
+    assert foreign_entries(tmp_path) == ["config.json"]

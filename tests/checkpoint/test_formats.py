@@ -651,3 +651,16 @@ def test_a_prune_killed_midway_never_leaves_an_unsealed_checkpoint_under_its_nam
         [],
         ["ckpt_00000001.json"],
     )
+
+
+def test_load_latest_names_every_newer_checkpoint_it_skipped_in_one_line(tmp_path, capsys):
+    """Two newer checkpoints with unreadable seals: the one line names both, newest first, each with its
+    reason, separated by a comma, then the one used."""
+    for step in (1, 2, 3):
+        write_checkpoint_file(tmp_path / f"ckpt_{step:08d}.pt", {"step": step, "w": torch.ones(2)})
+    for step in (2, 3):
+        (tmp_path / f"ckpt_{step:08d}.json").write_bytes(b"\xff\xfe not a seal")
+    assert load_latest(tmp_path)["step"] == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("skipping ckpt_00000003.pt ("), err
+    assert "), ckpt_00000002.pt (" in err and err.endswith("): using ckpt_00000001.pt, the newest valid checkpoint\n")

@@ -832,3 +832,35 @@ def test_a_vocabulary_beyond_65536_loads_from_uint32_shards_exactly_and_counts_i
     swapped = np.where(tokens == eot, EOT_TOKEN, np.where(tokens == EOT_TOKEN, 1, tokens))  # GPT-2's ids
     rows = loader_mod.doc_aligned_rows(tokens, 4, eot).tolist()
     assert rows[:2] == [0, 5] and rows == loader_mod.doc_aligned_rows(swapped, 4).tolist()
+
+
+def test_an_aligned_loader_starts_its_rows_at_the_datas_own_eot(tmp_path):
+    """``align_to_docs`` with the data's <|endoftext|> (``eot``, here 7; GPT-2's 50256 an ordinary id of this
+    vocabulary): the rows start where that id starts a document, not where 50256 stands."""
+    eot = 7
+    rng = np.random.default_rng(2)
+    tokens = documents_of(rng, rng.integers(2, 3 * T, 40))
+    tokens = np.where(tokens == EOT_TOKEN, eot, np.where(tokens == eot, 8, tokens)).astype(np.uint16)
+    tokens[[1, 2 * T + 5]] = EOT_TOKEN  # not a document start in this vocabulary
+    path = tmp_path / "train_000000.bin"
+    write_shard(path, tokens)
+    rows = loader_mod.doc_aligned_rows(tokens, T, eot)
+    assert tokens[rows[0]] == eot and 1 not in rows
+    loader = TokenLoader([path], B, T, align_to_docs=True, eot=eot)
+    x, _ = loader.next_batch()
+    assert x.tolist() == [tokens[p : p + T].tolist() for p in rows[:B]]
+
+
+def test_by_default_a_loader_makes_each_batch_in_the_calling_thread_and_none_ahead(shards, monkeypatch):
+    """``workers`` defaults to 0: no background thread, each batch made by ``next_batch`` itself in the caller's
+    thread, only the batches consumed (nothing made ahead)."""
+    made = []
+    real = TokenLoader._make
+    monkeypatch.setattr(
+        TokenLoader, "_make", lambda self, g: made.append((g, threading.current_thread())) or real(self, g)
+    )
+    loader = TokenLoader(shards, B, T)
+    loader.next_batch()
+    loader.next_batch()
+    loader.close()
+    assert made == [(0, threading.current_thread()), (1, threading.current_thread())]

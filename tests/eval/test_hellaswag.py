@@ -723,3 +723,25 @@ def test_score_items_on_cuda_matches_the_cpu_with_either_default_device(model):
         assert total.device.type == count.device.type == "cuda", default
         assert torch.equal(count.cpu(), want_n), default
         torch.testing.assert_close(total.cpu(), want, rtol=1e-3, atol=1e-3)
+
+
+def test_examples_are_tokenized_with_the_runs_tokenizer_when_given(tmp_path):
+    """A run of its own tokenizer (``tokenizer``: its ``encode``) scores HellaSwag in that tokenizer's ids: the
+    context and each ending (with its leading space) as it encodes them, from a file or one example; without
+    one, GPT-2's."""
+    tok = types.SimpleNamespace(encode=lambda text: [len(text), ord(text[0])])
+    want = HellaSwagItem(ctx=(11, ord("A")), endings=tuple((2, ord(" ")) for _ in "abcd"), label=2)
+    assert hs.render(EX, tok) == want
+    assert hs.load_hellaswag(write_jsonl_lines(tmp_path / "val.jsonl", [EX, EX]), tokenizer=tok) == [want, want]
+    assert hs.render(EX).ctx == tuple(encode("A man sits."))
+
+
+def test_the_training_hook_loads_the_examples_with_the_runs_tokenizer(monkeypatch):
+    """``hellaswag_hook`` (``--hellaswag-every``) tokenizes its examples once, with the run's tokenizer it is
+    given (None: GPT-2's), and as many as ``--hellaswag-examples``."""
+    asked = []
+    monkeypatch.setattr(hs, "load_hellaswag", lambda **kw: asked.append(kw) or [])
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(hellaswag_every=5, hellaswag_examples=3))
+    tok = types.SimpleNamespace(encode=lambda text: [1])
+    assert hs.hellaswag_hook(cfg, Runtime(torch.device("cpu"), "float32", None, False), tok) is not None
+    assert asked == [{"max_examples": 3, "tokenizer": tok}]

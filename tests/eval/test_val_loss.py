@@ -371,3 +371,12 @@ def test_val_loss_weighs_a_partial_last_batch_by_its_tokens(tmp_path):
     first, last = float(sum(per_window[:4])) / (4 * T_PLAIN), float(sum(per_window[4:])) / (2 * T_PLAIN)
     assert abs(first - last) > 0.5  # equal weighting of the two batches would be far off
     assert abs(loss - (first + last) / 2) > 0.1
+
+
+def test_bits_per_byte_is_none_without_a_bytes_table_and_nan_when_no_target_has_bytes(model, split):
+    """``evaluate_val``'s ``bpb``: None when no ``nbytes`` table is given (the val loss alone), NaN -- not a
+    division by zero -- when every target has 0 bytes (a table of zeros), the val loss the same either way."""
+    plain = evaluate_val(model, CPU, split, B, T)
+    assert plain.bpb is None and plain.tokens > 0
+    zero = evaluate_val(model, CPU, split, B, T, nbytes=torch.zeros(model.config.vocab_size, dtype=torch.long))
+    assert math.isnan(zero.bpb) and zero.loss == plain.loss and zero.tokens == plain.tokens
